@@ -1,0 +1,21 @@
+// Package cli builds the sluice command tree.
+package cli
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-dataplane/sluice/internal/lab"
+)
+
+// NewRoot returns the root command.
+func NewRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "sluice",
+		Short:         "sluice: an eBPF dataplane for Kubernetes Services",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(agentCommands()...) // status, service, bpf: agent.go
+	root.AddCommand(lab.NewCommand())   // lab: internal/lab
+	return root
+}

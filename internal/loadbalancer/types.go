@@ -1,0 +1,95 @@
+// Package loadbalancer turns Kubernetes Services, EndpointSlices and Nodes
+// into the load balancer's view: one LBService per frontend (address, port,
+// protocol) with the backends that may serve it. It is pure Go, free of I/O.
+package loadbalancer
+
+import (
+	"net/netip"
+	"strconv"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Proto is an L4 protocol number.
+type Proto uint8
+
+const (
+	TCP Proto = 6
+	UDP Proto = 17
+)
+
+func (p Proto) String() string {
+	switch p {
+	case TCP:
+		return "TCP"
+	case UDP:
+		return "UDP"
+	}
+	return "proto-" + strconv.Itoa(int(p))
+}
+
+// FrontendType says how a frontend is reached.
+type FrontendType string
+
+const (
+	ClusterIP    FrontendType = "ClusterIP"
+	NodePort     FrontendType = "NodePort"
+	ExternalIP   FrontendType = "ExternalIP"
+	LoadBalancer FrontendType = "LoadBalancer"
+)
+
+// Frontend is an address, port and protocol that clients use. A NodePort
+// frontend has the unspecified address of its family (0.0.0.0 or ::): it
+// answers on every node address and on loopback.
+type Frontend struct {
+	Addr  netip.Addr
+	Port  uint16
+	Proto Proto
+}
+
+func (f Frontend) String() string {
+	return netip.AddrPortFrom(f.Addr, f.Port).String() + "/" + f.Proto.String()
+}
+
+// Backend is one endpoint address and target port.
+type Backend struct {
+	Addr        netip.Addr
+	Port        uint16
+	Proto       Proto
+	NodeName    string // EndpointSlice endpoint nodeName, may be empty
+	PodName     string // targetRef name when it is a Pod
+	Terminating bool   // serving but terminating: used only when no ready backend exists
+}
+
+func (b Backend) AddrPort() netip.AddrPort { return netip.AddrPortFrom(b.Addr, b.Port) }
+
+// ServiceName names one port of one Service.
+type ServiceName struct {
+	types.NamespacedName
+	Port string // the ServicePort name, may be empty
+}
+
+func (n ServiceName) String() string {
+	if n.Port == "" {
+		return n.NamespacedName.String()
+	}
+	return n.NamespacedName.String() + ":" + n.Port
+}
+
+// LBService is one frontend of one Service port as the datapath sees it.
+type LBService struct {
+	Name     ServiceName
+	Type     FrontendType
+	Frontend Frontend
+	// Backends are those the cluster may use for this frontend: the ready
+	// ones, or when none is ready the serving-terminating ones.
+	Backends []Backend
+
+	ExternalTrafficLocal bool // externalTrafficPolicy: Local (NodePort, ExternalIP, LoadBalancer)
+	InternalTrafficLocal bool // internalTrafficPolicy: Local
+	Affinity             bool // sessionAffinity: ClientIP
+	AffinityTimeout      time.Duration
+	HealthCheckNodePort  uint16
+	SourceRanges         []netip.Prefix // loadBalancerSourceRanges
+}
