@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The load balancer's maps. Layouts and byte order are in lb_abi.h: addresses
+ * are 16 bytes (IPv4 v4-mapped), ports network order, the rest host order.
+ * max_entries here are defaults; the agent sets them before load. All maps
+ * are pinned by name so that state survives an agent restart.
+ */
+#ifndef __SLUICE_MAPS_H
+#define __SLUICE_MAPS_H
+
+#include "common.h"
+
+/* Frontend (addr, port, proto, scope, slot) -> master entry or backend slot. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb_svc_key);
+	__type(value, struct lb_svc_val);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_services SEC(".maps");
+
+/* Backend id (host order) -> backend address and port. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct lb_backend);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_backends SEC(".maps");
+
+/* rev_nat_id (host order) -> the frontend a reply must appear to come from. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u16);
+	__type(value, struct lb_rev_nat);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_rev_nat SEC(".maps");
+
+/* (socket cookie, backend) -> frontend, for getpeername() and recvmsg(). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb_sock_rev_key);
+	__type(value, struct lb_sock_rev_val);
+	__uint(max_entries, 262144);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_sock_rev SEC(".maps");
+
+/* (client netns cookie, rev_nat_id) -> backend, for sessionAffinity. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb_affinity_key);
+	__type(value, struct lb_affinity_val);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_affinity SEC(".maps");
+
+/* Node address (16 bytes, network order) -> flags; bit 0: this node. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u8[16]);
+	__type(value, __u32);
+	__uint(max_entries, 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_node_ips SEC(".maps");
+
+#define LB_NODE_IP_LOCAL (1 << 0)
+
+/* Agent configuration, one entry at index 0. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb_config);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_config SEC(".maps");
+
+#endif /* __SLUICE_MAPS_H */

@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* Socket-level load balancing for Services (east-west traffic).
+ *
+ * connect() and sendmsg() to a Service frontend are rewritten to a backend
+ * before the kernel routes anything, so no packet ever carries the VIP and no
+ * per-packet NAT is needed. recvmsg() and getpeername() rewrite the backend
+ * back to the frontend the application asked for. bind() in the node's own
+ * namespace may not take a NodePort.
+ *
+ * Attached to a cgroup v2 sub-tree; the hooks apply to sockets created by
+ * processes in it.
+ */
+#include "common.h"
+#include "maps.h"
+#include "lb.h"
+#include "sock.h"
+
+/* Rejects the syscall with -err. bpf_set_retval (5.18) replaces the -EPERM
+ * the kernel would report for a bare SYS_REJECT.
+ */
+static __always_inline int sock_reject(int err)
+{
+	bpf_set_retval(-err);
+	return SYS_REJECT;
+}
+
+/* __sock_xlate translates a connect() or sendmsg() destination dst to a
+ * backend. v4 is a constant: the branches on it vanish at compile time, as
+ * the verifier refuses user_ip4 in a v6 program and the reverse.
+ */
+static __always_inline int __sock_xlate(struct bpf_sock_addr *ctx,
+					const union lb_addr *dst, const bool v4)
+{
+	struct lb_svc_key key __align_stack_8;
+	union lb_addr backend __align_stack_8;
+	const struct lb_svc_val *svc;
+	const struct lb_backend *be;
+	__be16 dport = sock_get_port(ctx);
+	__u8 proto = ctx->protocol;
+	__u64 cookie, client = 0;
+	__u32 hash;
+
+	if (!sock_proto_supported(proto))
+		return SYS_PROCEED;
+	lb_key_init(&key, dst, dport, proto);
+	svc = lb_lookup_service(&key, LB_SCOPE_INT);
+	if (!svc)
+		return SYS_PROCEED;
+	/* Like kube-proxy's REJECT: fail at once rather than time out. */
+	if (svc->count == 0)
+		return sock_reject(ECONNREFUSED);
+
+	cookie = bpf_get_socket_cookie(ctx);
+	/* A UDP socket has no connection to pin: hashing its cookie keeps
+	 * all its datagrams on one backend.
+	 */
+	hash = proto == IPPROTO_UDP ? lb_hash64(cookie) : bpf_get_prandom_u32();
+	if (svc->flags & SVC_F_AFFINITY)
+		client = bpf_get_netns_cookie(ctx);
+	be = lb_select_backend(&key, svc, hash, client);
+	if (!be)
+		return sock_reject(EHOSTUNREACH); /* maps caught mid-update */
+
+	__builtin_memcpy(backend.b, be->addr, sizeof(backend.b));
+	if (v4 && !addr_is_v4(&backend))
+		return sock_reject(EHOSTUNREACH);
+	sock_rev_record(cookie, &backend, be->port, dst, dport, svc->rev_nat_id);
+	if (v4)
+		sock4_set_addr(ctx, &backend);
+	else
+		sock6_set_addr(ctx, &backend);
+	sock_set_port(ctx, be->port);
+	return SYS_PROCEED;
+}
+
+/* __sock_rev_xlate shows the frontend instead of the backend peer. */
+static __always_inline int __sock_rev_xlate(struct bpf_sock_addr *ctx,
+					    const bool v4)
+{
+	union lb_addr peer __align_stack_8;
+	union lb_addr front __align_stack_8;
+	const struct lb_sock_rev_val *val;
+
+	if (!sock_proto_supported(ctx->protocol))
+		return SYS_PROCEED;
+	if (v4)
+		sock4_get_addr(ctx, &peer);
+	else
+		sock6_get_addr(ctx, &peer);
+	val = sock_rev_lookup(bpf_get_socket_cookie(ctx), &peer,
+			      sock_get_port(ctx));
+	if (!val)
+		return SYS_PROCEED;
+	__builtin_memcpy(front.b, val->addr, sizeof(front.b));
+	if (v4)
+		sock4_set_addr(ctx, &front);
+	else
+		sock6_set_addr(ctx, &front);
+	sock_set_port(ctx, val->port);
+	return SYS_PROCEED;
+}
+
+static __always_inline bool sock_nodeport_taken(union lb_addr *wild,
+						__be16 port, __u8 proto)
+{
+	struct lb_svc_key key __align_stack_8;
+	const struct lb_svc_val *svc;
+
+	addr_to_wildcard(wild);
+	lb_key_init(&key, wild, port, proto);
+	svc = bpf_map_lookup_elem(&lb_services, &key);
+	return svc && (svc->flags & SVC_F_NODEPORT);
+}
+
+/* __sock_bind keeps processes in the node's namespace off NodePorts: the
+ * socket LB would send their would-be clients to the Service anyway.
+ */
+static __always_inline int __sock_bind(struct bpf_sock_addr *ctx,
+				       union lb_addr *addr, const bool v4)
+{
+	__be16 port = sock_get_port(ctx);
+	__u8 proto = ctx->protocol;
+	bool any;
+
+	if (!port || !sock_proto_supported(proto))
+		return SYS_PROCEED;
+	if (!sock_is_host_netns(ctx))
+		return SYS_PROCEED;
+	any = addr_is_any(addr);
+	if (!any && !lb_is_nodeport_addr(addr))
+		return SYS_PROCEED;
+	if (sock_nodeport_taken(addr, port, proto))
+		return sock_reject(EADDRINUSE);
+	/* [::] of a dual-stack socket takes the IPv4 port as well. */
+	if (!v4 && any) {
+		addr_from_v4(addr, 0);
+		if (sock_nodeport_taken(addr, port, proto))
+			return sock_reject(EADDRINUSE);
+	}
+	return SYS_PROCEED;
+}
+
+SEC("cgroup/connect4")
+int sock4_connect(struct bpf_sock_addr *ctx)
+{
+	union lb_addr dst __align_stack_8;
+
+	sock4_get_addr(ctx, &dst);
+	return __sock_xlate(ctx, &dst, true);
+}
+
+SEC("cgroup/connect6")
+int sock6_connect(struct bpf_sock_addr *ctx)
+{
+	union lb_addr dst __align_stack_8;
+
+	sock6_get_addr(ctx, &dst);
+	return __sock_xlate(ctx, &dst, false);
+}
+
+SEC("cgroup/sendmsg4")
+int sock4_sendmsg(struct bpf_sock_addr *ctx)
+{
+	union lb_addr dst __align_stack_8;
+
+	sock4_get_addr(ctx, &dst);
+	return __sock_xlate(ctx, &dst, true);
+}
+
+SEC("cgroup/sendmsg6")
+int sock6_sendmsg(struct bpf_sock_addr *ctx)
+{
+	union lb_addr dst __align_stack_8;
+
+	sock6_get_addr(ctx, &dst);
+	return __sock_xlate(ctx, &dst, false);
+}
+
+SEC("cgroup/recvmsg4")
+int sock4_recvmsg(struct bpf_sock_addr *ctx)
+{
+	return __sock_rev_xlate(ctx, true);
+}
+
+SEC("cgroup/recvmsg6")
+int sock6_recvmsg(struct bpf_sock_addr *ctx)
+{
+	return __sock_rev_xlate(ctx, false);
+}
+
+SEC("cgroup/getpeername4")
+int sock4_getpeername(struct bpf_sock_addr *ctx)
+{
+	return __sock_rev_xlate(ctx, true);
+}
+
+SEC("cgroup/getpeername6")
+int sock6_getpeername(struct bpf_sock_addr *ctx)
+{
+	return __sock_rev_xlate(ctx, false);
+}
+
+SEC("cgroup/bind4")
+int sock4_bind(struct bpf_sock_addr *ctx)
+{
+	union lb_addr addr __align_stack_8;
+
+	sock4_get_addr(ctx, &addr);
+	return __sock_bind(ctx, &addr, true);
+}
+
+SEC("cgroup/bind6")
+int sock6_bind(struct bpf_sock_addr *ctx)
+{
+	union lb_addr addr __align_stack_8;
+
+	sock6_get_addr(ctx, &addr);
+	return __sock_bind(ctx, &addr, false);
+}
+
+char __license[] SEC("license") = "Dual BSD/GPL";

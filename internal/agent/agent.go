@@ -1,0 +1,348 @@
+// Package agent is sluice-agent: it takes the cluster's Services from a
+// source, folds changes into the desired load balancer state, writes it to
+// the BPF maps and serves the local API and metrics.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+)
+
+// Version is the agent's version, set at build time with
+// -ldflags "-X github.com/sluice-dataplane/sluice/internal/agent.Version=…".
+var Version = "dev"
+
+// retryInterval is how soon a failed sync is retried.
+const retryInterval = time.Second
+
+// Run runs the agent until ctx is done. It validates cfg first.
+//
+// Startup order matters for restarts without dropped connections: the
+// pinned maps and the installed state are restored before anything is
+// written, the first sync completes from a full view of the cluster, and
+// only then are the programs attached.
+func Run(ctx context.Context, cfg Config) (err error) {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.SlogLevel()}))
+	slog.SetDefault(log)
+
+	src, err := newSource(&cfg, log)
+	if err != nil {
+		return err
+	}
+	features := probeKernel()
+	for _, f := range features {
+		log.Debug("kernel feature", "name", f.Name, "available", f.Available, "detail", f.Detail)
+	}
+	dp, err := openSockLB(&cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Detaches every program; the pinned maps stay for the next start.
+		if cerr := dp.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("close socket LB: %w", cerr))
+		}
+	}()
+	pl, err := newModelPipeline(dp.Maps(), &cfg)
+	if err != nil {
+		return err
+	}
+	cookie, err := netnsCookie()
+	if err != nil {
+		return fmt.Errorf("host network namespace cookie: %w", err)
+	}
+	if err := dp.SetConfig(lbmap.Config{HostNetnsCookie: cookie}); err != nil {
+		return fmt.Errorf("write lb_config: %w", err)
+	}
+	return newAgent(&cfg, log, src, dp, pl, features).run(ctx)
+}
+
+func newSource(cfg *Config, log *slog.Logger) (Source, error) {
+	if cfg.Manifests != "" {
+		return NewManifestSource(cfg.Manifests, log), nil
+	}
+	client, host, err := KubeClient(cfg.Kubeconfig) // in-cluster when empty
+	if err != nil {
+		return nil, err
+	}
+	return NewKubeSource(client, host, cfg.NodeName, log), nil
+}
+
+// Agent connects a source, a pipeline and a dataplane.
+type Agent struct {
+	cfg      *Config
+	log      *slog.Logger
+	src      Source
+	dp       dataplane
+	pl       pipeline
+	features []api.Feature
+	metrics  *metrics
+	started  time.Time
+
+	// trigger wakes the sync loop; one pending wake-up is enough.
+	trigger chan struct{}
+
+	mu           sync.Mutex
+	firstChange  time.Time // arrival of the oldest change not yet in the maps
+	sum          summary
+	sync         api.SyncState
+	attachPoints []api.AttachPoint
+}
+
+func newAgent(cfg *Config, log *slog.Logger, src Source, dp dataplane, pl pipeline, features []api.Feature) *Agent {
+	return &Agent{
+		cfg: cfg, log: log, src: src, dp: dp, pl: pl, features: features,
+		metrics: newMetrics(src, dp),
+		started: time.Now(),
+		trigger: make(chan struct{}, 1),
+	}
+}
+
+func (a *Agent) run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	var wg sync.WaitGroup
+	defer wg.Wait() // API and metrics servers are down before the dataplane closes
+	defer cancel()
+
+	ln, err := api.Listen(a.cfg.APISocket)
+	if err != nil {
+		return err
+	}
+	wg.Go(func() {
+		if err := api.Serve(ctx, ln, a); err != nil {
+			a.log.Error("local API stopped", "err", err)
+		}
+	})
+	if a.cfg.MetricsAddr != "" {
+		mln, err := net.Listen("tcp", a.cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr=%s: %w", a.cfg.MetricsAddr, err)
+		}
+		wg.Go(func() { a.serveMetrics(ctx, mln) })
+	}
+
+	synced := make(chan struct{})
+	srcDone := make(chan error, 1)
+	wg.Go(func() { srcDone <- a.src.Run(ctx, a, func() { close(synced) }) })
+
+	a.log.Info("waiting for the initial list", "source", a.src.Status().Kind)
+	select {
+	case <-synced:
+	case err := <-srcDone:
+		if err != nil {
+			return fmt.Errorf("source: %w", err)
+		}
+		return nil
+	case <-ctx.Done():
+		return nil
+	}
+
+	// A partial failure (one full map, one conflicting frontend) must not
+	// keep every other Service down: attach anyway and retry in the loop.
+	firstErr := a.syncOnce(true)
+	if a.cfg.SocketLB {
+		if err := a.dp.Attach(a.cfg.CgroupRoot); err != nil {
+			return fmt.Errorf("attach socket LB to %s: %w", a.cfg.CgroupRoot, err)
+		}
+		a.mu.Lock()
+		a.attachPoints = a.dp.AttachPoints()
+		a.mu.Unlock()
+		a.log.Info("socket LB attached", "cgroup", a.cfg.CgroupRoot)
+	}
+	if ni := a.cfg.NotImplemented(); len(ni) > 0 {
+		a.log.Warn("flags accepted but not implemented yet", "flags", ni)
+	}
+	return a.loop(ctx, srcDone, firstErr != nil)
+}
+
+// loop runs syncs on changes, at most one per --sync-period-min, plus a full
+// sync every --sync-period and a retry after a failure.
+func (a *Agent) loop(ctx context.Context, srcDone <-chan error, failed bool) error {
+	periodic := time.NewTicker(a.cfg.SyncPeriod)
+	defer periodic.Stop()
+	var retry <-chan time.Time
+	if failed {
+		retry = time.After(retryInterval)
+	}
+	last := time.Now()
+	for {
+		full := false
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-srcDone:
+			if err != nil {
+				return fmt.Errorf("source: %w", err)
+			}
+			return nil
+		case <-a.trigger:
+		case <-periodic.C:
+			full = true
+		case <-retry:
+			full = true
+		}
+		// Fold a burst of changes into one sync.
+		if wait := a.cfg.SyncPeriodMin - time.Since(last); wait > 0 {
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		select {
+		case <-a.trigger: // covered by this sync
+		default:
+		}
+		err := a.syncOnce(full)
+		last = time.Now()
+		retry = nil
+		if err != nil {
+			retry = time.After(retryInterval)
+		}
+	}
+}
+
+// syncOnce runs one sync and records its outcome.
+func (a *Agent) syncOnce(full bool) error {
+	a.mu.Lock()
+	first := a.firstChange
+	a.firstChange = time.Time{}
+	a.mu.Unlock()
+
+	start := time.Now()
+	sum, err := a.pl.Sync(full)
+	dur := time.Since(start)
+	a.metrics.observeSync(dur, sum, err)
+
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.sum = sum
+	a.sync.Last = start
+	a.sync.Duration = dur
+	a.sync.Total++
+	if err != nil {
+		a.sync.Failed++
+		a.sync.Error = err.Error()
+		// The change is not in the maps yet: keep timing it.
+		if !first.IsZero() && (a.firstChange.IsZero() || first.Before(a.firstChange)) {
+			a.firstChange = first
+		}
+		a.log.Error("sync failed; the next one is full", "full", full, "duration", dur, "err", err)
+		return err
+	}
+	a.sync.Error = ""
+	if !first.IsZero() {
+		a.metrics.programming.Observe(time.Since(first).Seconds())
+	}
+	a.log.Debug("synced", "full", full, "duration", dur, "services", sum.Services, "frontends", sum.Frontends)
+	return nil
+}
+
+// changed notes a change's arrival and wakes the sync loop.
+func (a *Agent) changed() {
+	a.mu.Lock()
+	if a.firstChange.IsZero() {
+		a.firstChange = time.Now()
+	}
+	a.mu.Unlock()
+	select {
+	case a.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// The Agent is the sources' Handler: it forwards to the pipeline, which
+// only records, and schedules a sync.
+
+func (a *Agent) OnServiceUpdate(prev, cur *corev1.Service) {
+	a.pl.OnServiceUpdate(prev, cur)
+	a.changed()
+}
+
+func (a *Agent) OnEndpointSliceUpdate(prev, cur *discoveryv1.EndpointSlice) {
+	a.pl.OnEndpointSliceUpdate(prev, cur)
+	a.changed()
+}
+
+func (a *Agent) OnNodeUpdate(prev, cur *corev1.Node) {
+	a.pl.OnNodeUpdate(prev, cur)
+	a.changed()
+}
+
+func (a *Agent) OnPodUpdate(prev, cur *corev1.Pod) {
+	if ph, ok := a.pl.(PodHandler); ok {
+		ph.OnPodUpdate(prev, cur)
+		a.changed()
+	}
+}
+
+// Status implements api.Provider.
+func (a *Agent) Status(context.Context) (*api.Status, error) {
+	a.mu.Lock()
+	sum, syncState, points := a.sum, a.sync, a.attachPoints
+	a.mu.Unlock()
+	return &api.Status{
+		NodeName: a.cfg.NodeName,
+		Version:  Version,
+		Started:  a.started,
+		Source:   a.src.Status(),
+		Features: a.features,
+		SocketLB: api.SocketLB{Enabled: a.cfg.SocketLB, Cgroup: a.cfg.CgroupRoot, AttachPoints: points},
+
+		Services:  sum.Services,
+		Frontends: sum.Frontends,
+		Backends:  sum.Backends,
+
+		Maps:           a.dp.MapFill(),
+		Sync:           syncState,
+		ObjectErrors:   sum.ObjectErrors,
+		NotImplemented: a.cfg.NotImplemented(),
+	}, nil
+}
+
+// Services implements api.Provider.
+func (a *Agent) Services(context.Context) ([]api.Service, error) {
+	s := a.pl.Installed()
+	if s == nil {
+		s = []api.Service{}
+	}
+	return s, nil
+}
+
+// BPFLB implements api.Provider.
+func (a *Agent) BPFLB(context.Context) (*api.BPFLB, error) {
+	return dumpLB(a.dp.Maps())
+}
+
+func (a *Agent) serveMetrics(ctx context.Context, ln net.Listener) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", a.metrics.handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		a.log.Error("metrics server stopped", "err", err)
+	}
+}
+
+var _ api.Provider = (*Agent)(nil)

@@ -1,0 +1,289 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/sluice-dataplane/sluice/internal/api"
+)
+
+// Config is the agent's configuration, one field per flag.
+type Config struct {
+	NodeName        string
+	Kubeconfig      string
+	Manifests       string
+	CgroupRoot      string
+	AllowCgroupRoot bool
+	BPFRoot         string
+	APISocket       string
+	MetricsAddr     string
+	Devices         []string
+	LBAlgorithm     string
+	LBMode          string
+	LBAcceleration  string
+	NodePortRange   string
+	BandwidthMgr    bool
+	SocketLB        bool
+	LBMapMax        uint32
+	SyncPeriodMin   time.Duration
+	SyncPeriod      time.Duration
+	LogLevel        string
+
+	// Derived by Validate.
+	nodePortRange [2]uint16
+	inCluster     bool
+}
+
+// Flag defaults.
+const (
+	DefaultBPFRoot       = "/sys/fs/bpf/sluice"
+	DefaultNodePortRange = "30000-32767"
+	DefaultLBMapMax      = 65536
+	// kube-proxy's minSyncPeriod is 1s for iptables; the maps take a change
+	// in microseconds, so only bursts need folding.
+	DefaultSyncPeriodMin = time.Millisecond
+	// A full resync repairs maps that something else changed, like
+	// kube-proxy's syncPeriod.
+	DefaultSyncPeriod = 5 * time.Minute
+)
+
+// AddFlags registers the agent's flags on fs, with Cilium's names where
+// Cilium has the flag.
+func (c *Config) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name in Kubernetes (default $NODE_NAME)")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file of the cluster to watch")
+	fs.StringVar(&c.Manifests, "manifests", "", "directory of Kubernetes YAML (Service, EndpointSlice, Node, Pod) to load instead of an API server; changes apply live")
+	fs.StringVar(&c.CgroupRoot, "cgroup-root", "", "cgroup v2 directory to attach socket load balancing to")
+	fs.BoolVar(&c.AllowCgroupRoot, "allow-cgroup-root", false, "allow --cgroup-root to be the root of a cgroup2 hierarchy (a real node needs this; the lab never)")
+	fs.StringVar(&c.BPFRoot, "bpf-root", DefaultBPFRoot, "directory on bpffs for pinned maps")
+	fs.StringVar(&c.APISocket, "api-socket", api.DefaultSocket, "unix socket of the local API")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "host:port for Prometheus /metrics; empty disables")
+	fs.StringSliceVar(&c.Devices, "devices", nil, "external network devices for tc/XDP (comma separated)")
+	fs.StringVar(&c.LBAlgorithm, "lb-algorithm", "random", "backend selection: random or maglev")
+	fs.StringVar(&c.LBMode, "lb-mode", "snat", "north-south forwarding: snat, dsr or hybrid")
+	fs.StringVar(&c.LBAcceleration, "lb-acceleration", "disabled", "XDP acceleration: disabled, native or best-effort")
+	fs.StringVar(&c.NodePortRange, "node-port-range", DefaultNodePortRange, "NodePort range, MIN-MAX")
+	fs.BoolVar(&c.BandwidthMgr, "enable-bandwidth-manager", false, "enforce Pod bandwidth annotations with EDT")
+	fs.BoolVar(&c.SocketLB, "socket-lb", true, "load balance at the socket layer (connect, sendmsg, recvmsg, getpeername, bind)")
+	fs.Uint32Var(&c.LBMapMax, "bpf-lb-map-max", DefaultLBMapMax, "entries of the service map (one per frontend and backend slot)")
+	fs.DurationVar(&c.SyncPeriodMin, "sync-period-min", DefaultSyncPeriodMin, "minimum interval between two syncs to the maps")
+	fs.DurationVar(&c.SyncPeriod, "sync-period", DefaultSyncPeriod, "interval of full resyncs to the maps")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+}
+
+// lbMapLimit bounds --bpf-lb-map-max: a hash map this large already needs
+// gigabytes of locked memory.
+const lbMapLimit = 1 << 24
+
+// Validate checks every flag and fills the derived fields. Each error names
+// the flag and the bad value.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(flag string, value any, why string, args ...any) {
+		errs = append(errs, fmt.Errorf("--%s=%v: %s", flag, value, fmt.Sprintf(why, args...)))
+	}
+
+	if c.NodeName == "" {
+		bad("node-name", `""`, "required (or set $NODE_NAME)")
+	} else if msgs := dns1123Subdomain(c.NodeName); msgs != "" {
+		bad("node-name", c.NodeName, "%s", msgs)
+	}
+
+	switch {
+	case c.Kubeconfig != "" && c.Manifests != "":
+		errs = append(errs, fmt.Errorf("--kubeconfig=%s and --manifests=%s: give only one source", c.Kubeconfig, c.Manifests))
+	case c.Manifests != "":
+		if fi, err := os.Stat(c.Manifests); err != nil {
+			bad("manifests", c.Manifests, "%v", err)
+		} else if !fi.IsDir() {
+			bad("manifests", c.Manifests, "not a directory")
+		}
+	case c.Kubeconfig != "":
+		if _, err := os.Stat(c.Kubeconfig); err != nil {
+			bad("kubeconfig", c.Kubeconfig, "%v", err)
+		}
+	case os.Getenv("KUBERNETES_SERVICE_HOST") != "":
+		c.inCluster = true
+	default:
+		errs = append(errs, errors.New("--kubeconfig or --manifests: one is required outside a cluster ($KUBERNETES_SERVICE_HOST is unset)"))
+	}
+
+	if err := checkCgroup(c.CgroupRoot, c.AllowCgroupRoot); err != nil {
+		bad("cgroup-root", quoteEmpty(c.CgroupRoot), "%v", err)
+	}
+	if !filepath.IsAbs(c.BPFRoot) {
+		bad("bpf-root", quoteEmpty(c.BPFRoot), "must be an absolute path")
+	}
+	if !filepath.IsAbs(c.APISocket) {
+		bad("api-socket", quoteEmpty(c.APISocket), "must be an absolute path")
+	} else if len(c.APISocket) >= len(unix.RawSockaddrUnix{}.Path) {
+		bad("api-socket", c.APISocket, "longer than a unix socket path may be (%d bytes)", len(unix.RawSockaddrUnix{}.Path)-1)
+	}
+	if c.MetricsAddr != "" {
+		if _, port, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			bad("metrics-addr", c.MetricsAddr, "want host:port: %v", err)
+		} else if n, err := strconv.ParseUint(port, 10, 16); err != nil || (n == 0 && port != "0") {
+			bad("metrics-addr", c.MetricsAddr, "invalid port %q", port)
+		}
+	}
+	for _, d := range c.Devices {
+		if err := checkDeviceName(d); err != nil {
+			bad("devices", quoteEmpty(d), "%v", err)
+		}
+	}
+	checkEnum := func(flag, v string, allowed ...string) {
+		for _, a := range allowed {
+			if v == a {
+				return
+			}
+		}
+		bad(flag, quoteEmpty(v), "want one of %s", strings.Join(allowed, ", "))
+	}
+	checkEnum("lb-algorithm", c.LBAlgorithm, "random", "maglev")
+	checkEnum("lb-mode", c.LBMode, "snat", "dsr", "hybrid")
+	checkEnum("lb-acceleration", c.LBAcceleration, "disabled", "native", "best-effort")
+	checkEnum("log-level", c.LogLevel, "debug", "info", "warn", "error")
+
+	if r, err := ParsePortRange(c.NodePortRange); err != nil {
+		bad("node-port-range", quoteEmpty(c.NodePortRange), "%v", err)
+	} else {
+		c.nodePortRange = r
+	}
+	if c.LBMapMax < 16 || c.LBMapMax > lbMapLimit {
+		bad("bpf-lb-map-max", c.LBMapMax, "want 16 to %d", lbMapLimit)
+	}
+	if c.SyncPeriodMin < 0 || c.SyncPeriodMin > time.Minute {
+		bad("sync-period-min", c.SyncPeriodMin, "want 0 to 1m")
+	}
+	if c.SyncPeriod < time.Second {
+		bad("sync-period", c.SyncPeriod, "want at least 1s")
+	} else if c.SyncPeriod < c.SyncPeriodMin {
+		bad("sync-period", c.SyncPeriod, "shorter than --sync-period-min=%v", c.SyncPeriodMin)
+	}
+	return errors.Join(errs...)
+}
+
+// NotImplemented lists the flags set to a value this version accepts but does
+// not act on yet, so that status can say so instead of pretending.
+func (c *Config) NotImplemented() []string {
+	var out []string
+	if c.LBAlgorithm != "random" {
+		out = append(out, "--lb-algorithm="+c.LBAlgorithm)
+	}
+	if c.LBMode != "snat" {
+		out = append(out, "--lb-mode="+c.LBMode)
+	}
+	if c.LBAcceleration != "disabled" {
+		out = append(out, "--lb-acceleration="+c.LBAcceleration)
+	}
+	if len(c.Devices) > 0 {
+		out = append(out, "--devices="+strings.Join(c.Devices, ","))
+	}
+	if c.BandwidthMgr {
+		out = append(out, "--enable-bandwidth-manager")
+	}
+	return out
+}
+
+// SlogLevel is --log-level as a slog level; call after Validate.
+func (c *Config) SlogLevel() slog.Level {
+	switch c.LogLevel {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}
+
+// ParsePortRange parses "MIN-MAX" (or a single port).
+func ParsePortRange(s string) ([2]uint16, error) {
+	lo, hi, found := strings.Cut(s, "-")
+	if !found {
+		hi = lo
+	}
+	a, err := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
+	if err != nil || a == 0 {
+		return [2]uint16{}, fmt.Errorf("want MIN-MAX with ports 1 to 65535")
+	}
+	b, err := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
+	if err != nil || b == 0 {
+		return [2]uint16{}, fmt.Errorf("want MIN-MAX with ports 1 to 65535")
+	}
+	if a > b {
+		return [2]uint16{}, fmt.Errorf("MIN %d is above MAX %d", a, b)
+	}
+	return [2]uint16{uint16(a), uint16(b)}, nil
+}
+
+// checkDeviceName checks an interface name as the kernel would
+// (dev_valid_name), allowing Cilium's trailing "+" wildcard.
+func checkDeviceName(name string) error {
+	base := strings.TrimSuffix(name, "+")
+	switch {
+	case base == "":
+		return errors.New("empty device name")
+	case len(base) >= unix.IFNAMSIZ:
+		return fmt.Errorf("longer than %d bytes", unix.IFNAMSIZ-1)
+	case base == "." || base == "..":
+		return errors.New("not a device name")
+	case strings.ContainsAny(base, "/:+ \t\n"):
+		return errors.New("contains '/', ':', '+' or whitespace")
+	}
+	return nil
+}
+
+// checkCgroup is checkCgroupRoot; unit tests, which cannot make a cgroup
+// without root, replace it.
+var checkCgroup = checkCgroupRoot
+
+// checkCgroupRoot requires a cgroup2 directory that is not a hierarchy root
+// (attaching there would load balance every process of the machine) unless
+// allowRoot.
+func checkCgroupRoot(path string, allowRoot bool) error {
+	if path == "" {
+		return errors.New("required")
+	}
+	if !filepath.IsAbs(path) {
+		return errors.New("must be an absolute path")
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return fmt.Errorf("statfs: %w", err)
+	}
+	if st.Type != unix.CGROUP2_SUPER_MAGIC {
+		return errors.New("not on a cgroup2 filesystem")
+	}
+	root, err := isCgroupRoot(path)
+	if err != nil {
+		return err
+	}
+	if root && !allowRoot {
+		return errors.New("is the root of a cgroup2 hierarchy; pass --allow-cgroup-root on a real node")
+	}
+	return nil
+}
+
+func dns1123Subdomain(s string) string {
+	return strings.Join(validation.IsDNS1123Subdomain(s), "; ")
+}
+
+func quoteEmpty(s string) string {
+	if s == "" {
+		return `""`
+	}
+	return s
+}

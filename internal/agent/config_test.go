@@ -1,0 +1,168 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+)
+
+// parse parses args as sluice-agent would and validates them.
+func parse(t *testing.T, args ...string) (*Config, error) {
+	t.Helper()
+	var c Config
+	fs := pflag.NewFlagSet("sluice-agent", pflag.ContinueOnError)
+	fs.SetOutput(new(strings.Builder))
+	c.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return &c, err
+	}
+	return &c, c.Validate()
+}
+
+// fakeCgroup accepts any path as a non-root cgroup2 directory: making a
+// cgroup needs root, and checkCgroupRoot has its own test.
+func fakeCgroup(t *testing.T) {
+	t.Helper()
+	old := checkCgroup
+	checkCgroup = func(path string, allowRoot bool) error {
+		if path == "" {
+			return checkCgroupRoot(path, allowRoot)
+		}
+		return nil
+	}
+	t.Cleanup(func() { checkCgroup = old })
+}
+
+func TestConfigValid(t *testing.T) {
+	fakeCgroup(t)
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	dir := t.TempDir()
+	c, err := parse(t, "--node-name=node1", "--manifests="+dir, "--cgroup-root=/sys/fs/cgroup/unified/sluice-ag-x",
+		"--bpf-root=/sys/fs/bpf/sluice-ag", "--api-socket=/run/sluice-ag/a.sock", "--metrics-addr=127.0.0.1:9962",
+		"--devices=eth0,eth+", "--lb-algorithm=maglev", "--lb-mode=dsr", "--lb-acceleration=best-effort",
+		"--node-port-range=30000-30100", "--enable-bandwidth-manager", "--socket-lb=false", "--bpf-lb-map-max=1024",
+		"--sync-period-min=10ms", "--sync-period=1m", "--log-level=debug")
+	if err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	if c.nodePortRange != [2]uint16{30000, 30100} {
+		t.Errorf("node port range = %v, want [30000 30100]", c.nodePortRange)
+	}
+	want := "--lb-algorithm=maglev --lb-mode=dsr --lb-acceleration=best-effort --devices=eth0,eth+ --enable-bandwidth-manager"
+	if got := strings.Join(c.NotImplemented(), " "); got != want {
+		t.Errorf("NotImplemented = %q, want %q", got, want)
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	fakeCgroup(t)
+	t.Setenv("NODE_NAME", "from-env")
+	t.Setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+	c, err := parse(t, "--cgroup-root=/sys/fs/cgroup/unified/sluice-ag-x")
+	if err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	if c.NodeName != "from-env" || !c.inCluster || !c.SocketLB || c.BPFRoot != DefaultBPFRoot ||
+		c.SyncPeriodMin != DefaultSyncPeriodMin || c.LBMapMax != DefaultLBMapMax || len(c.NotImplemented()) != 0 {
+		t.Errorf("defaults: %+v", c)
+	}
+}
+
+func TestConfigInvalid(t *testing.T) {
+	fakeCgroup(t)
+	t.Setenv("NODE_NAME", "")
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	dir := t.TempDir()
+	file := filepath.Join(dir, "f.yaml")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"--node-name=node1", "--manifests=" + dir, "--cgroup-root=/sys/fs/cgroup/unified/sluice-ag-x"}
+	for _, tc := range []struct {
+		name string
+		args []string // added to base, unless they start with --node-name
+		want string
+	}{
+		{"node-name missing", []string{"--node-name=", "--manifests=" + dir, "--cgroup-root=/x"}, `--node-name="": required`},
+		{"node-name syntax", []string{"--node-name=Node_1", "--manifests=" + dir, "--cgroup-root=/x"}, "--node-name=Node_1:"},
+		{"no source", []string{"--node-name=n", "--cgroup-root=/x"}, "--kubeconfig or --manifests: one is required"},
+		{"two sources", []string{"--kubeconfig=" + file}, "give only one source"},
+		{"manifests missing", []string{"--node-name=n", "--cgroup-root=/x", "--manifests=" + dir + "/nope"}, "--manifests=" + dir + "/nope:"},
+		{"manifests file", []string{"--node-name=n", "--cgroup-root=/x", "--manifests=" + file}, "--manifests=" + file + ": not a directory"},
+		{"kubeconfig missing", []string{"--node-name=n", "--cgroup-root=/x", "--kubeconfig=/nonexistent/kc"}, "--kubeconfig=/nonexistent/kc:"},
+		{"cgroup-root missing", []string{"--node-name=n", "--manifests=" + dir}, `--cgroup-root="": required`},
+		{"bpf-root relative", []string{"--bpf-root=sluice"}, "--bpf-root=sluice: must be an absolute path"},
+		{"api-socket relative", []string{"--api-socket=a.sock"}, "--api-socket=a.sock: must be an absolute path"},
+		{"api-socket long", []string{"--api-socket=/" + strings.Repeat("a", 120)}, "longer than a unix socket path"},
+		{"metrics-addr no port", []string{"--metrics-addr=localhost"}, "--metrics-addr=localhost: want host:port"},
+		{"metrics-addr bad port", []string{"--metrics-addr=:99999"}, `--metrics-addr=:99999: invalid port "99999"`},
+		{"devices slash", []string{"--devices=eth0,a/b"}, "--devices=a/b:"},
+		{"devices long", []string{"--devices=abcdefghijklmnopq"}, "--devices=abcdefghijklmnopq: longer than 15 bytes"},
+		{"devices empty", []string{"--devices=eth0,,eth1"}, `--devices="": empty device name`},
+		{"lb-algorithm", []string{"--lb-algorithm=roundrobin"}, "--lb-algorithm=roundrobin: want one of random, maglev"},
+		{"lb-mode", []string{"--lb-mode=dnat"}, "--lb-mode=dnat: want one of snat, dsr, hybrid"},
+		{"lb-acceleration", []string{"--lb-acceleration=generic"}, "--lb-acceleration=generic: want one of disabled, native, best-effort"},
+		{"log-level", []string{"--log-level=trace"}, "--log-level=trace: want one of debug, info, warn, error"},
+		{"node-port-range reversed", []string{"--node-port-range=32000-31000"}, "--node-port-range=32000-31000: MIN 32000 is above MAX 31000"},
+		{"node-port-range syntax", []string{"--node-port-range=30000:32767"}, "--node-port-range=30000:32767: want MIN-MAX"},
+		{"node-port-range zero", []string{"--node-port-range=0-10"}, "--node-port-range=0-10: want MIN-MAX"},
+		{"bpf-lb-map-max small", []string{"--bpf-lb-map-max=1"}, "--bpf-lb-map-max=1: want 16 to"},
+		{"bpf-lb-map-max syntax", []string{"--bpf-lb-map-max=lots"}, `invalid argument "lots" for "--bpf-lb-map-max"`},
+		{"sync-period-min negative", []string{"--sync-period-min=-1s"}, "--sync-period-min=-1s: want 0 to 1m"},
+		{"sync-period-min syntax", []string{"--sync-period-min=soon"}, `invalid argument "soon" for "--sync-period-min"`},
+		{"sync-period short", []string{"--sync-period=10ms"}, "--sync-period=10ms: want at least 1s"},
+		{"socket-lb syntax", []string{"--socket-lb=maybe"}, `invalid argument "maybe" for "--socket-lb"`},
+		{"bandwidth manager syntax", []string{"--enable-bandwidth-manager=sometimes"}, `invalid argument "sometimes" for "--enable-bandwidth-manager"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append(append([]string{}, base...), tc.args...)
+			if strings.HasPrefix(tc.args[0], "--node-name=") {
+				args = tc.args
+			}
+			_, err := parse(t, args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("args %q: error %v, want it to contain %q", args, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestCheckCgroupRoot(t *testing.T) {
+	if err := checkCgroupRoot("relative/path", false); err == nil || !strings.Contains(err.Error(), "absolute") {
+		t.Errorf("relative path: %v", err)
+	}
+	if err := checkCgroupRoot(t.TempDir(), false); err == nil || !strings.Contains(err.Error(), "not on a cgroup2 filesystem") {
+		t.Errorf("temp dir: %v, want not on cgroup2", err)
+	}
+	var st unix.Statfs_t
+	root := "/sys/fs/cgroup/unified"
+	if unix.Statfs(root, &st) != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+		root = "/sys/fs/cgroup"
+		if unix.Statfs(root, &st) != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+			t.Skip("no cgroup2 hierarchy at /sys/fs/cgroup/unified or /sys/fs/cgroup")
+		}
+	}
+	if err := checkCgroupRoot(root, false); err == nil || !strings.Contains(err.Error(), "root of a cgroup2 hierarchy") {
+		t.Errorf("%s: %v, want refused as hierarchy root", root, err)
+	}
+	if err := checkCgroupRoot(root, true); err != nil {
+		t.Errorf("%s with --allow-cgroup-root: %v", root, err)
+	}
+}
+
+func TestParsePortRange(t *testing.T) {
+	for in, want := range map[string][2]uint16{"30000-32767": {30000, 32767}, "80": {80, 80}, "1-65535": {1, 65535}} {
+		if got, err := ParsePortRange(in); err != nil || got != want {
+			t.Errorf("ParsePortRange(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "-", "a-b", "0-1", "1-65536", "5-4"} {
+		if got, err := ParsePortRange(in); err == nil {
+			t.Errorf("ParsePortRange(%q) = %v, want an error", in, got)
+		}
+	}
+}

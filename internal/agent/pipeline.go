@@ -1,0 +1,171 @@
+package agent
+
+import (
+	"bytes"
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+)
+
+// pipeline turns recorded changes into map writes: the change tracker and
+// the reconciler behind one interface.
+type pipeline interface {
+	Handler
+	// Sync folds the recorded changes into the desired state and writes
+	// what differs to the maps; full re-checks every Service. Only the sync
+	// loop calls it.
+	Sync(full bool) (summary, error)
+	Installed() []api.Service
+}
+
+// summary is what a sync reports about the desired state.
+type summary struct {
+	Services, Frontends, Backends int
+	ObjectErrors                  map[string]string
+}
+
+// dataplane is the loaded BPF side.
+type dataplane interface {
+	Maps() lbmap.Maps
+	SetConfig(lbmap.Config) error
+	Attach(cgroupPath string) error
+	AttachPoints() []api.AttachPoint
+	MapFill() []api.MapFill
+	Close() error
+}
+
+// svcFlagNames names the SVC_F_* bits as status and dumps show them.
+var svcFlagNames = []struct {
+	bit  uint16
+	name string
+}{
+	{lbmap.SvcFlagNodePort, "nodeport"},
+	{lbmap.SvcFlagExternalIP, "externalip"},
+	{lbmap.SvcFlagLoadBalancer, "loadbalancer"},
+	{lbmap.SvcFlagAffinity, "affinity"},
+	{lbmap.SvcFlagTwoScopes, "two-scopes"},
+	{lbmap.SvcFlagETPLocal, "etp=Local"},
+	{lbmap.SvcFlagITPLocal, "itp=Local"},
+	{lbmap.SvcFlagWildcard, "wildcard"},
+}
+
+// serviceFlags names the set bits of a master entry's flags; affinity
+// carries its timeout.
+func serviceFlags(flags uint16, affinityTimeout uint32) []string {
+	var out []string
+	for _, f := range svcFlagNames {
+		if flags&f.bit == 0 {
+			continue
+		}
+		if f.bit == lbmap.SvcFlagAffinity {
+			out = append(out, fmt.Sprintf("affinity=%ds", affinityTimeout))
+			continue
+		}
+		out = append(out, f.name)
+	}
+	if rest := flags &^ (1<<len(svcFlagNames) - 1); rest != 0 {
+		out = append(out, fmt.Sprintf("0x%x", rest))
+	}
+	return out
+}
+
+func backendFlags(flags uint8) []string {
+	var out []string
+	if flags&lbmap.BackendFlagTerminating != 0 {
+		out = append(out, api.BackendTerminating)
+	}
+	if flags&lbmap.BackendFlagLocal != 0 {
+		out = append(out, "local")
+	}
+	if rest := flags &^ (lbmap.BackendFlagTerminating | lbmap.BackendFlagLocal); rest != 0 {
+		out = append(out, fmt.Sprintf("0x%x", rest))
+	}
+	return out
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case 6:
+		return "TCP"
+	case 17:
+		return "UDP"
+	}
+	return fmt.Sprintf("proto-%d", p)
+}
+
+func scopeName(s uint8) string {
+	if s == lbmap.ScopeInternal {
+		return "internal"
+	}
+	return "external"
+}
+
+// dumpLB reads the load balancer maps for `sluice bpf lb list`.
+func dumpLB(m lbmap.Maps) (*api.BPFLB, error) {
+	svcs, err := m.Services()
+	if err != nil {
+		return nil, fmt.Errorf("dump %s: %w", lbmap.ServicesMapName, err)
+	}
+	bes, err := m.Backends()
+	if err != nil {
+		return nil, fmt.Errorf("dump %s: %w", lbmap.BackendsMapName, err)
+	}
+	revs, err := m.RevNats()
+	if err != nil {
+		return nil, fmt.Errorf("dump %s: %w", lbmap.RevNatMapName, err)
+	}
+	nodes, err := m.NodeIPs()
+	if err != nil {
+		return nil, fmt.Errorf("dump %s: %w", lbmap.NodeIPsMapName, err)
+	}
+
+	out := &api.BPFLB{Services: []api.BPFService{}, Backends: []api.BPFBackend{}, RevNat: []api.BPFRevNat{}, NodeIPs: []string{}}
+	keys := slices.SortedFunc(maps.Keys(svcs), func(a, b lbmap.ServiceKey) int {
+		return cmp.Or(bytes.Compare(a.Addr[:], b.Addr[:]), cmp.Compare(a.Port.Host(), b.Port.Host()),
+			cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Scope, b.Scope), cmp.Compare(a.Slot, b.Slot))
+	})
+	for _, k := range keys {
+		v := svcs[k]
+		e := api.BPFService{
+			Frontend:  addrPort(k.Addr, k.Port) + "/" + protoName(k.Proto),
+			Scope:     scopeName(k.Scope),
+			Slot:      k.Slot,
+			BackendID: v.BackendID,
+			Count:     v.Count,
+			RevNatID:  v.RevNatID,
+		}
+		if k.Slot == 0 {
+			e.Flags = serviceFlags(v.Flags, v.AffinityTimeout)
+			e.AffinityTimeout = v.AffinityTimeout
+		}
+		out.Services = append(out.Services, e)
+	}
+	for _, id := range slices.Sorted(maps.Keys(bes)) {
+		v := bes[id]
+		out.Backends = append(out.Backends, api.BPFBackend{
+			ID: id, Address: addrPort(v.Addr, v.Port) + "/" + protoName(v.Proto), Flags: backendFlags(v.Flags),
+		})
+	}
+	for _, id := range slices.Sorted(maps.Keys(revs)) {
+		v := revs[id]
+		out.RevNat = append(out.RevNat, api.BPFRevNat{ID: id, Address: addrPort(v.Addr, v.Port)})
+	}
+	slices.SortFunc(nodes, func(a, b lbmap.Addr) int { return bytes.Compare(a[:], b[:]) })
+	for _, a := range nodes {
+		out.NodeIPs = append(out.NodeIPs, a.NetIP().String())
+	}
+	return out, nil
+}
+
+func addrPort(a lbmap.Addr, p lbmap.Port) string {
+	ip := a.NetIP().String()
+	if strings.Contains(ip, ":") {
+		ip = "[" + ip + "]"
+	}
+	return fmt.Sprintf("%s:%d", ip, p.Host())
+}

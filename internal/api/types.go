@@ -1,0 +1,164 @@
+// Package api is the agent's local API: JSON over HTTP on a unix socket,
+// served by sluice-agent and read by the sluice CLI.
+//
+//	sluice CLI ──Client──▶ unix socket ──Server──▶ Backend (the agent)
+//
+// The types here are the wire format; they are additive-only so that a CLI
+// and an agent of neighbouring versions still understand each other.
+package api
+
+import "time"
+
+// Paths served by the agent.
+const (
+	PathStatus   = "/v1/status"
+	PathServices = "/v1/services"
+	PathBPFLB    = "/v1/bpf/lb"
+	PathHealthz  = "/healthz"
+)
+
+// DefaultSocket is where the agent listens unless told otherwise.
+const DefaultSocket = "/var/run/sluice/sluice.sock"
+
+// Status is one screen of agent state, like `cilium status`.
+type Status struct {
+	NodeName string    `json:"nodeName"`
+	Version  string    `json:"version"`
+	Started  time.Time `json:"started"`
+
+	Source   SourceStatus `json:"source"`
+	Features []Feature    `json:"kernelFeatures"`
+	SocketLB SocketLB     `json:"socketLB"`
+
+	Services  int `json:"services"`  // Service objects with at least one frontend
+	Frontends int `json:"frontends"` // frontends (address, port, protocol)
+	Backends  int `json:"backends"`  // distinct backend address:port/protocol
+
+	Maps []MapFill `json:"maps"`
+	Sync SyncState `json:"sync"`
+
+	// ObjectErrors are Kubernetes objects the model could not use, keyed by
+	// object, with the reason.
+	ObjectErrors map[string]string `json:"objectErrors,omitempty"`
+	// NotImplemented lists flags that were set to a value this version
+	// validates but does not act on yet.
+	NotImplemented []string `json:"notImplemented,omitempty"`
+}
+
+// SourceStatus says where the agent takes its view of the cluster from.
+type SourceStatus struct {
+	Kind   string `json:"kind"`   // "manifests" or "kubernetes"
+	Detail string `json:"detail"` // the directory, or the API server
+	Synced bool   `json:"synced"` // the initial list is complete
+	// FileErrors maps a manifest file to why it was rejected; its last good
+	// objects stay in use.
+	FileErrors map[string]string `json:"fileErrors,omitempty"`
+	Objects    map[string]int    `json:"objects,omitempty"` // objects per kind
+}
+
+// Healthy reports whether the source has synced and has no rejected files.
+func (s SourceStatus) Healthy() bool { return s.Synced && len(s.FileErrors) == 0 }
+
+// Feature is one kernel feature found (or not) by the probe.
+type Feature struct {
+	Name      string `json:"name"`
+	Available bool   `json:"available"`
+	Detail    string `json:"detail,omitempty"`
+}
+
+// SocketLB describes the socket-level load balancer.
+type SocketLB struct {
+	Enabled      bool          `json:"enabled"`
+	Cgroup       string        `json:"cgroup,omitempty"`
+	AttachPoints []AttachPoint `json:"attachPoints,omitempty"`
+}
+
+// AttachPoint is one attached BPF program.
+type AttachPoint struct {
+	Hook    string `json:"hook"` // e.g. connect4
+	Cgroup  string `json:"cgroup"`
+	Program string `json:"program"`
+	LinkID  uint32 `json:"linkID"`
+}
+
+// MapFill is how full one BPF map is.
+type MapFill struct {
+	Name    string `json:"name"`
+	Entries int    `json:"entries"`
+	Max     int    `json:"max"`
+}
+
+// SyncState is the outcome of the latest sync of the desired state into the
+// maps.
+type SyncState struct {
+	Last     time.Time     `json:"last,omitzero"`
+	Duration time.Duration `json:"duration"`
+	Error    string        `json:"error,omitempty"`
+	Total    uint64        `json:"total"`
+	Failed   uint64        `json:"failed"`
+}
+
+// Service is one installed frontend and its backends.
+type Service struct {
+	ID       uint16    `json:"id"`   // reverse-NAT ID
+	Name     string    `json:"name"` // namespace/name[:port]
+	Type     string    `json:"type"` // ClusterIP, NodePort, ExternalIP, LoadBalancer
+	Frontend string    `json:"frontend"`
+	Flags    []string  `json:"flags,omitempty"` // e.g. affinity=10800s, itp=Local
+	Backends []Backend `json:"backends"`
+}
+
+// Backend states as `sluice service list` shows them.
+const (
+	BackendActive      = "active"
+	BackendTerminating = "terminating"
+)
+
+// ScopeInternal marks backends that serve only traffic from this node, for a
+// frontend whose external and internal backend sets differ
+// (internalTrafficPolicy or externalTrafficPolicy Local).
+const ScopeInternal = "internal"
+
+// Backend is one backend of a Service frontend.
+type Backend struct {
+	ID      uint32 `json:"id"`
+	Address string `json:"address"` // addr:port/proto
+	State   string `json:"state"`
+	Node    string `json:"node,omitempty"`
+	Pod     string `json:"pod,omitempty"`
+	Local   bool   `json:"local,omitempty"` // runs on this node
+	Scope   string `json:"scope,omitempty"` // "" (all traffic) or ScopeInternal
+}
+
+// BPFLB is a raw dump of the load balancer maps.
+type BPFLB struct {
+	Services []BPFService `json:"services"`
+	Backends []BPFBackend `json:"backends"`
+	RevNat   []BPFRevNat  `json:"revNat"`
+	NodeIPs  []string     `json:"nodeIPs"`
+}
+
+// BPFService is one lb_services entry (a master when Slot is 0).
+type BPFService struct {
+	Frontend        string   `json:"frontend"` // addr:port/proto
+	Scope           string   `json:"scope"`    // external or internal
+	Slot            uint16   `json:"slot"`
+	BackendID       uint32   `json:"backendID"`
+	Count           uint16   `json:"count"`
+	RevNatID        uint16   `json:"revNatID"`
+	Flags           []string `json:"flags,omitempty"`
+	AffinityTimeout uint32   `json:"affinityTimeout,omitempty"` // seconds
+}
+
+// BPFBackend is one lb_backends entry.
+type BPFBackend struct {
+	ID      uint32   `json:"id"`
+	Address string   `json:"address"` // addr:port/proto
+	Flags   []string `json:"flags,omitempty"`
+}
+
+// BPFRevNat is one lb_rev_nat entry.
+type BPFRevNat struct {
+	ID      uint16 `json:"id"`
+	Address string `json:"address"` // addr:port
+}

@@ -1,0 +1,297 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-dataplane/sluice/internal/api"
+)
+
+// agentOptions are the flags shared by the commands that ask the agent.
+type agentOptions struct {
+	socket string
+	output string
+}
+
+func (o *agentOptions) addFlags(cmd *cobra.Command) {
+	def := os.Getenv("SLUICE_API_SOCKET")
+	if def == "" {
+		def = api.DefaultSocket
+	}
+	cmd.PersistentFlags().StringVar(&o.socket, "api-socket", def, "the agent's API socket (default $SLUICE_API_SOCKET, else "+api.DefaultSocket+")")
+	cmd.PersistentFlags().StringVarP(&o.output, "output", "o", "table", "output format: table or json")
+}
+
+// client checks the output flag and returns a client for the agent.
+func (o *agentOptions) client() (*api.Client, error) {
+	if o.output != "table" && o.output != "json" {
+		return nil, fmt.Errorf("--output=%s: want table or json", o.output)
+	}
+	return api.NewClient(o.socket), nil
+}
+
+// agentCommands returns the commands that query a running sluice-agent.
+func agentCommands() []*cobra.Command {
+	return []*cobra.Command{statusCommand(), serviceCommand(), bpfCommand()}
+}
+
+func statusCommand() *cobra.Command {
+	var o agentOptions
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the agent's state: source, kernel features, attach points, map fill, last sync",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := o.client()
+			if err != nil {
+				return err
+			}
+			st, err := c.Status(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if o.output == "json" {
+				return writeJSON(cmd.OutOrStdout(), st)
+			}
+			return writeStatus(cmd.OutOrStdout(), st)
+		},
+	}
+	o.addFlags(cmd)
+	return cmd
+}
+
+func serviceCommand() *cobra.Command {
+	var o agentOptions
+	cmd := &cobra.Command{Use: "service", Short: "Services the agent installed"}
+	o.addFlags(cmd)
+	cmd.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "List installed frontends with their backends",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := o.client()
+			if err != nil {
+				return err
+			}
+			svcs, err := c.Services(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if o.output == "json" {
+				return writeJSON(cmd.OutOrStdout(), svcs)
+			}
+			return writeServices(cmd.OutOrStdout(), svcs)
+		},
+	})
+	return cmd
+}
+
+func bpfCommand() *cobra.Command {
+	var o agentOptions
+	cmd := &cobra.Command{Use: "bpf", Short: "Raw contents of the BPF maps"}
+	o.addFlags(cmd)
+	lb := &cobra.Command{Use: "lb", Short: "The load balancer maps"}
+	lb.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "Dump lb_services, lb_backends, lb_rev_nat and lb_node_ips",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := o.client()
+			if err != nil {
+				return err
+			}
+			d, err := c.BPFLB(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if o.output == "json" {
+				return writeJSON(cmd.OutOrStdout(), d)
+			}
+			return writeBPFLB(cmd.OutOrStdout(), d)
+		},
+	})
+	cmd.AddCommand(lb)
+	return cmd
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func newTable(w io.Writer) *tabwriter.Writer {
+	return tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
+}
+
+// writeStatus prints one screen in the manner of `cilium status`.
+func writeStatus(w io.Writer, st *api.Status) error {
+	tw := newTable(w)
+	line := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{k}, args...)...) }
+
+	line("Node", "%s", st.NodeName)
+	line("Version", "%s", st.Version)
+	health := "Ok"
+	switch {
+	case !st.Source.Synced:
+		health = "Waiting for the initial list"
+	case len(st.Source.FileErrors) > 0:
+		health = fmt.Sprintf("Degraded: %d file(s) rejected, their last good objects in use", len(st.Source.FileErrors))
+	}
+	line("Source", "%s %s\t%s", st.Source.Kind, st.Source.Detail, health)
+	for _, f := range sortedKeys(st.Source.FileErrors) {
+		fmt.Fprintf(tw, "  %s\t%s\n", f, st.Source.FileErrors[f])
+	}
+	if len(st.Source.Objects) > 0 {
+		var parts []string
+		for _, k := range sortedKeys(st.Source.Objects) {
+			parts = append(parts, fmt.Sprintf("%d %s", st.Source.Objects[k], k))
+		}
+		line("Objects", "%s", strings.Join(parts, ", "))
+	}
+
+	line("Kernel features", "")
+	for _, f := range st.Features {
+		mark := "yes"
+		if !f.Available {
+			mark = "no"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", f.Name, mark, f.Detail)
+	}
+
+	if !st.SocketLB.Enabled {
+		line("SocketLB", "Disabled")
+	} else if len(st.SocketLB.AttachPoints) == 0 {
+		line("SocketLB", "Enabled, not attached yet (cgroup %s)", st.SocketLB.Cgroup)
+	} else {
+		line("SocketLB", "Enabled, cgroup %s", st.SocketLB.Cgroup)
+		var hooks []string
+		for _, p := range st.SocketLB.AttachPoints {
+			hooks = append(hooks, fmt.Sprintf("%s (link %d)", p.Hook, p.LinkID))
+		}
+		line("  Attach points", "%s", strings.Join(hooks, ", "))
+	}
+
+	line("Services", "%d services, %d frontends, %d backends", st.Services, st.Frontends, st.Backends)
+	if len(st.Maps) > 0 {
+		line("BPF maps", "")
+		for _, m := range st.Maps {
+			pct := 0.0
+			if m.Max > 0 {
+				pct = 100 * float64(m.Entries) / float64(m.Max)
+			}
+			fmt.Fprintf(tw, "  %s\t%d/%d\t%.1f%%\n", m.Name, m.Entries, m.Max, pct)
+		}
+	}
+
+	switch {
+	case st.Sync.Total == 0:
+		line("Last sync", "none yet")
+	case st.Sync.Error != "":
+		line("Last sync", "%s ago, took %s, FAILED: %s", ago(st.Sync.Last), st.Sync.Duration, st.Sync.Error)
+	default:
+		line("Last sync", "%s ago, took %s, OK", ago(st.Sync.Last), st.Sync.Duration)
+	}
+	line("Syncs", "%d total, %d failed", st.Sync.Total, st.Sync.Failed)
+	if len(st.ObjectErrors) > 0 {
+		line("Object errors", "%d", len(st.ObjectErrors))
+		for _, k := range sortedKeys(st.ObjectErrors) {
+			fmt.Fprintf(tw, "  %s\t%s\n", k, st.ObjectErrors[k])
+		}
+	}
+	if len(st.NotImplemented) > 0 {
+		line("Not implemented yet", "%s (accepted, no effect)", strings.Join(st.NotImplemented, " "))
+	}
+	return tw.Flush()
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	return slices.Sorted(maps.Keys(m))
+}
+
+func ago(t time.Time) string {
+	return time.Since(t).Truncate(time.Millisecond).String()
+}
+
+// writeServices prints one row per backend, the frontend on its first row,
+// like `cilium service list`.
+func writeServices(w io.Writer, svcs []api.Service) error {
+	tw := newTable(w)
+	fmt.Fprintln(tw, "ID\tFrontend\tService Type\tName\tFlags\tBackend")
+	for _, s := range svcs {
+		name := s.Name
+		if name == "" {
+			name = "(restored, unclaimed)"
+		}
+		flags := strings.Join(s.Flags, ",")
+		if flags == "" {
+			flags = "-"
+		}
+		head := fmt.Sprintf("%d\t%s\t%s\t%s\t%s", s.ID, s.Frontend, s.Type, name, flags)
+		if len(s.Backends) == 0 {
+			fmt.Fprintf(tw, "%s\t(no backends: connect refused)\n", head)
+			continue
+		}
+		for i, b := range s.Backends {
+			state := b.State
+			if b.Local {
+				state += ", local"
+			}
+			if b.Scope != "" {
+				state += ", " + b.Scope
+			}
+			be := fmt.Sprintf("%d => %s (%s)", i+1, b.Address, state)
+			if b.Pod != "" {
+				be += " " + b.Pod
+			}
+			if i == 0 {
+				fmt.Fprintf(tw, "%s\t%s\n", head, be)
+			} else {
+				fmt.Fprintf(tw, "\t\t\t\t\t%s\n", be)
+			}
+		}
+	}
+	return tw.Flush()
+}
+
+// writeBPFLB prints the raw map contents, one table per map.
+func writeBPFLB(w io.Writer, d *api.BPFLB) error {
+	tw := newTable(w)
+	fmt.Fprintln(tw, "SERVICE ADDRESS\tSCOPE\tSLOT\tBACKEND ID\tCOUNT\tREVNAT\tFLAGS")
+	for _, s := range d.Services {
+		flags := strings.Join(s.Flags, ",")
+		if flags == "" {
+			flags = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\n", s.Frontend, s.Scope, s.Slot, s.BackendID, s.Count, s.RevNatID, flags)
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "BACKEND ID\tADDRESS\tFLAGS")
+	for _, b := range d.Backends {
+		flags := strings.Join(b.Flags, ",")
+		if flags == "" {
+			flags = "-"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\n", b.ID, b.Address, flags)
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "REVNAT ID\tFRONTEND")
+	for _, r := range d.RevNat {
+		fmt.Fprintf(tw, "%d\t%s\n", r.ID, r.Address)
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "NODE IP")
+	for _, ip := range d.NodeIPs {
+		fmt.Fprintln(tw, ip)
+	}
+	return tw.Flush()
+}

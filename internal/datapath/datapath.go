@@ -1,0 +1,34 @@
+// Package datapath loads sluice's BPF programs, pins their maps and attaches
+// them. The socket-level load balancer (bpf/sock_lb.c) attaches to a cgroup
+// v2 sub-tree and translates Service frontends to backends in connect(),
+// sendmsg(), recvmsg(), getpeername() and bind().
+package datapath
+
+// MapSizes are the max_entries of the load balancer's maps.
+type MapSizes struct {
+	Services, Backends, RevNat, SockRev, Affinity, NodeIPs uint32
+}
+
+// DefaultMapSizes returns the sizes used when the agent is given none.
+func DefaultMapSizes() MapSizes {
+	return MapSizes{
+		Services: 262144,
+		Backends: 262144,
+		RevNat:   65536,
+		SockRev:  262144,
+		Affinity: 65536,
+		NodeIPs:  1024,
+	}
+}
+
+// byName maps each sized map to its size.
+func (s MapSizes) byName() map[string]uint32 {
+	return map[string]uint32{
+		socklbMapLbServices: s.Services,
+		socklbMapLbBackends: s.Backends,
+		socklbMapLbRevNat:   s.RevNat,
+		socklbMapLbSockRev:  s.SockRev,
+		socklbMapLbAffinity: s.Affinity,
+		socklbMapLbNodeIps:  s.NodeIPs,
+	}
+}

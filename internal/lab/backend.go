@@ -1,0 +1,85 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+)
+
+// EchoReply is the echo backend's HTTP answer: who answered and the client
+// address it saw (the source address after any NAT on the way).
+type EchoReply struct {
+	Pod    string `json:"pod"`
+	Client string `json:"client"`
+}
+
+// BackendConfig configures the echo backend a pod runs.
+type BackendConfig struct {
+	Name      string // pod name to answer with
+	HTTPAddr  string // ":8080"; dual-stack
+	UDPAddr   string // ":9000"; dual-stack
+	ReadyFile string // created once both sockets listen; optional
+}
+
+// RunBackend serves HTTP and UDP echo until ctx ends. HTTP answers an
+// EchoReply as JSON; UDP answers every datagram with the pod name.
+func RunBackend(ctx context.Context, cfg BackendConfig) error {
+	if cfg.Name == "" {
+		return errors.New("backend: --name is required")
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("backend: listen http %s: %w", cfg.HTTPAddr, err)
+	}
+	pc, err := lc.ListenPacket(ctx, "udp", cfg.UDPAddr)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("backend: listen udp %s: %w", cfg.UDPAddr, err)
+	}
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(EchoReply{Pod: cfg.Name, Client: r.RemoteAddr})
+		}),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- serveUDPEcho(pc, []byte(cfg.Name)) }()
+	if cfg.ReadyFile != "" {
+		if err := os.WriteFile(cfg.ReadyFile, nil, 0o644); err != nil {
+			return fmt.Errorf("backend: ready file: %w", err)
+		}
+	}
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	pc.Close()
+	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("backend %s: %w", cfg.Name, err)
+	}
+	return nil
+}
+
+func serveUDPEcho(pc net.PacketConn, reply []byte) error {
+	buf := make([]byte, 64<<10)
+	for {
+		_, addr, err := pc.ReadFrom(buf)
+		if err != nil {
+			return err
+		}
+		// A lost reply is the client's timeout to report, not ours.
+		_, _ = pc.WriteTo(reply, addr)
+	}
+}

@@ -1,0 +1,291 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// NewCommand returns the `lab` command tree.
+func NewCommand() *cobra.Command {
+	var prefix string
+	cmd := &cobra.Command{
+		Use:   "lab",
+		Short: "A Kubernetes cluster on one machine: nodes and pods as network namespaces",
+		Long: `The lab builds nodes, pods, an external client and a fabric out of network
+namespaces and veth pairs (address plan: 198.18.0.0/15, fd00:198:18::/48),
+gives each node a cgroup v2 sub-tree and a sluice-agent, and runs an HTTP
+and UDP echo backend in every pod.`,
+	}
+	cmd.PersistentFlags().StringVar(&prefix, "prefix", DefaultPrefix, "name prefix of every lab resource")
+	_ = cmd.PersistentFlags().MarkHidden("prefix")
+	p := &prefix
+	cmd.AddCommand(upCommand(p), downCommand(p), statusCommand(p), execCommand(p),
+		applyCommand(p, true), applyCommand(p, false), demoCommand(p), backendCommand(), probeCommand())
+	return cmd
+}
+
+func upCommand(prefix *string) *cobra.Command {
+	cfg := Config{}
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Build the lab (removing leftovers of an earlier run first)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.Prefix = *prefix
+			cfg.Progress = cmd.OutOrStdout()
+			l, err := Up(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			l.Close()
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&cfg.Nodes, "nodes", 2, "number of nodes")
+	cmd.Flags().IntVar(&cfg.PodsPerNode, "pods-per-node", 3, "echo pods per node")
+	cmd.Flags().StringVar(&cfg.Dataplane, "dataplane", DataplaneSluice, "sluice (an agent per node) or none")
+	cmd.Flags().StringVar(&cfg.AgentBin, "agent-bin", "", "sluice-agent binary (default: next to this binary)")
+	cmd.Flags().StringArrayVar(&cfg.AgentArgs, "agent-arg", nil, "extra flag for every agent (repeatable)")
+	return cmd
+}
+
+func downCommand(prefix *string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "down",
+		Short: "Stop the lab and remove everything it created",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := Load(*prefix)
+			if err != nil {
+				// No state: still remove whatever a crashed run left.
+				fmt.Fprintf(cmd.OutOrStdout(), "==> %v; removing leftovers\n", err)
+				return Cleanup(*prefix)
+			}
+			l.SetProgress(cmd.OutOrStdout())
+			return l.Down()
+		},
+	}
+}
+
+func statusCommand(prefix *string) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show nodes, pods, addresses and the agents' health",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := jsonOutput(output)
+			if err != nil {
+				return err
+			}
+			l, err := Load(*prefix)
+			if err != nil {
+				return err
+			}
+			return l.Status(cmd.Context()).Print(cmd.OutOrStdout(), asJSON)
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "", "output format: json")
+	return cmd
+}
+
+func jsonOutput(o string) (bool, error) {
+	switch o {
+	case "":
+		return false, nil
+	case "json":
+		return true, nil
+	}
+	return false, fmt.Errorf("--output %q: want json or nothing", o)
+}
+
+func execCommand(prefix *string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "exec POD|nodeN|client -- CMD [ARG...]",
+		Short: "Run a command in a pod's, node's or the client's namespace and cgroup",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if dash := cmd.ArgsLenAtDash(); dash != 1 {
+				return errors.New("usage: sluice lab exec TARGET -- CMD [ARG...]")
+			}
+			l, err := Load(*prefix)
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			c := l.Command(cmd.Context(), args[0], args[1:]...)
+			c.Stdin, c.Stdout, c.Stderr = os.Stdin, os.Stdout, os.Stderr
+			err = c.Run()
+			var exitErr *exec.ExitError
+			if errors.As(err, &exitErr) && exitErr.ExitCode() >= 0 {
+				l.Close()
+				os.Exit(exitErr.ExitCode()) // the command's status is ours
+			}
+			return err
+		},
+	}
+}
+
+func applyCommand(prefix *string, apply bool) *cobra.Command {
+	var file string
+	use, short := "apply", "Install Services and their generated EndpointSlices into the lab"
+	if !apply {
+		use, short = "delete", "Remove Services (and their EndpointSlices) from the lab"
+	}
+	cmd := &cobra.Command{
+		Use:   use + " -f FILE",
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if file == "" {
+				return errors.New("-f FILE is required")
+			}
+			l, err := Load(*prefix)
+			if err != nil {
+				return err
+			}
+			if apply {
+				return l.ApplyFile(file)
+			}
+			return l.DeleteFile(file)
+		},
+	}
+	cmd.Flags().StringVarP(&file, "filename", "f", "", "YAML file of Services")
+	return cmd
+}
+
+func backendCommand() *cobra.Command {
+	var cfg BackendConfig
+	cmd := &cobra.Command{
+		Use:    "backend",
+		Short:  "Run a pod's HTTP and UDP echo backend",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return RunBackend(cmd.Context(), cfg)
+		},
+	}
+	cmd.Flags().StringVar(&cfg.Name, "name", "", "pod name to answer with")
+	cmd.Flags().StringVar(&cfg.HTTPAddr, "http", ":8080", "HTTP listen address")
+	cmd.Flags().StringVar(&cfg.UDPAddr, "udp", ":9000", "UDP listen address")
+	cmd.Flags().StringVar(&cfg.ReadyFile, "ready-file", "", "file to create once listening")
+	return cmd
+}
+
+func probeCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:    "probe",
+		Short:  "Send bounded traffic and report backends, errors and latency",
+		Hidden: true,
+	}
+	type kind struct {
+		name, flag, help string
+		run              func(context.Context, ProbeConfig) (*ProbeReport, error)
+	}
+	for _, k := range []kind{
+		{"http", "url", "URL to GET (repeatable: used round-robin)", ProbeHTTP},
+		{"udp", "addr", "IP:PORT to send to (repeatable)", ProbeUDP},
+		{"tcp", "addr", "IP:PORT to connect to (repeatable)", ProbeTCP},
+	} {
+		var cfg ProbeConfig
+		var output string
+		sub := &cobra.Command{
+			Use:   k.name,
+			Short: "probe " + k.name,
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				asJSON, err := jsonOutput(output)
+				if err != nil {
+					return err
+				}
+				rep, err := k.run(cmd.Context(), cfg)
+				if err != nil {
+					return err
+				}
+				return rep.Print(cmd.OutOrStdout(), asJSON)
+			},
+		}
+		f := sub.Flags()
+		f.StringArrayVar(&cfg.Targets, k.flag, nil, k.help)
+		f.IntVar(&cfg.Count, "count", 10, "requests to send")
+		f.DurationVar(&cfg.Timeout, "timeout", 2*time.Second, "timeout of each request")
+		f.DurationVar(&cfg.Budget, "budget", 5*time.Minute, "time limit of the whole run")
+		f.StringVarP(&output, "output", "o", "", "output format: json")
+		switch k.name {
+		case "http":
+			f.BoolVar(&cfg.KeepAlive, "keepalive", false, "reuse connections (default: a new connection per request)")
+		case "udp":
+			f.BoolVar(&cfg.NewSocketPerRequest, "new-socket-per-request", false, "a new socket per datagram")
+			f.BoolVar(&cfg.V4Mapped, "v4-mapped", false, "send to an IPv4 target from an IPv6 socket")
+		case "tcp":
+			f.BoolVar(&cfg.V4Mapped, "v4-mapped", false, "connect to an IPv4 target from an IPv6 socket")
+		}
+		cmd.AddCommand(sub)
+	}
+	return cmd
+}
+
+// Print writes the report as JSON, or as a few human lines.
+func (r *ProbeReport) Print(w io.Writer, asJSON bool) error {
+	if asJSON {
+		return json.NewEncoder(w).Encode(r)
+	}
+	fmt.Fprintf(w, "%s %s: %d/%d ok in %.0f ms\n", r.Kind, strings.Join(r.Targets, ","), r.OK, r.Count, r.ElapsedMS)
+	for _, m := range []struct {
+		title string
+		m     map[string]int
+	}{{"backends", r.Backends}, {"peers", r.Peers}, {"clients", r.Clients}, {"errors", r.Errors}} {
+		if len(m.m) > 0 {
+			fmt.Fprintf(w, "  %-8s %s\n", m.title, formatCounts(m.m))
+		}
+	}
+	if l := r.Latency; l.N > 0 {
+		fmt.Fprintf(w, "  latency  min %.0f µs  p50 %.0f  p90 %.0f  p99 %.0f  max %.0f\n", l.Min, l.P50, l.P90, l.P99, l.Max)
+	}
+	if r.FirstError != "" {
+		fmt.Fprintf(w, "  first error: %s\n", r.FirstError)
+	}
+	return nil
+}
+
+func formatCounts(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
+	}
+	return strings.Join(parts, " ")
+}
+
+// Probe runs `lab probe KIND ARGS... -o json` in the target's namespace and
+// cgroup and decodes its report. kind is http, udp or tcp.
+func (l *Lab) Probe(ctx context.Context, target, kind string, args ...string) (*ProbeReport, error) {
+	full := append([]string{l.Exe, "lab", "probe", kind}, args...)
+	full = append(full, "-o", "json")
+	cmd := l.Command(ctx, target, full...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("probe %s from %s %v: %w: %s", kind, target, args, err, strings.TrimSpace(stderr.String()))
+	}
+	var rep ProbeReport
+	if err := json.Unmarshal(out, &rep); err != nil {
+		return nil, fmt.Errorf("probe %s from %s: decode %q: %w", kind, target, out, err)
+	}
+	return &rep, nil
+}

@@ -1,0 +1,286 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+//go:embed testdata/demo-services.yaml
+var demoServices []byte
+
+// Frontends of testdata/demo-services.yaml.
+const (
+	demoTCP        = "198.19.0.10:80"
+	demoUDP        = "198.19.0.11:53"
+	demoNodePort   = 30080
+	demoAffinity   = "198.19.0.13:80"
+	demoDual4      = "198.19.0.14:80"
+	demoDual6      = "[fd00:198:19::14]:80"
+	demoDualUDP6   = "[fd00:198:19::14]:53"
+	demoLatency    = "198.19.0.15:80" // its only backend: demoLatencyPod
+	demoLatencyPod = "node2-pod1"
+	demoFrom       = "node1-pod1"
+)
+
+// DemoConfig configures `lab demo`.
+type DemoConfig struct {
+	Dataplane  string
+	AgentBin   string
+	Requests   int    // per latency measurement; at least 1,000 for the report
+	ResultsDir string // latest.json goes here
+	Out        io.Writer
+}
+
+// DemoResult is what the demo measured, written as latest.json.
+type DemoResult struct {
+	Started     time.Time        `json:"started"`
+	Finished    time.Time        `json:"finished"`
+	Nodes       int              `json:"nodes"`
+	PodsPerNode int              `json:"podsPerNode"`
+	Dataplane   string           `json:"dataplane"`
+	ServiceList string           `json:"serviceList,omitempty"`
+	Spread      []DemoSpread     `json:"spread"`
+	Latency     []DemoLatencyRow `json:"latency"`
+	Error       string           `json:"error,omitempty"`
+}
+
+// DemoSpread is how one Service's requests spread over its backends.
+type DemoSpread struct {
+	Service string       `json:"service"`
+	From    string       `json:"from"`
+	Kind    string       `json:"kind"`
+	Target  string       `json:"target"`
+	Report  *ProbeReport `json:"report"`
+}
+
+// DemoLatencyRow compares the Service VIP with the pod IPs behind it.
+type DemoLatencyRow struct {
+	Mode     string       `json:"mode"` // new-connection or keepalive
+	VIP      LatencyStats `json:"vip"`
+	Pod      LatencyStats `json:"pod"`
+	RatioP50 float64      `json:"ratioP50"` // VIP / pod
+	RatioP99 float64      `json:"ratioP99"`
+}
+
+func demoCommand(prefix *string) *cobra.Command {
+	cfg := DemoConfig{}
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "2 nodes × 3 pods, sample Services, traffic through each, VIP vs pod-IP latency",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.Out = cmd.OutOrStdout()
+			return RunDemo(cmd.Context(), *prefix, cfg)
+		},
+	}
+	cmd.Flags().StringVar(&cfg.Dataplane, "dataplane", DataplaneSluice, "sluice or none (none: only pod-IP traffic works)")
+	cmd.Flags().StringVar(&cfg.AgentBin, "agent-bin", "", "sluice-agent binary (default: next to this binary)")
+	cmd.Flags().IntVar(&cfg.Requests, "requests", 1000, "requests per latency measurement")
+	cmd.Flags().StringVar(&cfg.ResultsDir, "results", "results/demo", "directory for latest.json")
+	return cmd
+}
+
+// RunDemo runs the demo end to end and always tears the lab down.
+func RunDemo(ctx context.Context, prefix string, cfg DemoConfig) (err error) {
+	if cfg.Requests < 1 || cfg.Requests > MaxProbeCount {
+		return fmt.Errorf("--requests %d: want 1..%d", cfg.Requests, MaxProbeCount)
+	}
+	out := cfg.Out
+	res := &DemoResult{Started: time.Now().UTC(), Nodes: 2, PodsPerNode: 3, Dataplane: cfg.Dataplane}
+	defer func() {
+		res.Finished = time.Now().UTC()
+		if err != nil {
+			res.Error = err.Error()
+		}
+		if werr := writeDemoResult(cfg.ResultsDir, res); werr != nil {
+			err = errors.Join(err, werr)
+		} else {
+			fmt.Fprintf(out, "==> results in %s\n", filepath.Join(cfg.ResultsDir, "latest.json"))
+		}
+	}()
+
+	l, err := Up(ctx, Config{Prefix: prefix, Nodes: res.Nodes, PodsPerNode: res.PodsPerNode,
+		Dataplane: cfg.Dataplane, AgentBin: cfg.AgentBin, Progress: out})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if derr := l.Down(); derr != nil {
+			err = errors.Join(err, fmt.Errorf("teardown: %w", derr))
+		}
+	}()
+
+	fmt.Fprintln(out, "==> applying sample Services (testdata/demo-services.yaml)")
+	objs, err := DecodeObjects(bytes.NewReader(demoServices))
+	if err != nil {
+		return fmt.Errorf("demo services: %w", err)
+	}
+	if err := l.Apply(objs...); err != nil {
+		return err
+	}
+	if cfg.Dataplane == DataplaneNone {
+		fmt.Fprintln(out, "==> dataplane none: skipping Service traffic, measuring pod IPs only")
+	} else {
+		if err := waitServing(ctx, l, "http://"+demoTCP+"/", 20*time.Second); err != nil {
+			return err
+		}
+		node1, _ := l.Node("node1")
+		fmt.Fprintf(out, "==> sluice service list (node1's agent)\n")
+		list, err := serviceList(ctx, l.Exe, node1.Agent.Socket)
+		if err != nil {
+			fmt.Fprintf(out, "    (service list failed: %v)\n", err)
+		}
+		res.ServiceList = list
+		fmt.Fprint(out, list)
+
+		node2, _ := l.Node("node2")
+		nodePort := func(ip fmt.Stringer) string {
+			return "http://" + joinHostPort(ip.String(), demoNodePort) + "/"
+		}
+		checks := []struct{ svc, from, kind, target string }{
+			{"echo-tcp (ClusterIP TCP)", demoFrom, "http", "http://" + demoTCP + "/"},
+			{"echo-udp (ClusterIP UDP, socket per request)", demoFrom, "udp", demoUDP},
+			{"echo-nodeport (NodePort, node2 IP, from a pod)", demoFrom, "http", nodePort(node2.IPv4)},
+			{"echo-nodeport (NodePort, node1 IP, from node1)", "node1", "http", nodePort(node1.IPv4)},
+			{"echo-affinity (ClientIP affinity)", demoFrom, "http", "http://" + demoAffinity + "/"},
+			{"echo-dual (IPv4 VIP)", demoFrom, "http", "http://" + demoDual4 + "/"},
+			{"echo-dual (IPv6 VIP)", demoFrom, "http", "http://" + demoDual6 + "/"},
+			{"echo-dual (IPv6 VIP, UDP)", demoFrom, "udp", demoDualUDP6},
+		}
+		fmt.Fprintln(out, "==> 60 requests through each Service: how they spread over backends")
+		for _, c := range checks {
+			args := []string{"--count", "60", "--timeout", "1s", "--budget", "60s"}
+			if c.kind == "http" {
+				args = append(args, "--url", c.target)
+			} else {
+				args = append(args, "--addr", c.target, "--new-socket-per-request")
+			}
+			rep, err := l.Probe(ctx, c.from, c.kind, args...)
+			if err != nil {
+				return err
+			}
+			res.Spread = append(res.Spread, DemoSpread{Service: c.svc, From: c.from, Kind: c.kind, Target: c.target, Report: rep})
+			fmt.Fprintf(out, "    %-48s from %-10s %2d/%d ok  %s\n", c.svc, c.from, rep.OK, rep.Count, formatCounts(rep.Backends))
+			if len(rep.Errors) > 0 {
+				fmt.Fprintf(out, "    %-48s errors: %s (%s)\n", "", formatCounts(rep.Errors), rep.FirstError)
+			}
+		}
+	}
+
+	// One backend behind the VIP, so both measurements take the same path
+	// (across nodes) and differ only by the Service translation.
+	backend, _ := l.Pod(demoLatencyPod)
+	podURL := "http://" + joinHostPort(backend.IPv4.String(), EchoHTTPPort) + "/"
+	fmt.Fprintf(out, "==> latency from %s: echo-latency VIP %s vs its backend's pod IP %s, %d requests each\n",
+		demoFrom, demoLatency, backend.IPv4, cfg.Requests)
+	for _, mode := range []string{"new-connection", "keepalive"} {
+		row := DemoLatencyRow{Mode: mode}
+		base := []string{"--count", strconv.Itoa(cfg.Requests), "--timeout", "2s", "--budget", "5m"}
+		if mode == "keepalive" {
+			base = append(base, "--keepalive")
+		}
+		prep, err := l.Probe(ctx, demoFrom, "http", append(slices.Clone(base), "--url", podURL)...)
+		if err != nil {
+			return err
+		}
+		if prep.OK < prep.Count {
+			return fmt.Errorf("latency to pod %s: %d of %d failed: %s", podURL, prep.Count-prep.OK, prep.Count, prep.FirstError)
+		}
+		row.Pod = prep.Latency
+		if cfg.Dataplane != DataplaneNone {
+			vrep, err := l.Probe(ctx, demoFrom, "http", append(slices.Clone(base), "--url", "http://"+demoLatency+"/")...)
+			if err != nil {
+				return err
+			}
+			if vrep.OK < vrep.Count {
+				return fmt.Errorf("latency via VIP %s: %d of %d failed: %s", demoLatency, vrep.Count-vrep.OK, vrep.Count, vrep.FirstError)
+			}
+			row.VIP = vrep.Latency
+			row.RatioP50, row.RatioP99 = ratio(row.VIP.P50, row.Pod.P50), ratio(row.VIP.P99, row.Pod.P99)
+		}
+		res.Latency = append(res.Latency, row)
+	}
+	printLatency(out, res.Latency)
+	return nil
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+func printLatency(w io.Writer, rows []DemoLatencyRow) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "mode\tVIP p50 µs\tpod p50 µs\tp50 VIP/pod\tVIP p99 µs\tpod p99 µs\tp99 VIP/pod\t")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.3f\t%.0f\t%.0f\t%.3f\t\n",
+			r.Mode, r.VIP.P50, r.Pod.P50, r.RatioP50, r.VIP.P99, r.Pod.P99, r.RatioP99)
+	}
+	tw.Flush()
+}
+
+func joinHostPort(host string, port int) string {
+	if len(host) > 0 && host[0] != '[' && bytes.ContainsRune([]byte(host), ':') {
+		host = "[" + host + "]"
+	}
+	return host + ":" + strconv.Itoa(port)
+}
+
+// waitServing waits until the agents have programmed the Service: one GET
+// through its VIP succeeds.
+func waitServing(ctx context.Context, l *Lab, url string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		rep, err := l.Probe(ctx, demoFrom, "http", "--url", url, "--count", "1", "--timeout", "500ms")
+		if err == nil && rep.OK == 1 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if err == nil {
+				err = errors.New(rep.FirstError)
+			}
+			return fmt.Errorf("service %s not answering after %s: %w", url, timeout, err)
+		}
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// serviceList runs this binary's `service list` against an agent.
+func serviceList(ctx context.Context, exe, socket string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, exe, "service", "list", "--api-socket", socket).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("sluice service list: %w", err)
+	}
+	return string(out), nil
+}
+
+func writeDemoResult(dir string, res *DemoResult) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("results: %w", err)
+	}
+	data, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return fmt.Errorf("results: %w", err)
+	}
+	return writeAtomic(filepath.Join(dir, "latest.json"), append(data, '\n'))
+}

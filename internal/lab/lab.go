@@ -1,0 +1,567 @@
+// Package lab builds a Kubernetes cluster on one machine out of network
+// namespaces, veth pairs and cgroup v2 sub-trees, runs an echo backend in
+// every pod and a sluice-agent on every node, and measures traffic through
+// it. See README.md for the layout.
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// Dataplanes the lab can run on its nodes.
+const (
+	DataplaneSluice = "sluice"
+	DataplaneNone   = "none"
+)
+
+// Config describes a lab.
+type Config struct {
+	// Prefix names every namespace, cgroup, pin directory and run directory
+	// of the lab (DefaultPrefix when empty). Tests use their own.
+	Prefix      string
+	Nodes       int
+	PodsPerNode int
+	// Dataplane is DataplaneSluice (an agent per node, the default) or
+	// DataplaneNone (plain routing, no agent).
+	Dataplane string
+	// AgentBin is the sluice-agent binary; default: $SLUICE_BIN_DIR/sluice-agent,
+	// else sluice-agent next to this executable.
+	AgentBin string
+	// AgentArgs are extra flags for every agent.
+	AgentArgs []string
+	// Exe is a binary with the `lab backend` and `lab probe` subcommands;
+	// default: this executable.
+	Exe string
+	// Progress receives one line per step; nil discards them.
+	Progress io.Writer
+}
+
+func (c *Config) setDefaults() error {
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if err := validPrefix(c.Prefix); err != nil {
+		return err
+	}
+	if c.Nodes < 1 || c.Nodes > MaxNodes {
+		return fmt.Errorf("nodes %d: want 1..%d", c.Nodes, MaxNodes)
+	}
+	if c.PodsPerNode < 0 || c.PodsPerNode > MaxPodsPerNode {
+		return fmt.Errorf("pods per node %d: want 0..%d", c.PodsPerNode, MaxPodsPerNode)
+	}
+	switch c.Dataplane {
+	case "":
+		c.Dataplane = DataplaneSluice
+	case DataplaneSluice, DataplaneNone:
+	default:
+		return fmt.Errorf("dataplane %q: want %s or %s", c.Dataplane, DataplaneSluice, DataplaneNone)
+	}
+	if c.Exe == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("find own executable: %w", err)
+		}
+		c.Exe = exe
+	}
+	if c.AgentBin == "" && c.Dataplane == DataplaneSluice {
+		dir := os.Getenv("SLUICE_BIN_DIR")
+		if dir == "" {
+			dir = filepath.Dir(c.Exe)
+		}
+		c.AgentBin = filepath.Join(dir, "sluice-agent")
+	}
+	if c.Progress == nil {
+		c.Progress = io.Discard
+	}
+	return nil
+}
+
+// State is the lab as recorded in state.json: enough for `status`, `exec`,
+// `apply` and `down` in later processes.
+type State struct {
+	Prefix       string    `json:"prefix"`
+	Dataplane    string    `json:"dataplane"`
+	Exe          string    `json:"exe"`
+	CgroupRoot   string    `json:"cgroupRoot"` // the lab's cgroup, under the cgroup2 mount
+	RunDir       string    `json:"runDir"`
+	ManifestsDir string    `json:"manifestsDir"`
+	BPFRoot      string    `json:"bpfRoot"`
+	FabricNetns  string    `json:"fabricNetns"`
+	Client       Endpoint  `json:"client"`
+	Nodes        []Node    `json:"nodes"`
+	Created      time.Time `json:"created"`
+}
+
+// Endpoint is a namespace of the lab that runs processes: a node, a pod or
+// the external client.
+type Endpoint struct {
+	Name   string     `json:"name"`
+	Netns  string     `json:"netns"`
+	Cgroup string     `json:"cgroup"`
+	IPv4   netip.Addr `json:"ipv4"`
+	IPv6   netip.Addr `json:"ipv6"`
+}
+
+// Node is one lab node.
+type Node struct {
+	Endpoint
+	Index int    `json:"index"`
+	Agent *Agent `json:"agent,omitempty"`
+	Pods  []Pod  `json:"pods"`
+}
+
+// Pod is one lab pod with its echo backend.
+type Pod struct {
+	Endpoint
+	Node string `json:"node"`
+	PID  int    `json:"pid"`
+	Log  string `json:"log"`
+}
+
+// Agent is a node's sluice-agent process.
+type Agent struct {
+	PID     int    `json:"pid"`
+	Socket  string `json:"socket"`
+	Log     string `json:"log"`
+	BPFRoot string `json:"bpfRoot"`
+}
+
+// Lab is a running lab.
+type Lab struct {
+	State
+	progress io.Writer
+
+	mu        sync.Mutex
+	cgroupFDs map[string]int  // cgroup dir → O_PATH fd for clone-into-cgroup
+	children  []chan struct{} // closed when a process started here is reaped
+}
+
+func (l *Lab) step(format string, args ...any) {
+	fmt.Fprintf(l.progress, "==> "+format+"\n", args...)
+}
+
+// Up cleans leftovers of an earlier lab with the same prefix, then builds
+// the lab. On any failure, or when ctx is cancelled, it removes what it
+// built and returns the error.
+func Up(ctx context.Context, cfg Config) (*Lab, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	nm := newNames(cfg.Prefix)
+	l := &Lab{progress: cfg.Progress, cgroupFDs: map[string]int{}}
+	l.step("removing leftovers of an earlier %s lab", nm.base)
+	if err := Cleanup(nm.prefix); err != nil {
+		return nil, fmt.Errorf("clean leftovers: %w", err)
+	}
+	if err := l.up(ctx, cfg, nm); err != nil {
+		l.step("failed, tearing down: %v", err)
+		if derr := l.Down(); derr != nil {
+			err = errors.Join(err, fmt.Errorf("teardown: %w", derr))
+		}
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
+	mount, err := cgroup2Mount()
+	if err != nil {
+		return err
+	}
+	l.State = State{
+		Prefix:       nm.prefix,
+		Dataplane:    cfg.Dataplane,
+		Exe:          cfg.Exe,
+		CgroupRoot:   filepath.Join(mount, nm.base),
+		RunDir:       nm.runDir(),
+		ManifestsDir: nm.manifestsDir(),
+		BPFRoot:      nm.bpfRoot(),
+		FabricNetns:  nm.fabricNetns(),
+		Created:      time.Now().UTC(),
+	}
+	l.Client = Endpoint{Name: "client", Netns: nm.clientNetns(), Cgroup: filepath.Join(l.CgroupRoot, "client"),
+		IPv4: ClientIPv4, IPv6: ClientIPv6}
+	for n := 1; n <= cfg.Nodes; n++ {
+		node := Node{Index: n, Endpoint: Endpoint{Name: NodeName(n), Netns: nm.nodeNetns(n),
+			Cgroup: filepath.Join(l.CgroupRoot, NodeName(n)), IPv4: NodeIPv4(n), IPv6: NodeIPv6(n)}}
+		for i := 1; i <= cfg.PodsPerNode; i++ {
+			node.Pods = append(node.Pods, Pod{Node: node.Name, Endpoint: Endpoint{Name: PodName(n, i),
+				Netns: nm.podNetns(n, i), Cgroup: filepath.Join(node.Cgroup, fmt.Sprintf("pod%d", i)),
+				IPv4: PodIPv4(n, i), IPv6: PodIPv6(n, i)}})
+		}
+		l.Nodes = append(l.Nodes, node)
+	}
+	for _, dir := range []string{l.RunDir, l.ManifestsDir, filepath.Join(l.RunDir, "pods")} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("create %s: %w", dir, err)
+		}
+	}
+	if err := l.save(); err != nil { // from here on, a crashed run can be cleaned
+		return err
+	}
+
+	l.step("creating %d network namespaces", 2+cfg.Nodes*(1+cfg.PodsPerNode))
+	all := append([]string{l.FabricNetns, l.Client.Netns}, l.netnsNames()...)
+	for _, ns := range all {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := addNetns(ctx, ns); err != nil {
+			return err
+		}
+		if err := setSysctls(ns, baseSysctls); err != nil {
+			return err
+		}
+	}
+	for _, n := range l.Nodes {
+		if err := setSysctls(n.Netns, nodeSysctls); err != nil {
+			return err
+		}
+	}
+
+	l.step("wiring the fabric, %d nodes and %d pods (veth pairs, addresses, routes)", cfg.Nodes, cfg.Nodes*cfg.PodsPerNode)
+	for _, b := range topology(nm, cfg.Nodes, cfg.PodsPerNode) {
+		if err := ipBatch(ctx, b.netns, b.cmds); err != nil {
+			return err
+		}
+	}
+
+	l.step("creating cgroups under %s", l.CgroupRoot)
+	for _, ep := range l.endpoints() {
+		if err := os.MkdirAll(ep.Cgroup, 0o755); err != nil {
+			return fmt.Errorf("create cgroup: %w", err)
+		}
+	}
+
+	l.step("writing nodes and pods to %s", l.ManifestsDir)
+	if err := writeClusterObjects(l.ManifestsDir, l.nodeInfos(), l.podInfos()); err != nil {
+		return err
+	}
+
+	l.step("starting echo backends in %d pods", cfg.Nodes*cfg.PodsPerNode)
+	if err := l.startBackends(ctx); err != nil {
+		return err
+	}
+	if cfg.Dataplane == DataplaneSluice {
+		l.step("starting sluice-agent on %d nodes (%s)", cfg.Nodes, cfg.AgentBin)
+		if err := l.startAgents(ctx, cfg); err != nil {
+			return err
+		}
+	}
+	if err := l.save(); err != nil {
+		return err
+	}
+	l.step("lab %s is up: %d nodes × %d pods, dataplane %s", nm.base, cfg.Nodes, cfg.PodsPerNode, cfg.Dataplane)
+	return ctx.Err()
+}
+
+func (l *Lab) save() error {
+	data, err := json.MarshalIndent(l.State, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode lab state: %w", err)
+	}
+	return writeAtomic(filepath.Join(l.RunDir, "state.json"), append(data, '\n'))
+}
+
+// Load returns the lab recorded under prefix (DefaultPrefix when empty) by
+// an earlier Up, possibly in another process.
+func Load(prefix string) (*Lab, error) {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	if err := validPrefix(prefix); err != nil {
+		return nil, err
+	}
+	nm := newNames(prefix)
+	data, err := os.ReadFile(nm.stateFile())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("no lab %s is up (%s missing)", nm.base, nm.stateFile())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read lab state: %w", err)
+	}
+	l := &Lab{progress: io.Discard, cgroupFDs: map[string]int{}}
+	if err := json.Unmarshal(data, &l.State); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", nm.stateFile(), err)
+	}
+	return l, nil
+}
+
+// SetProgress sets where Down and Apply print their steps.
+func (l *Lab) SetProgress(w io.Writer) {
+	if w == nil {
+		w = io.Discard
+	}
+	l.progress = w
+}
+
+// Down stops every process of the lab and removes everything it created.
+// It is safe to call more than once.
+func (l *Lab) Down() error {
+	l.step("tearing down lab %s", newNames(l.Prefix).base)
+	// Agents first and gently: a clean agent shutdown detaches its programs.
+	var agents []int
+	for _, n := range l.Nodes {
+		if n.Agent != nil && n.Agent.PID > 0 {
+			agents = append(agents, n.Agent.PID)
+		}
+	}
+	stopGently(agents, 5*time.Second)
+	l.Close()
+	err := Cleanup(l.Prefix)
+	l.mu.Lock()
+	children := l.children
+	l.children = nil
+	l.mu.Unlock()
+	for _, done := range children {
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	return err
+}
+
+// Close releases this process's handles on the lab without stopping it.
+func (l *Lab) Close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for dir, fd := range l.cgroupFDs {
+		unix.Close(fd)
+		delete(l.cgroupFDs, dir)
+	}
+}
+
+// stopGently sends SIGTERM and waits up to timeout for the processes to exit.
+func stopGently(pids []int, timeout time.Duration) {
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+	}
+	deadline := time.Now().Add(timeout)
+	for _, pid := range pids {
+		for processAlive(pid) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// processAlive reports whether pid exists and is not a zombie.
+func processAlive(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// "pid (comm) S ...": the state follows the last ')'.
+	s := string(data)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] != 'Z'
+	}
+	return true
+}
+
+// Cleanup removes every resource with the prefix, whether a lab state exists
+// or not: processes in its namespaces and cgroups, its cgroups (leaves
+// first), its BPF pins, its namespaces and its run directory.
+func Cleanup(prefix string) error {
+	if err := validPrefix(prefix); err != nil {
+		return err
+	}
+	nm := newNames(prefix)
+	var errs []error
+
+	// A crashed run's agents still deserve a clean detach.
+	if data, err := os.ReadFile(nm.stateFile()); err == nil {
+		var st State
+		if json.Unmarshal(data, &st) == nil {
+			var agents []int
+			for _, n := range st.Nodes {
+				if n.Agent != nil && n.Agent.PID > 0 && processAlive(n.Agent.PID) {
+					agents = append(agents, n.Agent.PID)
+				}
+			}
+			stopGently(agents, 5*time.Second)
+		}
+	}
+
+	nets, err := listNetns(nm.prefix)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, ns := range nets {
+		pids, err := netnsPids(ns)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, pid := range pids {
+			if pid != os.Getpid() {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+
+	mount, err := cgroup2Mount()
+	if err != nil {
+		errs = append(errs, err)
+	} else {
+		root := filepath.Join(mount, nm.base)
+		if err := killCgroupTree(root, 5*time.Second); err != nil {
+			errs = append(errs, err)
+		} else if err := removeCgroupTree(root); err != nil {
+			errs = append(errs, err)
+		}
+	}
+
+	if err := os.RemoveAll(nm.bpfRoot()); err != nil {
+		errs = append(errs, fmt.Errorf("remove pins %s: %w", nm.bpfRoot(), err))
+	}
+	for _, ns := range nets {
+		if err := deleteNetns(ns); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.RemoveAll(nm.runDir()); err != nil {
+		errs = append(errs, fmt.Errorf("remove %s: %w", nm.runDir(), err))
+	}
+	return errors.Join(errs...)
+}
+
+func (l *Lab) netnsNames() []string {
+	var out []string
+	for _, n := range l.Nodes {
+		out = append(out, n.Netns)
+		for _, p := range n.Pods {
+			out = append(out, p.Netns)
+		}
+	}
+	return out
+}
+
+// endpoints lists the client, the nodes and the pods, parents before children.
+func (l *Lab) endpoints() []Endpoint {
+	out := []Endpoint{l.Client}
+	for _, n := range l.Nodes {
+		out = append(out, n.Endpoint)
+		for _, p := range n.Pods {
+			out = append(out, p.Endpoint)
+		}
+	}
+	return out
+}
+
+func (l *Lab) nodeInfos() []NodeInfo {
+	var out []NodeInfo
+	for _, n := range l.Nodes {
+		out = append(out, NodeInfo{Name: n.Name, IPv4: n.IPv4, IPv6: n.IPv6,
+			PodCIDRs: []netip.Prefix{PodCIDRv4(n.Index), PodCIDRv6(n.Index)}})
+	}
+	return out
+}
+
+func (l *Lab) podInfos() []PodInfo {
+	var out []PodInfo
+	for _, p := range l.Pods() {
+		out = append(out, PodInfo{Name: p.Name, Node: p.Node, IPv4: p.IPv4, IPv6: p.IPv6})
+	}
+	return out
+}
+
+// Pods returns every pod, node by node.
+func (l *Lab) Pods() []Pod {
+	var out []Pod
+	for _, n := range l.Nodes {
+		out = append(out, n.Pods...)
+	}
+	return out
+}
+
+// Pod returns the pod with the given name.
+func (l *Lab) Pod(name string) (Pod, bool) {
+	for _, p := range l.Pods() {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return Pod{}, false
+}
+
+// Node returns the node with the given name.
+func (l *Lab) Node(name string) (Node, bool) {
+	for _, n := range l.Nodes {
+		if n.Name == name {
+			return n, true
+		}
+	}
+	return Node{}, false
+}
+
+// Endpoint returns the client, a node or a pod by name.
+func (l *Lab) Endpoint(target string) (Endpoint, bool) {
+	if target == l.Client.Name {
+		return l.Client, true
+	}
+	if n, ok := l.Node(target); ok {
+		return n.Endpoint, true
+	}
+	if p, ok := l.Pod(target); ok {
+		return p.Endpoint, true
+	}
+	return Endpoint{}, false
+}
+
+// Apply installs Services (and EndpointSlices of selector-less Services) in
+// the manifests directory, with EndpointSlices generated for their selectors
+// over the lab's pods, as the EndpointSlice controller would.
+func (l *Lab) Apply(objs ...runtime.Object) error {
+	return applyObjects(l.ManifestsDir, l.podInfos(), objs)
+}
+
+// Delete removes Services (and their EndpointSlices) from the manifests.
+func (l *Lab) Delete(objs ...runtime.Object) error {
+	return deleteObjects(l.ManifestsDir, objs)
+}
+
+// ApplyFile applies the Services in a YAML file.
+func (l *Lab) ApplyFile(path string) error {
+	objs, err := decodeFile(path)
+	if err != nil {
+		return err
+	}
+	return l.Apply(objs...)
+}
+
+// DeleteFile deletes the Services named in a YAML file.
+func (l *Lab) DeleteFile(path string) error {
+	objs, err := decodeFile(path)
+	if err != nil {
+		return err
+	}
+	return l.Delete(objs...)
+}
+
+func decodeFile(path string) ([]runtime.Object, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	objs, err := DecodeObjects(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return objs, nil
+}

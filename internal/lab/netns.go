@@ -1,0 +1,147 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+const netnsDir = "/run/netns" // where `ip netns add` pins namespaces
+
+func netnsPath(name string) string { return filepath.Join(netnsDir, name) }
+
+// ipBatch runs iproute2 commands inside the named namespace (`ip -n` enters
+// it for the whole batch), one process per namespace instead of per command.
+func ipBatch(ctx context.Context, ns string, cmds []string) error {
+	args := []string{"-batch", "-"}
+	if ns != "" {
+		args = append([]string{"-n", ns}, args...)
+	}
+	cmd := exec.CommandContext(ctx, "ip", args...)
+	cmd.Stdin = strings.NewReader(strings.Join(cmds, "\n") + "\n")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("ip -n %s -batch: %w: %s", ns, err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+func addNetns(ctx context.Context, name string) error {
+	out, err := exec.CommandContext(ctx, "ip", "netns", "add", name).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip netns add %s: %w: %s", name, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+func deleteNetns(name string) error {
+	out, err := exec.Command("ip", "netns", "delete", name).CombinedOutput()
+	if err != nil {
+		if _, serr := os.Stat(netnsPath(name)); errors.Is(serr, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("ip netns delete %s: %w: %s", name, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// listNetns returns the pinned namespaces whose name starts with prefix.
+func listNetns(prefix string) ([]string, error) {
+	entries, err := os.ReadDir(netnsDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list netns: %w", err)
+	}
+	var out []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), prefix) {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
+// netnsPids returns the processes living in the named namespace, as
+// `ip netns pids` finds them: by the inode of /proc/PID/ns/net.
+func netnsPids(name string) ([]int, error) {
+	var want unix.Stat_t
+	if err := unix.Stat(netnsPath(name), &want); err != nil {
+		return nil, fmt.Errorf("stat netns %s: %w", name, err)
+	}
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	var pids []int
+	for _, p := range procs {
+		var pid int
+		if _, err := fmt.Sscanf(p.Name(), "%d", &pid); err != nil || pid <= 0 {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st) != nil {
+			continue // gone, or a kernel thread
+		}
+		if st.Dev == want.Dev && st.Ino == want.Ino {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+// setSysctls writes net.* sysctls inside a namespace. The writes run on an
+// OS thread that is switched into the namespace and never switched back: the
+// goroutine exits locked, so Go retires the thread and the root namespace's
+// sysctls can never be written by mistake.
+func setSysctls(ns string, kv map[string]string) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // no Unlock: the thread dies with the goroutine
+		h, err := netns.GetFromPath(netnsPath(ns))
+		if err != nil {
+			errc <- fmt.Errorf("open netns %s: %w", ns, err)
+			return
+		}
+		defer h.Close()
+		if err := netns.Set(h); err != nil {
+			errc <- fmt.Errorf("enter netns %s: %w", ns, err)
+			return
+		}
+		for k, v := range kv {
+			path := "/proc/sys/" + strings.ReplaceAll(k, ".", "/")
+			if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
+				errc <- fmt.Errorf("netns %s: sysctl %s=%s: %w", ns, k, v, err)
+				return
+			}
+		}
+		errc <- nil
+	}()
+	return <-errc
+}
+
+// Sysctls of every lab namespace: addresses usable at once (no DAD), and no
+// reverse-path filter, which some hosts set by default for new namespaces.
+var baseSysctls = map[string]string{
+	"net.ipv6.conf.all.accept_dad":     "0",
+	"net.ipv6.conf.default.accept_dad": "0",
+	"net.ipv4.conf.all.rp_filter":      "0",
+	"net.ipv4.conf.default.rp_filter":  "0",
+}
+
+// Nodes route between their pods and the fabric.
+var nodeSysctls = map[string]string{
+	"net.ipv4.ip_forward":          "1",
+	"net.ipv6.conf.all.forwarding": "1",
+}

@@ -1,0 +1,132 @@
+package lab
+
+// Address plan under test (BRIEF section 3):
+//
+//	fabric          198.18.0.0/24   fd00:198:18::/64    client .2, node N .(10+N)
+//	pods of node N  198.18.N.0/24   fd00:198:18:N::/64  pod i .(10+i), gateway .1
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestAddressPlan(t *testing.T) {
+	tests := []struct {
+		name string
+		got  netip.Addr
+		want string
+	}{
+		{"client v4", ClientIPv4, "198.18.0.2"},
+		{"client v6", ClientIPv6, "fd00:198:18::2"},
+		{"node1 v4", NodeIPv4(1), "198.18.0.11"},
+		{"node1 v6", NodeIPv6(1), "fd00:198:18::11"},
+		{"node2 v6", NodeIPv6(2), "fd00:198:18::12"},
+		{"node12 v6 keeps decimal digits", NodeIPv6(12), "fd00:198:18::22"},
+		{"gateway node2 v4", GatewayIPv4(2), "198.18.2.1"},
+		{"gateway node2 v6", GatewayIPv6(2), "fd00:198:18:2::1"},
+		{"pod 3 of node 1 v4", PodIPv4(1, 3), "198.18.1.13"},
+		{"pod 3 of node 1 v6", PodIPv6(1, 3), "fd00:198:18:1::13"},
+		{"pod 1 of node 10 v6", PodIPv6(10, 1), "fd00:198:18:10::11"},
+	}
+	for _, tt := range tests {
+		if tt.got.String() != tt.want {
+			t.Errorf("%s: got %s, want %s", tt.name, tt.got, tt.want)
+		}
+	}
+	for n := 1; n <= 3; n++ {
+		for i := 1; i <= 3; i++ {
+			if !PodCIDRv4(n).Contains(PodIPv4(n, i)) || !PodCIDRv6(n).Contains(PodIPv6(n, i)) {
+				t.Errorf("pod %d of node %d (%s, %s) outside its node's CIDRs %s, %s",
+					i, n, PodIPv4(n, i), PodIPv6(n, i), PodCIDRv4(n), PodCIDRv6(n))
+			}
+		}
+		if !FabricPrefixV4.Contains(NodeIPv4(n)) || !FabricPrefixV6.Contains(NodeIPv6(n)) {
+			t.Errorf("node %d (%s, %s) outside the fabric", n, NodeIPv4(n), NodeIPv6(n))
+		}
+	}
+	if got := PodIPv4(MaxNodes, MaxPodsPerNode); got.As4()[3] > 254 {
+		t.Errorf("largest lab gives pod address %s", got)
+	}
+}
+
+func TestValidPrefix(t *testing.T) {
+	for _, p := range []string{"sluice-lab-", "sluice-ltab12-"} {
+		if err := validPrefix(p); err != nil {
+			t.Errorf("validPrefix(%q) = %v, want nil", p, err)
+		}
+	}
+	for _, p := range []string{"", "sluice-lab", "lab-", "sluice--", "sluice-lab/../x-", "sluice-a-very-long-prefix-name-"} {
+		if err := validPrefix(p); err == nil {
+			t.Errorf("validPrefix(%q) = nil, want an error", p)
+		}
+	}
+}
+
+func TestTopology(t *testing.T) {
+	nm := newNames("sluice-lt0000-")
+	batches := topology(nm, 2, 2)
+	byNS := map[string][]string{}
+	var order []string
+	for _, b := range batches {
+		byNS[b.netns] = append(byNS[b.netns], b.cmds...)
+		order = append(order, b.netns)
+	}
+	// Namespaces that receive a veth end are configured after its creator.
+	if order[0] != "sluice-lt0000-fabric" {
+		t.Fatalf("first batch is for %s, want the fabric (it creates the node and client veths)", order[0])
+	}
+	if slices.Index(order, "sluice-lt0000-node1") > slices.Index(order, "sluice-lt0000-n1-pod1") {
+		t.Errorf("pod batch before its node's batch: %v", order)
+	}
+
+	mustHave := map[string][]string{
+		"sluice-lt0000-fabric": {
+			"link add n1 type veth peer name eth0 netns sluice-lt0000-node1",
+			"link add client type veth peer name eth0 netns sluice-lt0000-client",
+		},
+		"sluice-lt0000-client": {
+			"addr add 198.18.0.2/24 dev eth0",
+			"addr add fd00:198:18::2/64 dev eth0 nodad",
+		},
+		"sluice-lt0000-node1": {
+			"addr add 198.18.0.11/24 dev eth0",
+			"route add 198.18.2.0/24 via 198.18.0.12 dev eth0",
+			"route add fd00:198:18:2::/64 via fd00:198:18::12 dev eth0",
+			"link add lxc2 type veth peer name eth0 netns sluice-lt0000-n1-pod2",
+			"addr add 198.18.1.1/32 dev lxc2",
+			"addr add fd00:198:18:1::1/128 dev lxc2 nodad",
+			"route add 198.18.1.12/32 dev lxc2",
+			"route add fd00:198:18:1::12/128 dev lxc2",
+		},
+		"sluice-lt0000-n2-pod1": {
+			"addr add 198.18.2.11/32 dev eth0",
+			"addr add fd00:198:18:2::11/128 dev eth0 nodad",
+			"route add default via 198.18.2.1 dev eth0 onlink",
+			"route add default via fd00:198:18:2::1 dev eth0 onlink",
+		},
+	}
+	for ns, cmds := range mustHave {
+		for _, c := range cmds {
+			if !slices.Contains(byNS[ns], c) {
+				t.Errorf("netns %s: missing %q in %q", ns, c, byNS[ns])
+			}
+		}
+	}
+	for ns, cmds := range byNS {
+		for _, c := range cmds {
+			if strings.HasPrefix(c, "route add") && strings.Contains(c, "default") && !strings.Contains(ns, "-pod") {
+				t.Errorf("netns %s has a default route (%q): only pods may, and only to their node", ns, c)
+			}
+			if strings.HasPrefix(c, "addr add") && strings.Contains(c, ":") && !strings.HasSuffix(c, " nodad") {
+				t.Errorf("netns %s: IPv6 address without nodad: %q", ns, c)
+			}
+		}
+	}
+	for _, name := range []string{"n1", "client", "lxc200", bridgeName, uplinkName} {
+		if len(name) > 15 {
+			t.Errorf("interface name %q longer than IFNAMSIZ-1", name)
+		}
+	}
+}

@@ -1,0 +1,470 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/netip"
+	"os"
+	"slices"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ProbeReport is the JSON a probe prints with -o json: the contract tests
+// and the demo rely on.
+type ProbeReport struct {
+	Kind    string   `json:"kind"` // http, udp, tcp
+	Targets []string `json:"targets"`
+	Count   int      `json:"count"` // requests attempted
+	OK      int      `json:"ok"`
+	// Backends counts answers per pod name (http, udp).
+	Backends map[string]int `json:"backends,omitempty"`
+	// Peers counts the address the kernel reported for the other end:
+	// recvfrom()'s source (udp), getpeername() (tcp), or the connection's
+	// remote address (http).
+	Peers map[string]int `json:"peers,omitempty"`
+	// Clients counts the client IP the backend saw (http).
+	Clients map[string]int `json:"clients,omitempty"`
+	// Errors counts failures by kind: ECONNREFUSED, ETIMEDOUT, ENETUNREACH,
+	// EHOSTUNREACH, ECONNRESET, http-status, bad-reply, other.
+	Errors     map[string]int `json:"errors,omitempty"`
+	FirstError string         `json:"firstError,omitempty"`
+	Latency    LatencyStats   `json:"latencyMicros"`
+	// Truncated is set when the time budget ended the run before Count.
+	Truncated bool    `json:"truncated,omitempty"`
+	ElapsedMS float64 `json:"elapsedMillis"`
+}
+
+// LatencyStats summarises successful requests' latencies in microseconds.
+type LatencyStats struct {
+	N    int     `json:"n"`
+	Min  float64 `json:"min"`
+	Mean float64 `json:"mean"`
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P99  float64 `json:"p99"`
+	Max  float64 `json:"max"`
+}
+
+// Percentile returns the p-th percentile (0..100) by the nearest-rank
+// method over sorted samples.
+func Percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	rank := int(math.Ceil(p / 100 * float64(len(sorted))))
+	rank = min(max(rank, 1), len(sorted))
+	return sorted[rank-1]
+}
+
+func summarize(samples []time.Duration) LatencyStats {
+	if len(samples) == 0 {
+		return LatencyStats{}
+	}
+	us := make([]float64, len(samples))
+	var sum float64
+	for i, d := range samples {
+		us[i] = float64(d.Nanoseconds()) / 1e3
+		sum += us[i]
+	}
+	slices.Sort(us)
+	return LatencyStats{N: len(us), Min: us[0], Max: us[len(us)-1], Mean: sum / float64(len(us)),
+		P50: Percentile(us, 50), P90: Percentile(us, 90), P99: Percentile(us, 99)}
+}
+
+// ProbeConfig bounds a probe: Count requests, each within Timeout, all
+// within Budget.
+type ProbeConfig struct {
+	Targets []string // URLs (http) or host:port (udp, tcp), used round-robin
+	Count   int
+	Timeout time.Duration
+	Budget  time.Duration
+	// KeepAlive reuses one connection per target (http); otherwise every
+	// request opens a new connection.
+	KeepAlive bool
+	// NewSocketPerRequest opens a UDP socket per datagram; otherwise one
+	// socket sends them all (and should stick to one backend).
+	NewSocketPerRequest bool
+	// V4Mapped sends to an IPv4 target from an AF_INET6 socket as
+	// ::ffff:a.b.c.d (udp, tcp).
+	V4Mapped bool
+}
+
+// MaxProbeCount bounds every probe.
+const MaxProbeCount = 1_000_000
+
+func (c *ProbeConfig) validate() error {
+	if len(c.Targets) == 0 {
+		return errors.New("probe: no target")
+	}
+	if c.Count < 1 || c.Count > MaxProbeCount {
+		return fmt.Errorf("probe: count %d: want 1..%d", c.Count, MaxProbeCount)
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = 2 * time.Second
+	}
+	if c.Budget <= 0 {
+		c.Budget = 5 * time.Minute
+	}
+	return nil
+}
+
+type recorder struct {
+	r       ProbeReport
+	samples []time.Duration
+	start   time.Time
+}
+
+func newRecorder(kind string, cfg ProbeConfig) *recorder {
+	return &recorder{start: time.Now(), r: ProbeReport{Kind: kind, Targets: cfg.Targets,
+		Backends: map[string]int{}, Peers: map[string]int{}, Clients: map[string]int{}, Errors: map[string]int{}}}
+}
+
+func (rec *recorder) fail(err error) {
+	kind := errorKind(err)
+	rec.r.Errors[kind]++
+	if rec.r.FirstError == "" {
+		rec.r.FirstError = err.Error()
+	}
+}
+
+func (rec *recorder) ok(d time.Duration) {
+	rec.r.OK++
+	rec.samples = append(rec.samples, d)
+}
+
+func (rec *recorder) done() *ProbeReport {
+	rec.r.Latency = summarize(rec.samples)
+	rec.r.ElapsedMS = float64(time.Since(rec.start).Microseconds()) / 1e3
+	for _, m := range []*map[string]int{&rec.r.Backends, &rec.r.Peers, &rec.r.Clients, &rec.r.Errors} {
+		if len(*m) == 0 {
+			*m = nil
+		}
+	}
+	return &rec.r
+}
+
+// errorKind names an error the way a test wants to assert it.
+func errorKind(err error) string {
+	var errno syscall.Errno
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "ECONNREFUSED"
+	case errors.Is(err, syscall.ENETUNREACH):
+		return "ENETUNREACH"
+	case errors.Is(err, syscall.EHOSTUNREACH):
+		return "EHOSTUNREACH"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "ECONNRESET"
+	case errors.Is(err, syscall.ETIMEDOUT), errors.Is(err, syscall.EAGAIN),
+		errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+		return "ETIMEDOUT"
+	case errors.As(err, &errno):
+		return errno.Error()
+	}
+	var nerr net.Error
+	if errors.As(err, &nerr) && nerr.Timeout() {
+		return "ETIMEDOUT"
+	}
+	var perr *probeError
+	if errors.As(err, &perr) {
+		return perr.kind
+	}
+	return "other"
+}
+
+type probeError struct{ kind, msg string }
+
+func (e *probeError) Error() string { return e.msg }
+
+// ProbeHTTP sends GET requests and counts which pod answered.
+func ProbeHTTP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Budget)
+	defer cancel()
+	dialer := &net.Dialer{Timeout: cfg.Timeout}
+	tr := &http.Transport{
+		DialContext:         dialer.DialContext,
+		DisableKeepAlives:   !cfg.KeepAlive,
+		MaxIdleConnsPerHost: 1,
+		DisableCompression:  true,
+		Proxy:               nil, // never a proxy from the environment: lab traffic stays in the lab
+	}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: cfg.Timeout}
+	rec := newRecorder("http", cfg)
+	for i := 0; i < cfg.Count; i++ {
+		if ctx.Err() != nil {
+			rec.r.Truncated = true
+			break
+		}
+		rec.r.Count++
+		url := cfg.Targets[i%len(cfg.Targets)]
+		start := time.Now()
+		reply, peer, err := httpGet(ctx, client, url)
+		if err != nil {
+			rec.fail(err)
+			continue
+		}
+		rec.ok(time.Since(start))
+		rec.r.Backends[reply.Pod]++
+		rec.r.Clients[hostOf(reply.Client)]++
+		if peer != "" {
+			rec.r.Peers[peer]++
+		}
+	}
+	return rec.done(), nil
+}
+
+func httpGet(ctx context.Context, client *http.Client, url string) (EchoReply, string, error) {
+	var peer string
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) { peer = info.Conn.RemoteAddr().String() },
+	})
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return EchoReply{}, "", err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return EchoReply{}, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return EchoReply{}, "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return EchoReply{}, "", &probeError{"http-status", fmt.Sprintf("GET %s: %s", url, resp.Status)}
+	}
+	var reply EchoReply
+	if err := json.Unmarshal(body, &reply); err != nil || reply.Pod == "" {
+		return EchoReply{}, "", &probeError{"bad-reply", fmt.Sprintf("GET %s: not an echo reply: %.80q", url, body)}
+	}
+	return reply, peer, nil
+}
+
+// hostOf drops the port: tests count clients, not connections.
+func hostOf(addrPort string) string {
+	if ap, err := netip.ParseAddrPort(addrPort); err == nil {
+		return ap.Addr().String()
+	}
+	return addrPort
+}
+
+// sockaddrOf converts a target for a socket of the given family, mapping an
+// IPv4 address into IPv6 for an AF_INET6 socket.
+func sockaddrOf(ap netip.AddrPort, v4mapped bool) (int, unix.Sockaddr) {
+	if ap.Addr().Is4() && !v4mapped {
+		return unix.AF_INET, &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+	}
+	return unix.AF_INET6, &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+}
+
+func addrOfSockaddr(sa unix.Sockaddr) string {
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port)).String()
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port)).String()
+	}
+	return fmt.Sprintf("%v", sa)
+}
+
+// socket opens a non-blocking socket; every wait goes through poll() with a
+// deadline. (Blocking calls with SO_RCVTIMEO would return EINTR on each of
+// the Go runtime's preemption signals.) An AF_INET6 socket accepts
+// IPv4-mapped peers.
+func socket(family, typ int) (int, error) {
+	fd, err := unix.Socket(family, typ|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return -1, fmt.Errorf("socket: %w", err)
+	}
+	if family == unix.AF_INET6 {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0); err != nil {
+			unix.Close(fd)
+			return -1, fmt.Errorf("setsockopt IPV6_V6ONLY: %w", err)
+		}
+	}
+	return fd, nil
+}
+
+// waitFD polls fd for events until the deadline; ETIMEDOUT when it passes.
+func waitFD(fd int, events int16, deadline time.Time) error {
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return syscall.ETIMEDOUT
+		}
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: events}}
+		n, err := unix.Poll(pfd, int(left.Milliseconds())+1)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("poll: %w", err)
+		}
+		if n > 0 {
+			return nil
+		}
+	}
+}
+
+// connect connects fd within the timeout and returns the socket error, so
+// that a refused connection reads as ECONNREFUSED.
+func connect(fd int, sa unix.Sockaddr, timeout time.Duration) error {
+	err := unix.Connect(fd, sa)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, unix.EINPROGRESS) && !errors.Is(err, unix.EINTR) {
+		return err
+	}
+	if err := waitFD(fd, unix.POLLOUT, time.Now().Add(timeout)); err != nil {
+		return err
+	}
+	soerr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	if err != nil {
+		return fmt.Errorf("getsockopt SO_ERROR: %w", err)
+	}
+	if soerr != 0 {
+		return syscall.Errno(soerr)
+	}
+	return nil
+}
+
+// recvfrom waits for one datagram until the deadline.
+func recvfrom(fd int, buf []byte, deadline time.Time) (int, unix.Sockaddr, error) {
+	for {
+		n, from, err := unix.Recvfrom(fd, buf, 0)
+		if err == nil {
+			return n, from, nil
+		}
+		if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
+			return 0, nil, err
+		}
+		if err := waitFD(fd, unix.POLLIN, deadline); err != nil {
+			return 0, nil, err
+		}
+	}
+}
+
+func parseTargets(targets []string) ([]netip.AddrPort, error) {
+	out := make([]netip.AddrPort, len(targets))
+	for i, t := range targets {
+		ap, err := netip.ParseAddrPort(t)
+		if err != nil {
+			return nil, fmt.Errorf("probe: target %q: want IP:PORT ([v6]:PORT): %w", t, err)
+		}
+		out[i] = ap
+	}
+	return out, nil
+}
+
+// ProbeUDP sends datagrams with sendto() on an unconnected socket and reads
+// the replies with recvfrom(), recording the pod name each reply carries
+// and the source address recvfrom() returned.
+func ProbeUDP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	targets, err := parseTargets(cfg.Targets)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Budget)
+	defer cancel()
+	rec := newRecorder("udp", cfg)
+	fd, fdFamily := -1, 0
+	closeFD := func() {
+		if fd >= 0 {
+			unix.Close(fd)
+			fd = -1
+		}
+	}
+	defer closeFD()
+	buf := make([]byte, 2048)
+	payload := []byte("sluice-probe")
+	for i := 0; i < cfg.Count; i++ {
+		if ctx.Err() != nil {
+			rec.r.Truncated = true
+			break
+		}
+		rec.r.Count++
+		family, sa := sockaddrOf(targets[i%len(targets)], cfg.V4Mapped)
+		if cfg.NewSocketPerRequest || family != fdFamily {
+			closeFD()
+		}
+		if fd < 0 {
+			if fd, err = socket(family, unix.SOCK_DGRAM); err != nil {
+				return nil, err
+			}
+			fdFamily = family
+		}
+		start := time.Now()
+		if err := unix.Sendto(fd, payload, 0, sa); err != nil {
+			rec.fail(fmt.Errorf("sendto %s: %w", addrOfSockaddr(sa), err))
+			continue
+		}
+		n, from, err := recvfrom(fd, buf, start.Add(cfg.Timeout))
+		if err != nil {
+			rec.fail(fmt.Errorf("recvfrom after sendto %s: %w", addrOfSockaddr(sa), err))
+			continue
+		}
+		rec.ok(time.Since(start))
+		rec.r.Backends[string(buf[:n])]++
+		rec.r.Peers[addrOfSockaddr(from)]++
+	}
+	return rec.done(), nil
+}
+
+// ProbeTCP connects, records getpeername(), and closes.
+func ProbeTCP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	targets, err := parseTargets(cfg.Targets)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Budget)
+	defer cancel()
+	rec := newRecorder("tcp", cfg)
+	for i := 0; i < cfg.Count; i++ {
+		if ctx.Err() != nil {
+			rec.r.Truncated = true
+			break
+		}
+		rec.r.Count++
+		family, sa := sockaddrOf(targets[i%len(targets)], cfg.V4Mapped)
+		fd, err := socket(family, unix.SOCK_STREAM)
+		if err != nil {
+			return nil, err
+		}
+		start := time.Now()
+		err = connect(fd, sa, cfg.Timeout)
+		if err == nil {
+			var peer unix.Sockaddr
+			if peer, err = unix.Getpeername(fd); err == nil {
+				rec.ok(time.Since(start))
+				rec.r.Peers[addrOfSockaddr(peer)]++
+			}
+		}
+		if err != nil {
+			rec.fail(fmt.Errorf("connect %s: %w", addrOfSockaddr(sa), err))
+		}
+		unix.Close(fd)
+	}
+	return rec.done(), nil
+}

@@ -1,0 +1,248 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Command returns a command that runs args in the target's network namespace
+// (a pod, a node or "client") and, cloned straight into it, the target's
+// cgroup, so that a node's socket LB applies to it. The namespace is entered
+// with nsenter, not `ip netns exec`: the latter remounts /sys, hiding bpffs
+// and the cgroup mounts from the process. An unknown target gives a command
+// whose Start fails.
+func (l *Lab) Command(ctx context.Context, target string, args ...string) *exec.Cmd {
+	ep, ok := l.Endpoint(target)
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + netnsPath(ep.Netns), "--"}, args...)...)
+	if !ok {
+		cmd.Err = fmt.Errorf("lab %s has no pod, node or client named %q", newNames(l.Prefix).base, target)
+		return cmd
+	}
+	if len(args) == 0 {
+		cmd.Err = errors.New("lab command: no program given")
+		return cmd
+	}
+	attr, err := l.cgroupAttr(ep.Cgroup)
+	if err != nil {
+		cmd.Err = err
+		return cmd
+	}
+	cmd.SysProcAttr = attr
+	return cmd
+}
+
+// cgroupAttr places a child in dir at clone time (CLONE_INTO_CGROUP, Linux
+// 5.7), so it never runs a single instruction outside the lab's cgroup.
+func (l *Lab) cgroupAttr(dir string) (*syscall.SysProcAttr, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fd, ok := l.cgroupFDs[dir]
+	if !ok {
+		var err error
+		fd, err = unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open cgroup %s: %w", dir, err)
+		}
+		l.cgroupFDs[dir] = fd
+	}
+	return &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}, nil
+}
+
+// startDaemon starts a long-lived lab process that outlives this one (the
+// CLI's `up` returns while backends and agents keep running): own process
+// group, so a Ctrl-C in the terminal does not reach it, and output to log.
+func (l *Lab) startDaemon(target, log string, args ...string) (int, error) {
+	ep, ok := l.Endpoint(target)
+	if !ok {
+		return 0, fmt.Errorf("start %s: no such target", target)
+	}
+	attr, err := l.cgroupAttr(ep.Cgroup)
+	if err != nil {
+		return 0, err
+	}
+	attr.Setpgid = true
+	out, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return 0, fmt.Errorf("open log: %w", err)
+	}
+	defer out.Close()
+	cmd := exec.Command("nsenter", append([]string{"--net=" + netnsPath(ep.Netns), "--"}, args...)...)
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = attr
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("start %s in %s: %w", filepath.Base(args[0]), target, err)
+	}
+	done := make(chan struct{})
+	go func() { // reap, so that a test's lab leaves no zombies
+		_ = cmd.Wait()
+		close(done)
+	}()
+	l.mu.Lock()
+	l.children = append(l.children, done)
+	l.mu.Unlock()
+	return cmd.Process.Pid, nil
+}
+
+func (l *Lab) startBackends(ctx context.Context) error {
+	podsDir := filepath.Join(l.RunDir, "pods")
+	for ni := range l.Nodes {
+		for pi := range l.Nodes[ni].Pods {
+			p := &l.Nodes[ni].Pods[pi]
+			p.Log = filepath.Join(podsDir, p.Name+".log")
+			pid, err := l.startDaemon(p.Name, p.Log, l.Exe, "lab", "backend", "--name", p.Name,
+				"--http", ":"+strconv.Itoa(EchoHTTPPort), "--udp", ":"+strconv.Itoa(EchoUDPPort),
+				"--ready-file", filepath.Join(podsDir, p.Name+".ready"))
+			if err != nil {
+				return err
+			}
+			p.PID = pid
+		}
+	}
+	if err := l.save(); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for _, p := range l.Pods() {
+		ready := filepath.Join(podsDir, p.Name+".ready")
+		for {
+			if _, err := os.Stat(ready); err == nil {
+				break
+			}
+			if !processAlive(p.PID) {
+				return fmt.Errorf("echo backend of %s exited: %s", p.Name, logTail(p.Log, 20))
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("echo backend of %s not ready after 15s: %s", p.Name, logTail(p.Log, 20))
+			}
+			if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (l *Lab) startAgents(ctx context.Context, cfg Config) error {
+	if _, err := os.Stat(cfg.AgentBin); err != nil {
+		return fmt.Errorf("agent binary: %w (build it with ./scripts/build.sh, or pass --agent-bin or --dataplane none)", err)
+	}
+	if err := os.MkdirAll(l.BPFRoot, 0o755); err != nil {
+		return fmt.Errorf("create pin directory: %w", err)
+	}
+	for i := range l.Nodes {
+		n := &l.Nodes[i]
+		dir := filepath.Join(l.RunDir, n.Name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("create %s: %w", dir, err)
+		}
+		a := &Agent{Socket: filepath.Join(dir, "agent.sock"), Log: filepath.Join(dir, "agent.log"),
+			BPFRoot: filepath.Join(l.BPFRoot, n.Name)}
+		args := append([]string{cfg.AgentBin,
+			"--node-name", n.Name,
+			"--manifests", l.ManifestsDir,
+			"--cgroup-root", n.Cgroup,
+			"--bpf-root", a.BPFRoot,
+			"--api-socket", a.Socket,
+		}, cfg.AgentArgs...)
+		pid, err := l.startDaemon(n.Name, a.Log, args...)
+		if err != nil {
+			return err
+		}
+		a.PID = pid
+		n.Agent = a
+		if err := l.save(); err != nil {
+			return err
+		}
+	}
+	for _, n := range l.Nodes {
+		if err := waitHealthy(ctx, n.Agent, 30*time.Second); err != nil {
+			return fmt.Errorf("agent on %s: %w", n.Name, err)
+		}
+		l.step("agent on %s is healthy (pid %d, %s)", n.Name, n.Agent.PID, n.Agent.Socket)
+	}
+	return nil
+}
+
+// waitHealthy polls the agent's /healthz until it answers 200, the agent
+// exits, or the timeout passes; failures carry the log's tail.
+func waitHealthy(ctx context.Context, a *Agent, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for {
+		if last = agentHealth(ctx, a.Socket); last == nil {
+			return nil
+		}
+		if !processAlive(a.PID) {
+			return fmt.Errorf("exited before /healthz answered (%v); log %s:\n%s", last, a.Log, logTail(a.Log, 30))
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("/healthz not answering after %s (%v); log %s:\n%s", timeout, last, a.Log, logTail(a.Log, 30))
+		}
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// agentHealth asks the agent's /healthz over its unix socket.
+func agentHealth(ctx context.Context, socket string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+	}}
+	defer client.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/healthz", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("/healthz: %s", resp.Status)
+	}
+	return nil
+}
+
+// logTail returns the last n lines of a log file, for error messages.
+func logTail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(bytes.ToValidUTF8(data, []byte("?"))), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,110 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/netip"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+)
+
+// Status is the lab as `lab status` shows it: the recorded state plus
+// whether each process is alive and each agent answers /healthz.
+type Status struct {
+	Prefix       string       `json:"prefix"`
+	Dataplane    string       `json:"dataplane"`
+	ManifestsDir string       `json:"manifestsDir"`
+	CgroupRoot   string       `json:"cgroupRoot"`
+	Client       Endpoint     `json:"client"`
+	Nodes        []NodeStatus `json:"nodes"`
+}
+
+// NodeStatus is one node with its agent and pods.
+type NodeStatus struct {
+	Endpoint
+	Agent *AgentStatus `json:"agent,omitempty"`
+	Pods  []PodStatus  `json:"pods"`
+}
+
+// AgentStatus is an agent's process and health.
+type AgentStatus struct {
+	Agent
+	Alive   bool   `json:"alive"`
+	Healthy bool   `json:"healthy"`
+	Error   string `json:"error,omitempty"`
+}
+
+// PodStatus is a pod and whether its echo backend runs.
+type PodStatus struct {
+	Endpoint
+	PID   int  `json:"pid"`
+	Alive bool `json:"alive"`
+}
+
+// Status checks every process of the lab.
+func (l *Lab) Status(ctx context.Context) Status {
+	st := Status{Prefix: l.Prefix, Dataplane: l.Dataplane, ManifestsDir: l.ManifestsDir,
+		CgroupRoot: l.CgroupRoot, Client: l.Client}
+	for _, n := range l.Nodes {
+		ns := NodeStatus{Endpoint: n.Endpoint, Pods: []PodStatus{}}
+		if n.Agent != nil {
+			as := &AgentStatus{Agent: *n.Agent, Alive: processAlive(n.Agent.PID)}
+			if err := agentHealth(ctx, n.Agent.Socket); err != nil {
+				as.Error = err.Error()
+			} else {
+				as.Healthy = true
+			}
+			ns.Agent = as
+		}
+		for _, p := range n.Pods {
+			ns.Pods = append(ns.Pods, PodStatus{Endpoint: p.Endpoint, PID: p.PID, Alive: processAlive(p.PID)})
+		}
+		st.Nodes = append(st.Nodes, ns)
+	}
+	return st
+}
+
+// Print writes the status as a table, or as JSON when asJSON.
+func (st Status) Print(w io.Writer, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	fmt.Fprintf(w, "Lab %s, dataplane %s, manifests %s\n\n", strings.TrimSuffix(st.Prefix, "-"), st.Dataplane, st.ManifestsDir)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tKIND\tIPV4\tIPV6\tPROCESS\tSTATE")
+	addr := func(a netip.Addr) string {
+		if !a.IsValid() {
+			return "-"
+		}
+		return a.String()
+	}
+	fmt.Fprintf(tw, "%s\tclient\t%s\t%s\t-\t-\n", st.Client.Name, addr(st.Client.IPv4), addr(st.Client.IPv6))
+	for _, n := range st.Nodes {
+		proc, state := "-", "no agent"
+		if a := n.Agent; a != nil {
+			proc = "agent pid " + strconv.Itoa(a.PID)
+			switch {
+			case a.Healthy:
+				state = "healthy (" + a.Socket + ")"
+			case !a.Alive:
+				state = "not running"
+			default:
+				state = "unhealthy: " + a.Error
+			}
+		}
+		fmt.Fprintf(tw, "%s\tnode\t%s\t%s\t%s\t%s\n", n.Name, addr(n.IPv4), addr(n.IPv6), proc, state)
+		for _, p := range n.Pods {
+			state := "running"
+			if !p.Alive {
+				state = "not running"
+			}
+			fmt.Fprintf(tw, "%s\tpod\t%s\t%s\techo pid %d\t%s\n", p.Name, addr(p.IPv4), addr(p.IPv6), p.PID, state)
+		}
+	}
+	return tw.Flush()
+}

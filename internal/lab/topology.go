@@ -1,0 +1,90 @@
+package lab
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// batch is a list of iproute2 commands run inside one namespace.
+type batch struct {
+	netns string
+	cmds  []string
+}
+
+// topology returns, in order, the iproute2 batches that wire a lab of nodes ×
+// podsPerNode once its namespaces exist. It is pure so the address plan can
+// be checked without root.
+//
+//	client ─┐            ┌─ eth0 node1 lxc1 ── eth0 pod1
+//	        br0 (fabric) ┤            lxc2 ── eth0 pod2
+//	                     └─ eth0 node2 ...
+func topology(nm names, nodes, podsPerNode int) []batch {
+	fabric := batch{netns: nm.fabricNetns(), cmds: []string{
+		"link set lo up",
+		// No STP (ports forward at once); no multicast snooping, so IPv6
+		// neighbour discovery never depends on a querier.
+		fmt.Sprintf("link add %s type bridge stp_state 0 mcast_snooping 0", bridgeName),
+		fmt.Sprintf("link set %s up", bridgeName),
+	}}
+	attach := func(port, peerNetns string) {
+		fabric.cmds = append(fabric.cmds,
+			fmt.Sprintf("link add %s type veth peer name %s netns %s", port, uplinkName, peerNetns),
+			fmt.Sprintf("link set %s master %s up", port, bridgeName))
+	}
+	attach(clientPortName, nm.clientNetns())
+	for n := 1; n <= nodes; n++ {
+		attach(fabricPortName(n), nm.nodeNetns(n))
+	}
+
+	out := []batch{fabric}
+	client := batch{netns: nm.clientNetns(), cmds: []string{"link set lo up"}}
+	client.cmds = append(client.cmds, uplink(ClientIPv4, ClientIPv6)...)
+	out = append(out, client)
+
+	for n := 1; n <= nodes; n++ {
+		node := batch{netns: nm.nodeNetns(n), cmds: []string{"link set lo up"}}
+		node.cmds = append(node.cmds, uplink(NodeIPv4(n), NodeIPv6(n))...)
+		for m := 1; m <= nodes; m++ {
+			if m == n {
+				continue
+			}
+			node.cmds = append(node.cmds,
+				fmt.Sprintf("route add %s via %s dev %s", PodCIDRv4(m), NodeIPv4(m), uplinkName),
+				fmt.Sprintf("route add %s via %s dev %s", PodCIDRv6(m), NodeIPv6(m), uplinkName))
+		}
+		var pods []batch
+		for i := 1; i <= podsPerNode; i++ {
+			veth := podVethName(i)
+			// Every pod veth carries the same gateway address, Cilium style;
+			// a host route per pod picks the veth.
+			node.cmds = append(node.cmds,
+				fmt.Sprintf("link add %s type veth peer name %s netns %s", veth, uplinkName, nm.podNetns(n, i)),
+				fmt.Sprintf("addr add %s/32 dev %s", GatewayIPv4(n), veth),
+				fmt.Sprintf("addr add %s/128 dev %s nodad", GatewayIPv6(n), veth),
+				fmt.Sprintf("link set %s up", veth),
+				fmt.Sprintf("route add %s/32 dev %s", PodIPv4(n, i), veth),
+				fmt.Sprintf("route add %s/128 dev %s", PodIPv6(n, i), veth))
+			pods = append(pods, batch{netns: nm.podNetns(n, i), cmds: []string{
+				"link set lo up",
+				fmt.Sprintf("addr add %s/32 dev %s", PodIPv4(n, i), uplinkName),
+				fmt.Sprintf("addr add %s/128 dev %s nodad", PodIPv6(n, i), uplinkName),
+				fmt.Sprintf("link set %s up", uplinkName),
+				fmt.Sprintf("route add default via %s dev %s onlink", GatewayIPv4(n), uplinkName),
+				fmt.Sprintf("route add default via %s dev %s onlink", GatewayIPv6(n), uplinkName),
+			}})
+		}
+		out = append(out, node)
+		out = append(out, pods...)
+	}
+	return out
+}
+
+// uplink addresses a fabric attachment. No default route: nothing in the lab
+// can reach beyond the fabric.
+func uplink(v4, v6 netip.Addr) []string {
+	return []string{
+		fmt.Sprintf("addr add %s/%d dev %s", v4, FabricPrefixV4.Bits(), uplinkName),
+		fmt.Sprintf("addr add %s/%d dev %s nodad", v6, FabricPrefixV6.Bits(), uplinkName),
+		fmt.Sprintf("link set %s up", uplinkName),
+	}
+}

@@ -1,0 +1,130 @@
+package lbmap
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// Names of the maps Kernel writes, as pinned under the BPF root.
+const (
+	ServicesMapName = "lb_services"
+	BackendsMapName = "lb_backends"
+	RevNatMapName   = "lb_rev_nat"
+	NodeIPsMapName  = "lb_node_ips"
+)
+
+// nodeIPLocal is bit 0 of an lb_node_ips value: the address is this node's.
+const nodeIPLocal uint32 = 1 << 0
+
+// Kernel implements Maps over the load balancer's BPF maps.
+type Kernel struct {
+	services *ebpf.Map
+	backends *ebpf.Map
+	revNat   *ebpf.Map
+	nodeIPs  *ebpf.Map
+}
+
+var _ Maps = (*Kernel)(nil)
+
+// NewKernel wraps loaded maps. It does not take ownership: the caller
+// closes them.
+func NewKernel(services, backends, revNat, nodeIPs *ebpf.Map) *Kernel {
+	return &Kernel{services: services, backends: backends, revNat: revNat, nodeIPs: nodeIPs}
+}
+
+func update(m *ebpf.Map, name string, key, value any) error {
+	err := m.Update(key, value, ebpf.UpdateAny)
+	if errors.Is(err, unix.E2BIG) {
+		// A hash map answers E2BIG when it holds max_entries already.
+		return fmt.Errorf("update %s: map full (%d entries): %w", name, m.MaxEntries(), err)
+	}
+	if err != nil {
+		return fmt.Errorf("update %s: %w", name, err)
+	}
+	return nil
+}
+
+func remove(m *ebpf.Map, name string, key any) error {
+	err := m.Delete(key)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete from %s: %w", name, err)
+	}
+	return nil
+}
+
+func dump[K comparable, V any](m *ebpf.Map, name string) (map[K]V, error) {
+	out := make(map[K]V)
+	var (
+		k K
+		v V
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("dump %s: %w", name, err)
+	}
+	return out, nil
+}
+
+func (m *Kernel) UpdateService(k ServiceKey, v ServiceValue) error {
+	return update(m.services, ServicesMapName, &k, &v)
+}
+
+func (m *Kernel) DeleteService(k ServiceKey) error {
+	return remove(m.services, ServicesMapName, &k)
+}
+
+func (m *Kernel) UpdateBackend(id uint32, v BackendValue) error {
+	return update(m.backends, BackendsMapName, id, &v)
+}
+
+func (m *Kernel) DeleteBackend(id uint32) error {
+	return remove(m.backends, BackendsMapName, id)
+}
+
+func (m *Kernel) UpdateRevNat(id uint16, v RevNatValue) error {
+	return update(m.revNat, RevNatMapName, id, &v)
+}
+
+func (m *Kernel) DeleteRevNat(id uint16) error {
+	return remove(m.revNat, RevNatMapName, id)
+}
+
+func (m *Kernel) UpdateNodeIP(a Addr) error {
+	return update(m.nodeIPs, NodeIPsMapName, a, nodeIPLocal)
+}
+
+func (m *Kernel) DeleteNodeIP(a Addr) error {
+	return remove(m.nodeIPs, NodeIPsMapName, a)
+}
+
+func (m *Kernel) Services() (map[ServiceKey]ServiceValue, error) {
+	return dump[ServiceKey, ServiceValue](m.services, ServicesMapName)
+}
+
+func (m *Kernel) Backends() (map[uint32]BackendValue, error) {
+	return dump[uint32, BackendValue](m.backends, BackendsMapName)
+}
+
+func (m *Kernel) RevNats() (map[uint16]RevNatValue, error) {
+	return dump[uint16, RevNatValue](m.revNat, RevNatMapName)
+}
+
+func (m *Kernel) NodeIPs() ([]Addr, error) {
+	ips, err := dump[Addr, uint32](m.nodeIPs, NodeIPsMapName)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Addr, 0, len(ips))
+	for a, flags := range ips {
+		if flags&nodeIPLocal != 0 {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}

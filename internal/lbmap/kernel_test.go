@@ -1,0 +1,180 @@
+package lbmap_test
+
+import (
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+
+	"github.com/sluice-dataplane/sluice/internal/datapath"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
+)
+
+// The Go mirrors must match the C structs byte for byte: the BTF of the
+// compiled object is the reference.
+func TestBTFLayout(t *testing.T) {
+	spec, err := datapath.LoadSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		cName string
+		goVal any
+	}{
+		{"lb_svc_key", lbmap.ServiceKey{}},
+		{"lb_svc_val", lbmap.ServiceValue{}},
+		{"lb_backend", lbmap.BackendValue{}},
+		{"lb_rev_nat", lbmap.RevNatValue{}},
+		{"lb_config", lbmap.Config{}},
+	} {
+		var st *btf.Struct
+		if err := spec.Types.TypeByName(tc.cName, &st); err != nil {
+			t.Errorf("struct %s: %v", tc.cName, err)
+			continue
+		}
+		goType := reflect.TypeOf(tc.goVal)
+		if size, _ := btf.Sizeof(st); size != int(goType.Size()) {
+			t.Errorf("struct %s is %d bytes, %s is %d", tc.cName, size, goType, goType.Size())
+		}
+		if len(st.Members) != goType.NumField() {
+			t.Errorf("struct %s has %d members, %s has %d fields", tc.cName, len(st.Members), goType, goType.NumField())
+			continue
+		}
+		for i, m := range st.Members {
+			f := goType.Field(i)
+			size, _ := btf.Sizeof(m.Type)
+			if int(m.Offset.Bytes()) != int(f.Offset) || size != int(f.Type.Size()) {
+				t.Errorf("%s.%s at %d (%d bytes), %s.%s at %d (%d bytes)",
+					tc.cName, m.Name, m.Offset.Bytes(), size, goType, f.Name, f.Offset, f.Type.Size())
+			}
+		}
+	}
+
+	for _, tc := range []struct {
+		name       string
+		key, value any
+	}{
+		{lbmap.ServicesMapName, lbmap.ServiceKey{}, lbmap.ServiceValue{}},
+		{lbmap.BackendsMapName, uint32(0), lbmap.BackendValue{}},
+		{lbmap.RevNatMapName, uint16(0), lbmap.RevNatValue{}},
+		{lbmap.NodeIPsMapName, lbmap.Addr{}, uint32(0)},
+		{"lb_config", uint32(0), lbmap.Config{}},
+	} {
+		ms, ok := spec.Maps[tc.name]
+		if !ok {
+			t.Errorf("no map %s in the object", tc.name)
+			continue
+		}
+		k, v := reflect.TypeOf(tc.key), reflect.TypeOf(tc.value)
+		if int(ms.KeySize) != int(k.Size()) || int(ms.ValueSize) != int(v.Size()) {
+			t.Errorf("map %s: key %d, value %d bytes; Go %s %d, %s %d",
+				tc.name, ms.KeySize, ms.ValueSize, k, k.Size(), v, v.Size())
+		}
+	}
+}
+
+// newKernel makes unpinned maps from the object's specs.
+func newKernel(t *testing.T, servicesMax uint32) *lbmap.Kernel {
+	t.Helper()
+	spec, err := datapath.LoadSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := func(name string, max uint32) *ebpf.Map {
+		ms := spec.Maps[name].Copy()
+		ms.Pinning = ebpf.PinNone
+		ms.MaxEntries = max
+		m, err := ebpf.NewMap(ms)
+		if err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	return lbmap.NewKernel(open(lbmap.ServicesMapName, servicesMax), open(lbmap.BackendsMapName, 16),
+		open(lbmap.RevNatMapName, 16), open(lbmap.NodeIPsMapName, 16))
+}
+
+func TestPrivilegedKernelRoundtrip(t *testing.T) {
+	probetest.SkipUnless(t)
+	k := newKernel(t, 16)
+
+	addr := lbmap.AddrFrom(netip.MustParseAddr("198.19.0.10"))
+	sk := lbmap.ServiceKey{Addr: addr, Port: lbmap.PortFrom(80), Proto: 6, Scope: lbmap.ScopeInternal, Slot: 2}
+	sv := lbmap.ServiceValue{BackendID: 7, Count: 3, RevNatID: 9, Flags: lbmap.SvcFlagAffinity, AffinityTimeout: 10800}
+	be := lbmap.BackendValue{Addr: lbmap.AddrFrom(netip.MustParseAddr("fd00:198:18:1::10")), Port: lbmap.PortFrom(8080), Proto: 17, Flags: lbmap.BackendFlagLocal}
+	rn := lbmap.RevNatValue{Addr: addr, Port: lbmap.PortFrom(80)}
+
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	must("UpdateService", k.UpdateService(sk, sv))
+	must("UpdateBackend", k.UpdateBackend(7, be))
+	must("UpdateRevNat", k.UpdateRevNat(9, rn))
+	must("UpdateNodeIP", k.UpdateNodeIP(addr))
+
+	svcs, err := k.Services()
+	must("Services", err)
+	if len(svcs) != 1 || svcs[sk] != sv {
+		t.Errorf("Services() = %+v, want {%+v: %+v}", svcs, sk, sv)
+	}
+	bes, err := k.Backends()
+	must("Backends", err)
+	if len(bes) != 1 || bes[7] != be {
+		t.Errorf("Backends() = %+v, want {7: %+v}", bes, be)
+	}
+	rns, err := k.RevNats()
+	must("RevNats", err)
+	if len(rns) != 1 || rns[9] != rn {
+		t.Errorf("RevNats() = %+v, want {9: %+v}", rns, rn)
+	}
+	ips, err := k.NodeIPs()
+	must("NodeIPs", err)
+	if len(ips) != 1 || ips[0] != addr {
+		t.Errorf("NodeIPs() = %v, want [%v]", ips, addr)
+	}
+
+	must("DeleteService", k.DeleteService(sk))
+	must("DeleteBackend", k.DeleteBackend(7))
+	must("DeleteRevNat", k.DeleteRevNat(9))
+	must("DeleteNodeIP", k.DeleteNodeIP(addr))
+	// Deleting what is not there is not an error: the reconciler may
+	// retry a delete after a partial failure.
+	must("DeleteService again", k.DeleteService(sk))
+	must("DeleteBackend again", k.DeleteBackend(7))
+	must("DeleteRevNat again", k.DeleteRevNat(9))
+	must("DeleteNodeIP again", k.DeleteNodeIP(addr))
+
+	svcs, _ = k.Services()
+	bes, _ = k.Backends()
+	rns, _ = k.RevNats()
+	ips, _ = k.NodeIPs()
+	if len(svcs)+len(bes)+len(rns)+len(ips) != 0 {
+		t.Errorf("after deletes: %v %v %v %v", svcs, bes, rns, ips)
+	}
+}
+
+func TestPrivilegedKernelFullMap(t *testing.T) {
+	probetest.SkipUnless(t)
+	k := newKernel(t, 2)
+	for slot := range uint16(2) {
+		if err := k.UpdateService(lbmap.ServiceKey{Slot: slot}, lbmap.ServiceValue{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := k.UpdateService(lbmap.ServiceKey{Slot: 2}, lbmap.ServiceValue{})
+	if err == nil || !strings.Contains(err.Error(), "lb_services") || !strings.Contains(err.Error(), "full") {
+		t.Errorf("third entry in a 2-entry map: %v, want an error saying lb_services is full", err)
+	}
+	// Updating an existing key still works when full.
+	if err := k.UpdateService(lbmap.ServiceKey{Slot: 1}, lbmap.ServiceValue{Count: 1}); err != nil {
+		t.Errorf("update of an existing key in a full map: %v", err)
+	}
+}

@@ -1,0 +1,232 @@
+package loadbalancer
+
+import (
+	"net/netip"
+	"reflect"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// State is the desired load balancer state.
+type State struct {
+	Services map[types.NamespacedName][]LBService
+	// NodeIPs holds every node's InternalIPs; true marks this node's.
+	NodeIPs map[netip.Addr]bool
+	// Errors maps "Service ns/name" or "EndpointSlice ns/name" to the reason
+	// the object is refused. Its last good version stays in effect.
+	Errors map[string]string
+}
+
+// Tracker records Service, EndpointSlice and Node changes as informer
+// callbacks deliver them and folds them into a State on Sync, in the manner
+// of kube-proxy's change trackers: callbacks only record, so that they never
+// block an informer, and Sync translates only the Services a change touched.
+type Tracker struct {
+	opts Options
+
+	mu            sync.Mutex
+	pendingSvcs   map[types.NamespacedName]*corev1.Service // nil: deleted
+	pendingSlices map[types.NamespacedName]*discoveryv1.EndpointSlice
+	pendingNodes  map[string]*corev1.Node
+	services      map[types.NamespacedName]*corev1.Service
+	slices        map[types.NamespacedName]*discoveryv1.EndpointSlice // last good, by slice name
+	slicesOf      map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice
+	nodes         map[string][]netip.Addr
+	state         *State
+}
+
+// NewTracker returns a Tracker with an empty State.
+func NewTracker(opts Options) *Tracker {
+	return &Tracker{
+		opts:          opts,
+		pendingSvcs:   map[types.NamespacedName]*corev1.Service{},
+		pendingSlices: map[types.NamespacedName]*discoveryv1.EndpointSlice{},
+		pendingNodes:  map[string]*corev1.Node{},
+		services:      map[types.NamespacedName]*corev1.Service{},
+		slices:        map[types.NamespacedName]*discoveryv1.EndpointSlice{},
+		slicesOf:      map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice{},
+		nodes:         map[string][]netip.Addr{},
+		state: &State{
+			Services: map[types.NamespacedName][]LBService{},
+			NodeIPs:  map[netip.Addr]bool{},
+			Errors:   map[string]string{},
+		},
+	}
+}
+
+// OnServiceUpdate records a Service change: prev nil is an add, cur nil a
+// delete. Only the latest version matters, so it replaces any pending one.
+func (t *Tracker) OnServiceUpdate(prev, cur *corev1.Service) {
+	obj := cur
+	if obj == nil {
+		obj = prev
+	}
+	if obj == nil {
+		return
+	}
+	t.mu.Lock()
+	t.pendingSvcs[types.NamespacedName{Namespace: obj.Namespace, Name: obj.Name}] = cur
+	t.mu.Unlock()
+}
+
+// OnEndpointSliceUpdate records an EndpointSlice change, as OnServiceUpdate.
+func (t *Tracker) OnEndpointSliceUpdate(prev, cur *discoveryv1.EndpointSlice) {
+	obj := cur
+	if obj == nil {
+		obj = prev
+	}
+	if obj == nil {
+		return
+	}
+	t.mu.Lock()
+	t.pendingSlices[types.NamespacedName{Namespace: obj.Namespace, Name: obj.Name}] = cur
+	t.mu.Unlock()
+}
+
+// OnNodeUpdate records a Node change, as OnServiceUpdate.
+func (t *Tracker) OnNodeUpdate(prev, cur *corev1.Node) {
+	obj := cur
+	if obj == nil {
+		obj = prev
+	}
+	if obj == nil {
+		return
+	}
+	t.mu.Lock()
+	t.pendingNodes[obj.Name] = cur
+	t.mu.Unlock()
+}
+
+// Pending reports whether changes wait for a Sync.
+func (t *Tracker) Pending() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.pendingSvcs)+len(t.pendingSlices)+len(t.pendingNodes) > 0
+}
+
+// Sync folds the recorded changes into the desired state. changed lists the
+// Services whose LBServices differ from the previous Sync; nodesChanged
+// reports a change of State.NodeIPs. The work is proportional to the changes,
+// not to the number of Services.
+//
+// The returned State is the Tracker's own and is updated in place by the next
+// Sync: read it only from the goroutine that calls Sync, and do not modify it.
+func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, nodesChanged bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+
+	dirty := map[types.NamespacedName]bool{}
+	for name, svc := range t.pendingSvcs {
+		if svc == nil {
+			delete(t.services, name)
+		} else {
+			t.services[name] = svc
+		}
+		dirty[name] = true
+	}
+	clear(t.pendingSvcs)
+
+	for name, cur := range t.pendingSlices {
+		key := EndpointSliceObject(name.Namespace, name.Name)
+		if cur != nil {
+			if err := validateEndpointSlice(cur); err != nil {
+				t.state.Errors[key] = err.Error()
+				continue // the last good version stays
+			}
+		}
+		delete(t.state.Errors, key)
+		if old := t.slices[name]; old != nil {
+			owner := sliceService(old)
+			delete(t.slicesOf[owner], name.Name)
+			if len(t.slicesOf[owner]) == 0 {
+				delete(t.slicesOf, owner)
+			}
+			dirty[owner] = true
+		}
+		if cur == nil {
+			delete(t.slices, name)
+			continue
+		}
+		t.slices[name] = cur
+		owner := sliceService(cur)
+		if t.slicesOf[owner] == nil {
+			t.slicesOf[owner] = map[string]*discoveryv1.EndpointSlice{}
+		}
+		t.slicesOf[owner][name.Name] = cur
+		dirty[owner] = true
+	}
+	clear(t.pendingSlices)
+
+	changed = map[types.NamespacedName]bool{}
+	delete(dirty, types.NamespacedName{}) // slices without a Service label
+	for name := range dirty {
+		if t.translate(name) {
+			changed[name] = true
+		}
+	}
+
+	if len(t.pendingNodes) > 0 {
+		for name, node := range t.pendingNodes {
+			if node == nil {
+				delete(t.nodes, name)
+			} else {
+				t.nodes[name] = NodeAddresses(node)
+			}
+		}
+		clear(t.pendingNodes)
+		nodesChanged = t.rebuildNodeIPs()
+	}
+	return t.state, changed, nodesChanged
+}
+
+// translate refreshes one Service's LBServices and reports whether they changed.
+func (t *Tracker) translate(name types.NamespacedName) bool {
+	key := ServiceObject(name.Namespace, name.Name)
+	var lbs []LBService
+	if svc := t.services[name]; svc != nil {
+		own := make([]*discoveryv1.EndpointSlice, 0, len(t.slicesOf[name]))
+		for _, s := range t.slicesOf[name] {
+			own = append(own, s)
+		}
+		var err error
+		if lbs, err = Translate(svc, own, t.opts); err != nil {
+			t.state.Errors[key] = err.Error()
+			return false // the last good LBServices stay
+		}
+	}
+	delete(t.state.Errors, key)
+	old, had := t.state.Services[name]
+	if len(lbs) == 0 {
+		delete(t.state.Services, name)
+		return had
+	}
+	t.state.Services[name] = lbs
+	return !had || !reflect.DeepEqual(old, lbs)
+}
+
+func (t *Tracker) rebuildNodeIPs() bool {
+	ips := map[netip.Addr]bool{}
+	for name, addrs := range t.nodes {
+		for _, a := range addrs {
+			ips[a] = ips[a] || name == t.opts.NodeName
+		}
+	}
+	if reflect.DeepEqual(ips, t.state.NodeIPs) {
+		return false
+	}
+	t.state.NodeIPs = ips
+	return true
+}
+
+// sliceService names the Service a slice belongs to; slices without the
+// label belong to no Service and land under an empty name, never translated.
+func sliceService(s *discoveryv1.EndpointSlice) types.NamespacedName {
+	svc := s.Labels[discoveryv1.LabelServiceName]
+	if svc == "" {
+		return types.NamespacedName{}
+	}
+	return types.NamespacedName{Namespace: s.Namespace, Name: svc}
+}

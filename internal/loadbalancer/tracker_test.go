@@ -1,0 +1,404 @@
+package loadbalancer
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"net/netip"
+	"reflect"
+	"slices"
+	"sync"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+
+func named(name string, mut ...func(*corev1.Service)) *corev1.Service {
+	return service(append([]func(*corev1.Service){func(s *corev1.Service) { s.Name = name }}, mut...)...)
+}
+
+func sliceFor(svc, name string, eps ...endpoint) *discoveryv1.EndpointSlice {
+	s := epSlice(name, discoveryv1.AddressTypeIPv4, eps...)
+	s.Labels[discoveryv1.LabelServiceName] = svc
+	return s
+}
+
+func node(name string, ips ...string) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	for _, ip := range ips {
+		n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: ip})
+	}
+	return n
+}
+
+func changedNames(changed map[types.NamespacedName]bool) []string {
+	var out []string
+	for n := range changed {
+		out = append(out, n.String())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// step is one batch of informer events followed by a Sync.
+type step struct {
+	name        string
+	events      func(*Tracker)
+	wantChanged []string
+	// wantState is the summary of every Service, sorted by name.
+	wantState  []string
+	wantErrors []string
+}
+
+func stateSummary(st *State) []string {
+	var out []string
+	names := slices.SortedFunc(maps.Keys(st.Services), func(a, b types.NamespacedName) int {
+		return cmp.Compare(a.String(), b.String())
+	})
+	for _, n := range names {
+		out = append(out, summary(st.Services[n])...)
+	}
+	return out
+}
+
+func runSteps(t *testing.T, steps []step) {
+	t.Helper()
+	tr := NewTracker(Options{NodeName: "node-1"})
+	for _, s := range steps {
+		s.events(tr)
+		if !tr.Pending() {
+			t.Fatalf("step %q: Pending() = false after events", s.name)
+		}
+		st, changed, _ := tr.Sync()
+		if tr.Pending() {
+			t.Fatalf("step %q: Pending() = true after Sync", s.name)
+		}
+		if got := changedNames(changed); !reflect.DeepEqual(got, s.wantChanged) {
+			t.Errorf("step %q: changed = %q, want %q", s.name, got, s.wantChanged)
+		}
+		if got := stateSummary(st); !reflect.DeepEqual(got, s.wantState) {
+			t.Errorf("step %q: state\n got %q\nwant %q", s.name, got, s.wantState)
+		}
+		errs := slices.Sorted(maps.Keys(st.Errors))
+		if !reflect.DeepEqual(errs, s.wantErrors) {
+			t.Errorf("step %q: errors = %q (%v), want keys %q", s.name, errs, st.Errors, s.wantErrors)
+		}
+	}
+}
+
+func TestTrackerServiceLifecycle(t *testing.T) {
+	const (
+		noBackends = "ClusterIP 198.19.0.10:80/TCP default/web:http -> "
+		one        = "ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080"
+		two        = "ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080 198.18.1.6:8080"
+	)
+	s1 := sliceFor("web", "web-1", ready("198.18.1.5", "node-1"))
+	s1b := sliceFor("web", "web-1", ready("198.18.1.5", "node-1"), ready("198.18.1.6", "node-1"))
+	runSteps(t, []step{
+		{
+			name:        "service added",
+			events:      func(tr *Tracker) { tr.OnServiceUpdate(nil, service()) },
+			wantChanged: []string{"default/web"},
+			wantState:   []string{noBackends},
+		},
+		{
+			name:        "slice added",
+			events:      func(tr *Tracker) { tr.OnEndpointSliceUpdate(nil, s1) },
+			wantChanged: []string{"default/web"},
+			wantState:   []string{one},
+		},
+		{
+			name:        "slice updated",
+			events:      func(tr *Tracker) { tr.OnEndpointSliceUpdate(s1, s1b) },
+			wantChanged: []string{"default/web"},
+			wantState:   []string{two},
+		},
+		{
+			name: "same content again: nothing changed",
+			events: func(tr *Tracker) {
+				tr.OnEndpointSliceUpdate(s1b, s1b.DeepCopy())
+				tr.OnServiceUpdate(service(), service())
+			},
+			wantState: []string{two},
+		},
+		{
+			name: "update then revert within one sync: nothing changed",
+			events: func(tr *Tracker) {
+				tr.OnEndpointSliceUpdate(s1b, s1)
+				tr.OnEndpointSliceUpdate(s1, s1b)
+			},
+			wantState: []string{two},
+		},
+		{
+			name:        "slice deleted",
+			events:      func(tr *Tracker) { tr.OnEndpointSliceUpdate(s1b, nil) },
+			wantChanged: []string{"default/web"},
+			wantState:   []string{noBackends},
+		},
+		{
+			name:        "service deleted",
+			events:      func(tr *Tracker) { tr.OnServiceUpdate(service(), nil) },
+			wantChanged: []string{"default/web"},
+		},
+	})
+}
+
+func TestTrackerSliceBeforeService(t *testing.T) {
+	s1 := sliceFor("web", "web-1", ready("198.18.1.5", "node-1"))
+	runSteps(t, []step{
+		{
+			name:   "slice without its Service",
+			events: func(tr *Tracker) { tr.OnEndpointSliceUpdate(nil, s1) },
+		},
+		{
+			name:        "Service arrives and finds the slice",
+			events:      func(tr *Tracker) { tr.OnServiceUpdate(nil, service()) },
+			wantChanged: []string{"default/web"},
+			wantState:   []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080"},
+		},
+		{
+			name:        "Service deleted, slice stays for a re-created Service",
+			events:      func(tr *Tracker) { tr.OnServiceUpdate(service(), nil) },
+			wantChanged: []string{"default/web"},
+		},
+		{
+			name:        "Service re-created",
+			events:      func(tr *Tracker) { tr.OnServiceUpdate(nil, service()) },
+			wantChanged: []string{"default/web"},
+			wantState:   []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080"},
+		},
+	})
+}
+
+func TestTrackerChangedIsMinimal(t *testing.T) {
+	ip := func(i int) func(*corev1.Service) {
+		return func(s *corev1.Service) {
+			s.Spec.ClusterIP = fmt.Sprintf("198.19.0.%d", i)
+			s.Spec.ClusterIPs = []string{s.Spec.ClusterIP}
+		}
+	}
+	a, b, c := named("a", ip(1)), named("b", ip(2)), named("c", ip(3))
+	aSlice := sliceFor("a", "a-1", ready("198.18.1.5", "node-1"))
+	moved := sliceFor("c", "a-1", ready("198.18.1.5", "node-1"))
+	headless := named("c", func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", nil })
+	runSteps(t, []step{
+		{
+			name: "three services",
+			events: func(tr *Tracker) {
+				tr.OnServiceUpdate(nil, a)
+				tr.OnServiceUpdate(nil, b)
+				tr.OnServiceUpdate(nil, c)
+			},
+			wantChanged: []string{"default/a", "default/b", "default/c"},
+			wantState: []string{
+				"ClusterIP 198.19.0.1:80/TCP default/a:http -> ",
+				"ClusterIP 198.19.0.2:80/TCP default/b:http -> ",
+				"ClusterIP 198.19.0.3:80/TCP default/c:http -> ",
+			},
+		},
+		{
+			name:        "one slice: only its Service",
+			events:      func(tr *Tracker) { tr.OnEndpointSliceUpdate(nil, aSlice) },
+			wantChanged: []string{"default/a"},
+			wantState: []string{
+				"ClusterIP 198.19.0.1:80/TCP default/a:http -> 198.18.1.5:8080",
+				"ClusterIP 198.19.0.2:80/TCP default/b:http -> ",
+				"ClusterIP 198.19.0.3:80/TCP default/c:http -> ",
+			},
+		},
+		{
+			name:        "slice relabelled to another Service: both",
+			events:      func(tr *Tracker) { tr.OnEndpointSliceUpdate(aSlice, moved) },
+			wantChanged: []string{"default/a", "default/c"},
+			wantState: []string{
+				"ClusterIP 198.19.0.1:80/TCP default/a:http -> ",
+				"ClusterIP 198.19.0.2:80/TCP default/b:http -> ",
+				"ClusterIP 198.19.0.3:80/TCP default/c:http -> 198.18.1.5:8080",
+			},
+		},
+		{
+			name: "metadata-only Service update: nothing",
+			events: func(tr *Tracker) {
+				b2 := b.DeepCopy()
+				b2.Annotations = map[string]string{"x": "y"}
+				tr.OnServiceUpdate(b, b2)
+			},
+			wantChanged: nil,
+			wantState: []string{
+				"ClusterIP 198.19.0.1:80/TCP default/a:http -> ",
+				"ClusterIP 198.19.0.2:80/TCP default/b:http -> ",
+				"ClusterIP 198.19.0.3:80/TCP default/c:http -> 198.18.1.5:8080",
+			},
+		},
+		{
+			name:        "Service turned headless: removed",
+			events:      func(tr *Tracker) { tr.OnServiceUpdate(c, headless) },
+			wantChanged: []string{"default/c"},
+			wantState: []string{
+				"ClusterIP 198.19.0.1:80/TCP default/a:http -> ",
+				"ClusterIP 198.19.0.2:80/TCP default/b:http -> ",
+			},
+		},
+	})
+}
+
+func TestTrackerBadObjectsKeepLastGood(t *testing.T) {
+	good := "ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080"
+	s1 := sliceFor("web", "web-1", ready("198.18.1.5", "node-1"))
+	s1bad := sliceFor("web", "web-1", ready("198.18.1.5", "node-1"), ready("198.18.1.999", "node-1"))
+	s2 := sliceFor("web", "web-2", ready("198.18.1.7", "node-1"))
+	badSvc := service(func(s *corev1.Service) { s.Spec.Ports[0].Port = 0 })
+	runSteps(t, []step{
+		{
+			name:        "good",
+			events:      func(tr *Tracker) { tr.OnServiceUpdate(nil, service()); tr.OnEndpointSliceUpdate(nil, s1) },
+			wantChanged: []string{"default/web"},
+			wantState:   []string{good},
+		},
+		{
+			name:       "bad Service: last good kept, error reported",
+			events:     func(tr *Tracker) { tr.OnServiceUpdate(service(), badSvc) },
+			wantState:  []string{good},
+			wantErrors: []string{"Service default/web"},
+		},
+		{
+			name:        "slice change while the Service is bad: still last good",
+			events:      func(tr *Tracker) { tr.OnEndpointSliceUpdate(nil, s2) },
+			wantState:   []string{good},
+			wantErrors:  []string{"Service default/web"},
+			wantChanged: nil,
+		},
+		{
+			name:        "Service fixed: error gone, slices caught up",
+			events:      func(tr *Tracker) { tr.OnServiceUpdate(badSvc, service()) },
+			wantChanged: []string{"default/web"},
+			wantState:   []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080 198.18.1.7:8080"},
+		},
+		{
+			name:       "bad slice: its last good version kept",
+			events:     func(tr *Tracker) { tr.OnEndpointSliceUpdate(s1, s1bad) },
+			wantState:  []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080 198.18.1.7:8080"},
+			wantErrors: []string{"EndpointSlice default/web-1"},
+		},
+		{
+			name:        "bad slice deleted: error gone",
+			events:      func(tr *Tracker) { tr.OnEndpointSliceUpdate(s1bad, nil) },
+			wantChanged: []string{"default/web"},
+			wantState:   []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.7:8080"},
+		},
+		{
+			name:       "bad again",
+			events:     func(tr *Tracker) { tr.OnServiceUpdate(service(), badSvc) },
+			wantErrors: []string{"Service default/web"},
+			wantState:  []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.7:8080"},
+		},
+		{
+			name:        "deleted while bad: entries and error gone",
+			events:      func(tr *Tracker) { tr.OnServiceUpdate(badSvc, nil) },
+			wantChanged: []string{"default/web"},
+		},
+	})
+}
+
+func TestTrackerErrorMessage(t *testing.T) {
+	tr := NewTracker(Options{})
+	tr.OnServiceUpdate(nil, service(nodePort, func(s *corev1.Service) { s.Spec.Ports[0].NodePort = 80 }))
+	st, _, _ := tr.Sync()
+	want := `Service default/web: spec.ports[0].nodePort "80": outside the node port range 30000-32767`
+	if got := st.Errors["Service default/web"]; got != want {
+		t.Errorf("Errors[Service default/web] = %q, want %q", got, want)
+	}
+}
+
+func TestTrackerNodes(t *testing.T) {
+	a := netip.MustParseAddr
+	tr := NewTracker(Options{NodeName: "node-1"})
+	steps := []struct {
+		name        string
+		events      func()
+		wantChanged bool
+		want        map[netip.Addr]bool
+	}{
+		{
+			name: "two nodes",
+			events: func() {
+				tr.OnNodeUpdate(nil, node("node-1", "198.18.0.11", "fd00:198:18::11"))
+				tr.OnNodeUpdate(nil, node("node-2", "198.18.0.12"))
+			},
+			wantChanged: true,
+			want:        map[netip.Addr]bool{a("198.18.0.11"): true, a("fd00:198:18::11"): true, a("198.18.0.12"): false},
+		},
+		{
+			name: "status update without address change",
+			events: func() {
+				n := node("node-2", "198.18.0.12")
+				n.Labels = map[string]string{"a": "b"}
+				tr.OnNodeUpdate(nil, n)
+			},
+			want: map[netip.Addr]bool{a("198.18.0.11"): true, a("fd00:198:18::11"): true, a("198.18.0.12"): false},
+		},
+		{
+			name:        "address change",
+			events:      func() { tr.OnNodeUpdate(nil, node("node-2", "198.18.0.22")) },
+			wantChanged: true,
+			want:        map[netip.Addr]bool{a("198.18.0.11"): true, a("fd00:198:18::11"): true, a("198.18.0.22"): false},
+		},
+		{
+			name:        "node deleted",
+			events:      func() { tr.OnNodeUpdate(node("node-2", "198.18.0.22"), nil) },
+			wantChanged: true,
+			want:        map[netip.Addr]bool{a("198.18.0.11"): true, a("fd00:198:18::11"): true},
+		},
+	}
+	for _, s := range steps {
+		s.events()
+		st, changed, nodesChanged := tr.Sync()
+		if nodesChanged != s.wantChanged || len(changed) != 0 {
+			t.Errorf("step %q: nodesChanged = %v, changed = %v; want %v, none", s.name, nodesChanged, changed, s.wantChanged)
+		}
+		if !reflect.DeepEqual(st.NodeIPs, s.want) {
+			t.Errorf("step %q: NodeIPs = %v, want %v", s.name, st.NodeIPs, s.want)
+		}
+	}
+}
+
+// TestTrackerConcurrent drives callbacks from several goroutines while
+// syncing; run with -race.
+func TestTrackerConcurrent(t *testing.T) {
+	tr := NewTracker(Options{NodeName: "node-1"})
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 200 {
+				name := fmt.Sprintf("svc-%d-%d", g, i%10)
+				svc := named(name)
+				tr.OnServiceUpdate(nil, svc)
+				tr.OnEndpointSliceUpdate(nil, sliceFor(name, name+"-1", ready("198.18.1.5", "node-1")))
+				tr.OnNodeUpdate(nil, node(fmt.Sprintf("node-%d", g), fmt.Sprintf("198.18.0.%d", 10+g)))
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		tr.Sync()
+	}
+	st, _, _ := tr.Sync()
+	if len(st.Services) != 40 || len(st.NodeIPs) != 4 {
+		t.Errorf("after concurrent updates: %d services, %d node IPs; want 40, 4", len(st.Services), len(st.NodeIPs))
+	}
+	for name, lbss := range st.Services {
+		if len(lbss) != 1 || len(lbss[0].Backends) != 1 {
+			t.Errorf("%s: %q, want one frontend with one backend", name, summary(lbss))
+		}
+	}
+}

@@ -1,0 +1,493 @@
+package loadbalancer
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+// LabelServiceProxyName marks a Service for another proxy. As in kube-proxy,
+// any value (even empty) means the Service is not ours.
+const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
+// DefaultAffinityTimeout is the sessionAffinity ClientIP timeout when the
+// Service does not set one (Kubernetes' default, 3 hours).
+const DefaultAffinityTimeout = 10800 * time.Second
+
+// maxAffinityTimeoutSeconds is the API's upper bound for timeoutSeconds.
+const maxAffinityTimeoutSeconds = 86400
+
+// DefaultNodePortRange is the Kubernetes default --service-node-port-range.
+var DefaultNodePortRange = [2]uint16{30000, 32767}
+
+// Options configure the translation.
+type Options struct {
+	// NodePortRange is the inclusive range nodePorts must fall in; the zero
+	// value means DefaultNodePortRange.
+	NodePortRange [2]uint16
+	// NodeName is this node's name: the Tracker marks its InternalIPs as
+	// this node's in State.NodeIPs.
+	NodeName string
+}
+
+func (o Options) nodePortRange() [2]uint16 {
+	if o.NodePortRange == [2]uint16{} {
+		return DefaultNodePortRange
+	}
+	return o.NodePortRange
+}
+
+// FieldError is an invalid field of a Kubernetes object.
+type FieldError struct {
+	Object string // "Service ns/name" or "EndpointSlice ns/name"
+	Field  string // JSON path, e.g. spec.ports[0].nodePort
+	Value  string
+	Reason string
+}
+
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("%s: %s %q: %s", e.Object, e.Field, e.Value, e.Reason)
+}
+
+// ServiceObject names a Service as State.Errors keys it.
+func ServiceObject(namespace, name string) string { return "Service " + namespace + "/" + name }
+
+// EndpointSliceObject names an EndpointSlice as State.Errors keys it.
+func EndpointSliceObject(namespace, name string) string {
+	return "EndpointSlice " + namespace + "/" + name
+}
+
+// Translate turns one Service and its EndpointSlices into LBServices, one per
+// frontend (address, port, protocol). Slices of other Services may be passed;
+// they are ignored. Services that are not ours to proxy (headless,
+// ExternalName, no ClusterIP allocated yet, another service-proxy-name) give
+// no LBServices and no error, as in kube-proxy. SCTP ports are skipped.
+func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, opts Options) ([]LBService, error) {
+	if svc == nil {
+		return nil, fmt.Errorf("translate: nil Service")
+	}
+	if _, ok := svc.Labels[LabelServiceProxyName]; ok {
+		return nil, nil
+	}
+	obj := ServiceObject(svc.Namespace, svc.Name)
+	invalid := func(field, value, reason string) error {
+		return &FieldError{Object: obj, Field: field, Value: value, Reason: reason}
+	}
+
+	switch svc.Spec.Type {
+	case "", corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer:
+	case corev1.ServiceTypeExternalName:
+		return nil, nil
+	default:
+		return nil, invalid("spec.type", string(svc.Spec.Type), "unknown Service type")
+	}
+	clusterIPs, err := clusterIPs(svc, invalid)
+	if err != nil || len(clusterIPs) == 0 {
+		return nil, err
+	}
+	common, err := serviceAttributes(svc, opts, invalid)
+	if err != nil {
+		return nil, err
+	}
+	externalIPs, err := parseIPs(svc.Spec.ExternalIPs, "spec.externalIPs", invalid)
+	if err != nil {
+		return nil, err
+	}
+	var lbIPs []netip.Addr
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		if lbIPs, err = loadBalancerIPs(svc, invalid); err != nil {
+			return nil, err
+		}
+	}
+
+	own := make([]*discoveryv1.EndpointSlice, 0, len(epSlices))
+	for _, s := range epSlices {
+		if s == nil || s.Namespace != svc.Namespace || s.Labels[discoveryv1.LabelServiceName] != svc.Name {
+			continue
+		}
+		if err := validateEndpointSlice(s); err != nil {
+			return nil, err
+		}
+		own = append(own, s)
+	}
+	// Sorted so that deduplication across slices is deterministic.
+	slices.SortFunc(own, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+
+	nodePorts := svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer
+	allocateNodePorts := svc.Spec.AllocateLoadBalancerNodePorts == nil || *svc.Spec.AllocateLoadBalancerNodePorts
+	npRange := opts.nodePortRange()
+
+	var out []LBService
+	seenPorts := map[Frontend]bool{} // port and protocol only: API rule, one entry per pair
+	seen := map[Frontend]bool{}      // an ExternalIP may equal an ingress IP: first one wins
+	for i, sp := range svc.Spec.Ports {
+		field := "spec.ports[" + strconv.Itoa(i) + "]"
+		var proto Proto
+		switch sp.Protocol {
+		case "", corev1.ProtocolTCP:
+			proto = TCP
+		case corev1.ProtocolUDP:
+			proto = UDP
+		case corev1.ProtocolSCTP:
+			continue // no SCTP datapath
+		default:
+			return nil, invalid(field+".protocol", string(sp.Protocol), "unknown protocol")
+		}
+		if sp.Port < 1 || sp.Port > 65535 {
+			return nil, invalid(field+".port", strconv.Itoa(int(sp.Port)), "must be 1-65535")
+		}
+		port := uint16(sp.Port)
+		if seenPorts[Frontend{Port: port, Proto: proto}] {
+			return nil, invalid(field+".port", strconv.Itoa(int(sp.Port)), "duplicate port and protocol")
+		}
+		seenPorts[Frontend{Port: port, Proto: proto}] = true
+
+		var nodePort uint16
+		if nodePorts {
+			np := sp.NodePort
+			switch {
+			case np == 0 && svc.Spec.Type == corev1.ServiceTypeLoadBalancer && !allocateNodePorts:
+			case np == 0:
+				return nil, invalid(field+".nodePort", "0", "required for type "+string(svc.Spec.Type))
+			case np < int32(npRange[0]) || np > int32(npRange[1]):
+				return nil, invalid(field+".nodePort", strconv.Itoa(int(np)),
+					fmt.Sprintf("outside the node port range %d-%d", npRange[0], npRange[1]))
+			default:
+				nodePort = uint16(np)
+			}
+		}
+
+		name := ServiceName{NamespacedName: common.Name.NamespacedName, Port: sp.Name}
+		backends := map[bool][]Backend{} // by IPv6
+		backendsFor := func(a netip.Addr) []Backend {
+			v6 := a.Is6()
+			bs, ok := backends[v6]
+			if !ok {
+				bs = selectBackends(own, v6, sp.Name, proto)
+				backends[v6] = bs
+			}
+			return bs
+		}
+		add := func(t FrontendType, addr netip.Addr, port uint16) {
+			fe := Frontend{Addr: addr, Port: port, Proto: proto}
+			if seen[fe] {
+				return
+			}
+			seen[fe] = true
+			lbs := common
+			lbs.Name = name
+			lbs.Type = t
+			lbs.Frontend = fe
+			lbs.Backends = backendsFor(addr)
+			if t == ClusterIP {
+				lbs.ExternalTrafficLocal = false
+			} else {
+				lbs.InternalTrafficLocal = false
+			}
+			if t != LoadBalancer {
+				lbs.SourceRanges = nil
+			}
+			out = append(out, lbs)
+		}
+		for _, ip := range clusterIPs {
+			add(ClusterIP, ip, port)
+		}
+		if nodePort != 0 {
+			for _, ip := range clusterIPs {
+				add(NodePort, unspecified(ip), nodePort)
+			}
+		}
+		for _, ip := range externalIPs {
+			add(ExternalIP, ip, port)
+		}
+		for _, ip := range lbIPs {
+			add(LoadBalancer, ip, port)
+		}
+	}
+	return out, nil
+}
+
+// serviceAttributes parses what every frontend of the Service shares.
+func serviceAttributes(svc *corev1.Service, opts Options, invalid func(string, string, string) error) (LBService, error) {
+	var lbs LBService
+	lbs.Name.Namespace, lbs.Name.Name = svc.Namespace, svc.Name
+
+	switch svc.Spec.SessionAffinity {
+	case "", corev1.ServiceAffinityNone:
+	case corev1.ServiceAffinityClientIP:
+		lbs.Affinity = true
+		lbs.AffinityTimeout = DefaultAffinityTimeout
+		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			s := *c.ClientIP.TimeoutSeconds
+			if s < 1 || s > maxAffinityTimeoutSeconds {
+				return lbs, invalid("spec.sessionAffinityConfig.clientIP.timeoutSeconds", strconv.Itoa(int(s)),
+					"must be 1-"+strconv.Itoa(maxAffinityTimeoutSeconds))
+			}
+			lbs.AffinityTimeout = time.Duration(s) * time.Second
+		}
+	default:
+		return lbs, invalid("spec.sessionAffinity", string(svc.Spec.SessionAffinity), "unknown session affinity")
+	}
+
+	switch svc.Spec.ExternalTrafficPolicy {
+	case "", corev1.ServiceExternalTrafficPolicyCluster:
+	case corev1.ServiceExternalTrafficPolicyLocal:
+		lbs.ExternalTrafficLocal = true
+	default:
+		return lbs, invalid("spec.externalTrafficPolicy", string(svc.Spec.ExternalTrafficPolicy), "must be Cluster or Local")
+	}
+	if p := svc.Spec.InternalTrafficPolicy; p != nil {
+		switch *p {
+		case corev1.ServiceInternalTrafficPolicyCluster:
+		case corev1.ServiceInternalTrafficPolicyLocal:
+			lbs.InternalTrafficLocal = true
+		default:
+			return lbs, invalid("spec.internalTrafficPolicy", string(*p), "must be Cluster or Local")
+		}
+	}
+
+	if hc := svc.Spec.HealthCheckNodePort; hc != 0 {
+		r := opts.nodePortRange()
+		if hc < int32(r[0]) || hc > int32(r[1]) {
+			return lbs, invalid("spec.healthCheckNodePort", strconv.Itoa(int(hc)),
+				fmt.Sprintf("outside the node port range %d-%d", r[0], r[1]))
+		}
+		lbs.HealthCheckNodePort = uint16(hc)
+	}
+
+	for i, s := range svc.Spec.LoadBalancerSourceRanges {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return lbs, invalid("spec.loadBalancerSourceRanges["+strconv.Itoa(i)+"]", s, "not a CIDR")
+		}
+		lbs.SourceRanges = append(lbs.SourceRanges, p.Masked())
+	}
+	return lbs, nil
+}
+
+// clusterIPs returns the Service's ClusterIPs, at most one per family. None
+// for a headless Service or one whose ClusterIP is not allocated yet.
+func clusterIPs(svc *corev1.Service, invalid func(string, string, string) error) ([]netip.Addr, error) {
+	raw, field := svc.Spec.ClusterIPs, "spec.clusterIPs"
+	if len(raw) == 0 {
+		if svc.Spec.ClusterIP == "" {
+			return nil, nil
+		}
+		raw, field = []string{svc.Spec.ClusterIP}, "spec.clusterIP"
+	}
+	if raw[0] == corev1.ClusterIPNone || svc.Spec.ClusterIP == corev1.ClusterIPNone {
+		return nil, nil
+	}
+	if len(raw) > 2 {
+		return nil, invalid(field, strings.Join(raw, ","), "at most one address per family")
+	}
+	ips, err := parseIPs(raw, field, invalid)
+	if err != nil {
+		return nil, err
+	}
+	if len(ips) == 2 && ips[0].Is4() == ips[1].Is4() {
+		return nil, invalid(field, strings.Join(raw, ","), "at most one address per family")
+	}
+	return ips, nil
+}
+
+func loadBalancerIPs(svc *corev1.Service, invalid func(string, string, string) error) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for i, ing := range svc.Status.LoadBalancer.Ingress {
+		// Hostname-only ingress cannot be a frontend; ipMode Proxy means the
+		// load balancer delivers to node IPs, so kube-proxy skips its IP too.
+		if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy) {
+			continue
+		}
+		ip, err := parseIP(ing.IP)
+		if err != nil {
+			return nil, invalid("status.loadBalancer.ingress["+strconv.Itoa(i)+"].ip", ing.IP, err.Error())
+		}
+		out = append(out, ip)
+	}
+	return out, nil
+}
+
+func parseIPs(raw []string, field string, invalid func(string, string, string) error) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for i, s := range raw {
+		ip, err := parseIP(s)
+		if err != nil {
+			f := field
+			if field != "spec.clusterIP" {
+				f += "[" + strconv.Itoa(i) + "]"
+			}
+			return nil, invalid(f, s, err.Error())
+		}
+		out = append(out, ip)
+	}
+	return out, nil
+}
+
+// parseIP parses a Service or endpoint address; IPv4-mapped IPv6 is taken
+// as IPv4, and zones are refused (they have no meaning cluster-wide).
+func parseIP(s string) (netip.Addr, error) {
+	ip, err := netip.ParseAddr(s)
+	if err != nil || ip.Zone() != "" || ip.IsUnspecified() {
+		return netip.Addr{}, fmt.Errorf("not a valid IP address")
+	}
+	return ip.Unmap(), nil
+}
+
+func unspecified(of netip.Addr) netip.Addr {
+	if of.Is4() {
+		return netip.IPv4Unspecified()
+	}
+	return netip.IPv6Unspecified()
+}
+
+// selectBackends returns the endpoints of one family and Service port: the
+// ready ones, or when none is ready the serving-terminating ones, each
+// address:port once, sorted.
+func selectBackends(own []*discoveryv1.EndpointSlice, v6 bool, portName string, proto Proto) []Backend {
+	want := discoveryv1.AddressTypeIPv4
+	if v6 {
+		want = discoveryv1.AddressTypeIPv6
+	}
+	type candidate struct {
+		b     Backend
+		ready bool
+	}
+	found := map[netip.AddrPort]candidate{}
+	anyReady := false
+	for _, s := range own {
+		if s.AddressType != want {
+			continue
+		}
+		port, ok := slicePort(s, portName, proto)
+		if !ok {
+			continue
+		}
+		for _, ep := range s.Endpoints {
+			ready := ep.Conditions.Ready == nil || *ep.Conditions.Ready
+			serving := ready
+			if ep.Conditions.Serving != nil {
+				serving = *ep.Conditions.Serving
+			}
+			terminating := ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
+			if !ready && !(serving && terminating) {
+				continue
+			}
+			addr, _ := parseIP(ep.Addresses[0]) // validated
+			b := Backend{Addr: addr, Port: port, Proto: proto, Terminating: !ready}
+			if ep.NodeName != nil {
+				b.NodeName = *ep.NodeName
+			}
+			if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
+				b.PodName = ep.TargetRef.Name
+			}
+			// The same endpoint may sit in two slices while the controller
+			// moves it; the ready copy wins.
+			if prev, dup := found[b.AddrPort()]; dup && (prev.ready || !ready) {
+				continue
+			}
+			found[b.AddrPort()] = candidate{b, ready}
+			anyReady = anyReady || ready
+		}
+	}
+	var out []Backend
+	for _, c := range found {
+		if c.ready == anyReady {
+			out = append(out, c.b)
+		}
+	}
+	slices.SortFunc(out, func(a, b Backend) int { return a.AddrPort().Compare(b.AddrPort()) })
+	return slices.Clip(out)
+}
+
+// slicePort finds the slice port for a Service port by name and protocol.
+func slicePort(s *discoveryv1.EndpointSlice, name string, proto Proto) (uint16, bool) {
+	for _, p := range s.Ports {
+		pname := ""
+		if p.Name != nil {
+			pname = *p.Name
+		}
+		pproto := TCP
+		if p.Protocol != nil && *p.Protocol == corev1.ProtocolUDP {
+			pproto = UDP
+		} else if p.Protocol != nil && *p.Protocol != corev1.ProtocolTCP {
+			continue
+		}
+		// A nil port means "all ports", which kube-proxy cannot use either.
+		if pname == name && pproto == proto && p.Port != nil {
+			return uint16(*p.Port), true
+		}
+	}
+	return 0, false
+}
+
+// validateEndpointSlice checks everything Translate relies on, so that a bad
+// slice is refused as a whole (and its last good version kept).
+func validateEndpointSlice(s *discoveryv1.EndpointSlice) error {
+	obj := EndpointSliceObject(s.Namespace, s.Name)
+	var v6 bool
+	switch s.AddressType {
+	case discoveryv1.AddressTypeIPv4:
+	case discoveryv1.AddressTypeIPv6:
+		v6 = true
+	case discoveryv1.AddressTypeFQDN:
+		return nil // never used for proxying
+	default:
+		return &FieldError{Object: obj, Field: "addressType", Value: string(s.AddressType), Reason: "unknown address type"}
+	}
+	for i, p := range s.Ports {
+		field := "ports[" + strconv.Itoa(i) + "]"
+		if p.Port != nil && (*p.Port < 1 || *p.Port > 65535) {
+			return &FieldError{Object: obj, Field: field + ".port", Value: strconv.Itoa(int(*p.Port)), Reason: "must be 1-65535"}
+		}
+		if p.Protocol != nil {
+			switch *p.Protocol {
+			case corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP:
+			default:
+				return &FieldError{Object: obj, Field: field + ".protocol", Value: string(*p.Protocol), Reason: "unknown protocol"}
+			}
+		}
+	}
+	for i, ep := range s.Endpoints {
+		field := "endpoints[" + strconv.Itoa(i) + "].addresses"
+		if len(ep.Addresses) == 0 {
+			return &FieldError{Object: obj, Field: field, Reason: "at least one address required"}
+		}
+		// Consumers use only the first address (EndpointSlice API contract).
+		ip, err := parseIP(ep.Addresses[0])
+		if err == nil && ip.Is6() != v6 {
+			err = fmt.Errorf("not an %s address", s.AddressType)
+		}
+		if err != nil {
+			return &FieldError{Object: obj, Field: field + "[0]", Value: ep.Addresses[0], Reason: err.Error()}
+		}
+	}
+	return nil
+}
+
+// NodeAddresses returns a Node's InternalIP addresses: the addresses a
+// NodePort answers on besides loopback. Unparseable ones are skipped.
+func NodeAddresses(node *corev1.Node) []netip.Addr {
+	if node == nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, a := range node.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP {
+			continue
+		}
+		ip, err := parseIP(a.Address)
+		if err != nil || slices.Contains(out, ip) {
+			continue
+		}
+		out = append(out, ip)
+	}
+	return out
+}

@@ -1,0 +1,257 @@
+// Package probe finds out what the running kernel supports for sluice's
+// datapath, the way `sluice status` reports it and tests skip on it.
+package probe
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// Feature names.
+const (
+	Kernel             = "kernel"
+	BTF                = "BTF"
+	CgroupConnect4     = "cgroup/connect4"
+	CgroupConnect6     = "cgroup/connect6"
+	CgroupSendmsg4     = "cgroup/sendmsg4"
+	CgroupSendmsg6     = "cgroup/sendmsg6"
+	CgroupRecvmsg4     = "cgroup/recvmsg4"
+	CgroupRecvmsg6     = "cgroup/recvmsg6"
+	CgroupGetpeername4 = "cgroup/getpeername4"
+	CgroupGetpeername6 = "cgroup/getpeername6"
+	CgroupBind4        = "cgroup/bind4"
+	CgroupBind6        = "cgroup/bind6"
+	HelperNetnsCookie  = "bpf_get_netns_cookie"
+	HelperSocketCookie = "bpf_get_socket_cookie"
+	HelperSetRetval    = "bpf_set_retval"
+	CgroupLinks        = "cgroup BPF links"
+	XDP                = "XDP"
+	TC                 = "tc"
+	TCX                = "tcx"
+	ProgRun            = "BPF_PROG_RUN"
+)
+
+// SockLB lists what the socket-level load balancer needs.
+var SockLB = []string{
+	BTF, CgroupConnect4, CgroupConnect6, CgroupSendmsg4, CgroupSendmsg6,
+	CgroupRecvmsg4, CgroupRecvmsg6, CgroupGetpeername4, CgroupGetpeername6,
+	CgroupBind4, CgroupBind6, HelperNetnsCookie, HelperSocketCookie,
+	HelperSetRetval,
+}
+
+// Feature is one probed capability.
+type Feature struct {
+	Name      string
+	Available bool
+	Detail    string // why not, or what was found
+	// Since is the upstream kernel release that added the feature, so a
+	// missing feature on a newer kernel can be told apart from an old
+	// kernel (a config option or a backport gone wrong).
+	Since string
+}
+
+// Features is the result of Probe.
+type Features []Feature
+
+// Get returns the named feature.
+func (fs Features) Get(name string) (Feature, bool) {
+	for _, f := range fs {
+		if f.Name == name {
+			return f, true
+		}
+	}
+	return Feature{}, false
+}
+
+// Has tells whether every named feature is available.
+func (fs Features) Has(names ...string) bool {
+	for _, n := range names {
+		if f, ok := fs.Get(n); !ok || !f.Available {
+			return false
+		}
+	}
+	return true
+}
+
+// Probe probes the running kernel once; later calls return the same result.
+func Probe() Features {
+	return probeOnce()
+}
+
+var probeOnce = sync.OnceValue(probeAll)
+
+type check struct {
+	name  string
+	since string
+	run   func() (detail string, err error)
+}
+
+func probeAll() Features {
+	checks := []check{
+		{Kernel, "", kernelRelease},
+		{BTF, "5.4", kernelBTF},
+		{CgroupConnect4, "4.17", sockAddrHook(ebpf.AttachCGroupInet4Connect)},
+		{CgroupConnect6, "4.17", sockAddrHook(ebpf.AttachCGroupInet6Connect)},
+		{CgroupSendmsg4, "4.18", sockAddrHook(ebpf.AttachCGroupUDP4Sendmsg)},
+		{CgroupSendmsg6, "4.18", sockAddrHook(ebpf.AttachCGroupUDP6Sendmsg)},
+		{CgroupRecvmsg4, "5.2", sockAddrHook(ebpf.AttachCGroupUDP4Recvmsg)},
+		{CgroupRecvmsg6, "5.2", sockAddrHook(ebpf.AttachCGroupUDP6Recvmsg)},
+		{CgroupGetpeername4, "5.8", sockAddrHook(ebpf.AttachCgroupInet4GetPeername)},
+		{CgroupGetpeername6, "5.8", sockAddrHook(ebpf.AttachCgroupInet6GetPeername)},
+		{CgroupBind4, "4.17", sockAddrHook(ebpf.AttachCGroupInet4Bind)},
+		{CgroupBind6, "4.17", sockAddrHook(ebpf.AttachCGroupInet6Bind)},
+		{HelperNetnsCookie, "5.7", sockAddrHelper(asm.FnGetNetnsCookie)},
+		{HelperSocketCookie, "5.0", sockAddrHelper(asm.FnGetSocketCookie)},
+		{HelperSetRetval, "5.18", sockAddrHelper(asm.FnSetRetval)},
+		{CgroupLinks, "5.7", cgroupLinks},
+		{XDP, "4.8", programType(ebpf.XDP)},
+		{TC, "4.1", programType(ebpf.SchedCLS)},
+		{TCX, "6.6", tcx},
+		{ProgRun, "4.12", progRun},
+	}
+	out := make(Features, 0, len(checks))
+	for _, c := range checks {
+		f := Feature{Name: c.name, Since: c.since}
+		detail, err := c.run()
+		f.Available = err == nil
+		f.Detail = detail
+		if err != nil {
+			f.Detail = err.Error()
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+func kernelRelease() (string, error) {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "", fmt.Errorf("uname: %w", err)
+	}
+	return unix.ByteSliceToString(u.Release[:]), nil
+}
+
+// KernelVersion returns the running kernel's major and minor version.
+func KernelVersion() (major, minor int, err error) {
+	code, err := features.LinuxVersionCode()
+	if err != nil {
+		return 0, 0, fmt.Errorf("kernel version: %w", err)
+	}
+	return int(code >> 16), int(code>>8) & 0xff, nil
+}
+
+func kernelBTF() (string, error) {
+	const path = "/sys/kernel/btf/vmlinux"
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("no kernel BTF: %w", err)
+	}
+	return path, nil
+}
+
+// trivialProgram returns "r0 = ret; exit" of the given type.
+func trivialProgram(pt ebpf.ProgramType, at ebpf.AttachType, ret int32) (*ebpf.Program, error) {
+	return ebpf.NewProgramWithOptions(&ebpf.ProgramSpec{
+		Type:       pt,
+		AttachType: at,
+		License:    "GPL",
+		Instructions: asm.Instructions{
+			asm.Mov.Imm(asm.R0, ret),
+			asm.Return(),
+		},
+	}, ebpf.ProgramOptions{LogDisabled: true})
+}
+
+// sockAddrHook loads a program for one sock_addr attach type: a kernel
+// that does not know the attach type refuses the load.
+func sockAddrHook(at ebpf.AttachType) func() (string, error) {
+	return func() (string, error) {
+		prog, err := trivialProgram(ebpf.CGroupSockAddr, at, 1)
+		if err != nil {
+			return "", err
+		}
+		prog.Close()
+		return "", nil
+	}
+}
+
+func sockAddrHelper(fn asm.BuiltinFunc) func() (string, error) {
+	return func() (string, error) {
+		if err := features.HaveProgramHelper(ebpf.CGroupSockAddr, fn); err != nil {
+			return "", err
+		}
+		return "in cgroup/connect4", nil
+	}
+}
+
+func programType(pt ebpf.ProgramType) func() (string, error) {
+	return func() (string, error) {
+		if err := features.HaveProgramType(pt); err != nil {
+			return "", err
+		}
+		return "", nil
+	}
+}
+
+// cgroupLinks: with BPF_LINK_CREATE (5.7) a bad target fd is reported as
+// such; without it the library answers ErrNotSupported first.
+func cgroupLinks() (string, error) {
+	prog, err := trivialProgram(ebpf.CGroupSockAddr, ebpf.AttachCGroupInet4Connect, 1)
+	if err != nil {
+		return "", err
+	}
+	defer prog.Close()
+	l, err := link.AttachRawLink(link.RawLinkOptions{Target: -1, Program: prog, Attach: ebpf.AttachCGroupInet4Connect})
+	if err == nil {
+		l.Close()
+		return "", errors.New("probe attached unexpectedly")
+	}
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		return "", err
+	}
+	return "", nil
+}
+
+// tcx attaches to an interface index that cannot exist: ENODEV means the
+// kernel knows tcx.
+func tcx() (string, error) {
+	prog, err := trivialProgram(ebpf.SchedCLS, ebpf.AttachNone, 0)
+	if err != nil {
+		return "", err
+	}
+	defer prog.Close()
+	l, err := link.AttachTCX(link.TCXOptions{Interface: math.MaxInt32, Program: prog, Attach: ebpf.AttachTCXIngress})
+	switch {
+	case err == nil:
+		l.Close()
+		return "", errors.New("probe attached unexpectedly")
+	case errors.Is(err, unix.ENODEV):
+		return "", nil
+	default:
+		return "", err
+	}
+}
+
+func progRun() (string, error) {
+	prog, err := trivialProgram(ebpf.XDP, ebpf.AttachNone, 2) // XDP_PASS
+	if err != nil {
+		return "", err
+	}
+	defer prog.Close()
+	ret, err := prog.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
+	if err != nil {
+		return "", err
+	}
+	if ret != 2 {
+		return "", fmt.Errorf("XDP test run returned %d, want 2", ret)
+	}
+	return "XDP", nil
+}

@@ -1,0 +1,111 @@
+package reconciler
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
+)
+
+// InstalledService is one frontend as the maps hold it.
+type InstalledService struct {
+	// Name is empty for an entry restored from the maps that no sync has
+	// claimed yet.
+	Name     loadbalancer.ServiceName  `json:"name"`
+	Type     loadbalancer.FrontendType `json:"type"`
+	Frontend loadbalancer.Frontend     `json:"frontend"`
+	Flags    uint16                    `json:"flags"` // lbmap.SvcFlag*
+	RevNatID uint16                    `json:"revNatID"`
+	// AffinityTimeout is in seconds, set with lbmap.SvcFlagAffinity.
+	AffinityTimeout uint32 `json:"affinityTimeoutSeconds,omitempty"`
+	// Backends serve traffic entering the node; InternalBackends, when the
+	// frontend has two scopes, serve traffic from this node.
+	Backends         []InstalledBackend `json:"backends"`
+	InternalBackends []InstalledBackend `json:"internalBackends,omitempty"`
+}
+
+// InstalledBackend is one backend slot's backend.
+type InstalledBackend struct {
+	ID          uint32             `json:"id"`
+	Addr        netip.Addr         `json:"addr"`
+	Port        uint16             `json:"port"`
+	Proto       loadbalancer.Proto `json:"proto"`
+	NodeName    string             `json:"nodeName,omitempty"`
+	PodName     string             `json:"podName,omitempty"`
+	Local       bool               `json:"local"`
+	Terminating bool               `json:"terminating"`
+}
+
+// Installed lists the installed frontends, sorted by Service name and
+// frontend.
+func (r *Reconciler) Installed() []InstalledService {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	var out []InstalledService
+	for _, fe := range r.frontends {
+		ext := fe.scopes[lbmap.ScopeExternal]
+		if !ext.hasMaster {
+			continue // never completed, or half deleted
+		}
+		s := InstalledService{
+			Name:            fe.svc.Name,
+			Type:            typeOf(ext.master.Flags),
+			Frontend:        fe.key.frontend(),
+			Flags:           ext.master.Flags,
+			RevNatID:        ext.master.RevNatID,
+			AffinityTimeout: ext.master.AffinityTimeout,
+			Backends:        r.installedBackends(fe, ext),
+		}
+		if in := fe.scopes[lbmap.ScopeInternal]; in.hasMaster {
+			s.InternalBackends = r.installedBackends(fe, in)
+		}
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b InstalledService) int {
+		return cmp.Or(cmp.Compare(a.Name.String(), b.Name.String()), a.Frontend.Addr.Compare(b.Frontend.Addr),
+			cmp.Compare(a.Frontend.Port, b.Frontend.Port), cmp.Compare(a.Frontend.Proto, b.Frontend.Proto))
+	})
+	return out
+}
+
+func (r *Reconciler) installedBackends(fe *frontend, s scope) []InstalledBackend {
+	out := []InstalledBackend{}
+	for _, v := range s.slots[:min(int(s.master.Count), len(s.slots))] {
+		be := r.backends[v.BackendID]
+		if be == nil || !be.installed {
+			continue
+		}
+		b := InstalledBackend{
+			ID:          be.id,
+			Addr:        be.val.Addr.NetIP(),
+			Port:        be.val.Port.Host(),
+			Proto:       loadbalancer.Proto(be.val.Proto),
+			Local:       be.val.Flags&lbmap.BackendFlagLocal != 0,
+			Terminating: be.val.Flags&lbmap.BackendFlagTerminating != 0,
+		}
+		// Names are not in the maps: take them from the last applied model.
+		for _, mb := range fe.svc.Backends {
+			if mb.Addr == b.Addr && mb.Port == b.Port {
+				b.NodeName, b.PodName = mb.NodeName, mb.PodName
+				break
+			}
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+func typeOf(flags uint16) loadbalancer.FrontendType {
+	switch {
+	case flags&lbmap.SvcFlagNodePort != 0:
+		return loadbalancer.NodePort
+	case flags&lbmap.SvcFlagExternalIP != 0:
+		return loadbalancer.ExternalIP
+	case flags&lbmap.SvcFlagLoadBalancer != 0:
+		return loadbalancer.LoadBalancer
+	}
+	return loadbalancer.ClusterIP
+}

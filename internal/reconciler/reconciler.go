@@ -1,0 +1,799 @@
+// Package reconciler writes the desired load balancer state (a
+// loadbalancer.State) into the BPF maps, touching only the entries that
+// differ from what is installed, in an order that never lets an in-flight
+// lookup follow a slot to a missing backend.
+package reconciler
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
+)
+
+// feKey identifies a frontend in the service map (slot and scope aside).
+type feKey struct {
+	addr  lbmap.Addr
+	port  lbmap.Port
+	proto uint8
+}
+
+func keyOf(f loadbalancer.Frontend) feKey {
+	return feKey{addr: lbmap.AddrFrom(f.Addr), port: lbmap.PortFrom(f.Port), proto: uint8(f.Proto)}
+}
+
+func (k feKey) svcKey(scope uint8, slot uint16) lbmap.ServiceKey {
+	return lbmap.ServiceKey{Addr: k.addr, Port: k.port, Proto: k.proto, Scope: scope, Slot: slot}
+}
+
+func (k feKey) frontend() loadbalancer.Frontend {
+	return loadbalancer.Frontend{Addr: k.addr.NetIP(), Port: k.port.Host(), Proto: loadbalancer.Proto(k.proto)}
+}
+
+func (k feKey) compare(o feKey) int {
+	return cmp.Or(k.frontend().Addr.Compare(o.frontend().Addr), cmp.Compare(k.port.Host(), o.port.Host()),
+		cmp.Compare(k.proto, o.proto))
+}
+
+// maxSlots is the number of backend slots a frontend can have (count is a __u16).
+const maxSlots = 1<<16 - 1
+
+// scope is what is installed for one scope of a frontend.
+type scope struct {
+	master    lbmap.ServiceValue
+	hasMaster bool
+	// slots[i] is slot i+1; BackendID 0 means no entry. After a failed
+	// write there may be entries beyond master.Count: they are tracked so
+	// that the next sync removes them.
+	slots []lbmap.ServiceValue
+}
+
+// frontend is what is installed for one frontend.
+type frontend struct {
+	key    feKey
+	owner  types.NamespacedName // zero after a restore until a sync claims it
+	svc    loadbalancer.LBService
+	revNat uint16
+	scopes [2]scope // by lbmap.Scope*
+}
+
+type beKey struct {
+	addr  lbmap.Addr
+	port  lbmap.Port
+	proto uint8
+}
+
+// backend is one allocated backend ID; refs counts the slots naming it.
+type backend struct {
+	id        uint32
+	key       beKey
+	val       lbmap.BackendValue
+	installed bool
+	refs      int
+}
+
+// Reconciler keeps a view of what the maps hold and applies the difference
+// between it and a desired State.
+type Reconciler struct {
+	mu       sync.Mutex
+	maps     lbmap.Maps
+	nodeName string
+
+	frontends map[feKey]*frontend
+	byOwner   map[types.NamespacedName]map[feKey]*frontend
+
+	backends      map[uint32]*backend
+	backendOf     map[beKey]*backend
+	nextBackendID uint32
+	// unused collects backends whose refs may have dropped to zero during
+	// one frontend's update; they are deleted after its slots.
+	unused map[uint32]bool
+
+	revNats     map[uint16]lbmap.RevNatValue // installed
+	revNatOwner map[uint16]feKey             // allocated
+	nextRevNat  uint16
+
+	nodeIPs map[lbmap.Addr]bool
+	stale   []lbmap.ServiceKey // found on restore, never valid: deleted by the first full sync
+
+	needFull bool
+}
+
+// New returns a Reconciler whose view is restored from the maps' contents,
+// so that after an agent restart a sync of an unchanged State writes nothing.
+// The first Apply is always a full sync.
+func New(m lbmap.Maps, nodeName string) (*Reconciler, error) {
+	r := &Reconciler{
+		maps:          m,
+		nodeName:      nodeName,
+		frontends:     map[feKey]*frontend{},
+		byOwner:       map[types.NamespacedName]map[feKey]*frontend{},
+		backends:      map[uint32]*backend{},
+		backendOf:     map[beKey]*backend{},
+		nextBackendID: 1,
+		unused:        map[uint32]bool{},
+		revNats:       map[uint16]lbmap.RevNatValue{},
+		revNatOwner:   map[uint16]feKey{},
+		nextRevNat:    1,
+		nodeIPs:       map[lbmap.Addr]bool{},
+		needFull:      true,
+	}
+	if err := r.restore(); err != nil {
+		return nil, fmt.Errorf("restore load balancer state: %w", err)
+	}
+	return r, nil
+}
+
+func (r *Reconciler) restore() error {
+	bes, err := r.maps.Backends()
+	if err != nil {
+		return fmt.Errorf("dump backends: %w", err)
+	}
+	ids := slices.Sorted(func(yield func(uint32) bool) {
+		for id := range bes {
+			if !yield(id) {
+				return
+			}
+		}
+	})
+	for _, id := range ids {
+		v := bes[id]
+		be := &backend{id: id, key: beKey{v.Addr, v.Port, v.Proto}, val: v, installed: true}
+		r.backends[id] = be
+		// A duplicate (never written by us) keeps its ID until unreferenced.
+		if r.backendOf[be.key] == nil {
+			r.backendOf[be.key] = be
+		}
+		r.nextBackendID = max(r.nextBackendID, id+1)
+	}
+
+	svcs, err := r.maps.Services()
+	if err != nil {
+		return fmt.Errorf("dump services: %w", err)
+	}
+	for k, v := range svcs {
+		if k.Scope > lbmap.ScopeInternal || k.Pad != 0 || (k.Slot > 0 && v.BackendID == 0) {
+			r.stale = append(r.stale, k)
+			continue
+		}
+		fk := feKey{addr: k.Addr, port: k.Port, proto: k.Proto}
+		fe := r.frontends[fk]
+		if fe == nil {
+			fe = &frontend{key: fk}
+			r.frontends[fk] = fe
+		}
+		if k.Slot == 0 {
+			fe.scopes[k.Scope].master, fe.scopes[k.Scope].hasMaster = v, true
+		} else {
+			r.setSlot(fe, k.Scope, int(k.Slot)-1, v)
+		}
+	}
+	for _, fe := range r.frontends {
+		id := r.installedRevNat(fe)
+		if _, taken := r.revNatOwner[id]; id != 0 && !taken {
+			fe.revNat = id
+			r.revNatOwner[id] = fe.key
+		}
+	}
+
+	revs, err := r.maps.RevNats()
+	if err != nil {
+		return fmt.Errorf("dump rev nat: %w", err)
+	}
+	for id, v := range revs {
+		r.revNats[id] = v
+		r.nextRevNat = max(r.nextRevNat, id+1)
+	}
+	if r.nextRevNat == 0 { // wrapped: 65535 was in use
+		r.nextRevNat = 1
+	}
+
+	nodes, err := r.maps.NodeIPs()
+	if err != nil {
+		return fmt.Errorf("dump node IPs: %w", err)
+	}
+	for _, a := range nodes {
+		r.nodeIPs[a] = true
+	}
+	clear(r.unused) // no deletes before the first sync
+	return nil
+}
+
+// installedRevNat is the rev nat ID the frontend's entries carry.
+func (r *Reconciler) installedRevNat(fe *frontend) uint16 {
+	for _, s := range fe.scopes {
+		if s.hasMaster {
+			return s.master.RevNatID
+		}
+	}
+	for _, s := range fe.scopes {
+		for _, v := range s.slots {
+			if v.BackendID != 0 {
+				return v.RevNatID
+			}
+		}
+	}
+	return 0
+}
+
+// Apply writes the difference between st and the installed state. It looks
+// only at the Services in changed, or at every Service when changed is nil or
+// the previous Apply failed. An error for one frontend (a full map, a
+// frontend claimed by two Services) does not stop the others; all errors are
+// returned joined, and the next Apply is a full sync that retries them.
+func (r *Reconciler) Apply(st *loadbalancer.State, changed map[types.NamespacedName]bool, nodesChanged bool) error {
+	if st == nil {
+		return errors.New("apply load balancer state: nil state")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	full := changed == nil || r.needFull
+	var names []types.NamespacedName
+	if full {
+		names = sortedNames(st.Services)
+	} else {
+		names = sortedNames(changed)
+	}
+
+	var errs []error
+	// Updates before deletions, so that a frontend moving from one Service
+	// to another is handed over in place rather than deleted and re-added.
+	for _, name := range names {
+		lbss := st.Services[name]
+		for i := range lbss {
+			if err := r.applyFrontend(st, name, &lbss[i]); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	var gone []*frontend
+	if full {
+		for _, fe := range r.frontends {
+			if !desires(st, fe.owner, fe.key) {
+				gone = append(gone, fe)
+			}
+		}
+	} else {
+		for _, name := range names {
+			for _, fe := range r.byOwner[name] {
+				if !desires(st, name, fe.key) {
+					gone = append(gone, fe)
+				}
+			}
+		}
+	}
+	slices.SortFunc(gone, func(a, b *frontend) int { return a.key.compare(b.key) })
+	for _, fe := range gone {
+		if err := r.deleteFrontend(fe); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if full {
+		errs = append(errs, r.sweep())
+	}
+	if full || nodesChanged {
+		errs = append(errs, r.syncNodeIPs(st.NodeIPs))
+	}
+	err := errors.Join(errs...)
+	r.needFull = err != nil
+	return err
+}
+
+func sortedNames[V any](m map[types.NamespacedName]V) []types.NamespacedName {
+	out := make([]types.NamespacedName, 0, len(m))
+	for n := range m {
+		out = append(out, n)
+	}
+	slices.SortFunc(out, func(a, b types.NamespacedName) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	return out
+}
+
+// desires reports whether Service name still wants frontend k.
+func desires(st *loadbalancer.State, name types.NamespacedName, k feKey) bool {
+	if name == (types.NamespacedName{}) {
+		return false
+	}
+	for i := range st.Services[name] {
+		if keyOf(st.Services[name][i].Frontend) == k {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *Reconciler) applyFrontend(st *loadbalancer.State, name types.NamespacedName, lbs *loadbalancer.LBService) error {
+	k := keyOf(lbs.Frontend)
+	fe := r.frontends[k]
+	if fe != nil && fe.owner != name && desires(st, fe.owner, k) {
+		return fmt.Errorf("service %s: frontend %s is already used by service %s", lbs.Name, lbs.Frontend, fe.owner)
+	}
+	if fe == nil {
+		fe = &frontend{key: k}
+		r.frontends[k] = fe
+	}
+	r.setOwner(fe, name)
+	fe.svc = *lbs
+	if err := r.syncFrontend(fe, lbs); err != nil {
+		return fmt.Errorf("service %s frontend %s: %w", lbs.Name, lbs.Frontend, err)
+	}
+	return nil
+}
+
+func (r *Reconciler) setOwner(fe *frontend, name types.NamespacedName) {
+	if fe.owner == name {
+		return
+	}
+	if old := r.byOwner[fe.owner]; old != nil {
+		delete(old, fe.key)
+		if len(old) == 0 {
+			delete(r.byOwner, fe.owner)
+		}
+	}
+	fe.owner = name
+	if r.byOwner[name] == nil {
+		r.byOwner[name] = map[feKey]*frontend{}
+	}
+	r.byOwner[name][fe.key] = fe
+}
+
+// syncFrontend brings one frontend's entries to the desired state. Order:
+// rev nat, new backends, slots, the INT master, the EXT master (which
+// announces the INT scope), then the slots and backends no longer used.
+// Until a master is rewritten, every slot below its old count still names an
+// installed backend, so a lookup never dangles.
+func (r *Reconciler) syncFrontend(fe *frontend, lbs *loadbalancer.LBService) (err error) {
+	defer func() { err = errors.Join(err, r.deleteUnused()) }()
+
+	if fe.revNat == 0 {
+		if fe.revNat, err = r.allocRevNat(fe.key); err != nil {
+			return err
+		}
+	}
+	rn := lbmap.RevNatValue{Addr: fe.key.addr, Port: fe.key.port}
+	if cur, ok := r.revNats[fe.revNat]; !ok || cur != rn {
+		if err := r.maps.UpdateRevNat(fe.revNat, rn); err != nil {
+			return fmt.Errorf("update rev nat %d: %w", fe.revNat, err)
+		}
+		r.revNats[fe.revNat] = rn
+	}
+
+	extBackends, intBackends := r.scopeBackends(lbs)
+	if n := len(lbs.Backends); n > maxSlots {
+		return fmt.Errorf("%d backends, more than the %d slots a frontend has", n, maxSlots)
+	}
+	extIDs, err := r.ensureBackends(extBackends)
+	if err != nil {
+		return err
+	}
+	intIDs, err := r.ensureBackends(intBackends)
+	if err != nil {
+		return err
+	}
+	twoScopes := !sameSet(extIDs, intIDs)
+
+	ext := &fe.scopes[lbmap.ScopeExternal]
+	in := &fe.scopes[lbmap.ScopeInternal]
+	newExt := layout(ext.slots, extIDs)
+	var newInt []uint32
+	if twoScopes {
+		newInt = layout(in.slots, intIDs)
+		if err := r.writeSlots(fe, lbmap.ScopeInternal, newInt); err != nil {
+			return err
+		}
+	}
+	if err := r.writeSlots(fe, lbmap.ScopeExternal, newExt); err != nil {
+		return err
+	}
+	if twoScopes {
+		if err := r.writeMaster(fe, lbmap.ScopeInternal, masterValue(fe, lbs, len(newInt), false)); err != nil {
+			return err
+		}
+	}
+	if err := r.writeMaster(fe, lbmap.ScopeExternal, masterValue(fe, lbs, len(newExt), twoScopes)); err != nil {
+		return err
+	}
+	if err := r.trimSlots(fe, lbmap.ScopeExternal, len(newExt)); err != nil {
+		return err
+	}
+	if !twoScopes {
+		if err := r.deleteMaster(fe, lbmap.ScopeInternal); err != nil {
+			return err
+		}
+	}
+	return r.trimSlots(fe, lbmap.ScopeInternal, len(newInt))
+}
+
+// scopeBackends returns the backends of the EXT scope (traffic entering the
+// node) and of the INT scope (traffic from this node) as this node sees them.
+func (r *Reconciler) scopeBackends(lbs *loadbalancer.LBService) (ext, in []loadbalancer.Backend) {
+	var local []loadbalancer.Backend
+	if lbs.ExternalTrafficLocal || lbs.InternalTrafficLocal {
+		for _, b := range lbs.Backends {
+			if r.isLocal(b) {
+				local = append(local, b)
+			}
+		}
+	}
+	ext, in = lbs.Backends, lbs.Backends
+	if lbs.ExternalTrafficLocal && lbs.Type != loadbalancer.ClusterIP {
+		ext = local
+	}
+	if lbs.InternalTrafficLocal {
+		in = local
+	}
+	return ext, in
+}
+
+func (r *Reconciler) isLocal(b loadbalancer.Backend) bool {
+	return r.nodeName != "" && b.NodeName == r.nodeName
+}
+
+func masterValue(fe *frontend, lbs *loadbalancer.LBService, count int, twoScopes bool) lbmap.ServiceValue {
+	v := lbmap.ServiceValue{Count: uint16(count), RevNatID: fe.revNat}
+	switch lbs.Type {
+	case loadbalancer.NodePort:
+		v.Flags |= lbmap.SvcFlagNodePort
+		if lbs.Frontend.Addr.IsUnspecified() {
+			v.Flags |= lbmap.SvcFlagWildcard
+		}
+	case loadbalancer.ExternalIP:
+		v.Flags |= lbmap.SvcFlagExternalIP
+	case loadbalancer.LoadBalancer:
+		v.Flags |= lbmap.SvcFlagLoadBalancer
+	}
+	if lbs.Affinity {
+		v.Flags |= lbmap.SvcFlagAffinity
+		v.AffinityTimeout = uint32(lbs.AffinityTimeout.Seconds())
+	}
+	if lbs.ExternalTrafficLocal && lbs.Type != loadbalancer.ClusterIP {
+		v.Flags |= lbmap.SvcFlagETPLocal
+	}
+	if lbs.InternalTrafficLocal {
+		v.Flags |= lbmap.SvcFlagITPLocal
+	}
+	if twoScopes {
+		v.Flags |= lbmap.SvcFlagTwoScopes
+	}
+	return v
+}
+
+// ensureBackends allocates IDs for the backends and writes those that are
+// new or whose flags changed. A backend shared by two frontends keeps one ID.
+func (r *Reconciler) ensureBackends(bs []loadbalancer.Backend) ([]uint32, error) {
+	ids := make([]uint32, 0, len(bs))
+	for _, b := range bs {
+		k := beKey{addr: lbmap.AddrFrom(b.Addr), port: lbmap.PortFrom(b.Port), proto: uint8(b.Proto)}
+		be := r.backendOf[k]
+		if be == nil {
+			id, err := r.allocBackendID()
+			if err != nil {
+				return nil, err
+			}
+			be = &backend{id: id, key: k}
+			r.backends[id] = be
+			r.backendOf[k] = be
+		}
+		r.unused[be.id] = true // deleted again if no slot ends up naming it
+		want := lbmap.BackendValue{Addr: k.addr, Port: k.port, Proto: k.proto}
+		if b.Terminating {
+			want.Flags |= lbmap.BackendFlagTerminating
+		}
+		if r.isLocal(b) {
+			want.Flags |= lbmap.BackendFlagLocal
+		}
+		if !be.installed || be.val != want {
+			if err := r.maps.UpdateBackend(be.id, want); err != nil {
+				return nil, fmt.Errorf("update backend %d (%s): %w", be.id, b.AddrPort(), err)
+			}
+			be.val, be.installed = want, true
+		}
+		ids = append(ids, be.id)
+	}
+	return ids, nil
+}
+
+func (r *Reconciler) allocBackendID() (uint32, error) {
+	// Bounded: at most len(r.backends) IDs are taken.
+	for range len(r.backends) + 1 {
+		id := r.nextBackendID
+		r.nextBackendID++
+		if r.nextBackendID == 0 {
+			r.nextBackendID = 1
+		}
+		if id != 0 && r.backends[id] == nil {
+			return id, nil
+		}
+	}
+	return 0, errors.New("backend IDs exhausted")
+}
+
+func (r *Reconciler) allocRevNat(k feKey) (uint16, error) {
+	for range 1 << 16 {
+		id := r.nextRevNat
+		r.nextRevNat++
+		if r.nextRevNat == 0 {
+			r.nextRevNat = 1
+		}
+		if _, taken := r.revNatOwner[id]; id != 0 && !taken {
+			r.revNatOwner[id] = k
+			return id, nil
+		}
+	}
+	return 0, fmt.Errorf("rev nat IDs exhausted: all %d in use", 1<<16-1)
+}
+
+// layout places the wanted backend IDs in slots, keeping every backend that
+// stays in its slot (so that a change rewrites as few slots as possible):
+// new backends fill the holes left by removed ones, then go at the end; if
+// holes remain, the last slots move into them.
+func layout(old []lbmap.ServiceValue, want []uint32) []uint32 {
+	wanted := make(map[uint32]bool, len(want))
+	for _, id := range want {
+		wanted[id] = true
+	}
+	out := make([]uint32, 0, max(len(old), len(want)))
+	placed := make(map[uint32]bool, len(want))
+	for _, v := range old {
+		id := v.BackendID
+		if !wanted[id] || placed[id] {
+			id = 0
+		}
+		placed[id] = true
+		out = append(out, id)
+	}
+	next := 0
+	for _, id := range want {
+		if placed[id] {
+			continue
+		}
+		for next < len(out) && out[next] != 0 {
+			next++
+		}
+		if next < len(out) {
+			out[next] = id
+		} else {
+			out = append(out, id)
+		}
+	}
+	// Compact: move tail entries into the remaining holes.
+	for i := 0; i < len(out); i++ {
+		for len(out) > 0 && out[len(out)-1] == 0 {
+			out = out[:len(out)-1]
+		}
+		if i < len(out) && out[i] == 0 {
+			out[i] = out[len(out)-1]
+			out = out[:len(out)-1]
+		}
+	}
+	return out
+}
+
+func sameSet(a, b []uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	in := make(map[uint32]bool, len(a))
+	for _, id := range a {
+		in[id] = true
+	}
+	for _, id := range b {
+		if !in[id] {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *Reconciler) writeSlots(fe *frontend, sc uint8, ids []uint32) error {
+	s := &fe.scopes[sc]
+	for i, id := range ids {
+		v := lbmap.ServiceValue{BackendID: id, RevNatID: fe.revNat}
+		if i < len(s.slots) && s.slots[i] == v {
+			continue
+		}
+		if err := r.maps.UpdateService(fe.key.svcKey(sc, uint16(i+1)), v); err != nil {
+			return fmt.Errorf("update %s slot %d: %w", scopeName(sc), i+1, err)
+		}
+		r.setSlot(fe, sc, i, v)
+	}
+	return nil
+}
+
+// trimSlots deletes the slots from n+1 on.
+func (r *Reconciler) trimSlots(fe *frontend, sc uint8, n int) error {
+	s := &fe.scopes[sc]
+	for i := len(s.slots) - 1; i >= n; i-- {
+		if s.slots[i].BackendID != 0 {
+			if err := r.maps.DeleteService(fe.key.svcKey(sc, uint16(i+1))); err != nil {
+				return fmt.Errorf("delete %s slot %d: %w", scopeName(sc), i+1, err)
+			}
+			r.setSlot(fe, sc, i, lbmap.ServiceValue{})
+		}
+		s.slots = s.slots[:i]
+	}
+	return nil
+}
+
+// setSlot records a slot's new value and moves the backend references.
+func (r *Reconciler) setSlot(fe *frontend, sc uint8, i int, v lbmap.ServiceValue) {
+	s := &fe.scopes[sc]
+	for len(s.slots) <= i {
+		s.slots = append(s.slots, lbmap.ServiceValue{})
+	}
+	if old := s.slots[i].BackendID; old != 0 {
+		if be := r.backends[old]; be != nil {
+			be.refs--
+			r.unused[old] = true
+		}
+	}
+	if id := v.BackendID; id != 0 {
+		be := r.backends[id]
+		if be == nil { // restored slot naming a backend the map lacks
+			be = &backend{id: id}
+			r.backends[id] = be
+		}
+		be.refs++
+	}
+	s.slots[i] = v
+}
+
+func (r *Reconciler) writeMaster(fe *frontend, sc uint8, v lbmap.ServiceValue) error {
+	s := &fe.scopes[sc]
+	if s.hasMaster && s.master == v {
+		return nil
+	}
+	if err := r.maps.UpdateService(fe.key.svcKey(sc, 0), v); err != nil {
+		return fmt.Errorf("update %s master: %w", scopeName(sc), err)
+	}
+	s.master, s.hasMaster = v, true
+	return nil
+}
+
+func (r *Reconciler) deleteMaster(fe *frontend, sc uint8) error {
+	s := &fe.scopes[sc]
+	if !s.hasMaster {
+		return nil
+	}
+	if err := r.maps.DeleteService(fe.key.svcKey(sc, 0)); err != nil {
+		return fmt.Errorf("delete %s master: %w", scopeName(sc), err)
+	}
+	s.master, s.hasMaster = lbmap.ServiceValue{}, false
+	return nil
+}
+
+// deleteUnused deletes the backends that no slot names any more.
+func (r *Reconciler) deleteUnused() error {
+	var errs []error
+	ids := make([]uint32, 0, len(r.unused))
+	for id := range r.unused {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids) // a stable write order, for readable traces
+	for _, id := range ids {
+		be := r.backends[id]
+		if be == nil || be.refs > 0 {
+			continue
+		}
+		if be.installed {
+			if err := r.maps.DeleteBackend(id); err != nil {
+				errs = append(errs, fmt.Errorf("delete backend %d: %w", id, err))
+				continue
+			}
+		}
+		delete(r.backends, id)
+		if r.backendOf[be.key] == be {
+			delete(r.backendOf, be.key)
+		}
+	}
+	clear(r.unused)
+	return errors.Join(errs...)
+}
+
+// deleteFrontend removes a frontend: masters, slots, rev nat, then the
+// backends nothing else uses.
+func (r *Reconciler) deleteFrontend(fe *frontend) (err error) {
+	defer func() {
+		if err = errors.Join(err, r.deleteUnused()); err != nil {
+			err = fmt.Errorf("delete frontend %s: %w", fe.key.frontend(), err)
+		}
+	}()
+	for _, sc := range []uint8{lbmap.ScopeExternal, lbmap.ScopeInternal} {
+		if err := r.deleteMaster(fe, sc); err != nil {
+			return err
+		}
+	}
+	for _, sc := range []uint8{lbmap.ScopeExternal, lbmap.ScopeInternal} {
+		if err := r.trimSlots(fe, sc, 0); err != nil {
+			return err
+		}
+	}
+	if fe.revNat != 0 {
+		if _, ok := r.revNats[fe.revNat]; ok {
+			if err := r.maps.DeleteRevNat(fe.revNat); err != nil {
+				return fmt.Errorf("delete rev nat %d: %w", fe.revNat, err)
+			}
+			delete(r.revNats, fe.revNat)
+		}
+		delete(r.revNatOwner, fe.revNat)
+	}
+	if owned := r.byOwner[fe.owner]; owned != nil {
+		delete(owned, fe.key)
+		if len(owned) == 0 {
+			delete(r.byOwner, fe.owner)
+		}
+	}
+	delete(r.frontends, fe.key)
+	return nil
+}
+
+// sweep removes what a restore found but nothing uses: invalid service
+// entries, unreferenced backends and rev nat entries.
+func (r *Reconciler) sweep() error {
+	var errs []error
+	for _, k := range r.stale {
+		if err := r.maps.DeleteService(k); err != nil {
+			errs = append(errs, fmt.Errorf("delete stale service entry: %w", err))
+		}
+	}
+	r.stale = nil
+	for id, be := range r.backends {
+		if be.refs == 0 {
+			r.unused[id] = true
+		}
+	}
+	errs = append(errs, r.deleteUnused())
+	for id := range r.revNats {
+		if _, ok := r.revNatOwner[id]; ok {
+			continue
+		}
+		if err := r.maps.DeleteRevNat(id); err != nil {
+			errs = append(errs, fmt.Errorf("delete rev nat %d: %w", id, err))
+			continue
+		}
+		delete(r.revNats, id)
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Reconciler) syncNodeIPs(want map[netip.Addr]bool) error {
+	var errs []error
+	for a := range want {
+		k := lbmap.AddrFrom(a)
+		if r.nodeIPs[k] {
+			continue
+		}
+		if err := r.maps.UpdateNodeIP(k); err != nil {
+			errs = append(errs, fmt.Errorf("update node IP %s: %w", a, err))
+			continue
+		}
+		r.nodeIPs[k] = true
+	}
+	for k := range r.nodeIPs {
+		if _, ok := want[k.NetIP()]; ok {
+			continue
+		}
+		if err := r.maps.DeleteNodeIP(k); err != nil {
+			errs = append(errs, fmt.Errorf("delete node IP %s: %w", k.NetIP(), err))
+			continue
+		}
+		delete(r.nodeIPs, k)
+	}
+	return errors.Join(errs...)
+}
+
+func scopeName(sc uint8) string {
+	if sc == lbmap.ScopeInternal {
+		return "internal"
+	}
+	return "external"
+}

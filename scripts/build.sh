@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Builds sluice and sluice-agent into ./bin.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export GOTOOLCHAIN=auto
+mkdir -p bin
+echo "==> go build ./cmd/..."
+go build -o bin/ ./cmd/...

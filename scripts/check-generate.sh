@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Regenerates the bpf2go output (Go bindings and BPF objects) and fails when
+# it differs from what is committed: the committed objects must be exactly
+# what the committed C sources compile to.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export GOTOOLCHAIN=auto
+
+go generate ./internal/datapath/...
+
+if ! git diff --exit-code --stat -- internal/datapath; then
+	echo "check-generate: regenerated BPF output differs from the committed files;" >&2
+	echo "run 'go generate ./internal/datapath/...' and commit the result" >&2
+	exit 1
+fi
+untracked=$(git ls-files --others --exclude-standard -- internal/datapath | grep -E '_bpfe[lb]\.(go|o)$' || true)
+if [ -n "$untracked" ]; then
+	echo "check-generate: generated files not committed:" >&2
+	echo "$untracked" >&2
+	exit 1
+fi
+echo "check-generate: BPF output up to date"

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Every test: generated code up to date, formatting, vet, unit tests, and the
+# privileged tests (real BPF programs, namespaces, sockets). Installs what it
+# needs first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/deps.sh
+./scripts/build.sh
+export GOTOOLCHAIN=auto
+
+echo "==> generated BPF objects match the sources"
+./scripts/check-generate.sh
+
+echo "==> gofmt"
+bad=$(gofmt -l cmd internal)
+if [ -n "$bad" ]; then
+	echo "gofmt needed on:"; echo "$bad"; exit 1
+fi
+
+echo "==> go vet"
+go vet ./...
+
+# Privileged tests start bin/sluice and bin/sluice-agent.
+export SLUICE_BIN_DIR="$PWD/bin"
+echo "==> go test (unit and privileged)"
+go test -count=1 -timeout 30m "$@" ./...
