@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-
 func named(name string, mut ...func(*corev1.Service)) *corev1.Service {
 	return service(append([]func(*corev1.Service){func(s *corev1.Service) { s.Name = name }}, mut...)...)
 }

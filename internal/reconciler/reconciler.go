@@ -243,9 +243,16 @@ func (r *Reconciler) Apply(st *loadbalancer.State, changed map[types.NamespacedN
 		names = sortedNames(changed)
 	}
 
-	var errs []error
-	// Updates before deletions, so that a frontend moving from one Service
-	// to another is handed over in place rather than deleted and re-added.
+	// Frontends that another Service takes over are handed over in place
+	// (no delete and re-add); other unwanted ones go first, freeing IDs and
+	// map room for the updates.
+	claimed := map[feKey]bool{}
+	for _, name := range names {
+		for _, lbs := range st.Services[name] {
+			claimed[keyOf(lbs.Frontend)] = true
+		}
+	}
+	errs := r.deleteUnwanted(st, names, full, claimed)
 	for _, name := range names {
 		lbss := st.Services[name]
 		for i := range lbss {
@@ -254,28 +261,7 @@ func (r *Reconciler) Apply(st *loadbalancer.State, changed map[types.NamespacedN
 			}
 		}
 	}
-	var gone []*frontend
-	if full {
-		for _, fe := range r.frontends {
-			if !desires(st, fe.owner, fe.key) {
-				gone = append(gone, fe)
-			}
-		}
-	} else {
-		for _, name := range names {
-			for _, fe := range r.byOwner[name] {
-				if !desires(st, name, fe.key) {
-					gone = append(gone, fe)
-				}
-			}
-		}
-	}
-	slices.SortFunc(gone, func(a, b *frontend) int { return a.key.compare(b.key) })
-	for _, fe := range gone {
-		if err := r.deleteFrontend(fe); err != nil {
-			errs = append(errs, err)
-		}
-	}
+	errs = append(errs, r.deleteUnwanted(st, names, full, nil)...)
 	if full {
 		errs = append(errs, r.sweep())
 	}
@@ -285,6 +271,37 @@ func (r *Reconciler) Apply(st *loadbalancer.State, changed map[types.NamespacedN
 	err := errors.Join(errs...)
 	r.needFull = err != nil
 	return err
+}
+
+// deleteUnwanted deletes the frontends that their owner no longer wants,
+// except the claimed ones: of every installed frontend in a full sync, else
+// of the named Services.
+func (r *Reconciler) deleteUnwanted(st *loadbalancer.State, names []types.NamespacedName, full bool, claimed map[feKey]bool) []error {
+	var gone []*frontend
+	consider := func(fe *frontend) {
+		if !claimed[fe.key] && !desires(st, fe.owner, fe.key) {
+			gone = append(gone, fe)
+		}
+	}
+	if full {
+		for _, fe := range r.frontends {
+			consider(fe)
+		}
+	} else {
+		for _, name := range names {
+			for _, fe := range r.byOwner[name] {
+				consider(fe)
+			}
+		}
+	}
+	slices.SortFunc(gone, func(a, b *frontend) int { return a.key.compare(b.key) })
+	var errs []error
+	for _, fe := range gone {
+		if err := r.deleteFrontend(fe); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
 }
 
 func sortedNames[V any](m map[types.NamespacedName]V) []types.NamespacedName {
