@@ -22,11 +22,13 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/util/validation"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
 )
@@ -352,8 +354,12 @@ func decodeObject(raw []byte) ([]runtime.Object, error) {
 		return nil, errors.New("kind is missing")
 	case runtime.IsMissingVersion(err):
 		return nil, errors.New("apiVersion is missing")
-	case runtime.IsNotRegisteredError(err) && gvk != nil:
-		return nil, fmt.Errorf("unknown kind %q in apiVersion %q", gvk.Kind, gvk.GroupVersion())
+	case runtime.IsNotRegisteredError(err):
+		var tm metav1.TypeMeta
+		if yaml.Unmarshal(raw, &tm) != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("unknown kind %q in apiVersion %q", tm.Kind, tm.APIVersion)
 	default:
 		return nil, err
 	}

@@ -65,8 +65,10 @@ func (r *recorder) OnServiceUpdate(prev, cur *corev1.Service) {
 func (r *recorder) OnEndpointSliceUpdate(prev, cur *discoveryv1.EndpointSlice) {
 	r.record("EndpointSlice", objOrNil(prev), objOrNil(cur))
 }
-func (r *recorder) OnNodeUpdate(prev, cur *corev1.Node) { r.record("Node", objOrNil(prev), objOrNil(cur)) }
-func (r *recorder) OnPodUpdate(prev, cur *corev1.Pod)   { r.record("Pod", objOrNil(prev), objOrNil(cur)) }
+func (r *recorder) OnNodeUpdate(prev, cur *corev1.Node) {
+	r.record("Node", objOrNil(prev), objOrNil(cur))
+}
+func (r *recorder) OnPodUpdate(prev, cur *corev1.Pod) { r.record("Pod", objOrNil(prev), objOrNil(cur)) }
 
 // take returns and clears the recorded events.
 func (r *recorder) take() []string {
@@ -173,7 +175,7 @@ items:
 		{name: "bad name", in: "apiVersion: v1\nkind: Service\nmetadata: {name: Web_1}\n", wantErr: `metadata.name "Web_1"`},
 		{name: "unknown field", in: "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {clusterIp: 1.2.3.4}\n", wantErr: `unknown field "spec.clusterIp"`},
 		{name: "wrong type", in: "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {ports: [{port: http}]}\n", wantErr: "document 1:"},
-		{name: "namespaced Node", in: "apiVersion: v1\nkind: Node\nmetadata: {name: n, namespace: x}\n", wantErr: "cluster-scoped"},
+		{name: "namespaced Node", in: "apiVersion: v1\nkind: Node\nmetadata: {name: node2, namespace: x}\n", wantErr: "cluster-scoped"},
 		{name: "second document bad", in: svcWeb + "---\nkind: Service\n", wantErr: "document 2:"},
 		{name: "bad List item", in: "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Secret, metadata: {name: s}}\n", wantErr: "List item 1: kind Secret is not supported"},
 	} {

@@ -136,7 +136,9 @@ func newTable(w io.Writer) *tabwriter.Writer {
 // writeStatus prints one screen in the manner of `cilium status`.
 func writeStatus(w io.Writer, st *api.Status) error {
 	tw := newTable(w)
-	line := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{k}, args...)...) }
+	line := func(k, format string, args ...any) {
+		fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{k}, args...)...)
+	}
 
 	line("Node", "%s", st.NodeName)
 	line("Version", "%s", st.Version)

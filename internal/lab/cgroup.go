@@ -1,7 +1,6 @@
 package lab
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -15,60 +14,6 @@ import (
 
 	"golang.org/x/sys/unix"
 )
-
-// fallbackCgroup2 is where the lab mounts cgroup2 on a host that has none.
-const fallbackCgroup2 = "/run/sluice/cgroupv2"
-
-// cgroup2Mount returns the first cgroup2 mount point of this mount
-// namespace, mounting one at fallbackCgroup2 when there is none.
-func cgroup2Mount() (string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return "", fmt.Errorf("find cgroup2 mount: %w", err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// "36 25 0:30 / /sys/fs/cgroup rw,... shared:9 - cgroup2 cgroup2 rw"
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
-		}
-		fields, postFields := strings.Fields(pre), strings.Fields(post)
-		if len(fields) >= 5 && len(postFields) >= 1 && postFields[0] == "cgroup2" {
-			return unescapeMountPath(fields[4]), nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("find cgroup2 mount: %w", err)
-	}
-	if err := os.MkdirAll(fallbackCgroup2, 0o755); err != nil {
-		return "", fmt.Errorf("mount cgroup2: %w", err)
-	}
-	if err := unix.Mount("none", fallbackCgroup2, "cgroup2", 0, ""); err != nil {
-		return "", fmt.Errorf("mount cgroup2 at %s: %w", fallbackCgroup2, err)
-	}
-	return fallbackCgroup2, nil
-}
-
-// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
 
 // killCgroupTree kills every process in the tree under dir and waits until
 // it is empty. cgroup.kill (Linux 5.14) does it in one write; older kernels

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluice-dataplane/sluice/internal/datapath"
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/runtime"
 )
@@ -178,7 +179,7 @@ func Up(ctx context.Context, cfg Config) (*Lab, error) {
 }
 
 func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
-	mount, err := cgroup2Mount()
+	mount, err := datapath.Cgroup2Mount()
 	if err != nil {
 		return err
 	}
@@ -414,7 +415,7 @@ func Cleanup(prefix string) error {
 		}
 	}
 
-	mount, err := cgroup2Mount()
+	mount, err := datapath.Cgroup2Mount()
 	if err != nil {
 		errs = append(errs, err)
 	} else {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-dataplane/sluice/internal/datapath"
 	"github.com/spf13/cobra"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
@@ -287,7 +288,7 @@ func leftovers(t *testing.T, prefix string, pids []int) []string {
 	for _, ns := range nets {
 		left = append(left, "netns "+ns)
 	}
-	mount, err := cgroup2Mount()
+	mount, err := datapath.Cgroup2Mount()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,165 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-dataplane/sluice/internal/api"
+)
+
+type fakeAgent struct{}
+
+func (fakeAgent) Status(context.Context) (*api.Status, error) {
+	return &api.Status{
+		NodeName: "node1", Version: "test",
+		Source:   api.SourceStatus{Kind: "manifests", Detail: "/etc/sluice", Synced: true, FileErrors: map[string]string{"bad.yaml": "document 1: kind is missing"}, Objects: map[string]int{"Service": 2}},
+		Features: []api.Feature{{Name: "bpf_link", Available: true}, {Name: "sch_fq", Available: false, Detail: "not in this kernel"}},
+		SocketLB: api.SocketLB{Enabled: true, Cgroup: "/sys/fs/cgroup/unified/lab/node1",
+			AttachPoints: []api.AttachPoint{{Hook: "connect4", LinkID: 11}, {Hook: "sendmsg4", LinkID: 12}}},
+		Services: 2, Frontends: 3, Backends: 4,
+		Maps:           []api.MapFill{{Name: "lb_services", Entries: 12, Max: 65536}},
+		Sync:           api.SyncState{Last: time.Now(), Duration: 2 * time.Millisecond, Total: 5},
+		NotImplemented: []string{"--lb-mode=dsr"},
+	}, nil
+}
+
+func (fakeAgent) Services(context.Context) ([]api.Service, error) {
+	return []api.Service{
+		{ID: 1, Name: "default/web", Type: "ClusterIP", Frontend: "198.19.0.10:80/TCP", Flags: []string{"affinity=10800s"},
+			Backends: []api.Backend{
+				{ID: 1, Address: "198.18.1.2:8080/TCP", State: api.BackendActive, Pod: "node1-pod1", Local: true},
+				{ID: 2, Address: "198.18.2.2:8080/TCP", State: api.BackendTerminating, Pod: "node2-pod1"},
+			}},
+		{ID: 2, Name: "default/empty", Type: "ClusterIP", Frontend: "198.19.0.11:80/TCP", Backends: []api.Backend{}},
+	}, nil
+}
+
+func (fakeAgent) BPFLB(context.Context) (*api.BPFLB, error) {
+	return &api.BPFLB{
+		Services: []api.BPFService{{Frontend: "198.19.0.10:80/TCP", Scope: "external", Count: 2, RevNatID: 1, Flags: []string{"affinity=10800s"}},
+			{Frontend: "198.19.0.10:80/TCP", Scope: "external", Slot: 1, BackendID: 1, RevNatID: 1}},
+		Backends: []api.BPFBackend{{ID: 1, Address: "198.18.1.2:8080/TCP", Flags: []string{"local"}}},
+		RevNat:   []api.BPFRevNat{{ID: 1, Address: "198.19.0.10:80"}},
+		NodeIPs:  []string{"198.18.0.11"},
+	}, nil
+}
+
+func startAgent(t *testing.T) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := api.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- api.Serve(ctx, ln, fakeAgent{}) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return sock
+}
+
+func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	root := NewRoot()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(args)
+	err := root.Execute()
+	return out.String(), err
+}
+
+func TestAgentCommandsTable(t *testing.T) {
+	sock := startAgent(t)
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"status", "--api-socket", sock}, []string{
+			"Node:", "node1", "manifests /etc/sluice", "Degraded: 1 file(s) rejected", "bad.yaml", "document 1: kind is missing",
+			"bpf_link", "sch_fq", "not in this kernel", "Enabled, cgroup /sys/fs/cgroup/unified/lab/node1",
+			"connect4 (link 11), sendmsg4 (link 12)", "2 services, 3 frontends, 4 backends", "lb_services", "12/65536",
+			"OK", "--lb-mode=dsr (accepted, no effect)"}},
+		{[]string{"service", "list", "--api-socket", sock}, []string{
+			"ID", "Frontend", "Service Type", "Backend",
+			"198.19.0.10:80/TCP", "ClusterIP", "affinity=10800s",
+			"1 => 198.18.1.2:8080/TCP (active, local) node1-pod1", "2 => 198.18.2.2:8080/TCP (terminating) node2-pod1",
+			"198.19.0.11:80/TCP", "(no backends: connect refused)"}},
+		{[]string{"bpf", "lb", "list", "--api-socket", sock}, []string{
+			"SERVICE ADDRESS", "198.19.0.10:80/TCP", "affinity=10800s", "198.18.1.2:8080/TCP", "local", "REVNAT ID", "198.19.0.10:80", "198.18.0.11"}},
+	} {
+		out, err := run(t, tc.args...)
+		if err != nil {
+			t.Fatalf("sluice %q: %v", tc.args, err)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("sluice %q: output lacks %q:\n%s", tc.args, w, out)
+			}
+		}
+	}
+}
+
+func TestServiceListTableRows(t *testing.T) {
+	out, err := run(t, "service", "list", "--api-socket", startAgent(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	// Header, two backend rows for web, one row for the empty Service.
+	if len(lines) != 4 {
+		t.Fatalf("%d lines, want 4:\n%s", len(lines), out)
+	}
+	if f := strings.Fields(lines[2]); len(f) == 0 || f[0] != "2" || !strings.HasPrefix(strings.TrimSpace(lines[2]), "2 => ") {
+		t.Errorf("second backend row %q should hold only the backend", lines[2])
+	}
+}
+
+func TestAgentCommandsJSON(t *testing.T) {
+	t.Setenv("SLUICE_API_SOCKET", startAgent(t)) // found without --api-socket
+	for _, tc := range []struct {
+		args []string
+		into any
+	}{
+		{[]string{"status", "-o", "json"}, &api.Status{}},
+		{[]string{"service", "list", "-o", "json"}, &[]api.Service{}},
+		{[]string{"bpf", "lb", "list", "--output=json"}, &api.BPFLB{}},
+	} {
+		out, err := run(t, tc.args...)
+		if err != nil {
+			t.Fatalf("sluice %q: %v", tc.args, err)
+		}
+		if err := json.Unmarshal([]byte(out), tc.into); err != nil {
+			t.Fatalf("sluice %q: not JSON: %v\n%s", tc.args, err, out)
+		}
+	}
+	var st api.Status
+	out, _ := run(t, "status", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &st); err != nil || st.NodeName != "node1" || st.Backends != 4 {
+		t.Errorf("status JSON %s", out)
+	}
+}
+
+func TestAgentCommandsErrors(t *testing.T) {
+	sock := startAgent(t)
+	if _, err := run(t, "status", "--api-socket", sock, "-o", "yaml"); err == nil || !strings.Contains(err.Error(), "--output=yaml: want table or json") {
+		t.Errorf("-o yaml: %v, want an error naming the flag", err)
+	}
+	missing := filepath.Join(t.TempDir(), "nobody.sock")
+	for _, args := range [][]string{{"status"}, {"service", "list"}, {"bpf", "lb", "list"}} {
+		args = append(args, "--api-socket", missing)
+		if _, err := run(t, args...); err == nil || !strings.HasPrefix(err.Error(), "cannot reach sluice-agent at "+missing+": ") {
+			t.Errorf("sluice %q: %v, want cannot reach sluice-agent at %s", args, err, missing)
+		}
+	}
+}
