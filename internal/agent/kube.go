@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -68,11 +67,10 @@ func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
 	// maps, and replaying every object would only cost CPU.
 	svcFactory := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = proxyLabelSelector }))
-	// Only this node's addresses are NodePort frontends here.
-	nodeFactory := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.nodeName).String()
-		}))
+	// Every Node: the socket LB answers a NodePort on any node's address
+	// (a pod dialing another node's IP is balanced before it leaves), as
+	// Cilium's socket LB does, so it needs all of them, not only its own.
+	nodeFactory := informers.NewSharedInformerFactory(s.client, 0)
 
 	inf := map[string]cache.SharedIndexInformer{
 		kindService:       svcFactory.Core().V1().Services().Informer(),
