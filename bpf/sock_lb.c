@@ -42,6 +42,11 @@ static __always_inline int __sock_xlate(struct bpf_sock_addr *ctx,
 
 	if (!sock_proto_supported(proto))
 		return SYS_PROCEED;
+	/* A pod's loopback is its own: only the node's namespace reaches
+	 * NodePorts on 127.0.0.1 / ::1, as with kube-proxy.
+	 */
+	if (addr_is_loopback(dst) && !sock_is_host_netns(ctx))
+		return SYS_PROCEED;
 	lb_key_init(&key, dst, dport, proto);
 	svc = lb_lookup_service(&key, LB_SCOPE_INT);
 	if (!svc)

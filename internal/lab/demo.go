@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,14 +69,22 @@ type DemoSpread struct {
 	Report  *ProbeReport `json:"report"`
 }
 
-// DemoLatencyRow compares the Service VIP with the pod IPs behind it.
+// DemoLatencyRow compares the Service VIP with the pod IP behind it.
 type DemoLatencyRow struct {
 	Mode     string       `json:"mode"` // new-connection or keepalive
 	VIP      LatencyStats `json:"vip"`
 	Pod      LatencyStats `json:"pod"`
 	RatioP50 float64      `json:"ratioP50"` // VIP / pod
 	RatioP99 float64      `json:"ratioP99"`
+	// Rounds of up to RoundSize requests per target, alternating which
+	// target goes first; the samples of all rounds are merged.
+	Rounds    int `json:"rounds"`
+	RoundSize int `json:"roundSize"`
 }
+
+// demoRoundSize is how many requests go to one target before the other
+// takes its turn.
+const demoRoundSize = 100
 
 func demoCommand(prefix *string) *cobra.Command {
 	cfg := DemoConfig{}
@@ -91,6 +101,35 @@ func demoCommand(prefix *string) *cobra.Command {
 	cmd.Flags().StringVar(&cfg.AgentBin, "agent-bin", "", "sluice-agent binary (default: next to this binary)")
 	cmd.Flags().IntVar(&cfg.Requests, "requests", 1000, "requests per latency measurement")
 	cmd.Flags().StringVar(&cfg.ResultsDir, "results", "results/demo", "directory for latest.json")
+	cmd.AddCommand(demoLatencyCommand())
+	return cmd
+}
+
+// demoLatencyCommand runs inside the client pod: both targets are measured
+// by one process, so they share its warm-up, CPU and timing.
+func demoLatencyCommand() *cobra.Command {
+	var cfg LatencyCompareConfig
+	cmd := &cobra.Command{
+		Use:    "latency",
+		Short:  "Measure a VIP and a pod IP in alternating rounds; print JSON",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			res, err := CompareLatency(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.VIP, "vip", "", "URL through the Service VIP (empty: measure the pod only)")
+	f.StringVar(&cfg.Pod, "pod", "", "URL of the backend's pod IP")
+	f.IntVar(&cfg.Requests, "requests", 1000, "requests per target")
+	f.IntVar(&cfg.RoundSize, "round", demoRoundSize, "requests per target and round")
+	f.BoolVar(&cfg.KeepAlive, "keepalive", false, "one connection per target for all its requests")
+	f.DurationVar(&cfg.Timeout, "timeout", 2*time.Second, "timeout of each request")
+	f.DurationVar(&cfg.Budget, "budget", 5*time.Minute, "time limit of the whole run")
 	return cmd
 }
 
@@ -185,37 +224,146 @@ func RunDemo(ctx context.Context, prefix string, cfg DemoConfig) (err error) {
 	// (across nodes) and differ only by the Service translation.
 	backend, _ := l.Pod(demoLatencyPod)
 	podURL := "http://" + joinHostPort(backend.IPv4.String(), EchoHTTPPort) + "/"
-	fmt.Fprintf(out, "==> latency from %s: echo-latency VIP %s vs its backend's pod IP %s, %d requests each\n",
-		demoFrom, demoLatency, backend.IPv4, cfg.Requests)
+	vipURL := "http://" + demoLatency + "/"
+	if cfg.Dataplane == DataplaneNone {
+		vipURL = ""
+	}
+	rounds := (cfg.Requests + demoRoundSize - 1) / demoRoundSize
+	fmt.Fprintf(out, "==> latency from %s: echo-latency VIP %s vs its backend's pod IP %s, %d requests each in %d alternating rounds\n",
+		demoFrom, demoLatency, backend.IPv4, cfg.Requests, rounds)
 	for _, mode := range []string{"new-connection", "keepalive"} {
-		row := DemoLatencyRow{Mode: mode}
-		base := []string{"--count", strconv.Itoa(cfg.Requests), "--timeout", "2s", "--budget", "5m"}
+		fmt.Fprintf(out, "    %s ...\n", mode)
+		args := []string{l.Exe, "lab", "demo", "latency", "--pod", podURL, "--vip", vipURL,
+			"--requests", strconv.Itoa(cfg.Requests), "--round", strconv.Itoa(demoRoundSize)}
 		if mode == "keepalive" {
-			base = append(base, "--keepalive")
+			args = append(args, "--keepalive")
 		}
-		prep, err := l.Probe(ctx, demoFrom, "http", append(slices.Clone(base), "--url", podURL)...)
+		cmp, err := runLatency(ctx, l, demoFrom, args)
 		if err != nil {
-			return err
+			return fmt.Errorf("latency, %s: %w", mode, err)
 		}
-		if prep.OK < prep.Count {
-			return fmt.Errorf("latency to pod %s: %d of %d failed: %s", podURL, prep.Count-prep.OK, prep.Count, prep.FirstError)
-		}
-		row.Pod = prep.Latency
-		if cfg.Dataplane != DataplaneNone {
-			vrep, err := l.Probe(ctx, demoFrom, "http", append(slices.Clone(base), "--url", "http://"+demoLatency+"/")...)
-			if err != nil {
-				return err
-			}
-			if vrep.OK < vrep.Count {
-				return fmt.Errorf("latency via VIP %s: %d of %d failed: %s", demoLatency, vrep.Count-vrep.OK, vrep.Count, vrep.FirstError)
-			}
-			row.VIP = vrep.Latency
+		row := DemoLatencyRow{Mode: mode, Pod: cmp.Pod, VIP: cmp.VIP, Rounds: cmp.Rounds, RoundSize: cmp.RoundSize}
+		if vipURL != "" {
 			row.RatioP50, row.RatioP99 = ratio(row.VIP.P50, row.Pod.P50), ratio(row.VIP.P99, row.Pod.P99)
 		}
 		res.Latency = append(res.Latency, row)
 	}
 	printLatency(out, res.Latency)
 	return nil
+}
+
+// runLatency runs `lab demo latency` in a pod and decodes its result.
+func runLatency(ctx context.Context, l *Lab, from string, args []string) (*LatencyComparison, error) {
+	cmd := l.Command(ctx, from, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	data, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s in %s: %w: %s", filepath.Base(args[0])+" lab demo latency", from, err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	var cmp LatencyComparison
+	if err := json.Unmarshal(data, &cmp); err != nil {
+		return nil, fmt.Errorf("decode latency result %.200q: %w", data, err)
+	}
+	return &cmp, nil
+}
+
+// LatencyCompareConfig configures CompareLatency.
+type LatencyCompareConfig struct {
+	VIP, Pod  string // URLs; an empty VIP measures the pod only
+	Requests  int    // per target
+	RoundSize int    // requests per target before the other's turn
+	KeepAlive bool
+	Timeout   time.Duration
+	Budget    time.Duration
+}
+
+// LatencyComparison is CompareLatency's result: the merged samples of all
+// rounds, per target.
+type LatencyComparison struct {
+	VIP       LatencyStats `json:"vip"`
+	Pod       LatencyStats `json:"pod"`
+	Rounds    int          `json:"rounds"`
+	RoundSize int          `json:"roundSize"`
+}
+
+// CompareLatency sends GETs to the VIP and the pod URL in alternating
+// rounds: round i sends RoundSize requests to one, then to the other, and
+// round i+1 starts with the other one. Warm-up, caches and drift over the
+// run thus fall on both alike, and no ordering favours either. Any failed
+// request fails the comparison: a latency over a subset would mislead.
+func CompareLatency(ctx context.Context, cfg LatencyCompareConfig) (*LatencyComparison, error) {
+	if cfg.Pod == "" {
+		return nil, errors.New("latency: --pod is required")
+	}
+	if cfg.Requests < 1 || cfg.Requests > MaxProbeCount {
+		return nil, fmt.Errorf("latency: --requests %d: want 1..%d", cfg.Requests, MaxProbeCount)
+	}
+	if cfg.RoundSize < 1 {
+		return nil, fmt.Errorf("latency: --round %d: want at least 1", cfg.RoundSize)
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 2 * time.Second
+	}
+	if cfg.Budget <= 0 {
+		cfg.Budget = 5 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Budget)
+	defer cancel()
+
+	type target struct {
+		url     string
+		client  *http.Client
+		samples []time.Duration
+	}
+	newTarget := func(url string) *target {
+		tr := &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: cfg.Timeout}).DialContext,
+			DisableKeepAlives:   !cfg.KeepAlive,
+			MaxIdleConnsPerHost: 1,
+			DisableCompression:  true,
+			Proxy:               nil, // lab traffic stays in the lab
+		}
+		return &target{url: url, client: &http.Client{Transport: tr, Timeout: cfg.Timeout},
+			samples: make([]time.Duration, 0, cfg.Requests)}
+	}
+	pod := newTarget(cfg.Pod)
+	targets := []*target{pod}
+	var vip *target
+	if cfg.VIP != "" {
+		vip = newTarget(cfg.VIP)
+		targets = append(targets, vip)
+	}
+	defer func() {
+		for _, t := range targets {
+			t.client.Transport.(*http.Transport).CloseIdleConnections()
+		}
+	}()
+
+	res := &LatencyComparison{RoundSize: cfg.RoundSize}
+	for sent := 0; sent < cfg.Requests; sent += cfg.RoundSize {
+		n := min(cfg.RoundSize, cfg.Requests-sent)
+		order := targets
+		if res.Rounds%2 == 1 {
+			order = slices.Clone(targets)
+			slices.Reverse(order)
+		}
+		for _, t := range order {
+			for range n {
+				start := time.Now()
+				if _, _, err := httpGet(ctx, t.client, t.url); err != nil {
+					return nil, fmt.Errorf("latency: GET %s (request %d): %w", t.url, len(t.samples)+1, err)
+				}
+				t.samples = append(t.samples, time.Since(start))
+			}
+		}
+		res.Rounds++
+	}
+	res.Pod = summarize(pod.samples)
+	if vip != nil {
+		res.VIP = summarize(vip.samples)
+	}
+	return res, nil
 }
 
 func ratio(a, b float64) float64 {

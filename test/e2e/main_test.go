@@ -1,0 +1,329 @@
+// Package e2e proves issue 2's socket load balancing end to end: a lab of
+// network namespaces, the real sluice-agent on every node, and real sockets
+// in pods and node namespaces. Every test needs root and skips without it.
+//
+// Address plan of the Services the tests apply (inside the lab's plan,
+// BRIEF section 3); each test owns one number k:
+//
+//	ClusterIP        198.19.1.k          fd00:198:19::1:k
+//	ExternalIP / LB  198.19.200.k        fd00:198:19:c8::k
+//	NodePort         30200 + k
+//
+// The binaries come from $SLUICE_BIN_DIR (./scripts/build.sh), or are built
+// into a temporary directory.
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/lab"
+)
+
+// prefixBase starts every lab prefix of this package: sluice-e2<rand4>-.
+const prefixBase = "sluice-e2"
+
+var leftoverRE = regexp.MustCompile(`^(` + prefixBase + `[a-z0-9]{4})(-|$)`)
+
+// env is what TestMain prepared for the privileged tests.
+var env struct {
+	binDir   string // sluice and sluice-agent
+	setupErr error  // a failed build fails every privileged test
+	skip     string // why privileged tests skip, when they do
+	build    bool   // build binDir's binaries on first use
+
+	buildOnce sync.Once
+
+	sharedOnce sync.Once
+	shared     *lab.Lab
+	sharedErr  error
+}
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	env.skip = skipReason()
+	if env.skip != "" {
+		return m.Run()
+	}
+	// One e2e run at a time: leftovers of a crashed run are then safe to remove.
+	unlock, err := lockRun()
+	if err != nil {
+		env.setupErr = err
+		return m.Run()
+	}
+	defer unlock()
+	if err := cleanLeftovers(); err != nil {
+		env.setupErr = fmt.Errorf("remove leftovers of an earlier run: %w", err)
+		return m.Run()
+	}
+	env.binDir = os.Getenv("SLUICE_BIN_DIR")
+	if env.binDir == "" {
+		dir, err := os.MkdirTemp("", "sluice-e2e-bin-")
+		if err != nil {
+			env.setupErr = err
+			return m.Run()
+		}
+		defer os.RemoveAll(dir)
+		env.binDir, env.build = dir, true
+	}
+	code := m.Run()
+	if env.shared != nil {
+		if err := env.shared.Down(); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: shared lab down: %v\n", err)
+			code = max(code, 1)
+		}
+	}
+	return code
+}
+
+// skipReason says why this machine cannot run the privileged tests, or "".
+func skipReason() string {
+	if os.Geteuid() != 0 {
+		return "needs root: network namespaces, cgroups and BPF programs"
+	}
+	for _, tool := range []string{"ip", "nsenter", "go"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Sprintf("needs %s: %v", tool, err)
+		}
+	}
+	mounts, err := os.ReadFile("/proc/self/mounts")
+	if err != nil || !strings.Contains(string(mounts), " cgroup2 ") {
+		return "needs a mounted cgroup v2 hierarchy (socket LB attaches to a node's cgroup)"
+	}
+	return ""
+}
+
+// lockRun takes the run lock, a file removed again on unlock. A waiter that
+// got the lock on a file already removed retries on the new one.
+func lockRun() (func(), error) {
+	const path = "/run/" + prefixBase + ".lock"
+	for {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("e2e lock: %w", err)
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("e2e lock %s: %w", path, err)
+		}
+		var held, named syscall.Stat_t
+		if syscall.Fstat(int(f.Fd()), &held) == nil && syscall.Stat(path, &named) == nil && held.Ino == named.Ino {
+			return func() {
+				os.Remove(path)
+				f.Close()
+			}, nil
+		}
+		f.Close()
+	}
+}
+
+// cleanLeftovers removes every lab an earlier, crashed run of this package
+// left: its namespaces, cgroups, pins and run directory all carry the prefix.
+func cleanLeftovers() error {
+	prefixes := map[string]bool{}
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		return fmt.Errorf("ip netns list: %w", err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 0 {
+			if m := leftoverRE.FindStringSubmatch(f[0]); m != nil {
+				prefixes[m[1]] = true
+			}
+		}
+	}
+	for _, dir := range []string{"/run", "/sys/fs/bpf"} {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if m := leftoverRE.FindStringSubmatch(e.Name()); m != nil {
+				prefixes[m[1]] = true
+			}
+		}
+	}
+	var errs []error
+	for p := range prefixes {
+		errs = append(errs, lab.Cleanup(p+"-"))
+	}
+	return errors.Join(errs...)
+}
+
+func buildBinaries(dir string) error {
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/sluice", "./cmd/sluice-agent")
+	cmd.Dir = filepath.Join("..", "..")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("go build sluice and sluice-agent: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// requirePrivileged skips without root and fails when setup failed.
+func requirePrivileged(t *testing.T, tools ...string) {
+	t.Helper()
+	if env.skip != "" {
+		t.Skip(env.skip)
+	}
+	if env.build {
+		env.buildOnce.Do(func() { env.setupErr = buildBinaries(env.binDir) })
+	}
+	if env.setupErr != nil {
+		t.Fatal(env.setupErr)
+	}
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s: %v", tool, err)
+		}
+	}
+}
+
+// newPrefix returns a fresh sluice-e2<rand4>- lab prefix.
+func newPrefix(t *testing.T) string {
+	t.Helper()
+	return prefixBase + strings.ToLower(rand.Text()[:4]) + "-"
+}
+
+// Shape of the lab: every Service test needs pods on two nodes.
+const (
+	labNodes       = 2
+	labPodsPerNode = 2
+)
+
+func labConfig(prefix string, nodes, pods int) lab.Config {
+	return lab.Config{
+		Prefix:      prefix,
+		Nodes:       nodes,
+		PodsPerNode: pods,
+		Dataplane:   lab.DataplaneSluice,
+		AgentBin:    filepath.Join(env.binDir, "sluice-agent"),
+		Exe:         filepath.Join(env.binDir, "sluice"),
+	}
+}
+
+// sharedLab returns the lab the Service tests share, bringing it up on first
+// use; TestMain takes it down. Tests apply their own Services and delete them.
+func sharedLab(t *testing.T) *lab.Lab {
+	t.Helper()
+	requirePrivileged(t)
+	env.sharedOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		cfg := labConfig(newPrefix(t), labNodes, labPodsPerNode)
+		cfg.Progress = t.Output()
+		env.shared, env.sharedErr = lab.Up(ctx, cfg)
+		if env.shared != nil {
+			env.shared.SetProgress(nil) // this test's output closes before TestMain's Down
+		}
+	})
+	if env.sharedErr != nil {
+		t.Fatalf("shared lab up: %v", env.sharedErr)
+	}
+	return env.shared
+}
+
+// ownLab brings up a lab for one test and takes it down at its end.
+func ownLab(t *testing.T, nodes, pods int) *lab.Lab {
+	t.Helper()
+	requirePrivileged(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cfg := labConfig(newPrefix(t), nodes, pods)
+	cfg.Progress = t.Output()
+	l, err := lab.Up(ctx, cfg)
+	if err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := l.Down(); err != nil {
+			t.Errorf("lab down %s: %v", l.Prefix, err)
+		}
+	})
+	return l
+}
+
+// probe runs a bounded `sluice lab probe` in a pod or node namespace.
+func probe(t *testing.T, l *lab.Lab, from, kind string, args ...string) *lab.ProbeReport {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rep, err := l.Probe(ctx, from, kind, append(args, "--budget", "30s")...)
+	if err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	return rep
+}
+
+// describe renders a report for failure messages.
+func describe(r *lab.ProbeReport) string {
+	s := fmt.Sprintf("%d/%d ok, backends %v, peers %v", r.OK, r.Count, r.Backends, r.Peers)
+	if len(r.Errors) > 0 {
+		s += fmt.Sprintf(", errors %v (first: %s)", r.Errors, r.FirstError)
+	}
+	return s + fmt.Sprintf(", %.0f ms", r.ElapsedMS)
+}
+
+// agentStatus runs `sluice status -o json` against a node's agent.
+func agentStatus(t *testing.T, l *lab.Lab, node lab.Node) *api.Status {
+	t.Helper()
+	st, err := cliStatus(l, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func cliStatus(l *lab.Lab, node lab.Node) (*api.Status, error) {
+	if node.Agent == nil {
+		return nil, fmt.Errorf("%s runs no agent", node.Name)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(env.binDir, "sluice"), "status", "-o", "json", "--api-socket", node.Agent.Socket)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("sluice status -o json on %s: %w: %s", node.Name, err, stderr.String())
+	}
+	var st api.Status
+	if err := json.Unmarshal(out, &st); err != nil {
+		return nil, fmt.Errorf("sluice status -o json on %s: %w in %q", node.Name, err, out)
+	}
+	return &st, nil
+}
+
+// eventually polls cond on every node's agent until it holds on all of
+// them, or fails the test with the last reason after the timeout.
+func eventually(t *testing.T, l *lab.Lab, what string, cond func(node lab.Node, c *api.Client) error) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var err error
+		for _, n := range l.Nodes {
+			if err = cond(n, api.NewClient(n.Agent.Socket)); err != nil {
+				err = fmt.Errorf("%s: %w", n.Name, err)
+				break
+			}
+		}
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not reached after 15s: %v", what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
