@@ -83,8 +83,9 @@ type DemoLatencyRow struct {
 }
 
 // demoRoundSize is how many requests go to one target before the other
-// takes its turn.
-const demoRoundSize = 100
+// takes its turn. One: VIP and pod IP alternate request by request, so both
+// connections see the same scheduler, cache and backend state.
+const demoRoundSize = 1
 
 func demoCommand(prefix *string) *cobra.Command {
 	cfg := DemoConfig{}
@@ -228,9 +229,8 @@ func RunDemo(ctx context.Context, prefix string, cfg DemoConfig) (err error) {
 	if cfg.Dataplane == DataplaneNone {
 		vipURL = ""
 	}
-	rounds := (cfg.Requests + demoRoundSize - 1) / demoRoundSize
-	fmt.Fprintf(out, "==> latency from %s: echo-latency VIP %s vs its backend's pod IP %s, %d requests each in %d alternating rounds\n",
-		demoFrom, demoLatency, backend.IPv4, cfg.Requests, rounds)
+	fmt.Fprintf(out, "==> latency from %s: echo-latency VIP %s vs its backend's pod IP %s, %d requests each, alternating\n",
+		demoFrom, demoLatency, backend.IPv4, cfg.Requests)
 	for _, mode := range []string{"new-connection", "keepalive"} {
 		fmt.Fprintf(out, "    %s ...\n", mode)
 		args := []string{l.Exe, "lab", "demo", "latency", "--pod", podURL, "--vip", vipURL,
