@@ -27,6 +27,7 @@
 #define SVC_F_ETP_LOCAL     (1 << 5) /* externalTrafficPolicy: Local */
 #define SVC_F_ITP_LOCAL     (1 << 6) /* internalTrafficPolicy: Local */
 #define SVC_F_WILDCARD      (1 << 7) /* NodePort entry keyed by :: (any node IP, loopback) */
+#define SVC_F_MAGLEV        (1 << 8) /* EXT backends chosen by the lb_maglev table */
 
 /* Backend flags. */
 #define BE_F_TERMINATING (1 << 0) /* serving but terminating: fallback only */

@@ -17,6 +17,10 @@ import (
 // any value (even empty) means the Service is not ours.
 const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 
+// AnnotationLBAlgorithm selects a Service's Algorithm (random or maglev),
+// overriding --lb-algorithm.
+const AnnotationLBAlgorithm = "service.sluice.io/lb-algorithm"
+
 // DefaultAffinityTimeout is the sessionAffinity ClientIP timeout when the
 // Service does not set one (Kubernetes' default, 3 hours).
 const DefaultAffinityTimeout = 10800 * time.Second
@@ -35,6 +39,19 @@ type Options struct {
 	// NodeName is this node's name: the Tracker marks its InternalIPs as
 	// this node's in State.NodeIPs.
 	NodeName string
+	// Algorithm is the default for Services without the
+	// AnnotationLBAlgorithm annotation (--lb-algorithm); empty means
+	// AlgorithmRandom.
+	Algorithm Algorithm
+}
+
+// ParseAlgorithm parses an --lb-algorithm value or annotation.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	switch a := Algorithm(s); a {
+	case AlgorithmRandom, AlgorithmMaglev:
+		return a, nil
+	}
+	return "", fmt.Errorf("unknown load balancing algorithm %q: must be %s or %s", s, AlgorithmRandom, AlgorithmMaglev)
 }
 
 func (o Options) nodePortRange() [2]uint16 {
@@ -218,6 +235,16 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, opts 
 func serviceAttributes(svc *corev1.Service, opts Options, invalid func(string, string, string) error) (LBService, error) {
 	var lbs LBService
 	lbs.Name.Namespace, lbs.Name.Name = svc.Namespace, svc.Name
+
+	lbs.Algorithm = cmp.Or(opts.Algorithm, AlgorithmRandom)
+	if v, ok := svc.Annotations[AnnotationLBAlgorithm]; ok {
+		a, err := ParseAlgorithm(strings.TrimSpace(v))
+		if err != nil {
+			return lbs, invalid("metadata.annotations["+AnnotationLBAlgorithm+"]", v,
+				"must be "+string(AlgorithmRandom)+" or "+string(AlgorithmMaglev))
+		}
+		lbs.Algorithm = a
+	}
 
 	switch svc.Spec.SessionAffinity {
 	case "", corev1.ServiceAffinityNone:

@@ -113,6 +113,9 @@ func summary(lbss []LBService) []string {
 		for _, p := range l.SourceRanges {
 			line += " src=" + p.String()
 		}
+		if l.Algorithm != AlgorithmRandom {
+			line += " " + string(l.Algorithm)
+		}
 		out = append(out, line)
 	}
 	return out
@@ -136,6 +139,7 @@ func TestTranslateGolden(t *testing.T) {
 			{Addr: netip.MustParseAddr("198.18.1.5"), Port: 8080, Proto: TCP, NodeName: "node-1", PodName: "web-a"},
 			{Addr: netip.MustParseAddr("198.18.2.5"), Port: 8080, Proto: TCP, NodeName: "node-2", PodName: "web-b"},
 		},
+		Algorithm: AlgorithmRandom,
 	}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Translate:\n got %+v\nwant %+v", got, want)
@@ -408,6 +412,38 @@ func TestTranslate(t *testing.T) {
 				"LoadBalancer 198.19.200.1:80/TCP default/web:http ->  etp-local hc=32000",
 			},
 		},
+		{
+			name: "lb-algorithm annotation maglev, on every frontend (the reconciler picks north-south)",
+			svc: service(nodePort, func(s *corev1.Service) {
+				s.Annotations = map[string]string{AnnotationLBAlgorithm: " maglev "}
+				s.Spec.ExternalIPs = []string{"198.19.200.8"}
+			}),
+			want: []string{
+				"ClusterIP 198.19.0.10:80/TCP default/web:http ->  maglev",
+				"NodePort 0.0.0.0:30080/TCP default/web:http ->  maglev",
+				"ExternalIP 198.19.200.8:80/TCP default/web:http ->  maglev",
+			},
+		},
+		{
+			name: "--lb-algorithm maglev as the default",
+			svc:  service(nodePort),
+			opts: Options{Algorithm: AlgorithmMaglev},
+			want: []string{
+				"ClusterIP 198.19.0.10:80/TCP default/web:http ->  maglev",
+				"NodePort 0.0.0.0:30080/TCP default/web:http ->  maglev",
+			},
+		},
+		{
+			name: "annotation random overrides --lb-algorithm maglev",
+			svc: service(nodePort, func(s *corev1.Service) {
+				s.Annotations = map[string]string{AnnotationLBAlgorithm: "random"}
+			}),
+			opts: Options{Algorithm: AlgorithmMaglev},
+			want: []string{
+				"ClusterIP 198.19.0.10:80/TCP default/web:http -> ",
+				"NodePort 0.0.0.0:30080/TCP default/web:http -> ",
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -540,6 +576,20 @@ func TestTranslateErrors(t *testing.T) {
 			want: `Service default/web: spec.internalTrafficPolicy "Zone": must be Cluster or Local`,
 		},
 		{
+			name: "unknown lb-algorithm annotation",
+			svc: service(func(s *corev1.Service) {
+				s.Annotations = map[string]string{AnnotationLBAlgorithm: "round-robin"}
+			}),
+			want: `Service default/web: metadata.annotations[service.sluice.io/lb-algorithm] "round-robin": must be random or maglev`,
+		},
+		{
+			name: "empty lb-algorithm annotation",
+			svc: service(func(s *corev1.Service) {
+				s.Annotations = map[string]string{AnnotationLBAlgorithm: ""}
+			}),
+			want: `Service default/web: metadata.annotations[service.sluice.io/lb-algorithm] "": must be random or maglev`,
+		},
+		{
 			name:   "slice address unparseable",
 			svc:    service(),
 			slices: badSlice(func(s *discoveryv1.EndpointSlice) { s.Endpoints[0].Addresses[0] = "198.18.1.500" }),
@@ -604,5 +654,57 @@ func TestNodeAddresses(t *testing.T) {
 	}
 	if got := NodeAddresses(nil); got != nil {
 		t.Errorf("NodeAddresses(nil) = %v, want nil", got)
+	}
+}
+
+func TestParseAlgorithm(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    Algorithm
+		wantErr bool
+	}{
+		{"random", AlgorithmRandom, false},
+		{"maglev", AlgorithmMaglev, false},
+		{"Maglev", "", true},
+		{"", "", true},
+		{"hash", "", true},
+	} {
+		got, err := ParseAlgorithm(tc.in)
+		if got != tc.want || (err != nil) != tc.wantErr {
+			t.Errorf("ParseAlgorithm(%q) = %q, %v; want %q, error %v", tc.in, got, err, tc.want, tc.wantErr)
+		}
+	}
+}
+
+// A bad annotation refuses the new version and keeps the last good one in
+// effect, maglev included, with the error naming the annotation and value.
+func TestTrackerBadAlgorithmKeepsLastGood(t *testing.T) {
+	tr := NewTracker(Options{})
+	good := service(nodePort, func(s *corev1.Service) {
+		s.Annotations = map[string]string{AnnotationLBAlgorithm: "maglev"}
+	})
+	tr.OnServiceUpdate(nil, good)
+	st, _, _ := tr.Sync()
+	want := summary(st.Services[types.NamespacedName{Namespace: "default", Name: "web"}])
+
+	bad := service(nodePort, func(s *corev1.Service) {
+		s.Annotations = map[string]string{AnnotationLBAlgorithm: "magic"}
+	})
+	tr.OnServiceUpdate(good, bad)
+	st, _, _ = tr.Sync()
+	if got := summary(st.Services[types.NamespacedName{Namespace: "default", Name: "web"}]); !reflect.DeepEqual(got, want) {
+		t.Errorf("after a bad annotation: %q, want the last good %q", got, want)
+	}
+	wantErr := `Service default/web: metadata.annotations[service.sluice.io/lb-algorithm] "magic": must be random or maglev`
+	if got := st.Errors["Service default/web"]; got != wantErr {
+		t.Errorf("Errors[Service default/web] = %q, want %q", got, wantErr)
+	}
+}
+
+func TestNorthSouth(t *testing.T) {
+	for typ, want := range map[FrontendType]bool{ClusterIP: false, NodePort: true, ExternalIP: true, LoadBalancer: true} {
+		if got := (&LBService{Type: typ}).NorthSouth(); got != want {
+			t.Errorf("LBService{Type: %s}.NorthSouth() = %v, want %v", typ, got, want)
+		}
 	}
 }

@@ -39,6 +39,19 @@ const (
 	LoadBalancer FrontendType = "LoadBalancer"
 )
 
+// Algorithm is how a frontend picks a backend for a new flow.
+type Algorithm string
+
+const (
+	// AlgorithmRandom picks a backend slot at random (or by socket cookie).
+	AlgorithmRandom Algorithm = "random"
+	// AlgorithmMaglev looks the flow's hash up in a Maglev table, so that
+	// every node sends a flow to the same backend. It applies to
+	// north-south frontends (NodePort, ExternalIP, LoadBalancer); the
+	// socket LB stays random.
+	AlgorithmMaglev Algorithm = "maglev"
+)
+
 // Frontend is an address, port and protocol that clients use. A NodePort
 // frontend has the unspecified address of its family (0.0.0.0 or ::): it
 // answers on every node address and on loopback.
@@ -92,4 +105,13 @@ type LBService struct {
 	AffinityTimeout      time.Duration
 	HealthCheckNodePort  uint16
 	SourceRanges         []netip.Prefix // loadBalancerSourceRanges
+	// Algorithm is the Service's annotation or Options.Algorithm; it is
+	// never empty in Translate's output.
+	Algorithm Algorithm
+}
+
+// NorthSouth reports whether the frontend is reached from outside the
+// cluster, where the tc and XDP load balancers serve it.
+func (s *LBService) NorthSouth() bool {
+	return s.Type == NodePort || s.Type == ExternalIP || s.Type == LoadBalancer
 }

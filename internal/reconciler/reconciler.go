@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
+	"github.com/sluice-dataplane/sluice/internal/maglev"
 )
 
 // feKey identifies a frontend in the service map (slot and scope aside).
@@ -62,6 +63,7 @@ type frontend struct {
 	svc    loadbalancer.LBService
 	revNat uint16
 	scopes [2]scope // by lbmap.Scope*
+	maglev maglevTable
 }
 
 type beKey struct {
@@ -103,13 +105,28 @@ type Reconciler struct {
 	nodeIPs map[lbmap.Addr]bool
 	stale   []lbmap.ServiceKey // found on restore, never valid: deleted by the first full sync
 
+	// Maglev tables are written when maps also implements MaglevMaps.
+	maglevMaps  lbmap.MaglevMaps
+	maglev      maglev.Builder
+	maglevStale []uint16 // tables found on restore that no frontend owns
+
 	needFull bool
+}
+
+// Option configures a Reconciler.
+type Option func(*Reconciler)
+
+// WithMaglev sets how Maglev tables are built (table size and seed, which
+// must match the loaded datapath's). Without it, maps that implement
+// lbmap.MaglevMaps get tables of maglev.DefaultTableSize with seed 0.
+func WithMaglev(b maglev.Builder) Option {
+	return func(r *Reconciler) { r.maglev = b }
 }
 
 // New returns a Reconciler whose view is restored from the maps' contents,
 // so that after an agent restart a sync of an unchanged State writes nothing.
 // The first Apply is always a full sync.
-func New(m lbmap.Maps, nodeName string) (*Reconciler, error) {
+func New(m lbmap.Maps, nodeName string, opts ...Option) (*Reconciler, error) {
 	r := &Reconciler{
 		maps:          m,
 		nodeName:      nodeName,
@@ -124,6 +141,19 @@ func New(m lbmap.Maps, nodeName string) (*Reconciler, error) {
 		nextRevNat:    1,
 		nodeIPs:       map[lbmap.Addr]bool{},
 		needFull:      true,
+	}
+	for _, o := range opts {
+		o(r)
+	}
+	if mm, ok := m.(lbmap.MaglevMaps); ok {
+		r.maglevMaps = mm
+		if r.maglev == nil {
+			b, err := maglev.New(maglev.Config{})
+			if err != nil {
+				return nil, fmt.Errorf("default maglev builder: %w", err)
+			}
+			r.maglev = b
+		}
 	}
 	if err := r.restore(); err != nil {
 		return nil, fmt.Errorf("restore load balancer state: %w", err)
@@ -201,6 +231,9 @@ func (r *Reconciler) restore() error {
 	}
 	for _, a := range nodes {
 		r.nodeIPs[a] = true
+	}
+	if err := r.restoreMaglev(); err != nil {
+		return err
 	}
 	clear(r.unused) // no deletes before the first sync
 	return nil
@@ -411,13 +444,27 @@ func (r *Reconciler) syncFrontend(fe *frontend, lbs *loadbalancer.LBService) (er
 	if err := r.writeSlots(fe, lbmap.ScopeExternal, newExt); err != nil {
 		return err
 	}
+	// The table goes in before a master announces it.
+	useMaglev, err := r.syncMaglev(fe, lbs, extBackends, extIDs)
+	if err != nil {
+		return err
+	}
 	if twoScopes {
 		if err := r.writeMaster(fe, lbmap.ScopeInternal, masterValue(fe, lbs, len(newInt), false)); err != nil {
 			return err
 		}
 	}
-	if err := r.writeMaster(fe, lbmap.ScopeExternal, masterValue(fe, lbs, len(newExt), twoScopes)); err != nil {
+	extMaster := masterValue(fe, lbs, len(newExt), twoScopes)
+	if useMaglev {
+		extMaster.Flags |= lbmap.SvcFlagMaglev
+	}
+	if err := r.writeMaster(fe, lbmap.ScopeExternal, extMaster); err != nil {
 		return err
+	}
+	if !useMaglev {
+		if err := r.deleteMaglev(fe); err != nil {
+			return err
+		}
 	}
 	if err := r.trimSlots(fe, lbmap.ScopeExternal, len(newExt)); err != nil {
 		return err
@@ -729,6 +776,9 @@ func (r *Reconciler) deleteFrontend(fe *frontend) (err error) {
 			return err
 		}
 	}
+	if err := r.deleteMaglev(fe); err != nil {
+		return err
+	}
 	for _, sc := range []uint8{lbmap.ScopeExternal, lbmap.ScopeInternal} {
 		if err := r.trimSlots(fe, sc, 0); err != nil {
 			return err
@@ -763,6 +813,12 @@ func (r *Reconciler) sweep() error {
 		}
 	}
 	r.stale = nil
+	for _, rn := range r.maglevStale {
+		if err := r.maglevMaps.DeleteMaglev(rn); err != nil {
+			errs = append(errs, fmt.Errorf("delete stale maglev table %d: %w", rn, err))
+		}
+	}
+	r.maglevStale = nil
 	for id, be := range r.backends {
 		if be.refs == 0 {
 			r.unused[id] = true
