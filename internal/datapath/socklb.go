@@ -239,7 +239,8 @@ func (s *SockLB) MapFill() []MapFill {
 		{socklbMapLbSockRev, m.LbSockRev},
 		{socklbMapLbAffinity, m.LbAffinity},
 		{socklbMapLbNodeIps, m.LbNodeIps},
-		{socklbMapLbConfig, m.LbConfig},
+		// lb_config is left out: an array is always "full", and its one
+		// entry is configuration, not state that can run out.
 	}
 	out := make([]MapFill, 0, len(named))
 	for _, n := range named {
