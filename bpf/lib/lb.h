@@ -166,4 +166,25 @@ lb_select_backend(struct lb_svc_key *key, const struct lb_svc_val *svc,
 	return be;
 }
 
+/* lb_select_backend_id is lb_select_backend that also returns the backend
+ * id, which the tc/XDP conntrack stores for the flow. */
+static __always_inline const struct lb_backend *
+lb_select_backend_id(struct lb_svc_key *key, const struct lb_svc_val *svc,
+		     __u32 hash, __u64 client, __u32 *backend_id)
+{
+	const struct lb_backend *be;
+	__u32 now = 0;
+
+	if (svc->flags & SVC_F_AFFINITY) {
+		now = lb_now_sec();
+		be = lb_affinity_backend(svc, client, now, backend_id);
+		if (be)
+			return be;
+	}
+	be = lb_backend_of_slot(key, (__u16)(hash % svc->count) + 1, backend_id);
+	if (be && (svc->flags & SVC_F_AFFINITY))
+		lb_affinity_store(svc, client, now, *backend_id);
+	return be;
+}
+
 #endif /* __SLUICE_LB_H */
