@@ -4,6 +4,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/healthcheck"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 )
 
@@ -27,6 +31,10 @@ var Version = "dev"
 
 // retryInterval is how soon a failed sync is retried.
 const retryInterval = time.Second
+
+// healthzRetry is how often a --healthz-bind-address that cannot be bound
+// is tried again, like kube-proxy.
+const healthzRetry = 5 * time.Second
 
 // Run runs the agent until ctx is done. It validates cfg first.
 //
@@ -95,6 +103,12 @@ type Agent struct {
 	metrics  *metrics
 	started  time.Time
 
+	// proxyHealth answers /healthz and /livez; hcServers serve the
+	// healthCheckNodePorts of this node's externalTrafficPolicy Local
+	// Services.
+	proxyHealth *healthcheck.ProxierHealth
+	hcServers   *healthcheck.ServiceServer
+
 	// trigger wakes the sync loop; one pending wake-up is enough.
 	trigger chan struct{}
 
@@ -103,14 +117,21 @@ type Agent struct {
 	sum          summary
 	sync         api.SyncState
 	attachPoints []api.AttachPoint
+	healthz      api.ProxierHealth // listener state of --healthz-bind-address
 }
 
 func newAgent(cfg *Config, log *slog.Logger, src Source, dp dataplane, pl pipeline, features []api.Feature) *Agent {
+	// kube-proxy's timeout: two sync periods, since a full sync runs every
+	// period even when nothing changes.
+	ph := healthcheck.NewProxierHealth(2*cfg.SyncPeriod, nil)
 	return &Agent{
 		cfg: cfg, log: log, src: src, dp: dp, pl: pl, features: features,
-		metrics: newMetrics(src, dp),
-		started: time.Now(),
-		trigger: make(chan struct{}, 1),
+		metrics:     newMetrics(src, dp),
+		started:     time.Now(),
+		trigger:     make(chan struct{}, 1),
+		proxyHealth: ph,
+		hcServers:   healthcheck.NewServiceServer(healthcheck.ServiceServerOptions{ProxyHealthy: ph.IsHealthy, Log: log}),
+		healthz:     api.ProxierHealth{Address: cfg.HealthzAddr},
 	}
 }
 
@@ -118,6 +139,7 @@ func (a *Agent) run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
+	defer a.hcServers.Close()
 	var wg sync.WaitGroup
 	defer wg.Wait() // API and metrics servers are down before the dataplane closes
 	defer cancel()
@@ -137,6 +159,9 @@ func (a *Agent) run(ctx context.Context) error {
 			return fmt.Errorf("--metrics-addr=%s: %w", a.cfg.MetricsAddr, err)
 		}
 		wg.Go(func() { a.serveMetrics(ctx, mln) })
+	}
+	if a.cfg.HealthzAddr != "" {
+		wg.Go(func() { a.serveHealthz(ctx) })
 	}
 
 	synced := make(chan struct{})
@@ -167,7 +192,7 @@ func (a *Agent) run(ctx context.Context) error {
 		a.mu.Unlock()
 		a.log.Info("socket LB attached", "cgroup", a.cfg.CgroupRoot)
 	}
-	if ni := a.cfg.NotImplemented(); len(ni) > 0 {
+	if ni := a.notImplemented(); len(ni) > 0 {
 		a.log.Warn("flags accepted but not implemented yet", "flags", ni)
 	}
 	return a.loop(ctx, srcDone, firstErr != nil)
@@ -231,6 +256,13 @@ func (a *Agent) syncOnce(full bool) error {
 	sum, err := a.pl.Sync(full)
 	dur := time.Since(start)
 	a.metrics.observeSync(dur, sum, err)
+	if err == nil {
+		a.proxyHealth.Updated()
+	}
+	// The servers follow the desired state even after a failed sync: the
+	// failure shows as serviceProxyHealthy false once it lasts too long.
+	// Ports that cannot be bound are logged and shown in status.
+	_ = a.hcServers.Sync(sum.HealthChecks)
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -263,6 +295,7 @@ func (a *Agent) changed() {
 		a.firstChange = time.Now()
 	}
 	a.mu.Unlock()
+	a.proxyHealth.QueuedUpdate()
 	select {
 	case a.trigger <- struct{}{}:
 	default:
@@ -283,6 +316,9 @@ func (a *Agent) OnEndpointSliceUpdate(prev, cur *discoveryv1.EndpointSlice) {
 }
 
 func (a *Agent) OnNodeUpdate(prev, cur *corev1.Node) {
+	if n := cmp.Or(cur, prev); n != nil && n.Name == a.cfg.NodeName {
+		a.proxyHealth.SyncNode(cur)
+	}
 	a.pl.OnNodeUpdate(prev, cur)
 	a.changed()
 }
@@ -297,7 +333,7 @@ func (a *Agent) OnPodUpdate(prev, cur *corev1.Pod) {
 // Status implements api.Provider.
 func (a *Agent) Status(context.Context) (*api.Status, error) {
 	a.mu.Lock()
-	sum, syncState, points := a.sum, a.sync, a.attachPoints
+	sum, syncState, points, healthz := a.sum, a.sync, a.attachPoints, a.healthz
 	a.mu.Unlock()
 	return &api.Status{
 		NodeName: a.cfg.NodeName,
@@ -314,8 +350,81 @@ func (a *Agent) Status(context.Context) (*api.Status, error) {
 		Maps:           a.dp.MapFill(),
 		Sync:           syncState,
 		ObjectErrors:   sum.ObjectErrors,
-		NotImplemented: a.cfg.NotImplemented(),
+		NotImplemented: a.notImplemented(),
+		HealthCheck:    a.healthCheckStatus(healthz),
 	}, nil
+}
+
+// northSouthDataplane is implemented by a dataplane that has the tc/XDP
+// load balancer loaded on --devices.
+type northSouthDataplane interface {
+	NorthSouthLoaded() bool
+}
+
+// notImplemented is the flags that have no effect here. Maglev selection
+// applies to north-south frontends only: the tables are written, but until
+// a tc/XDP program reads them --lb-algorithm=maglev changes no traffic.
+func (a *Agent) notImplemented() []string {
+	ni := a.cfg.NotImplemented()
+	if ns, ok := a.dp.(northSouthDataplane); ok && ns.NorthSouthLoaded() {
+		ni = slices.DeleteFunc(ni, func(f string) bool { return strings.HasPrefix(f, "--lb-algorithm=") })
+	}
+	return ni
+}
+
+func (a *Agent) healthCheckStatus(healthz api.ProxierHealth) *api.HealthCheck {
+	h := a.proxyHealth.Health()
+	healthz.Healthy, healthz.LastUpdated, healthz.NodeEligible = h.Healthy, h.LastUpdated, a.proxyHealth.Eligible()
+	out := &api.HealthCheck{Proxier: healthz, Services: []api.HealthCheckServer{}}
+	for _, s := range a.hcServers.Status() {
+		out.Services = append(out.Services, api.HealthCheckServer{
+			Service: s.Service.String(), Port: s.Port, LocalEndpoints: s.LocalEndpoints,
+			Addresses: s.Addresses, Error: s.Error,
+		})
+	}
+	return out
+}
+
+// serveHealthz serves /healthz and /livez on --healthz-bind-address until ctx
+// is done. A port that cannot be bound (another kube-proxy still running) is
+// reported and retried, never fatal.
+func (a *Agent) serveHealthz(ctx context.Context) {
+	srv := &http.Server{Handler: a.proxyHealth.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	for {
+		ln, err := net.Listen("tcp", a.cfg.HealthzAddr)
+		if err == nil {
+			a.setHealthz(ln.Addr().String(), "")
+			a.log.Info("serving /healthz and /livez", "address", ln.Addr())
+			err = srv.Serve(ln) // closes ln
+			if errors.Is(err, http.ErrServerClosed) {
+				return
+			}
+		}
+		err = fmt.Errorf("--healthz-bind-address=%s: %w", a.cfg.HealthzAddr, err)
+		a.setHealthz("", err.Error())
+		a.log.Error("proxier health server not serving; retrying", "retry", healthzRetry, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(healthzRetry):
+		}
+	}
+}
+
+// setHealthz records the health server's listener: its address, or why
+// there is none.
+func (a *Agent) setHealthz(bound, errMsg string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.healthz.Listening = bound != ""
+	if bound != "" {
+		a.healthz.Address = bound
+	}
+	a.healthz.Error = errMsg
 }
 
 // Services implements api.Provider.

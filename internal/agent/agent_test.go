@@ -84,7 +84,7 @@ func TestAgentManifestsToMaps(t *testing.T) {
 	writeFile(t, dir, "web.yaml", svcWeb+"---\n"+sliceWeb+"---\n"+nodeOne)
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	cfg, err := parse(t, "--node-name=node1", "--manifests="+dir, "--cgroup-root=/sys/fs/cgroup/unified/sluice-ag-test",
-		"--api-socket="+sock, "--metrics-addr=127.0.0.1:0", "--lb-mode=dsr")
+		"--api-socket="+sock, "--metrics-addr=127.0.0.1:0", "--healthz-bind-address=127.0.0.1:0", "--lb-mode=dsr")
 	if err != nil {
 		t.Fatal(err)
 	}

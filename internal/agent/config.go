@@ -28,6 +28,7 @@ type Config struct {
 	BPFRoot         string
 	APISocket       string
 	MetricsAddr     string
+	HealthzAddr     string
 	Devices         []string
 	LBAlgorithm     string
 	LBMode          string
@@ -53,6 +54,9 @@ const (
 	// kube-proxy's minSyncPeriod is 1s for iptables; the maps take a change
 	// in microseconds, so only bursts need folding.
 	DefaultSyncPeriodMin = time.Millisecond
+	// kube-proxy's --healthz-bind-address default, so that load balancers
+	// and probes configured for kube-proxy keep working.
+	DefaultHealthzAddr = "0.0.0.0:10256"
 	// A full resync repairs maps that something else changed, like
 	// kube-proxy's syncPeriod.
 	DefaultSyncPeriod = 5 * time.Minute
@@ -69,6 +73,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.BPFRoot, "bpf-root", DefaultBPFRoot, "directory on bpffs for pinned maps")
 	fs.StringVar(&c.APISocket, "api-socket", api.DefaultSocket, "unix socket of the local API")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "host:port for Prometheus /metrics; empty disables")
+	fs.StringVar(&c.HealthzAddr, "healthz-bind-address", DefaultHealthzAddr, "host:port of kube-proxy's /healthz and /livez; empty disables")
 	fs.StringSliceVar(&c.Devices, "devices", nil, "external network devices for tc/XDP (comma separated)")
 	fs.StringVar(&c.LBAlgorithm, "lb-algorithm", "random", "backend selection: random or maglev")
 	fs.StringVar(&c.LBMode, "lb-mode", "snat", "north-south forwarding: snat, dsr or hybrid")
@@ -130,13 +135,22 @@ func (c *Config) Validate() error {
 	} else if len(c.APISocket) >= len(unix.RawSockaddrUnix{}.Path) {
 		bad("api-socket", c.APISocket, "longer than a unix socket path may be (%d bytes)", len(unix.RawSockaddrUnix{}.Path)-1)
 	}
-	if c.MetricsAddr != "" {
-		if _, port, err := net.SplitHostPort(c.MetricsAddr); err != nil {
-			bad("metrics-addr", c.MetricsAddr, "want host:port: %v", err)
+	checkHostPort := func(flag, v string, ipOnly bool) {
+		if v == "" {
+			return
+		}
+		host, port, err := net.SplitHostPort(v)
+		if err != nil {
+			bad(flag, v, "want host:port: %v", err)
 		} else if n, err := strconv.ParseUint(port, 10, 16); err != nil || (n == 0 && port != "0") {
-			bad("metrics-addr", c.MetricsAddr, "invalid port %q", port)
+			bad(flag, v, "invalid port %q", port)
+		} else if ipOnly && host != "" && net.ParseIP(host) == nil {
+			bad(flag, v, "host %q is not an IP address", host)
 		}
 	}
+	checkHostPort("metrics-addr", c.MetricsAddr, false)
+	// Health check probes come from outside: bind an address, as kube-proxy.
+	checkHostPort("healthz-bind-address", c.HealthzAddr, true)
 	for _, d := range c.Devices {
 		if err := checkDeviceName(d); err != nil {
 			bad("devices", quoteEmpty(d), "%v", err)

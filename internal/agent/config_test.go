@@ -43,11 +43,14 @@ func TestConfigValid(t *testing.T) {
 	dir := t.TempDir()
 	c, err := parse(t, "--node-name=node1", "--manifests="+dir, "--cgroup-root=/sys/fs/cgroup/unified/sluice-ag-x",
 		"--bpf-root=/sys/fs/bpf/sluice-ag", "--api-socket=/run/sluice-ag/a.sock", "--metrics-addr=127.0.0.1:9962",
-		"--devices=eth0,eth+", "--lb-algorithm=maglev", "--lb-mode=dsr", "--lb-acceleration=best-effort",
+		"--healthz-bind-address=[::1]:10266", "--devices=eth0,eth+", "--lb-algorithm=maglev", "--lb-mode=dsr", "--lb-acceleration=best-effort",
 		"--node-port-range=30000-30100", "--enable-bandwidth-manager", "--socket-lb=false", "--bpf-lb-map-max=1024",
 		"--sync-period-min=10ms", "--sync-period=1m", "--log-level=debug")
 	if err != nil {
 		t.Fatalf("Validate: %v", err)
+	}
+	if c.HealthzAddr != "[::1]:10266" {
+		t.Errorf("healthz address = %q, want [::1]:10266", c.HealthzAddr)
 	}
 	if c.nodePortRange != [2]uint16{30000, 30100} {
 		t.Errorf("node port range = %v, want [30000 30100]", c.nodePortRange)
@@ -67,7 +70,8 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatalf("Validate: %v", err)
 	}
 	if c.NodeName != "from-env" || !c.inCluster || !c.SocketLB || c.BPFRoot != DefaultBPFRoot ||
-		c.SyncPeriodMin != DefaultSyncPeriodMin || c.LBMapMax != DefaultLBMapMax || len(c.NotImplemented()) != 0 {
+		c.SyncPeriodMin != DefaultSyncPeriodMin || c.LBMapMax != DefaultLBMapMax || len(c.NotImplemented()) != 0 ||
+		c.HealthzAddr != "0.0.0.0:10256" {
 		t.Errorf("defaults: %+v", c)
 	}
 }
@@ -100,6 +104,9 @@ func TestConfigInvalid(t *testing.T) {
 		{"api-socket long", []string{"--api-socket=/" + strings.Repeat("a", 120)}, "longer than a unix socket path"},
 		{"metrics-addr no port", []string{"--metrics-addr=localhost"}, "--metrics-addr=localhost: want host:port"},
 		{"metrics-addr bad port", []string{"--metrics-addr=:99999"}, `--metrics-addr=:99999: invalid port "99999"`},
+		{"healthz-bind-address no port", []string{"--healthz-bind-address=0.0.0.0"}, "--healthz-bind-address=0.0.0.0: want host:port"},
+		{"healthz-bind-address bad port", []string{"--healthz-bind-address=:70000"}, `--healthz-bind-address=:70000: invalid port "70000"`},
+		{"healthz-bind-address host name", []string{"--healthz-bind-address=node1:10256"}, `--healthz-bind-address=node1:10256: host "node1" is not an IP address`},
 		{"devices slash", []string{"--devices=eth0,a/b"}, "--devices=a/b:"},
 		{"devices long", []string{"--devices=abcdefghijklmnopq"}, "--devices=abcdefghijklmnopq: longer than 15 bytes"},
 		{"devices empty", []string{"--devices=eth0,,eth1"}, `--devices="": empty device name`},

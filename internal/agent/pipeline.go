@@ -8,7 +8,10 @@ import (
 	"slices"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/healthcheck"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 )
 
@@ -27,6 +30,9 @@ type pipeline interface {
 type summary struct {
 	Services, Frontends, Backends int
 	ObjectErrors                  map[string]string
+	// HealthChecks are the Services that need a health check node port
+	// server on this node, with their local endpoint counts.
+	HealthChecks map[types.NamespacedName]healthcheck.Service
 }
 
 // dataplane is the loaded BPF side.

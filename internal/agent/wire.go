@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/datapath"
+	"github.com/sluice-dataplane/sluice/internal/healthcheck"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 	"github.com/sluice-dataplane/sluice/internal/probe"
@@ -67,7 +68,8 @@ func (s sockLB) MapFill() []api.MapFill {
 // Tracker's State demands.
 type modelPipeline struct {
 	*loadbalancer.Tracker
-	rec *reconciler.Reconciler
+	rec      *reconciler.Reconciler
+	nodeName string
 }
 
 func newModelPipeline(m lbmap.Maps, cfg *Config) (pipeline, error) {
@@ -75,8 +77,12 @@ func newModelPipeline(m lbmap.Maps, cfg *Config) (pipeline, error) {
 	if err != nil {
 		return nil, fmt.Errorf("restore installed state from the maps: %w", err)
 	}
-	tr := loadbalancer.NewTracker(loadbalancer.Options{NodeName: cfg.NodeName, NodePortRange: cfg.nodePortRange})
-	return &modelPipeline{Tracker: tr, rec: rec}, nil
+	alg, err := loadbalancer.ParseAlgorithm(cfg.LBAlgorithm)
+	if err != nil {
+		return nil, fmt.Errorf("--lb-algorithm: %w", err)
+	}
+	tr := loadbalancer.NewTracker(loadbalancer.Options{NodeName: cfg.NodeName, NodePortRange: cfg.nodePortRange, Algorithm: alg})
+	return &modelPipeline{Tracker: tr, rec: rec, nodeName: cfg.NodeName}, nil
 }
 
 func (p *modelPipeline) Sync(full bool) (summary, error) {
@@ -85,12 +91,13 @@ func (p *modelPipeline) Sync(full bool) (summary, error) {
 		changed, nodesChanged = nil, true
 	}
 	err := p.rec.Apply(st, changed, nodesChanged)
-	return summarize(st), err
+	return summarize(st, p.nodeName), err
 }
 
-// summarize counts the desired state for status and metrics.
-func summarize(st *loadbalancer.State) summary {
-	s := summary{ObjectErrors: maps.Clone(st.Errors)}
+// summarize counts the desired state for status and metrics and lists the
+// Services that need a health check server on nodeName.
+func summarize(st *loadbalancer.State, nodeName string) summary {
+	s := summary{ObjectErrors: maps.Clone(st.Errors), HealthChecks: healthcheck.LocalServices(st, nodeName)}
 	type be struct {
 		addr  string
 		proto loadbalancer.Proto

@@ -43,6 +43,35 @@ type Status struct {
 	// NotImplemented lists flags that were set to a value this version
 	// validates but does not act on yet.
 	NotImplemented []string `json:"notImplemented,omitempty"`
+
+	// HealthCheck is kube-proxy's health checking as the agent serves it.
+	HealthCheck *HealthCheck `json:"healthCheck,omitempty"`
+}
+
+// HealthCheck describes the proxier health server and the Services' health
+// check node port servers.
+type HealthCheck struct {
+	Proxier  ProxierHealth       `json:"proxier"`
+	Services []HealthCheckServer `json:"services"`
+}
+
+// ProxierHealth is the /healthz and /livez server (--healthz-bind-address).
+type ProxierHealth struct {
+	Address      string    `json:"address,omitempty"` // empty: disabled
+	Listening    bool      `json:"listening"`
+	Error        string    `json:"error,omitempty"` // why it is not listening
+	Healthy      bool      `json:"healthy"`         // what /livez answers
+	NodeEligible bool      `json:"nodeEligible"`    // /healthz also needs it
+	LastUpdated  time.Time `json:"lastUpdated,omitzero"`
+}
+
+// HealthCheckServer is one Service's healthCheckNodePort server.
+type HealthCheckServer struct {
+	Service        string   `json:"service"` // namespace/name
+	Port           uint16   `json:"port"`
+	LocalEndpoints int      `json:"localEndpoints"`
+	Addresses      []string `json:"addresses,omitempty"` // bound listeners
+	Error          string   `json:"error,omitempty"`     // why the port is not bound
 }
 
 // SourceStatus says where the agent takes its view of the cluster from.

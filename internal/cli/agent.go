@@ -195,6 +195,8 @@ func writeStatus(w io.Writer, st *api.Status) error {
 		}
 	}
 
+	writeHealthCheck(tw, line, st.HealthCheck)
+
 	switch {
 	case st.Sync.Total == 0:
 		line("Last sync", "none yet")
@@ -214,6 +216,40 @@ func writeStatus(w io.Writer, st *api.Status) error {
 		line("Not implemented yet", "%s (accepted, no effect)", strings.Join(st.NotImplemented, " "))
 	}
 	return tw.Flush()
+}
+
+// writeHealthCheck prints the proxier health server and one row per
+// Service health check server, as kube-proxy users look for them.
+func writeHealthCheck(tw io.Writer, line func(k, format string, args ...any), hc *api.HealthCheck) {
+	if hc == nil {
+		return // an agent from before health checks
+	}
+	p := hc.Proxier
+	health := "healthy"
+	switch {
+	case !p.Healthy:
+		health = "UNHEALTHY: changes not synced in time"
+	case !p.NodeEligible:
+		health = "healthy, node not eligible (/healthz 503)"
+	}
+	switch {
+	case p.Address == "":
+		line("Proxy healthz", "Disabled")
+	case p.Listening:
+		line("Proxy healthz", "%s (/healthz, /livez), %s", p.Address, health)
+	case p.Error != "":
+		line("Proxy healthz", "NOT LISTENING: %s; %s", p.Error, health)
+	default:
+		line("Proxy healthz", "%s, starting; %s", p.Address, health)
+	}
+	line("Health check ports", "%d (Services with externalTrafficPolicy Local)", len(hc.Services))
+	for _, s := range hc.Services {
+		if s.Error != "" {
+			fmt.Fprintf(tw, "  %d\t%s\t%d local endpoints\tFAILED: %s\n", s.Port, s.Service, s.LocalEndpoints, s.Error)
+			continue
+		}
+		fmt.Fprintf(tw, "  %d\t%s\t%d local endpoints\t%s\n", s.Port, s.Service, s.LocalEndpoints, strings.Join(s.Addresses, ", "))
+	}
 }
 
 func sortedKeys[V any](m map[string]V) []string {

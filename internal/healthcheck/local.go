@@ -1,0 +1,47 @@
+package healthcheck
+
+import (
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
+)
+
+// LocalServices returns the Services that need a health check server on
+// nodeName, with their ports and local endpoint counts: those with
+// externalTrafficPolicy Local and a healthCheckNodePort (the API server sets
+// one only on LoadBalancer Services with that policy).
+//
+// An endpoint counts when it is ready and on this node, once however many
+// ports and families it serves, as kube-proxy counts per family: a dual-stack
+// pod is one endpoint. Serving-but-terminating endpoints do not count: the
+// load balancer should drain the node.
+func LocalServices(st *loadbalancer.State, nodeName string) map[types.NamespacedName]Service {
+	out := map[types.NamespacedName]Service{}
+	for name, lbs := range st.Services {
+		var port uint16
+		for i := range lbs {
+			if lbs[i].ExternalTrafficLocal && lbs[i].HealthCheckNodePort != 0 {
+				port = lbs[i].HealthCheckNodePort
+				break
+			}
+		}
+		if port == 0 {
+			continue
+		}
+		local := map[string]bool{}
+		for i := range lbs {
+			for _, b := range lbs[i].Backends {
+				if nodeName == "" || b.NodeName != nodeName || b.Terminating {
+					continue
+				}
+				key := b.PodName
+				if key == "" {
+					key = b.Addr.String()
+				}
+				local[key] = true
+			}
+		}
+		out[name] = Service{Port: port, LocalEndpoints: len(local)}
+	}
+	return out
+}
