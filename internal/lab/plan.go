@@ -69,6 +69,15 @@ var (
 	FabricPrefixV6 = netip.PrefixFrom(v6(0xfd00, 0x198, 0x18), 64)
 )
 
+// ExternalPrefixV4 and ExternalPrefixV6 hold ExternalIPs and LoadBalancer
+// ingress IPs. The client reaches them through node 1, as a router that
+// learned them from a load balancer announcement would; a test that needs
+// another entry node replaces the route.
+var (
+	ExternalPrefixV4 = netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 19, 200, 0}), 24)
+	ExternalPrefixV6 = netip.PrefixFrom(v6(0xfd00, 0x198, 0x19, 0xc8), 64)
+)
+
 // NodeName is the Kubernetes name of node n (1-based).
 func NodeName(n int) string { return "node" + strconv.Itoa(n) }
 

@@ -4,6 +4,7 @@ package lab
 //
 //	fabric          198.18.0.0/24   fd00:198:18::/64    client .2, node N .(10+N)
 //	pods of node N  198.18.N.0/24   fd00:198:18:N::/64  pod i .(10+i), gateway .1
+//	external / LB   198.19.200.0/24 fd00:198:19:c8::/64 reached by the client via node 1
 
 import (
 	"net/netip"
@@ -29,6 +30,8 @@ func TestAddressPlan(t *testing.T) {
 		{"pod 3 of node 1 v4", PodIPv4(1, 3), "198.18.1.13"},
 		{"pod 3 of node 1 v6", PodIPv6(1, 3), "fd00:198:18:1::13"},
 		{"pod 1 of node 10 v6", PodIPv6(10, 1), "fd00:198:18:10::11"},
+		{"external v4", ExternalPrefixV4.Addr(), "198.19.200.0"},
+		{"external v6", ExternalPrefixV6.Addr(), "fd00:198:19:c8::"},
 	}
 	for _, tt := range tests {
 		if tt.got.String() != tt.want {
@@ -89,6 +92,8 @@ func TestTopology(t *testing.T) {
 		"sluice-lt0000-client": {
 			"addr add 198.18.0.2/24 dev eth0",
 			"addr add fd00:198:18::2/64 dev eth0 nodad",
+			"route add 198.19.200.0/24 via 198.18.0.11 dev eth0",
+			"route add fd00:198:19:c8::/64 via fd00:198:18::11 dev eth0",
 		},
 		"sluice-lt0000-node1": {
 			"addr add 198.18.0.11/24 dev eth0",

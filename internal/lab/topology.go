@@ -39,6 +39,11 @@ func topology(nm names, nodes, podsPerNode int) []batch {
 	out := []batch{fabric}
 	client := batch{netns: nm.clientNetns(), cmds: []string{"link set lo up"}}
 	client.cmds = append(client.cmds, uplink(ClientIPv4, ClientIPv6)...)
+	if nodes > 0 {
+		client.cmds = append(client.cmds,
+			fmt.Sprintf("route add %s via %s dev %s", ExternalPrefixV4, NodeIPv4(1), uplinkName),
+			fmt.Sprintf("route add %s via %s dev %s", ExternalPrefixV6, NodeIPv6(1), uplinkName))
+	}
 	out = append(out, client)
 
 	for n := 1; n <= nodes; n++ {
