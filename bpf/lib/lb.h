@@ -142,32 +142,11 @@ lb_affinity_store(const struct lb_svc_val *svc, __u64 client, __u32 now,
 	bpf_map_update_elem(&lb_affinity, &key, &val, BPF_ANY);
 }
 
-/* lb_select_backend picks the backend for a new flow of the service whose
- * master is svc (key from lb_lookup_service, svc->count > 0). hash chooses
- * the slot; client identifies the client for sessionAffinity.
+/* lb_select_backend_id picks the backend for a new flow of the service
+ * whose master is svc (key from lb_lookup_service, svc->count > 0). hash
+ * chooses the slot; client identifies the client for sessionAffinity. The
+ * backend's ID goes to *backend_id, for the tc/XDP conntrack.
  */
-static __always_inline const struct lb_backend *
-lb_select_backend(struct lb_svc_key *key, const struct lb_svc_val *svc,
-		  __u32 hash, __u64 client)
-{
-	const struct lb_backend *be;
-	__u32 backend_id = 0;
-	__u32 now = 0;
-
-	if (svc->flags & SVC_F_AFFINITY) {
-		now = lb_now_sec();
-		be = lb_affinity_backend(svc, client, now, &backend_id);
-		if (be)
-			return be;
-	}
-	be = lb_backend_of_slot(key, (__u16)(hash % svc->count) + 1, &backend_id);
-	if (be && (svc->flags & SVC_F_AFFINITY))
-		lb_affinity_store(svc, client, now, backend_id);
-	return be;
-}
-
-/* lb_select_backend_id is lb_select_backend that also returns the backend
- * id, which the tc/XDP conntrack stores for the flow. */
 static __always_inline const struct lb_backend *
 lb_select_backend_id(struct lb_svc_key *key, const struct lb_svc_val *svc,
 		     __u32 hash, __u64 client, __u32 *backend_id)
@@ -185,6 +164,15 @@ lb_select_backend_id(struct lb_svc_key *key, const struct lb_svc_val *svc,
 	if (be && (svc->flags & SVC_F_AFFINITY))
 		lb_affinity_store(svc, client, now, *backend_id);
 	return be;
+}
+
+static __always_inline const struct lb_backend *
+lb_select_backend(struct lb_svc_key *key, const struct lb_svc_val *svc,
+		  __u32 hash, __u64 client)
+{
+	__u32 backend_id = 0;
+
+	return lb_select_backend_id(key, svc, hash, client, &backend_id);
 }
 
 #endif /* __SLUICE_LB_H */

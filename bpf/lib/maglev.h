@@ -55,10 +55,13 @@ lb_maglev_flow_hash(const union lb_addr *saddr, const union lb_addr *daddr,
 	__u32 h = lb_maglev_hash_seed;
 	int i;
 
-#pragma unroll
+	/* Rolled loops (bounded loops, 5.3+): unrolled, clang loads all eight
+	 * words up front and spills them, 128 bytes of stack the service
+	 * path does not have. */
+#pragma clang loop unroll(disable)
 	for (i = 0; i < 4; i++)
 		h = lb_maglev_round(h, saddr->w[i]);
-#pragma unroll
+#pragma clang loop unroll(disable)
 	for (i = 0; i < 4; i++)
 		h = lb_maglev_round(h, daddr->w[i]);
 	/* The two ports as one word, as it lies in memory. */

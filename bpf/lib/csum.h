@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Address and port rewrites that keep the L3 and L4 checksums valid, for
+ * both families, through the ctx checksum helpers. */
+#ifndef __SLUICE_CSUM_H
+#define __SLUICE_CSUM_H
+
+#include "l4.h"
+
+static __always_inline __u64 l4_csum_flags(const struct ns_pkt *p)
+{
+	/* A UDP checksum of 0 means "none" and must stay 0; a computed 0 is
+	 * sent as 0xffff. */
+	return p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+}
+
+/* pkt_rewrite_addr replaces the destination (dst) or source address of p
+ * with to, in the packet and in p. */
+static __always_inline int pkt_rewrite_addr(struct __ctx_buff *ctx, struct ns_pkt *p,
+					    bool dst, const union lb_addr *to)
+{
+	union lb_addr *cur = dst ? &p->daddr : &p->saddr;
+	__u32 csum_off = l4_csum_off(p);
+	__u64 flags = l4_csum_flags(p) | BPF_F_PSEUDO_HDR;
+	__u32 off;
+
+	if (!p->v6) {
+		__be32 from = cur->w[3], new = to->w[3];
+
+		off = p->l3_off + (dst ? offsetof(struct iphdr, daddr) :
+					 offsetof(struct iphdr, saddr));
+		if (ctx_store_bytes(ctx, off, &new, sizeof(new)))
+			return -1;
+		if (ctx_l3_csum_replace(ctx, p->l3_off + offsetof(struct iphdr, check),
+					from, new, sizeof(new)))
+			return -1;
+		/* ICMPv4 has no pseudo header. */
+		if (p->proto != IPPROTO_ICMP &&
+		    ctx_l4_csum_replace(ctx, csum_off, from, new, flags | sizeof(new)))
+			return -1;
+	} else {
+		union lb_addr new = *to;
+		__s64 diff;
+
+		off = p->l3_off + (dst ? offsetof(struct ipv6hdr, daddr) :
+					 offsetof(struct ipv6hdr, saddr));
+		diff = bpf_csum_diff(cur->w, sizeof(cur->w), new.w, sizeof(new.w), 0);
+		if (diff < 0)
+			return -1;
+		if (ctx_store_bytes(ctx, off, new.b, sizeof(new.b)))
+			return -1;
+		if (ctx_l4_csum_replace(ctx, csum_off, 0, diff, flags))
+			return -1;
+	}
+	*cur = *to;
+	return 0;
+}
+
+/* pkt_rewrite_port replaces the destination (dst) or source port of p. */
+static __always_inline int pkt_rewrite_port(struct __ctx_buff *ctx, struct ns_pkt *p,
+					    bool dst, __be16 to)
+{
+	__be16 *cur = dst ? &p->dport : &p->sport;
+	__be16 from = *cur;
+
+	if (from == to)
+		return 0;
+	if (ctx_store_bytes(ctx, p->l4_off + (dst ? 2 : 0), &to, sizeof(to)))
+		return -1;
+	if (ctx_l4_csum_replace(ctx, l4_csum_off(p), from, to,
+				l4_csum_flags(p) | sizeof(to)))
+		return -1;
+	*cur = to;
+	return 0;
+}
+
+/* pkt_rewrite rewrites address and port on one side of p. */
+static __always_inline int pkt_rewrite(struct __ctx_buff *ctx, struct ns_pkt *p,
+				       bool dst, const union lb_addr *addr, __be16 port)
+{
+	if (pkt_rewrite_addr(ctx, p, dst, addr))
+		return -1;
+	return pkt_rewrite_port(ctx, p, dst, port);
+}
+
+#endif /* __SLUICE_CSUM_H */

@@ -1,0 +1,182 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* BPF conntrack for the north-south LB.
+ *
+ * A translated flow has two entries in the ct map:
+ *   CT_DIR_SERVICE  client -> frontend: the backend chosen for the flow,
+ *                   looked up by every packet from the client;
+ *   CT_DIR_INGRESS  client -> backend (after DNAT): looked up with the
+ *                   reply's reversed tuple; holds the frontend the client
+ *                   used (a wildcard NodePort's rev NAT entry cannot).
+ * State and lifetime follow the packets seen on each entry; the agent
+ * deletes dead entries (lifetime in the past), LRU eviction is the backstop.
+ * The clock is jiffies turned into seconds, so the lifetime changes - and
+ * the entry is written - at most once a second per flow.
+ */
+#ifndef __SLUICE_CT_H
+#define __SLUICE_CT_H
+
+#include "l4.h"
+#include "ns_maps.h"
+
+/* Cilium's defaults. */
+#define CT_DEFAULT_TCP_SYN   60
+#define CT_DEFAULT_TCP_EST   21600
+#define CT_DEFAULT_TCP_CLOSE 10
+#define CT_DEFAULT_UDP       60
+#define CT_DEFAULT_HZ        250
+
+static __always_inline const struct ns_config *ns_cfg(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&ns_config, &zero);
+}
+
+/* ct_now is the CT clock in seconds. */
+static __always_inline __u32 ct_now(const struct ns_config *cfg)
+{
+	__u32 hz = cfg->hz ? cfg->hz : CT_DEFAULT_HZ;
+
+	if (cfg->clock_override)
+		return cfg->clock_override;
+	return bpf_jiffies64() / hz;
+}
+
+static __always_inline __u32 or_default(__u32 v, __u32 def)
+{
+	return v ? v : def;
+}
+
+static __always_inline __u32 ct_timeout(const struct ns_config *cfg, __u8 proto,
+					__u16 flags)
+{
+	if (proto != IPPROTO_TCP)
+		return or_default(cfg->udp_timeout, CT_DEFAULT_UDP);
+	if (flags & CT_F_CLOSING)
+		return or_default(cfg->tcp_close_timeout, CT_DEFAULT_TCP_CLOSE);
+	if (flags & CT_F_ESTABLISHED)
+		return or_default(cfg->tcp_est_timeout, CT_DEFAULT_TCP_EST);
+	return or_default(cfg->tcp_syn_timeout, CT_DEFAULT_TCP_SYN);
+}
+
+/* ct_next_flags is the TCP state after a packet with tcp_flags. */
+static __always_inline __u16 ct_next_flags(__u16 flags, __u8 proto, __u8 tcp_flags,
+					   bool reply)
+{
+	if (reply)
+		flags |= CT_F_SEEN_REPLY;
+	if (proto != IPPROTO_TCP)
+		return flags;
+	if (tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+		return flags | CT_F_CLOSING;
+	if (tcp_flags & TCP_FLAG_SYN)
+		return reply ? flags : flags | CT_F_SYN;
+	/* The client only ACKs without SYN once the handshake is done. */
+	if (!reply && (tcp_flags & TCP_FLAG_ACK))
+		return flags | CT_F_ESTABLISHED;
+	return flags;
+}
+
+/* ct_is_new_syn: a SYN on a closing or dead entry starts a new flow on the
+ * same tuple (port reuse). */
+static __always_inline bool ct_is_new_syn(const struct ct_entry *e, __u8 proto,
+					  __u8 tcp_flags, __u32 now)
+{
+	if (e->lifetime < now)
+		return true;
+	return proto == IPPROTO_TCP && (e->flags & CT_F_CLOSING) &&
+	       (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+}
+
+/* ct_update accounts one packet on e and moves its state and lifetime
+ * forward. Flags and lifetime are written only when they change. */
+static __always_inline void ct_update(struct ct_entry *e, const struct ns_config *cfg,
+				      const struct ns_pkt *p, __u32 len, __u32 now,
+				      bool reply)
+{
+	__u16 flags = ct_next_flags(e->flags, p->proto, p->tcp_flags, reply);
+	__u32 lifetime = now + ct_timeout(cfg, p->proto, flags);
+
+	if (reply) {
+		__sync_fetch_and_add(&e->rx_packets, 1);
+		__sync_fetch_and_add(&e->rx_bytes, len);
+	} else {
+		__sync_fetch_and_add(&e->packets, 1);
+		__sync_fetch_and_add(&e->bytes, len);
+	}
+	if (flags != e->flags)
+		WRITE_ONCE(e->flags, flags);
+	if (lifetime != e->lifetime)
+		WRITE_ONCE(e->lifetime, lifetime);
+}
+
+static __always_inline void ct_tuple_set(struct ct_tuple *t, const union lb_addr *saddr,
+					 const union lb_addr *daddr, __be16 sport,
+					 __be16 dport, __u8 proto, __u8 dir)
+{
+	__builtin_memcpy(t->saddr, saddr->b, sizeof(t->saddr));
+	__builtin_memcpy(t->daddr, daddr->b, sizeof(t->daddr));
+	t->sport = sport;
+	t->dport = dport;
+	t->proto = proto;
+	t->dir = dir;
+	t->pad = 0;
+}
+
+/* ct_create_flow writes both entries of a new translated flow: the service
+ * entry for the client's tuple (p, before DNAT) and the ingress entry for
+ * the tuple after DNAT to be_addr:be_port. kind is CT_F_LOCAL, CT_F_SNAT
+ * or CT_F_DSR (with CT_F_LOCAL on the backend node). */
+static __always_inline int ct_create_flow(const struct ns_config *cfg,
+					  const struct ns_pkt *p, __u32 len, __u32 now,
+					  const union lb_addr *be_addr, __be16 be_port,
+					  __u32 backend_id, __u16 rev_nat_id, __u16 kind)
+{
+	struct ct_scratch *s = ns_scratch();
+	struct ct_tuple *t;
+	struct ct_entry *e;
+	int err;
+
+	if (!s)
+		return -1;
+	t = &s->tuple;
+	e = &s->entry;
+	__builtin_memset(e, 0, sizeof(*e));
+	e->nat_port = be_port;
+	e->rev_nat_id = rev_nat_id;
+	e->created = now;
+	e->backend_id = backend_id;
+	e->packets = 1;
+	e->bytes = len;
+	e->flags = ct_next_flags(kind, p->proto, p->tcp_flags, false);
+	e->lifetime = now + ct_timeout(cfg, p->proto, e->flags);
+	__builtin_memcpy(e->nat_addr, be_addr->b, sizeof(e->nat_addr));
+	ct_tuple_set(t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
+		     CT_DIR_SERVICE);
+	err = bpf_map_update_elem(&ct, t, e, BPF_ANY);
+	/* DSR on the LB node: replies bypass it. */
+	if (err || (kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
+		return err;
+
+	/* The ingress entry counts replies only (rx_*). */
+	e->packets = 0;
+	e->bytes = 0;
+	__builtin_memcpy(e->nat_addr, p->daddr.b, sizeof(e->nat_addr));
+	e->nat_port = p->dport;
+	ct_tuple_set(t, &p->saddr, be_addr, p->sport, be_port, p->proto,
+		     CT_DIR_INGRESS);
+	return bpf_map_update_elem(&ct, t, e, BPF_ANY);
+}
+
+/* ct_lookup_reply finds the ingress entry of a reply from a backend (p is
+ * backend -> client, after any reverse SNAT). */
+static __always_inline struct ct_entry *ct_lookup_reply(const struct ns_pkt *p)
+{
+	struct ct_tuple t __align_stack_8;
+
+	ct_tuple_set(&t, &p->daddr, &p->saddr, p->dport, p->sport, p->proto,
+		     CT_DIR_INGRESS);
+	return bpf_map_lookup_elem(&ct, &t);
+}
+
+#endif /* __SLUICE_CT_H */

@@ -1,0 +1,100 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The north-south map ABI: conntrack, SNAT and the tc/XDP configuration.
+ *
+ * Same conventions as lb_abi.h: addresses are 16 bytes (IPv4 v4-mapped),
+ * ports network order, everything else host order. One conntrack map and
+ * one NAT map serve both families, like the LB maps, so the agent dumps and
+ * collects one table each. Times are CT clock seconds: bpf_jiffies64() /
+ * hz, read back by the agent through the xdp_ct_clock program.
+ *
+ * Go mirrors these structs in internal/lbmap (ct.go, nat.go).
+ */
+#ifndef __SLUICE_CT_ABI_H
+#define __SLUICE_CT_ABI_H
+
+#include <linux/types.h>
+
+/* ct_tuple.dir: what the key describes. */
+#define CT_DIR_SERVICE 0 /* client -> frontend, before DNAT: picks the backend */
+#define CT_DIR_INGRESS 1 /* client -> backend, after DNAT: replies find the frontend */
+#define NAT_DIR_EGRESS  2 /* client -> backend, before SNAT: gives node IP and port */
+#define NAT_DIR_INGRESS 3 /* backend -> node IP:port, a reply: gives the client */
+
+/* ct_entry.flags */
+#define CT_F_SYN         (1 << 0) /* TCP SYN seen in the key's direction */
+#define CT_F_ESTABLISHED (1 << 1) /* TCP: handshake completed (ACK without SYN) */
+#define CT_F_CLOSING     (1 << 2) /* TCP FIN or RST seen */
+#define CT_F_SEEN_REPLY  (1 << 3) /* a reply went through */
+#define CT_F_LOCAL       (1 << 4) /* backend on this node: DNAT only */
+#define CT_F_SNAT        (1 << 5) /* remote backend reached through SNAT */
+#define CT_F_DSR         (1 << 6) /* remote backend reached through DSR */
+
+/* ns_config.mode, --lb-mode. */
+#define NS_MODE_SNAT   0
+#define NS_MODE_DSR    1
+#define NS_MODE_HYBRID 2 /* DSR for TCP, SNAT for UDP */
+
+/* Key of the ct and snat maps: a 5-tuple and what it describes. */
+struct ct_tuple {
+	__u8   saddr[16];
+	__u8   daddr[16];
+	__be16 sport;
+	__be16 dport;
+	__u8   proto;
+	__u8   dir;  /* CT_DIR_* or NAT_DIR_* */
+	__u16  pad;
+};
+
+struct ct_entry {
+	__u8   nat_addr[16]; /* SERVICE: the backend; INGRESS: the frontend to restore */
+	__be16 nat_port;
+	__u16  rev_nat_id;   /* lb_rev_nat index of the service */
+	__u16  flags;        /* CT_F_* */
+	__u16  pad;
+	__u64  packets;      /* in the key's direction */
+	__u64  bytes;
+	__u64  rx_packets;   /* replies (CT_DIR_INGRESS entries) */
+	__u64  rx_bytes;
+	__u32  lifetime;     /* CT clock second after which the entry is dead */
+	__u32  created;      /* CT clock second */
+	__u32  backend_id;   /* the selected backend */
+	__u32  pad2;
+};
+
+struct nat_entry {
+	__u8   to_addr[16]; /* EGRESS: node IP; INGRESS: the client */
+	__be16 to_port;
+	__u16  pad;
+	__u32  created;     /* CT clock second */
+};
+
+/* DSR tunnel endpoints: a pod CIDR (LPM) -> the IP of the node that hosts
+ * it, the outer destination of the IPIP / IP6IP6 header. */
+struct tunnel_key {
+	__u32 prefixlen; /* of addr, 96 + n for an IPv4 /n (v4-mapped) */
+	__u8  addr[16];
+};
+
+struct tunnel_val {
+	__u8 node_addr[16]; /* v4-mapped for IPv4 */
+};
+
+/* Agent-written tc/XDP configuration, array index 0. Zero fields take the
+ * defaults in ct.h (Cilium's timeouts), so a map the agent has not written
+ * yet still gives a working datapath. */
+struct ns_config {
+	__u8  snat_addr4[16];    /* v4-mapped node IP used as SNAT source */
+	__u8  snat_addr6[16];    /* node IPv6 used as SNAT source */
+	__u64 clock_override;    /* tests only: the CT clock in seconds; 0 = jiffies */
+	__u32 hz;                /* CONFIG_HZ, to turn jiffies into seconds */
+	__u32 mode;              /* NS_MODE_* */
+	__u32 tcp_syn_timeout;   /* seconds */
+	__u32 tcp_est_timeout;
+	__u32 tcp_close_timeout;
+	__u32 udp_timeout;
+	__u16 snat_port_min;     /* host order, inclusive */
+	__u16 snat_port_max;
+	__u32 pad;
+};
+
+#endif /* __SLUICE_CT_ABI_H */

@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* BPF masquerading (SNAT) of flows to remote backends.
+ *
+ * A mapping is two snat entries written together:
+ *   NAT_DIR_EGRESS   client:cport -> backend:bport  gives  node IP:nat port
+ *   NAT_DIR_INGRESS  backend:bport -> node:nat port gives  client:cport
+ * The nat port starts at a hash of the flow in [snat_port_min,
+ * snat_port_max] and moves on while the ingress tuple is taken (bounded).
+ */
+#ifndef __SLUICE_NAT_H
+#define __SLUICE_NAT_H
+
+#include "ct.h"
+
+#define SNAT_PORT_MIN_DEFAULT 32768
+#define SNAT_PORT_MAX_DEFAULT 65535
+#define SNAT_RETRIES          32
+
+/* snat_source is the node address a flow to a remote backend leaves with:
+ * the frontend itself when it is a node IP (NodePort), else the configured
+ * one of the family. */
+static __always_inline int snat_source(const struct ns_config *cfg, bool v6,
+				       const union lb_addr *frontend, union lb_addr *out)
+{
+	if (lb_is_node_addr(frontend)) {
+		*out = *frontend;
+		return 0;
+	}
+	__builtin_memcpy(out->b, v6 ? cfg->snat_addr6 : cfg->snat_addr4, sizeof(out->b));
+	return addr_is_any(out) ? -1 : 0;
+}
+
+/* snat_egress finds or allocates the mapping of p (client -> backend,
+ * after DNAT) and rewrites its source to the node IP and nat port. */
+static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
+				       const struct ns_config *cfg,
+				       const union lb_addr *frontend, __u32 hash, __u32 now)
+{
+	struct ct_tuple out __align_stack_8;
+	struct ct_tuple in __align_stack_8;
+	struct nat_entry rev = { .created = now };
+	struct nat_entry fwd = { .created = now };
+	struct nat_entry *n;
+	union lb_addr node __align_stack_8;
+	__u32 min, max, port;
+	int i;
+
+	ct_tuple_set(&out, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
+		     NAT_DIR_EGRESS);
+	n = bpf_map_lookup_elem(&snat, &out);
+	if (n) {
+		__builtin_memcpy(node.b, n->to_addr, sizeof(node.b));
+		return pkt_rewrite(ctx, p, false, &node, n->to_port);
+	}
+
+	if (snat_source(cfg, p->v6, frontend, &node))
+		return -1;
+	min = or_default(cfg->snat_port_min, SNAT_PORT_MIN_DEFAULT);
+	max = or_default(cfg->snat_port_max, SNAT_PORT_MAX_DEFAULT);
+	if (max < min)
+		return -1;
+	port = min + hash % (max - min + 1);
+
+	__builtin_memcpy(rev.to_addr, p->saddr.b, sizeof(rev.to_addr));
+	rev.to_port = p->sport;
+	ct_tuple_set(&in, &p->daddr, &node, p->dport, 0, p->proto, NAT_DIR_INGRESS);
+	for (i = 0; i < SNAT_RETRIES; i++) {
+		in.dport = bpf_htons(port);
+		if (!bpf_map_update_elem(&snat, &in, &rev, BPF_NOEXIST))
+			break;
+		port = port >= max ? min : port + 1;
+	}
+	if (i == SNAT_RETRIES)
+		return -1;
+
+	__builtin_memcpy(fwd.to_addr, node.b, sizeof(fwd.to_addr));
+	fwd.to_port = in.dport;
+	if (bpf_map_update_elem(&snat, &out, &fwd, BPF_ANY)) {
+		bpf_map_delete_elem(&snat, &in);
+		return -1;
+	}
+	return pkt_rewrite(ctx, p, false, &node, fwd.to_port);
+}
+
+/* snat_reverse translates a reply to node IP:nat port back to the client.
+ * It returns 1 when p is such a reply, 0 when it is not, < 0 on error. */
+static __always_inline int snat_reverse(struct __ctx_buff *ctx, struct ns_pkt *p)
+{
+	struct ct_tuple in __align_stack_8;
+	union lb_addr client __align_stack_8;
+	struct nat_entry *n;
+
+	ct_tuple_set(&in, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
+		     NAT_DIR_INGRESS);
+	n = bpf_map_lookup_elem(&snat, &in);
+	if (!n)
+		return 0;
+	__builtin_memcpy(client.b, n->to_addr, sizeof(client.b));
+	if (pkt_rewrite(ctx, p, true, &client, n->to_port))
+		return -1;
+	return 1;
+}
+
+#endif /* __SLUICE_NAT_H */

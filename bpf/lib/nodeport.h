@@ -1,0 +1,406 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The north-south service path shared by tc_lb.c and xdp_lb.c.
+ *
+ *   ingress, to a frontend     service lookup (scope EXT) -> CT -> backend
+ *                              local:  DNAT, deliver (redirect_peer / stack)
+ *                              remote: DNAT + SNAT, FIB, redirect or XDP_TX
+ *                                      or DSR: IPIP to the backend's node
+ *   ingress, IPIP to the node  DSR on the backend node: decap, then as a
+ *                              frontend, local backends only
+ *   ingress, to node:nat port  reverse SNAT + reverse DNAT, FIB, redirect
+ *   egress (tc only)           local backend's reply: reverse DNAT via CT
+ *   ICMP errors about a flow    the quoted packet and the outer addresses,
+ *                              in both of the reply paths above
+ *
+ * Anything else goes to the stack untouched.
+ */
+#ifndef __SLUICE_NODEPORT_H
+#define __SLUICE_NODEPORT_H
+
+#include <linux/if_ether.h>
+#include <sys/socket.h>
+
+#include "csum.h"
+#include "lb.h"
+#include "ct.h"
+#include "nat.h"
+#include "icmp.h"
+#include "dsr.h"
+#include "maglev.h"
+
+/* Frontends served here; a ClusterIP is for traffic from this node's pods. */
+#define NS_SVC_FLAGS (SVC_F_NODEPORT | SVC_F_EXTERNAL_IP | SVC_F_LOADBALANCER)
+
+#define TTL_OFF      offsetof(struct iphdr, ttl)
+#define HOPLIMIT_OFF offsetof(struct ipv6hdr, hop_limit)
+
+static __always_inline __u32 ns_flow_hash(const struct ns_pkt *p)
+{
+	__u32 h = p->proto;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < 4; i++) {
+		h = lb_hash64(((__u64)h << 32) | p->saddr.w[i]);
+		h = lb_hash64(((__u64)h << 32) | p->daddr.w[i]);
+	}
+	return lb_hash64(((__u64)h << 32) | ((__u32)p->sport << 16) | p->dport);
+}
+
+/* ns_maglev_backend_id returns the backend of the frontend's Maglev table
+ * for a flow, so that a flow entering any node for the same frontend
+ * reaches the same backend; 0 when the frontend has no table yet (the
+ * caller then uses the slots). A function of its own: the service path's
+ * frame is near the 512-byte limit, and a BPF-to-BPF call that passes only
+ * scalars and pointers adds just this small frame. */
+static __noinline __u32 ns_maglev_backend_id(const struct ns_pkt *p, __u16 rev_nat_id)
+{
+	return lb_maglev_backend(rev_nat_id,
+				 lb_maglev_flow_hash(&p->saddr, &p->daddr, p->sport,
+						     p->dport, p->proto));
+}
+
+/* The client identity for sessionAffinity: its address. Bit 63 keeps it
+ * apart from the netns cookies the socket LB stores in lb_affinity. */
+static __always_inline __u64 ns_client_id(const struct ns_pkt *p)
+{
+	return (1ULL << 63) | ((__u64)(p->saddr.w[0] ^ p->saddr.w[1] ^ p->saddr.w[2]) << 32) |
+	       p->saddr.w[3];
+}
+
+/* ns_dec_ttl decrements the TTL / hop limit of a packet this program
+ * forwards itself; it fails when the packet must not be forwarded. */
+static __always_inline int ns_dec_ttl(struct __ctx_buff *ctx, const struct ns_pkt *p)
+{
+	__u8 ttl;
+
+	if (p->v6) {
+		if (ctx_load_bytes(ctx, p->l3_off + HOPLIMIT_OFF, &ttl, 1) || ttl <= 1)
+			return -1;
+		ttl--;
+		return ctx_store_bytes(ctx, p->l3_off + HOPLIMIT_OFF, &ttl, 1);
+	} else {
+		__u8 word[2]; /* ttl, protocol: the checksummed 16-bit word */
+		__u16 from, to;
+
+		if (ctx_load_bytes(ctx, p->l3_off + TTL_OFF, word, 2) || word[0] <= 1)
+			return -1;
+		__builtin_memcpy(&from, word, 2);
+		word[0]--;
+		__builtin_memcpy(&to, word, 2);
+		if (ctx_store_bytes(ctx, p->l3_off + TTL_OFF, word, 1))
+			return -1;
+		return ctx_l3_csum_replace(ctx, p->l3_off + offsetof(struct iphdr, check),
+					   from, to, 2);
+	}
+}
+
+enum {
+	FWD_ROUTE, /* to another host: TTL decremented */
+	FWD_LOCAL, /* to a pod on this node */
+	FWD_ENCAP, /* in an outer header this node just made */
+};
+
+/* ns_forward sends a translated packet on its way (how: FWD_*). Whatever
+ * the FIB cannot resolve goes to the stack, which routes, resolves
+ * neighbours and answers with ICMP errors. */
+static __always_inline int ns_forward(struct __ctx_buff *ctx, const struct ns_pkt *p,
+				      int how)
+{
+	bool local = how == FWD_LOCAL;
+	bool dec_ttl = how != FWD_ENCAP;
+	struct bpf_fib_lookup fib = {
+		.ifindex = ctx_ifindex(ctx),
+		.l4_protocol = p->proto,
+		.sport = p->sport,
+		.dport = p->dport,
+		.tot_len = ctx_len(ctx) - p->l3_off,
+	};
+	long rc;
+
+	if (p->v6) {
+		fib.family = AF_INET6;
+		__builtin_memcpy(fib.ipv6_src, p->saddr.b, 16);
+		__builtin_memcpy(fib.ipv6_dst, p->daddr.b, 16);
+	} else {
+		fib.family = AF_INET;
+		fib.ipv4_src = p->saddr.w[3];
+		fib.ipv4_dst = p->daddr.w[3];
+	}
+	rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
+
+#ifdef SLUICE_TC
+	if (local) {
+		__u32 ifindex = fib.ifindex;
+
+		/* redirect_peer (5.10) skips the host stack, but only into
+		 * a veth the agent listed: it drops on any other device. */
+		if (rc != BPF_FIB_LKUP_RET_SUCCESS ||
+		    !bpf_map_lookup_elem(&ns_pod_ifaces, &ifindex))
+			return CTX_ACT_OK;
+		if ((dec_ttl && ns_dec_ttl(ctx, p)) ||
+		    ctx_store_bytes(ctx, 0, fib.dmac, ETH_ALEN) ||
+		    ctx_store_bytes(ctx, ETH_ALEN, fib.smac, ETH_ALEN))
+			return CTX_ACT_DROP;
+		return bpf_redirect_peer(ifindex, 0);
+	}
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return CTX_ACT_OK;
+	if (dec_ttl && ns_dec_ttl(ctx, p))
+		return CTX_ACT_OK;
+	/* redirect_neigh (5.10) fills in the MACs, resolving the neighbour
+	 * if the FIB had none. */
+	return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+#else /* SLUICE_XDP */
+	if (local || rc != BPF_FIB_LKUP_RET_SUCCESS)
+		return CTX_ACT_OK;
+	if (dec_ttl && ns_dec_ttl(ctx, p))
+		return CTX_ACT_OK;
+	if (ctx_store_bytes(ctx, 0, fib.dmac, ETH_ALEN) ||
+	    ctx_store_bytes(ctx, ETH_ALEN, fib.smac, ETH_ALEN))
+		return CTX_ACT_DROP;
+	if (fib.ifindex == ctx_ifindex(ctx))
+		return CTX_ACT_TX;
+	return bpf_redirect(fib.ifindex, 0);
+#endif /* SLUICE_TC */
+}
+
+/* ns_rev_dnat restores the frontend as the source of a reply from a
+ * backend (p: backend -> client). It returns 1 when p belongs to a tracked
+ * flow, 0 when not, < 0 on error. */
+static __always_inline int ns_rev_dnat(struct __ctx_buff *ctx, struct ns_pkt *p,
+				       const struct ns_config *cfg, __u32 now)
+{
+	union lb_addr fe __align_stack_8;
+	struct ct_entry *e;
+	__be16 port;
+
+	e = ct_lookup_reply(p);
+	if (!e)
+		return 0;
+	ct_update(e, cfg, p, ctx_len(ctx), now, true);
+	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
+	port = e->nat_port;
+	if (pkt_rewrite(ctx, p, false, &fe, port))
+		return -1;
+	return 1;
+}
+
+/* ns_remote_kind is how a new flow reaches a remote backend, by --lb-mode.
+ * DSR needs the backend's node in ns_tunnel; without it, SNAT. */
+static __always_inline __u16 ns_remote_kind(const struct ns_config *cfg, __u8 proto,
+					    const union lb_addr *backend)
+{
+	union lb_addr node __align_stack_8;
+
+	if (cfg->mode == NS_MODE_SNAT ||
+	    (cfg->mode == NS_MODE_HYBRID && proto != IPPROTO_TCP))
+		return CT_F_SNAT;
+	return dsr_tunnel_endpoint(backend, &node) ? CT_F_DSR : CT_F_SNAT;
+}
+
+/* ns_dsr_forward sends p (client -> frontend, untouched) to the node of
+ * backend in an outer header from this node. */
+static __always_inline int ns_dsr_forward(struct __ctx_buff *ctx, struct ns_pkt *p,
+					  const struct ns_config *cfg,
+					  const union lb_addr *backend)
+{
+	union lb_addr node __align_stack_8;
+	union lb_addr src __align_stack_8;
+
+	if (!dsr_tunnel_endpoint(backend, &node) ||
+	    snat_source(cfg, p->v6, &p->daddr, &src) ||
+	    dsr_encap(ctx, p, &src, &node))
+		return CTX_ACT_DROP;
+	return ns_forward(ctx, p, FWD_ENCAP);
+}
+
+/* nodeport_lb load-balances a packet to a frontend served here. tunnel is
+ * NULL, or on a DSR backend node the LB node that sent the packet: then
+ * only local backends are used, and a frontend equal to tunnel is a
+ * NodePort of that node. */
+static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
+				       const struct ns_config *cfg,
+				       const union lb_addr *tunnel)
+{
+	struct lb_svc_key key __align_stack_8;
+	struct ct_tuple t __align_stack_8;
+	union lb_addr frontend __align_stack_8;
+	union lb_addr be_addr __align_stack_8;
+	const struct lb_backend *be = NULL;
+	const struct lb_svc_val *svc;
+	__u32 now = ct_now(cfg), len = ctx_len(ctx), hash, backend_id = 0;
+	__u16 rev_nat_id, kind = 0;
+	struct ct_entry *e;
+	bool created = false;
+	__be16 be_port;
+
+	lb_key_init(&key, &p->daddr, p->dport, p->proto);
+	svc = lb_lookup_service(&key, LB_SCOPE_EXT);
+	if (!svc && tunnel && addr_equal(&p->daddr, tunnel->b)) {
+		frontend = p->daddr;
+		addr_to_wildcard(&frontend);
+		lb_key_init(&key, &frontend, p->dport, p->proto);
+		svc = lb_lookup_service(&key, LB_SCOPE_EXT);
+	}
+	if (!svc || !(svc->flags & NS_SVC_FLAGS))
+		return tunnel ? CTX_ACT_DROP : CTX_ACT_OK;
+	rev_nat_id = svc->rev_nat_id;
+	frontend = p->daddr;
+	hash = ns_flow_hash(p);
+
+	ct_tuple_set(&t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
+		     CT_DIR_SERVICE);
+	e = bpf_map_lookup_elem(&ct, &t);
+	if (e && !ct_is_new_syn(e, p->proto, p->tcp_flags, now)) {
+		backend_id = e->backend_id;
+		kind = e->flags & (CT_F_LOCAL | CT_F_SNAT | CT_F_DSR);
+		be = bpf_map_lookup_elem(&lb_backends, &backend_id);
+		if (be)
+			ct_update(e, cfg, p, len, now, false);
+	}
+	if (!be) {
+		/* No backend: drop, as kube-proxy's REJECT stops the flow. */
+		if (svc->count == 0)
+			return CTX_ACT_DROP;
+		if (tunnel)
+			be = dsr_select_local(&key, svc, hash, &backend_id);
+		else if ((svc->flags & (SVC_F_MAGLEV | SVC_F_AFFINITY)) == SVC_F_MAGLEV &&
+			 (backend_id = ns_maglev_backend_id(p, rev_nat_id)))
+			be = bpf_map_lookup_elem(&lb_backends, &backend_id);
+		if (!be && !tunnel)
+			be = lb_select_backend_id(&key, svc, hash, ns_client_id(p), &backend_id);
+		if (!be)
+			return CTX_ACT_DROP;
+		created = true;
+	}
+	__builtin_memcpy(be_addr.b, be->addr, sizeof(be_addr.b));
+	be_port = be->port;
+	/* No NAT46/64 here: a backend of the other family is a config error. */
+	if (addr_is_v4(&be_addr) == p->v6)
+		return CTX_ACT_DROP;
+	if (created) {
+		if (tunnel)
+			kind = CT_F_LOCAL | CT_F_DSR;
+		else if (be->flags & BE_F_LOCAL)
+			kind = CT_F_LOCAL;
+		else
+			kind = ns_remote_kind(cfg, p->proto, &be_addr);
+		if (ct_create_flow(cfg, p, len, now, &be_addr, be_port, backend_id,
+				   rev_nat_id, kind))
+			return CTX_ACT_DROP;
+	}
+
+	if ((kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
+		return ns_dsr_forward(ctx, p, cfg, &be_addr);
+	if (pkt_rewrite(ctx, p, true, &be_addr, be_port))
+		return CTX_ACT_DROP;
+	if (kind & CT_F_LOCAL)
+		return ns_forward(ctx, p, FWD_LOCAL);
+	if (snat_egress(ctx, p, cfg, &frontend, hash, now))
+		return CTX_ACT_DROP;
+	return ns_forward(ctx, p, FWD_ROUTE);
+}
+
+/* nodeport_dsr_backend handles a DSR packet from an LB node. */
+static __always_inline int nodeport_dsr_backend(struct __ctx_buff *ctx, struct ns_pkt *p,
+						const struct ns_config *cfg)
+{
+	union lb_addr lb_node __align_stack_8;
+
+	if (dsr_decap(ctx, p, &lb_node) != PARSE_OK)
+		return CTX_ACT_DROP;
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return CTX_ACT_DROP;
+	return nodeport_lb(ctx, p, cfg, &lb_node);
+}
+
+/* nodeport_rev_snat handles a reply from a remote backend to a nat port.
+ * It returns -1 when p is no such reply. */
+static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_pkt *p,
+					     const struct ns_config *cfg)
+{
+	int ret = snat_reverse(ctx, p);
+
+	if (ret == 0)
+		return -1;
+	if (ret < 0 || ns_rev_dnat(ctx, p, cfg, ct_now(cfg)) <= 0)
+		return CTX_ACT_DROP;
+	return ns_forward(ctx, p, FWD_ROUTE);
+}
+
+/* nodeport_icmp_ingress translates an ICMP error from a remote backend's
+ * side about a masqueraded flow and sends it to the client. */
+static __always_inline int nodeport_icmp_ingress(struct __ctx_buff *ctx, struct ns_pkt *p)
+{
+	struct icmp_err e;
+	int ret;
+
+	if (!lb_is_node_addr(&p->daddr) || icmp_parse_error(ctx, p, &e) != PARSE_OK)
+		return CTX_ACT_OK;
+	ret = icmp_rev_snat(ctx, p, &e);
+	if (ret == 0)
+		return CTX_ACT_OK;
+	if (ret < 0)
+		return CTX_ACT_DROP;
+	return ns_forward(ctx, p, FWD_ROUTE);
+}
+
+/* nodeport_ingress runs on every packet entering an external device. */
+static __always_inline int nodeport_ingress(struct __ctx_buff *ctx)
+{
+	const struct ns_config *cfg = ns_cfg();
+	struct ns_pkt p;
+	int ret;
+
+	if (!cfg)
+		return CTX_ACT_OK;
+	switch (parse_pkt(ctx, &p)) {
+	case PARSE_OK:
+		break;
+	case PARSE_DROP:
+		return CTX_ACT_DROP;
+	default:
+		return CTX_ACT_OK;
+	}
+	if (p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6)
+		return nodeport_icmp_ingress(ctx, &p);
+	if (dsr_is_tunnel(&p))
+		return nodeport_dsr_backend(ctx, &p, cfg);
+	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
+		return CTX_ACT_OK;
+	if (lb_is_node_addr(&p.daddr)) {
+		ret = nodeport_rev_snat(ctx, &p, cfg);
+		if (ret >= 0)
+			return ret;
+	}
+	return nodeport_lb(ctx, &p, cfg, NULL);
+}
+
+#ifdef SLUICE_TC
+/* nodeport_egress runs on every packet leaving an external device: a local
+ * backend's reply, or its ICMP error, gets its frontend back. */
+static __always_inline int nodeport_egress(struct __ctx_buff *ctx)
+{
+	const struct ns_config *cfg = ns_cfg();
+	struct ns_pkt p;
+
+	if (!cfg || parse_pkt(ctx, &p) != PARSE_OK)
+		return CTX_ACT_OK;
+	if (p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6) {
+		struct icmp_err e;
+
+		if (icmp_parse_error(ctx, &p, &e) == PARSE_OK &&
+		    icmp_rev_dnat(ctx, &p, &e) < 0)
+			return CTX_ACT_DROP;
+		return CTX_ACT_OK;
+	}
+	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
+		return CTX_ACT_OK;
+	if (ns_rev_dnat(ctx, &p, cfg, ct_now(cfg)) < 0)
+		return CTX_ACT_DROP;
+	return CTX_ACT_OK;
+}
+#endif /* SLUICE_TC */
+
+#endif /* __SLUICE_NODEPORT_H */

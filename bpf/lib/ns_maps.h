@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Maps of the north-south (tc and XDP) load balancer, in addition to the
+ * LB maps of maps.h, which it shares with the socket LB through the pins.
+ * Layouts and byte order are in ct_abi.h.
+ */
+#ifndef __SLUICE_NS_MAPS_H
+#define __SLUICE_NS_MAPS_H
+
+#include "common.h"
+#include "ct_abi.h"
+
+/* Conntrack, both families: ct_tuple (CT_DIR_*) -> ct_entry. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_tuple);
+	__type(value, struct ct_entry);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ct SEC(".maps");
+
+/* SNAT mappings, both families and directions: ct_tuple (NAT_DIR_*) ->
+ * the address and port to translate to. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_tuple);
+	__type(value, struct nat_entry);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} snat SEC(".maps");
+
+/* Host-side ifindex of each local pod's veth -> 1: a local backend behind
+ * one of these is reached with bpf_redirect_peer, anything else through
+ * the stack (redirect_peer drops on devices without a peer). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ns_pod_ifaces SEC(".maps");
+
+/* Pod CIDR -> node IP, where DSR sends a remote backend's traffic. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct tunnel_key);
+	__type(value, struct tunnel_val);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ns_tunnel SEC(".maps");
+
+/* Agent configuration of the tc/XDP programs, one entry at index 0. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ns_config);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ns_config SEC(".maps");
+
+/* Per-CPU scratch for entries built before a map update: the service
+ * path's stack is near the 512-byte limit. Never pinned: nothing in it
+ * outlives one program run. */
+struct ct_scratch {
+	struct ct_tuple tuple;
+	struct ct_entry entry;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_scratch);
+	__uint(max_entries, 1);
+} ns_scratch_map SEC(".maps");
+
+static __always_inline struct ct_scratch *ns_scratch(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&ns_scratch_map, &zero);
+}
+
+#endif /* __SLUICE_NS_MAPS_H */

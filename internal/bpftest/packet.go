@@ -1,0 +1,419 @@
+// Package bpftest runs sluice's BPF programs on crafted packets with
+// BPF_PROG_RUN, the way Cilium's and Katran's BPF unit tests do: a packet
+// builder (gopacket, never hand-written hex), the real program, and checks
+// of the verdict, the output bytes and the checksums.
+package bpftest
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+)
+
+// TCP flags of a Packet.
+const (
+	FIN uint8 = 1 << 0
+	SYN uint8 = 1 << 1
+	RST uint8 = 1 << 2
+	PSH uint8 = 1 << 3
+	ACK uint8 = 1 << 4
+)
+
+// IP protocol numbers.
+const (
+	TCP uint8 = 6
+	UDP uint8 = 17
+)
+
+// Default MACs of a Packet: a client-facing router and the node's device.
+var (
+	MACClient = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x01}
+	MACNode   = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x0b}
+)
+
+// Packet describes an Ethernet frame carrying TCP or UDP over IPv4 or
+// IPv6. Every field not given has a fixed default, so the same Packet with
+// a few fields changed describes the expected output of a translation.
+type Packet struct {
+	SrcMAC, DstMAC net.HardwareAddr // default MACClient -> MACNode
+	Src, Dst       netip.AddrPort
+	Proto          uint8 // TCP or UDP
+	Flags          uint8 // TCP flags
+	TTL            uint8 // or hop limit; default 64
+	Payload        []byte
+	// NoUDPChecksum sends UDP over IPv4 with a zero checksum ("none").
+	NoUDPChecksum bool
+}
+
+// ethernet is the Ethernet header of a test frame, MACs defaulted.
+func ethernet(src, dst net.HardwareAddr, v4 bool) *layers.Ethernet {
+	eth := &layers.Ethernet{SrcMAC: src, DstMAC: dst, EthernetType: layers.EthernetTypeIPv6}
+	if eth.SrcMAC == nil {
+		eth.SrcMAC = MACClient
+	}
+	if eth.DstMAC == nil {
+		eth.DstMAC = MACNode
+	}
+	if v4 {
+		eth.EthernetType = layers.EthernetTypeIPv4
+	}
+	return eth
+}
+
+func ttlOr64(ttl uint8) uint8 {
+	if ttl == 0 {
+		return 64
+	}
+	return ttl
+}
+
+// With returns a copy of p with fn applied, for expected packets.
+func (p Packet) With(fn func(*Packet)) Packet {
+	fn(&p)
+	return p
+}
+
+// Bytes serializes p with correct lengths and checksums.
+func (p Packet) Bytes() ([]byte, error) {
+	if p.Src.Addr().Is4() != p.Dst.Addr().Is4() {
+		return nil, fmt.Errorf("packet %s -> %s mixes families", p.Src, p.Dst)
+	}
+	ttl := ttlOr64(p.TTL)
+	eth := ethernet(p.SrcMAC, p.DstMAC, p.Src.Addr().Is4())
+	var net gopacket.NetworkLayer
+	var ls []gopacket.SerializableLayer
+	if p.Src.Addr().Is4() {
+		ip := &layers.IPv4{
+			Version: 4, IHL: 5, TTL: ttl, Id: 0x1234, Flags: layers.IPv4DontFragment,
+			Protocol: layers.IPProtocol(p.Proto),
+			SrcIP:    p.Src.Addr().AsSlice(), DstIP: p.Dst.Addr().AsSlice(),
+		}
+		net, ls = ip, []gopacket.SerializableLayer{eth, ip}
+	} else {
+		ip := &layers.IPv6{
+			Version: 6, HopLimit: ttl, NextHeader: layers.IPProtocol(p.Proto),
+			SrcIP: p.Src.Addr().AsSlice(), DstIP: p.Dst.Addr().AsSlice(),
+		}
+		net, ls = ip, []gopacket.SerializableLayer{eth, ip}
+	}
+	switch p.Proto {
+	case TCP:
+		tcp := &layers.TCP{
+			SrcPort: layers.TCPPort(p.Src.Port()), DstPort: layers.TCPPort(p.Dst.Port()),
+			Seq: 1000, Window: 64240,
+			FIN: p.Flags&FIN != 0, SYN: p.Flags&SYN != 0, RST: p.Flags&RST != 0,
+			PSH: p.Flags&PSH != 0, ACK: p.Flags&ACK != 0,
+		}
+		if tcp.ACK {
+			tcp.Ack = 2000
+		}
+		if err := tcp.SetNetworkLayerForChecksum(net); err != nil {
+			return nil, err
+		}
+		ls = append(ls, tcp)
+	case UDP:
+		udp := &layers.UDP{SrcPort: layers.UDPPort(p.Src.Port()), DstPort: layers.UDPPort(p.Dst.Port())}
+		if err := udp.SetNetworkLayerForChecksum(net); err != nil {
+			return nil, err
+		}
+		ls = append(ls, udp)
+	default:
+		return nil, fmt.Errorf("packet: protocol %d not supported", p.Proto)
+	}
+	ls = append(ls, gopacket.Payload(p.Payload))
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...); err != nil {
+		return nil, fmt.Errorf("serialize %s -> %s: %w", p.Src, p.Dst, err)
+	}
+	out := buf.Bytes()
+	if p.NoUDPChecksum && p.Proto == UDP && p.Src.Addr().Is4() {
+		off := 14 + 20 + 6
+		out[off], out[off+1] = 0, 0
+	}
+	return out, nil
+}
+
+// MustBytes is Bytes for fixtures known to be valid.
+func (p Packet) MustBytes() []byte {
+	return Must(p)
+}
+
+func (p Packet) String() string {
+	name := map[uint8]string{TCP: "TCP", UDP: "UDP"}[p.Proto]
+	return fmt.Sprintf("%s %s -> %s", name, p.Src, p.Dst)
+}
+
+// Frame is a test packet description: Packet or ICMPError.
+type Frame interface {
+	Bytes() ([]byte, error)
+	String() string
+}
+
+// Must serializes a fixture known to be valid; it panics otherwise, as a
+// broken fixture is a bug in the test.
+func Must(f Frame) []byte {
+	b, err := f.Bytes()
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// ICMP error types.
+const (
+	ICMPDestUnreach    uint8 = 3
+	ICMPTimeExceeded   uint8 = 11
+	ICMPPortUnreach    uint8 = 3 // code of ICMPDestUnreach
+	ICMPFragNeeded     uint8 = 4 // code of ICMPDestUnreach
+	ICMPv6DestUnreach  uint8 = 1
+	ICMPv6PacketTooBig uint8 = 2
+	ICMPv6PortUnreach  uint8 = 4 // code of ICMPv6DestUnreach
+)
+
+// ICMPError is an ICMP (IPv4) or ICMPv6 error that quotes Quote, the way
+// a router or host sends it back to Quote's source.
+type ICMPError struct {
+	SrcMAC, DstMAC net.HardwareAddr // default MACClient -> MACNode
+	Src, Dst       netip.Addr
+	Type, Code     uint8
+	MTU            uint16 // fragmentation needed / packet too big
+	TTL            uint8  // default 64
+	Quote          Packet
+	// QuoteL4 cuts the quoted packet after this many bytes of its L4
+	// header and payload (8 is all RFC 792 promises); 0 keeps all.
+	QuoteL4 int
+}
+
+// With returns a copy of e with fn applied, for expected packets.
+func (e ICMPError) With(fn func(*ICMPError)) ICMPError {
+	fn(&e)
+	return e
+}
+
+func (e ICMPError) String() string {
+	return fmt.Sprintf("ICMP %d/%d %s -> %s quoting %s", e.Type, e.Code, e.Src, e.Dst, e.Quote)
+}
+
+// Bytes serializes e with correct lengths and checksums.
+func (e ICMPError) Bytes() ([]byte, error) {
+	if e.Src.Is4() != e.Dst.Is4() || e.Src.Is4() != e.Quote.Src.Addr().Is4() {
+		return nil, fmt.Errorf("%s mixes families", e)
+	}
+	quote, err := e.Quote.Bytes()
+	if err != nil {
+		return nil, err
+	}
+	quote = quote[14:]
+	l3 := 40
+	if e.Src.Is4() {
+		l3 = 20
+	}
+	if e.QuoteL4 > 0 && l3+e.QuoteL4 < len(quote) {
+		quote = quote[:l3+e.QuoteL4]
+	}
+	ttl := ttlOr64(e.TTL)
+	eth := ethernet(e.SrcMAC, e.DstMAC, e.Src.Is4())
+	var ls []gopacket.SerializableLayer
+	if e.Src.Is4() {
+		ip := &layers.IPv4{
+			Version: 4, IHL: 5, TTL: ttl, Id: 0x4321, Protocol: layers.IPProtocolICMPv4,
+			SrcIP: e.Src.AsSlice(), DstIP: e.Dst.AsSlice(),
+		}
+		icmp := &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(e.Type, e.Code), Seq: e.MTU}
+		ls = []gopacket.SerializableLayer{eth, ip, icmp, gopacket.Payload(quote)}
+	} else {
+		ip := &layers.IPv6{
+			Version: 6, HopLimit: ttl, NextHeader: layers.IPProtocolICMPv6,
+			SrcIP: e.Src.AsSlice(), DstIP: e.Dst.AsSlice(),
+		}
+		icmp := &layers.ICMPv6{TypeCode: layers.CreateICMPv6TypeCode(e.Type, e.Code)}
+		if err := icmp.SetNetworkLayerForChecksum(ip); err != nil {
+			return nil, err
+		}
+		// The 4 bytes after the checksum: unused, or the MTU.
+		body := append([]byte{0, 0, byte(e.MTU >> 8), byte(e.MTU)}, quote...)
+		ls = []gopacket.SerializableLayer{eth, ip, icmp, gopacket.Payload(body)}
+	}
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...); err != nil {
+		return nil, fmt.Errorf("serialize %s: %w", e, err)
+	}
+	return buf.Bytes(), nil
+}
+
+// Encap is Inner in an outer IPIP (IPv6: IP6IP6) header, the way DSR sends
+// it to a backend's node.
+type Encap struct {
+	SrcMAC, DstMAC net.HardwareAddr // default MACClient -> MACNode
+	Src, Dst       netip.Addr
+	Inner          Packet
+}
+
+func (e Encap) String() string {
+	return fmt.Sprintf("IPIP %s -> %s carrying %s", e.Src, e.Dst, e.Inner)
+}
+
+// Bytes serializes e: outer TTL 64, no DF, the inner packet untouched.
+func (e Encap) Bytes() ([]byte, error) {
+	if e.Src.Is4() != e.Dst.Is4() || e.Src.Is4() != e.Inner.Src.Addr().Is4() {
+		return nil, fmt.Errorf("%s mixes families", e)
+	}
+	inner, err := e.Inner.Bytes()
+	if err != nil {
+		return nil, err
+	}
+	eth := ethernet(e.SrcMAC, e.DstMAC, e.Src.Is4())
+	var outer gopacket.SerializableLayer
+	if e.Src.Is4() {
+		outer = &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolIPv4,
+			SrcIP: e.Src.AsSlice(), DstIP: e.Dst.AsSlice()}
+	} else {
+		outer = &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolIPv6,
+			SrcIP: e.Src.AsSlice(), DstIP: e.Dst.AsSlice()}
+	}
+	buf := gopacket.NewSerializeBuffer()
+	err = gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
+		eth, outer, gopacket.Payload(inner[14:]))
+	if err != nil {
+		return nil, fmt.Errorf("serialize %s: %w", e, err)
+	}
+	return buf.Bytes(), nil
+}
+
+// CheckChecksums recomputes the IP and TCP/UDP/ICMP checksums of frame with
+// gopacket and reports an error when frame's differ. A zero UDP checksum
+// over IPv4 ("none") is accepted as such. An IPIP / IP6IP6 frame is
+// checked layer by layer: the outer header, then the inner packet.
+func CheckChecksums(frame []byte) error {
+	if inner, err := checkOuter(frame); err != nil || inner != nil {
+		if err != nil {
+			return err
+		}
+		return CheckChecksums(inner)
+	}
+	return checkChecksums(frame)
+}
+
+// checkOuter checks the outer header of a tunnelled frame and returns the
+// inner packet as a frame of its own; nil when frame is no tunnel.
+func checkOuter(frame []byte) ([]byte, error) {
+	var (
+		eth layers.Ethernet
+		ip4 layers.IPv4
+		ip6 layers.IPv6
+	)
+	if err := eth.DecodeFromBytes(frame, gopacket.NilDecodeFeedback); err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	var (
+		outer     gopacket.SerializableLayer
+		innerType layers.EthernetType
+		rest      []byte
+	)
+	switch {
+	case eth.EthernetType == layers.EthernetTypeIPv4:
+		if err := ip4.DecodeFromBytes(eth.Payload, gopacket.NilDecodeFeedback); err != nil {
+			return nil, fmt.Errorf("decode: %w", err)
+		}
+		if ip4.Protocol != layers.IPProtocolIPv4 {
+			return nil, nil
+		}
+		outer, innerType, rest = &ip4, layers.EthernetTypeIPv4, ip4.Payload
+	case eth.EthernetType == layers.EthernetTypeIPv6:
+		if err := ip6.DecodeFromBytes(eth.Payload, gopacket.NilDecodeFeedback); err != nil {
+			return nil, fmt.Errorf("decode: %w", err)
+		}
+		if ip6.NextHeader != layers.IPProtocolIPv6 {
+			return nil, nil
+		}
+		outer, innerType, rest = &ip6, layers.EthernetTypeIPv6, ip6.Payload
+	default:
+		return nil, nil
+	}
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{ComputeChecksums: true}, outer, gopacket.Payload(rest)); err != nil {
+		return nil, fmt.Errorf("re-serialize outer header: %w", err)
+	}
+	if !bytes.Equal(buf.Bytes(), eth.Payload) {
+		return nil, fmt.Errorf("outer header checksum differs from gopacket's:\nhave %x\nwant %x", eth.Payload, buf.Bytes())
+	}
+	inner := append(append([]byte{}, frame[:12]...), byte(innerType>>8), byte(innerType))
+	return append(inner, rest...), nil
+}
+
+func checkChecksums(frame []byte) error {
+	var (
+		eth     layers.Ethernet
+		ip4     layers.IPv4
+		ip6     layers.IPv6
+		tcp     layers.TCP
+		udp     layers.UDP
+		icmp4   layers.ICMPv4
+		icmp6   layers.ICMPv6
+		decoded []gopacket.LayerType
+	)
+	// Stop at L4: the payload is opaque (a DNS port must not make it DNS).
+	parser := gopacket.NewDecodingLayerParser(layers.LayerTypeEthernet, &eth, &ip4, &ip6, &tcp, &udp, &icmp4, &icmp6)
+	parser.IgnoreUnsupported = true
+	if err := parser.DecodeLayers(frame, &decoded); err != nil {
+		return fmt.Errorf("decode: %w", err)
+	}
+	var (
+		ls      []gopacket.SerializableLayer
+		netl    gopacket.NetworkLayer
+		noUDPCk = -1 // offset of a zero IPv4 UDP checksum
+	)
+	for _, lt := range decoded {
+		switch lt {
+		case layers.LayerTypeEthernet:
+			ls = append(ls, &eth)
+		case layers.LayerTypeIPv4:
+			netl = &ip4
+			ls = append(ls, &ip4)
+		case layers.LayerTypeIPv6:
+			netl = &ip6
+			ls = append(ls, &ip6)
+		case layers.LayerTypeTCP:
+			if err := tcp.SetNetworkLayerForChecksum(netl); err != nil {
+				return err
+			}
+			ls = append(ls, &tcp, gopacket.Payload(tcp.Payload))
+		case layers.LayerTypeUDP:
+			if netl == gopacket.NetworkLayer(&ip4) && udp.Checksum == 0 {
+				noUDPCk = 14 + int(ip4.IHL)*4 + 6
+			}
+			if err := udp.SetNetworkLayerForChecksum(netl); err != nil {
+				return err
+			}
+			ls = append(ls, &udp, gopacket.Payload(udp.Payload))
+		case layers.LayerTypeICMPv4:
+			ls = append(ls, &icmp4, gopacket.Payload(icmp4.Payload))
+		case layers.LayerTypeICMPv6:
+			if err := icmp6.SetNetworkLayerForChecksum(netl); err != nil {
+				return err
+			}
+			ls = append(ls, &icmp6, gopacket.Payload(icmp6.Payload))
+		}
+	}
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{ComputeChecksums: true}, ls...); err != nil {
+		return fmt.Errorf("re-serialize: %w", err)
+	}
+	want := buf.Bytes()
+	if noUDPCk >= 0 && noUDPCk+2 <= len(want) {
+		want[noUDPCk], want[noUDPCk+1] = 0, 0
+	}
+	if !bytes.Equal(want, frame) {
+		return fmt.Errorf("checksums differ from gopacket's:\nhave %x\nwant %x", frame, want)
+	}
+	return nil
+}
+
+// Describe renders a frame layer by layer, for failure messages.
+func Describe(frame []byte) string {
+	return gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.Default).String()
+}

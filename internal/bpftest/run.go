@@ -1,0 +1,80 @@
+package bpftest
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netns"
+)
+
+// Result is what one BPF_PROG_RUN returned.
+type Result struct {
+	Verdict uint32
+	Frame   []byte // the packet after the program
+}
+
+// Run runs prog once on frame (an Ethernet frame) and returns the verdict
+// and the frame as the program left it.
+func Run(prog *ebpf.Program, frame []byte) (Result, error) {
+	opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256)}
+	ret, err := prog.Run(opts)
+	if err != nil {
+		return Result{}, fmt.Errorf("run %s: %w", prog, err)
+	}
+	return Result{Verdict: ret, Frame: opts.DataOut}, nil
+}
+
+// InNewNetNS runs fn on a locked OS thread inside a new, unnamed network
+// namespace that only has a loopback device, and returns the thread to
+// its namespace afterwards. BPF_PROG_RUN's FIB lookups see this
+// namespace, so results do not depend on the machine's routes. The
+// namespace goes away with its last reference when fn returns.
+func InNewNetNS(t testing.TB, fn func()) {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatalf("get netns: %v", err)
+	}
+	defer orig.Close()
+	ns, err := netns.New()
+	if err != nil {
+		t.Fatalf("new netns: %v", err)
+	}
+	defer func() {
+		if err := netns.Set(orig); err != nil {
+			// The thread stays locked and dies with the goroutine rather
+			// than serving other goroutines from the wrong namespace.
+			runtime.LockOSThread()
+			t.Errorf("restore netns: %v", err)
+		}
+		ns.Close()
+	}()
+	fn()
+}
+
+// xdpMD mirrors struct xdp_md, the context of an XDP BPF_PROG_RUN.
+type xdpMD struct {
+	Data, DataEnd, DataMeta      uint32
+	IngressIfindex, RxQueueIndex uint32
+	EgressIfindex                uint32
+}
+
+// RunXDPOn runs an XDP prog on frame as if it arrived on queue 0 of the
+// device ifindex (in the caller's network namespace), so XDP_TX and FIB
+// lookups see that device as the ingress one.
+func RunXDPOn(prog *ebpf.Program, frame []byte, ifindex int) (Result, error) {
+	opts := &ebpf.RunOptions{
+		Data:    frame,
+		DataOut: make([]byte, len(frame)+256),
+		Context: xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(ifindex)},
+	}
+	ret, err := prog.Run(opts)
+	if err != nil {
+		return Result{}, fmt.Errorf("run %s on ifindex %d: %w", prog, ifindex, err)
+	}
+	return Result{Verdict: ret, Frame: opts.DataOut}, nil
+}

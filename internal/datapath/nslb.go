@@ -1,0 +1,243 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+)
+
+// NorthSouthOptions configure LoadNorthSouth.
+type NorthSouthOptions struct {
+	// BPFRoot is the pin directory, the same as the socket LB's: the LB
+	// maps pinned there are shared, so one reconciler feeds both.
+	BPFRoot string
+	// Sizes of the shared LB maps; they must equal the socket LB's.
+	Sizes MapSizes
+	// CTEntries and NATEntries size the ct and snat maps; 0 = 65536.
+	CTEntries, NATEntries uint32
+}
+
+// NorthSouth is the loaded tc and XDP load balancer (bpf/tc_lb.c,
+// bpf/xdp_lb.c). It does not attach anything: see Programs.
+type NorthSouth struct {
+	tc  tclbObjects
+	xdp xdplbObjects
+	lb  *lbmap.Kernel
+	ct  *lbmap.CT
+	nat *lbmap.NAT
+}
+
+// NorthSouthPrograms are the programs to attach to each external device.
+type NorthSouthPrograms struct {
+	TCIngress  *ebpf.Program // tc / tcx ingress
+	TCEgress   *ebpf.Program // tc / tcx egress: reverse DNAT of local backends' replies
+	XDPIngress *ebpf.Program // XDP, when acceleration is on
+}
+
+const defaultNSEntries = 65536
+
+// LoadNorthSouthSpecs returns the compiled tc and XDP objects, for tests
+// and tools that inspect their BTF.
+func LoadNorthSouthSpecs() (tc, xdp *ebpf.CollectionSpec, err error) {
+	if tc, err = loadTclb(); err != nil {
+		return nil, nil, err
+	}
+	if xdp, err = loadXdplb(); err != nil {
+		return nil, nil, err
+	}
+	return tc, xdp, nil
+}
+
+// LoadNorthSouth loads the tc and XDP programs. Every map is pinned by name
+// under opts.BPFRoot: maps already there (from the socket LB or an earlier
+// agent) are reused, so state survives a restart; the XDP object then
+// finds the tc object's maps the same way.
+func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
+	if opts.BPFRoot == "" {
+		return nil, errors.New("load north-south LB: empty BPF root")
+	}
+	if err := EnsureBPFFS(opts.BPFRoot); err != nil {
+		return nil, fmt.Errorf("load north-south LB: %w", err)
+	}
+	tcSpec, xdpSpec, err := LoadNorthSouthSpecs()
+	if err != nil {
+		return nil, err
+	}
+	sizes := opts.Sizes.withDefaults().byName()
+	sizes[lbmap.CTMapName] = orDefault(opts.CTEntries, defaultNSEntries)
+	sizes[lbmap.NATMapName] = orDefault(opts.NATEntries, defaultNSEntries)
+
+	n := &NorthSouth{}
+	for _, o := range []struct {
+		name string
+		spec *ebpf.CollectionSpec
+		objs any
+	}{
+		{"tc", tcSpec, &n.tc},
+		{"XDP", xdpSpec, &n.xdp},
+	} {
+		for name, size := range sizes {
+			if ms, ok := o.spec.Maps[name]; ok {
+				ms.MaxEntries = size
+			}
+		}
+		if err := checkPins(o.spec, opts.BPFRoot); err != nil {
+			n.Close()
+			return nil, err
+		}
+		err := o.spec.LoadAndAssign(o.objs, &ebpf.CollectionOptions{
+			Maps: ebpf.MapOptions{PinPath: opts.BPFRoot},
+		})
+		if err != nil {
+			n.Close()
+			var verr *ebpf.VerifierError
+			if errors.As(err, &verr) {
+				return nil, fmt.Errorf("load %s LB: %+v", o.name, verr)
+			}
+			return nil, fmt.Errorf("load %s LB: %w", o.name, err)
+		}
+	}
+	m := &n.tc.tclbMaps
+	n.lb = lbmap.NewKernel(m.LbServices, m.LbBackends, m.LbRevNat, m.LbNodeIps)
+	n.ct = lbmap.NewCT(m.Ct)
+	n.nat = lbmap.NewNAT(m.Snat)
+	return n, nil
+}
+
+func orDefault(v, def uint32) uint32 {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// Programs returns the programs for the next layer to attach.
+func (n *NorthSouth) Programs() NorthSouthPrograms {
+	return NorthSouthPrograms{
+		TCIngress:  n.tc.TcLbIngress,
+		TCEgress:   n.tc.TcLbEgress,
+		XDPIngress: n.xdp.XdpLbIngress,
+	}
+}
+
+// Maps returns the shared LB maps (the same pins as the socket LB's).
+func (n *NorthSouth) Maps() lbmap.Maps { return n.lb }
+
+// CT returns the conntrack map.
+func (n *NorthSouth) CT() *lbmap.CT { return n.ct }
+
+// NAT returns the SNAT map.
+func (n *NorthSouth) NAT() *lbmap.NAT { return n.nat }
+
+// SetConfig writes the tc/XDP configuration. A zero HZ is filled in from
+// the kernel config (KernelHZ).
+func (n *NorthSouth) SetConfig(c lbmap.NSConfig) error {
+	if c.HZ == 0 {
+		hz, err := KernelHZ()
+		if err != nil {
+			return fmt.Errorf("set north-south config: %w", err)
+		}
+		c.HZ = hz
+	}
+	if c.SNATPortMin != 0 && c.SNATPortMax != 0 && c.SNATPortMax < c.SNATPortMin {
+		return fmt.Errorf("set north-south config: SNAT port range %d-%d is empty", c.SNATPortMin, c.SNATPortMax)
+	}
+	if err := n.tc.NsConfig.Update(uint32(0), &c, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("update %s: %w", lbmap.NSConfigMapName, err)
+	}
+	return nil
+}
+
+// SetPodIface marks the host side of a local pod's veth, so local backends
+// behind it are reached with bpf_redirect_peer.
+func (n *NorthSouth) SetPodIface(ifindex uint32) error {
+	if err := n.tc.NsPodIfaces.Update(ifindex, uint32(1), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("update %s: %w", lbmap.PodIfacesMapName, err)
+	}
+	return nil
+}
+
+// DeletePodIface forgets a pod veth; a missing one is fine.
+func (n *NorthSouth) DeletePodIface(ifindex uint32) error {
+	err := n.tc.NsPodIfaces.Delete(ifindex)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete from %s: %w", lbmap.PodIfacesMapName, err)
+	}
+	return nil
+}
+
+// SetTunnel records that the pods of podCIDR run on the node with address
+// node: DSR sends their traffic there in an IPIP (IP6IP6) header.
+func (n *NorthSouth) SetTunnel(podCIDR netip.Prefix, node netip.Addr) error {
+	if podCIDR.Addr().Is4() != node.Is4() {
+		return fmt.Errorf("DSR tunnel %s -> %s: address families differ", podCIDR, node)
+	}
+	k, v := lbmap.TunnelKeyFrom(podCIDR), lbmap.TunnelValue{NodeAddr: lbmap.AddrFrom(node)}
+	if err := n.tc.NsTunnel.Update(&k, &v, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("update %s: %s -> %s: %w", lbmap.TunnelMapName, podCIDR, node, err)
+	}
+	return nil
+}
+
+// DeleteTunnel forgets a pod CIDR; a missing one is fine.
+func (n *NorthSouth) DeleteTunnel(podCIDR netip.Prefix) error {
+	k := lbmap.TunnelKeyFrom(podCIDR)
+	err := n.tc.NsTunnel.Delete(&k)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete from %s: %s: %w", lbmap.TunnelMapName, podCIDR, err)
+	}
+	return nil
+}
+
+// CTNow returns the datapath's CT clock (seconds), read by running
+// xdp_ct_clock, for ct list and garbage collection.
+func (n *NorthSouth) CTNow() (uint32, error) {
+	ret, err := n.xdp.XdpCtClock.Run(&ebpf.RunOptions{Data: make([]byte, 14)})
+	if err != nil {
+		return 0, fmt.Errorf("read CT clock: %w", err)
+	}
+	return ret, nil
+}
+
+// Close closes programs and maps; the pins stay for the next agent.
+func (n *NorthSouth) Close() error {
+	return errors.Join(n.tc.Close(), n.xdp.Close())
+}
+
+// UnpinNorthSouth removes the pins of the maps only the tc/XDP programs
+// use; the shared LB maps are left to Unpin.
+func UnpinNorthSouth(bpfRoot string) error {
+	sock, err := loadSocklb()
+	if err != nil {
+		return err
+	}
+	tc, xdp, err := LoadNorthSouthSpecs()
+	if err != nil {
+		return err
+	}
+	// Derived from the objects, so a map added to tc_lb.c or xdp_lb.c is
+	// never left behind.
+	var errs []error
+	seen := map[string]bool{}
+	for _, spec := range []*ebpf.CollectionSpec{tc, xdp} {
+		for name, ms := range spec.Maps {
+			if ms.Pinning != ebpf.PinByName || seen[name] {
+				continue
+			}
+			seen[name] = true
+			if shared, ok := sock.Maps[name]; ok && shared.Pinning == ebpf.PinByName {
+				continue
+			}
+			if err := os.Remove(filepath.Join(bpfRoot, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("unpin %s: %w", name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

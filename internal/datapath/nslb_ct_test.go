@@ -1,0 +1,267 @@
+package datapath
+
+import (
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/sluice-dataplane/sluice/internal/bpftest"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+)
+
+func setClock(t *testing.T, n *NorthSouth, now uint64) {
+	t.Helper()
+	must(t, n.SetConfig(lbmap.NSConfig{
+		SNATAddr4: lbmap.AddrFrom(ipNode), SNATAddr6: lbmap.AddrFrom(ipNode6), HZ: 250,
+		ClockOverride: now, SNATPortMin: snatMin, SNATPortMax: snatMax,
+	}))
+}
+
+// ctEntry returns the ct entry of src -> dst in direction dir.
+func ctEntry(t *testing.T, n *NorthSouth, src, dst netip.AddrPort, proto, dir uint8) (lbmap.CTEntry, bool) {
+	t.Helper()
+	recs, err := n.CT().Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		k := r.Key
+		if k.Dir == dir && k.Proto == proto && k.SAddr.NetIP() == src.Addr() && k.SPort.Host() == src.Port() &&
+			k.DAddr.NetIP() == dst.Addr() && k.DPort.Host() == dst.Port() {
+			return r.Entry, true
+		}
+	}
+	return lbmap.CTEntry{}, false
+}
+
+// ctWant is what a test expects of one ct entry.
+type ctWant struct {
+	flags     uint16
+	lifetime  uint32
+	created   uint32
+	packets   uint64
+	rxPackets uint64
+}
+
+func checkCT(t *testing.T, n *NorthSouth, step string, src, dst netip.AddrPort, proto, dir uint8, want ctWant) lbmap.CTEntry {
+	t.Helper()
+	e, ok := ctEntry(t, n, src, dst, proto, dir)
+	if !ok {
+		t.Errorf("%s: no ct entry %s -> %s dir %d", step, src, dst, dir)
+		return e
+	}
+	got := ctWant{e.Flags, e.Lifetime, e.Created, e.Packets, e.RxPackets}
+	if got != want {
+		t.Errorf("%s: ct %s -> %s dir %d: flags %s lifetime %d created %d packets %d rx %d; "+
+			"want flags %s lifetime %d created %d packets %d rx %d", step, src, dst, dir,
+			lbmap.CTFlagsString(got.flags), got.lifetime, got.created, got.packets, got.rxPackets,
+			lbmap.CTFlagsString(want.flags), want.lifetime, want.created, want.packets, want.rxPackets)
+	}
+	return e
+}
+
+// A TCP flow through a NodePort to a local backend, step by step: the CT
+// state, lifetime and counters after each packet, the reply through the
+// tc egress program, expiry and re-creation.
+func TestPrivilegedNorthSouthConntrackTCP(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		egress := n.Programs().TCEgress
+		tcpKind := attachKind{"tc egress", nil, ingressKinds[0].verdicts}
+		c := client(43000)
+		const (
+			local = lbmap.CTFlagLocal
+			syn   = lbmap.CTFlagSYN
+			est   = lbmap.CTFlagEstablished
+			fin   = lbmap.CTFlagClosing
+			reply = lbmap.CTFlagSeenReply
+		)
+		pkt := func(flags uint8) bpftest.Packet {
+			return bpftest.Packet{Src: c, Dst: apNodePort, Proto: bpftest.TCP, Flags: flags}
+		}
+		dnat := func(p bpftest.Packet) bpftest.Packet {
+			return p.With(func(p *bpftest.Packet) { p.Dst = apLocal })
+		}
+		send := func(step string, flags uint8) {
+			t.Helper()
+			runPacket(t, kind, prog, step, pkt(flags), vPass, dnat(pkt(flags)))
+		}
+		send("SYN", bpftest.SYN)
+		svc := checkCT(t, n, "SYN", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
+			ctWant{local | syn, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 1, 0})
+		if svc.BackendID != 1 || svc.RevNatID != 1 || svc.NATAddr.NetIP() != apLocal.Addr() || svc.NATPort.Host() != apLocal.Port() {
+			t.Errorf("SYN: service entry backend %d rev NAT %d to %s:%d, want 1, 1, %s",
+				svc.BackendID, svc.RevNatID, svc.NATAddr.NetIP(), svc.NATPort.Host(), apLocal)
+		}
+		in := checkCT(t, n, "SYN", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
+			ctWant{local | syn, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 0, 0})
+		if in.NATAddr.NetIP() != ipNode || in.NATPort.Host() != apNodePort.Port() {
+			t.Errorf("SYN: ingress entry restores %s:%d, want the frontend the client used, %s",
+				in.NATAddr.NetIP(), in.NATPort.Host(), apNodePort)
+		}
+
+		// The backend's SYN-ACK leaves through tc egress with the
+		// frontend as its source.
+		synAck := bpftest.Packet{Src: apLocal, Dst: c, Proto: bpftest.TCP, Flags: bpftest.SYN | bpftest.ACK}
+		runPacket(t, tcpKind, egress, "SYN-ACK", synAck, vPass,
+			synAck.With(func(p *bpftest.Packet) { p.Src = apNodePort }))
+		checkCT(t, n, "SYN-ACK", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
+			ctWant{local | syn | reply, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 0, 1})
+
+		send("ACK", bpftest.ACK)
+		checkCT(t, n, "ACK", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
+			ctWant{local | syn | est, ctNow + lbmap.DefaultTCPEstTimeout, ctNow, 2, 0})
+
+		// Same second: the lifetime stays; later: it moves on.
+		send("data, same second", bpftest.ACK|bpftest.PSH)
+		setClock(t, n, ctNow+5)
+		send("data, 5 s later", bpftest.ACK|bpftest.PSH)
+		checkCT(t, n, "data", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
+			ctWant{local | syn | est, ctNow + 5 + lbmap.DefaultTCPEstTimeout, ctNow, 4, 0})
+
+		send("FIN", bpftest.FIN|bpftest.ACK)
+		checkCT(t, n, "FIN", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
+			ctWant{local | syn | est | fin, ctNow + 5 + lbmap.DefaultTCPCloseTimeout, ctNow, 5, 0})
+
+		// Past the closing timeout a SYN on the same tuple is a new flow.
+		later := uint32(ctNow + 5 + lbmap.DefaultTCPCloseTimeout + 1)
+		setClock(t, n, uint64(later))
+		send("SYN after close", bpftest.SYN)
+		checkCT(t, n, "SYN after close", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
+			ctWant{local | syn, later + lbmap.DefaultTCPSynTimeout, later, 1, 0})
+	})
+}
+
+// UDP entries live udp_timeout past the last packet, then the flow starts
+// anew; the agent's GC removes dead entries only.
+func TestPrivilegedNorthSouthConntrackUDPAndGC(t *testing.T) {
+	n := newNorthSouth(t)
+	prog := ingressKinds[0].prog(n)
+	kind := ingressKinds[0]
+	a, b := client(44000), client(44001)
+	send := func(step string, c netip.AddrPort) {
+		t.Helper()
+		in := bpftest.Packet{Src: c, Dst: apExtIP, Proto: bpftest.UDP, Payload: []byte("q")}
+		runPacket(t, kind, prog, step, in, vPass, in.With(func(p *bpftest.Packet) { p.Dst = apLocal }))
+	}
+	local := lbmap.CTFlagLocal
+	bpftest.InNewNetNS(t, func() {
+		send("first", a)
+		checkCT(t, n, "first", a, apExtIP, bpftest.UDP, lbmap.CTDirService,
+			ctWant{local, ctNow + lbmap.DefaultUDPTimeout, ctNow, 1, 0})
+
+		setClock(t, n, ctNow+30)
+		send("b", b)
+		send("within timeout", a)
+		checkCT(t, n, "within timeout", a, apExtIP, bpftest.UDP, lbmap.CTDirService,
+			ctWant{local, ctNow + 30 + lbmap.DefaultUDPTimeout, ctNow, 2, 0})
+
+		expired := uint32(ctNow + 30 + lbmap.DefaultUDPTimeout + 1)
+		setClock(t, n, uint64(expired))
+		send("after timeout", a)
+		checkCT(t, n, "after timeout", a, apExtIP, bpftest.UDP, lbmap.CTDirService,
+			ctWant{local, expired + lbmap.DefaultUDPTimeout, expired, 1, 0})
+
+		// b's two entries are dead at expired, a's are alive.
+		now, err := n.CTNow()
+		if err != nil || now != expired {
+			t.Fatalf("CTNow() = %d, %v; want the override %d", now, err, expired)
+		}
+		deleted, err := n.CT().GC(now)
+		if err != nil || deleted != 2 {
+			t.Errorf("GC(%d) deleted %d (%v), want b's 2 entries", now, deleted, err)
+		}
+		if _, ok := ctEntry(t, n, b, apExtIP, bpftest.UDP, lbmap.CTDirService); ok {
+			t.Errorf("GC(%d) kept b's dead service entry", now)
+		}
+		if _, ok := ctEntry(t, n, a, apExtIP, bpftest.UDP, lbmap.CTDirService); !ok {
+			t.Errorf("GC(%d) removed a's live service entry", now)
+		}
+	})
+}
+
+// Without the override the CT clock is jiffies / HZ: INITIAL_JIFFIES
+// starts it 300 s before boot, minus 2^32 jiffies (64-bit jiffies start
+// at the 32-bit wrap point). It must track the uptime.
+func TestPrivilegedNorthSouthClock(t *testing.T) {
+	n := newNorthSouth(t)
+	hz, err := KernelHZ()
+	if err != nil {
+		t.Skipf("no kernel config to read HZ from: %v", err)
+	}
+	must(t, n.SetConfig(lbmap.NSConfig{HZ: hz}))
+	now, err := n.CTNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile("/proc/uptime")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up, err := strconv.ParseFloat(strings.Fields(string(raw))[0], 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := float64(uint64(1)<<32/uint64(hz)) - 300 + up
+	if d := float64(now) - want; d < -2 || d > 2 {
+		t.Errorf("CT clock %d s with HZ %d, want about %.0f (uptime %.0f s)", now, hz, want, up)
+	}
+}
+
+func TestParseHZ(t *testing.T) {
+	for _, tc := range []struct {
+		name, config string
+		want         uint32
+		wantErr      bool
+	}{
+		{"250", "CONFIG_HZ_250=y\nCONFIG_HZ=250\n", 250, false},
+		{"1000 after comments", "# CONFIG_HZ_100 is not set\nCONFIG_HZ=1000\n", 1000, false},
+		{"missing", "CONFIG_HZ_250=y\n", 0, true},
+		{"garbage", "CONFIG_HZ=fast\n", 0, true},
+		{"zero", "CONFIG_HZ=0\n", 0, true},
+	} {
+		got, err := parseHZ(strings.NewReader(tc.config), "test")
+		if got != tc.want || (err != nil) != tc.wantErr {
+			t.Errorf("%s: parseHZ(%q) = %d, %v; want %d, error %v", tc.name, tc.config, got, err, tc.want, tc.wantErr)
+		}
+	}
+}
+
+// The agent's NAT GC follows conntrack: once a masqueraded flow's entries
+// are collected, both directions of its mapping go; live flows keep theirs.
+func TestPrivilegedNorthSouthNATGC(t *testing.T) {
+	n := newNorthSouth(t)
+	prog := ingressKinds[0].prog(n)
+	old, live := udpPkt(client(51000), apLBUDP), udpPkt(client(51001), apLBUDP)
+	bpftest.InNewNetNS(t, func() {
+		if _, err := bpftest.Run(prog, old.MustBytes()); err != nil {
+			t.Fatal(err)
+		}
+		later := uint64(ctNow + lbmap.DefaultUDPTimeout + 1)
+		setClock(t, n, later)
+		if _, err := bpftest.Run(prog, live.MustBytes()); err != nil {
+			t.Fatal(err)
+		}
+		livePort := natPort(t, n, live.Src, apRemoteU, bpftest.UDP)
+		if _, err := n.CT().GC(uint32(later)); err != nil {
+			t.Fatal(err)
+		}
+		deleted, err := n.NAT().GC(n.CT())
+		if err != nil || deleted != 2 {
+			t.Errorf("NAT GC deleted %d (%v), want the 2 entries of %s", deleted, err, old)
+		}
+		recs, err := n.NAT().Dump()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) != 2 {
+			t.Errorf("after NAT GC: %d mappings, want the 2 of %s", len(recs), live)
+		}
+		if got := natPort(t, n, live.Src, apRemoteU, bpftest.UDP); got != livePort {
+			t.Errorf("live flow %s: port %d after GC, was %d", live, got, livePort)
+		}
+	})
+}

@@ -1,0 +1,140 @@
+package datapath
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/sluice-dataplane/sluice/internal/bpftest"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+)
+
+// DSR tunnels of the address plan: node 2 (198.18.0.12, fd00:198:18::12)
+// hosts 198.18.2.0/24 and fd00:198:18:2::/64.
+var (
+	ipNode2   = netip.MustParseAddr("198.18.0.12")
+	ipNode2v6 = netip.MustParseAddr("fd00:198:18::12")
+)
+
+func setMode(t *testing.T, n *NorthSouth, mode uint32) {
+	t.Helper()
+	must(t, n.SetConfig(lbmap.NSConfig{
+		SNATAddr4: lbmap.AddrFrom(ipNode), SNATAddr6: lbmap.AddrFrom(ipNode6), HZ: 250,
+		ClockOverride: ctNow, SNATPortMin: snatMin, SNATPortMax: snatMax, Mode: mode,
+	}))
+	must(t, n.SetTunnel(netip.MustParsePrefix("198.18.2.0/24"), ipNode2))
+	must(t, n.SetTunnel(netip.MustParsePrefix("fd00:198:18:2::/64"), ipNode2v6))
+}
+
+// On the LB node: a flow to a remote backend leaves untouched in an IPIP
+// header to the backend's node (DSR), or masqueraded (SNAT), by mode.
+func TestPrivilegedNorthSouthDSREncap(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		for _, tc := range []struct {
+			name     string
+			mode     uint32
+			in       bpftest.Packet
+			backend  netip.AddrPort
+			dsr      bool
+			tunnelTo netip.Addr
+			node     netip.Addr
+		}{
+			{"dsr mode, TCP", lbmap.ModeDSR, tcpSyn(client(48000), apLBTCP), apRemote, true, ipNode2, ipNode},
+			{"dsr mode, UDP", lbmap.ModeDSR, udpPkt(client(48001), apLBUDP), apRemoteU, true, ipNode2, ipNode},
+			{"dsr mode, IPv6 TCP", lbmap.ModeDSR, tcpSyn(client6(48002), apLBTCP6), apRemote6, true, ipNode2v6, ipNode6},
+			{"hybrid mode, TCP: DSR", lbmap.ModeHybrid, tcpSyn(client(48003), apLBTCP), apRemote, true, ipNode2, ipNode},
+			{"hybrid mode, UDP: SNAT", lbmap.ModeHybrid, udpPkt(client(48004), apLBUDP), apRemoteU, false, ipNode2, ipNode},
+			{"snat mode, TCP: SNAT", lbmap.ModeSNAT, tcpSyn(client(48005), apLBTCP), apRemote, false, ipNode2, ipNode},
+		} {
+			setMode(t, n, tc.mode)
+			res, err := bpftest.Run(prog, tc.in.MustBytes())
+			if err != nil {
+				t.Fatal(err)
+			}
+			e, ok := ctEntry(t, n, tc.in.Src, tc.in.Dst, tc.in.Proto, lbmap.CTDirService)
+			if !ok {
+				t.Fatalf("%s: no ct entry for %s", tc.name, tc.in)
+			}
+			if got := e.Flags&lbmap.CTFlagDSR != 0; got != tc.dsr {
+				t.Errorf("%s: ct flags %s, want DSR %v", tc.name, lbmap.CTFlagsString(e.Flags), tc.dsr)
+			}
+			if !tc.dsr {
+				port := natPort(t, n, tc.in.Src, tc.backend, tc.in.Proto)
+				checkResult(t, kind, tc.name, tc.in, res, vPass, tc.in.With(func(p *bpftest.Packet) {
+					p.Src, p.Dst = netip.AddrPortFrom(tc.node, port), tc.backend
+				}))
+				continue
+			}
+			checkResult(t, kind, tc.name, tc.in, res, vPass, bpftest.Encap{Src: tc.node, Dst: tc.tunnelTo, Inner: tc.in})
+			// Replies bypass this node: no reverse state.
+			if _, ok := ctEntry(t, n, tc.in.Src, tc.backend, tc.in.Proto, lbmap.CTDirIngress); ok {
+				t.Errorf("%s: DSR flow has an ingress ct entry", tc.name)
+			}
+			next := tc.in.With(func(p *bpftest.Packet) { p.Flags = ackIfTCP(p.Proto) })
+			runPacket(t, kind, prog, tc.name+": next packet", next, vPass,
+				bpftest.Encap{Src: tc.node, Dst: tc.tunnelTo, Inner: next})
+		}
+
+		// DSR without a tunnel endpoint for the backend: SNAT.
+		setMode(t, n, lbmap.ModeDSR)
+		must(t, n.DeleteTunnel(netip.MustParsePrefix("198.18.2.0/24")))
+		in := tcpSyn(client(48010), apLBTCP)
+		res, err := bpftest.Run(prog, in.MustBytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := natPort(t, n, in.Src, apRemote, bpftest.TCP)
+		checkResult(t, kind, "dsr mode, no tunnel endpoint: SNAT", in, res, vPass, in.With(func(p *bpftest.Packet) {
+			p.Src, p.Dst = netip.AddrPortFrom(ipNode, port), apRemote
+		}))
+	})
+}
+
+// On the backend node: the tunnel is stripped, the inner packet goes to a
+// local backend, and the reply leaves through tc egress with the frontend
+// the client used as its source.
+func TestPrivilegedNorthSouthDSRBackend(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		setMode(t, n, lbmap.ModeDSR)
+		for _, tc := range []struct {
+			name  string
+			inner bpftest.Packet
+			outer netip.Addr
+			local netip.AddrPort
+		}{
+			{"NodePort of the LB node", tcpSyn(client(49000), netip.AddrPortFrom(ipNode2, 30080)), ipNode2, apLocal},
+			{"ExternalIP", udpPkt(client(49001), apExtIP), ipNode2, apLocal},
+			{"IPv6 NodePort of the LB node", tcpSyn(client6(49002), netip.AddrPortFrom(ipNode2v6, 30080)), ipNode2v6, apLocal6},
+		} {
+			node := ipNode
+			if tc.outer.Is6() {
+				node = ipNode6
+			}
+			in := bpftest.Encap{Src: tc.outer, Dst: node, Inner: tc.inner}
+			runPacket(t, kind, prog, tc.name+": decap + DNAT", in, vPass,
+				tc.inner.With(func(p *bpftest.Packet) { p.Dst = tc.local }))
+			want := ctWant{lbmap.CTFlagLocal | lbmap.CTFlagDSR, ctNow + lbmap.DefaultUDPTimeout, ctNow, 1, 0}
+			reply := bpftest.Packet{Src: tc.local, Dst: tc.inner.Src, Proto: tc.inner.Proto,
+				SrcMAC: bpftest.MACNode, DstMAC: bpftest.MACClient}
+			if tc.inner.Proto == bpftest.TCP {
+				want.flags |= lbmap.CTFlagSYN
+				want.lifetime = ctNow + lbmap.DefaultTCPSynTimeout
+				reply.Flags = bpftest.SYN | bpftest.ACK
+			}
+			checkCT(t, n, tc.name, tc.inner.Src, tc.inner.Dst, tc.inner.Proto, lbmap.CTDirService, want)
+			runPacket(t, ingressKinds[0], n.Programs().TCEgress, tc.name+": reply straight to the client", reply, vPass,
+				reply.With(func(p *bpftest.Packet) { p.Src = tc.inner.Dst }))
+		}
+
+		// A tunnelled packet for no service here is dropped.
+		stray := bpftest.Encap{Src: ipNode2, Dst: ipNode, Inner: tcpSyn(client(49010), netip.AddrPortFrom(ipNode2, 22))}
+		res, err := bpftest.Run(prog, bpftest.Must(stray))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kind.verdicts[res.Verdict] != vDrop {
+			t.Errorf("%s: verdict %d, want drop", stray, res.Verdict)
+		}
+	})
+}

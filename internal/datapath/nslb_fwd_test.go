@@ -1,0 +1,109 @@
+package datapath
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/sluice-dataplane/sluice/internal/bpftest"
+)
+
+// Forwarding when the FIB knows the way, inside the test's namespace:
+//
+//	sluice-ns-fwd0 (MACNode, 198.18.0.11/24) <-> sluice-ns-fwd1
+//	neighbours 198.18.0.12 (remote node, macRemoteNode), 198.18.0.2 (client)
+//	route 198.18.2.0/24 via 198.18.0.12
+var macRemoteNode = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x0c}
+
+func setupFIB(t *testing.T) int {
+	t.Helper()
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, netlink.LinkSetUp(lo))
+	veth := &netlink.Veth{
+		LinkAttrs: netlink.LinkAttrs{Name: nsTestPrefix + "fwd0", HardwareAddr: bpftest.MACNode},
+		PeerName:  nsTestPrefix + "fwd1",
+	}
+	must(t, netlink.LinkAdd(veth))
+	dev, err := netlink.LinkByName(veth.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := netlink.LinkByName(veth.PeerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, netlink.LinkSetUp(dev))
+	must(t, netlink.LinkSetUp(peer))
+	addr, _ := netlink.ParseAddr("198.18.0.11/24")
+	must(t, netlink.AddrAdd(dev, addr))
+	for ip, mac := range map[string]net.HardwareAddr{"198.18.0.12": macRemoteNode, "198.18.0.2": bpftest.MACClient} {
+		must(t, netlink.NeighAdd(&netlink.Neigh{
+			LinkIndex: dev.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+			IP: net.ParseIP(ip), HardwareAddr: mac,
+		}))
+	}
+	_, dst, _ := net.ParseCIDR("198.18.2.0/24")
+	must(t, netlink.RouteAdd(&netlink.Route{Dst: dst, Gw: net.ParseIP("198.18.0.12"), LinkIndex: dev.Attrs().Index}))
+	// This namespace's sysctl only (the thread is in it): fib lookups
+	// need forwarding on the ingress device.
+	must(t, os.WriteFile("/proc/sys/net/ipv4/conf/all/forwarding", []byte("1"), 0))
+	return dev.Attrs().Index
+}
+
+func TestPrivilegedNorthSouthForward(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		ifindex := setupFIB(t)
+		c := client(45000)
+		in := bpftest.Packet{Src: c, Dst: apLBTCP, Proto: bpftest.TCP, Flags: bpftest.SYN, TTL: 64}
+		res, err := bpftest.Run(prog, in.MustBytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := natPort(t, n, c, apRemote, bpftest.TCP)
+		out := in.With(func(p *bpftest.Packet) {
+			p.Src, p.Dst, p.TTL = netip.AddrPortFrom(ipNode, port), apRemote, 63
+			if kind.name == "xdp" { // tc leaves the MACs to redirect_neigh
+				p.SrcMAC, p.DstMAC = bpftest.MACNode, macRemoteNode
+			}
+		})
+		checkResult(t, kind, "SYN to remote backend: redirect", in, res, vRedirect, out)
+
+		reply := bpftest.Packet{Src: apRemote, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP,
+			Flags: bpftest.SYN | bpftest.ACK, TTL: 64, SrcMAC: macRemoteNode, DstMAC: bpftest.MACNode}
+		back := reply.With(func(p *bpftest.Packet) {
+			p.Src, p.Dst, p.TTL = apLBTCP, c, 63
+			if kind.name == "xdp" {
+				p.SrcMAC, p.DstMAC = bpftest.MACNode, bpftest.MACClient
+			}
+		})
+		runPacket(t, kind, prog, "reply to client: redirect", reply, vRedirect, back)
+
+		// TTL 1 is not forwarded here: the stack sends the ICMP error.
+		dying := in.With(func(p *bpftest.Packet) { p.TTL = 1 })
+		res, err = bpftest.Run(prog, dying.MustBytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kind.verdicts[res.Verdict] != vPass {
+			t.Errorf("TTL 1: verdict %d, want pass to the stack", res.Verdict)
+		}
+
+		if kind.name != "xdp" {
+			return
+		}
+		// Arriving on the device the packet leaves by: XDP_TX.
+		res, err = bpftest.RunXDPOn(prog, reply.MustBytes(), ifindex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkResult(t, kind, "reply arriving on its egress device", reply, res, vTX, back)
+	})
+}

@@ -1,0 +1,113 @@
+package datapath
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/sluice-dataplane/sluice/internal/bpftest"
+)
+
+// ICMP errors about translated flows reach the client as errors about the
+// packet it sent, to the frontend it used: the quoted header and the outer
+// addresses are translated, and every checksum (outer IP, ICMP, quoted IP,
+// quoted L4) stays valid.
+func TestPrivilegedNorthSouthICMPErrors(t *testing.T) {
+	router := netip.MustParseAddr("198.18.0.1")
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		// Masqueraded flows: the error comes back to node:nat port.
+		for _, tc := range []struct {
+			name    string
+			flow    bpftest.Packet // from the client
+			backend netip.AddrPort
+			node    netip.Addr
+			from    func(backend netip.Addr) netip.Addr // sender of the error
+			typ     uint8
+			code    uint8
+			mtu     uint16
+			quoteL4 int
+		}{
+			{
+				name: "port unreachable from a remote UDP backend",
+				flow: udpPkt(client(46000), apLBUDP), backend: apRemoteU, node: ipNode,
+				from: func(b netip.Addr) netip.Addr { return b },
+				typ:  bpftest.ICMPDestUnreach, code: bpftest.ICMPPortUnreach,
+			},
+			{
+				name: "fragmentation needed from a router, 8 bytes of TCP quoted",
+				flow: tcpSyn(client(46001), apLBTCP), backend: apRemote, node: ipNode,
+				from: func(netip.Addr) netip.Addr { return router },
+				typ:  bpftest.ICMPDestUnreach, code: bpftest.ICMPFragNeeded, mtu: 1400, quoteL4: 8,
+			},
+			{
+				name: "IPv6 packet too big from a remote TCP backend",
+				flow: tcpSyn(client6(46002), apLBTCP6), backend: apRemote6, node: ipNode6,
+				from: func(b netip.Addr) netip.Addr { return b },
+				typ:  bpftest.ICMPv6PacketTooBig, mtu: 1280,
+			},
+			{
+				name: "IPv6 port unreachable from a remote UDP backend",
+				flow: udpPkt(client6(46003), apLBUDP6), backend: apRemoteU6, node: ipNode6,
+				from: func(b netip.Addr) netip.Addr { return b },
+				typ:  bpftest.ICMPv6DestUnreach, code: bpftest.ICMPv6PortUnreach,
+			},
+		} {
+			if _, err := bpftest.Run(prog, tc.flow.MustBytes()); err != nil {
+				t.Fatal(err)
+			}
+			port := natPort(t, n, tc.flow.Src, tc.backend, tc.flow.Proto)
+			sent := tc.flow.With(func(p *bpftest.Packet) { p.Src = netip.AddrPortFrom(tc.node, port); p.Dst = tc.backend })
+			sender := tc.from(tc.backend.Addr())
+			in := bpftest.ICMPError{
+				Src: sender, Dst: tc.node, Type: tc.typ, Code: tc.code, MTU: tc.mtu,
+				Quote: sent, QuoteL4: tc.quoteL4,
+			}
+			want := in.With(func(e *bpftest.ICMPError) {
+				e.Dst = tc.flow.Src.Addr()
+				if sender == tc.backend.Addr() {
+					e.Src = tc.flow.Dst.Addr()
+				}
+				e.Quote = tc.flow
+			})
+			runPacket(t, kind, prog, tc.name, in, vPass, want)
+		}
+
+		// Errors about no tracked flow and other ICMP pass untouched.
+		stray := bpftest.ICMPError{
+			Src: apRemote.Addr(), Dst: ipNode, Type: bpftest.ICMPDestUnreach, Code: bpftest.ICMPPortUnreach,
+			Quote: udpPkt(netip.AddrPortFrom(ipNode, 40999), apRemote),
+		}
+		runPacket(t, kind, prog, "error about an unknown flow", stray, vPass, stray)
+	})
+}
+
+// A local backend's ICMP error leaves through tc egress with the frontend
+// as its source and in the quoted packet.
+func TestPrivilegedNorthSouthICMPFromLocalBackend(t *testing.T) {
+	n := newNorthSouth(t)
+	kind := ingressKinds[0]
+	bpftest.InNewNetNS(t, func() {
+		for _, tc := range []struct {
+			name string
+			flow bpftest.Packet
+			be   netip.AddrPort
+			typ  uint8
+			code uint8
+		}{
+			{"UDP port unreachable", udpPkt(client(47000), apExtIP), apLocal, bpftest.ICMPDestUnreach, bpftest.ICMPPortUnreach},
+			{"IPv6 TCP port unreachable", tcpSyn(client6(47001), apNodePort6), apLocal6, bpftest.ICMPv6DestUnreach, bpftest.ICMPv6PortUnreach},
+		} {
+			if _, err := bpftest.Run(n.Programs().TCIngress, tc.flow.MustBytes()); err != nil {
+				t.Fatal(err)
+			}
+			delivered := tc.flow.With(func(p *bpftest.Packet) { p.Dst = tc.be })
+			in := bpftest.ICMPError{
+				Src: tc.be.Addr(), Dst: tc.flow.Src.Addr(), Type: tc.typ, Code: tc.code, Quote: delivered,
+				SrcMAC: bpftest.MACNode, DstMAC: bpftest.MACClient,
+			}
+			want := in.With(func(e *bpftest.ICMPError) { e.Src = tc.flow.Dst.Addr(); e.Quote = tc.flow })
+			runPacket(t, kind, n.Programs().TCEgress, tc.name, in, vPass, want)
+		}
+	})
+}

@@ -1,0 +1,73 @@
+package datapath
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/sluice-dataplane/sluice/internal/bpftest"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/probe"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
+)
+
+// The socket LB and the tc/XDP programs share the LB maps through the pins
+// of one BPF root, and a reloaded NorthSouth finds the conntrack and NAT
+// state of the one before (an agent restart).
+func TestPrivilegedNorthSouthSharedPins(t *testing.T) {
+	probetest.SkipUnless(t, append([]string{probe.TC, probe.XDP, probe.ProgRun}, probe.SockLB...)...)
+	var rnd [4]byte
+	rand.Read(rnd[:])
+	root := "/sys/fs/bpf/" + nsTestPrefix + hex.EncodeToString(rnd[:])
+	t.Cleanup(func() { removeNSPins(t, root) })
+	sizes := MapSizes{Services: 1024, Backends: 1024, RevNat: 1024, SockRev: 1024, Affinity: 1024, NodeIPs: 64}
+
+	sock, err := LoadSockLB(SockLBOptions{BPFRoot: root, Sizes: sizes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sock.Close()
+	load := func() *NorthSouth {
+		t.Helper()
+		n, err := LoadNorthSouth(NorthSouthOptions{BPFRoot: root, Sizes: sizes, CTEntries: 1024, NATEntries: 1024})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	n := load()
+	setClock(t, n, ctNow)
+	// Written through the socket LB's maps, seen by tc and XDP.
+	installPlan(t, sock.Maps())
+
+	in := tcpSyn(client(50000), apLBTCP)
+	bpftest.InNewNetNS(t, func() {
+		if _, err := bpftest.Run(n.Programs().TCIngress, in.MustBytes()); err != nil {
+			t.Fatal(err)
+		}
+		port := natPort(t, n, in.Src, apRemote, bpftest.TCP)
+		if err := n.Close(); err != nil {
+			t.Fatal(err)
+		}
+
+		n = load()
+		defer n.Close()
+		if _, ok := ctEntry(t, n, in.Src, in.Dst, bpftest.TCP, lbmap.CTDirService); !ok {
+			t.Errorf("after reload: ct entry of %s gone", in)
+		}
+		next := in.With(func(p *bpftest.Packet) { p.Flags = bpftest.ACK })
+		for _, kind := range ingressKinds {
+			runPacket(t, kind, kind.prog(n), "after reload", next, vPass, next.With(func(p *bpftest.Packet) {
+				p.Src, p.Dst = netip.AddrPortFrom(ipNode, port), apRemote
+			}))
+		}
+	})
+
+	// A pin of another size is refused by name, not by a generic error.
+	_, err = LoadNorthSouth(NorthSouthOptions{BPFRoot: root, Sizes: sizes, CTEntries: 2048, NATEntries: 1024})
+	if err == nil || !strings.Contains(err.Error(), lbmap.CTMapName) {
+		t.Errorf("load with a ct map of another size: %v, want an error naming %s", err, lbmap.CTMapName)
+	}
+}

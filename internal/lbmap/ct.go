@@ -1,0 +1,224 @@
+package lbmap
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/cilium/ebpf"
+)
+
+// Names of the north-south maps (bpf/lib/ns_maps.h), as pinned.
+const (
+	CTMapName        = "ct"
+	NATMapName       = "snat"
+	NSConfigMapName  = "ns_config"
+	PodIfacesMapName = "ns_pod_ifaces"
+	TunnelMapName    = "ns_tunnel"
+)
+
+// Directions of a CTTuple (CT_DIR_*, NAT_DIR_*).
+const (
+	CTDirService  uint8 = 0 // client -> frontend, picks the backend
+	CTDirIngress  uint8 = 1 // client -> backend after DNAT, finds the frontend for replies
+	NATDirEgress  uint8 = 2 // client -> backend, gives node IP and nat port
+	NATDirIngress uint8 = 3 // backend -> node IP:nat port, gives the client
+)
+
+// Conntrack entry flags (CT_F_*).
+const (
+	CTFlagSYN         uint16 = 1 << 0
+	CTFlagEstablished uint16 = 1 << 1
+	CTFlagClosing     uint16 = 1 << 2
+	CTFlagSeenReply   uint16 = 1 << 3
+	CTFlagLocal       uint16 = 1 << 4
+	CTFlagSNAT        uint16 = 1 << 5
+	CTFlagDSR         uint16 = 1 << 6
+)
+
+// Load balancing modes for remote backends (NS_MODE_*), --lb-mode.
+const (
+	ModeSNAT   uint32 = 0
+	ModeDSR    uint32 = 1
+	ModeHybrid uint32 = 2 // DSR for TCP, SNAT for UDP
+)
+
+// Default conntrack timeouts in seconds (Cilium's), used by the datapath
+// for zero NSConfig fields.
+const (
+	DefaultTCPSynTimeout   = 60
+	DefaultTCPEstTimeout   = 21600
+	DefaultTCPCloseTimeout = 10
+	DefaultUDPTimeout      = 60
+)
+
+// CTTuple mirrors struct ct_tuple, the key of the ct and snat maps.
+type CTTuple struct {
+	SAddr Addr
+	DAddr Addr
+	SPort Port
+	DPort Port
+	Proto uint8
+	Dir   uint8
+	Pad   uint16
+}
+
+func (t CTTuple) String() string {
+	return fmt.Sprintf("%s %s -> %s dir=%s", protoName(t.Proto),
+		addrPort(t.SAddr, t.SPort), addrPort(t.DAddr, t.DPort), dirName(t.Dir))
+}
+
+// CTEntry mirrors struct ct_entry. Times are CT clock seconds.
+type CTEntry struct {
+	NATAddr   Addr // service entry: the backend; ingress entry: the frontend
+	NATPort   Port
+	RevNatID  uint16
+	Flags     uint16
+	Pad       uint16
+	Packets   uint64
+	Bytes     uint64
+	RxPackets uint64
+	RxBytes   uint64
+	Lifetime  uint32
+	Created   uint32
+	BackendID uint32
+	Pad2      uint32
+}
+
+// Alive reports whether the entry is still in use at CT clock now.
+func (e CTEntry) Alive(now uint32) bool {
+	return e.Lifetime >= now
+}
+
+// NSConfig mirrors struct ns_config, the tc/XDP configuration. Zero
+// timeouts and ports take the datapath's defaults.
+type NSConfig struct {
+	SNATAddr4       Addr   // v4-mapped node IP for SNAT to remote backends
+	SNATAddr6       Addr   // node IPv6 for SNAT
+	ClockOverride   uint64 // tests only: the CT clock in seconds
+	HZ              uint32 // the kernel's CONFIG_HZ
+	Mode            uint32 // Mode*
+	TCPSynTimeout   uint32
+	TCPEstTimeout   uint32
+	TCPCloseTimeout uint32
+	UDPTimeout      uint32
+	SNATPortMin     uint16 // host order
+	SNATPortMax     uint16
+	Pad             uint32
+}
+
+// CTFlagsString names the set flags, e.g. "SYN|ESTABLISHED|SNAT".
+func CTFlagsString(f uint16) string {
+	names := []struct {
+		bit  uint16
+		name string
+	}{
+		{CTFlagSYN, "SYN"}, {CTFlagEstablished, "ESTABLISHED"}, {CTFlagClosing, "CLOSING"},
+		{CTFlagSeenReply, "SEEN_REPLY"}, {CTFlagLocal, "LOCAL"}, {CTFlagSNAT, "SNAT"}, {CTFlagDSR, "DSR"},
+	}
+	var out []string
+	for _, n := range names {
+		if f&n.bit != 0 {
+			out = append(out, n.name)
+			f &^= n.bit
+		}
+	}
+	if f != 0 {
+		out = append(out, fmt.Sprintf("0x%x", f))
+	}
+	return strings.Join(out, "|")
+}
+
+// CT reads and collects the conntrack map.
+type CT struct {
+	m *ebpf.Map
+}
+
+// NewCT wraps a loaded ct map; the caller keeps ownership.
+func NewCT(m *ebpf.Map) *CT {
+	return &CT{m: m}
+}
+
+// CTRecord is one conntrack entry.
+type CTRecord struct {
+	Key   CTTuple
+	Entry CTEntry
+}
+
+// Dump returns every entry. The map is an LRU that changes while it is
+// read: the result is a snapshot at best.
+func (c *CT) Dump() ([]CTRecord, error) {
+	return records(c.m, CTMapName, func(k CTTuple, v CTEntry) CTRecord { return CTRecord{k, v} })
+}
+
+// records dumps m into a slice of what rec makes of each entry.
+func records[K comparable, V, R any](m *ebpf.Map, name string, rec func(K, V) R) ([]R, error) {
+	entries, err := dump[K, V](m, name)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]R, 0, len(entries))
+	for k, v := range entries {
+		out = append(out, rec(k, v))
+	}
+	return out, nil
+}
+
+// GC deletes the entries dead at CT clock now and returns how many went.
+func (c *CT) GC(now uint32) (int, error) {
+	recs, err := c.Dump()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, r := range recs {
+		if r.Entry.Alive(now) {
+			continue
+		}
+		err := c.m.Delete(&r.Key)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		}
+		if err != nil {
+			return n, fmt.Errorf("gc %s: delete %s: %w", CTMapName, r.Key, err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case 6:
+		return "TCP"
+	case 17:
+		return "UDP"
+	case 1:
+		return "ICMP"
+	case 58:
+		return "ICMPv6"
+	}
+	return fmt.Sprintf("proto%d", p)
+}
+
+func dirName(d uint8) string {
+	switch d {
+	case CTDirService:
+		return "service"
+	case CTDirIngress:
+		return "ingress"
+	case NATDirEgress:
+		return "nat-egress"
+	case NATDirIngress:
+		return "nat-ingress"
+	}
+	return fmt.Sprintf("%d", d)
+}
+
+func addrPort(a Addr, p Port) string {
+	ip := a.NetIP()
+	if ip.Is6() {
+		return fmt.Sprintf("[%s]:%d", ip, p.Host())
+	}
+	return fmt.Sprintf("%s:%d", ip, p.Host())
+}

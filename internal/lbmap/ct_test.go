@@ -1,0 +1,128 @@
+package lbmap_test
+
+import (
+	"net/netip"
+	"reflect"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+
+	"github.com/sluice-dataplane/sluice/internal/datapath"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+)
+
+// The north-south mirrors must match ct_abi.h byte for byte in both
+// compiled objects (tc and XDP share the pinned maps).
+func TestNorthSouthBTFLayout(t *testing.T) {
+	tc, xdp, err := datapath.LoadNorthSouthSpecs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for obj, spec := range map[string]*ebpf.CollectionSpec{"tc": tc, "xdp": xdp} {
+		for _, s := range []struct {
+			cName string
+			goVal any
+		}{
+			{"ct_tuple", lbmap.CTTuple{}},
+			{"ct_entry", lbmap.CTEntry{}},
+			{"nat_entry", lbmap.NATEntry{}},
+			{"ns_config", lbmap.NSConfig{}},
+			{"tunnel_key", lbmap.TunnelKey{}},
+			{"tunnel_val", lbmap.TunnelValue{}},
+		} {
+			var st *btf.Struct
+			if err := spec.Types.TypeByName(s.cName, &st); err != nil {
+				t.Errorf("%s: struct %s: %v", obj, s.cName, err)
+				continue
+			}
+			goType := reflect.TypeOf(s.goVal)
+			if size, _ := btf.Sizeof(st); size != int(goType.Size()) {
+				t.Errorf("%s: struct %s is %d bytes, %s is %d", obj, s.cName, size, goType, goType.Size())
+			}
+			if len(st.Members) != goType.NumField() {
+				t.Errorf("%s: struct %s has %d members, %s has %d fields", obj, s.cName, len(st.Members), goType, goType.NumField())
+				continue
+			}
+			for i, m := range st.Members {
+				f := goType.Field(i)
+				size, _ := btf.Sizeof(m.Type)
+				if int(m.Offset.Bytes()) != int(f.Offset) || size != int(f.Type.Size()) {
+					t.Errorf("%s: %s.%s at %d (%d bytes), %s.%s at %d (%d bytes)", obj,
+						s.cName, m.Name, m.Offset.Bytes(), size, goType, f.Name, f.Offset, f.Type.Size())
+				}
+			}
+		}
+		for _, m := range []struct {
+			name       string
+			key, value any
+		}{
+			{lbmap.CTMapName, lbmap.CTTuple{}, lbmap.CTEntry{}},
+			{lbmap.NATMapName, lbmap.CTTuple{}, lbmap.NATEntry{}},
+			{lbmap.NSConfigMapName, uint32(0), lbmap.NSConfig{}},
+			{lbmap.TunnelMapName, lbmap.TunnelKey{}, lbmap.TunnelValue{}},
+			{lbmap.PodIfacesMapName, uint32(0), uint32(0)},
+		} {
+			ms, ok := spec.Maps[m.name]
+			if !ok {
+				t.Errorf("%s: no map %s", obj, m.name)
+				continue
+			}
+			k, v := reflect.TypeOf(m.key), reflect.TypeOf(m.value)
+			if int(ms.KeySize) != int(k.Size()) || int(ms.ValueSize) != int(v.Size()) {
+				t.Errorf("%s: map %s: key %d, value %d bytes; Go %s %d, %s %d",
+					obj, m.name, ms.KeySize, ms.ValueSize, k, k.Size(), v, v.Size())
+			}
+		}
+	}
+}
+
+func TestCTFlagsString(t *testing.T) {
+	for _, tc := range []struct {
+		flags uint16
+		want  string
+	}{
+		{0, ""},
+		{lbmap.CTFlagSYN | lbmap.CTFlagEstablished | lbmap.CTFlagSNAT, "SYN|ESTABLISHED|SNAT"},
+		{lbmap.CTFlagLocal | lbmap.CTFlagDSR | lbmap.CTFlagClosing | lbmap.CTFlagSeenReply, "CLOSING|SEEN_REPLY|LOCAL|DSR"},
+		{1 << 12, "0x1000"},
+	} {
+		if got := lbmap.CTFlagsString(tc.flags); got != tc.want {
+			t.Errorf("CTFlagsString(%#x) = %q, want %q", tc.flags, got, tc.want)
+		}
+	}
+}
+
+func TestTunnelKeyFrom(t *testing.T) {
+	for _, tc := range []struct {
+		prefix string
+		bits   uint32
+		addr   string
+	}{
+		{"198.18.2.0/24", 120, "198.18.2.0"},
+		{"198.18.2.77/24", 120, "198.18.2.0"}, // masked
+		{"fd00:198:18:2::/64", 64, "fd00:198:18:2::"},
+	} {
+		k := lbmap.TunnelKeyFrom(netip.MustParsePrefix(tc.prefix))
+		if k.PrefixLen != tc.bits || k.Addr.NetIP() != netip.MustParseAddr(tc.addr) {
+			t.Errorf("TunnelKeyFrom(%s) = /%d %s, want /%d %s", tc.prefix, k.PrefixLen, k.Addr.NetIP(), tc.bits, tc.addr)
+		}
+	}
+}
+
+func TestCTTupleString(t *testing.T) {
+	k := lbmap.CTTuple{
+		SAddr: lbmap.AddrFrom(netip.MustParseAddr("198.18.0.2")), SPort: lbmap.PortFrom(40000),
+		DAddr: lbmap.AddrFrom(netip.MustParseAddr("fd00::1")), DPort: lbmap.PortFrom(80),
+		Proto: 6, Dir: lbmap.NATDirIngress,
+	}
+	if got, want := k.String(), "TCP 198.18.0.2:40000 -> [fd00::1]:80 dir=nat-ingress"; got != want {
+		t.Errorf("String() = %q, want %q", got, want)
+	}
+	e := lbmap.CTEntry{Lifetime: 100}
+	for now, alive := range map[uint32]bool{99: true, 100: true, 101: false} {
+		if e.Alive(now) != alive {
+			t.Errorf("entry with lifetime 100: Alive(%d) = %v, want %v", now, !alive, alive)
+		}
+	}
+}

@@ -1,0 +1,105 @@
+package lbmap
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+)
+
+// NATEntry mirrors struct nat_entry: where a NATDirEgress tuple's source
+// or a NATDirIngress tuple's destination is translated to.
+type NATEntry struct {
+	ToAddr  Addr
+	ToPort  Port
+	Pad     uint16
+	Created uint32 // CT clock seconds
+}
+
+func (e NATEntry) String() string {
+	return fmt.Sprintf("-> %s", addrPort(e.ToAddr, e.ToPort))
+}
+
+// NAT reads the SNAT map.
+type NAT struct {
+	m *ebpf.Map
+}
+
+// NewNAT wraps a loaded snat map; the caller keeps ownership.
+func NewNAT(m *ebpf.Map) *NAT {
+	return &NAT{m: m}
+}
+
+// NATRecord is one SNAT mapping direction.
+type NATRecord struct {
+	Key   CTTuple
+	Entry NATEntry
+}
+
+// Dump returns every mapping, a snapshot of an LRU map.
+func (n *NAT) Dump() ([]NATRecord, error) {
+	return records(n.m, NATMapName, func(k CTTuple, v NATEntry) NATRecord { return NATRecord{k, v} })
+}
+
+// TunnelKey mirrors struct tunnel_key: a pod CIDR in LPM trie form.
+type TunnelKey struct {
+	PrefixLen uint32 // of Addr; an IPv4 /n is 96+n (v4-mapped)
+	Addr      Addr
+}
+
+// TunnelValue mirrors struct tunnel_val: the node hosting the CIDR.
+type TunnelValue struct {
+	NodeAddr Addr
+}
+
+// TunnelKeyFrom converts a pod CIDR.
+func TunnelKeyFrom(p netip.Prefix) TunnelKey {
+	p = p.Masked()
+	bits := p.Bits()
+	if p.Addr().Is4() {
+		bits += 96
+	}
+	return TunnelKey{PrefixLen: uint32(bits), Addr: AddrFrom(p.Addr())}
+}
+
+// GC deletes the mappings of flows conntrack no longer tracks: a mapping
+// client -> backend lives as long as the CT_DIR_INGRESS entry of that
+// tuple. Run it after CT.GC. It returns how many entries went.
+func (n *NAT) GC(ct *CT) (int, error) {
+	flows, err := ct.Dump()
+	if err != nil {
+		return 0, err
+	}
+	live := make(map[CTTuple]bool, len(flows))
+	for _, f := range flows {
+		if f.Key.Dir == CTDirIngress {
+			live[f.Key] = true
+		}
+	}
+	recs, err := n.Dump()
+	if err != nil {
+		return 0, err
+	}
+	deleted := 0
+	for _, r := range recs {
+		flow := r.Key // NATDirEgress: client -> backend, as in conntrack
+		if r.Key.Dir == NATDirIngress {
+			// backend -> node:port, translated back to the client
+			flow = CTTuple{SAddr: r.Entry.ToAddr, SPort: r.Entry.ToPort, DAddr: r.Key.SAddr, DPort: r.Key.SPort, Proto: r.Key.Proto}
+		}
+		flow.Dir = CTDirIngress
+		if live[flow] {
+			continue
+		}
+		err := n.m.Delete(&r.Key)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		}
+		if err != nil {
+			return deleted, fmt.Errorf("gc %s: delete %s: %w", NATMapName, r.Key, err)
+		}
+		deleted++
+	}
+	return deleted, nil
+}
