@@ -79,4 +79,16 @@ static __always_inline bool addr_equal(const union lb_addr *a, const __u8 *b)
 	       a->w[2] == w[2] && a->w[3] == w[3];
 }
 
+/* hash_fmix32 is murmur3's finalizer: every input bit affects every output
+ * bit, so sequential inputs (cookies, ports) spread evenly. */
+static __always_inline __u32 hash_fmix32(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
 #endif /* __SLUICE_COMMON_H */

@@ -19,14 +19,7 @@ static __always_inline __u32 lb_now_sec(void)
 /* murmur3's finalizer: spreads sequential socket cookies over the slots. */
 static __always_inline __u32 lb_hash64(__u64 v)
 {
-	__u32 h = (__u32)v ^ (__u32)(v >> 32);
-
-	h ^= h >> 16;
-	h *= 0x85ebca6b;
-	h ^= h >> 13;
-	h *= 0xc2b2ae35;
-	h ^= h >> 16;
-	return h;
+	return hash_fmix32((__u32)v ^ (__u32)(v >> 32));
 }
 
 static __always_inline bool lb_is_node_addr(const union lb_addr *a)

@@ -72,13 +72,7 @@ lb_maglev_flow_hash(const union lb_addr *saddr, const union lb_addr *daddr,
 #endif /* __BYTE_ORDER__ */
 	h = lb_maglev_round(h, proto);
 
-	h ^= 40;
-	h ^= h >> 16;
-	h *= 0x85ebca6b;
-	h ^= h >> 13;
-	h *= 0xc2b2ae35;
-	h ^= h >> 16;
-	return h;
+	return hash_fmix32(h ^ 40);
 }
 
 /* The backend ID for a flow hash in the frontend's table; 0 when the
