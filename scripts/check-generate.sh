@@ -7,13 +7,14 @@ cd "$(dirname "$0")/.."
 export GOTOOLCHAIN=auto
 
 go generate ./internal/datapath/...
+go generate ./internal/bench/...
 
-if ! git diff --exit-code --stat -- internal/datapath; then
+if ! git diff --exit-code --stat -- internal/datapath internal/bench; then
 	echo "check-generate: regenerated BPF output differs from the committed files;" >&2
-	echo "run 'go generate ./internal/datapath/...' and commit the result" >&2
+	echo "run 'go generate ./internal/datapath/... ./internal/bench/...' and commit the result" >&2
 	exit 1
 fi
-untracked=$(git ls-files --others --exclude-standard -- internal/datapath | grep -E '_bpfe[lb]\.(go|o)$' || true)
+untracked=$(git ls-files --others --exclude-standard -- internal/datapath internal/bench | grep -E '_bpfe[lb]\.(go|o)$' || true)
 if [ -n "$untracked" ]; then
 	echo "check-generate: generated files not committed:" >&2
 	echo "$untracked" >&2

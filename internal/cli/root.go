@@ -17,5 +17,6 @@ func NewRoot() *cobra.Command {
 	}
 	root.AddCommand(agentCommands()...) // status, service, bpf: agent.go
 	root.AddCommand(lab.NewCommand())   // lab: internal/lab
+	root.AddCommand(benchCommand())
 	return root
 }

@@ -1,0 +1,652 @@
+// Package bench holds sluice's benchmarks. `sluice bench pps` measures the
+// north-south NodePort forwarding rate of the XDP and tc load balancers
+// against plain kernel forwarding with a firewall DNAT rule (README.md).
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sluice-dataplane/sluice/internal/bpftest"
+	"github.com/sluice-dataplane/sluice/internal/datapath"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	lb "github.com/sluice-dataplane/sluice/internal/loadbalancer"
+	"github.com/sluice-dataplane/sluice/internal/probe"
+	"github.com/sluice-dataplane/sluice/internal/reconciler"
+)
+
+// PPSConfig configures RunPPS.
+type PPSConfig struct {
+	// Duration of one measurement; Repeats measurements per contender.
+	Duration time.Duration
+	Repeats  int
+	// Flows is the number of UDP source ports the generator cycles
+	// through, so conntrack and SNAT see that many flows.
+	Flows int
+	// FrameLen is the Ethernet frame length without FCS (60: 64-byte
+	// frames on the wire).
+	FrameLen int
+	// ProgRepeat is the BPF_PROG_RUN repeat count of one ns/packet sample.
+	ProgRepeat int
+	// ThreadedNAPI runs the node's receive processing (eth0's NAPI) in a
+	// kernel thread, off the generator's CPU, so the rate is the node's
+	// and not the generator and node sharing one CPU.
+	ThreadedNAPI bool
+	// Contenders to run (Contender*); empty: all.
+	Contenders []string
+	// Progress gets one line per step; nil discards them.
+	Progress io.Writer
+}
+
+// AllContenders in the order they run.
+var AllContenders = []string{ContenderXDP, ContenderTC, ContenderNFTables, ContenderIPTables}
+
+// DefaultPPSConfig is what `sluice bench pps` runs without flags.
+func DefaultPPSConfig() PPSConfig {
+	return PPSConfig{Duration: 3 * time.Second, Repeats: 3, Flows: 1024, FrameLen: 60, ProgRepeat: 1_000_000}
+}
+
+// Validate names the first bad field.
+func (c PPSConfig) Validate() error {
+	switch {
+	case c.Duration < 10*time.Millisecond || c.Duration > 10*time.Minute:
+		return fmt.Errorf("duration %s: want 10ms to 10m", c.Duration)
+	case c.Repeats < 1 || c.Repeats > 100:
+		return fmt.Errorf("repeats %d: want 1 to 100", c.Repeats)
+	case c.Flows < 1 || c.Flows > 50000:
+		return fmt.Errorf("flows %d: want 1 to 50000 (the SNAT port range)", c.Flows)
+	case c.FrameLen < minFrameLen || c.FrameLen > 1514:
+		return fmt.Errorf("frame length %d: want %d to 1514", c.FrameLen, minFrameLen)
+	case c.ProgRepeat < 1:
+		return fmt.Errorf("prog repeat %d: want at least 1", c.ProgRepeat)
+	}
+	for _, name := range c.Contenders {
+		if !slices.Contains(AllContenders, name) {
+			return fmt.Errorf("contender %q: want one of %v", name, AllContenders)
+		}
+	}
+	return nil
+}
+
+// minFrameLen is the Ethernet, IPv4 and UDP headers the generator writes.
+const minFrameLen = 42
+
+const (
+	baseSport = 10000
+	// genChunkMax bounds one BPF_PROG_RUN of the generator; the loop
+	// checks the deadline and ctx between chunks.
+	genChunkMax = 1 << 22
+	warmup      = 200 * time.Millisecond
+)
+
+// pps is one run: the topology, the loaded programs and the report.
+type pps struct {
+	cfg     PPSConfig
+	topo    *topology
+	helpers ppsObjects
+	ns      *datapath.NorthSouth
+	bpfRoot string
+	frame   []byte
+	report  *PPSReport
+}
+
+func (p *pps) progress(format string, args ...any) {
+	if p.cfg.Progress != nil {
+		fmt.Fprintf(p.cfg.Progress, "==> "+format+"\n", args...)
+	}
+}
+
+// RunPPS builds the topology, measures every contender and removes
+// everything it made, also when ctx is cancelled. A contender the kernel
+// cannot run is a skipped row, not an error.
+func RunPPS(ctx context.Context, cfg PPSConfig) (_ *PPSReport, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("bench pps: %w", err)
+	}
+	if len(cfg.Contenders) == 0 {
+		cfg.Contenders = AllContenders
+	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("bench pps: needs root (network namespaces, BPF)")
+	}
+	p := &pps{cfg: cfg, report: &PPSReport{
+		Started: time.Now(), CPUs: runtime.NumCPU(), FrameLen: cfg.FrameLen, Flows: cfg.Flows,
+		Duration: cfg.Duration, Repeats: cfg.Repeats,
+		Topology: "gen (XDP live frames, XDP_TX) → node eth0 [contender] → node eth1 → sink (XDP count + drop)",
+	}}
+	if maj, min, err := probe.KernelVersion(); err == nil {
+		p.report.Kernel = fmt.Sprintf("%d.%d", maj, min)
+	}
+	p.report.Notes = append(p.report.Notes, pipelineNote(cfg.ThreadedNAPI))
+	if load, err := os.ReadFile("/proc/loadavg"); err == nil {
+		p.report.Notes = append(p.report.Notes, "load average at start (1, 5, 15 min): "+
+			strings.Join(strings.Fields(string(load))[:3], ", "))
+	}
+	p.progress("removing leftovers of earlier runs (%s*)", Prefix)
+	if err := RemoveLeftovers(); err != nil {
+		return nil, fmt.Errorf("bench pps: %w", err)
+	}
+	defer func() {
+		p.progress("cleaning up")
+		if cerr := p.close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("bench pps: clean up: %w", cerr))
+		}
+	}()
+	if err := p.setup(); err != nil {
+		return nil, fmt.Errorf("bench pps: %w", err)
+	}
+	if err := p.measureRates(ctx); err != nil {
+		return nil, fmt.Errorf("bench pps: %w", err)
+	}
+	if err := p.measureCosts(ctx); err != nil {
+		return nil, fmt.Errorf("bench pps: %w", err)
+	}
+	p.report.ComputeRatios()
+	return p.report, nil
+}
+
+func pipelineNote(threaded bool) string {
+	if threaded {
+		return "threaded NAPI on eth0: the node's receive work runs in a kernel thread beside the generator's CPU"
+	}
+	return "one CPU: veth XDP_TX and redirect run the receiver's NAPI in the sender's softirq, so generator, " +
+		"node and sink share the generator's CPU and each rate is 1 / (sum of their per-packet costs); " +
+		"node ns/pkt takes the generator ceiling out"
+}
+
+func (p *pps) close() error {
+	var errs []error
+	if p.ns != nil {
+		errs = append(errs, p.ns.Close())
+	}
+	errs = append(errs, p.helpers.Close())
+	if p.topo != nil {
+		errs = append(errs, p.topo.Close())
+	}
+	if p.bpfRoot != "" {
+		errs = append(errs, removePins(p.bpfRoot))
+	}
+	return errors.Join(errs...)
+}
+
+func removePins(root string) error {
+	err := errors.Join(datapath.Unpin(root), datapath.UnpinNorthSouth(root))
+	if rerr := os.Remove(root); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		err = errors.Join(err, fmt.Errorf("remove %s: %w", root, rerr))
+	}
+	return err
+}
+
+// benchPacket is the generator's frame: the client to the NodePort, UDP,
+// source port baseSport (the generator varies it per flow).
+func benchPacket(frameLen int) ([]byte, error) {
+	pkt := bpftest.Packet{
+		SrcMAC: macGen, DstMAC: macEth0,
+		Src:     netip.AddrPortFrom(ipClient, baseSport),
+		Dst:     netip.AddrPortFrom(ipNode, nodePort),
+		Proto:   bpftest.UDP,
+		Payload: make([]byte, frameLen-minFrameLen),
+	}
+	frame, err := pkt.Bytes()
+	if err != nil {
+		return nil, fmt.Errorf("build benchmark packet: %w", err)
+	}
+	if len(frame) != frameLen {
+		return nil, fmt.Errorf("benchmark packet is %d bytes, want %d", len(frame), frameLen)
+	}
+	return frame, nil
+}
+
+func (p *pps) setup() error {
+	frame, err := benchPacket(p.cfg.FrameLen)
+	if err != nil {
+		return err
+	}
+	p.frame = frame
+	p.progress("loading the helper programs (bpf/bench/pps.c)")
+	spec, err := loadPps()
+	if err != nil {
+		return fmt.Errorf("load helper spec: %w", err)
+	}
+	var tmpl [minFrameLen]byte
+	copy(tmpl[:], frame)
+	for name, v := range map[string]any{"pps_tmpl": tmpl, "base_sport": uint16(baseSport), "flows": uint32(p.cfg.Flows)} {
+		if err := spec.Variables[name].Set(v); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	if err := spec.LoadAndAssign(&p.helpers, nil); err != nil {
+		return fmt.Errorf("load helper programs: %w", err)
+	}
+
+	p.progress("building namespaces gen ── node ── sink")
+	if p.topo, err = newTopology(); err != nil {
+		return err
+	}
+	p.bpfRoot = filepath.Join(bpfFS, p.topo.id)
+	p.progress("loading the north-south LB (pins under %s)", p.bpfRoot)
+	p.ns, err = datapath.LoadNorthSouth(datapath.NorthSouthOptions{BPFRoot: p.bpfRoot,
+		CTEntries: 4 * uint32(p.cfg.Flows+1024), NATEntries: 4 * uint32(p.cfg.Flows+1024)})
+	if err != nil {
+		return err
+	}
+	if err := p.ns.SetConfig(lbmap.NSConfig{SNATAddr4: lbmap.AddrFrom(ipNode), Mode: lbmap.ModeSNAT}); err != nil {
+		return err
+	}
+	p.progress("installing NodePort *:%d/UDP -> remote backend %s:%d (snat)", nodePort, ipBackend, backendPort)
+	return installService(p.ns.Maps())
+}
+
+// installService writes the one Service through the reconciler, as the
+// agent would for this node.
+func installService(m lbmap.Maps) error {
+	const nodeName = Prefix + "node"
+	r, err := reconciler.New(m, nodeName)
+	if err != nil {
+		return fmt.Errorf("reconciler: %w", err)
+	}
+	name := types.NamespacedName{Namespace: "bench", Name: "pps"}
+	st := &lb.State{
+		Services: map[types.NamespacedName][]lb.LBService{name: {{
+			Name:      lb.ServiceName{NamespacedName: name},
+			Type:      lb.NodePort,
+			Frontend:  lb.Frontend{Addr: netip.IPv4Unspecified(), Port: nodePort, Proto: lb.UDP},
+			Backends:  []lb.Backend{{Addr: ipBackend, Port: backendPort, Proto: lb.UDP, NodeName: Prefix + "backend-node"}},
+			Algorithm: lb.AlgorithmRandom,
+		}}},
+		NodeIPs: map[netip.Addr]bool{ipNode: true},
+	}
+	if err := r.Apply(st, map[types.NamespacedName]bool{name: true}, true); err != nil {
+		return fmt.Errorf("install the benchmark Service: %w", err)
+	}
+	return nil
+}
+
+// contender attaches one forwarding path on the node and returns what
+// detaches it; an error is the reason the row is skipped.
+type contender struct {
+	name, desc string
+	attach     func(p *pps) (detach func() error, err error)
+}
+
+var contenders = []contender{
+	{ContenderXDP, "sluice xdp_lb_ingress, native XDP on eth0: DNAT+SNAT, FIB, bpf_redirect to eth1", attachXDP},
+	{ContenderTC, "sluice tc_lb_ingress, tcx ingress on eth0 (XDP_PASS for NAPI): DNAT+SNAT, FIB, bpf_redirect_neigh", attachTC},
+	{ContenderNFTables, "kernel forwarding, nftables DNAT + masquerade, conntrack (reference; XDP_PASS for NAPI)", attachNFT},
+	{ContenderIPTables, "kernel forwarding, iptables-legacy DNAT + MASQUERADE, conntrack (reference; XDP_PASS for NAPI)", attachIPT},
+}
+
+func (p *pps) measureRates(ctx context.Context) error {
+	p.progress("attaching the sink (XDP count + drop) on sink0")
+	var sinkLink link.Link
+	err := p.topo.sink.do(func() (err error) {
+		sinkLink, err = link.AttachXDP(link.XDPOptions{Program: p.helpers.XdpPpsSink, Interface: p.topo.sinkIf, Flags: link.XDPDriverMode})
+		return err
+	})
+	skipAll := ""
+	if err != nil {
+		skipAll = fmt.Sprintf("native XDP on veth: %v", err)
+	} else {
+		defer sinkLink.Close()
+		if err := p.probeLiveFrames(); err != nil {
+			skipAll = fmt.Sprintf("XDP live frames (BPF_F_TEST_XDP_LIVE_FRAMES, 5.18): %v", err)
+		}
+	}
+	// The ceiling first, then the contenders in turns, one measurement
+	// each per round: load from elsewhere on the machine spreads over
+	// all of them instead of skewing one.
+	run := []contender{ceiling}
+	for _, c := range contenders {
+		if slices.Contains(p.cfg.Contenders, c.name) {
+			run = append(run, c)
+		}
+	}
+	rows := make([]RateRow, len(run))
+	rates := make([][]float64, len(run))
+	offered := make([][]float64, len(run))
+	for i, c := range run {
+		rows[i] = RateRow{Contender: c.name, Description: c.desc, Skipped: skipAll}
+	}
+	for round := range p.cfg.Repeats {
+		for i, c := range run {
+			if rows[i].Skipped != "" {
+				continue
+			}
+			rate, off, err := p.measureOnce(ctx, c, round)
+			var skip skipError
+			if errors.As(err, &skip) {
+				rows[i].Skipped = skip.Error()
+				p.progress("%s: skipped: %s", c.name, rows[i].Skipped)
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			rates[i], offered[i] = append(rates[i], rate), append(offered[i], off)
+		}
+	}
+	for i := range rows {
+		if rows[i].Skipped == "" {
+			rows[i].PPS, rows[i].Offered = Summarize(rates[i]), Summarize(offered[i])
+		}
+	}
+	p.report.Ceiling = rows[0]
+	p.report.Rates = rows[1:]
+	p.report.ComputeNodeCost()
+	return nil
+}
+
+// skipError is the reason a contender cannot run on this kernel.
+type skipError struct{ error }
+
+// measureOnce attaches c, warms it up, measures one run and detaches it.
+func (p *pps) measureOnce(ctx context.Context, c contender, round int) (rate, offered float64, err error) {
+	detach, err := c.attach(p)
+	if err != nil {
+		return 0, 0, skipError{err}
+	}
+	defer func() {
+		if derr := detach(); derr != nil {
+			err = errors.Join(err, fmt.Errorf("detach %s: %w", c.name, derr))
+		}
+	}()
+	// The first round creates the conntrack and SNAT entries of every
+	// flow; later ones only warm the caches.
+	if _, _, err := p.generate(ctx, warmup); err != nil {
+		return 0, 0, err
+	}
+	rate, offered, err = p.generate(ctx, p.cfg.Duration)
+	if err != nil {
+		return 0, 0, err
+	}
+	p.progress("%s: run %d/%d: %.3f Mpps forwarded (%.3f Mpps offered)", c.name, round+1, p.cfg.Repeats, rate/1e6, offered/1e6)
+	return rate, offered, nil
+}
+
+// ceiling measures the generator and veth alone: the frames are counted
+// and dropped on eth0, so nothing is forwarded.
+var ceiling = contender{ContenderCeiling, "generator ceiling: count + XDP_DROP on eth0, no forwarding", attachCeiling}
+
+func attachCeiling(p *pps) (func() error, error) {
+	l, err := p.attachOnEth0(p.helpers.XdpPpsSink)
+	if err != nil {
+		return nil, err
+	}
+	return l.Close, nil
+}
+
+// attachNAPI puts XDP_PASS on eth0: a veth delivers frames sent to it by
+// XDP_TX only when it has NAPI, which an XDP program gives it.
+func (p *pps) attachOnEth0(prog *ebpf.Program) (link.Link, error) {
+	var l link.Link
+	err := p.topo.node.do(func() (err error) {
+		l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: p.topo.eth0, Flags: link.XDPDriverMode})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("native XDP on veth eth0: %w", err)
+	}
+	// The veth's NAPI exists from the XDP attach on, and is made anew
+	// by each attach: move it into its own thread now.
+	if p.cfg.ThreadedNAPI {
+		if err := p.topo.node.setThreadedNAPI("eth0"); err != nil {
+			p.progress("eth0: threaded NAPI not available, the node shares the generator's CPU: %v", err)
+		}
+	}
+	return l, nil
+}
+
+func attachXDP(p *pps) (func() error, error) {
+	l, err := p.attachOnEth0(p.ns.Programs().XDPIngress)
+	if err != nil {
+		return nil, err
+	}
+	return l.Close, nil
+}
+
+func attachTC(p *pps) (func() error, error) {
+	napi, err := p.attachOnEth0(p.helpers.XdpPpsPass)
+	if err != nil {
+		return nil, err
+	}
+	var tcx link.Link
+	err = p.topo.node.do(func() (err error) {
+		tcx, err = link.AttachTCX(link.TCXOptions{Program: p.ns.Programs().TCIngress, Interface: p.topo.eth0, Attach: ebpf.AttachTCXIngress})
+		return err
+	})
+	if err != nil {
+		napi.Close()
+		return nil, fmt.Errorf("tcx ingress on eth0 (6.6): %w", err)
+	}
+	return func() error { return errors.Join(tcx.Close(), napi.Close()) }, nil
+}
+
+// The kernel reference: what kube-proxy programs for a NodePort, reduced
+// to the one rule pair (DNAT in prerouting, masquerade in postrouting).
+var nftRules = fmt.Sprintf(`table ip sluice_pps {
+	chain pre { type nat hook prerouting priority dstnat; ip daddr %s udp dport %d dnat to %s:%d; }
+	chain post { type nat hook postrouting priority srcnat; ip daddr %s udp dport %d masquerade; }
+}
+`, ipNode, nodePort, ipBackend, backendPort, ipBackend, backendPort)
+
+func attachNFT(p *pps) (func() error, error) {
+	return p.attachFirewall(func() error { return p.topo.node.exec(nftRules, "nft", "-f", "-") },
+		func() error { return p.topo.node.exec("", "nft", "delete", "table", "ip", "sluice_pps") })
+}
+
+func attachIPT(p *pps) (func() error, error) {
+	dnat := []string{"-t", "nat", "PREROUTING", "-d", ipNode.String(), "-p", "udp", "--dport", fmt.Sprint(nodePort),
+		"-j", "DNAT", "--to-destination", fmt.Sprintf("%s:%d", ipBackend, backendPort)}
+	masq := []string{"-t", "nat", "POSTROUTING", "-d", ipBackend.String(), "-p", "udp", "--dport", fmt.Sprint(backendPort), "-j", "MASQUERADE"}
+	// The namespace's own lock file: the host's is not ours to hold.
+	lock := filepath.Join(os.TempDir(), p.topo.id+".xtables.lock")
+	ipt := func(op string, rule []string) error {
+		args := append([]string{"XTABLES_LOCKFILE=" + lock, "iptables-legacy", rule[0], rule[1], op}, rule[2:]...)
+		return p.topo.node.exec("", "env", args...)
+	}
+	return p.attachFirewall(
+		func() error { return errors.Join(ipt("-A", dnat), ipt("-A", masq)) },
+		func() error {
+			defer os.Remove(lock)
+			return errors.Join(ipt("-D", dnat), ipt("-D", masq))
+		})
+}
+
+func (p *pps) attachFirewall(add, del func() error) (func() error, error) {
+	napi, err := p.attachOnEth0(p.helpers.XdpPpsPass)
+	if err != nil {
+		return nil, err
+	}
+	if err := add(); err != nil {
+		napi.Close()
+		return nil, err
+	}
+	return func() error { return errors.Join(del(), napi.Close()) }, nil
+}
+
+// xdpMD is struct xdp_md, the context of the generator's runs.
+type xdpMD struct {
+	Data, DataEnd, DataMeta      uint32
+	IngressIfindex, RxQueueIndex uint32
+	EgressIfindex                uint32
+}
+
+func (p *pps) genOptions(repeat uint32) *ebpf.RunOptions {
+	return &ebpf.RunOptions{
+		Data:    p.frame,
+		Repeat:  repeat,
+		Flags:   unix.BPF_F_TEST_XDP_LIVE_FRAMES,
+		Context: xdpMD{DataEnd: uint32(len(p.frame)), IngressIfindex: uint32(p.topo.genIf)},
+	}
+}
+
+// probeLiveFrames sends one frame; nothing listens on eth0 yet, so it is
+// dropped there.
+func (p *pps) probeLiveFrames() error {
+	return p.topo.gen.do(func() error {
+		_, err := p.helpers.XdpPpsGen.Run(p.genOptions(1))
+		return err
+	})
+}
+
+// sinkCount sums the sink's per-CPU counters.
+func (p *pps) sinkCount() (uint64, error) {
+	var perCPU []uint64
+	if err := p.helpers.PpsCount.Lookup(uint32(0), &perCPU); err != nil {
+		return 0, fmt.Errorf("read sink counter: %w", err)
+	}
+	var n uint64
+	for _, v := range perCPU {
+		n += v
+	}
+	return n, nil
+}
+
+// generate runs the generator in the gen namespace for d and returns the
+// rate counted at the sink and the rate offered, per second of
+// generation. The generator's thread is pinned to the last CPU, so the
+// node's threaded NAPI can use the others.
+func (p *pps) generate(ctx context.Context, d time.Duration) (rate, offered float64, err error) {
+	err = p.topo.gen.do(func() error {
+		var set unix.CPUSet
+		set.Set(runtime.NumCPU() - 1)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			return fmt.Errorf("pin the generator: %w", err)
+		}
+		before, err := p.sinkCount()
+		if err != nil {
+			return err
+		}
+		chunk := uint32(1 << 14)
+		var sent uint64
+		start := time.Now()
+		deadline := start.Add(d)
+		for now := start; now.Before(deadline); now = time.Now() {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if _, err := p.helpers.XdpPpsGen.Run(p.genOptions(chunk)); err != nil {
+				return fmt.Errorf("generate (live frames): %w", err)
+			}
+			sent += uint64(chunk)
+			// Chunks of about 20 ms: few syscalls, a prompt stop.
+			if took := time.Since(now); took < 10*time.Millisecond && chunk < genChunkMax {
+				chunk *= 2
+			}
+		}
+		elapsed := time.Since(start).Seconds()
+		time.Sleep(20 * time.Millisecond) // frames still in the rings
+		after, err := p.sinkCount()
+		if err != nil {
+			return err
+		}
+		rate, offered = float64(after-before)/elapsed, float64(sent)/elapsed
+		return nil
+	})
+	return rate, offered, err
+}
+
+// costProgram is one program timed by measureCosts.
+type costProgram struct {
+	name          string
+	restore, null *ebpf.Program
+	target        *ebpf.Program
+	targets       *ebpf.Map
+	verdicts      map[uint32]string
+}
+
+// measureCosts runs each program on the benchmark packet with
+// BPF_PROG_RUN and Repeat, through the restore helper (the programs
+// rewrite the packet, and the kernel does not reset it between repeats),
+// minus the same helper tail-calling a program that only returns. The
+// programs take turns, one sample each per round, like the rates.
+func (p *pps) measureCosts(ctx context.Context) error {
+	progs := p.ns.Programs()
+	cs := []costProgram{
+		{"xdp_lb_ingress", p.helpers.XdpPpsRestore, p.helpers.XdpPpsPass, progs.XDPIngress, p.helpers.PpsXdpTarget,
+			map[uint32]string{0: "aborted", 1: "drop", 2: "pass", 3: "tx", 4: "redirect"}},
+		{"tc_lb_ingress", p.helpers.TcPpsRestore, p.helpers.TcPpsPass, progs.TCIngress, p.helpers.PpsTcTarget,
+			map[uint32]string{0: "ok", 2: "shot", 7: "redirect"}},
+	}
+	rows := make([]CostRow, len(cs))
+	samples := make([][]float64, len(cs))
+	for i, c := range cs {
+		rows[i].Program = c.name
+	}
+	err := p.topo.node.do(func() error {
+		for round := range p.cfg.Repeats {
+			for i, c := range cs {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				if rows[i].Skipped != "" {
+					continue
+				}
+				prog, base, verdict, err := costSample(c.restore, c.target, c.null, c.targets, p.frame, p.cfg.ProgRepeat)
+				if errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EOPNOTSUPP) {
+					rows[i].Skipped = fmt.Sprintf("BPF_PROG_RUN: %v", err)
+					continue
+				}
+				if err != nil {
+					return fmt.Errorf("%s ns/packet: %w", c.name, err)
+				}
+				rows[i].Verdict = c.verdicts[verdict]
+				if rows[i].Verdict == "" {
+					rows[i].Verdict = fmt.Sprint(verdict)
+				}
+				p.progress("%s: run %d/%d: %.1f ns/packet (%.1f with the restore helper, %.1f helper alone), verdict %s",
+					c.name, round+1, p.cfg.Repeats, prog-base, prog, base, rows[i].Verdict)
+				samples[i] = append(samples[i], prog-base)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for i := range rows {
+		if rows[i].Skipped == "" && rows[i].Verdict != "redirect" {
+			// Anything else measured a path other than forwarding.
+			rows[i].Skipped = fmt.Sprintf("verdict %s, not redirect: the forwarding path was not taken", rows[i].Verdict)
+		}
+		rows[i].NsPerPacket = Summarize(samples[i])
+	}
+	p.report.Costs = rows
+	return nil
+}
+
+// costSample returns the time per run of restore tail-calling target and
+// of restore tail-calling null, and target's verdict.
+func costSample(restore, target, null *ebpf.Program, targets *ebpf.Map, frame []byte, repeat int) (prog, base float64, verdict uint32, err error) {
+	for _, t := range []struct {
+		prog *ebpf.Program
+		out  *float64
+	}{{null, &base}, {target, &prog}} {
+		if err := targets.Update(uint32(0), t.prog, ebpf.UpdateAny); err != nil {
+			return 0, 0, 0, fmt.Errorf("set tail-call target: %w", err)
+		}
+		ret, d, err := restore.Benchmark(frame, repeat, nil)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		*t.out = float64(d.Nanoseconds())
+		if t.prog == target {
+			verdict = ret
+		}
+	}
+	return prog, base, verdict, nil
+}

@@ -1,0 +1,300 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Stats summarises the samples of one measurement over the repeats.
+type Stats struct {
+	Min     float64   `json:"min"`
+	Median  float64   `json:"median"`
+	Max     float64   `json:"max"`
+	Samples []float64 `json:"samples"`
+}
+
+// Summarize returns min, median and max of samples (the mean of the two
+// middle ones for an even count); no samples give the zero Stats.
+func Summarize(samples []float64) Stats {
+	if len(samples) == 0 {
+		return Stats{}
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	mid := len(s) / 2
+	median := s[mid]
+	if len(s)%2 == 0 {
+		median = (s[mid-1] + s[mid]) / 2
+	}
+	return Stats{Min: s[0], Median: median, Max: s[len(s)-1], Samples: slices.Clone(samples)}
+}
+
+// Contender names.
+const (
+	ContenderXDP      = "sluice-xdp"
+	ContenderTC       = "sluice-tc"
+	ContenderNFTables = "kernel-nftables"
+	ContenderIPTables = "kernel-iptables"
+	// ContenderCeiling is the generator alone, the rate no contender can
+	// exceed here.
+	ContenderCeiling = "generator-ceiling"
+)
+
+// RateRow is the forwarding rate of one contender.
+type RateRow struct {
+	Contender   string `json:"contender"`
+	Description string `json:"description"`
+	// Skipped is why the row was not measured; empty when it was.
+	Skipped string `json:"skipped,omitempty"`
+	// PPS is packets counted at the sink per second of generation.
+	PPS Stats `json:"pps"`
+	// Offered is packets the generator ran per second: when it is close
+	// to PPS the generator, not the node, may be the limit.
+	Offered Stats `json:"offered_pps"`
+	// NodeNs is what forwarding adds per packet over the ceiling,
+	// 1/PPS - 1/ceiling (medians): the generator, sharing the CPU,
+	// weighs on every rate, and this takes it out.
+	NodeNs float64 `json:"node_ns_per_packet,omitempty"`
+}
+
+// CostRow is the cost of one program per packet, from BPF_PROG_RUN.
+type CostRow struct {
+	Program string `json:"program"`
+	Skipped string `json:"skipped,omitempty"`
+	// NsPerPacket is the program's time per packet, the restore and tail
+	// call overhead subtracted.
+	NsPerPacket Stats `json:"ns_per_packet"`
+	// Verdict is what the program returned for the benchmark packet.
+	Verdict string `json:"verdict,omitempty"`
+}
+
+// Ratio compares the median rates of two contenders.
+type Ratio struct {
+	Name  string `json:"name"`  // "sluice-xdp / sluice-tc"
+	Basis string `json:"basis"` // BasisRate or BasisNodeCost
+	// Value is num/den of the median rates, or den/num of the node
+	// costs: how many times faster num forwards either way.
+	Value   float64 `json:"value,omitempty"`
+	Target  float64 `json:"target,omitempty"` // 0: none
+	Skipped string  `json:"skipped,omitempty"`
+	// Bound is the largest rate ratio this machine can show, the
+	// ceiling over den's rate: the generator shares the CPU, so even a
+	// free num cannot exceed it. 0 when unknown or for node costs.
+	Bound float64 `json:"bound,omitempty"`
+}
+
+// Ratio bases.
+const (
+	BasisRate     = "packets/s"
+	BasisNodeCost = "node ns/packet"
+)
+
+// Met tells whether the ratio reaches its target.
+func (r Ratio) Met() bool { return r.Skipped == "" && r.Value >= r.Target }
+
+// PPSReport is the result of one `sluice bench pps` run.
+type PPSReport struct {
+	Started  time.Time     `json:"started"`
+	Kernel   string        `json:"kernel"`
+	CPUs     int           `json:"cpus"`
+	FrameLen int           `json:"frame_len"`
+	Flows    int           `json:"flows"`
+	Duration time.Duration `json:"duration_ns"`
+	Repeats  int           `json:"repeats"`
+	Topology string        `json:"topology"`
+	Notes    []string      `json:"notes,omitempty"`
+	Ceiling  RateRow       `json:"ceiling"`
+	Rates    []RateRow     `json:"rates"`
+	Costs    []CostRow     `json:"costs"`
+	Ratios   []Ratio       `json:"ratios"`
+}
+
+// ratioTargets are the brief's targets (section 5).
+var ratioTargets = []struct {
+	num, den string
+	target   float64
+}{
+	{ContenderXDP, ContenderTC, 3},
+	{ContenderXDP, ContenderNFTables, 4},
+	{ContenderXDP, ContenderIPTables, 4},
+}
+
+// ComputeNodeCost fills NodeNs of every measured rate row from the
+// ceiling.
+func (r *PPSReport) ComputeNodeCost() {
+	for i := range r.Rates {
+		row := &r.Rates[i]
+		row.NodeNs = 0
+		if row.Skipped != "" || r.Ceiling.Skipped != "" || row.PPS.Median <= 0 || r.Ceiling.PPS.Median <= 0 {
+			continue
+		}
+		row.NodeNs = 1e9/row.PPS.Median - 1e9/r.Ceiling.PPS.Median
+	}
+}
+
+// ComputeRatios fills r.Ratios from the median rates of its rows.
+func (r *PPSReport) ComputeRatios() {
+	rows := map[string]RateRow{}
+	for _, row := range r.Rates {
+		rows[row.Contender] = row
+	}
+	r.Ratios = nil
+	for _, basis := range []string{BasisRate, BasisNodeCost} {
+		for _, t := range ratioTargets {
+			ratio := Ratio{Name: t.num + " / " + t.den, Basis: basis, Target: t.target}
+			num, okNum := rows[t.num]
+			den, okDen := rows[t.den]
+			switch {
+			case !okNum || !okDen:
+				continue // contender not run
+			case num.Skipped != "":
+				ratio.Skipped = t.num + " skipped"
+			case den.Skipped != "":
+				ratio.Skipped = t.den + " skipped"
+			case den.PPS.Median <= 0:
+				ratio.Skipped = t.den + " forwarded nothing"
+			case basis == BasisRate:
+				ratio.Value = num.PPS.Median / den.PPS.Median
+				if r.Ceiling.Skipped == "" && r.Ceiling.PPS.Median > 0 {
+					ratio.Bound = r.Ceiling.PPS.Median / den.PPS.Median
+				}
+			case num.NodeNs <= 0 || den.NodeNs <= 0:
+				ratio.Skipped = "no node cost (ceiling not measured, or a rate at the ceiling)"
+			default:
+				ratio.Value = den.NodeNs / num.NodeNs
+			}
+			r.Ratios = append(r.Ratios, ratio)
+		}
+	}
+}
+
+// WriteFiles writes the report as pps-<time>.json and pps-<time>.md under
+// dir and returns their paths.
+func (r *PPSReport) WriteFiles(dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create %s: %w", dir, err)
+	}
+	base := filepath.Join(dir, "pps-"+r.Started.UTC().Format("20060102-150405"))
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encode report: %w", err)
+	}
+	var md strings.Builder
+	r.WriteMarkdown(&md)
+	paths := []string{base + ".json", base + ".md"}
+	for i, data := range [][]byte{append(js, '\n'), []byte(md.String())} {
+		if err := os.WriteFile(paths[i], data, 0o644); err != nil {
+			return nil, fmt.Errorf("write %s: %w", paths[i], err)
+		}
+	}
+	return paths, nil
+}
+
+func mpps(v float64) string { return fmt.Sprintf("%.3f", v/1e6) }
+
+func ns(v float64) string { return fmt.Sprintf("%.1f", v) }
+
+// cells are the cells of a rate row after the contender, before the
+// description.
+func (row RateRow) cells() []string {
+	if row.Skipped != "" {
+		return []string{"skipped: " + row.Skipped, "", "", "", ""}
+	}
+	node := "-"
+	if row.NodeNs != 0 {
+		node = ns(row.NodeNs)
+	}
+	return []string{mpps(row.PPS.Min), mpps(row.PPS.Median), mpps(row.PPS.Max), mpps(row.Offered.Median), node}
+}
+
+// allRates is the ceiling, then the contenders.
+func (r *PPSReport) allRates() []RateRow {
+	if r.Ceiling.Contender == "" {
+		return r.Rates
+	}
+	return append([]RateRow{r.Ceiling}, r.Rates...)
+}
+
+func (row CostRow) cells() []string {
+	if row.Skipped != "" {
+		return []string{"skipped: " + row.Skipped, "", "", ""}
+	}
+	return []string{ns(row.NsPerPacket.Min), ns(row.NsPerPacket.Median), ns(row.NsPerPacket.Max), row.Verdict}
+}
+
+func (ra Ratio) cells() []string {
+	bound := "-"
+	if ra.Bound > 0 {
+		bound = fmt.Sprintf("%.2f×", ra.Bound)
+	}
+	if ra.Skipped != "" {
+		return []string{ra.Basis, "skipped: " + ra.Skipped, fmt.Sprintf("≥ %g×", ra.Target), "", bound}
+	}
+	met := "no"
+	if ra.Met() {
+		met = "yes"
+	}
+	return []string{ra.Basis, fmt.Sprintf("%.2f×", ra.Value), fmt.Sprintf("≥ %g×", ra.Target), met, bound}
+}
+
+// table is one table of the report: a header and rows of cells.
+type table struct {
+	header []string
+	rows   [][]string
+}
+
+// tables are the report's rates, program costs and ratios.
+func (r *PPSReport) tables() []table {
+	rates := table{header: []string{"contender", "min Mpps", "median Mpps", "max Mpps", "offered Mpps", "node ns/pkt", "path"}}
+	for _, row := range r.allRates() {
+		rates.rows = append(rates.rows, append(append([]string{row.Contender}, row.cells()...), row.Description))
+	}
+	costs := table{header: []string{"program (BPF_PROG_RUN)", "min ns/pkt", "median ns/pkt", "max ns/pkt", "verdict"}}
+	for _, row := range r.Costs {
+		costs.rows = append(costs.rows, append([]string{row.Program}, row.cells()...))
+	}
+	ratios := table{header: []string{"ratio (medians)", "basis", "value", "target", "met", "bound here"}}
+	for _, ra := range r.Ratios {
+		ratios.rows = append(ratios.rows, append([]string{ra.Name}, ra.cells()...))
+	}
+	return []table{rates, costs, ratios}
+}
+
+// WriteTable writes the human tables of the report.
+func (r *PPSReport) WriteTable(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for i, t := range r.tables() {
+		if i > 0 {
+			fmt.Fprintln(tw)
+		}
+		fmt.Fprintln(tw, strings.Join(t.header, "\t"))
+		for _, row := range t.rows {
+			fmt.Fprintln(tw, strings.Join(row, "\t"))
+		}
+	}
+	tw.Flush()
+}
+
+// WriteMarkdown writes the report as Markdown tables.
+func (r *PPSReport) WriteMarkdown(w io.Writer) {
+	fmt.Fprintf(w, "# sluice bench pps, %s\n\n", r.Started.UTC().Format(time.RFC3339))
+	fmt.Fprintf(w, "Kernel %s, %d CPUs; %d-byte UDP frames (no FCS), %d flows; %d repeats of %s.\n\n",
+		r.Kernel, r.CPUs, r.FrameLen, r.Flows, r.Repeats, r.Duration)
+	fmt.Fprintf(w, "Topology: %s\n\n", r.Topology)
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "- %s\n", n)
+	}
+	for _, t := range r.tables() {
+		fmt.Fprintf(w, "\n| %s |\n|---|%s\n", strings.Join(t.header, " | "), strings.Repeat("---:|", len(t.header)-1))
+		for _, row := range t.rows {
+			fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
+		}
+	}
+}
