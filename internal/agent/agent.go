@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/healthcheck"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 )
 
 // Version is the agent's version, set at build time with
@@ -57,14 +59,15 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	for _, f := range features {
 		log.Debug("kernel feature", "name", f.Name, "available", f.Available, "detail", f.Detail)
 	}
-	dp, err := openSockLB(&cfg)
+	dp, err := openDataplane(&cfg)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		// Detaches every program; the pinned maps stay for the next start.
+		// The programs stay attached through their pinned links and the
+		// maps stay pinned, unless --unload-on-exit.
 		if cerr := dp.Close(); cerr != nil {
-			err = errors.Join(err, fmt.Errorf("close socket LB: %w", cerr))
+			err = errors.Join(err, fmt.Errorf("close dataplane: %w", cerr))
 		}
 	}()
 	pl, err := newModelPipeline(dp.Maps(), &cfg)
@@ -118,6 +121,9 @@ type Agent struct {
 	sync         api.SyncState
 	attachPoints []api.AttachPoint
 	healthz      api.ProxierHealth // listener state of --healthz-bind-address
+	ns           *api.NorthSouth   // after the devices are attached
+	nodeIPs      []netip.Addr      // this node's InternalIPs: SNAT sources
+	nodeIPsDirty bool
 }
 
 func newAgent(cfg *Config, log *slog.Logger, src Source, dp dataplane, pl pipeline, features []api.Feature) *Agent {
@@ -192,6 +198,12 @@ func (a *Agent) run(ctx context.Context) error {
 		a.mu.Unlock()
 		a.log.Info("socket LB attached", "cgroup", a.cfg.CgroupRoot)
 	}
+	if err := a.startNorthSouth(); err != nil {
+		return err
+	}
+	if ns, ok := a.northSouth(); ok {
+		wg.Go(func() { a.gcLoop(ctx, ns) })
+	}
 	if ni := a.notImplemented(); len(ni) > 0 {
 		a.log.Warn("flags accepted but not implemented yet", "flags", ni)
 	}
@@ -254,6 +266,9 @@ func (a *Agent) syncOnce(full bool) error {
 
 	start := time.Now()
 	sum, err := a.pl.Sync(full)
+	if err == nil {
+		err = a.afterSync(full)
+	}
 	dur := time.Since(start)
 	a.metrics.observeSync(dur, sum, err)
 	if err == nil {
@@ -318,6 +333,12 @@ func (a *Agent) OnEndpointSliceUpdate(prev, cur *discoveryv1.EndpointSlice) {
 func (a *Agent) OnNodeUpdate(prev, cur *corev1.Node) {
 	if n := cmp.Or(cur, prev); n != nil && n.Name == a.cfg.NodeName {
 		a.proxyHealth.SyncNode(cur)
+		ips := loadbalancer.NodeAddresses(cur)
+		a.mu.Lock()
+		if !slices.Equal(ips, a.nodeIPs) {
+			a.nodeIPs, a.nodeIPsDirty = ips, true
+		}
+		a.mu.Unlock()
 	}
 	a.pl.OnNodeUpdate(prev, cur)
 	a.changed()
@@ -336,12 +357,13 @@ func (a *Agent) Status(context.Context) (*api.Status, error) {
 	sum, syncState, points, healthz := a.sum, a.sync, a.attachPoints, a.healthz
 	a.mu.Unlock()
 	return &api.Status{
-		NodeName: a.cfg.NodeName,
-		Version:  Version,
-		Started:  a.started,
-		Source:   a.src.Status(),
-		Features: a.features,
-		SocketLB: api.SocketLB{Enabled: a.cfg.SocketLB, Cgroup: a.cfg.CgroupRoot, AttachPoints: points},
+		NodeName:   a.cfg.NodeName,
+		Version:    Version,
+		Started:    a.started,
+		Source:     a.src.Status(),
+		Features:   a.features,
+		SocketLB:   api.SocketLB{Enabled: a.cfg.SocketLB, Cgroup: a.cfg.CgroupRoot, AttachPoints: points},
+		NorthSouth: a.northSouthStatus(),
 
 		Services:  sum.Services,
 		Frontends: sum.Frontends,
@@ -355,15 +377,9 @@ func (a *Agent) Status(context.Context) (*api.Status, error) {
 	}, nil
 }
 
-// northSouthDataplane is implemented by a dataplane that has the tc/XDP
-// load balancer loaded on --devices.
-type northSouthDataplane interface {
-	NorthSouthLoaded() bool
-}
-
-// notImplemented is the flags that have no effect here. Maglev selection
-// applies to north-south frontends only: the tables are written, but until
-// a tc/XDP program reads them --lb-algorithm=maglev changes no traffic.
+// notImplemented is the flags that have no effect here. Maglev selection,
+// the mode and XDP apply to north-south traffic only: without the tc/XDP
+// programs on --devices they change no traffic.
 func (a *Agent) notImplemented() []string {
 	ni := a.cfg.NotImplemented()
 	if ns, ok := a.dp.(northSouthDataplane); ok && ns.NorthSouthLoaded() {

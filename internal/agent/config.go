@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/maglev"
 )
 
 // Config is the agent's configuration, one field per flag.
@@ -41,6 +43,19 @@ type Config struct {
 	SyncPeriod      time.Duration
 	LogLevel        string
 
+	// North-south (tc/XDP) datapath, on --devices.
+	MaglevTableSize uint32
+	MaglevSeed      uint32
+	XDPGeneric      bool // tests only
+	CTGCInterval    time.Duration
+	CTTimeoutSYN    time.Duration
+	CTTimeoutTCP    time.Duration
+	CTTimeoutFIN    time.Duration
+	CTTimeoutAny    time.Duration
+	// UnloadOnExit detaches every program and removes the pins on exit;
+	// by default the datapath stays in place so a restart drops no flow.
+	UnloadOnExit bool
+
 	// Derived by Validate.
 	nodePortRange [2]uint16
 	inCluster     bool
@@ -60,6 +75,9 @@ const (
 	// A full resync repairs maps that something else changed, like
 	// kube-proxy's syncPeriod.
 	DefaultSyncPeriod = 5 * time.Minute
+	// DefaultCTGCInterval is how often dead conntrack and NAT entries are
+	// deleted; the maps are LRUs, so a late collection only costs space.
+	DefaultCTGCInterval = 30 * time.Second
 )
 
 // AddFlags registers the agent's flags on fs, with Cilium's names where
@@ -85,6 +103,18 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.SyncPeriodMin, "sync-period-min", DefaultSyncPeriodMin, "minimum interval between two syncs to the maps")
 	fs.DurationVar(&c.SyncPeriod, "sync-period", DefaultSyncPeriod, "interval of full resyncs to the maps")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+
+	fs.Uint32Var(&c.MaglevTableSize, "bpf-lb-maglev-table-size", maglev.DefaultTableSize,
+		fmt.Sprintf("entries of each Maglev lookup table: a prime from %d to %d, the same on every node", maglev.MinTableSize, maglev.MaxTableSize))
+	fs.Uint32Var(&c.MaglevSeed, "bpf-lb-maglev-hash-seed", 0, "seed of the Maglev permutations and flow hash; the same on every node")
+	fs.DurationVar(&c.CTGCInterval, "bpf-ct-gc-interval", DefaultCTGCInterval, "interval of the conntrack and NAT garbage collection")
+	fs.DurationVar(&c.CTTimeoutSYN, "bpf-ct-timeout-regular-tcp-syn", lbmap.DefaultTCPSynTimeout*time.Second, "conntrack lifetime of a TCP flow during the handshake")
+	fs.DurationVar(&c.CTTimeoutTCP, "bpf-ct-timeout-regular-tcp", lbmap.DefaultTCPEstTimeout*time.Second, "conntrack lifetime of an established TCP flow")
+	fs.DurationVar(&c.CTTimeoutFIN, "bpf-ct-timeout-regular-tcp-fin", lbmap.DefaultTCPCloseTimeout*time.Second, "conntrack lifetime of a closing TCP flow")
+	fs.DurationVar(&c.CTTimeoutAny, "bpf-ct-timeout-regular-any", lbmap.DefaultUDPTimeout*time.Second, "conntrack lifetime of a UDP flow")
+	fs.BoolVar(&c.UnloadOnExit, "unload-on-exit", false, "detach every program and remove the pins on exit (default: leave the datapath in place so a restart drops no flow)")
+	fs.BoolVar(&c.XDPGeneric, "xdp-generic", false, "attach XDP in generic mode (tests only)")
+	_ = fs.MarkHidden("xdp-generic")
 }
 
 // lbMapLimit bounds --bpf-lb-map-max: a hash map this large already needs
@@ -180,6 +210,27 @@ func (c *Config) Validate() error {
 	if c.SyncPeriodMin < 0 || c.SyncPeriodMin > time.Minute {
 		bad("sync-period-min", c.SyncPeriodMin, "want 0 to 1m")
 	}
+	if err := (maglev.Config{TableSize: c.MaglevTableSize}).Validate(); err != nil || c.MaglevTableSize == 0 {
+		bad("bpf-lb-maglev-table-size", c.MaglevTableSize, "want a prime from %d to %d", maglev.MinTableSize, maglev.MaxTableSize)
+	}
+	if c.XDPGeneric && c.LBAcceleration == "disabled" {
+		bad("xdp-generic", true, "needs --lb-acceleration=native or best-effort")
+	}
+	if c.CTGCInterval < time.Second || c.CTGCInterval > time.Hour {
+		bad("bpf-ct-gc-interval", c.CTGCInterval, "want 1s to 1h")
+	}
+	for _, t := range []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"bpf-ct-timeout-regular-tcp-syn", c.CTTimeoutSYN}, {"bpf-ct-timeout-regular-tcp", c.CTTimeoutTCP},
+		{"bpf-ct-timeout-regular-tcp-fin", c.CTTimeoutFIN}, {"bpf-ct-timeout-regular-any", c.CTTimeoutAny},
+	} {
+		// Whole seconds: the datapath's clock counts seconds.
+		if t.v < time.Second || t.v > 30*24*time.Hour || t.v%time.Second != 0 {
+			bad(t.flag, t.v, "want whole seconds from 1s to 720h")
+		}
+	}
 	if c.SyncPeriod < time.Second {
 		bad("sync-period", c.SyncPeriod, "want at least 1s")
 	} else if c.SyncPeriod < c.SyncPeriodMin {
@@ -192,17 +243,18 @@ func (c *Config) Validate() error {
 // not act on yet, so that status can say so instead of pretending.
 func (c *Config) NotImplemented() []string {
 	var out []string
-	if c.LBAlgorithm != "random" {
-		out = append(out, "--lb-algorithm="+c.LBAlgorithm)
-	}
-	if c.LBMode != "snat" {
-		out = append(out, "--lb-mode="+c.LBMode)
-	}
-	if c.LBAcceleration != "disabled" {
-		out = append(out, "--lb-acceleration="+c.LBAcceleration)
-	}
-	if len(c.Devices) > 0 {
-		out = append(out, "--devices="+strings.Join(c.Devices, ","))
+	// Maglev, the mode and XDP act through the tc/XDP programs, which only
+	// --devices loads.
+	if len(c.Devices) == 0 {
+		if c.LBAlgorithm != "random" {
+			out = append(out, "--lb-algorithm="+c.LBAlgorithm)
+		}
+		if c.LBMode != "snat" {
+			out = append(out, "--lb-mode="+c.LBMode)
+		}
+		if c.LBAcceleration != "disabled" {
+			out = append(out, "--lb-acceleration="+c.LBAcceleration)
+		}
 	}
 	if c.BandwidthMgr {
 		out = append(out, "--enable-bandwidth-manager")

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
@@ -45,17 +46,21 @@ func TestConfigValid(t *testing.T) {
 		"--bpf-root=/sys/fs/bpf/sluice-ag", "--api-socket=/run/sluice-ag/a.sock", "--metrics-addr=127.0.0.1:9962",
 		"--healthz-bind-address=[::1]:10266", "--devices=eth0,eth+", "--lb-algorithm=maglev", "--lb-mode=dsr", "--lb-acceleration=best-effort",
 		"--node-port-range=30000-30100", "--enable-bandwidth-manager", "--socket-lb=false", "--bpf-lb-map-max=1024",
-		"--sync-period-min=10ms", "--sync-period=1m", "--log-level=debug")
+		"--sync-period-min=10ms", "--sync-period=1m", "--log-level=debug",
+		"--bpf-lb-maglev-table-size=251", "--bpf-lb-maglev-hash-seed=42", "--bpf-ct-gc-interval=5s", "--xdp-generic", "--unload-on-exit")
 	if err != nil {
 		t.Fatalf("Validate: %v", err)
 	}
 	if c.HealthzAddr != "[::1]:10266" {
 		t.Errorf("healthz address = %q, want [::1]:10266", c.HealthzAddr)
 	}
+	if c.MaglevTableSize != 251 || c.MaglevSeed != 42 || c.CTGCInterval != 5*time.Second || !c.XDPGeneric || !c.UnloadOnExit {
+		t.Errorf("north-south flags: table %d seed %d gc %v xdp-generic %v unload %v", c.MaglevTableSize, c.MaglevSeed, c.CTGCInterval, c.XDPGeneric, c.UnloadOnExit)
+	}
 	if c.nodePortRange != [2]uint16{30000, 30100} {
 		t.Errorf("node port range = %v, want [30000 30100]", c.nodePortRange)
 	}
-	want := "--lb-algorithm=maglev --lb-mode=dsr --lb-acceleration=best-effort --devices=eth0,eth+ --enable-bandwidth-manager"
+	want := "--enable-bandwidth-manager" // --devices makes the north-south flags take effect
 	if got := strings.Join(c.NotImplemented(), " "); got != want {
 		t.Errorf("NotImplemented = %q, want %q", got, want)
 	}
@@ -71,7 +76,7 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	if c.NodeName != "from-env" || !c.inCluster || !c.SocketLB || c.BPFRoot != DefaultBPFRoot ||
 		c.SyncPeriodMin != DefaultSyncPeriodMin || c.LBMapMax != DefaultLBMapMax || len(c.NotImplemented()) != 0 ||
-		c.HealthzAddr != "0.0.0.0:10256" {
+		c.HealthzAddr != "0.0.0.0:10256" || c.MaglevTableSize != 16381 || c.CTGCInterval != 30*time.Second || c.UnloadOnExit {
 		t.Errorf("defaults: %+v", c)
 	}
 }
@@ -123,6 +128,14 @@ func TestConfigInvalid(t *testing.T) {
 		{"sync-period-min syntax", []string{"--sync-period-min=soon"}, `invalid argument "soon" for "--sync-period-min"`},
 		{"sync-period short", []string{"--sync-period=10ms"}, "--sync-period=10ms: want at least 1s"},
 		{"socket-lb syntax", []string{"--socket-lb=maybe"}, `invalid argument "maybe" for "--socket-lb"`},
+		{"maglev table size not prime", []string{"--bpf-lb-maglev-table-size=16380"}, "--bpf-lb-maglev-table-size=16380: want a prime from 251 to 131071"},
+		{"maglev table size small", []string{"--bpf-lb-maglev-table-size=13"}, "--bpf-lb-maglev-table-size=13: want a prime"},
+		{"maglev table size large", []string{"--bpf-lb-maglev-table-size=131101"}, "--bpf-lb-maglev-table-size=131101: want a prime"},
+		{"maglev hash seed syntax", []string{"--bpf-lb-maglev-hash-seed=-1"}, `invalid argument "-1" for "--bpf-lb-maglev-hash-seed"`},
+		{"xdp-generic without acceleration", []string{"--xdp-generic"}, "--xdp-generic=true: needs --lb-acceleration=native or best-effort"},
+		{"ct gc interval short", []string{"--bpf-ct-gc-interval=10ms"}, "--bpf-ct-gc-interval=10ms: want 1s to 1h"},
+		{"ct timeout fraction", []string{"--bpf-ct-timeout-regular-tcp=1.5s"}, "--bpf-ct-timeout-regular-tcp=1.5s: want whole seconds"},
+		{"ct timeout zero", []string{"--bpf-ct-timeout-regular-any=0s"}, "--bpf-ct-timeout-regular-any=0s: want whole seconds"},
 		{"bandwidth manager syntax", []string{"--enable-bandwidth-manager=sometimes"}, `invalid argument "sometimes" for "--enable-bandwidth-manager"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

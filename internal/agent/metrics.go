@@ -7,6 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
 )
 
 const metricsNamespace = "sluice"
@@ -25,6 +27,12 @@ type metrics struct {
 	// programming is kube-proxy's network programming latency: from a
 	// change's arrival to its map write.
 	programming prometheus.Histogram
+
+	// Conntrack garbage collection (tc/XDP datapath).
+	ctEntries  prometheus.Gauge
+	gcDeleted  *prometheus.CounterVec
+	gcRuns     prometheus.Counter
+	gcFailures prometheus.Counter
 }
 
 // latencyBuckets span 100µs (one change) to 30s (a cold start at scale).
@@ -62,6 +70,19 @@ func newMetrics(src Source, dp dataplane) *metrics {
 			Buckets: latencyBuckets,
 		}),
 	}
+	m.ctEntries = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: metricsNamespace, Name: "ct_entries", Help: "Conntrack entries left after the latest garbage collection.",
+	})
+	m.gcDeleted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Name: "ct_gc_deleted_total", Help: "Entries deleted by conntrack garbage collection.",
+	}, []string{"map"})
+	m.gcRuns = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Name: "ct_gc_runs_total", Help: "Conntrack garbage collections run.",
+	})
+	m.gcFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Name: "ct_gc_failures_total", Help: "Conntrack garbage collections that returned an error.",
+	})
+	m.reg.MustRegister(m.ctEntries, m.gcDeleted, m.gcRuns, m.gcFailures)
 	m.reg.MustRegister(m.syncDuration, m.syncs, m.syncFailures, m.services, m.frontends, m.backends,
 		m.objectErrors, m.programming, scrapeCollector{src: src, dp: dp},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -78,6 +99,18 @@ func (m *metrics) observeSync(d time.Duration, s summary, err error) {
 	m.frontends.Set(float64(s.Frontends))
 	m.backends.Set(float64(s.Backends))
 	m.objectErrors.Set(float64(len(s.ObjectErrors)))
+}
+
+func (m *metrics) observeGC(r gcResult, err error) {
+	m.gcRuns.Inc()
+	if err != nil {
+		m.gcFailures.Inc()
+	}
+	m.gcDeleted.WithLabelValues(lbmap.CTMapName).Add(float64(r.ctDeleted))
+	m.gcDeleted.WithLabelValues(lbmap.NATMapName).Add(float64(r.natDeleted))
+	if err == nil {
+		m.ctEntries.Set(float64(r.ctEntries))
+	}
 }
 
 func (m *metrics) handler() http.Handler {

@@ -5,14 +5,23 @@ package agent
 // interfaces of pipeline.go, so that tests can run the agent without BPF.
 
 import (
+	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/datapath"
 	"github.com/sluice-dataplane/sluice/internal/healthcheck"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
+	"github.com/sluice-dataplane/sluice/internal/maglev"
 	"github.com/sluice-dataplane/sluice/internal/probe"
 	"github.com/sluice-dataplane/sluice/internal/reconciler"
 )
@@ -30,9 +39,10 @@ func probeKernel() []api.Feature {
 	return out
 }
 
-// openSockLB mounts bpffs when needed and loads the socket LB, reusing the
-// maps pinned by a previous run.
-func openSockLB(cfg *Config) (dataplane, error) {
+// openDataplane mounts bpffs when needed and loads the socket LB and, with
+// --devices, the tc/XDP load balancer, reusing the maps pinned by a previous
+// run. Nothing is attached yet.
+func openDataplane(cfg *Config) (dataplane, error) {
 	if err := datapath.EnsureBPFFS(cfg.BPFRoot); err != nil {
 		return nil, fmt.Errorf("bpffs at %s: %w", cfg.BPFRoot, err)
 	}
@@ -42,25 +52,272 @@ func openSockLB(cfg *Config) (dataplane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load socket LB: %w", err)
 	}
-	return sockLB{lb}, nil
+	d := &nodeDataplane{SockLB: lb, cfg: cfg, podIfaces: map[netip.Addr]uint32{}}
+	if len(cfg.Devices) == 0 {
+		return d, nil
+	}
+	d.ns, err = datapath.LoadNorthSouth(datapath.NorthSouthOptions{
+		BPFRoot: cfg.BPFRoot, Sizes: sizes,
+		MaglevTableSize: cfg.MaglevTableSize, MaglevSeed: cfg.MaglevSeed,
+	})
+	if err == nil {
+		d.maglev, err = d.ns.Maglev()
+	}
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("load north-south LB: %w", err), d.close())
+	}
+	return d, nil
 }
 
-type sockLB struct{ *datapath.SockLB }
+// nodeDataplane is the socket LB plus, with --devices, the tc/XDP LB.
+type nodeDataplane struct {
+	*datapath.SockLB
+	cfg    *Config
+	ns     *datapath.NorthSouth // nil without --devices
+	maglev *lbmap.MaglevKernel
 
-func (s sockLB) AttachPoints() []api.AttachPoint {
+	mu        sync.Mutex
+	podIfaces map[netip.Addr]uint32 // local backend -> host-side veth
+}
+
+// Maps adds the Maglev tables when the tc/XDP programs read them, so that
+// the reconciler writes them.
+func (d *nodeDataplane) Maps() lbmap.Maps {
+	if d.ns == nil {
+		return d.SockLB.Maps()
+	}
+	return lbmap.MapsWithMaglev{Maps: d.SockLB.Maps(), MaglevMaps: d.maglev}
+}
+
+// Attach attaches the socket LB through pinned links, taking over those of
+// a previous agent.
+func (d *nodeDataplane) Attach(cgroupPath string) error {
+	return d.SockLB.AttachPinned(cgroupPath, datapath.LinksDir(d.cfg.BPFRoot))
+}
+
+func (d *nodeDataplane) AttachPoints() []api.AttachPoint {
 	var out []api.AttachPoint
-	for _, p := range s.SockLB.AttachPoints() {
+	for _, p := range d.SockLB.AttachPoints() {
 		out = append(out, api.AttachPoint(p))
 	}
 	return out
 }
 
-func (s sockLB) MapFill() []api.MapFill {
+func (d *nodeDataplane) MapFill() []api.MapFill {
+	fill := d.SockLB.MapFill()
+	if d.ns != nil {
+		fill = append(fill, d.ns.MapFill()...)
+	}
 	var out []api.MapFill
-	for _, f := range s.SockLB.MapFill() {
+	for _, f := range fill {
 		out = append(out, api.MapFill(f))
 	}
 	return out
+}
+
+// Close leaves every program attached through its pinned link (a restart
+// must not drop a flow) unless --unload-on-exit, which detaches everything
+// and removes the pins.
+func (d *nodeDataplane) Close() error {
+	if !d.cfg.UnloadOnExit {
+		return d.close()
+	}
+	var errs []error
+	if d.ns != nil {
+		errs = append(errs, d.ns.DetachDevices())
+	}
+	errs = append(errs, d.SockLB.UnpinAttached(), d.close(),
+		datapath.UnpinLinks(d.cfg.BPFRoot), datapath.Unpin(d.cfg.BPFRoot), datapath.UnpinNorthSouth(d.cfg.BPFRoot))
+	return errors.Join(errs...)
+}
+
+func (d *nodeDataplane) close() error {
+	var errs []error
+	if d.ns != nil {
+		errs = append(errs, d.ns.Close())
+	}
+	return errors.Join(append(errs, d.SockLB.Close())...)
+}
+
+func (d *nodeDataplane) NorthSouthLoaded() bool { return d.ns != nil }
+
+// AttachDevices resolves --devices in the agent's network namespace and
+// attaches the tc and XDP programs there.
+func (d *nodeDataplane) AttachDevices() ([]api.Device, error) {
+	devs, err := resolveDevices(d.cfg.Devices)
+	if err != nil {
+		return nil, err
+	}
+	mode := datapath.XDPMode(d.cfg.LBAcceleration)
+	if d.cfg.XDPGeneric {
+		mode = datapath.XDPGeneric
+	}
+	got, err := d.ns.AttachDevices(datapath.DeviceOptions{Devices: devs, XDP: mode, LinksDir: datapath.LinksDir(d.cfg.BPFRoot)})
+	out := make([]api.Device, 0, len(got))
+	for _, a := range got {
+		out = append(out, apiDevice(a))
+	}
+	return out, err
+}
+
+func apiDevice(a datapath.DeviceAttachment) api.Device {
+	dev := api.Device{Name: a.Device, Ifindex: a.Ifindex, TC: a.TC, XDP: string(a.XDP), Replaced: a.Replaced, XDPError: a.XDPError}
+	for _, id := range []uint32{a.IngressLinkID, a.EgressLinkID, a.XDPLinkID} {
+		if id != 0 {
+			dev.LinkIDs = append(dev.LinkIDs, id)
+		}
+	}
+	return dev
+}
+
+// resolveDevices finds each --devices name among the links of the agent's
+// network namespace; a trailing "+" matches every device with that prefix.
+func resolveDevices(names []string) ([]datapath.Device, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("--devices: list network devices: %w", err)
+	}
+	var out []datapath.Device
+	seen := map[string]bool{}
+	for _, name := range names {
+		prefix, wildcard := strings.CutSuffix(name, "+")
+		found := false
+		for _, l := range links {
+			ln := l.Attrs().Name
+			if ln != name && !(wildcard && strings.HasPrefix(ln, prefix)) {
+				continue
+			}
+			found = true
+			if !seen[ln] {
+				seen[ln] = true
+				out = append(out, datapath.Device{Name: ln, Ifindex: l.Attrs().Index})
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("--devices=%s: no such device in the agent's network namespace", name)
+		}
+	}
+	return out, nil
+}
+
+// SetNodeConfig writes the tc/XDP configuration: the mode, the node's
+// addresses as SNAT sources and the conntrack timeouts.
+func (d *nodeDataplane) SetNodeConfig(nodeIPs []netip.Addr) error {
+	c := lbmap.NSConfig{
+		Mode:            map[string]uint32{"snat": lbmap.ModeSNAT, "dsr": lbmap.ModeDSR, "hybrid": lbmap.ModeHybrid}[d.cfg.LBMode],
+		TCPSynTimeout:   uint32(d.cfg.CTTimeoutSYN / time.Second),
+		TCPEstTimeout:   uint32(d.cfg.CTTimeoutTCP / time.Second),
+		TCPCloseTimeout: uint32(d.cfg.CTTimeoutFIN / time.Second),
+		UDPTimeout:      uint32(d.cfg.CTTimeoutAny / time.Second),
+	}
+	var have4, have6 bool
+	for _, ip := range nodeIPs {
+		switch {
+		case ip.Is4() && !have4:
+			c.SNATAddr4, have4 = lbmap.AddrFrom(ip), true
+		case ip.Is6() && !have6:
+			c.SNATAddr6, have6 = lbmap.AddrFrom(ip), true
+		}
+	}
+	return d.ns.SetConfig(c)
+}
+
+// SyncPodIfaces marks the host-side veths of the local backends, found with
+// a route lookup in the agent's network namespace, and forgets the rest.
+// Known addresses are looked up again only on a full sync.
+func (d *nodeDataplane) SyncPodIfaces(addrs []netip.Addr, full bool) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	want := map[netip.Addr]uint32{}
+	var errs []error
+	for _, a := range addrs {
+		if idx, ok := d.podIfaces[a]; ok && !full {
+			want[a] = idx
+			continue
+		}
+		idx, err := podIface(a)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if idx != 0 {
+			want[a] = idx
+		}
+	}
+	inUse := map[uint32]bool{}
+	for _, idx := range want {
+		inUse[idx] = true
+	}
+	for _, idx := range d.podIfaces {
+		if !inUse[idx] {
+			errs = append(errs, d.ns.DeletePodIface(idx))
+		}
+	}
+	for idx := range inUse {
+		errs = append(errs, d.ns.SetPodIface(idx))
+	}
+	d.podIfaces = want
+	return errors.Join(errs...)
+}
+
+// podIface is the veth a route to a local pod leaves by, 0 when the route
+// leaves by something else (the pod is reached another way).
+func podIface(a netip.Addr) (uint32, error) {
+	routes, err := netlink.RouteGet(a.AsSlice())
+	if err != nil || len(routes) == 0 {
+		return 0, fmt.Errorf("route to local backend %s: %v", a, err)
+	}
+	l, err := netlink.LinkByIndex(routes[0].LinkIndex)
+	if err != nil {
+		return 0, fmt.Errorf("route to local backend %s: device %d: %w", a, routes[0].LinkIndex, err)
+	}
+	if l.Type() != "veth" {
+		return 0, nil
+	}
+	return uint32(l.Attrs().Index), nil
+}
+
+// CollectGarbage deletes the conntrack entries dead at the datapath's clock
+// and the NAT mappings of flows no longer tracked, and counts what is left.
+func (d *nodeDataplane) CollectGarbage() (gcResult, error) {
+	now, err := d.ns.CTNow()
+	if err != nil {
+		return gcResult{}, err
+	}
+	var r gcResult
+	if r.ctDeleted, err = d.ns.CT().GC(now); err != nil {
+		return r, err
+	}
+	if r.natDeleted, err = d.ns.NAT().GC(d.ns.CT()); err != nil {
+		return r, err
+	}
+	recs, err := d.ns.CT().Dump()
+	r.ctEntries = len(recs)
+	return r, err
+}
+
+func (d *nodeDataplane) DumpCT() (*api.BPFCT, error) {
+	now, err := d.ns.CTNow()
+	if err != nil {
+		return nil, err
+	}
+	recs, err := d.ns.CT().Dump()
+	if err != nil {
+		return nil, err
+	}
+	return ctTable(now, recs), nil
+}
+
+func (d *nodeDataplane) DumpNAT() (*api.BPFNAT, error) {
+	now, err := d.ns.CTNow()
+	if err != nil {
+		return nil, err
+	}
+	recs, err := d.ns.NAT().Dump()
+	if err != nil {
+		return nil, err
+	}
+	return natTable(now, recs), nil
 }
 
 // modelPipeline is the loadbalancer.Tracker feeding the reconciler. Both are
@@ -73,7 +330,11 @@ type modelPipeline struct {
 }
 
 func newModelPipeline(m lbmap.Maps, cfg *Config) (pipeline, error) {
-	rec, err := reconciler.New(m, cfg.NodeName)
+	b, err := maglev.New(maglev.Config{TableSize: cfg.MaglevTableSize, Seed: cfg.MaglevSeed})
+	if err != nil {
+		return nil, fmt.Errorf("--bpf-lb-maglev-table-size=%d: %w", cfg.MaglevTableSize, err)
+	}
+	rec, err := reconciler.New(m, cfg.NodeName, reconciler.WithMaglev(b))
 	if err != nil {
 		return nil, fmt.Errorf("restore installed state from the maps: %w", err)
 	}
@@ -116,6 +377,19 @@ func summarize(st *loadbalancer.State, nodeName string) summary {
 	}
 	s.Backends = len(backends)
 	return s
+}
+
+// LocalBackends lists the addresses of the installed backends on this node.
+func (p *modelPipeline) LocalBackends() []netip.Addr {
+	seen := map[netip.Addr]bool{}
+	for _, s := range p.rec.Installed() {
+		for _, b := range append(s.Backends, s.InternalBackends...) {
+			if b.Local {
+				seen[b.Addr] = true
+			}
+		}
+	}
+	return slices.SortedFunc(maps.Keys(seen), netip.Addr.Compare)
 }
 
 func (p *modelPipeline) Installed() []api.Service {

@@ -17,12 +17,16 @@ type fakeProvider struct {
 	status   *Status
 	services []Service
 	lb       *BPFLB
+	ct       *BPFCT
+	nat      *BPFNAT
 	err      error
 }
 
 func (f *fakeProvider) Status(context.Context) (*Status, error)     { return f.status, f.err }
 func (f *fakeProvider) Services(context.Context) ([]Service, error) { return f.services, f.err }
 func (f *fakeProvider) BPFLB(context.Context) (*BPFLB, error)       { return f.lb, f.err }
+func (f *fakeProvider) BPFCT(context.Context) (*BPFCT, error)       { return f.ct, f.err }
+func (f *fakeProvider) BPFNAT(context.Context) (*BPFNAT, error)     { return f.nat, f.err }
 
 // serve serves p on a socket in a temp dir until the test ends.
 func serve(t *testing.T, p Provider) string {
@@ -58,6 +62,10 @@ func TestRoundtrip(t *testing.T) {
 		lb: &BPFLB{Services: []BPFService{{Frontend: "198.19.0.10:80/TCP", Scope: "external", Count: 1, RevNatID: 1}},
 			Backends: []BPFBackend{{ID: 3, Address: "198.18.1.2:8080/TCP"}}, RevNat: []BPFRevNat{{ID: 1, Address: "198.19.0.10:80"}},
 			NodeIPs: []string{"198.18.0.11"}},
+		ct: &BPFCT{Now: 100, Entries: []CTEntry{{Tuple: "TCP 198.18.0.2:41000 -> 198.18.0.11:30080", Direction: "service",
+			Flags: []string{"SYN"}, BackendID: 2, NAT: "198.18.2.10:8080", RevNatID: 1, Remaining: 59, Packets: 1, Bytes: 60}}},
+		nat: &BPFNAT{Now: 100, Entries: []NATEntry{{Tuple: "TCP 198.18.0.2:41000 -> 198.18.2.10:8080", Direction: "nat-egress",
+			To: "198.18.0.11:40001", Age: 3}}},
 	}
 	c := NewClient(serve(t, p))
 	ctx := context.Background()
@@ -76,6 +84,14 @@ func TestRoundtrip(t *testing.T) {
 	lb, err := c.BPFLB(ctx)
 	if err != nil || !reflect.DeepEqual(lb, p.lb) {
 		t.Errorf("BPFLB = %+v, %v; want %+v", lb, err, p.lb)
+	}
+	ct, err := c.BPFCT(ctx)
+	if err != nil || !reflect.DeepEqual(ct, p.ct) {
+		t.Errorf("BPFCT = %+v, %v; want %+v", ct, err, p.ct)
+	}
+	nat, err := c.BPFNAT(ctx)
+	if err != nil || !reflect.DeepEqual(nat, p.nat) {
+		t.Errorf("BPFNAT = %+v, %v; want %+v", nat, err, p.nat)
 	}
 }
 

@@ -52,6 +52,18 @@ func (c *Client) BPFLB(ctx context.Context) (*BPFLB, error) {
 	return &d, c.get(ctx, PathBPFLB, &d)
 }
 
+// BPFCT returns a dump of the conntrack map.
+func (c *Client) BPFCT(ctx context.Context) (*BPFCT, error) {
+	var d BPFCT
+	return &d, c.get(ctx, PathBPFCT, &d)
+}
+
+// BPFNAT returns a dump of the SNAT map.
+func (c *Client) BPFNAT(ctx context.Context) (*BPFNAT, error) {
+	var d BPFNAT
+	return &d, c.get(ctx, PathBPFNAT, &d)
+}
+
 // Healthz returns nil when the agent answers its health check.
 func (c *Client) Healthz(ctx context.Context) error {
 	return c.get(ctx, PathHealthz, nil)

@@ -18,6 +18,8 @@ type Provider interface {
 	Status(ctx context.Context) (*Status, error)
 	Services(ctx context.Context) ([]Service, error)
 	BPFLB(ctx context.Context) (*BPFLB, error)
+	BPFCT(ctx context.Context) (*BPFCT, error)
+	BPFNAT(ctx context.Context) (*BPFNAT, error)
 }
 
 // Handler returns the API's HTTP handler.
@@ -37,6 +39,14 @@ func Handler(p Provider) http.Handler {
 	})
 	mux.HandleFunc("GET "+PathBPFLB, func(w http.ResponseWriter, r *http.Request) {
 		v, err := p.BPFLB(r.Context())
+		reply(w, v, err)
+	})
+	mux.HandleFunc("GET "+PathBPFCT, func(w http.ResponseWriter, r *http.Request) {
+		v, err := p.BPFCT(r.Context())
+		reply(w, v, err)
+	})
+	mux.HandleFunc("GET "+PathBPFNAT, func(w http.ResponseWriter, r *http.Request) {
+		v, err := p.BPFNAT(r.Context())
 		reply(w, v, err)
 	})
 	return mux

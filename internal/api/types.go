@@ -14,6 +14,8 @@ const (
 	PathStatus   = "/v1/status"
 	PathServices = "/v1/services"
 	PathBPFLB    = "/v1/bpf/lb"
+	PathBPFCT    = "/v1/bpf/ct"
+	PathBPFNAT   = "/v1/bpf/nat"
 	PathHealthz  = "/healthz"
 )
 
@@ -29,6 +31,9 @@ type Status struct {
 	Source   SourceStatus `json:"source"`
 	Features []Feature    `json:"kernelFeatures"`
 	SocketLB SocketLB     `json:"socketLB"`
+	// NorthSouth is the tc/XDP load balancer on --devices; nil from an
+	// agent before it.
+	NorthSouth *NorthSouth `json:"northSouth,omitempty"`
 
 	Services  int `json:"services"`  // Service objects with at least one frontend
 	Frontends int `json:"frontends"` // frontends (address, port, protocol)
@@ -190,4 +195,78 @@ type BPFBackend struct {
 type BPFRevNat struct {
 	ID      uint16 `json:"id"`
 	Address string `json:"address"` // addr:port
+}
+
+// NorthSouth describes the tc/XDP load balancer, like the
+// KubeProxyReplacement section of `cilium status`.
+type NorthSouth struct {
+	Enabled         bool     `json:"enabled"`
+	Mode            string   `json:"mode,omitempty"`      // snat, dsr or hybrid
+	Algorithm       string   `json:"algorithm,omitempty"` // random or maglev (the default)
+	MaglevTableSize uint32   `json:"maglevTableSize,omitempty"`
+	Acceleration    string   `json:"acceleration,omitempty"` // --lb-acceleration
+	Devices         []Device `json:"devices,omitempty"`
+	// Notes say what was degraded, e.g. native XDP refused in best-effort.
+	Notes []string `json:"notes,omitempty"`
+	CTGC  CTGC     `json:"ctGC"`
+}
+
+// Device is one external device and what is attached to it.
+type Device struct {
+	Name     string   `json:"name"`
+	Ifindex  int      `json:"ifindex"`
+	TC       string   `json:"tc"`                 // tcx or tc
+	XDP      string   `json:"xdp"`                // native, generic or disabled
+	XDPError string   `json:"xdpError,omitempty"` // best-effort: why native XDP was refused
+	LinkIDs  []uint32 `json:"linkIDs,omitempty"`
+	Replaced bool     `json:"replaced,omitempty"` // programs swapped into pinned links
+}
+
+// CTGC is the conntrack garbage collector's record.
+type CTGC struct {
+	Interval   time.Duration `json:"interval"`
+	Last       time.Time     `json:"last,omitzero"`
+	Runs       uint64        `json:"runs"`
+	CTDeleted  uint64        `json:"ctDeleted"`
+	NATDeleted uint64        `json:"natDeleted"`
+	Error      string        `json:"error,omitempty"`
+}
+
+// BPFCT is a dump of the conntrack map.
+type BPFCT struct {
+	Now     uint32    `json:"now"` // the datapath's CT clock, seconds
+	Entries []CTEntry `json:"entries"`
+}
+
+// CTEntry is one conntrack entry.
+type CTEntry struct {
+	Tuple     string   `json:"tuple"`     // PROTO src -> dst
+	Direction string   `json:"direction"` // service, ingress
+	Flags     []string `json:"flags,omitempty"`
+	// Backend is the chosen backend (service entries), NAT the address
+	// the entry translates to.
+	BackendID uint32 `json:"backendID,omitempty"`
+	NAT       string `json:"nat"`
+	RevNatID  uint16 `json:"revNatID"`
+	// Remaining is the lifetime left in seconds; negative: dead, awaiting
+	// garbage collection.
+	Remaining int64  `json:"remaining"`
+	Packets   uint64 `json:"packets"`
+	Bytes     uint64 `json:"bytes"`
+	RxPackets uint64 `json:"rxPackets"`
+	RxBytes   uint64 `json:"rxBytes"`
+}
+
+// BPFNAT is a dump of the SNAT map.
+type BPFNAT struct {
+	Now     uint32     `json:"now"`
+	Entries []NATEntry `json:"entries"`
+}
+
+// NATEntry is one SNAT mapping.
+type NATEntry struct {
+	Tuple     string `json:"tuple"`
+	Direction string `json:"direction"` // nat-egress, nat-ingress
+	To        string `json:"to"`        // addr:port the tuple translates to
+	Age       int64  `json:"age"`       // seconds since creation
 }

@@ -120,7 +120,135 @@ func bpfCommand() *cobra.Command {
 		},
 	})
 	cmd.AddCommand(lb)
+	ct := &cobra.Command{Use: "ct", Short: "The conntrack map of the tc/XDP load balancer"}
+	ct.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "Dump ct: tuple, direction, flags, backend, rev NAT, lifetime left, packets/bytes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := o.client()
+			if err != nil {
+				return err
+			}
+			d, err := c.BPFCT(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if o.output == "json" {
+				return writeJSON(cmd.OutOrStdout(), d)
+			}
+			return writeBPFCT(cmd.OutOrStdout(), d)
+		},
+	})
+	nat := &cobra.Command{Use: "nat", Short: "The SNAT map of the tc/XDP load balancer"}
+	nat.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "Dump snat: tuple, direction, translation, age",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := o.client()
+			if err != nil {
+				return err
+			}
+			d, err := c.BPFNAT(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if o.output == "json" {
+				return writeJSON(cmd.OutOrStdout(), d)
+			}
+			return writeBPFNAT(cmd.OutOrStdout(), d)
+		},
+	})
+	cmd.AddCommand(ct, nat)
 	return cmd
+}
+
+// writeBPFCT prints one row per conntrack entry, like `cilium bpf ct list`.
+func writeBPFCT(w io.Writer, d *api.BPFCT) error {
+	tw := newTable(w)
+	fmt.Fprintln(tw, "TUPLE\tDIRECTION\tFLAGS\tBACKEND\tREVNAT\tLIFETIME\tPACKETS/BYTES\tREPLY PACKETS/BYTES")
+	for _, e := range d.Entries {
+		flags := strings.Join(e.Flags, "|")
+		if flags == "" {
+			flags = "-"
+		}
+		be := e.NAT
+		if e.BackendID != 0 {
+			be = fmt.Sprintf("%d (%s)", e.BackendID, e.NAT)
+		}
+		life := fmt.Sprintf("%ds", e.Remaining)
+		if e.Remaining < 0 {
+			life = "expired"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d/%d\t%d/%d\n", e.Tuple, e.Direction, flags, be, e.RevNatID, life,
+			e.Packets, e.Bytes, e.RxPackets, e.RxBytes)
+	}
+	return tw.Flush()
+}
+
+// writeBPFNAT prints one row per SNAT mapping.
+func writeBPFNAT(w io.Writer, d *api.BPFNAT) error {
+	tw := newTable(w)
+	fmt.Fprintln(tw, "TUPLE\tDIRECTION\tTRANSLATED TO\tAGE")
+	for _, e := range d.Entries {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%ds\n", e.Tuple, e.Direction, e.To, e.Age)
+	}
+	return tw.Flush()
+}
+
+// writeNorthSouth prints the tc/XDP section, like the KubeProxyReplacement
+// details of `cilium status`.
+func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns *api.NorthSouth) {
+	if ns == nil {
+		return // an agent from before the north-south datapath
+	}
+	if !ns.Enabled {
+		line("NorthSouth", "Disabled (no --devices)")
+		return
+	}
+	var devs []string
+	for _, d := range ns.Devices {
+		xdp := "no XDP"
+		if d.XDP != "" && d.XDP != "disabled" {
+			xdp = "XDP " + d.XDP
+		}
+		devs = append(devs, fmt.Sprintf("%s (%s, %s)", d.Name, d.TC, xdp))
+	}
+	if len(devs) == 0 {
+		devs = []string{"not attached yet"}
+	}
+	line("NorthSouth", "Enabled\t[%s]", strings.Join(devs, ", "))
+	line("  Mode", "%s", strings.ToUpper(ns.Mode))
+	alg := "Random"
+	if ns.Algorithm == "maglev" {
+		alg = "Maglev"
+	}
+	line("  Backend selection", "%s (Maglev table size: %d)", alg, ns.MaglevTableSize)
+	line("  XDP acceleration", "%s", ns.Acceleration)
+	for _, d := range ns.Devices {
+		var ids []string
+		for _, id := range d.LinkIDs {
+			ids = append(ids, fmt.Sprint(id))
+		}
+		how := "attached"
+		if d.Replaced {
+			how = "programs replaced in pinned links"
+		}
+		line("  "+d.Name, "ifindex %d, links %s, %s", d.Ifindex, strings.Join(ids, ","), how)
+	}
+	gc := ns.CTGC
+	switch {
+	case gc.Runs == 0:
+		line("  CT garbage collection", "every %s, none yet", gc.Interval)
+	case gc.Error != "":
+		line("  CT garbage collection", "every %s, last %s ago FAILED: %s", gc.Interval, ago(gc.Last), gc.Error)
+	default:
+		line("  CT garbage collection", "every %s, %d runs, %d ct and %d nat entries deleted", gc.Interval, gc.Runs, gc.CTDeleted, gc.NATDeleted)
+	}
+	for _, n := range ns.Notes {
+		line("  Note", "%s", n)
+	}
 }
 
 func writeJSON(w io.Writer, v any) error {
@@ -182,6 +310,8 @@ func writeStatus(w io.Writer, st *api.Status) error {
 		}
 		line("  Attach points", "%s", strings.Join(hooks, ", "))
 	}
+
+	writeNorthSouth(tw, line, st.NorthSouth)
 
 	line("Services", "%d services, %d frontends, %d backends", st.Services, st.Frontends, st.Backends)
 	if len(st.Maps) > 0 {

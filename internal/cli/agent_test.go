@@ -25,7 +25,29 @@ func (fakeAgent) Status(context.Context) (*api.Status, error) {
 		Maps:           []api.MapFill{{Name: "lb_services", Entries: 12, Max: 65536}},
 		Sync:           api.SyncState{Last: time.Now(), Duration: 2 * time.Millisecond, Total: 5},
 		NotImplemented: []string{"--lb-mode=dsr"},
+		NorthSouth: &api.NorthSouth{Enabled: true, Mode: "snat", Algorithm: "maglev", MaglevTableSize: 16381, Acceleration: "best-effort",
+			Devices: []api.Device{
+				{Name: "eth0", Ifindex: 2, TC: "tcx", XDP: "native", LinkIDs: []uint32{21, 22, 23}, Replaced: true},
+				{Name: "eth1", Ifindex: 3, TC: "tc", XDP: "disabled", XDPError: "native XDP refused: operation not supported"},
+			},
+			Notes: []string{"eth1: native XDP refused: operation not supported; tc only"},
+			CTGC:  api.CTGC{Interval: 30 * time.Second, Last: time.Now(), Runs: 3, CTDeleted: 7, NATDeleted: 2}},
 	}, nil
+}
+
+func (fakeAgent) BPFCT(context.Context) (*api.BPFCT, error) {
+	return &api.BPFCT{Now: 1000, Entries: []api.CTEntry{
+		{Tuple: "TCP 198.18.0.2:41000 -> 198.18.0.11:30080", Direction: "service", Flags: []string{"SYN", "SNAT"},
+			BackendID: 2, NAT: "198.18.2.10:8080", RevNatID: 1, Remaining: 59, Packets: 3, Bytes: 180},
+		{Tuple: "UDP 198.18.0.2:41001 -> 198.18.1.10:8080", Direction: "ingress", NAT: "198.19.200.2:80",
+			RevNatID: 4, Remaining: -5, Packets: 1, Bytes: 60, RxPackets: 1, RxBytes: 70},
+	}}, nil
+}
+
+func (fakeAgent) BPFNAT(context.Context) (*api.BPFNAT, error) {
+	return &api.BPFNAT{Now: 1000, Entries: []api.NATEntry{
+		{Tuple: "TCP 198.18.0.2:41000 -> 198.18.2.10:8080", Direction: "nat-egress", To: "198.18.0.11:40001", Age: 3},
+	}}, nil
 }
 
 func (fakeAgent) Services(context.Context) ([]api.Service, error) {
@@ -89,7 +111,17 @@ func TestAgentCommandsTable(t *testing.T) {
 			"Node:", "node1", "manifests /etc/sluice", "Degraded: 1 file(s) rejected", "bad.yaml", "document 1: kind is missing",
 			"bpf_link", "sch_fq", "not in this kernel", "Enabled, cgroup /sys/fs/cgroup/unified/lab/node1",
 			"connect4 (link 11), sendmsg4 (link 12)", "2 services, 3 frontends, 4 backends", "lb_services", "12/65536",
-			"OK", "--lb-mode=dsr (accepted, no effect)"}},
+			"OK", "--lb-mode=dsr (accepted, no effect)",
+			"NorthSouth:", "eth0 (tcx, XDP native), eth1 (tc, no XDP)", "Mode:", "SNAT",
+			"Maglev (Maglev table size: 16381)", "XDP acceleration:", "best-effort",
+			"ifindex 2, links 21,22,23, programs replaced in pinned links",
+			"every 30s, 3 runs, 7 ct and 2 nat entries deleted", "eth1: native XDP refused: operation not supported; tc only"}},
+		{[]string{"bpf", "ct", "list", "--api-socket", sock}, []string{
+			"TUPLE", "DIRECTION", "LIFETIME", "PACKETS/BYTES",
+			"TCP 198.18.0.2:41000 -> 198.18.0.11:30080", "service", "SYN|SNAT", "2 (198.18.2.10:8080)", "59s", "3/180", "0/0",
+			"UDP 198.18.0.2:41001 -> 198.18.1.10:8080", "ingress", "198.19.200.2:80", "expired", "1/60", "1/70"}},
+		{[]string{"bpf", "nat", "list", "--api-socket", sock}, []string{
+			"TRANSLATED TO", "TCP 198.18.0.2:41000 -> 198.18.2.10:8080", "nat-egress", "198.18.0.11:40001", "3s"}},
 		{[]string{"service", "list", "--api-socket", sock}, []string{
 			"ID", "Frontend", "Service Type", "Backend",
 			"198.19.0.10:80/TCP", "ClusterIP", "affinity=10800s",
@@ -134,6 +166,8 @@ func TestAgentCommandsJSON(t *testing.T) {
 		{[]string{"status", "-o", "json"}, &api.Status{}},
 		{[]string{"service", "list", "-o", "json"}, &[]api.Service{}},
 		{[]string{"bpf", "lb", "list", "--output=json"}, &api.BPFLB{}},
+		{[]string{"bpf", "ct", "list", "-o", "json"}, &api.BPFCT{}},
+		{[]string{"bpf", "nat", "list", "-o", "json"}, &api.BPFNAT{}},
 	} {
 		out, err := run(t, tc.args...)
 		if err != nil {

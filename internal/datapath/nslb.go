@@ -8,8 +8,10 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/maglev"
 )
 
 // NorthSouthOptions configure LoadNorthSouth.
@@ -21,6 +23,10 @@ type NorthSouthOptions struct {
 	Sizes MapSizes
 	// CTEntries and NATEntries size the ct and snat maps; 0 = 65536.
 	CTEntries, NATEntries uint32
+	// MaglevTableSize and MaglevSeed are set in both objects before load
+	// (lbmap.ConfigureMaglev); every node must use the same. A zero size
+	// is maglev.DefaultTableSize.
+	MaglevTableSize, MaglevSeed uint32
 }
 
 // NorthSouth is the loaded tc and XDP load balancer (bpf/tc_lb.c,
@@ -31,6 +37,10 @@ type NorthSouth struct {
 	lb  *lbmap.Kernel
 	ct  *lbmap.CT
 	nat *lbmap.NAT
+
+	maglevSize uint32
+	// devices are the attachments of AttachDevices (attach.go).
+	devices []*deviceAttachment
 }
 
 // NorthSouthPrograms are the programs to attach to each external device.
@@ -73,7 +83,17 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 	sizes[lbmap.CTMapName] = orDefault(opts.CTEntries, defaultNSEntries)
 	sizes[lbmap.NATMapName] = orDefault(opts.NATEntries, defaultNSEntries)
 
-	n := &NorthSouth{}
+	maglevSize := orDefault(opts.MaglevTableSize, maglev.DefaultTableSize)
+	for _, spec := range []*ebpf.CollectionSpec{tcSpec, xdpSpec} {
+		if err := lbmap.ConfigureMaglev(spec, maglevSize, opts.MaglevSeed); err != nil {
+			return nil, fmt.Errorf("load north-south LB: %w", err)
+		}
+	}
+	if err := prepareMaglevPin(opts.BPFRoot, maglevSize); err != nil {
+		return nil, err
+	}
+
+	n := &NorthSouth{maglevSize: maglevSize}
 	for _, o := range []struct {
 		name string
 		spec *ebpf.CollectionSpec
@@ -128,6 +148,62 @@ func (n *NorthSouth) Programs() NorthSouthPrograms {
 
 // Maps returns the shared LB maps (the same pins as the socket LB's).
 func (n *NorthSouth) Maps() lbmap.Maps { return n.lb }
+
+// Maglev returns the Maglev tables (lb_maglev), whose inner arrays have the
+// table size the programs were loaded with.
+func (n *NorthSouth) Maglev() (*lbmap.MaglevKernel, error) {
+	return lbmap.NewMaglevKernel(n.tc.LbMaglev, n.maglevSize)
+}
+
+// MaglevTableSize is the table size the programs were loaded with.
+func (n *NorthSouth) MaglevTableSize() uint32 { return n.maglevSize }
+
+// prepareMaglevPin checks a pinned lb_maglev against the table size: the
+// kernel accepts only inner arrays of the size the outer map was created
+// with, and map info does not report it, so a table of the new size is
+// tried under rev nat ID 0 (never allocated) and removed again. A mismatch
+// re-creates the map when it holds no table and is an error naming the pin
+// otherwise (the tables in use would stop being replaceable).
+func prepareMaglevPin(root string, size uint32) error {
+	path := filepath.Join(root, lbmap.MaglevMapName)
+	outer, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open pinned map %s: %w", path, err)
+	}
+	defer outer.Close()
+	if outer.Type() != ebpf.HashOfMaps {
+		return nil // checkPins names the incompatible pin
+	}
+	inner, err := ebpf.NewMap(lbmap.MaglevOuterSpec(size).InnerMap)
+	if err != nil {
+		return fmt.Errorf("check pinned map %s: create a table of %d entries: %w", path, size, err)
+	}
+	defer inner.Close()
+	const probeKey = uint16(0)
+	err = outer.Update(probeKey, inner, ebpf.UpdateAny)
+	if err == nil {
+		if err := outer.Delete(probeKey); err != nil {
+			return fmt.Errorf("check pinned map %s: remove probe entry: %w", path, err)
+		}
+		return nil
+	}
+	if !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("check pinned map %s: %w", path, err)
+	}
+	var k uint16
+	var v uint32
+	if outer.Iterate().Next(&k, &v) {
+		return fmt.Errorf("pinned map %s holds Maglev tables of another size than %d; "+
+			"restart with the previous --bpf-lb-maglev-table-size, or remove the pin to rebuild every table", path, size)
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("re-create %s for table size %d: %w", path, size, err)
+	}
+	return nil
+}
 
 // CT returns the conntrack map.
 func (n *NorthSouth) CT() *lbmap.CT { return n.ct }
@@ -205,9 +281,10 @@ func (n *NorthSouth) CTNow() (uint32, error) {
 	return ret, nil
 }
 
-// Close closes programs and maps; the pins stay for the next agent.
+// Close closes programs and maps; the pins stay for the next agent, and so
+// do the pinned device links (use DetachDevices first to detach them).
 func (n *NorthSouth) Close() error {
-	return errors.Join(n.tc.Close(), n.xdp.Close())
+	return errors.Join(n.releaseDevices(false), n.tc.Close(), n.xdp.Close())
 }
 
 // UnpinNorthSouth removes the pins of the maps only the tc/XDP programs

@@ -1,0 +1,274 @@
+package agent
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+)
+
+// northSouthDataplane is implemented by a dataplane that may have the
+// tc/XDP load balancer loaded on --devices.
+type northSouthDataplane interface {
+	NorthSouthLoaded() bool
+	// AttachDevices attaches tc (and XDP per --lb-acceleration) to --devices.
+	AttachDevices() ([]api.Device, error)
+	// SetNodeConfig writes mode, SNAT sources and CT timeouts.
+	SetNodeConfig(nodeIPs []netip.Addr) error
+	// SyncPodIfaces marks the host-side veths of local backends.
+	SyncPodIfaces(addrs []netip.Addr, full bool) error
+	CollectGarbage() (gcResult, error)
+	DumpCT() (*api.BPFCT, error)
+	DumpNAT() (*api.BPFNAT, error)
+}
+
+// localBackender is a pipeline that knows the installed local backends.
+type localBackender interface {
+	LocalBackends() []netip.Addr
+}
+
+// gcResult is one conntrack garbage collection.
+type gcResult struct {
+	ctDeleted, natDeleted, ctEntries int
+}
+
+// errNoNorthSouth answers ct/nat queries of an agent without --devices.
+var errNoNorthSouth = errors.New("north-south datapath not loaded: --devices is empty")
+
+// northSouth returns the tc/XDP dataplane when it is loaded.
+func (a *Agent) northSouth() (northSouthDataplane, bool) {
+	ns, ok := a.dp.(northSouthDataplane)
+	if !ok || !ns.NorthSouthLoaded() {
+		return nil, false
+	}
+	return ns, true
+}
+
+// startNorthSouth writes the tc/XDP configuration and attaches the programs
+// to --devices; the maps already hold the first sync's state.
+func (a *Agent) startNorthSouth() error {
+	ns, ok := a.northSouth()
+	if !ok {
+		return nil
+	}
+	if err := a.applyNodeConfig(ns); err != nil {
+		return err
+	}
+	devs, err := ns.AttachDevices()
+	st := a.newNorthSouthStatus(devs)
+	a.mu.Lock()
+	a.ns = st
+	a.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("--devices=%s: %w", strings.Join(a.cfg.Devices, ","), err)
+	}
+	for _, d := range devs {
+		a.log.Info("north-south LB attached", "device", d.Name, "tc", d.TC, "xdp", d.XDP, "replaced", d.Replaced)
+	}
+	for _, n := range st.Notes {
+		a.log.Warn("north-south LB degraded", "note", n)
+	}
+	return nil
+}
+
+func (a *Agent) newNorthSouthStatus(devs []api.Device) *api.NorthSouth {
+	st := &api.NorthSouth{
+		Enabled: true, Mode: a.cfg.LBMode, Algorithm: a.cfg.LBAlgorithm,
+		MaglevTableSize: a.cfg.MaglevTableSize, Acceleration: a.cfg.LBAcceleration,
+		Devices: devs, CTGC: api.CTGC{Interval: a.cfg.CTGCInterval},
+	}
+	if a.cfg.XDPGeneric {
+		st.Notes = append(st.Notes, "XDP in generic mode (--xdp-generic, tests only)")
+	}
+	for _, d := range devs {
+		if d.XDPError != "" {
+			st.Notes = append(st.Notes, fmt.Sprintf("%s: %s; tc only", d.Name, d.XDPError))
+		}
+	}
+	return st
+}
+
+// applyNodeConfig writes the tc/XDP configuration from this node's
+// InternalIPs, as last seen.
+func (a *Agent) applyNodeConfig(ns northSouthDataplane) error {
+	a.mu.Lock()
+	ips := slices.Clone(a.nodeIPs)
+	a.nodeIPsDirty = false
+	a.mu.Unlock()
+	if err := ns.SetNodeConfig(ips); err != nil {
+		a.mu.Lock()
+		a.nodeIPsDirty = true
+		a.mu.Unlock()
+		return fmt.Errorf("write north-south config: %w", err)
+	}
+	return nil
+}
+
+// afterSync keeps the tc/XDP side in step with a successful sync: the node
+// config when the node's addresses changed and the local pods' veths.
+func (a *Agent) afterSync(full bool) error {
+	ns, ok := a.northSouth()
+	if !ok {
+		return nil
+	}
+	var errs []error
+	a.mu.Lock()
+	dirty := a.nodeIPsDirty
+	a.mu.Unlock()
+	if dirty {
+		errs = append(errs, a.applyNodeConfig(ns))
+	}
+	if lb, ok := a.pl.(localBackender); ok {
+		if err := ns.SyncPodIfaces(lb.LocalBackends(), full); err != nil {
+			errs = append(errs, fmt.Errorf("local pod devices: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// gcLoop collects dead conntrack and NAT entries every --bpf-ct-gc-interval.
+func (a *Agent) gcLoop(ctx context.Context, ns northSouthDataplane) {
+	t := time.NewTicker(a.cfg.CTGCInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.collectGarbage(ns)
+	}
+}
+
+func (a *Agent) collectGarbage(ns northSouthDataplane) {
+	r, err := ns.CollectGarbage()
+	a.metrics.observeGC(r, err)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ns == nil {
+		return
+	}
+	gc := &a.ns.CTGC
+	gc.Last = time.Now()
+	gc.Runs++
+	gc.CTDeleted += uint64(r.ctDeleted)
+	gc.NATDeleted += uint64(r.natDeleted)
+	gc.Error = ""
+	if err != nil {
+		gc.Error = err.Error()
+		a.log.Error("conntrack garbage collection", "err", err)
+	}
+}
+
+// northSouthStatus is a copy of the tc/XDP status for the API.
+func (a *Agent) northSouthStatus() *api.NorthSouth {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ns == nil {
+		if len(a.cfg.Devices) == 0 {
+			return &api.NorthSouth{}
+		}
+		// Loaded, not attached yet (waiting for the first sync).
+		return a.newNorthSouthStatus(nil)
+	}
+	st := *a.ns
+	st.Devices = slices.Clone(a.ns.Devices)
+	st.Notes = slices.Clone(a.ns.Notes)
+	return &st
+}
+
+// BPFCT implements api.Provider.
+func (a *Agent) BPFCT(context.Context) (*api.BPFCT, error) {
+	ns, ok := a.northSouth()
+	if !ok {
+		return nil, errNoNorthSouth
+	}
+	return ns.DumpCT()
+}
+
+// BPFNAT implements api.Provider.
+func (a *Agent) BPFNAT(context.Context) (*api.BPFNAT, error) {
+	ns, ok := a.northSouth()
+	if !ok {
+		return nil, errNoNorthSouth
+	}
+	return ns.DumpNAT()
+}
+
+// ctTable turns a conntrack dump into the API's table, sorted by tuple.
+func ctTable(now uint32, recs []lbmap.CTRecord) *api.BPFCT {
+	out := &api.BPFCT{Now: now, Entries: make([]api.CTEntry, 0, len(recs))}
+	for _, r := range recs {
+		k, e := r.Key, r.Entry
+		var flags []string
+		if f := lbmap.CTFlagsString(e.Flags); f != "" {
+			flags = strings.Split(f, "|")
+		}
+		out.Entries = append(out.Entries, api.CTEntry{
+			Tuple:     tupleString(k),
+			Direction: dirString(k.Dir),
+			Flags:     flags,
+			BackendID: e.BackendID,
+			NAT:       addrPort(e.NATAddr, e.NATPort),
+			RevNatID:  e.RevNatID,
+			Remaining: int64(e.Lifetime) - int64(now),
+			Packets:   e.Packets, Bytes: e.Bytes, RxPackets: e.RxPackets, RxBytes: e.RxBytes,
+		})
+	}
+	slices.SortFunc(out.Entries, func(x, y api.CTEntry) int {
+		return cmp.Or(strings.Compare(x.Tuple, y.Tuple), strings.Compare(x.Direction, y.Direction))
+	})
+	return out
+}
+
+// natTable turns a NAT dump into the API's table, sorted by tuple.
+func natTable(now uint32, recs []lbmap.NATRecord) *api.BPFNAT {
+	out := &api.BPFNAT{Now: now, Entries: make([]api.NATEntry, 0, len(recs))}
+	for _, r := range recs {
+		out.Entries = append(out.Entries, api.NATEntry{
+			Tuple:     tupleString(r.Key),
+			Direction: dirString(r.Key.Dir),
+			To:        addrPort(r.Entry.ToAddr, r.Entry.ToPort),
+			Age:       int64(now) - int64(r.Entry.Created),
+		})
+	}
+	slices.SortFunc(out.Entries, func(x, y api.NATEntry) int {
+		return cmp.Or(strings.Compare(x.Tuple, y.Tuple), strings.Compare(x.Direction, y.Direction))
+	})
+	return out
+}
+
+func tupleString(k lbmap.CTTuple) string {
+	return fmt.Sprintf("%s %s -> %s", ctProtoName(k.Proto), addrPort(k.SAddr, k.SPort), addrPort(k.DAddr, k.DPort))
+}
+
+func ctProtoName(p uint8) string {
+	switch p {
+	case 1:
+		return "ICMP"
+	case 58:
+		return "ICMPv6"
+	}
+	return protoName(p)
+}
+
+func dirString(d uint8) string {
+	switch d {
+	case lbmap.CTDirService:
+		return "service"
+	case lbmap.CTDirIngress:
+		return "ingress"
+	case lbmap.NATDirEgress:
+		return "nat-egress"
+	case lbmap.NATDirIngress:
+		return "nat-ingress"
+	}
+	return fmt.Sprintf("dir-%d", d)
+}

@@ -1,0 +1,187 @@
+package datapath
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/sluice-dataplane/sluice/internal/probe"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
+)
+
+// progID is the kernel ID of a loaded program.
+func progID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
+	t.Helper()
+	info, err := p.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	return id
+}
+
+// linkProgram returns the program a link ID runs now.
+func linkProgram(t *testing.T, id uint32) ebpf.ProgramID {
+	t.Helper()
+	l, err := link.NewFromID(link.ID(id))
+	if err != nil {
+		t.Fatalf("link %d: %v", id, err)
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Program
+}
+
+func linkGone(id uint32) bool {
+	l, err := link.NewFromID(link.ID(id))
+	if err != nil {
+		return true
+	}
+	l.Close()
+	return false
+}
+
+// A simulated agent restart: the second NorthSouth finds the links the
+// first pinned, and swaps its programs into them (same link IDs) instead of
+// attaching anew; DetachDevices then removes them and their pins.
+func TestPrivilegedDeviceLinksSurviveRestart(t *testing.T) {
+	probetest.SkipUnless(t, probe.BTF, probe.TCX, probe.XDP)
+	ns := newTestNetns(t)
+	ns.addVeth(t, "nsa0", "nsa1")
+	nl := ns.netlink(t)
+	dev, err := nl.LinkByName("nsa0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	devices := []Device{{Name: "nsa0", Ifindex: dev.Attrs().Index}}
+	root := testBPFRoot(t)
+	t.Cleanup(func() { UnpinNorthSouth(root); UnpinLinks(root) })
+	opts := DeviceOptions{Devices: devices, XDP: XDPGeneric, LinksDir: LinksDir(root)}
+	sizes := MapSizes{Services: 1024, Backends: 1024, RevNat: 1024, SockRev: 1024, Affinity: 1024, NodeIPs: 64}
+	load := func() *NorthSouth {
+		t.Helper()
+		n, err := LoadNorthSouth(NorthSouthOptions{BPFRoot: root, Sizes: sizes, CTEntries: 1024, NATEntries: 1024, MaglevTableSize: 251})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	attach := func(n *NorthSouth) DeviceAttachment {
+		t.Helper()
+		var got []DeviceAttachment
+		err := inNetns(ns.handle, func() (err error) {
+			got, err = n.AttachDevices(opts)
+			return err
+		})
+		if err != nil || len(got) != 1 {
+			t.Fatalf("attach to %v: %v (%d attachments)", devices, err, len(got))
+		}
+		return got[0]
+	}
+
+	first := load()
+	a := attach(first)
+	if a.TC != TCKindTCX || a.XDP != XDPGeneric || a.Replaced || a.IngressLinkID == 0 || a.EgressLinkID == 0 || a.XDPLinkID == 0 {
+		t.Fatalf("first attach: %+v, want tcx and generic XDP links, new", a)
+	}
+	if err := first.Close(); err != nil { // the agent exits; the links stay
+		t.Fatal(err)
+	}
+	for _, id := range []uint32{a.IngressLinkID, a.EgressLinkID, a.XDPLinkID} {
+		if linkGone(id) {
+			t.Fatalf("link %d gone after the first agent closed", id)
+		}
+	}
+
+	second := load()
+	defer second.Close()
+	b := attach(second)
+	if !b.Replaced {
+		t.Errorf("second attach: %+v, want Replaced", b)
+	}
+	progs := second.Programs()
+	for _, c := range []struct {
+		name       string
+		before, id uint32
+		prog       *ebpf.Program
+	}{
+		{"tcx ingress", a.IngressLinkID, b.IngressLinkID, progs.TCIngress},
+		{"tcx egress", a.EgressLinkID, b.EgressLinkID, progs.TCEgress},
+		{"XDP", a.XDPLinkID, b.XDPLinkID, progs.XDPIngress},
+	} {
+		if c.id != c.before {
+			t.Errorf("%s: link %d after restart, want the pinned link %d", c.name, c.id, c.before)
+		}
+		if got, want := linkProgram(t, c.id), progID(t, c.prog); got != want {
+			t.Errorf("%s: link %d runs program %d, want the new program %d", c.name, c.id, got, want)
+		}
+	}
+
+	if err := second.DetachDevices(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []uint32{b.IngressLinkID, b.EgressLinkID, b.XDPLinkID} {
+		if !linkGone(id) {
+			t.Errorf("link %d still exists after DetachDevices", id)
+		}
+	}
+	if pins, _ := filepath.Glob(filepath.Join(LinksDir(root), "*")); len(pins) != 0 {
+		t.Errorf("pins left after DetachDevices: %v", pins)
+	}
+}
+
+// The socket LB's cgroup links are pinned too and taken over the same way.
+func TestPrivilegedCgroupLinksSurviveRestart(t *testing.T) {
+	requireSockLB(t)
+	cg := testCgroup(t)
+	root := testBPFRoot(t)
+	t.Cleanup(func() { UnpinLinks(root) })
+	sizes := MapSizes{Services: 1024, Backends: 1024, RevNat: 1024, SockRev: 1024, Affinity: 1024, NodeIPs: 64}
+	attach := func() *SockLB {
+		t.Helper()
+		s, err := LoadSockLB(SockLBOptions{BPFRoot: root, Sizes: sizes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.AttachPinned(cg, LinksDir(root)); err != nil {
+			s.Close()
+			t.Fatal(err)
+		}
+		return s
+	}
+	first := attach()
+	before := first.AttachPoints()
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	second := attach()
+	after := second.AttachPoints()
+	if len(after) != len(before) {
+		t.Fatalf("%d attach points after restart, want %d", len(after), len(before))
+	}
+	for i := range after {
+		if after[i].LinkID == 0 || after[i].LinkID != before[i].LinkID {
+			t.Errorf("%s on %s: link %d after restart, want the pinned link %d", after[i].Hook, cg, after[i].LinkID, before[i].LinkID)
+		}
+	}
+	if err := second.UnpinAttached(); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range after {
+		if !linkGone(p.LinkID) {
+			t.Errorf("%s: link %d still attached after UnpinAttached and Close", p.Hook, p.LinkID)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(LinksDir(root), "cgroup-connect4")); !os.IsNotExist(err) {
+		t.Errorf("cgroup-connect4 pin after UnpinAttached: %v, want gone", err)
+	}
+}
