@@ -24,6 +24,8 @@ type northSouthDataplane interface {
 	SetNodeConfig(nodeIPs []netip.Addr) error
 	// SyncPodIfaces marks the host-side veths of local backends.
 	SyncPodIfaces(addrs []netip.Addr, full bool) error
+	// SyncTunnels writes where DSR sends each other node's pods.
+	SyncTunnels(map[netip.Prefix]netip.Addr) error
 	CollectGarbage() (gcResult, error)
 	DumpCT() (*api.BPFCT, error)
 	DumpNAT() (*api.BPFNAT, error)
@@ -32,6 +34,11 @@ type northSouthDataplane interface {
 // localBackender is a pipeline that knows the installed local backends.
 type localBackender interface {
 	LocalBackends() []netip.Addr
+}
+
+// tunneler is a pipeline that knows the other nodes' pod CIDRs.
+type tunneler interface {
+	Tunnels() map[netip.Prefix]netip.Addr
 }
 
 // gcResult is one conntrack garbage collection.
@@ -128,6 +135,11 @@ func (a *Agent) afterSync(full bool) error {
 	if lb, ok := a.pl.(localBackender); ok {
 		if err := ns.SyncPodIfaces(lb.LocalBackends(), full); err != nil {
 			errs = append(errs, fmt.Errorf("local pod devices: %w", err))
+		}
+	}
+	if tp, ok := a.pl.(tunneler); ok {
+		if err := ns.SyncTunnels(tp.Tunnels()); err != nil {
+			errs = append(errs, fmt.Errorf("DSR tunnels: %w", err))
 		}
 	}
 	return errors.Join(errs...)

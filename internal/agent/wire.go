@@ -77,7 +77,8 @@ type nodeDataplane struct {
 	maglev *lbmap.MaglevKernel
 
 	mu        sync.Mutex
-	podIfaces map[netip.Addr]uint32 // local backend -> host-side veth
+	podIfaces map[netip.Addr]uint32       // local backend -> host-side veth
+	tunnels   map[netip.Prefix]netip.Addr // installed DSR tunnels: pod CIDR -> node
 }
 
 // Maps adds the Maglev tables when the tc/XDP programs read them, so that
@@ -222,6 +223,38 @@ func (d *nodeDataplane) SetNodeConfig(nodeIPs []netip.Addr) error {
 	return d.ns.SetConfig(c)
 }
 
+// SyncTunnels writes the DSR tunnel map (another node's pod CIDR -> that
+// node's address) and removes the CIDRs no longer wanted. Unchanged entries
+// are not rewritten.
+func (d *nodeDataplane) SyncTunnels(want map[netip.Prefix]netip.Addr) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var errs []error
+	for cidr := range d.tunnels {
+		if _, ok := want[cidr]; !ok {
+			if err := d.ns.DeleteTunnel(cidr); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			delete(d.tunnels, cidr)
+		}
+	}
+	if d.tunnels == nil {
+		d.tunnels = map[netip.Prefix]netip.Addr{}
+	}
+	for cidr, node := range want {
+		if cur, ok := d.tunnels[cidr]; ok && cur == node {
+			continue
+		}
+		if err := d.ns.SetTunnel(cidr, node); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		d.tunnels[cidr] = node
+	}
+	return errors.Join(errs...)
+}
+
 // SyncPodIfaces marks the host-side veths of the local backends, found with
 // a route lookup in the agent's network namespace, and forgets the rest.
 // Known addresses are looked up again only on a full sync.
@@ -327,6 +360,7 @@ type modelPipeline struct {
 	*loadbalancer.Tracker
 	rec      *reconciler.Reconciler
 	nodeName string
+	tunnels  map[netip.Prefix]netip.Addr // from the last sync that saw a node change
 }
 
 func newModelPipeline(m lbmap.Maps, cfg *Config) (pipeline, error) {
@@ -350,6 +384,9 @@ func (p *modelPipeline) Sync(full bool) (summary, error) {
 	st, changed, nodesChanged := p.Tracker.Sync()
 	if full {
 		changed, nodesChanged = nil, true
+	}
+	if nodesChanged {
+		p.tunnels = maps.Clone(st.Tunnels)
 	}
 	err := p.rec.Apply(st, changed, nodesChanged)
 	return summarize(st, p.nodeName), err
@@ -378,6 +415,10 @@ func summarize(st *loadbalancer.State, nodeName string) summary {
 	s.Backends = len(backends)
 	return s
 }
+
+// Tunnels returns the DSR tunnels of the last sync: the other nodes' pod
+// CIDRs and their addresses.
+func (p *modelPipeline) Tunnels() map[netip.Prefix]netip.Addr { return p.tunnels }
 
 // LocalBackends lists the addresses of the installed backends on this node.
 func (p *modelPipeline) LocalBackends() []netip.Addr {

@@ -15,6 +15,9 @@ type State struct {
 	Services map[types.NamespacedName][]LBService
 	// NodeIPs holds every node's InternalIPs; true marks this node's.
 	NodeIPs map[netip.Addr]bool
+	// Tunnels maps each other node's pod CIDRs to that node's InternalIP
+	// of the same family: where DSR sends a backend's traffic.
+	Tunnels map[netip.Prefix]netip.Addr
 	// Errors maps "Service ns/name" or "EndpointSlice ns/name" to the reason
 	// the object is refused. Its last good version stays in effect.
 	Errors map[string]string
@@ -34,7 +37,7 @@ type Tracker struct {
 	services      map[types.NamespacedName]*corev1.Service
 	slices        map[types.NamespacedName]*discoveryv1.EndpointSlice // last good, by slice name
 	slicesOf      map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice
-	nodes         map[string][]netip.Addr
+	nodes         map[string]nodeInfo
 	state         *State
 }
 
@@ -48,10 +51,11 @@ func NewTracker(opts Options) *Tracker {
 		services:      map[types.NamespacedName]*corev1.Service{},
 		slices:        map[types.NamespacedName]*discoveryv1.EndpointSlice{},
 		slicesOf:      map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice{},
-		nodes:         map[string][]netip.Addr{},
+		nodes:         map[string]nodeInfo{},
 		state: &State{
 			Services: map[types.NamespacedName][]LBService{},
 			NodeIPs:  map[netip.Addr]bool{},
+			Tunnels:  map[netip.Prefix]netip.Addr{},
 			Errors:   map[string]string{},
 		},
 	}
@@ -173,7 +177,7 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 			if node == nil {
 				delete(t.nodes, name)
 			} else {
-				t.nodes[name] = NodeAddresses(node)
+				t.nodes[name] = nodeInfo{addrs: NodeAddresses(node), podCIDRs: NodePodCIDRs(node)}
 			}
 		}
 		clear(t.pendingNodes)
@@ -207,17 +211,38 @@ func (t *Tracker) translate(name types.NamespacedName) bool {
 	return !had || !reflect.DeepEqual(old, lbs)
 }
 
+// nodeInfo is what the load balancer needs of a Node.
+type nodeInfo struct {
+	addrs    []netip.Addr
+	podCIDRs []netip.Prefix
+}
+
+// rebuildNodeIPs recomputes NodeIPs and Tunnels from the nodes and reports
+// whether either changed.
 func (t *Tracker) rebuildNodeIPs() bool {
 	ips := map[netip.Addr]bool{}
-	for name, addrs := range t.nodes {
-		for _, a := range addrs {
+	tunnels := map[netip.Prefix]netip.Addr{}
+	for name, n := range t.nodes {
+		for _, a := range n.addrs {
 			ips[a] = ips[a] || name == t.opts.NodeName
 		}
+		if name == t.opts.NodeName {
+			continue
+		}
+		for _, cidr := range n.podCIDRs {
+			for _, a := range n.addrs {
+				if a.Is4() == cidr.Addr().Is4() {
+					tunnels[cidr] = a
+					break
+				}
+			}
+		}
 	}
-	if reflect.DeepEqual(ips, t.state.NodeIPs) {
+	if reflect.DeepEqual(ips, t.state.NodeIPs) && reflect.DeepEqual(tunnels, t.state.Tunnels) {
 		return false
 	}
 	t.state.NodeIPs = ips
+	t.state.Tunnels = tunnels
 	return true
 }
 

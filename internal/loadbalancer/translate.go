@@ -499,6 +499,27 @@ func validateEndpointSlice(s *discoveryv1.EndpointSlice) error {
 	return nil
 }
 
+// NodePodCIDRs returns a Node's pod CIDRs (spec.podCIDRs, else spec.podCIDR);
+// unparsable ones are skipped.
+func NodePodCIDRs(node *corev1.Node) []netip.Prefix {
+	if node == nil {
+		return nil
+	}
+	cidrs := node.Spec.PodCIDRs
+	if len(cidrs) == 0 && node.Spec.PodCIDR != "" {
+		cidrs = []string{node.Spec.PodCIDR}
+	}
+	var out []netip.Prefix
+	for _, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil || slices.Contains(out, p.Masked()) {
+			continue
+		}
+		out = append(out, p.Masked())
+	}
+	return out
+}
+
 // NodeAddresses returns a Node's InternalIP addresses: the addresses a
 // NodePort answers on besides loopback. Unparseable ones are skipped.
 func NodeAddresses(node *corev1.Node) []netip.Addr {
