@@ -26,6 +26,8 @@ type northSouthDataplane interface {
 	SyncPodIfaces(addrs []netip.Addr, full bool) error
 	// SyncTunnels writes where DSR sends each other node's pods.
 	SyncTunnels(map[netip.Prefix]netip.Addr) error
+	// SyncNeighbors keeps the next hops towards other nodes resolved for XDP.
+	SyncNeighbors(nodes []netip.Addr) error
 	CollectGarbage() (gcResult, error)
 	DumpCT() (*api.BPFCT, error)
 	DumpNAT() (*api.BPFNAT, error)
@@ -36,9 +38,11 @@ type localBackender interface {
 	LocalBackends() []netip.Addr
 }
 
-// tunneler is a pipeline that knows the other nodes' pod CIDRs.
+// tunneler is a pipeline that knows the other nodes' pod CIDRs and
+// addresses.
 type tunneler interface {
 	Tunnels() map[netip.Prefix]netip.Addr
+	RemoteNodes() []netip.Addr
 }
 
 // gcResult is one conntrack garbage collection.
@@ -140,6 +144,9 @@ func (a *Agent) afterSync(full bool) error {
 	if tp, ok := a.pl.(tunneler); ok {
 		if err := ns.SyncTunnels(tp.Tunnels()); err != nil {
 			errs = append(errs, fmt.Errorf("DSR tunnels: %w", err))
+		}
+		if err := ns.SyncNeighbors(tp.RemoteNodes()); err != nil {
+			errs = append(errs, fmt.Errorf("neighbours for XDP: %w", err))
 		}
 	}
 	return errors.Join(errs...)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -77,8 +78,9 @@ type nodeDataplane struct {
 	maglev *lbmap.MaglevKernel
 
 	mu        sync.Mutex
-	podIfaces map[netip.Addr]uint32       // local backend -> host-side veth
-	tunnels   map[netip.Prefix]netip.Addr // installed DSR tunnels: pod CIDR -> node
+	podIfaces map[netip.Addr]uint32        // local backend -> host-side veth
+	tunnels   map[netip.Prefix]netip.Addr  // installed DSR tunnels: pod CIDR -> node
+	neighs    map[netip.Addr]netlink.Neigh // managed neighbours, by remote node IP
 }
 
 // Maps adds the Maglev tables when the tc/XDP programs read them, so that
@@ -223,6 +225,59 @@ func (d *nodeDataplane) SetNodeConfig(nodeIPs []netip.Addr) error {
 	return d.ns.SetConfig(c)
 }
 
+// SyncNeighbors keeps a managed neighbour entry (NTF_EXT_MANAGED, 5.16+)
+// for the next hop towards every other node while XDP is on. XDP cannot
+// resolve a neighbour: without an entry bpf_fib_lookup answers NO_NEIGH, and
+// a packet already SNATed to this node's address and passed to the stack is
+// dropped there as a martian. The kernel keeps managed entries resolved, as
+// Cilium's agent arranges for its nodes.
+func (d *nodeDataplane) SyncNeighbors(nodes []netip.Addr) error {
+	if d.cfg.LBAcceleration == "disabled" && !d.cfg.XDPGeneric {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	want := map[netip.Addr]netlink.Neigh{}
+	var errs []error
+	for _, ip := range nodes {
+		routes, err := netlink.RouteGet(net.IP(ip.AsSlice()))
+		if err != nil || len(routes) == 0 {
+			errs = append(errs, fmt.Errorf("route to node %s: %v", ip, err))
+			continue
+		}
+		hop := ip
+		if gw, ok := netip.AddrFromSlice(routes[0].Gw); ok && routes[0].Gw != nil {
+			hop = gw.Unmap()
+		}
+		family := netlink.FAMILY_V4
+		if hop.Is6() {
+			family = netlink.FAMILY_V6
+		}
+		want[ip] = netlink.Neigh{LinkIndex: routes[0].LinkIndex, Family: family,
+			IP: net.IP(hop.AsSlice()), FlagsExt: netlink.NTF_EXT_MANAGED}
+	}
+	for ip, n := range d.neighs {
+		if w, ok := want[ip]; !ok || !w.IP.Equal(n.IP) || w.LinkIndex != n.LinkIndex {
+			_ = netlink.NeighDel(&n)
+			delete(d.neighs, ip)
+		}
+	}
+	if d.neighs == nil {
+		d.neighs = map[netip.Addr]netlink.Neigh{}
+	}
+	for ip, n := range want {
+		if _, ok := d.neighs[ip]; ok {
+			continue
+		}
+		if err := netlink.NeighSet(&n); err != nil {
+			errs = append(errs, fmt.Errorf("managed neighbour %s for node %s (needs 5.16): %w", n.IP, ip, err))
+			continue
+		}
+		d.neighs[ip] = n
+	}
+	return errors.Join(errs...)
+}
+
 // SyncTunnels writes the DSR tunnel map (another node's pod CIDR -> that
 // node's address) and removes the CIDRs no longer wanted. Unchanged entries
 // are not rewritten.
@@ -361,6 +416,8 @@ type modelPipeline struct {
 	rec      *reconciler.Reconciler
 	nodeName string
 	tunnels  map[netip.Prefix]netip.Addr // from the last sync that saw a node change
+	// remoteNodes are the other nodes' InternalIPs, from the same sync.
+	remoteNodes []netip.Addr
 }
 
 func newModelPipeline(m lbmap.Maps, cfg *Config) (pipeline, error) {
@@ -387,6 +444,12 @@ func (p *modelPipeline) Sync(full bool) (summary, error) {
 	}
 	if nodesChanged {
 		p.tunnels = maps.Clone(st.Tunnels)
+		p.remoteNodes = p.remoteNodes[:0]
+		for ip, local := range st.NodeIPs {
+			if !local {
+				p.remoteNodes = append(p.remoteNodes, ip)
+			}
+		}
 	}
 	err := p.rec.Apply(st, changed, nodesChanged)
 	return summarize(st, p.nodeName), err
@@ -419,6 +482,9 @@ func summarize(st *loadbalancer.State, nodeName string) summary {
 // Tunnels returns the DSR tunnels of the last sync: the other nodes' pod
 // CIDRs and their addresses.
 func (p *modelPipeline) Tunnels() map[netip.Prefix]netip.Addr { return p.tunnels }
+
+// RemoteNodes returns the other nodes' InternalIPs of the last sync.
+func (p *modelPipeline) RemoteNodes() []netip.Addr { return p.remoteNodes }
 
 // LocalBackends lists the addresses of the installed backends on this node.
 func (p *modelPipeline) LocalBackends() []netip.Addr {
