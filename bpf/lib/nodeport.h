@@ -215,25 +215,112 @@ static __always_inline int ns_dsr_forward(struct __ctx_buff *ctx, struct ns_pkt 
 	return ns_forward(ctx, p, FWD_ENCAP);
 }
 
+/* nodeport_rev_snat handles a reply from a remote backend to a nat port.
+ * It returns -1 when p is no such reply. */
+static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_pkt *p,
+					     const struct ns_config *cfg)
+{
+	int ret = snat_reverse(ctx, p);
+
+	if (ret == 0)
+		return -1;
+	if (ret < 0 || ns_rev_dnat(ctx, p, cfg, ct_now(cfg)) <= 0)
+		return CTX_ACT_DROP;
+	return ns_forward(ctx, p, FWD_ROUTE);
+}
+
+/* ns_flow_alive: the frontend and the backend a CT service entry names are
+ * still installed. A deleted frontend loses its rev nat entry (the
+ * reconciler deletes it after the master), a deleted backend its
+ * lb_backends entry; an ID reused since names another address. Two small
+ * lookups instead of the service master, its wildcard and a slot. */
+static __always_inline bool ns_flow_alive(const struct ct_entry *e, const struct ns_pkt *p)
+{
+	const struct lb_rev_nat *rn;
+	const struct lb_backend *be;
+	__u32 backend_id = e->backend_id;
+	__u16 rev_nat_id = e->rev_nat_id;
+	union lb_addr any __align_stack_8;
+
+	rn = bpf_map_lookup_elem(&lb_rev_nat, &rev_nat_id);
+	if (!rn || rn->port != p->dport)
+		return false;
+	if (!addr_equal(&p->daddr, rn->addr)) {
+		any = p->daddr;
+		addr_to_wildcard(&any);
+		if (!addr_equal(&any, rn->addr))
+			return false;
+	}
+	be = bpf_map_lookup_elem(&lb_backends, &backend_id);
+	return be && be->port == e->nat_port && addr_equal((const union lb_addr *)e->nat_addr, be->addr);
+}
+
+/* ns_established looks up the CT service entry of p and returns it when it
+ * still decides the flow: alive, not a SYN reusing a closing tuple, and, for
+ * SNAT, with its egress mapping in *n. Then the entry holds all that the
+ * translation needs, and no service, slot or backend entry is read. */
+static __always_inline struct ct_entry *ns_established(const struct ns_pkt *p, __u32 now,
+							const struct nat_entry **n)
+{
+	struct ct_tuple t __align_stack_8;
+	struct ct_entry *e;
+
+	ct_tuple_set(&t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
+		     CT_DIR_SERVICE);
+	e = bpf_map_lookup_elem(&ct, &t);
+	if (!e || ct_is_new_syn(e, p->proto, p->tcp_flags, now) || !ns_flow_alive(e, p))
+		return NULL;
+	*n = NULL;
+	if (e->flags & (CT_F_LOCAL | CT_F_DSR))
+		return e;
+	/* The egress mapping's key is the tuple after DNAT. */
+	__builtin_memcpy(t.daddr, e->nat_addr, sizeof(t.daddr));
+	t.dport = e->nat_port;
+	t.dir = NAT_DIR_EGRESS;
+	*n = bpf_map_lookup_elem(&snat, &t);
+	return *n ? e : NULL;
+}
+
 /* nodeport_lb load-balances a packet to a frontend served here. tunnel is
  * NULL, or on a DSR backend node the LB node that sent the packet: then
  * only local backends are used, and a frontend equal to tunnel is a
- * NodePort of that node. */
+ * NodePort of that node.
+ *
+ * An established flow takes the fast path: one CT lookup (and the snat
+ * one) gives the backend, how to reach it and the source to use. */
 static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 				       const struct ns_config *cfg,
 				       const union lb_addr *tunnel)
 {
 	struct lb_svc_key key __align_stack_8;
-	struct ct_tuple t __align_stack_8;
 	union lb_addr frontend __align_stack_8;
 	union lb_addr be_addr __align_stack_8;
+	const struct nat_entry *n = NULL;
 	const struct lb_backend *be = NULL;
 	const struct lb_svc_val *svc;
-	__u32 now = ct_now(cfg), len = ctx_len(ctx), hash, backend_id = 0;
+	__u32 now = ct_now(cfg), len = ctx_len(ctx), hash = 0, backend_id = 0;
 	__u16 rev_nat_id, kind = 0;
 	struct ct_entry *e;
-	bool created = false;
 	__be16 be_port;
+	int ret;
+
+	if (!tunnel) {
+		e = ns_established(p, now, &n);
+		if (e) {
+			ct_update(e, cfg, p, len, now, false);
+			kind = e->flags & (CT_F_LOCAL | CT_F_SNAT | CT_F_DSR);
+			__builtin_memcpy(be_addr.b, e->nat_addr, sizeof(be_addr.b));
+			be_port = e->nat_port;
+			goto translate;
+		}
+		/* A reply to a nat port: it has no service entry, as nat
+		 * ports lie outside the NodePort range. */
+		if (lb_is_node_addr(&p->daddr)) {
+			ret = nodeport_rev_snat(ctx, p, cfg);
+			if (ret >= 0)
+				return ret;
+		}
+	}
 
 	lb_key_init(&key, &p->daddr, p->dport, p->proto);
 	svc = lb_lookup_service(&key, LB_SCOPE_EXT);
@@ -246,12 +333,17 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	if (!svc || !(svc->flags & NS_SVC_FLAGS))
 		return tunnel ? CTX_ACT_DROP : CTX_ACT_OK;
 	rev_nat_id = svc->rev_nat_id;
-	frontend = p->daddr;
 	hash = ns_flow_hash(p);
 
-	ct_tuple_set(&t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
-		     CT_DIR_SERVICE);
-	e = bpf_map_lookup_elem(&ct, &t);
+	/* On the backend node, and for flows whose entry the fast path did
+	 * not take (a stale backend, a missing snat mapping). */
+	{
+		struct ct_tuple t __align_stack_8;
+
+		ct_tuple_set(&t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
+			     CT_DIR_SERVICE);
+		e = bpf_map_lookup_elem(&ct, &t);
+	}
 	if (e && !ct_is_new_syn(e, p->proto, p->tcp_flags, now)) {
 		backend_id = e->backend_id;
 		kind = e->flags & (CT_F_LOCAL | CT_F_SNAT | CT_F_DSR);
@@ -272,32 +364,44 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 			be = lb_select_backend_id(&key, svc, hash, ns_client_id(p), &backend_id);
 		if (!be)
 			return CTX_ACT_DROP;
-		created = true;
-	}
-	__builtin_memcpy(be_addr.b, be->addr, sizeof(be_addr.b));
-	be_port = be->port;
-	/* No NAT46/64 here: a backend of the other family is a config error. */
-	if (addr_is_v4(&be_addr) == p->v6)
-		return CTX_ACT_DROP;
-	if (created) {
+		__builtin_memcpy(be_addr.b, be->addr, sizeof(be_addr.b));
+		be_port = be->port;
 		if (tunnel)
 			kind = CT_F_LOCAL | CT_F_DSR;
 		else if (be->flags & BE_F_LOCAL)
 			kind = CT_F_LOCAL;
 		else
 			kind = ns_remote_kind(cfg, p->proto, &be_addr);
+		/* No NAT46/64 here: a backend of the other family is a config error. */
+		if (addr_is_v4(&be_addr) == p->v6)
+			return CTX_ACT_DROP;
 		if (ct_create_flow(cfg, p, len, now, &be_addr, be_port, backend_id,
 				   rev_nat_id, kind))
 			return CTX_ACT_DROP;
+	} else {
+		__builtin_memcpy(be_addr.b, be->addr, sizeof(be_addr.b));
+		be_port = be->port;
 	}
 
+translate:
+	if (addr_is_v4(&be_addr) == p->v6)
+		return CTX_ACT_DROP;
 	if ((kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
 		return ns_dsr_forward(ctx, p, cfg, &be_addr);
+	frontend = p->daddr;
 	if (pkt_rewrite(ctx, p, true, &be_addr, be_port))
 		return CTX_ACT_DROP;
 	if (kind & CT_F_LOCAL)
 		return ns_forward(ctx, p, FWD_LOCAL);
-	if (snat_egress(ctx, p, cfg, &frontend, hash, now))
+	if (n) {
+		union lb_addr node __align_stack_8;
+
+		__builtin_memcpy(node.b, n->to_addr, sizeof(node.b));
+		ret = pkt_rewrite(ctx, p, false, &node, n->to_port);
+	} else {
+		ret = snat_egress(ctx, p, cfg, &frontend, hash, now);
+	}
+	if (ret)
 		return CTX_ACT_DROP;
 	return ns_forward(ctx, p, FWD_ROUTE);
 }
@@ -313,20 +417,6 @@ static __always_inline int nodeport_dsr_backend(struct __ctx_buff *ctx, struct n
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return CTX_ACT_DROP;
 	return nodeport_lb(ctx, p, cfg, &lb_node);
-}
-
-/* nodeport_rev_snat handles a reply from a remote backend to a nat port.
- * It returns -1 when p is no such reply. */
-static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_pkt *p,
-					     const struct ns_config *cfg)
-{
-	int ret = snat_reverse(ctx, p);
-
-	if (ret == 0)
-		return -1;
-	if (ret < 0 || ns_rev_dnat(ctx, p, cfg, ct_now(cfg)) <= 0)
-		return CTX_ACT_DROP;
-	return ns_forward(ctx, p, FWD_ROUTE);
 }
 
 /* nodeport_icmp_ingress translates an ICMP error from a remote backend's
@@ -351,7 +441,6 @@ static __always_inline int nodeport_ingress(struct __ctx_buff *ctx)
 {
 	const struct ns_config *cfg = ns_cfg();
 	struct ns_pkt p;
-	int ret;
 
 	if (!cfg)
 		return CTX_ACT_OK;
@@ -369,11 +458,6 @@ static __always_inline int nodeport_ingress(struct __ctx_buff *ctx)
 		return nodeport_dsr_backend(ctx, &p, cfg);
 	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
 		return CTX_ACT_OK;
-	if (lb_is_node_addr(&p.daddr)) {
-		ret = nodeport_rev_snat(ctx, &p, cfg);
-		if (ret >= 0)
-			return ret;
-	}
 	return nodeport_lb(ctx, &p, cfg, NULL);
 }
 

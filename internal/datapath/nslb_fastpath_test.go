@@ -1,0 +1,65 @@
+package datapath
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/sluice-dataplane/sluice/internal/bpftest"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+)
+
+// The established-flow fast path trusts the CT service entry only while
+// its frontend (rev nat entry) and backend (same ID, address and port) are
+// installed; otherwise the packet takes the full path, as before the fast
+// path existed. The flow: client:45000 -> ExternalIP 198.19.200.2:80/UDP
+// (rev nat 4, backend id 4, local 198.18.1.10:8080).
+func TestPrivilegedNorthSouthEstablishedFastPath(t *testing.T) {
+	apOther := netip.MustParseAddrPort("198.18.1.11:8080")
+	extKey := lbmap.ServiceKey{Addr: lbmap.AddrFrom(apExtIP.Addr()), Port: lbmap.PortFrom(apExtIP.Port()),
+		Proto: bpftest.UDP, Scope: lbmap.ScopeExternal}
+	backend := func(ap netip.AddrPort) lbmap.BackendValue {
+		return lbmap.BackendValue{Addr: lbmap.AddrFrom(ap.Addr()), Port: lbmap.PortFrom(ap.Port()),
+			Proto: bpftest.UDP, Flags: lbmap.BackendFlagLocal}
+	}
+	cases := []struct {
+		name   string
+		change func(t *testing.T, m lbmap.Maps)
+		wantV  verdict
+		wantTo netip.AddrPort // zero: the packet leaves untouched
+	}{
+		{"unchanged: same backend", func(*testing.T, lbmap.Maps) {}, vPass, apLocal},
+		{"backend removed, slot names a new one: new backend", func(t *testing.T, m lbmap.Maps) {
+			must(t, m.UpdateBackend(8, backend(apOther)))
+			slot := extKey
+			slot.Slot = 1
+			must(t, m.UpdateService(slot, lbmap.ServiceValue{BackendID: 8, RevNatID: 4}))
+			must(t, m.DeleteBackend(4))
+		}, vPass, apOther},
+		{"backend ID reused for another address: the new address", func(t *testing.T, m lbmap.Maps) {
+			must(t, m.UpdateBackend(4, backend(apOther)))
+		}, vPass, apOther},
+		{"frontend deleted: to the stack untouched", func(t *testing.T, m lbmap.Maps) {
+			must(t, m.DeleteService(extKey))
+			must(t, m.DeleteRevNat(4))
+		}, vPass, netip.AddrPort{}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+				in := bpftest.Packet{Src: client(45000), Dst: apExtIP, Proto: bpftest.UDP, Payload: []byte("q")}
+				to := func(ap netip.AddrPort) bpftest.Packet {
+					return in.With(func(p *bpftest.Packet) { p.Dst = ap })
+				}
+				runPacket(t, kind, prog, c.name+": first packet", in, vPass, to(apLocal))
+				c.change(t, n.Maps())
+				want := in
+				if c.wantTo.IsValid() {
+					want = to(c.wantTo)
+				}
+				runPacket(t, kind, prog, c.name+": second packet", in, c.wantV, want)
+			})
+		})
+	}
+}
