@@ -55,6 +55,8 @@ func upCommand(prefix *string) *cobra.Command {
 	cmd.Flags().IntVar(&cfg.PodsPerNode, "pods-per-node", 3, "echo pods per node")
 	cmd.Flags().StringVar(&cfg.Dataplane, "dataplane", DataplaneSluice, "sluice (an agent per node) or none")
 	cmd.Flags().StringVar(&cfg.AgentBin, "agent-bin", "", "sluice-agent binary (default: next to this binary)")
+	cmd.Flags().StringVar(&cfg.LBMode, "lb-mode", LBModeSNAT, "agents' north-south mode on eth0: snat, dsr or hybrid")
+	cmd.Flags().StringVar(&cfg.LBAcceleration, "lb-acceleration", AccelerationBestEffort, "agents' XDP acceleration on eth0: disabled, native or best-effort")
 	cmd.Flags().StringArrayVar(&cfg.AgentArgs, "agent-arg", nil, "extra flag for every agent (repeatable)")
 	return cmd
 }
@@ -196,6 +198,7 @@ func probeCommand() *cobra.Command {
 		{"http", "url", "URL to GET (repeatable: used round-robin)", ProbeHTTP},
 		{"udp", "addr", "IP:PORT to send to (repeatable)", ProbeUDP},
 		{"tcp", "addr", "IP:PORT to connect to (repeatable)", ProbeTCP},
+		{"stream", "addr", "IP:PORT of an echo backend or Service: one connection, Count requests", ProbeStream},
 	} {
 		var cfg ProbeConfig
 		var output string
@@ -221,6 +224,8 @@ func probeCommand() *cobra.Command {
 		f.DurationVar(&cfg.Timeout, "timeout", 2*time.Second, "timeout of each request")
 		f.DurationVar(&cfg.Budget, "budget", 5*time.Minute, "time limit of the whole run")
 		f.StringVarP(&output, "output", "o", "", "output format: json")
+		f.DurationVar(&cfg.Interval, "interval", 0, "wait between requests")
+		f.IntVar(&cfg.SourcePort, "source-port", 0, "fixed client port (0: any)")
 		switch k.name {
 		case "http":
 			f.BoolVar(&cfg.KeepAlive, "keepalive", false, "reuse connections (default: a new connection per request)")

@@ -29,6 +29,18 @@ const (
 	DataplaneNone   = "none"
 )
 
+// North-south settings the lab passes to its agents (--lb-mode,
+// --lb-acceleration), with the node's fabric interface as --devices.
+const (
+	LBModeSNAT   = "snat"
+	LBModeDSR    = "dsr"
+	LBModeHybrid = "hybrid"
+
+	AccelerationDisabled   = "disabled"
+	AccelerationNative     = "native"
+	AccelerationBestEffort = "best-effort"
+)
+
 // Config describes a lab.
 type Config struct {
 	// Prefix names every namespace, cgroup, pin directory and run directory
@@ -42,7 +54,14 @@ type Config struct {
 	// AgentBin is the sluice-agent binary; default: $SLUICE_BIN_DIR/sluice-agent,
 	// else sluice-agent next to this executable.
 	AgentBin string
-	// AgentArgs are extra flags for every agent.
+	// LBMode is every agent's --lb-mode for north-south traffic on its
+	// eth0: LBModeSNAT (the default), LBModeDSR or LBModeHybrid.
+	LBMode string
+	// LBAcceleration is every agent's --lb-acceleration:
+	// AccelerationBestEffort (the default), AccelerationNative or
+	// AccelerationDisabled.
+	LBAcceleration string
+	// AgentArgs are extra flags for every agent, after the lab's own.
 	AgentArgs []string
 	// Exe is a binary with the `lab backend` and `lab probe` subcommands;
 	// default: this executable.
@@ -71,6 +90,21 @@ func (c *Config) setDefaults() error {
 	default:
 		return fmt.Errorf("dataplane %q: want %s or %s", c.Dataplane, DataplaneSluice, DataplaneNone)
 	}
+	switch c.LBMode {
+	case "":
+		c.LBMode = LBModeSNAT
+	case LBModeSNAT, LBModeDSR, LBModeHybrid:
+	default:
+		return fmt.Errorf("lb-mode %q: want %s, %s or %s", c.LBMode, LBModeSNAT, LBModeDSR, LBModeHybrid)
+	}
+	switch c.LBAcceleration {
+	case "":
+		c.LBAcceleration = AccelerationBestEffort
+	case AccelerationDisabled, AccelerationNative, AccelerationBestEffort:
+	default:
+		return fmt.Errorf("lb-acceleration %q: want %s, %s or %s", c.LBAcceleration,
+			AccelerationDisabled, AccelerationNative, AccelerationBestEffort)
+	}
 	if c.Exe == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -94,8 +128,14 @@ func (c *Config) setDefaults() error {
 // State is the lab as recorded in state.json: enough for `status`, `exec`,
 // `apply` and `down` in later processes.
 type State struct {
-	Prefix       string    `json:"prefix"`
-	Dataplane    string    `json:"dataplane"`
+	Prefix    string `json:"prefix"`
+	Dataplane string `json:"dataplane"`
+	// LBMode and LBAcceleration are what the agents were told; each
+	// agent's status says what it could do.
+	LBMode         string `json:"lbMode,omitempty"`
+	LBAcceleration string `json:"lbAcceleration,omitempty"`
+	// Devices are the agents' --devices: the nodes' fabric interface.
+	Devices      []string  `json:"devices,omitempty"`
 	Exe          string    `json:"exe"`
 	CgroupRoot   string    `json:"cgroupRoot"` // the lab's cgroup, under the cgroup2 mount
 	RunDir       string    `json:"runDir"`
@@ -139,6 +179,8 @@ type Agent struct {
 	Socket  string `json:"socket"`
 	Log     string `json:"log"`
 	BPFRoot string `json:"bpfRoot"`
+	// Args is the agent's command line, binary first, for RestartAgent.
+	Args []string `json:"args,omitempty"`
 }
 
 // Lab is a running lab.
@@ -194,6 +236,9 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 		FabricNetns:  nm.fabricNetns(),
 		Created:      time.Now().UTC(),
 	}
+	if cfg.Dataplane == DataplaneSluice {
+		l.LBMode, l.LBAcceleration, l.Devices = cfg.LBMode, cfg.LBAcceleration, []string{uplinkName}
+	}
 	l.Client = Endpoint{Name: "client", Netns: nm.clientNetns(), Cgroup: filepath.Join(l.CgroupRoot, "client"),
 		IPv4: ClientIPv4, IPv6: ClientIPv6}
 	for n := 1; n <= cfg.Nodes; n++ {
@@ -239,6 +284,12 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 		if err := ipBatch(ctx, b.netns, b.cmds); err != nil {
 			return err
 		}
+	}
+
+	// For every dataplane, so that comparisons run on the same fabric.
+	l.step("readying the veths for native XDP (XDP_PASS on the fabric ports, software checksums)")
+	if err := l.prepareForXDP(); err != nil {
+		return err
 	}
 
 	l.step("creating cgroups under %s", l.CgroupRoot)
@@ -477,6 +528,16 @@ func (l *Lab) podInfos() []PodInfo {
 	var out []PodInfo
 	for _, p := range l.Pods() {
 		out = append(out, PodInfo{Name: p.Name, Node: p.Node, IPv4: p.IPv4, IPv6: p.IPv6})
+	}
+	return out
+}
+
+// FabricPorts returns the fabric-side names of the nodes' eth0 veths, in
+// the FabricNetns namespace.
+func (l *Lab) FabricPorts() []string {
+	out := make([]string, len(l.Nodes))
+	for i, n := range l.Nodes {
+		out[i] = fabricPortName(n.Index)
 	}
 	return out
 }

@@ -203,6 +203,47 @@ func TestPrivilegedLabTopology(t *testing.T) {
 		}
 	})
 
+	t.Run("veths ready for native XDP: XDP_PASS on the fabric ports, no TX checksum offload", func(t *testing.T) {
+		for _, port := range l.FabricPorts() {
+			native, err := XDPAttachedNative(l.FabricNetns, port)
+			if err != nil || !native {
+				t.Errorf("XDP on %s in %s: native %v (%v), want XDP_PASS attached in driver mode", port, l.FabricNetns, native, err)
+			}
+		}
+		for _, ep := range l.endpoints() {
+			on, err := TxChecksumOffload(ep.Netns, "eth0")
+			if err != nil || on {
+				t.Errorf("TX checksum offload of eth0 in %s: %v (%v), want off", ep.Name, on, err)
+			}
+		}
+	})
+
+	t.Run("stream probe holds one connection at a fixed source port", func(t *testing.T) {
+		closed := joinHostPort(NodeIPv4(1).String(), 1)
+		rep := probe(t, l, "client", "stream", "--addr", closed, "--count", "1", "--timeout", "1s")
+		if rep.OK != 0 || rep.Errors["ECONNREFUSED"] != 1 {
+			t.Errorf("stream client → %s (nothing listens): %d ok, errors %v, want one ECONNREFUSED", closed, rep.OK, rep.Errors)
+		}
+		addr := joinHostPort(n1p1.IPv4.String(), EchoHTTPPort)
+		for _, port := range []string{"40001", "40001"} { // twice: the port is free again at once
+			rep := probe(t, l, "node1", "stream", "--addr", addr, "--count", "5", "--interval", "20ms", "--source-port", port)
+			if rep.OK != 5 || rep.Backends["node1-pod1"] != 5 {
+				t.Fatalf("stream node1 → %s from port %s: %d/5 ok, backends %v, errors %v (%s)", addr, port, rep.OK, rep.Backends, rep.Errors, rep.FirstError)
+			}
+			if rep.ElapsedMS < 80 {
+				t.Errorf("stream of 5 requests 20ms apart took %.0f ms, want ≥ 80", rep.ElapsedMS)
+			}
+		}
+	})
+
+	t.Run("udp probe at a fixed source port", func(t *testing.T) {
+		addr := joinHostPort(n1p1.IPv4.String(), EchoUDPPort)
+		rep := probe(t, l, "node1", "udp", "--addr", addr, "--count", "3", "--source-port", "40002", "--timeout", "1s")
+		if rep.OK != 3 {
+			t.Fatalf("udp node1 → %s from port 40002: %d/3 ok, errors %v (%s)", addr, rep.OK, rep.Errors, rep.FirstError)
+		}
+	})
+
 	t.Run("processes run in their cgroup", func(t *testing.T) {
 		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", n1p1.PID))
 		if err != nil {

@@ -8,10 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -106,29 +104,15 @@ func netnsPids(name string) ([]int, error) {
 // goroutine exits locked, so Go retires the thread and the root namespace's
 // sysctls can never be written by mistake.
 func setSysctls(ns string, kv map[string]string) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // no Unlock: the thread dies with the goroutine
-		h, err := netns.GetFromPath(netnsPath(ns))
-		if err != nil {
-			errc <- fmt.Errorf("open netns %s: %w", ns, err)
-			return
-		}
-		defer h.Close()
-		if err := netns.Set(h); err != nil {
-			errc <- fmt.Errorf("enter netns %s: %w", ns, err)
-			return
-		}
+	return inNetns(ns, func() error {
 		for k, v := range kv {
 			path := "/proc/sys/" + strings.ReplaceAll(k, ".", "/")
 			if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
-				errc <- fmt.Errorf("netns %s: sysctl %s=%s: %w", ns, k, v, err)
-				return
+				return fmt.Errorf("netns %s: sysctl %s=%s: %w", ns, k, v, err)
 			}
 		}
-		errc <- nil
-	}()
-	return <-errc
+		return nil
+	})
 }
 
 // Sysctls of every lab namespace: addresses usable at once (no DAD), and no

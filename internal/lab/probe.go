@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -97,6 +98,15 @@ type ProbeConfig struct {
 	// V4Mapped sends to an IPv4 target from an AF_INET6 socket as
 	// ::ffff:a.b.c.d (udp, tcp).
 	V4Mapped bool
+	// Interval paces the requests: it is waited after each one, so a
+	// probe of Count requests spans about Count × Interval (a flow that
+	// outlives an agent restart).
+	Interval time.Duration
+	// SourcePort fixes the client port (http, udp, tcp), so that repeated
+	// requests are one flow for the load balancer's hash. TCP sockets then
+	// close with RST (SO_LINGER 0): no TIME_WAIT blocks the next connect
+	// from the same port.
+	SourcePort int
 }
 
 // MaxProbeCount bounds every probe.
@@ -115,8 +125,63 @@ func (c *ProbeConfig) validate() error {
 	if c.Budget <= 0 {
 		c.Budget = 5 * time.Minute
 	}
+	if c.Interval < 0 || c.Interval > time.Minute {
+		return fmt.Errorf("probe: interval %v: want 0..1m", c.Interval)
+	}
+	if c.SourcePort < 0 || c.SourcePort > 65535 {
+		return fmt.Errorf("probe: source port %d: want 0..65535", c.SourcePort)
+	}
 	return nil
 }
+
+// pace waits the interval between two requests; false when the budget ended.
+func (c *ProbeConfig) pace(ctx context.Context, i int) bool {
+	if c.Interval == 0 || i == c.Count-1 {
+		return ctx.Err() == nil
+	}
+	return sleepCtx(ctx, c.Interval) == nil
+}
+
+// fixedPortControl lets a TCP socket bind a port a previous probe socket
+// used and makes it close with RST, for SourcePort.
+func fixedPortControl(_, _ string, c syscall.RawConn) error {
+	var serr error
+	err := c.Control(func(fd uintptr) {
+		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); serr != nil {
+			return
+		}
+		serr = unix.SetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}
+
+// bindSource binds a raw socket to the fixed source port, if any.
+func bindSource(fd, family int, cfg ProbeConfig) error {
+	if cfg.SourcePort == 0 {
+		return nil
+	}
+	if err := fixedPortControl("", "", rawFD(fd)); err != nil {
+		return fmt.Errorf("source port %d: %w", cfg.SourcePort, err)
+	}
+	var sa unix.Sockaddr = &unix.SockaddrInet4{Port: cfg.SourcePort}
+	if family == unix.AF_INET6 {
+		sa = &unix.SockaddrInet6{Port: cfg.SourcePort}
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		return fmt.Errorf("bind source port %d: %w", cfg.SourcePort, err)
+	}
+	return nil
+}
+
+// rawFD adapts a plain descriptor to syscall.RawConn's Control.
+type rawFD int
+
+func (f rawFD) Control(fn func(uintptr)) error { fn(uintptr(f)); return nil }
+func (rawFD) Read(func(uintptr) bool) error    { return errors.ErrUnsupported }
+func (rawFD) Write(func(uintptr) bool) error   { return errors.ErrUnsupported }
 
 type recorder struct {
 	r       ProbeReport
@@ -194,9 +259,16 @@ func ProbeHTTP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Budget)
 	defer cancel()
 	dialer := &net.Dialer{Timeout: cfg.Timeout}
+	if cfg.SourcePort != 0 {
+		// Keep-alive on, closed by us after each request: the client
+		// resets the connection before the server closes it, so no side
+		// keeps the 4-tuple in TIME_WAIT.
+		dialer.LocalAddr = &net.TCPAddr{Port: cfg.SourcePort}
+		dialer.Control = fixedPortControl
+	}
 	tr := &http.Transport{
 		DialContext:         dialer.DialContext,
-		DisableKeepAlives:   !cfg.KeepAlive,
+		DisableKeepAlives:   !cfg.KeepAlive && cfg.SourcePort == 0,
 		MaxIdleConnsPerHost: 1,
 		DisableCompression:  true,
 		Proxy:               nil, // never a proxy from the environment: lab traffic stays in the lab
@@ -213,15 +285,22 @@ func ProbeHTTP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
 		url := cfg.Targets[i%len(cfg.Targets)]
 		start := time.Now()
 		reply, peer, err := httpGet(ctx, client, url)
+		if cfg.SourcePort != 0 {
+			tr.CloseIdleConnections()
+		}
 		if err != nil {
 			rec.fail(err)
-			continue
+		} else {
+			rec.ok(time.Since(start))
+			rec.r.Backends[reply.Pod]++
+			rec.r.Clients[hostOf(reply.Client)]++
+			if peer != "" {
+				rec.r.Peers[peer]++
+			}
 		}
-		rec.ok(time.Since(start))
-		rec.r.Backends[reply.Pod]++
-		rec.r.Clients[hostOf(reply.Client)]++
-		if peer != "" {
-			rec.r.Peers[peer]++
+		if !cfg.pace(ctx, i) {
+			rec.r.Truncated = i < cfg.Count-1
+			break
 		}
 	}
 	return rec.done(), nil
@@ -240,19 +319,25 @@ func httpGet(ctx context.Context, client *http.Client, url string) (EchoReply, s
 	if err != nil {
 		return EchoReply{}, "", err
 	}
+	reply, err := readEchoReply(resp, url)
+	return reply, peer, err
+}
+
+// readEchoReply reads and closes an echo backend's answer to GET url.
+func readEchoReply(resp *http.Response, url string) (EchoReply, error) {
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if err != nil {
-		return EchoReply{}, "", err
+		return EchoReply{}, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return EchoReply{}, "", &probeError{"http-status", fmt.Sprintf("GET %s: %s", url, resp.Status)}
+		return EchoReply{}, &probeError{"http-status", fmt.Sprintf("GET %s: %s", url, resp.Status)}
 	}
 	var reply EchoReply
 	if err := json.Unmarshal(body, &reply); err != nil || reply.Pod == "" {
-		return EchoReply{}, "", &probeError{"bad-reply", fmt.Sprintf("GET %s: not an echo reply: %.80q", url, body)}
+		return EchoReply{}, &probeError{"bad-reply", fmt.Sprintf("GET %s: not an echo reply: %.80q", url, body)}
 	}
-	return reply, peer, nil
+	return reply, nil
 }
 
 // hostOf drops the port: tests count clients, not connections.
@@ -411,20 +496,24 @@ func ProbeUDP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
 				return nil, err
 			}
 			fdFamily = family
+			if err := bindSource(fd, family, cfg); err != nil {
+				return nil, err
+			}
 		}
 		start := time.Now()
 		if err := unix.Sendto(fd, payload, 0, sa); err != nil {
 			rec.fail(fmt.Errorf("sendto %s: %w", addrOfSockaddr(sa), err))
-			continue
-		}
-		n, from, err := recvfrom(fd, buf, start.Add(cfg.Timeout))
-		if err != nil {
+		} else if n, from, err := recvfrom(fd, buf, start.Add(cfg.Timeout)); err != nil {
 			rec.fail(fmt.Errorf("recvfrom after sendto %s: %w", addrOfSockaddr(sa), err))
-			continue
+		} else {
+			rec.ok(time.Since(start))
+			rec.r.Backends[string(buf[:n])]++
+			rec.r.Peers[addrOfSockaddr(from)]++
 		}
-		rec.ok(time.Since(start))
-		rec.r.Backends[string(buf[:n])]++
-		rec.r.Peers[addrOfSockaddr(from)]++
+		if !cfg.pace(ctx, i) {
+			rec.r.Truncated = i < cfg.Count-1
+			break
+		}
 	}
 	return rec.done(), nil
 }
@@ -452,6 +541,10 @@ func ProbeTCP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
 		if err != nil {
 			return nil, err
 		}
+		if err := bindSource(fd, family, cfg); err != nil {
+			unix.Close(fd)
+			return nil, err
+		}
 		start := time.Now()
 		err = connect(fd, sa, cfg.Timeout)
 		if err == nil {
@@ -465,6 +558,82 @@ func ProbeTCP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
 			rec.fail(fmt.Errorf("connect %s: %w", addrOfSockaddr(sa), err))
 		}
 		unix.Close(fd)
+		if !cfg.pace(ctx, i) {
+			rec.r.Truncated = i < cfg.Count-1
+			break
+		}
 	}
 	return rec.done(), nil
+}
+
+// ProbeStream keeps one TCP connection to the first target and sends Count
+// HTTP requests over it, Interval apart: a long-lived stream. It never
+// reconnects: the first error ends the run, so OK < Count means the
+// connection broke (FirstError says how). Backends has exactly one entry
+// while the connection holds.
+func ProbeStream(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	targets, err := parseTargets(cfg.Targets)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Budget)
+	defer cancel()
+	rec := newRecorder("stream", cfg)
+	dialer := &net.Dialer{Timeout: cfg.Timeout}
+	if cfg.SourcePort != 0 {
+		dialer.LocalAddr = &net.TCPAddr{Port: cfg.SourcePort}
+		dialer.Control = fixedPortControl
+	}
+	target := targets[0].String()
+	conn, err := dialer.DialContext(ctx, "tcp", target)
+	if err != nil { // no request attempted: Count stays 0
+		rec.fail(fmt.Errorf("connect %s: %w", target, err))
+		return rec.done(), nil
+	}
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	for i := 0; i < cfg.Count; i++ {
+		if ctx.Err() != nil {
+			rec.r.Truncated = true
+			break
+		}
+		rec.r.Count++
+		start := time.Now()
+		reply, err := streamGet(conn, br, target, start.Add(cfg.Timeout))
+		if err != nil {
+			rec.fail(fmt.Errorf("request %d of the stream to %s (from %s): %w", i+1, target, conn.LocalAddr(), err))
+			break
+		}
+		rec.ok(time.Since(start))
+		rec.r.Backends[reply.Pod]++
+		rec.r.Clients[hostOf(reply.Client)]++
+		rec.r.Peers[conn.RemoteAddr().String()]++
+		if !cfg.pace(ctx, i) {
+			rec.r.Truncated = i < cfg.Count-1
+			break
+		}
+	}
+	return rec.done(), nil
+}
+
+// streamGet sends one keep-alive GET on conn and reads the echo reply.
+func streamGet(conn net.Conn, br *bufio.Reader, host string, deadline time.Time) (EchoReply, error) {
+	if err := conn.SetDeadline(deadline); err != nil {
+		return EchoReply{}, err
+	}
+	req, err := http.NewRequest(http.MethodGet, "http://"+host+"/", nil)
+	if err != nil {
+		return EchoReply{}, err
+	}
+	if err := req.Write(conn); err != nil {
+		return EchoReply{}, err
+	}
+	resp, err := http.ReadResponse(br, req)
+	if err != nil {
+		return EchoReply{}, err
+	}
+	return readEchoReply(resp, req.URL.String())
 }

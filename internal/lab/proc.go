@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -150,14 +151,17 @@ func (l *Lab) startAgents(ctx context.Context, cfg Config) error {
 		}
 		a := &Agent{Socket: filepath.Join(dir, "agent.sock"), Log: filepath.Join(dir, "agent.log"),
 			BPFRoot: filepath.Join(l.BPFRoot, n.Name)}
-		args := append([]string{cfg.AgentBin,
+		a.Args = append([]string{cfg.AgentBin,
 			"--node-name", n.Name,
 			"--manifests", l.ManifestsDir,
 			"--cgroup-root", n.Cgroup,
 			"--bpf-root", a.BPFRoot,
 			"--api-socket", a.Socket,
+			"--devices", strings.Join(l.Devices, ","),
+			"--lb-mode", l.LBMode,
+			"--lb-acceleration", l.LBAcceleration,
 		}, cfg.AgentArgs...)
-		pid, err := l.startDaemon(n.Name, a.Log, args...)
+		pid, err := l.startDaemon(n.Name, a.Log, a.Args...)
 		if err != nil {
 			return err
 		}
@@ -173,6 +177,55 @@ func (l *Lab) startAgents(ctx context.Context, cfg Config) error {
 		}
 		l.step("agent on %s is healthy (pid %d, %s)", n.Name, n.Agent.PID, n.Agent.Socket)
 	}
+	return nil
+}
+
+// RestartAgent stops node's agent with sig (SIGKILL: a crash; SIGTERM: a
+// rolling update), waits until it is gone, starts it again with the same
+// command line and waits for /healthz. The pins under its --bpf-root stay,
+// so the new agent finds the state the old one left.
+func (l *Lab) RestartAgent(ctx context.Context, node string, sig os.Signal) error {
+	idx := slices.IndexFunc(l.Nodes, func(n Node) bool { return n.Name == node })
+	if idx < 0 {
+		return fmt.Errorf("restart agent: lab %s has no node %q", newNames(l.Prefix).base, node)
+	}
+	n := &l.Nodes[idx]
+	if n.Agent == nil || len(n.Agent.Args) == 0 {
+		return fmt.Errorf("restart agent on %s: no agent recorded (dataplane %s)", node, l.Dataplane)
+	}
+	s, ok := sig.(syscall.Signal)
+	if !ok {
+		return fmt.Errorf("restart agent on %s: signal %v is not a syscall.Signal", node, sig)
+	}
+	old := n.Agent.PID
+	if err := syscall.Kill(old, s); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("restart agent on %s: send %v to pid %d: %w", node, sig, old, err)
+	}
+	const exitTimeout = 15 * time.Second
+	deadline := time.Now().Add(exitTimeout)
+	for processAlive(old) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("restart agent on %s: pid %d still running %s after %v; log %s:\n%s",
+				node, old, exitTimeout, sig, n.Agent.Log, logTail(n.Agent.Log, 20))
+		}
+		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	l.step("agent on %s (pid %d) stopped by %v; starting it again", node, old, sig)
+	// The old socket file may outlive a killed agent; the new one replaces it.
+	pid, err := l.startDaemon(n.Name, n.Agent.Log, n.Agent.Args...)
+	if err != nil {
+		return fmt.Errorf("restart agent on %s: %w", node, err)
+	}
+	n.Agent.PID = pid
+	if err := l.save(); err != nil {
+		return err
+	}
+	if err := waitHealthy(ctx, n.Agent, 30*time.Second); err != nil {
+		return fmt.Errorf("restarted agent on %s: %w", node, err)
+	}
+	l.step("agent on %s is healthy again (pid %d)", node, pid)
 	return nil
 }
 

@@ -14,12 +14,16 @@ import (
 // Status is the lab as `lab status` shows it: the recorded state plus
 // whether each process is alive and each agent answers /healthz.
 type Status struct {
-	Prefix       string       `json:"prefix"`
-	Dataplane    string       `json:"dataplane"`
-	ManifestsDir string       `json:"manifestsDir"`
-	CgroupRoot   string       `json:"cgroupRoot"`
-	Client       Endpoint     `json:"client"`
-	Nodes        []NodeStatus `json:"nodes"`
+	Prefix    string `json:"prefix"`
+	Dataplane string `json:"dataplane"`
+	// LBMode, LBAcceleration and Devices are the agents' north-south flags.
+	LBMode         string       `json:"lbMode,omitempty"`
+	LBAcceleration string       `json:"lbAcceleration,omitempty"`
+	Devices        []string     `json:"devices,omitempty"`
+	ManifestsDir   string       `json:"manifestsDir"`
+	CgroupRoot     string       `json:"cgroupRoot"`
+	Client         Endpoint     `json:"client"`
+	Nodes          []NodeStatus `json:"nodes"`
 }
 
 // NodeStatus is one node with its agent and pods.
@@ -46,8 +50,8 @@ type PodStatus struct {
 
 // Status checks every process of the lab.
 func (l *Lab) Status(ctx context.Context) Status {
-	st := Status{Prefix: l.Prefix, Dataplane: l.Dataplane, ManifestsDir: l.ManifestsDir,
-		CgroupRoot: l.CgroupRoot, Client: l.Client}
+	st := Status{Prefix: l.Prefix, Dataplane: l.Dataplane, LBMode: l.LBMode, LBAcceleration: l.LBAcceleration,
+		Devices: l.Devices, ManifestsDir: l.ManifestsDir, CgroupRoot: l.CgroupRoot, Client: l.Client}
 	for _, n := range l.Nodes {
 		ns := NodeStatus{Endpoint: n.Endpoint, Pods: []PodStatus{}}
 		if n.Agent != nil {
@@ -74,7 +78,11 @@ func (st Status) Print(w io.Writer, asJSON bool) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(st)
 	}
-	fmt.Fprintf(w, "Lab %s, dataplane %s, manifests %s\n\n", strings.TrimSuffix(st.Prefix, "-"), st.Dataplane, st.ManifestsDir)
+	fmt.Fprintf(w, "Lab %s, dataplane %s, manifests %s\n", strings.TrimSuffix(st.Prefix, "-"), st.Dataplane, st.ManifestsDir)
+	if st.LBMode != "" {
+		fmt.Fprintf(w, "North-south: lb-mode %s, lb-acceleration %s on %s\n", st.LBMode, st.LBAcceleration, strings.Join(st.Devices, ","))
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tKIND\tIPV4\tIPV6\tPROCESS\tSTATE")
 	addr := func(a netip.Addr) string {

@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 )
@@ -92,4 +93,19 @@ func uplink(v4, v6 netip.Addr) []string {
 		fmt.Sprintf("addr add %s/%d dev %s nodad", v6, FabricPrefixV6.Bits(), uplinkName),
 		fmt.Sprintf("link set %s up", uplinkName),
 	}
+}
+
+// RouteExternalVia points the client's routes to the ExternalIP and
+// LoadBalancer ranges at node, as a router would after the load balancer
+// moved its announcement there: the same flow then enters the cluster
+// through another node.
+func (l *Lab) RouteExternalVia(ctx context.Context, node string) error {
+	n, ok := l.Node(node)
+	if !ok {
+		return fmt.Errorf("route external ranges: lab %s has no node %q", newNames(l.Prefix).base, node)
+	}
+	return ipBatch(ctx, l.Client.Netns, []string{
+		fmt.Sprintf("route replace %s via %s dev %s", ExternalPrefixV4, n.IPv4, uplinkName),
+		fmt.Sprintf("route replace %s via %s dev %s", ExternalPrefixV6, n.IPv6, uplinkName),
+	})
 }
