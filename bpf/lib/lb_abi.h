@@ -28,6 +28,7 @@
 #define SVC_F_ITP_LOCAL     (1 << 6) /* internalTrafficPolicy: Local */
 #define SVC_F_WILDCARD      (1 << 7) /* NodePort entry keyed by :: (any node IP, loopback) */
 #define SVC_F_MAGLEV        (1 << 8) /* EXT backends chosen by the lb_maglev table */
+#define SVC_F_SRC_RANGES    (1 << 9) /* loadBalancerSourceRanges: new flows only from lb_src_ranges */
 
 /* Backend flags. */
 #define BE_F_TERMINATING (1 << 0) /* serving but terminating: fallback only */
@@ -89,6 +90,19 @@ struct lb_affinity_key {
 struct lb_affinity_val {
 	__u32 backend_id;
 	__u32 last_used;  /* seconds of CLOCK_BOOTTIME */
+};
+
+/* loadBalancerSourceRanges: an LPM trie key. prefixlen counts the bits
+ * after it: LB_SRC_RANGE_STATIC_PREFIX for rev_nat_id and pad (always
+ * matched in full), then the address bits (96 + n for an IPv4 /n, which
+ * is stored v4-mapped). */
+#define LB_SRC_RANGE_STATIC_PREFIX 32
+
+struct lb_src_range_key {
+	__u32 prefixlen;
+	__u16 rev_nat_id;
+	__u16 pad;
+	__u8  addr[16]; /* v4-mapped for IPv4 */
 };
 
 /* Agent-written configuration, array index 0. */

@@ -60,6 +60,21 @@ static __noinline __u32 ns_maglev_backend_id(const struct ns_pkt *p, __u16 rev_n
 						     p->dport, p->proto));
 }
 
+/* ns_src_range_allowed reports whether a new flow's client lies in one of
+ * the frontend's loadBalancerSourceRanges. Not inlined, like
+ * ns_maglev_backend_id: the key lives in this small frame, not in the
+ * service path's. */
+static __noinline bool ns_src_range_allowed(const struct ns_pkt *p, __u16 rev_nat_id)
+{
+	struct lb_src_range_key key __align_stack_8 = {
+		.prefixlen  = LB_SRC_RANGE_STATIC_PREFIX + 128,
+		.rev_nat_id = rev_nat_id,
+	};
+
+	__builtin_memcpy(key.addr, p->saddr.b, sizeof(key.addr));
+	return bpf_map_lookup_elem(&lb_src_ranges, &key) != NULL;
+}
+
 /* The client identity for sessionAffinity: its address. Bit 63 keeps it
  * apart from the netns cookies the socket LB stores in lb_affinity. */
 static __always_inline __u64 ns_client_id(const struct ns_pkt *p)
@@ -354,6 +369,10 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	if (!be) {
 		/* No backend: drop, as kube-proxy's REJECT stops the flow. */
 		if (svc->count == 0)
+			return CTX_ACT_DROP;
+		/* A new flow only: an established one passed this check when
+		 * it was created. */
+		if ((svc->flags & SVC_F_SRC_RANGES) && !ns_src_range_allowed(p, rev_nat_id))
 			return CTX_ACT_DROP;
 		if (tunnel)
 			be = dsr_select_local(&key, svc, hash, &backend_id);

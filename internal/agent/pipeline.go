@@ -58,6 +58,8 @@ var svcFlagNames = []struct {
 	{lbmap.SvcFlagETPLocal, "etp=Local"},
 	{lbmap.SvcFlagITPLocal, "itp=Local"},
 	{lbmap.SvcFlagWildcard, "wildcard"},
+	{lbmap.SvcFlagMaglev, "maglev"},
+	{lbmap.SvcFlagSourceRanges, "source-ranges"},
 }
 
 // serviceFlags names the set bits of a master entry's flags; affinity

@@ -64,6 +64,9 @@ func openDataplane(cfg *Config) (dataplane, error) {
 	if err == nil {
 		d.maglev, err = d.ns.Maglev()
 	}
+	if err == nil {
+		d.srcRanges, err = d.ns.SourceRanges()
+	}
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("load north-south LB: %w", err), d.close())
 	}
@@ -76,6 +79,8 @@ type nodeDataplane struct {
 	cfg    *Config
 	ns     *datapath.NorthSouth // nil without --devices
 	maglev *lbmap.MaglevKernel
+	// srcRanges holds loadBalancerSourceRanges, which only tc/XDP enforce.
+	srcRanges *lbmap.SourceRangesKernel
 
 	mu        sync.Mutex
 	podIfaces map[netip.Addr]uint32        // local backend -> host-side veth
@@ -83,13 +88,21 @@ type nodeDataplane struct {
 	neighs    map[netip.Addr]netlink.Neigh // managed neighbours, by remote node IP
 }
 
-// Maps adds the Maglev tables when the tc/XDP programs read them, so that
-// the reconciler writes them.
+// northSouthMaps is the LB maps plus the tables only the tc/XDP programs
+// read: the reconciler finds each optional set by its interface.
+type northSouthMaps struct {
+	lbmap.Maps
+	lbmap.MaglevMaps
+	lbmap.SourceRangeMaps
+}
+
+// Maps adds the Maglev tables and the source ranges when the tc/XDP programs
+// read them, so that the reconciler writes them.
 func (d *nodeDataplane) Maps() lbmap.Maps {
 	if d.ns == nil {
 		return d.SockLB.Maps()
 	}
-	return lbmap.MapsWithMaglev{Maps: d.SockLB.Maps(), MaglevMaps: d.maglev}
+	return northSouthMaps{Maps: d.SockLB.Maps(), MaglevMaps: d.maglev, SourceRangeMaps: d.srcRanges}
 }
 
 // Attach attaches the socket LB through pinned links, taking over those of

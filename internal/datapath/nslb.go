@@ -318,3 +318,8 @@ func UnpinNorthSouth(bpfRoot string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// SourceRanges returns the loadBalancerSourceRanges trie (lb_src_ranges).
+func (n *NorthSouth) SourceRanges() (*lbmap.SourceRangesKernel, error) {
+	return lbmap.NewSourceRangesKernel(n.tc.LbSrcRanges)
+}

@@ -25,6 +25,7 @@ const (
 	xdplbMapLbRevNat          = "lb_rev_nat"
 	xdplbMapLbServices        = "lb_services"
 	xdplbMapLbSockRev         = "lb_sock_rev"
+	xdplbMapLbSrcRanges       = "lb_src_ranges"
 	xdplbMapNsConfig          = "ns_config"
 	xdplbMapNsPodIfaces       = "ns_pod_ifaces"
 	xdplbMapNsScratchMap      = "ns_scratch_map"
@@ -95,6 +96,7 @@ type xdplbMapSpecs struct {
 	LbRevNat     *ebpf.MapSpec `ebpf:"lb_rev_nat"`
 	LbServices   *ebpf.MapSpec `ebpf:"lb_services"`
 	LbSockRev    *ebpf.MapSpec `ebpf:"lb_sock_rev"`
+	LbSrcRanges  *ebpf.MapSpec `ebpf:"lb_src_ranges"`
 	NsConfig     *ebpf.MapSpec `ebpf:"ns_config"`
 	NsPodIfaces  *ebpf.MapSpec `ebpf:"ns_pod_ifaces"`
 	NsScratchMap *ebpf.MapSpec `ebpf:"ns_scratch_map"`
@@ -139,6 +141,7 @@ type xdplbMaps struct {
 	LbRevNat     *ebpf.Map `ebpf:"lb_rev_nat"`
 	LbServices   *ebpf.Map `ebpf:"lb_services"`
 	LbSockRev    *ebpf.Map `ebpf:"lb_sock_rev"`
+	LbSrcRanges  *ebpf.Map `ebpf:"lb_src_ranges"`
 	NsConfig     *ebpf.Map `ebpf:"ns_config"`
 	NsPodIfaces  *ebpf.Map `ebpf:"ns_pod_ifaces"`
 	NsScratchMap *ebpf.Map `ebpf:"ns_scratch_map"`
@@ -157,6 +160,7 @@ func (m *xdplbMaps) Close() error {
 		m.LbRevNat,
 		m.LbServices,
 		m.LbSockRev,
+		m.LbSrcRanges,
 		m.NsConfig,
 		m.NsPodIfaces,
 		m.NsScratchMap,

@@ -64,6 +64,8 @@ type frontend struct {
 	revNat uint16
 	scopes [2]scope // by lbmap.Scope*
 	maglev maglevTable
+	// srcRanges are the installed loadBalancerSourceRanges (lb_src_ranges).
+	srcRanges map[netip.Prefix]bool
 }
 
 type beKey struct {
@@ -110,6 +112,11 @@ type Reconciler struct {
 	maglev      maglev.Builder
 	maglevStale []uint16 // tables found on restore that no frontend owns
 
+	// loadBalancerSourceRanges are enforced when maps also implements
+	// SourceRangeMaps.
+	srcRangeMaps  lbmap.SourceRangeMaps
+	srcRangeStale []staleSrcRange
+
 	needFull bool
 }
 
@@ -154,6 +161,9 @@ func New(m lbmap.Maps, nodeName string, opts ...Option) (*Reconciler, error) {
 			}
 			r.maglev = b
 		}
+	}
+	if sm, ok := m.(lbmap.SourceRangeMaps); ok {
+		r.srcRangeMaps = sm
 	}
 	if err := r.restore(); err != nil {
 		return nil, fmt.Errorf("restore load balancer state: %w", err)
@@ -233,6 +243,9 @@ func (r *Reconciler) restore() error {
 		r.nodeIPs[a] = true
 	}
 	if err := r.restoreMaglev(); err != nil {
+		return err
+	}
+	if err := r.restoreSourceRanges(); err != nil {
 		return err
 	}
 	clear(r.unused) // no deletes before the first sync
@@ -454,11 +467,22 @@ func (r *Reconciler) syncFrontend(fe *frontend, lbs *loadbalancer.LBService) (er
 			return err
 		}
 	}
+	// Source ranges, like the table, go in before the master's flag.
+	srcRanges := r.wantSourceRanges(lbs)
+	if err := r.addSourceRanges(fe, srcRanges); err != nil {
+		return err
+	}
 	extMaster := masterValue(fe, lbs, len(newExt), twoScopes)
 	if useMaglev {
 		extMaster.Flags |= lbmap.SvcFlagMaglev
 	}
+	if len(srcRanges) > 0 {
+		extMaster.Flags |= lbmap.SvcFlagSourceRanges
+	}
 	if err := r.writeMaster(fe, lbmap.ScopeExternal, extMaster); err != nil {
+		return err
+	}
+	if err := r.trimSourceRanges(fe, srcRanges); err != nil {
 		return err
 	}
 	if !useMaglev {
@@ -779,6 +803,9 @@ func (r *Reconciler) deleteFrontend(fe *frontend) (err error) {
 	if err := r.deleteMaglev(fe); err != nil {
 		return err
 	}
+	if err := r.trimSourceRanges(fe, nil); err != nil {
+		return err
+	}
 	for _, sc := range []uint8{lbmap.ScopeExternal, lbmap.ScopeInternal} {
 		if err := r.trimSlots(fe, sc, 0); err != nil {
 			return err
@@ -819,6 +846,12 @@ func (r *Reconciler) sweep() error {
 		}
 	}
 	r.maglevStale = nil
+	for _, s := range r.srcRangeStale {
+		if err := r.srcRangeMaps.DeleteSourceRange(s.revNat, s.prefix); err != nil {
+			errs = append(errs, fmt.Errorf("delete stale source range %s of rev nat %d: %w", s.prefix, s.revNat, err))
+		}
+	}
+	r.srcRangeStale = nil
 	for id, be := range r.backends {
 		if be.refs == 0 {
 			r.unused[id] = true

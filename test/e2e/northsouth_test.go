@@ -248,7 +248,6 @@ func TestPrivilegedExternalTrafficPolicyLocal(t *testing.T) {
 // answers a client inside loadBalancerSourceRanges and drops one outside.
 // The backends run on the entry node, so that only the ranges decide.
 func TestPrivilegedLoadBalancerSourceRanges(t *testing.T) {
-	t.Skip("loadBalancerSourceRanges are not enforced by the tc/XDP datapath yet (issue 3 item 3, open)")
 	l := nsLab(t, lab.LBModeSNAT, lab.AccelerationBestEffort)
 	allowed, denied := addrs{k: 63}, addrs{k: 64}
 	node1 := l.Nodes[0]
