@@ -13,6 +13,12 @@
  *                              in both of the reply paths above
  *
  * Anything else goes to the stack untouched.
+ *
+ * With SLUICE_POD_LB (tc_pod.c, --socket-lb=false) the same path serves
+ * every frontend, ClusterIPs included, at LB_SCOPE_INT for traffic from
+ * local pods, and never SNATs: the backend sees the pod's address, the
+ * reply is reverse-DNATed on its way to the pod. No DSR, Maglev, source
+ * ranges or reverse SNAT there.
  */
 #ifndef __SLUICE_NODEPORT_H
 #define __SLUICE_NODEPORT_H
@@ -28,8 +34,16 @@
 #include "dsr.h"
 #include "maglev.h"
 
+#ifdef SLUICE_POD_LB
+/* Pods reach every frontend, as through the socket LB. */
+#define NS_SCOPE LB_SCOPE_INT
+#define ns_svc_served(svc) true
+#else
 /* Frontends served here; a ClusterIP is for traffic from this node's pods. */
 #define NS_SVC_FLAGS (SVC_F_NODEPORT | SVC_F_EXTERNAL_IP | SVC_F_LOADBALANCER)
+#define NS_SCOPE LB_SCOPE_EXT
+#define ns_svc_served(svc) ((svc)->flags & NS_SVC_FLAGS)
+#endif /* SLUICE_POD_LB */
 
 #define TTL_OFF      offsetof(struct iphdr, ttl)
 #define HOPLIMIT_OFF offsetof(struct ipv6hdr, hop_limit)
@@ -47,6 +61,7 @@ static __always_inline __u32 ns_flow_hash(const struct ns_pkt *p)
 	return lb_hash64(((__u64)h << 32) | ((__u32)p->sport << 16) | p->dport);
 }
 
+#ifndef SLUICE_POD_LB
 /* ns_maglev_backend_id returns the backend of the frontend's Maglev table
  * for a flow, so that a flow entering any node for the same frontend
  * reaches the same backend; 0 when the frontend has no table yet (the
@@ -74,6 +89,7 @@ static __noinline bool ns_src_range_allowed(const struct ns_pkt *p, __u16 rev_na
 	__builtin_memcpy(key.addr, p->saddr.b, sizeof(key.addr));
 	return bpf_map_lookup_elem(&lb_src_ranges, &key) != NULL;
 }
+#endif /* SLUICE_POD_LB */
 
 /* The client identity for sessionAffinity: its address. Bit 63 keeps it
  * apart from the netns cookies the socket LB stores in lb_affinity. */
@@ -328,6 +344,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 			be_port = e->nat_port;
 			goto translate;
 		}
+#ifndef SLUICE_POD_LB
 		/* A reply to a nat port: it has no service entry, as nat
 		 * ports lie outside the NodePort range. */
 		if (lb_is_node_addr(&p->daddr)) {
@@ -335,17 +352,18 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 			if (ret >= 0)
 				return ret;
 		}
+#endif /* SLUICE_POD_LB */
 	}
 
 	lb_key_init(&key, &p->daddr, p->dport, p->proto);
-	svc = lb_lookup_service(&key, LB_SCOPE_EXT);
+	svc = lb_lookup_service(&key, NS_SCOPE);
 	if (!svc && tunnel && addr_equal(&p->daddr, tunnel->b)) {
 		frontend = p->daddr;
 		addr_to_wildcard(&frontend);
 		lb_key_init(&key, &frontend, p->dport, p->proto);
 		svc = lb_lookup_service(&key, LB_SCOPE_EXT);
 	}
-	if (!svc || !(svc->flags & NS_SVC_FLAGS))
+	if (!svc || !ns_svc_served(svc))
 		return tunnel ? CTX_ACT_DROP : CTX_ACT_OK;
 	rev_nat_id = svc->rev_nat_id;
 	hash = ns_flow_hash(p);
@@ -370,6 +388,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		/* No backend: drop, as kube-proxy's REJECT stops the flow. */
 		if (svc->count == 0)
 			return CTX_ACT_DROP;
+#ifndef SLUICE_POD_LB
 		/* A new flow only: an established one passed this check when
 		 * it was created. */
 		if ((svc->flags & SVC_F_SRC_RANGES) && !ns_src_range_allowed(p, rev_nat_id))
@@ -379,18 +398,25 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		else if ((svc->flags & (SVC_F_MAGLEV | SVC_F_AFFINITY)) == SVC_F_MAGLEV &&
 			 (backend_id = ns_maglev_backend_id(p, rev_nat_id)))
 			be = bpf_map_lookup_elem(&lb_backends, &backend_id);
+#endif /* SLUICE_POD_LB */
 		if (!be && !tunnel)
 			be = lb_select_backend_id(&key, svc, hash, ns_client_id(p), &backend_id);
 		if (!be)
 			return CTX_ACT_DROP;
 		__builtin_memcpy(be_addr.b, be->addr, sizeof(be_addr.b));
 		be_port = be->port;
+#ifdef SLUICE_POD_LB
+		/* Never SNAT: DNAT only, redirect_peer to a local pod and the
+		 * stack to anything else, replies reverse-DNATed via CT. */
+		kind = CT_F_LOCAL;
+#else
 		if (tunnel)
 			kind = CT_F_LOCAL | CT_F_DSR;
 		else if (be->flags & BE_F_LOCAL)
 			kind = CT_F_LOCAL;
 		else
 			kind = ns_remote_kind(cfg, p->proto, &be_addr);
+#endif /* SLUICE_POD_LB */
 		/* No NAT46/64 here: a backend of the other family is a config error. */
 		if (addr_is_v4(&be_addr) == p->v6)
 			return CTX_ACT_DROP;
@@ -471,10 +497,12 @@ static __always_inline int nodeport_ingress(struct __ctx_buff *ctx)
 	default:
 		return CTX_ACT_OK;
 	}
+#ifndef SLUICE_POD_LB
 	if (p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6)
 		return nodeport_icmp_ingress(ctx, &p);
 	if (dsr_is_tunnel(&p))
 		return nodeport_dsr_backend(ctx, &p, cfg);
+#endif /* SLUICE_POD_LB */
 	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
 		return CTX_ACT_OK;
 	return nodeport_lb(ctx, &p, cfg, NULL);

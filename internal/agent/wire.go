@@ -54,13 +54,27 @@ func openDataplane(cfg *Config) (dataplane, error) {
 		return nil, fmt.Errorf("load socket LB: %w", err)
 	}
 	d := &nodeDataplane{SockLB: lb, cfg: cfg, podIfaces: map[netip.Addr]uint32{}}
-	if len(cfg.Devices) == 0 {
+	// A switch of --socket-lb detaches what an earlier agent attached for
+	// the other mode. Sockets the socket LB connected talk to backends and
+	// keep working; flows the per-packet LB translated do not survive a
+	// switch back, and new ones wait for this agent's attach.
+	unpin := datapath.UnpinPodLinks
+	if !cfg.SocketLB {
+		unpin = datapath.UnpinSocketLinks
+	}
+	if err := unpin(cfg.BPFRoot); err != nil {
+		return nil, errors.Join(fmt.Errorf("--socket-lb=%t: %w", cfg.SocketLB, err), lb.Close())
+	}
+	// --socket-lb=false balances pods' traffic per packet with the
+	// north-south service path and conntrack, so it loads them too.
+	if len(cfg.Devices) == 0 && cfg.SocketLB {
 		return d, nil
 	}
-	d.ns, err = datapath.LoadNorthSouth(datapath.NorthSouthOptions{
+	opts := datapath.NorthSouthOptions{
 		BPFRoot: cfg.BPFRoot, Sizes: sizes,
 		MaglevTableSize: cfg.MaglevTableSize, MaglevSeed: cfg.MaglevSeed,
-	})
+	}
+	d.ns, err = datapath.LoadNorthSouth(opts)
 	if err == nil {
 		d.maglev, err = d.ns.Maglev()
 	}
@@ -70,6 +84,11 @@ func openDataplane(cfg *Config) (dataplane, error) {
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("load north-south LB: %w", err), d.close())
 	}
+	if !cfg.SocketLB {
+		if d.pod, err = datapath.LoadPodLB(opts); err != nil {
+			return nil, errors.Join(fmt.Errorf("load per-packet pod LB (--socket-lb=false): %w", err), d.close())
+		}
+	}
 	return d, nil
 }
 
@@ -77,7 +96,8 @@ func openDataplane(cfg *Config) (dataplane, error) {
 type nodeDataplane struct {
 	*datapath.SockLB
 	cfg    *Config
-	ns     *datapath.NorthSouth // nil without --devices
+	ns     *datapath.NorthSouth // nil without --devices and with --socket-lb
+	pod    *datapath.PodLB      // with --socket-lb=false: tc on local pods' veths
 	maglev *lbmap.MaglevKernel
 	// srcRanges holds loadBalancerSourceRanges, which only tc/XDP enforce.
 	srcRanges *lbmap.SourceRangesKernel
@@ -143,12 +163,15 @@ func (d *nodeDataplane) Close() error {
 		errs = append(errs, d.ns.DetachDevices())
 	}
 	errs = append(errs, d.SockLB.UnpinAttached(), d.close(),
-		datapath.UnpinLinks(d.cfg.BPFRoot), datapath.Unpin(d.cfg.BPFRoot), datapath.UnpinNorthSouth(d.cfg.BPFRoot))
+		datapath.UnpinPodLinks(d.cfg.BPFRoot), datapath.UnpinLinks(d.cfg.BPFRoot), datapath.Unpin(d.cfg.BPFRoot), datapath.UnpinNorthSouth(d.cfg.BPFRoot))
 	return errors.Join(errs...)
 }
 
 func (d *nodeDataplane) close() error {
 	var errs []error
+	if d.pod != nil {
+		errs = append(errs, d.pod.Close())
+	}
 	if d.ns != nil {
 		errs = append(errs, d.ns.Close())
 	}
@@ -358,7 +381,63 @@ func (d *nodeDataplane) SyncPodIfaces(addrs []netip.Addr, full bool) error {
 		errs = append(errs, d.ns.SetPodIface(idx))
 	}
 	d.podIfaces = want
+	if d.pod != nil {
+		errs = append(errs, d.syncPodLB(inUse))
+	}
 	return errors.Join(errs...)
+}
+
+// syncPodLB attaches the per-packet LB to every local pod's host-side veth
+// (backends' and clients' alike: each veth holding a host route) and
+// detaches it from veths that are gone. Called with d.mu held.
+func (d *nodeDataplane) syncPodLB(backendIfaces map[uint32]bool) error {
+	want, err := podVeths()
+	if err != nil {
+		return err
+	}
+	for idx := range backendIfaces {
+		want[int(idx)] = true
+	}
+	var errs []error
+	for _, idx := range d.pod.Pods() {
+		if !want[idx] {
+			errs = append(errs, d.pod.DetachPod(idx))
+		}
+	}
+	for idx := range want {
+		errs = append(errs, d.pod.AttachPod(idx))
+	}
+	// Pins of pods that left while no agent ran.
+	errs = append(errs, d.pod.RemoveStalePods())
+	return errors.Join(errs...)
+}
+
+// podVeths returns the veths of the agent's network namespace that carry a
+// host route (/32, /128): the host side of local pods' veths.
+func podVeths() (map[int]bool, error) {
+	out := map[int]bool{}
+	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		routes, err := netlink.RouteList(nil, family)
+		if err != nil {
+			return nil, fmt.Errorf("list routes to local pods: %w", err)
+		}
+		for _, r := range routes {
+			if r.Dst == nil || r.LinkIndex == 0 || out[r.LinkIndex] {
+				continue
+			}
+			if ones, bits := r.Dst.Mask.Size(); ones != bits {
+				continue
+			}
+			l, err := netlink.LinkByIndex(r.LinkIndex)
+			if err != nil {
+				continue // gone meanwhile
+			}
+			if l.Type() == "veth" {
+				out[r.LinkIndex] = true
+			}
+		}
+	}
+	return out, nil
 }
 
 // podIface is the veth a route to a local pod leaves by, 0 when the route

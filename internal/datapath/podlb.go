@@ -1,0 +1,220 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/maglev"
+)
+
+// PodLB is the per-packet east-west load balancer (bpf/tc_pod.c) for
+// --socket-lb=false: lib/nodeport.h's service path on the host side of
+// each local pod's veth, serving every frontend at the internal scope and
+// never SNATing. It shares every map pin with NorthSouth, so the same
+// reconciler, conntrack and GC serve it.
+type PodLB struct {
+	objs     tcpodObjects
+	linksDir string
+	pods     map[int][]*pinnedLink // ifindex -> ingress, egress
+}
+
+// PodLinksDir is where the pod veths' links are pinned under a BPF root.
+func PodLinksDir(bpfRoot string) string { return filepath.Join(LinksDir(bpfRoot), "pods") }
+
+// LoadPodLB loads tc_pod.c over the pins of opts.BPFRoot. Load it with the
+// same options as LoadNorthSouth, whose maps it shares.
+func LoadPodLB(opts NorthSouthOptions) (*PodLB, error) {
+	if opts.BPFRoot == "" {
+		return nil, errors.New("load pod LB: empty BPF root")
+	}
+	if err := EnsureBPFFS(opts.BPFRoot); err != nil {
+		return nil, fmt.Errorf("load pod LB: %w", err)
+	}
+	spec, err := loadTcpod()
+	if err != nil {
+		return nil, fmt.Errorf("load pod LB: %w", err)
+	}
+	sizes := opts.Sizes.withDefaults().byName()
+	sizes[lbmap.CTMapName] = orDefault(opts.CTEntries, defaultNSEntries)
+	sizes[lbmap.NATMapName] = orDefault(opts.NATEntries, defaultNSEntries)
+	for name, size := range sizes {
+		if ms, ok := spec.Maps[name]; ok {
+			ms.MaxEntries = size
+		}
+	}
+	maglevSize := orDefault(opts.MaglevTableSize, maglev.DefaultTableSize)
+	if err := lbmap.ConfigureMaglev(spec, maglevSize, opts.MaglevSeed); err != nil {
+		return nil, fmt.Errorf("load pod LB: %w", err)
+	}
+	if err := prepareMaglevPin(opts.BPFRoot, maglevSize); err != nil {
+		return nil, err
+	}
+	if err := checkPins(spec, opts.BPFRoot); err != nil {
+		return nil, err
+	}
+	p := &PodLB{linksDir: PodLinksDir(opts.BPFRoot), pods: map[int][]*pinnedLink{}}
+	err = spec.LoadAndAssign(&p.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.BPFRoot}})
+	if err != nil {
+		var verr *ebpf.VerifierError
+		if errors.As(err, &verr) {
+			return nil, fmt.Errorf("load pod LB: %+v", verr)
+		}
+		return nil, fmt.Errorf("load pod LB: %w", err)
+	}
+	return p, nil
+}
+
+// FromPod is the program for tcx ingress of a pod's host-side veth (the
+// pod's traffic), ToPod the one for tcx egress (replies to reverse-DNAT).
+func (p *PodLB) FromPod() *ebpf.Program { return p.objs.TcPodFromPod }
+func (p *PodLB) ToPod() *ebpf.Program   { return p.objs.TcPodToPod }
+
+func podLinkPin(dir, hook string, ifindex int) string {
+	return filepath.Join(dir, "tcx-"+hook+"-"+strconv.Itoa(ifindex))
+}
+
+// AttachPod attaches both programs to the host-side veth ifindex through
+// tcx links pinned under PodLinksDir; a pinned link of an earlier agent on
+// the same device gets the new program in place. tcx needs 6.6.
+func (p *PodLB) AttachPod(ifindex int) error {
+	if _, ok := p.pods[ifindex]; ok {
+		return nil
+	}
+	var links []*pinnedLink
+	for _, h := range []struct {
+		name   string
+		attach ebpf.AttachType
+		prog   *ebpf.Program
+	}{
+		{"ingress", ebpf.AttachTCXIngress, p.objs.TcPodFromPod},
+		{"egress", ebpf.AttachTCXEgress, p.objs.TcPodToPod},
+	} {
+		onTarget := func(info *link.Info) bool {
+			t := info.TCX()
+			return t != nil && int(t.Ifindex) == ifindex && ebpf.AttachType(t.AttachType) == h.attach
+		}
+		pl, err := attachPinned(podLinkPin(p.linksDir, h.name, ifindex), h.prog, onTarget, func() (link.Link, error) {
+			return link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: h.prog, Attach: h.attach})
+		})
+		if err != nil {
+			for _, l := range links {
+				l.release(true)
+			}
+			return fmt.Errorf("attach pod LB tcx %s to ifindex %d: %w", h.name, ifindex, err)
+		}
+		links = append(links, pl)
+	}
+	p.pods[ifindex] = links
+	return nil
+}
+
+// DetachPod detaches the programs from ifindex and removes the pins.
+func (p *PodLB) DetachPod(ifindex int) error {
+	links, ok := p.pods[ifindex]
+	if !ok {
+		return nil
+	}
+	delete(p.pods, ifindex)
+	var errs []error
+	for _, l := range links {
+		errs = append(errs, l.release(true))
+	}
+	return errors.Join(errs...)
+}
+
+// Pods returns the ifindexes the programs are attached to.
+func (p *PodLB) Pods() []int {
+	out := make([]int, 0, len(p.pods))
+	for idx := range p.pods {
+		out = append(out, idx)
+	}
+	return out
+}
+
+// RemoveStalePods removes pinned pod links of an earlier agent whose
+// device is not attached by this one (a pod that went away meanwhile).
+func (p *PodLB) RemoveStalePods() error {
+	entries, err := os.ReadDir(p.linksDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("list pod links: %w", err)
+	}
+	keep := map[string]bool{}
+	for _, links := range p.pods {
+		for _, l := range links {
+			keep[filepath.Base(l.path)] = true
+		}
+	}
+	var errs []error
+	for _, e := range entries {
+		if keep[e.Name()] {
+			continue
+		}
+		if err := os.Remove(filepath.Join(p.linksDir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove stale pod link: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Close closes the programs, maps and link descriptors; pinned links stay
+// attached for the next agent (DetachPod detaches).
+func (p *PodLB) Close() error {
+	var errs []error
+	for _, links := range p.pods {
+		for _, l := range links {
+			errs = append(errs, l.release(false))
+		}
+	}
+	p.pods = map[int][]*pinnedLink{}
+	return errors.Join(append(errs, p.objs.Close())...)
+}
+
+// UnpinPodLinks removes every pinned pod link under bpfRoot, which detaches
+// those no process holds, and their directory.
+func UnpinPodLinks(bpfRoot string) error {
+	dir := PodLinksDir(bpfRoot)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("list pinned pod links: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("unpin pod link %s: %w", e.Name(), err))
+		}
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("remove %s: %w", dir, err))
+	}
+	return errors.Join(errs...)
+}
+
+// UnpinSocketLinks removes the socket LB's pinned cgroup links under
+// bpfRoot (an earlier agent's), which detaches them: an agent switched to
+// --socket-lb=false must not leave connect() rewriting in place.
+func UnpinSocketLinks(bpfRoot string) error {
+	pins, err := filepath.Glob(filepath.Join(LinksDir(bpfRoot), "cgroup-*"))
+	if err != nil {
+		return fmt.Errorf("list socket LB links: %w", err)
+	}
+	var errs []error
+	for _, pin := range pins {
+		if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("unpin socket LB link: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
