@@ -265,17 +265,7 @@ func natTable(now uint32, recs []lbmap.NATRecord) *api.BPFNAT {
 }
 
 func tupleString(k lbmap.CTTuple) string {
-	return fmt.Sprintf("%s %s -> %s", ctProtoName(k.Proto), addrPort(k.SAddr, k.SPort), addrPort(k.DAddr, k.DPort))
-}
-
-func ctProtoName(p uint8) string {
-	switch p {
-	case 1:
-		return "ICMP"
-	case 58:
-		return "ICMPv6"
-	}
-	return protoName(p)
+	return fmt.Sprintf("%s %s -> %s", lbmap.ProtoName(k.Proto), addrPort(k.SAddr, k.SPort), addrPort(k.DAddr, k.DPort))
 }
 
 func dirString(d uint8) string {

@@ -96,16 +96,6 @@ func backendFlags(flags uint8) []string {
 	return out
 }
 
-func protoName(p uint8) string {
-	switch p {
-	case 6:
-		return "TCP"
-	case 17:
-		return "UDP"
-	}
-	return fmt.Sprintf("proto-%d", p)
-}
-
 func scopeName(s uint8) string {
 	if s == lbmap.ScopeInternal {
 		return "internal"
@@ -140,7 +130,7 @@ func dumpLB(m lbmap.Maps) (*api.BPFLB, error) {
 	for _, k := range keys {
 		v := svcs[k]
 		e := api.BPFService{
-			Frontend:  addrPort(k.Addr, k.Port) + "/" + protoName(k.Proto),
+			Frontend:  addrPort(k.Addr, k.Port) + "/" + lbmap.ProtoName(k.Proto),
 			Scope:     scopeName(k.Scope),
 			Slot:      k.Slot,
 			BackendID: v.BackendID,
@@ -156,7 +146,7 @@ func dumpLB(m lbmap.Maps) (*api.BPFLB, error) {
 	for _, id := range slices.Sorted(maps.Keys(bes)) {
 		v := bes[id]
 		out.Backends = append(out.Backends, api.BPFBackend{
-			ID: id, Address: addrPort(v.Addr, v.Port) + "/" + protoName(v.Proto), Flags: backendFlags(v.Flags),
+			ID: id, Address: addrPort(v.Addr, v.Port) + "/" + lbmap.ProtoName(v.Proto), Flags: backendFlags(v.Flags),
 		})
 	}
 	for _, id := range slices.Sorted(maps.Keys(revs)) {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -100,18 +99,23 @@ func linkID(l link.Link) uint32 {
 // detaches the links no process holds any more, and the directory. Used by
 // --unload-on-exit and by tools that tear a node down.
 func UnpinLinks(bpfRoot string) error {
-	dir := LinksDir(bpfRoot)
+	return unpinDir(LinksDir(bpfRoot), "link")
+}
+
+// unpinDir removes every pin in dir (links: those no process holds are
+// detached) and then dir itself; a missing dir is fine.
+func unpinDir(dir, what string) error {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("list pinned links: %w", err)
+		return fmt.Errorf("list pinned %ss: %w", what, err)
 	}
 	var errs []error
 	for _, e := range entries {
 		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("unpin link %s: %w", e.Name(), err))
+			errs = append(errs, fmt.Errorf("unpin %s %s: %w", what, e.Name(), err))
 		}
 	}
 	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -134,16 +138,9 @@ func cgroupID(path string) (uint64, error) {
 // their IDs and get this object's programs; Close then leaves the programs
 // attached, and UnpinLinks (or Close after UnpinAttached) detaches them.
 func (s *SockLB) AttachPinned(cgroupPath, linksDir string) error {
-	path := filepath.Clean(cgroupPath)
-	root, err := IsCgroupRoot(path)
+	path, err := s.checkAttachTarget(cgroupPath)
 	if err != nil {
-		return fmt.Errorf("attach socket LB: %w", err)
-	}
-	if root {
-		return fmt.Errorf("attach socket LB: %s is the root of a cgroup2 hierarchy; use a sub-tree", path)
-	}
-	if slices.ContainsFunc(s.points, func(a attached) bool { return a.Cgroup == path }) {
-		return fmt.Errorf("attach socket LB: already attached to %s", path)
+		return err
 	}
 	id, err := cgroupID(path)
 	if err != nil {

@@ -182,24 +182,7 @@ func (p *PodLB) Close() error {
 // UnpinPodLinks removes every pinned pod link under bpfRoot, which detaches
 // those no process holds, and their directory.
 func UnpinPodLinks(bpfRoot string) error {
-	dir := PodLinksDir(bpfRoot)
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("list pinned pod links: %w", err)
-	}
-	var errs []error
-	for _, e := range entries {
-		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("unpin pod link %s: %w", e.Name(), err))
-		}
-	}
-	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("remove %s: %w", dir, err))
-	}
-	return errors.Join(errs...)
+	return unpinDir(PodLinksDir(bpfRoot), "pod link")
 }
 
 // UnpinSocketLinks removes the socket LB's pinned cgroup links under

@@ -164,20 +164,31 @@ func (s *SockLB) SetConfig(c lbmap.Config) error {
 	return nil
 }
 
+// checkAttachTarget cleans cgroupPath and refuses the root of a cgroup2
+// hierarchy (the hooks would apply to every process on the machine), a path
+// not on cgroup2, and a cgroup this SockLB is already attached to.
+func (s *SockLB) checkAttachTarget(cgroupPath string) (string, error) {
+	path := filepath.Clean(cgroupPath)
+	root, err := IsCgroupRoot(path)
+	if err != nil {
+		return "", fmt.Errorf("attach socket LB: %w", err)
+	}
+	if root {
+		return "", fmt.Errorf("attach socket LB: %s is the root of a cgroup2 hierarchy; use a sub-tree", path)
+	}
+	if slices.ContainsFunc(s.points, func(a attached) bool { return a.Cgroup == path }) {
+		return "", fmt.Errorf("attach socket LB: already attached to %s", path)
+	}
+	return path, nil
+}
+
 // Attach attaches every socket LB hook to the cgroup v2 directory
 // cgroupPath. The root of a hierarchy is refused: the hooks would then
 // apply to every process on the machine.
 func (s *SockLB) Attach(cgroupPath string) error {
-	path := filepath.Clean(cgroupPath)
-	root, err := IsCgroupRoot(path)
+	path, err := s.checkAttachTarget(cgroupPath)
 	if err != nil {
-		return fmt.Errorf("attach socket LB: %w", err)
-	}
-	if root {
-		return fmt.Errorf("attach socket LB: %s is the root of a cgroup2 hierarchy; use a sub-tree", path)
-	}
-	if slices.ContainsFunc(s.points, func(a attached) bool { return a.Cgroup == path }) {
-		return fmt.Errorf("attach socket LB: already attached to %s", path)
+		return err
 	}
 
 	var added []attached

@@ -64,7 +64,7 @@ type CTTuple struct {
 }
 
 func (t CTTuple) String() string {
-	return fmt.Sprintf("%s %s -> %s dir=%s", protoName(t.Proto),
+	return fmt.Sprintf("%s %s -> %s dir=%s", ProtoName(t.Proto),
 		addrPort(t.SAddr, t.SPort), addrPort(t.DAddr, t.DPort), dirName(t.Dir))
 }
 
@@ -187,7 +187,8 @@ func (c *CT) GC(now uint32) (int, error) {
 	return n, nil
 }
 
-func protoName(p uint8) string {
+// ProtoName names an IP protocol number as sluice's listings show it.
+func ProtoName(p uint8) string {
 	switch p {
 	case 6:
 		return "TCP"
@@ -198,7 +199,7 @@ func protoName(p uint8) string {
 	case 58:
 		return "ICMPv6"
 	}
-	return fmt.Sprintf("proto%d", p)
+	return fmt.Sprintf("proto-%d", p)
 }
 
 func dirName(d uint8) string {
