@@ -170,6 +170,26 @@ static __always_inline int ctx_pop_l3(struct __sk_buff *ctx, __u32 len)
 	return bpf_skb_adjust_room(ctx, -(__s32)len, BPF_ADJ_ROOM_MAC, 0);
 }
 
+/* ctx_grow_head inserts len bytes between the Ethernet header and the
+ * packet (no encapsulation flags: the packet becomes a new one). */
+static __always_inline int ctx_grow_head(struct __sk_buff *ctx, __u32 len)
+{
+	return bpf_skb_adjust_room(ctx, len, BPF_ADJ_ROOM_MAC, 0);
+}
+
+/* ctx_set_len cuts (or extends) the packet to len bytes from the Ethernet
+ * header on. */
+static __always_inline int ctx_set_len(struct __sk_buff *ctx, __u32 len)
+{
+	return bpf_skb_change_tail(ctx, len, 0);
+}
+
+/* ctx_reply sends the packet back out of the device it came in on. */
+static __always_inline int ctx_reply(struct __sk_buff *ctx)
+{
+	return bpf_redirect(ctx_ifindex(ctx), 0);
+}
+
 /* The IPv4 header checksum is plain arithmetic on the header, what
  * bpf_l3_csum_replace does, so it is done in place. */
 static __always_inline int ctx_l3_csum_replace(struct __sk_buff *ctx, __u32 off,
@@ -250,6 +270,26 @@ static __always_inline int ctx_push_l3(struct xdp_md *ctx, __u32 len, bool v6)
 static __always_inline int ctx_pop_l3(struct xdp_md *ctx, __u32 len)
 {
 	return xdp_move_head(ctx, len);
+}
+
+static __always_inline int ctx_grow_head(struct xdp_md *ctx, __u32 len)
+{
+	return xdp_move_head(ctx, -(int)len);
+}
+
+static __always_inline int ctx_set_len(struct xdp_md *ctx, __u32 len)
+{
+	__u32 cur = ctx_len(ctx);
+
+	/* A 32-bit length, never folded into arithmetic on data_end, which
+	 * the verifier refuses. */
+	asm volatile("" : "+r"(cur));
+	return bpf_xdp_adjust_tail(ctx, (int)len - (int)cur);
+}
+
+static __always_inline int ctx_reply(struct xdp_md *ctx)
+{
+	return XDP_TX;
 }
 
 /* xdp_csum_update updates the 16-bit checksum at off, with the flags of

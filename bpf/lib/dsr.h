@@ -16,6 +16,7 @@
 
 #include "csum.h"
 #include "ct.h"
+#include "icmp.h"
 
 #define IPIP_TTL 64
 #define DSR_LOCAL_PROBES 32
@@ -94,6 +95,130 @@ static __always_inline int dsr_encap(struct __ctx_buff *ctx, struct ns_pkt *p,
 	p->daddr = *dst;
 	p->sport = p->dport = 0;
 	return 0;
+}
+
+/* The outer header must fit the device's MTU as well. A packet that no
+ * longer fits is answered the way a router on the path would answer it:
+ * fragmentation needed (IPv4 with DF; without DF it is dropped, as BPF
+ * cannot fragment) or packet too big (IPv6), with the MTU less the outer
+ * header, from the frontend the client used, out of the device it came in
+ * on. The client lowers its path MTU and resends; TCP then never sends a
+ * segment that does not fit. Cilium's DSR answers the same way. */
+#define DSR_QUOTE_L4 8 /* bytes of the L4 header quoted, all RFC 792 asks */
+#define DSR_IP4_DF   0x4000
+
+static __always_inline __u32 dsr_overhead(const struct ns_pkt *p)
+{
+	return p->v6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr);
+}
+
+/* dsr_mtu returns the MTU the client must use when p plus the outer header
+ * exceeds the device's MTU, else 0. */
+static __always_inline __u32 dsr_mtu(struct __ctx_buff *ctx, const struct ns_pkt *p)
+{
+	__u32 mtu = 0;
+
+	if (bpf_check_mtu(ctx, 0, &mtu, dsr_overhead(p), 0) != BPF_MTU_CHK_RET_FRAG_NEEDED ||
+	    mtu <= dsr_overhead(p))
+		return 0;
+	return mtu - dsr_overhead(p);
+}
+
+/* The ICMP header of the error: type, code, checksum, then the unused
+ * word that carries the MTU. */
+struct dsr_icmp {
+	__u8    type;
+	__u8    code;
+	__sum16 check;
+	__be32  mtu;
+};
+
+/* dsr_icmp_csum sums the ICMP message of len bytes at off (a constant per
+ * family, for the verifier) onto seed. */
+#define dsr_icmp_csum(ctx, off, len, seed) ({					void *__q = ctx_ptr(ctx, off, len);					__q ? bpf_csum_diff(NULL, 0, __q, len, seed) : -1;		})
+
+/* dsr_reply_too_big turns p (client -> frontend, untouched) into the ICMP
+ * error about it, in place: the error's IP and ICMP headers go in front of
+ * p's own header, which becomes the quote, and the rest is cut off. */
+static __always_inline int dsr_reply_too_big(struct __ctx_buff *ctx, const struct ns_pkt *p,
+					     __u32 mtu)
+{
+	__u32 hlen = dsr_overhead(p), icmp_off = p->l3_off + hlen;
+	__u32 body = ICMP_ERR_HLEN + hlen + DSR_QUOTE_L4;
+	__u8 eth[2 * ETH_ALEN] __align_stack_8;
+	struct dsr_icmp h = {};
+	__s64 sum;
+
+	/* Only an IP header without options or extension headers is quoted
+	 * whole by these fixed lengths. */
+	if (p->l4_off - p->l3_off != hlen)
+		return CTX_ACT_DROP;
+	if (!p->v6) {
+		__be16 frag;
+
+		if (ctx_load_bytes(ctx, p->l3_off + offsetof(struct iphdr, frag_off), &frag, 2) ||
+		    !(frag & bpf_htons(DSR_IP4_DF)))
+			return CTX_ACT_DROP;
+	}
+	if (ctx_load_bytes(ctx, 0, eth, sizeof(eth)) ||
+	    ctx_grow_head(ctx, hlen + ICMP_ERR_HLEN) ||
+	    ctx_set_len(ctx, icmp_off + body))
+		return CTX_ACT_DROP;
+	/* Ethernet: back to where it came from. */
+	if (ctx_store_bytes(ctx, 0, eth + ETH_ALEN, ETH_ALEN) ||
+	    ctx_store_bytes(ctx, ETH_ALEN, eth, ETH_ALEN))
+		return CTX_ACT_DROP;
+	if (!p->v6) {
+		struct iphdr ip4 = {
+			.version = 4,
+			.ihl = 5,
+			.tot_len = bpf_htons(sizeof(struct iphdr) + ICMP_ERR_HLEN +
+					     sizeof(struct iphdr) + DSR_QUOTE_L4),
+			.frag_off = bpf_htons(DSR_IP4_DF),
+			.ttl = IPIP_TTL,
+			.protocol = IPPROTO_ICMP,
+			.saddr = p->daddr.w[3],
+			.daddr = p->saddr.w[3],
+		};
+
+		ip4.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&ip4, sizeof(ip4), 0));
+		h.type = ICMP_DEST_UNREACH;
+		h.code = ICMP_FRAG_NEEDED;
+		h.mtu = bpf_htonl(mtu & 0xffff); /* unused (16 bits), next-hop MTU */
+		if (ctx_store_bytes(ctx, p->l3_off, &ip4, sizeof(ip4)) ||
+		    ctx_store_bytes(ctx, icmp_off, &h, sizeof(h)))
+			return CTX_ACT_DROP;
+		sum = dsr_icmp_csum(ctx, icmp_off,
+				    ICMP_ERR_HLEN + sizeof(struct iphdr) + DSR_QUOTE_L4, 0);
+	} else {
+		struct ipv6hdr ip6 = {
+			.version = 6,
+			.payload_len = bpf_htons(ICMP_ERR_HLEN + sizeof(struct ipv6hdr) +
+						 DSR_QUOTE_L4),
+			.nexthdr = IPPROTO_ICMPV6,
+			.hop_limit = IPIP_TTL,
+		};
+
+		__builtin_memcpy(&ip6.saddr, p->daddr.b, 16);
+		__builtin_memcpy(&ip6.daddr, p->saddr.b, 16);
+		h.type = ICMPV6_PKT_TOOBIG;
+		h.mtu = bpf_htonl(mtu);
+		if (ctx_store_bytes(ctx, p->l3_off, &ip6, sizeof(ip6)) ||
+		    ctx_store_bytes(ctx, icmp_off, &h, sizeof(h)))
+			return CTX_ACT_DROP;
+		/* The pseudo header: addresses, upper-layer length, next header. */
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ip6.saddr, 32,
+				    bpf_htonl(body) + bpf_htonl(IPPROTO_ICMPV6));
+		sum = dsr_icmp_csum(ctx, icmp_off,
+				    ICMP_ERR_HLEN + sizeof(struct ipv6hdr) + DSR_QUOTE_L4, sum);
+	}
+	if (sum < 0)
+		return CTX_ACT_DROP;
+	h.check = csum_fold(sum);
+	if (ctx_store_bytes(ctx, icmp_off + offsetof(struct dsr_icmp, check), &h.check,
+			    sizeof(h.check)))
+		return CTX_ACT_DROP;
+	return ctx_reply(ctx);
 }
 
 /* dsr_is_tunnel: p is an IPIP / IP6IP6 packet to this node. */

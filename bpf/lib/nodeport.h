@@ -238,7 +238,10 @@ static __always_inline int ns_dsr_forward(struct __ctx_buff *ctx, struct ns_pkt 
 {
 	union lb_addr node __align_stack_8;
 	union lb_addr src __align_stack_8;
+	__u32 mtu = dsr_mtu(ctx, p);
 
+	if (mtu)
+		return dsr_reply_too_big(ctx, p, mtu);
 	if (!dsr_tunnel_endpoint(backend, &node) ||
 	    snat_source(cfg, p->v6, &p->daddr, &src) ||
 	    dsr_encap(ctx, p, &src, &node))

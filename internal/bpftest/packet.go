@@ -47,6 +47,8 @@ type Packet struct {
 	Payload        []byte
 	// NoUDPChecksum sends UDP over IPv4 with a zero checksum ("none").
 	NoUDPChecksum bool
+	// MayFragment clears IPv4's don't-fragment bit (set by default).
+	MayFragment bool
 }
 
 // ethernet is the Ethernet header of a test frame, MACs defaulted.
@@ -91,6 +93,9 @@ func (p Packet) Bytes() ([]byte, error) {
 			Version: 4, IHL: 5, TTL: ttl, Id: 0x1234, Flags: layers.IPv4DontFragment,
 			Protocol: layers.IPProtocol(p.Proto),
 			SrcIP:    p.Src.Addr().AsSlice(), DstIP: p.Dst.Addr().AsSlice(),
+		}
+		if p.MayFragment {
+			ip.Flags = 0
 		}
 		net, ls = ip, []gopacket.SerializableLayer{eth, ip}
 	} else {
@@ -186,6 +191,9 @@ type ICMPError struct {
 	// QuoteL4 cuts the quoted packet after this many bytes of its L4
 	// header and payload (8 is all RFC 792 promises); 0 keeps all.
 	QuoteL4 int
+	// FromSluice: an error sluice makes itself, whose IPv4 header has ID 0
+	// and don't-fragment set (a router's test error has ID 0x4321).
+	FromSluice bool
 }
 
 // With returns a copy of e with fn applied, for expected packets.
@@ -222,6 +230,9 @@ func (e ICMPError) Bytes() ([]byte, error) {
 		ip := &layers.IPv4{
 			Version: 4, IHL: 5, TTL: ttl, Id: 0x4321, Protocol: layers.IPProtocolICMPv4,
 			SrcIP: e.Src.AsSlice(), DstIP: e.Dst.AsSlice(),
+		}
+		if e.FromSluice {
+			ip.Id, ip.Flags = 0, layers.IPv4DontFragment
 		}
 		icmp := &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(e.Type, e.Code), Seq: e.MTU}
 		ls = []gopacket.SerializableLayer{eth, ip, icmp, gopacket.Payload(quote)}

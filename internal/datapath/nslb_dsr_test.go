@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
@@ -135,6 +136,75 @@ func TestPrivilegedNorthSouthDSRBackend(t *testing.T) {
 		}
 		if kind.verdicts[res.Verdict] != vDrop {
 			t.Errorf("%s: verdict %d, want drop", stray, res.Verdict)
+		}
+	})
+}
+
+// A packet that no longer fits the device's MTU once the outer header is
+// added is answered with fragmentation needed (IPv4 with DF; without DF it
+// is dropped) or packet too big (IPv6), carrying the MTU less the outer
+// header, from the frontend, back out of the device it came in on. One
+// that fits to the byte is encapsulated.
+func TestPrivilegedNorthSouthDSRTooBig(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		// BPF_PROG_RUN's device is this namespace's loopback.
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		const mtu = 1500
+		must(t, netlink.LinkSetMTU(lo, mtu))
+		setMode(t, n, lbmap.ModeDSR)
+		reply := map[string]verdict{"tc": vRedirect, "xdp": vTX}[kind.name]
+		// sized returns p with a payload that makes its IP packet l3 bytes long.
+		sized := func(p bpftest.Packet, l3 int) bpftest.Packet {
+			hdr := 20 + 20
+			if p.Proto == bpftest.UDP {
+				hdr = 20 + 8
+			}
+			if p.Src.Addr().Is6() {
+				hdr += 20
+			}
+			return p.With(func(p *bpftest.Packet) { p.Payload = make([]byte, l3-hdr) })
+		}
+		for _, tc := range []struct {
+			name     string
+			in       bpftest.Packet
+			typ      uint8
+			code     uint8
+			wantMTU  uint16
+			tunnelTo netip.Addr
+		}{
+			{"IPv4 TCP", sized(tcpSyn(client(48100), apLBTCP), mtu-20+1), bpftest.ICMPDestUnreach, bpftest.ICMPFragNeeded, mtu - 20, ipNode2},
+			{"IPv4 UDP", sized(udpPkt(client(48101), apLBUDP), mtu), bpftest.ICMPDestUnreach, bpftest.ICMPFragNeeded, mtu - 20, ipNode2},
+			{"IPv6 TCP", sized(tcpSyn(client6(48102), apLBTCP6), mtu-40+1), bpftest.ICMPv6PacketTooBig, 0, mtu - 40, ipNode2v6},
+		} {
+			want := bpftest.ICMPError{
+				SrcMAC: bpftest.MACNode, DstMAC: bpftest.MACClient,
+				Src: tc.in.Dst.Addr(), Dst: tc.in.Src.Addr(), Type: tc.typ, Code: tc.code,
+				MTU: tc.wantMTU, Quote: tc.in, QuoteL4: 8, FromSluice: true,
+			}
+			runPacket(t, kind, prog, tc.name+": too big", tc.in, reply, want)
+
+			// At the MTU it reports, the packet goes through the tunnel.
+			l3 := int(tc.wantMTU)
+			fits := sized(tc.in, l3).With(func(p *bpftest.Packet) { p.Flags = ackIfTCP(p.Proto) })
+			node := ipNode
+			if tc.in.Src.Addr().Is6() {
+				node = ipNode6
+			}
+			runPacket(t, kind, prog, tc.name+": fits", fits, vPass,
+				bpftest.Encap{Src: node, Dst: tc.tunnelTo, Inner: fits})
+		}
+
+		// IPv4 without DF: BPF cannot fragment, so it is dropped.
+		in := sized(tcpSyn(client(48103), apLBTCP), mtu).With(func(p *bpftest.Packet) { p.MayFragment = true })
+		res, err := bpftest.Run(prog, in.MustBytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := kind.verdicts[res.Verdict]; got != vDrop {
+			t.Errorf("IPv4 without DF, too big: verdict %s, want %s", got, vDrop)
 		}
 	})
 }

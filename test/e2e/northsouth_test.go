@@ -185,6 +185,28 @@ func TestPrivilegedNorthSouthModes(t *testing.T) {
 					})
 				}
 			}
+
+			// A request of many full-size segments to the remote backends:
+			// in DSR the outer header makes each one too big for the link,
+			// the entry node answers "fragmentation needed" / "packet too
+			// big", and the client's TCP resends them smaller. The Go
+			// server reads the whole header before it answers.
+			for _, tg := range nsTargets(remote, node1)[4:] {
+				url := httpURL(tg.ip, tg.tcp)
+				t.Run("16 KiB request to "+url, func(t *testing.T) {
+					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+					defer cancel()
+					out, err := l.Command(ctx, "client", "curl", "-sS", "--max-time", "15",
+						"-H", "X-Pad: "+strings.Repeat("a", 16<<10), url).CombinedOutput()
+					if err != nil {
+						t.Fatalf("curl %s with a 16 KiB header from the client (--lb-mode %s): %v: %s", url, mode, err, out)
+					}
+					var rep lab.EchoReply
+					if err := json.Unmarshal(out, &rep); err != nil || !slices.Contains(podNames(node2.Pods...), rep.Pod) {
+						t.Errorf("curl %s with a 16 KiB header (--lb-mode %s): answer %q, want an echo from a pod of %s", url, mode, out, node2.Name)
+					}
+				})
+			}
 		})
 	}
 }
