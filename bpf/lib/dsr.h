@@ -221,6 +221,21 @@ static __always_inline int dsr_reply_too_big(struct __ctx_buff *ctx, const struc
 	return ctx_reply(ctx);
 }
 
+/* dsr_from_node: the outer source of p is a node of the cluster. The
+ * agent records every node it tunnels to as a full-length prefix mapping
+ * to itself (SetTunnel), so one exact LPM lookup answers. Tunnelled
+ * packets from anyone else are not decapsulated here: they go to the
+ * stack, which drops them unless the host has a tunnel of its own. */
+static __always_inline bool dsr_from_node(const struct ns_pkt *p)
+{
+	struct tunnel_key key = { .prefixlen = 128 };
+	struct tunnel_val *val;
+
+	__builtin_memcpy(key.addr, p->saddr.b, sizeof(key.addr));
+	val = bpf_map_lookup_elem(&ns_tunnel, &key);
+	return val && addr_equal(&p->saddr, val->node_addr);
+}
+
 /* dsr_is_tunnel: p is an IPIP / IP6IP6 packet to this node. */
 static __always_inline bool dsr_is_tunnel(const struct ns_pkt *p)
 {

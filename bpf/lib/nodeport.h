@@ -504,7 +504,7 @@ static __always_inline int nodeport_ingress(struct __ctx_buff *ctx)
 	if (p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6)
 		return nodeport_icmp_ingress(ctx, &p);
 	if (dsr_is_tunnel(&p))
-		return nodeport_dsr_backend(ctx, &p, cfg);
+		return dsr_from_node(&p) ? nodeport_dsr_backend(ctx, &p, cfg) : CTX_ACT_OK;
 #endif /* SLUICE_POD_LB */
 	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
 		return CTX_ACT_OK;

@@ -249,24 +249,54 @@ func (n *NorthSouth) DeletePodIface(ifindex uint32) error {
 }
 
 // SetTunnel records that the pods of podCIDR run on the node with address
-// node: DSR sends their traffic there in an IPIP (IP6IP6) header.
+// node, for DSR. It also records node itself (a full-length prefix mapping
+// to itself): a backend node accepts tunnelled packets only from a known
+// node, and a hostNetwork backend on node is reached through the tunnel.
 func (n *NorthSouth) SetTunnel(podCIDR netip.Prefix, node netip.Addr) error {
 	if podCIDR.Addr().Is4() != node.Is4() {
 		return fmt.Errorf("DSR tunnel %s -> %s: address families differ", podCIDR, node)
 	}
-	k, v := lbmap.TunnelKeyFrom(podCIDR), lbmap.TunnelValue{NodeAddr: lbmap.AddrFrom(node)}
-	if err := n.tc.NsTunnel.Update(&k, &v, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("update %s: %s -> %s: %w", lbmap.TunnelMapName, podCIDR, node, err)
+	v := lbmap.TunnelValue{NodeAddr: lbmap.AddrFrom(node)}
+	for _, p := range []netip.Prefix{netip.PrefixFrom(node, node.BitLen()), podCIDR} {
+		k := lbmap.TunnelKeyFrom(p)
+		if err := n.tc.NsTunnel.Update(&k, &v, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("update %s: %s -> %s: %w", lbmap.TunnelMapName, p, node, err)
+		}
 	}
 	return nil
 }
 
-// DeleteTunnel forgets a pod CIDR; a missing one is fine.
+// DeleteTunnel forgets a pod CIDR, and its node once no other pod CIDR
+// points at it; a missing one is fine.
 func (n *NorthSouth) DeleteTunnel(podCIDR netip.Prefix) error {
 	k := lbmap.TunnelKeyFrom(podCIDR)
+	var v lbmap.TunnelValue
+	if err := n.tc.NsTunnel.Lookup(&k, &v); errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("lookup in %s: %s: %w", lbmap.TunnelMapName, podCIDR, err)
+	}
 	err := n.tc.NsTunnel.Delete(&k)
 	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete from %s: %s: %w", lbmap.TunnelMapName, podCIDR, err)
+	}
+	node := v.NodeAddr.NetIP()
+	self := lbmap.TunnelKeyFrom(netip.PrefixFrom(node, node.BitLen()))
+	var (
+		ik lbmap.TunnelKey
+		iv lbmap.TunnelValue
+	)
+	it := n.tc.NsTunnel.Iterate()
+	for it.Next(&ik, &iv) {
+		if ik != self && iv.NodeAddr == v.NodeAddr {
+			return nil // another pod CIDR of the same node
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("iterate %s: %w", lbmap.TunnelMapName, err)
+	}
+	if err := n.tc.NsTunnel.Delete(&self); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete from %s: node %s: %w", lbmap.TunnelMapName, node, err)
 	}
 	return nil
 }

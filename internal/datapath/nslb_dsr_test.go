@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"errors"
 	"net/netip"
 	"testing"
 
@@ -128,6 +129,12 @@ func TestPrivilegedNorthSouthDSRBackend(t *testing.T) {
 				reply.With(func(p *bpftest.Packet) { p.Src = tc.inner.Dst }))
 		}
 
+		// A tunnelled packet from an address that is no node is not
+		// decapsulated: it goes to the stack untouched.
+		foreign := bpftest.Encap{Src: netip.MustParseAddr("198.18.0.99"), Dst: ipNode,
+			Inner: tcpSyn(client(49011), netip.AddrPortFrom(ipNode2, 30080))}
+		runPacket(t, kind, prog, "IPIP from no node", foreign, vPass, foreign)
+
 		// A tunnelled packet for no service here is dropped.
 		stray := bpftest.Encap{Src: ipNode2, Dst: ipNode, Inner: tcpSyn(client(49010), netip.AddrPortFrom(ipNode2, 22))}
 		res, err := bpftest.Run(prog, bpftest.Must(stray))
@@ -207,4 +214,34 @@ func TestPrivilegedNorthSouthDSRTooBig(t *testing.T) {
 			t.Errorf("IPv4 without DF, too big: verdict %s, want %s", got, vDrop)
 		}
 	})
+}
+
+// A node stays known (accepted as a tunnel source) while any of its pod
+// CIDRs is recorded, and is forgotten with the last one.
+func TestPrivilegedNorthSouthTunnelNodes(t *testing.T) {
+	n := newNorthSouth(t)
+	a, b := netip.MustParsePrefix("198.18.2.0/24"), netip.MustParsePrefix("198.18.102.0/24")
+	self := lbmap.TunnelKeyFrom(netip.PrefixFrom(ipNode2, 32))
+	known := func() bool {
+		var v lbmap.TunnelValue
+		err := n.tc.NsTunnel.Lookup(&self, &v)
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			t.Fatal(err)
+		}
+		return err == nil && v.NodeAddr.NetIP() == ipNode2
+	}
+	must(t, n.SetTunnel(a, ipNode2))
+	must(t, n.SetTunnel(b, ipNode2))
+	if !known() {
+		t.Fatalf("after SetTunnel: node %s not recorded", ipNode2)
+	}
+	must(t, n.DeleteTunnel(a))
+	if !known() {
+		t.Errorf("after deleting %s: node %s forgotten while %s still points at it", a, ipNode2, b)
+	}
+	must(t, n.DeleteTunnel(b))
+	if known() {
+		t.Errorf("after deleting its last pod CIDR: node %s still recorded", ipNode2)
+	}
+	must(t, n.DeleteTunnel(b)) // missing: fine
 }
