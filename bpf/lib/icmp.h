@@ -183,4 +183,48 @@ static __always_inline int icmp_rev_snat(struct __ctx_buff *ctx, struct ns_pkt *
 	return icmp_rev_dnat(ctx, p, e) > 0 ? 1 : -1;
 }
 
+/* icmp_to_backend translates an error from the client's side about a
+ * reply this node translated (quoted: frontend -> client) for the backend
+ * that sent the reply: the quoted source becomes the backend; for a
+ * masqueraded flow the quoted destination becomes node:nat port and the
+ * outer source the node, as the backend knows the flow. The outer
+ * destination becomes the backend. A path MTU drop between client and
+ * node thus reaches the backend whose replies are too big. Replies of DSR
+ * flows never pass here. Returns 1 with *local set when the flow is known,
+ * 0 when not, < 0 on error. */
+static __always_inline int icmp_to_backend(struct __ctx_buff *ctx, struct ns_pkt *p,
+					   struct icmp_err *e, bool *local)
+{
+	struct ns_pkt *q = &e->inner;
+	union lb_addr addr __align_stack_8;
+	struct ct_tuple t __align_stack_8;
+	struct ct_entry *ce;
+	struct nat_entry *n;
+	__be16 port;
+
+	ct_tuple_set(&t, &q->daddr, &q->saddr, q->dport, q->sport, q->proto, CT_DIR_SERVICE);
+	ce = bpf_map_lookup_elem(&ct, &t);
+	if (!ce || (ce->flags & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
+		return 0;
+	*local = ce->flags & CT_F_LOCAL;
+	__builtin_memcpy(addr.b, ce->nat_addr, sizeof(addr.b));
+	port = ce->nat_port;
+	/* The client-side tuple of the masquerading, before the quote changes. */
+	ct_tuple_set(&t, &q->daddr, &addr, q->dport, port, q->proto, NAT_DIR_EGRESS);
+	if (icmp_rewrite_inner(ctx, e, false, &addr, port) ||
+	    pkt_rewrite_addr(ctx, p, true, &addr))
+		return -1;
+	if (*local)
+		return 1;
+	n = bpf_map_lookup_elem(&snat, &t);
+	if (!n)
+		return -1;
+	__builtin_memcpy(addr.b, n->to_addr, sizeof(addr.b));
+	port = n->to_port;
+	if (icmp_rewrite_inner(ctx, e, true, &addr, port) ||
+	    pkt_rewrite_addr(ctx, p, false, &addr))
+		return -1;
+	return 1;
+}
+
 #endif /* __SLUICE_ICMP_H */

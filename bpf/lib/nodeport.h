@@ -467,21 +467,26 @@ static __always_inline int nodeport_dsr_backend(struct __ctx_buff *ctx, struct n
 	return nodeport_lb(ctx, p, cfg, &lb_node);
 }
 
-/* nodeport_icmp_ingress translates an ICMP error from a remote backend's
- * side about a masqueraded flow and sends it to the client. */
+/* nodeport_icmp_ingress translates an ICMP error about a tracked flow:
+ * from a remote backend's side about a masqueraded flow, for the client;
+ * from the client's side about a reply, for the backend. */
 static __always_inline int nodeport_icmp_ingress(struct __ctx_buff *ctx, struct ns_pkt *p)
 {
+	bool local = false;
 	struct icmp_err e;
-	int ret;
+	int ret = 0;
 
-	if (!lb_is_node_addr(&p->daddr) || icmp_parse_error(ctx, p, &e) != PARSE_OK)
+	if (icmp_parse_error(ctx, p, &e) != PARSE_OK)
 		return CTX_ACT_OK;
-	ret = icmp_rev_snat(ctx, p, &e);
+	if (lb_is_node_addr(&p->daddr))
+		ret = icmp_rev_snat(ctx, p, &e);
+	if (ret == 0)
+		ret = icmp_to_backend(ctx, p, &e, &local);
 	if (ret == 0)
 		return CTX_ACT_OK;
 	if (ret < 0)
 		return CTX_ACT_DROP;
-	return ns_forward(ctx, p, FWD_ROUTE);
+	return ns_forward(ctx, p, local ? FWD_LOCAL : FWD_ROUTE);
 }
 
 /* nodeport_ingress runs on every packet entering an external device. */

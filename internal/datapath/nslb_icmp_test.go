@@ -111,3 +111,67 @@ func TestPrivilegedNorthSouthICMPFromLocalBackend(t *testing.T) {
 		}
 	})
 }
+
+// ICMP errors from the client's side about a reply (quoted: frontend ->
+// client, as the client got it) reach the backend that sent the reply as an
+// error about the packet it sent: the quoted source becomes the backend;
+// for a masqueraded flow the quoted destination becomes node:nat port and
+// the error comes from the node. Path MTU drops towards the client thus
+// reach the backend.
+func TestPrivilegedNorthSouthICMPFromClientSide(t *testing.T) {
+	router := netip.MustParseAddr("198.18.0.1")
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		for _, tc := range []struct {
+			name    string
+			flow    bpftest.Packet // from the client
+			backend netip.AddrPort
+			snat    netip.Addr // the node when the flow is masqueraded
+			from    netip.Addr // sender of the error
+			typ     uint8
+			code    uint8
+			mtu     uint16
+			quoteL4 int
+		}{
+			{
+				name: "fragmentation needed from a router, remote TCP backend (SNAT)",
+				flow: tcpSyn(client(46100), apLBTCP), backend: apRemote, snat: ipNode, from: router,
+				typ: bpftest.ICMPDestUnreach, code: bpftest.ICMPFragNeeded, mtu: 1400, quoteL4: 8,
+			},
+			{
+				name: "port unreachable from the client, local UDP backend (DNAT)",
+				flow: udpPkt(client(46101), apExtIP), backend: apLocal, from: client(0).Addr(),
+				typ: bpftest.ICMPDestUnreach, code: bpftest.ICMPPortUnreach,
+			},
+			{
+				name: "IPv6 packet too big from the client, remote TCP backend (SNAT)",
+				flow: tcpSyn(client6(46102), apLBTCP6), backend: apRemote6, snat: ipNode6, from: client6(0).Addr(),
+				typ: bpftest.ICMPv6PacketTooBig, mtu: 1280,
+			},
+		} {
+			if _, err := bpftest.Run(prog, tc.flow.MustBytes()); err != nil {
+				t.Fatal(err)
+			}
+			// The reply as the client got it, and as the backend sent it.
+			got := bpftest.Packet{Src: tc.flow.Dst, Dst: tc.flow.Src, Proto: tc.flow.Proto}
+			sent := got.With(func(p *bpftest.Packet) { p.Src = tc.backend })
+			if tc.flow.Proto == bpftest.TCP {
+				got.Flags, sent.Flags = bpftest.SYN|bpftest.ACK, bpftest.SYN|bpftest.ACK
+			}
+			if tc.snat.IsValid() {
+				port := natPort(t, n, tc.flow.Src, tc.backend, tc.flow.Proto)
+				sent.Dst = netip.AddrPortFrom(tc.snat, port)
+			}
+			in := bpftest.ICMPError{
+				Src: tc.from, Dst: tc.flow.Dst.Addr(), Type: tc.typ, Code: tc.code, MTU: tc.mtu,
+				Quote: got, QuoteL4: tc.quoteL4,
+			}
+			want := in.With(func(e *bpftest.ICMPError) {
+				e.Dst, e.Quote = tc.backend.Addr(), sent
+				if tc.snat.IsValid() {
+					e.Src = tc.snat
+				}
+			})
+			runPacket(t, kind, prog, tc.name, in, vPass, want)
+		}
+	})
+}
