@@ -8,6 +8,14 @@ cd "$(dirname "$0")/.."
 ./scripts/build.sh
 export GOTOOLCHAIN=auto
 
+# The real control plane for the tests that need one: etcd from Debian,
+# kube-apiserver and kube-proxy built from the k8s.io/kubernetes module
+# (about 7 minutes the first time, then cached under /var/cache/sluice).
+echo "==> etcd, kube-apiserver and kube-proxy"
+./scripts/etcd.sh >/dev/null
+SLUICE_K8S_BIN_DIR=$(./scripts/k8s-build.sh | tail -n 1)
+export SLUICE_K8S_BIN_DIR
+
 echo "==> generated BPF objects match the sources"
 ./scripts/check-generate.sh
 
