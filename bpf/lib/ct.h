@@ -158,13 +158,15 @@ static __always_inline int ct_create_flow(const struct ns_config *cfg,
 	if (err || (kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
 		return err;
 
-	/* The ingress entry counts replies only (rx_*). */
+	/* The ingress entry counts replies only (rx_*). A hairpin flow
+	 * reaches the backend from the frontend's address: its replies go
+	 * there. */
 	e->packets = 0;
 	e->bytes = 0;
 	__builtin_memcpy(e->nat_addr, p->daddr.b, sizeof(e->nat_addr));
 	e->nat_port = p->dport;
-	ct_tuple_set(t, &p->saddr, be_addr, p->sport, be_port, p->proto,
-		     CT_DIR_INGRESS);
+	ct_tuple_set(t, (kind & CT_F_HAIRPIN) ? &p->daddr : &p->saddr, be_addr, p->sport,
+		     be_port, p->proto, CT_DIR_INGRESS);
 	return bpf_map_update_elem(&ct, t, e, BPF_ANY);
 }
 

@@ -28,6 +28,8 @@
 #define CT_F_LOCAL       (1 << 4) /* backend on this node: DNAT only */
 #define CT_F_SNAT        (1 << 5) /* remote backend reached through SNAT */
 #define CT_F_DSR         (1 << 6) /* remote backend reached through DSR */
+#define CT_F_HAIRPIN     (1 << 7) /* per-packet LB: a pod to its own Service, its
+				   * source rewritten to the frontend */
 
 /* ns_config.mode, --lb-mode. */
 #define NS_MODE_SNAT   0

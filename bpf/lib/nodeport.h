@@ -45,6 +45,9 @@
 #define ns_svc_served(svc) ((svc)->flags & NS_SVC_FLAGS)
 #endif /* SLUICE_POD_LB */
 
+/* The CT flags that say how a flow is translated. */
+#define NS_KIND_FLAGS (CT_F_LOCAL | CT_F_SNAT | CT_F_DSR | CT_F_HAIRPIN)
+
 #define TTL_OFF      offsetof(struct iphdr, ttl)
 #define HOPLIMIT_OFF offsetof(struct ipv6hdr, hop_limit)
 
@@ -315,6 +318,28 @@ static __always_inline struct ct_entry *ns_established(const struct ns_pkt *p, _
 	return *n ? e : NULL;
 }
 
+#ifdef SLUICE_POD_LB
+/* ns_hairpin_reply handles a pod's reply to a hairpin flow (pod:backend
+ * port -> frontend:client port): it becomes frontend:port -> pod:client
+ * port and goes back into the pod. It returns -1 when p is no such reply. */
+static __always_inline int ns_hairpin_reply(struct __ctx_buff *ctx, struct ns_pkt *p,
+					    const struct ns_config *cfg, __u32 now)
+{
+	union lb_addr fe __align_stack_8;
+	union lb_addr pod = p->saddr;
+	struct ct_entry *e = ct_lookup_reply(p);
+
+	if (!e || !(e->flags & CT_F_HAIRPIN))
+		return -1;
+	ct_update(e, cfg, p, ctx_len(ctx), now, true);
+	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
+	if (pkt_rewrite(ctx, p, false, &fe, e->nat_port) ||
+	    pkt_rewrite_addr(ctx, p, true, &pod))
+		return CTX_ACT_DROP;
+	return ns_forward(ctx, p, FWD_LOCAL);
+}
+#endif /* SLUICE_POD_LB */
+
 /* nodeport_lb load-balances a packet to a frontend served here. tunnel is
  * NULL, or on a DSR backend node the LB node that sent the packet: then
  * only local backends are used, and a frontend equal to tunnel is a
@@ -342,12 +367,16 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		e = ns_established(p, now, &n);
 		if (e) {
 			ct_update(e, cfg, p, len, now, false);
-			kind = e->flags & (CT_F_LOCAL | CT_F_SNAT | CT_F_DSR);
+			kind = e->flags & NS_KIND_FLAGS;
 			__builtin_memcpy(be_addr.b, e->nat_addr, sizeof(be_addr.b));
 			be_port = e->nat_port;
 			goto translate;
 		}
-#ifndef SLUICE_POD_LB
+#ifdef SLUICE_POD_LB
+		ret = ns_hairpin_reply(ctx, p, cfg, now);
+		if (ret >= 0)
+			return ret;
+#else
 		/* A reply to a nat port: it has no service entry, as nat
 		 * ports lie outside the NodePort range. */
 		if (lb_is_node_addr(&p->daddr)) {
@@ -382,7 +411,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	}
 	if (e && !ct_is_new_syn(e, p->proto, p->tcp_flags, now)) {
 		backend_id = e->backend_id;
-		kind = e->flags & (CT_F_LOCAL | CT_F_SNAT | CT_F_DSR);
+		kind = e->flags & NS_KIND_FLAGS;
 		be = bpf_map_lookup_elem(&lb_backends, &backend_id);
 		if (be)
 			ct_update(e, cfg, p, len, now, false);
@@ -410,8 +439,13 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		be_port = be->port;
 #ifdef SLUICE_POD_LB
 		/* Never SNAT: DNAT only, redirect_peer to a local pod and the
-		 * stack to anything else, replies reverse-DNATed via CT. */
+		 * stack to anything else, replies reverse-DNATed via CT. But a
+		 * pod that reaches itself would get a packet from its own
+		 * address, which it drops: hairpin flows come from the
+		 * frontend instead. */
 		kind = CT_F_LOCAL;
+		if (addr_equal(&p->saddr, be_addr.b))
+			kind |= CT_F_HAIRPIN;
 #else
 		if (tunnel)
 			kind = CT_F_LOCAL | CT_F_DSR;
@@ -439,6 +473,10 @@ translate:
 	frontend = p->daddr;
 	if (pkt_rewrite(ctx, p, true, &be_addr, be_port))
 		return CTX_ACT_DROP;
+#ifdef SLUICE_POD_LB
+	if ((kind & CT_F_HAIRPIN) && pkt_rewrite_addr(ctx, p, false, &frontend))
+		return CTX_ACT_DROP;
+#endif /* SLUICE_POD_LB */
 	if (kind & CT_F_LOCAL)
 		return ns_forward(ctx, p, FWD_LOCAL);
 	if (n) {

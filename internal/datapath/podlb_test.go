@@ -157,6 +157,21 @@ func TestPrivilegedPodLBTranslation(t *testing.T) {
 			runPacket(t, podKind, p.ToPod(), tc.name+": reply, reverse DNAT", reply, vPass, back)
 		}
 
+		// Hairpin: the local backend's own pod reaches its Service. It
+		// gets the packet from the frontend (its own address as source
+		// would be dropped), and its reply, sent to the frontend, comes
+		// back to it from the frontend.
+		hp := tcpSyn(netip.AddrPortFrom(apLocal.Addr(), 43200), apCluster)
+		runPacket(t, podKind, p.FromPod(), "hairpin: DNAT, source to the frontend", hp, vPass,
+			hp.With(func(p *bpftest.Packet) { p.Src, p.Dst = netip.AddrPortFrom(apCluster.Addr(), 43200), apLocal }))
+		if e, ok := ctEntry(t, n, hp.Src, hp.Dst, hp.Proto, lbmap.CTDirService); !ok || e.Flags&lbmap.CTFlagHairpin == 0 {
+			t.Errorf("hairpin (%s): ct service entry %v flags %s, want HAIRPIN", hp, ok, lbmap.CTFlagsString(e.Flags))
+		}
+		hpReply := bpftest.Packet{Src: apLocal, Dst: netip.AddrPortFrom(apCluster.Addr(), 43200), Proto: bpftest.TCP,
+			Flags: bpftest.SYN | bpftest.ACK}
+		runPacket(t, podKind, p.FromPod(), "hairpin: the pod's reply comes back from the frontend", hpReply, vPass,
+			hpReply.With(func(p *bpftest.Packet) { p.Src, p.Dst = apCluster, hp.Src }))
+
 		for _, tc := range []struct {
 			name string
 			prog string

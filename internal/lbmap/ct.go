@@ -34,6 +34,7 @@ const (
 	CTFlagLocal       uint16 = 1 << 4
 	CTFlagSNAT        uint16 = 1 << 5
 	CTFlagDSR         uint16 = 1 << 6
+	CTFlagHairpin     uint16 = 1 << 7 // per-packet LB: a pod to its own Service
 )
 
 // Load balancing modes for remote backends (NS_MODE_*), --lb-mode.
@@ -115,6 +116,7 @@ func CTFlagsString(f uint16) string {
 	}{
 		{CTFlagSYN, "SYN"}, {CTFlagEstablished, "ESTABLISHED"}, {CTFlagClosing, "CLOSING"},
 		{CTFlagSeenReply, "SEEN_REPLY"}, {CTFlagLocal, "LOCAL"}, {CTFlagSNAT, "SNAT"}, {CTFlagDSR, "DSR"},
+		{CTFlagHairpin, "HAIRPIN"},
 	}
 	var out []string
 	for _, n := range names {
