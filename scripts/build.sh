@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds sluice and sluice-agent into ./bin.
+# Builds sluice, sluice-agent and sluice-dns-autoscaler into ./bin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export GOTOOLCHAIN=auto

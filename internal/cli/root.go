@@ -18,5 +18,6 @@ func NewRoot() *cobra.Command {
 	root.AddCommand(agentCommands()...) // status, service, bpf: agent.go
 	root.AddCommand(lab.NewCommand())   // lab: internal/lab
 	root.AddCommand(benchCommand())
+	root.AddCommand(dnsCommand())
 	return root
 }
