@@ -15,12 +15,14 @@ echo "==> etcd, kube-apiserver and kube-proxy"
 ./scripts/etcd.sh >/dev/null
 SLUICE_K8S_BIN_DIR=$(./scripts/k8s-build.sh | tail -n 1)
 export SLUICE_K8S_BIN_DIR
+echo "==> helm (the deploy/ tests lint and render the charts with it; built once, cached)"
+./scripts/helm-build.sh >/dev/null
 
 echo "==> generated BPF objects match the sources"
 ./scripts/check-generate.sh
 
 echo "==> gofmt"
-bad=$(gofmt -l cmd internal)
+bad=$(gofmt -l cmd internal deploy test)
 if [ -n "$bad" ]; then
 	echo "gofmt needed on:"; echo "$bad"; exit 1
 fi

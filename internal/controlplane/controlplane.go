@@ -278,6 +278,9 @@ func (c *ControlPlane) start(ctx context.Context, o Options, bin, etcdBin string
 		"--cert-dir="+filepath.Join(dir, "certs"),
 		"--token-auth-file="+filepath.Join(dir, tokensFile),
 		"--authorization-mode=RBAC",
+		// As every cluster that runs kube-proxy (a privileged DaemonSet);
+		// deploy/'s dry runs include the chart's privileged bpffs mounter.
+		"--allow-privileged=true",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+filepath.Join(dir, saPubFile),
 		"--service-account-signing-key-file="+filepath.Join(dir, saKeyFile),

@@ -1,0 +1,33 @@
+# sluice's image: sluice-agent (the DaemonSet's entrypoint), the sluice CLI
+# and the other binaries of ./cmd, on Debian slim.
+#
+#   docker build -t REGISTRY/sluice:TAG .
+#
+# deploy/charts/sluice runs it (image.repository, image.tag). The BPF objects
+# are compiled from bpf/ here with clang-19, as `go generate` does in a
+# checkout; scripts/check-generate.sh keeps the committed ones equal to them.
+# linux/amd64 only: the generate directives include the x86_64 headers.
+
+ARG GO_VERSION=1.26
+ARG DEBIAN=bookworm
+
+FROM golang:${GO_VERSION}-${DEBIAN} AS build
+RUN apt-get update \
+	&& apt-get install -y --no-install-recommends clang-19 llvm-19 libbpf-dev linux-libc-dev \
+	&& rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+# go.mod's go line names the exact toolchain; an older image fetches it.
+ENV GOTOOLCHAIN=auto
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+# Static binaries: nothing in the runtime image has to match the builder's libc.
+ENV CGO_ENABLED=0
+RUN go generate ./internal/datapath/... ./internal/bench/... \
+	&& ./scripts/build.sh
+
+FROM debian:${DEBIAN}-slim
+# The chart's bpffs init container needs only sh, stat and mount, which the
+# base image has.
+COPY --from=build /src/bin/ /usr/local/bin/
+ENTRYPOINT ["/usr/local/bin/sluice-agent"]

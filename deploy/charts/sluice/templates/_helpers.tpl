@@ -1,0 +1,96 @@
+{{/* Names and labels. */}}
+{{- define "sluice.name" -}}sluice{{- end }}
+
+{{- define "sluice.serviceAccountName" -}}
+{{- default "sluice" .Values.serviceAccount.name }}
+{{- end }}
+
+{{- define "sluice.selectorLabels" -}}
+app.kubernetes.io/name: sluice
+app.kubernetes.io/component: agent
+{{- end }}
+
+{{- define "sluice.labels" -}}
+{{ include "sluice.selectorLabels" . }}
+app.kubernetes.io/part-of: sluice
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+
+{{- define "sluice.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{- end }}
+{{- end }}
+
+{{/* host:port, with brackets around an IPv6 host. */}}
+{{- define "sluice.hostPort" -}}
+{{- $host := index . 0 -}}
+{{- if contains ":" $host -}}[{{ $host }}]:{{ index . 1 }}{{- else -}}{{ $host }}:{{ index . 1 }}{{- end }}
+{{- end }}
+
+{{/* Where the agent sees the host's cgroup v2 hierarchy. */}}
+{{- define "sluice.cgroupMountPath" -}}/host/sys/fs/cgroup{{- end }}
+{{/* Directory of the agent's API socket, on the host and in the pod. */}}
+{{- define "sluice.runDir" -}}/run/sluice{{- end }}
+
+{{/*
+Checks a JSON schema cannot express; each failure names the value.
+*/}}
+{{- define "sluice.validate" -}}
+{{- $n := int .Values.maglev.tableSize -}}
+{{- range $d := untilStep 2 363 1 -}}
+{{- if and (le (mul $d $d) $n) (eq (mod $n $d) 0) -}}
+{{- fail (printf "maglev.tableSize=%d: must be a prime from 251 to 131071 (it is divisible by %d)" $n $d) -}}
+{{- end -}}
+{{- end -}}
+{{- $r := splitList "-" .Values.nodePortRange -}}
+{{- $lo := int (first $r) -}}{{- $hi := int (last $r) -}}
+{{- if or (lt $lo 1) (gt $hi 65535) (gt $lo $hi) -}}
+{{- fail (printf "nodePortRange=%q: want MIN-MAX with ports 1 to 65535 and MIN <= MAX" .Values.nodePortRange) -}}
+{{- end -}}
+{{- if and .Values.metrics.enabled (eq (int .Values.metrics.port) (int .Values.healthz.port)) -}}
+{{- fail (printf "metrics.port=%d: the same port as healthz.port" (int .Values.metrics.port)) -}}
+{{- end -}}
+{{- if and (ne .Values.lbAcceleration "disabled") (not .Values.devices) -}}
+{{- fail (printf "lbAcceleration=%s: needs devices (XDP attaches to them)" .Values.lbAcceleration) -}}
+{{- end -}}
+{{- if and .Values.k8sServicePort (not .Values.k8sServiceHost) -}}
+{{- fail (printf "k8sServicePort=%v: set k8sServiceHost too" .Values.k8sServicePort) -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+The agent's settings: ConfigMap key = agent flag name. The DaemonSet turns
+each key into an environment variable (configMapKeyRef) and an argument
+--KEY=$(VAR), so the ConfigMap is the one place the settings live.
+*/}}
+{{- define "sluice.config" -}}
+allow-cgroup-root: {{ .Values.cgroup.allowRoot | quote }}
+bpf-ct-gc-interval: {{ .Values.bpf.ctGCInterval | quote }}
+bpf-ct-timeout-regular-any: {{ .Values.bpf.ctTimeout.any | quote }}
+bpf-ct-timeout-regular-tcp: {{ .Values.bpf.ctTimeout.tcp | quote }}
+bpf-ct-timeout-regular-tcp-fin: {{ .Values.bpf.ctTimeout.tcpFin | quote }}
+bpf-ct-timeout-regular-tcp-syn: {{ .Values.bpf.ctTimeout.tcpSyn | quote }}
+bpf-lb-maglev-hash-seed: {{ .Values.maglev.hashSeed | int64 | toString | quote }}
+bpf-lb-maglev-table-size: {{ .Values.maglev.tableSize | int64 | toString | quote }}
+bpf-lb-map-max: {{ .Values.bpf.lbMapMax | int64 | toString | quote }}
+bpf-root: {{ .Values.bpf.root | quote }}
+cgroup-root: {{ include "sluice.cgroupMountPath" . | quote }}
+devices: {{ join "," .Values.devices | quote }}
+healthz-bind-address: {{ include "sluice.hostPort" (list .Values.healthz.bindAddress .Values.healthz.port) | quote }}
+lb-acceleration: {{ .Values.lbAcceleration | quote }}
+lb-algorithm: {{ .Values.lbAlgorithm | quote }}
+lb-mode: {{ .Values.lbMode | quote }}
+log-level: {{ .Values.logLevel | quote }}
+metrics-addr: {{ if .Values.metrics.enabled }}{{ include "sluice.hostPort" (list .Values.metrics.bindAddress .Values.metrics.port) | quote }}{{ else }}""{{ end }}
+node-port-range: {{ .Values.nodePortRange | quote }}
+socket-lb: {{ .Values.socketLB | quote }}
+sync-period: {{ .Values.syncPeriod | quote }}
+sync-period-min: {{ .Values.syncPeriodMin | quote }}
+unload-on-exit: {{ .Values.unloadOnExit | quote }}
+{{- end }}
+
+{{/* SLUICE_LB_MODE for lb-mode. */}}
+{{- define "sluice.envName" -}}SLUICE_{{ . | upper | replace "-" "_" }}{{- end }}
