@@ -178,3 +178,32 @@ func TestPrivilegedKernelFullMap(t *testing.T) {
 		t.Errorf("update of an existing key in a full map: %v", err)
 	}
 }
+
+// A dump larger than one batch returns every entry once.
+func TestPrivilegedKernelDumpBatches(t *testing.T) {
+	probetest.SkipUnless(t)
+	const n = 10_000 // between two and three batches
+	k := newKernel(t, n)
+	want := map[lbmap.ServiceKey]lbmap.ServiceValue{}
+	for i := range n {
+		sk := lbmap.ServiceKey{Addr: lbmap.AddrFrom(netip.AddrFrom4([4]byte{198, 19, byte(i >> 8), byte(i)})),
+			Port: lbmap.PortFrom(80), Proto: 6, Scope: lbmap.ScopeInternal}
+		sv := lbmap.ServiceValue{BackendID: uint32(i + 1), Count: 1, RevNatID: uint16(i + 1)}
+		if err := k.UpdateService(sk, sv); err != nil {
+			t.Fatalf("UpdateService %d: %v", i, err)
+		}
+		want[sk] = sv
+	}
+	got, err := k.Services()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("Services() returned %d entries, want %d", len(got), len(want))
+	}
+	for sk, sv := range want {
+		if got[sk] != sv {
+			t.Fatalf("Services()[%+v] = %+v, want %+v", sk, got[sk], sv)
+		}
+	}
+}
