@@ -45,6 +45,7 @@ const healthzRetry = 5 * time.Second
 // written, the first sync completes from a full view of the cluster, and
 // only then are the programs attached.
 func Run(ctx context.Context, cfg Config) (err error) {
+	started := time.Now() // a cold start is timed from here
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -59,10 +60,33 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	for _, f := range features {
 		log.Debug("kernel feature", "name", f.Name, "available", f.Available, "detail", f.Detail)
 	}
+	// The initial list runs while the programs load and the reconciler
+	// restores its state from the pinned maps: the tracker only records,
+	// and nothing is written before both are done. At 10,000 Services the
+	// list takes about as long as the load.
+	pl, err := newTrackerPipeline(&cfg)
+	if err != nil {
+		return err
+	}
+	a := newAgent(&cfg, log, src, nil, pl, features)
+	a.started = started
+	ctx, cancel := context.WithCancel(ctx)
+	defer a.srcWG.Wait() // after cancel: deferred calls run last-in first-out
+	defer cancel()
+	synced, _ := a.startSource(ctx)
+	a.srcWG.Go(func() {
+		select {
+		case <-synced:
+			pl.prepare() // translate the list meanwhile too
+		case <-ctx.Done():
+		}
+	})
+
 	dp, err := openDataplane(&cfg)
 	if err != nil {
 		return err
 	}
+	log.Info("programs loaded", "sinceStart", time.Since(started))
 	defer func() {
 		// The programs stay attached through their pinned links and the
 		// maps stay pinned, unless --unload-on-exit.
@@ -70,10 +94,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			err = errors.Join(err, fmt.Errorf("close dataplane: %w", cerr))
 		}
 	}()
-	pl, err := newModelPipeline(dp.Maps(), &cfg)
-	if err != nil {
+	if err := pl.openMaps(dp.Maps()); err != nil {
 		return err
 	}
+	log.Info("state restored from the maps", "sinceStart", time.Since(started))
 	cookie, err := netnsCookie()
 	if err != nil {
 		return fmt.Errorf("host network namespace cookie: %w", err)
@@ -81,7 +105,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err := dp.SetConfig(lbmap.Config{HostNetnsCookie: cookie}); err != nil {
 		return fmt.Errorf("write lb_config: %w", err)
 	}
-	return newAgent(&cfg, log, src, dp, pl, features).run(ctx)
+	a.dp = dp
+	return a.run(ctx)
 }
 
 func newSource(cfg *Config, log *slog.Logger) (Source, error) {
@@ -115,8 +140,20 @@ type Agent struct {
 	// trigger wakes the sync loop; one pending wake-up is enough.
 	trigger chan struct{}
 
-	mu           sync.Mutex
-	firstChange  time.Time // arrival of the oldest change not yet in the maps
+	// The source runs from startSource on, possibly before the dataplane
+	// is loaded.
+	srcOnce   sync.Once
+	srcWG     sync.WaitGroup
+	srcSynced chan struct{}
+	srcDone   chan error
+
+	mu          sync.Mutex
+	firstChange time.Time // arrival of the oldest change not yet in the maps
+	// triggers are the last-change-trigger-times of the EndpointSlice
+	// changes not yet in the maps, as kube-proxy's change tracker keeps them.
+	triggers     []time.Time
+	listedAt     time.Time // end of the source's initial list
+	initialSync  bool      // everything listed has been in the maps once
 	sum          summary
 	sync         api.SyncState
 	attachPoints []api.AttachPoint
@@ -130,15 +167,16 @@ func newAgent(cfg *Config, log *slog.Logger, src Source, dp dataplane, pl pipeli
 	// kube-proxy's timeout: two sync periods, since a full sync runs every
 	// period even when nothing changes.
 	ph := healthcheck.NewProxierHealth(2*cfg.SyncPeriod, nil)
-	return &Agent{
+	a := &Agent{
 		cfg: cfg, log: log, src: src, dp: dp, pl: pl, features: features,
-		metrics:     newMetrics(src, dp),
 		started:     time.Now(),
 		trigger:     make(chan struct{}, 1),
 		proxyHealth: ph,
 		hcServers:   healthcheck.NewServiceServer(healthcheck.ServiceServerOptions{ProxyHealthy: ph.IsHealthy, Log: log}),
 		healthz:     api.ProxierHealth{Address: cfg.HealthzAddr},
 	}
+	a.metrics = newMetrics(src, func() dataplane { return a.dp })
+	return a
 }
 
 func (a *Agent) run(ctx context.Context) error {
@@ -170,9 +208,8 @@ func (a *Agent) run(ctx context.Context) error {
 		wg.Go(func() { a.serveHealthz(ctx) })
 	}
 
-	synced := make(chan struct{})
-	srcDone := make(chan error, 1)
-	wg.Go(func() { srcDone <- a.src.Run(ctx, a, func() { close(synced) }) })
+	synced, srcDone := a.startSource(ctx)
+	defer a.srcWG.Wait()
 
 	a.log.Info("waiting for the initial list", "source", a.src.Status().Kind)
 	select {
@@ -208,6 +245,28 @@ func (a *Agent) run(ctx context.Context) error {
 		a.log.Warn("flags accepted but not implemented yet", "flags", ni)
 	}
 	return a.loop(ctx, srcDone, firstErr != nil)
+}
+
+// startSource starts the source once, feeding the agent until ctx is done;
+// later calls return the same channels. synced closes after the initial
+// list, srcDone receives the source's end.
+func (a *Agent) startSource(ctx context.Context) (synced <-chan struct{}, srcDone <-chan error) {
+	a.srcOnce.Do(func() {
+		s, done := make(chan struct{}), make(chan error, 1)
+		a.srcSynced, a.srcDone = s, done
+		a.srcWG.Go(func() {
+			done <- a.src.Run(ctx, a, func() {
+				now := time.Now()
+				a.mu.Lock()
+				a.listedAt = now
+				a.mu.Unlock()
+				a.metrics.initialList.Set(now.Sub(a.started).Seconds())
+				a.log.Info("initial list done", "sinceStart", now.Sub(a.started))
+				close(s)
+			})
+		})
+	})
+	return a.srcSynced, a.srcDone
 }
 
 // loop runs syncs on changes, at most one per --sync-period-min, plus a full
@@ -262,6 +321,9 @@ func (a *Agent) syncOnce(full bool) error {
 	a.mu.Lock()
 	first := a.firstChange
 	a.firstChange = time.Time{}
+	triggers := a.triggers
+	a.triggers = nil
+	listed := !a.listedAt.IsZero()
 	a.mu.Unlock()
 
 	start := time.Now()
@@ -292,12 +354,22 @@ func (a *Agent) syncOnce(full bool) error {
 		if !first.IsZero() && (a.firstChange.IsZero() || first.Before(a.firstChange)) {
 			a.firstChange = first
 		}
+		a.triggers = append(triggers, a.triggers...)
 		a.log.Error("sync failed; the next one is full", "full", full, "duration", dur, "err", err)
 		return err
 	}
 	a.sync.Error = ""
+	end := time.Now()
 	if !first.IsZero() {
-		a.metrics.programming.Observe(time.Since(first).Seconds())
+		a.metrics.changeToMap.Observe(end.Sub(first).Seconds())
+	}
+	for _, t := range triggers {
+		a.metrics.programming.Observe(end.Sub(t).Seconds())
+	}
+	if listed && !a.initialSync {
+		a.initialSync = true
+		a.metrics.initialSync.Set(end.Sub(a.started).Seconds())
+		a.log.Info("initial sync done", "sinceStart", end.Sub(a.started), "sync", dur, "services", sum.Services, "backends", sum.Backends)
 	}
 	a.log.Debug("synced", "full", full, "duration", dur, "services", sum.Services, "frontends", sum.Frontends)
 	return nil
@@ -310,6 +382,7 @@ func (a *Agent) changed() {
 		a.firstChange = time.Now()
 	}
 	a.mu.Unlock()
+	a.metrics.lastQueued.SetToCurrentTime()
 	a.proxyHealth.QueuedUpdate()
 	select {
 	case a.trigger <- struct{}{}:
@@ -325,8 +398,23 @@ func (a *Agent) OnServiceUpdate(prev, cur *corev1.Service) {
 	a.changed()
 }
 
+// maxTriggers bounds the trigger times kept while syncs fail.
+const maxTriggers = 100_000
+
 func (a *Agent) OnEndpointSliceUpdate(prev, cur *discoveryv1.EndpointSlice) {
 	a.pl.OnEndpointSliceUpdate(prev, cur)
+	// Recorded after the pipeline has the change, so that a sync that takes
+	// the time also takes the change. Like kube-proxy, only changes after
+	// the agent's start count: the initial list's are history.
+	if cur != nil {
+		if t := triggerTime(cur); t.After(a.started) {
+			a.mu.Lock()
+			if len(a.triggers) < maxTriggers {
+				a.triggers = append(a.triggers, t)
+			}
+			a.mu.Unlock()
+		}
+	}
 	a.changed()
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -157,6 +158,21 @@ var (
 	_ Source = (*KubeSource)(nil)
 	_ Source = (*ManifestSource)(nil)
 )
+
+// triggerTime is a slice's endpoints.kubernetes.io/last-change-trigger-time:
+// when the Pod or Service change behind this version happened. Zero when
+// absent or malformed, as kube-proxy treats it.
+func triggerTime(s *discoveryv1.EndpointSlice) time.Time {
+	v, ok := s.Annotations[corev1.EndpointsLastChangeTriggerTime]
+	if !ok {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
+}
 
 // Compile-time checks that the callbacks match the informers' types.
 var (

@@ -10,16 +10,15 @@ import (
 	"maps"
 	"net"
 	"net/netip"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/datapath"
-	"github.com/sluice-dataplane/sluice/internal/healthcheck"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 	"github.com/sluice-dataplane/sluice/internal/maglev"
@@ -441,9 +440,15 @@ func podVeths() (map[int]bool, error) {
 }
 
 // podIface is the veth a route to a local pod leaves by, 0 when the route
-// leaves by something else (the pod is reached another way).
+// leaves by something else (the pod is reached another way) or there is no
+// route at all: an endpoint whose pod is gone or not yet wired has no veth
+// to mark, and must not fail every sync (which would turn each into a full
+// one, retried every second).
 func podIface(a netip.Addr) (uint32, error) {
 	routes, err := netlink.RouteGet(a.AsSlice())
+	if errors.Is(err, unix.ENETUNREACH) || errors.Is(err, unix.EHOSTUNREACH) {
+		return 0, nil
+	}
 	if err != nil || len(routes) == 0 {
 		return 0, fmt.Errorf("route to local backend %s: %v", a, err)
 	}
@@ -510,26 +515,72 @@ type modelPipeline struct {
 	tunnels  map[netip.Prefix]netip.Addr // from the last sync that saw a node change
 	// remoteNodes are the other nodes' InternalIPs, from the same sync.
 	remoteNodes []netip.Addr
+	// sum follows the desired state Service by Service.
+	sum *summaryIndex
+
+	maglevTableSize uint32
+	maglevSeed      uint32
+
+	// prep is held while prepare translates the initial list; Sync waits
+	// for it.
+	prep     sync.Mutex
+	prepared bool
 }
 
+// prepare folds what the source has delivered into the desired state
+// ahead of the first Sync, while the programs load and the maps are
+// restored: translating 10,000 Services takes about 0.3 s. The first Sync
+// is full, so the changes it reports are not needed.
+func (p *modelPipeline) prepare() {
+	p.prep.Lock()
+	defer p.prep.Unlock()
+	p.Tracker.Sync()
+	p.prepared = true
+}
+
+// newModelPipeline returns the pipeline over the maps m.
 func newModelPipeline(m lbmap.Maps, cfg *Config) (pipeline, error) {
-	b, err := maglev.New(maglev.Config{TableSize: cfg.MaglevTableSize, Seed: cfg.MaglevSeed})
-	if err != nil {
-		return nil, fmt.Errorf("--bpf-lb-maglev-table-size=%d: %w", cfg.MaglevTableSize, err)
+	p, err := newTrackerPipeline(cfg)
+	if err == nil {
+		err = p.openMaps(m)
 	}
-	rec, err := reconciler.New(m, cfg.NodeName, reconciler.WithMaglev(b))
 	if err != nil {
-		return nil, fmt.Errorf("restore installed state from the maps: %w", err)
+		return nil, err
 	}
+	return p, nil
+}
+
+// newTrackerPipeline returns a pipeline that records changes but cannot
+// sync before openMaps: the source may list while the programs load.
+func newTrackerPipeline(cfg *Config) (*modelPipeline, error) {
 	alg, err := loadbalancer.ParseAlgorithm(cfg.LBAlgorithm)
 	if err != nil {
 		return nil, fmt.Errorf("--lb-algorithm: %w", err)
 	}
 	tr := loadbalancer.NewTracker(loadbalancer.Options{NodeName: cfg.NodeName, NodePortRange: cfg.nodePortRange, Algorithm: alg})
-	return &modelPipeline{Tracker: tr, rec: rec, nodeName: cfg.NodeName}, nil
+	return &modelPipeline{Tracker: tr, nodeName: cfg.NodeName, sum: newSummaryIndex(cfg.NodeName),
+		maglevTableSize: cfg.MaglevTableSize, maglevSeed: cfg.MaglevSeed}, nil
+}
+
+// openMaps restores the reconciler's state from the maps; Sync works from
+// then on. Called once, before the first Sync.
+func (p *modelPipeline) openMaps(m lbmap.Maps) error {
+	b, err := maglev.New(maglev.Config{TableSize: p.maglevTableSize, Seed: p.maglevSeed})
+	if err != nil {
+		return fmt.Errorf("--bpf-lb-maglev-table-size=%d: %w", p.maglevTableSize, err)
+	}
+	if p.rec, err = reconciler.New(m, p.nodeName, reconciler.WithMaglev(b)); err != nil {
+		return fmt.Errorf("restore installed state from the maps: %w", err)
+	}
+	return nil
 }
 
 func (p *modelPipeline) Sync(full bool) (summary, error) {
+	p.prep.Lock() // after prepare, if it runs
+	defer p.prep.Unlock()
+	if p.prepared {
+		full, p.prepared = true, false // what prepare took must reach the maps
+	}
 	st, changed, nodesChanged := p.Tracker.Sync()
 	if full {
 		changed, nodesChanged = nil, true
@@ -544,31 +595,8 @@ func (p *modelPipeline) Sync(full bool) (summary, error) {
 		}
 	}
 	err := p.rec.Apply(st, changed, nodesChanged)
-	return summarize(st, p.nodeName), err
-}
-
-// summarize counts the desired state for status and metrics and lists the
-// Services that need a health check server on nodeName.
-func summarize(st *loadbalancer.State, nodeName string) summary {
-	s := summary{ObjectErrors: maps.Clone(st.Errors), HealthChecks: healthcheck.LocalServices(st, nodeName)}
-	type be struct {
-		addr  string
-		proto loadbalancer.Proto
-	}
-	backends := map[be]bool{}
-	for _, lbs := range st.Services {
-		if len(lbs) > 0 {
-			s.Services++
-		}
-		s.Frontends += len(lbs)
-		for _, l := range lbs {
-			for _, b := range l.Backends {
-				backends[be{b.AddrPort().String(), b.Proto}] = true
-			}
-		}
-	}
-	s.Backends = len(backends)
-	return s
+	p.sum.update(st, changed)
+	return p.sum.summary(st), err
 }
 
 // Tunnels returns the DSR tunnels of the last sync: the other nodes' pod
@@ -578,18 +606,9 @@ func (p *modelPipeline) Tunnels() map[netip.Prefix]netip.Addr { return p.tunnels
 // RemoteNodes returns the other nodes' InternalIPs of the last sync.
 func (p *modelPipeline) RemoteNodes() []netip.Addr { return p.remoteNodes }
 
-// LocalBackends lists the addresses of the installed backends on this node.
-func (p *modelPipeline) LocalBackends() []netip.Addr {
-	seen := map[netip.Addr]bool{}
-	for _, s := range p.rec.Installed() {
-		for _, b := range append(s.Backends, s.InternalBackends...) {
-			if b.Local {
-				seen[b.Addr] = true
-			}
-		}
-	}
-	return slices.SortedFunc(maps.Keys(seen), netip.Addr.Compare)
-}
+// LocalBackends lists the addresses of this node's backends in the desired
+// state, which the last successful sync installed.
+func (p *modelPipeline) LocalBackends() []netip.Addr { return p.sum.localBackends() }
 
 func (p *modelPipeline) Installed() []api.Service {
 	var out []api.Service

@@ -53,7 +53,12 @@ func upCommand(prefix *string) *cobra.Command {
 	}
 	cmd.Flags().IntVar(&cfg.Nodes, "nodes", 2, "number of nodes")
 	cmd.Flags().IntVar(&cfg.PodsPerNode, "pods-per-node", 3, "echo pods per node")
-	cmd.Flags().StringVar(&cfg.Dataplane, "dataplane", DataplaneSluice, "sluice (an agent per node) or none")
+	cmd.Flags().StringVar(&cfg.Dataplane, "dataplane", DataplaneSluice,
+		"sluice (an agent per node), none, or the real kube-proxy per node: "+
+			"kube-proxy-iptables (legacy backend), kube-proxy-iptables-nft, kube-proxy-nftables, kube-proxy-ipvs")
+	cmd.Flags().StringVar(&cfg.ControlPlane, "control-plane", "",
+		"manifests (a YAML directory, the default for sluice and none) or real (etcd + kube-apiserver in a namespace on the fabric at 198.18.0.3; implied by kube-proxy-*)")
+	cmd.Flags().StringArrayVar(&cfg.KubeProxyArgs, "kube-proxy-arg", nil, "extra flag for every kube-proxy (repeatable)")
 	cmd.Flags().StringVar(&cfg.AgentBin, "agent-bin", "", "sluice-agent binary (default: next to this binary)")
 	cmd.Flags().StringVar(&cfg.LBMode, "lb-mode", LBModeSNAT, "agents' north-south mode on eth0: snat, dsr or hybrid")
 	cmd.Flags().StringVar(&cfg.LBAcceleration, "lb-acceleration", AccelerationBestEffort, "agents' XDP acceleration on eth0: disabled, native or best-effort")
@@ -140,7 +145,7 @@ func execCommand(prefix *string) *cobra.Command {
 
 func applyCommand(prefix *string, apply bool) *cobra.Command {
 	var file string
-	use, short := "apply", "Install Services and their generated EndpointSlices into the lab"
+	use, short := "apply", "Create or update Services and their generated EndpointSlices in the lab (manifests or apiserver)"
 	if !apply {
 		use, short = "delete", "Remove Services (and their EndpointSlices) from the lab"
 	}

@@ -13,11 +13,13 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/sluice-dataplane/sluice/internal/controlplane"
 	"github.com/sluice-dataplane/sluice/internal/datapath"
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -48,9 +50,16 @@ type Config struct {
 	Prefix      string
 	Nodes       int
 	PodsPerNode int
-	// Dataplane is DataplaneSluice (an agent per node, the default) or
-	// DataplaneNone (plain routing, no agent).
+	// Dataplane is DataplaneSluice (an agent per node, the default),
+	// DataplaneNone (plain routing, no agent) or one of the
+	// DataplaneKubeProxy* (the real kube-proxy per node, in that mode).
 	Dataplane string
+	// ControlPlane is ControlPlaneManifests (the default for sluice and
+	// none) or ControlPlaneReal (the default, and the only choice, for
+	// kube-proxy).
+	ControlPlane string
+	// KubeProxyArgs are extra flags for every kube-proxy, after the lab's.
+	KubeProxyArgs []string
 	// AgentBin is the sluice-agent binary; default: $SLUICE_BIN_DIR/sluice-agent,
 	// else sluice-agent next to this executable.
 	AgentBin string
@@ -83,12 +92,26 @@ func (c *Config) setDefaults() error {
 	if c.PodsPerNode < 0 || c.PodsPerNode > MaxPodsPerNode {
 		return fmt.Errorf("pods per node %d: want 0..%d", c.PodsPerNode, MaxPodsPerNode)
 	}
-	switch c.Dataplane {
-	case "":
+	if c.Dataplane == "" {
 		c.Dataplane = DataplaneSluice
-	case DataplaneSluice, DataplaneNone:
+	}
+	if !slices.Contains(Dataplanes, c.Dataplane) {
+		return fmt.Errorf("dataplane %q: want one of %s", c.Dataplane, strings.Join(Dataplanes, ", "))
+	}
+	switch c.ControlPlane {
+	case "":
+		c.ControlPlane = ControlPlaneManifests
+		if IsKubeProxy(c.Dataplane) {
+			c.ControlPlane = ControlPlaneReal
+		}
+	case ControlPlaneReal:
+	case ControlPlaneManifests:
+		if IsKubeProxy(c.Dataplane) {
+			return fmt.Errorf("control-plane %q with dataplane %s: kube-proxy needs an API server, use --control-plane %s",
+				c.ControlPlane, c.Dataplane, ControlPlaneReal)
+		}
 	default:
-		return fmt.Errorf("dataplane %q: want %s or %s", c.Dataplane, DataplaneSluice, DataplaneNone)
+		return fmt.Errorf("control-plane %q: want %s or %s", c.ControlPlane, ControlPlaneManifests, ControlPlaneReal)
 	}
 	switch c.LBMode {
 	case "":
@@ -130,6 +153,10 @@ func (c *Config) setDefaults() error {
 type State struct {
 	Prefix    string `json:"prefix"`
 	Dataplane string `json:"dataplane"`
+	// ControlPlane is ControlPlaneManifests or ControlPlaneReal; APIServer
+	// describes the latter.
+	ControlPlane string     `json:"controlPlane,omitempty"`
+	APIServer    *APIServer `json:"apiServer,omitempty"`
 	// LBMode and LBAcceleration are what the agents were told; each
 	// agent's status says what it could do.
 	LBMode         string `json:"lbMode,omitempty"`
@@ -162,7 +189,12 @@ type Node struct {
 	Endpoint
 	Index int    `json:"index"`
 	Agent *Agent `json:"agent,omitempty"`
-	Pods  []Pod  `json:"pods"`
+	// KubeProxy is the node's kube-proxy with a DataplaneKubeProxy*.
+	KubeProxy *KubeProxy `json:"kubeProxy,omitempty"`
+	// MetricsAddr is where the node's dataplane serves /metrics, inside
+	// the node's namespace ("" with DataplaneNone).
+	MetricsAddr string `json:"metricsAddr,omitempty"`
+	Pods        []Pod  `json:"pods"`
 }
 
 // Pod is one lab pod with its echo backend.
@@ -191,6 +223,7 @@ type Lab struct {
 	mu        sync.Mutex
 	cgroupFDs map[string]int  // cgroup dir → O_PATH fd for clone-into-cgroup
 	children  []chan struct{} // closed when a process started here is reaped
+	cp        *controlplane.ControlPlane
 }
 
 func (l *Lab) step(format string, args ...any) {
@@ -203,6 +236,19 @@ func (l *Lab) step(format string, args ...any) {
 func Up(ctx context.Context, cfg Config) (*Lab, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
+	}
+	// Before touching anything: a dataplane this machine cannot run, or
+	// binaries not built, fail at once.
+	if err := checkDataplane(cfg.Dataplane); err != nil {
+		return nil, err
+	}
+	if cfg.ControlPlane == ControlPlaneReal {
+		if _, err := controlplane.BinDir(); err != nil {
+			return nil, fmt.Errorf("control-plane %s: %w", ControlPlaneReal, err)
+		}
+		if _, err := controlplane.EtcdBin(); err != nil {
+			return nil, fmt.Errorf("control-plane %s: %w", ControlPlaneReal, err)
+		}
 	}
 	nm := newNames(cfg.Prefix)
 	l := &Lab{progress: cfg.Progress, cgroupFDs: map[string]int{}}
@@ -228,6 +274,7 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 	l.State = State{
 		Prefix:       nm.prefix,
 		Dataplane:    cfg.Dataplane,
+		ControlPlane: cfg.ControlPlane,
 		Exe:          cfg.Exe,
 		CgroupRoot:   filepath.Join(mount, nm.base),
 		RunDir:       nm.runDir(),
@@ -260,8 +307,12 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 		return err
 	}
 
-	l.step("creating %d network namespaces", 2+cfg.Nodes*(1+cfg.PodsPerNode))
+	real := cfg.ControlPlane == ControlPlaneReal
 	all := append([]string{l.FabricNetns, l.Client.Netns}, l.netnsNames()...)
+	if real {
+		all = append(all, nm.cpNetns())
+	}
+	l.step("creating %d network namespaces", len(all))
 	for _, ns := range all {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -280,7 +331,7 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 	}
 
 	l.step("wiring the fabric, %d nodes and %d pods (veth pairs, addresses, routes)", cfg.Nodes, cfg.Nodes*cfg.PodsPerNode)
-	for _, b := range topology(nm, cfg.Nodes, cfg.PodsPerNode) {
+	for _, b := range topology(nm, cfg.Nodes, cfg.PodsPerNode, real) {
 		if err := ipBatch(ctx, b.netns, b.cmds); err != nil {
 			return err
 		}
@@ -293,31 +344,56 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 	}
 
 	l.step("creating cgroups under %s", l.CgroupRoot)
+	cgroups := []string{}
 	for _, ep := range l.endpoints() {
-		if err := os.MkdirAll(ep.Cgroup, 0o755); err != nil {
+		cgroups = append(cgroups, ep.Cgroup)
+	}
+	if real {
+		cgroups = append(cgroups, filepath.Join(l.CgroupRoot, "controlplane"))
+	}
+	for _, dir := range cgroups {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("create cgroup: %w", err)
 		}
 	}
 
-	l.step("writing nodes and pods to %s", l.ManifestsDir)
-	if err := writeClusterObjects(l.ManifestsDir, l.nodeInfos(), l.podInfos()); err != nil {
-		return err
+	if real {
+		l.step("starting the control plane in netns %s at %s", nm.cpNetns(), ControlPlaneIPv4)
+		if err := l.startControlPlane(ctx, nm); err != nil {
+			return err
+		}
+		l.step("registering %d nodes and %d pods with the apiserver", cfg.Nodes, cfg.Nodes*cfg.PodsPerNode)
+		if err := l.registerCluster(ctx); err != nil {
+			return err
+		}
+	} else {
+		l.step("writing nodes and pods to %s", l.ManifestsDir)
+		if err := writeClusterObjects(l.ManifestsDir, l.nodeInfos(), l.podInfos()); err != nil {
+			return err
+		}
 	}
 
 	l.step("starting echo backends in %d pods", cfg.Nodes*cfg.PodsPerNode)
 	if err := l.startBackends(ctx); err != nil {
 		return err
 	}
-	if cfg.Dataplane == DataplaneSluice {
+	switch {
+	case cfg.Dataplane == DataplaneSluice:
 		l.step("starting sluice-agent on %d nodes (%s)", cfg.Nodes, cfg.AgentBin)
 		if err := l.startAgents(ctx, cfg); err != nil {
+			return err
+		}
+	case IsKubeProxy(cfg.Dataplane):
+		l.step("starting kube-proxy on %d nodes (%s)", cfg.Nodes, cfg.Dataplane)
+		if err := l.startKubeProxies(ctx, cfg); err != nil {
 			return err
 		}
 	}
 	if err := l.save(); err != nil {
 		return err
 	}
-	l.step("lab %s is up: %d nodes × %d pods, dataplane %s", nm.base, cfg.Nodes, cfg.PodsPerNode, cfg.Dataplane)
+	l.step("lab %s is up: %d nodes × %d pods, dataplane %s, control plane %s", nm.base, cfg.Nodes, cfg.PodsPerNode,
+		cfg.Dataplane, cfg.ControlPlane)
 	return ctx.Err()
 }
 
@@ -366,15 +442,13 @@ func (l *Lab) SetProgress(w io.Writer) {
 func (l *Lab) Down() error {
 	l.step("tearing down lab %s", newNames(l.Prefix).base)
 	// Agents first and gently: a clean agent shutdown detaches its programs.
-	var agents []int
-	for _, n := range l.Nodes {
-		if n.Agent != nil && n.Agent.PID > 0 {
-			agents = append(agents, n.Agent.PID)
-		}
+	stopGently(dataplanePids(l.Nodes), 5*time.Second)
+	var cpErr error
+	if l.cp != nil { // started here: Stop also reaps
+		cpErr = l.cp.Stop()
 	}
-	stopGently(agents, 5*time.Second)
 	l.Close()
-	err := Cleanup(l.Prefix)
+	err := errors.Join(cpErr, Cleanup(l.Prefix))
 	l.mu.Lock()
 	children := l.children
 	l.children = nil
@@ -386,6 +460,20 @@ func (l *Lab) Down() error {
 		}
 	}
 	return err
+}
+
+// dataplanePids are the live agents and kube-proxies of the nodes.
+func dataplanePids(nodes []Node) []int {
+	var pids []int
+	for _, n := range nodes {
+		if n.Agent != nil && n.Agent.PID > 0 && processAlive(n.Agent.PID) {
+			pids = append(pids, n.Agent.PID)
+		}
+		if n.KubeProxy != nil && n.KubeProxy.PID > 0 && processAlive(n.KubeProxy.PID) {
+			pids = append(pids, n.KubeProxy.PID)
+		}
+	}
+	return pids
 }
 
 // Close releases this process's handles on the lab without stopping it.
@@ -435,18 +523,16 @@ func Cleanup(prefix string) error {
 	nm := newNames(prefix)
 	var errs []error
 
-	// A crashed run's agents still deserve a clean detach.
+	// A crashed run's agents still deserve a clean detach, and its
+	// apiserver an orderly stop before etcd (clients first).
 	if data, err := os.ReadFile(nm.stateFile()); err == nil {
 		var st State
 		if json.Unmarshal(data, &st) == nil {
-			var agents []int
-			for _, n := range st.Nodes {
-				if n.Agent != nil && n.Agent.PID > 0 && processAlive(n.Agent.PID) {
-					agents = append(agents, n.Agent.PID)
-				}
-			}
-			stopGently(agents, 5*time.Second)
+			stopGently(dataplanePids(st.Nodes), 5*time.Second)
 		}
+	}
+	if err := stopControlPlane(nm.cpDir()); err != nil {
+		errs = append(errs, fmt.Errorf("stop control plane: %w", err))
 	}
 
 	nets, err := listNetns(nm.prefix)
@@ -585,15 +671,23 @@ func (l *Lab) Endpoint(target string) (Endpoint, bool) {
 	return Endpoint{}, false
 }
 
-// Apply installs Services (and EndpointSlices of selector-less Services) in
-// the manifests directory, with EndpointSlices generated for their selectors
-// over the lab's pods, as the EndpointSlice controller would.
+// Apply installs Services (and EndpointSlices of selector-less Services),
+// with EndpointSlices generated for their selectors over the lab's pods, as
+// the EndpointSlice controller would: into the manifests directory, or with
+// ControlPlaneReal created or updated through the apiserver.
 func (l *Lab) Apply(objs ...runtime.Object) error {
+	if l.ControlPlane == ControlPlaneReal {
+		return l.applyAPI(objs)
+	}
 	return applyObjects(l.ManifestsDir, l.podInfos(), objs)
 }
 
-// Delete removes Services (and their EndpointSlices) from the manifests.
+// Delete removes Services (and their EndpointSlices) from the manifests or
+// the apiserver.
 func (l *Lab) Delete(objs ...runtime.Object) error {
+	if l.ControlPlane == ControlPlaneReal {
+		return l.deleteAPI(objs)
+	}
 	return deleteObjects(l.ManifestsDir, objs)
 }
 

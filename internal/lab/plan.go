@@ -63,6 +63,14 @@ var (
 	ClientIPv6 = v6(0xfd00, 0x198, 0x18, 0, 0, 0, 0, 0x2)
 )
 
+// ControlPlaneIPv4 and ControlPlaneIPv6 are the fabric addresses of the
+// real control plane's namespace (--control-plane real); the apiserver
+// listens on the IPv4 one.
+var (
+	ControlPlaneIPv4 = netip.AddrFrom4([4]byte{198, 18, 0, 3})
+	ControlPlaneIPv6 = v6(0xfd00, 0x198, 0x18, 0, 0, 0, 0, 0x3)
+)
+
 // FabricPrefixV4 and FabricPrefixV6 are the node underlay subnets.
 var (
 	FabricPrefixV4 = netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 18, 0, 0}), 24)
@@ -128,6 +136,7 @@ func newNames(prefix string) names {
 
 func (n names) fabricNetns() string       { return n.prefix + "fabric" }
 func (n names) clientNetns() string       { return n.prefix + "client" }
+func (n names) cpNetns() string           { return n.prefix + "cp" }
 func (n names) nodeNetns(node int) string { return n.prefix + NodeName(node) }
 func (n names) podNetns(node, i int) string {
 	return fmt.Sprintf("%sn%d-pod%d", n.prefix, node, i)
@@ -135,6 +144,7 @@ func (n names) podNetns(node, i int) string {
 func (n names) runDir() string       { return "/run/" + n.base }
 func (n names) manifestsDir() string { return n.runDir() + "/manifests" }
 func (n names) stateFile() string    { return n.runDir() + "/state.json" }
+func (n names) cpDir() string        { return n.runDir() + "/controlplane" }
 func (n names) bpfRoot() string      { return "/sys/fs/bpf/" + n.base }
 
 // Interface names, each inside its own namespace so they need no prefix.
@@ -146,4 +156,7 @@ const (
 func fabricPortName(node int) string { return "n" + strconv.Itoa(node) }
 func podVethName(i int) string       { return "lxc" + strconv.Itoa(i) }
 
-const clientPortName = "client"
+const (
+	clientPortName = "client"
+	cpPortName     = "cp"
+)

@@ -69,7 +69,7 @@ func TestValidPrefix(t *testing.T) {
 
 func TestTopology(t *testing.T) {
 	nm := newNames("sluice-lt0000-")
-	batches := topology(nm, 2, 2)
+	batches := topology(nm, 2, 2, true)
 	byNS := map[string][]string{}
 	var order []string
 	for _, b := range batches {
@@ -88,6 +88,11 @@ func TestTopology(t *testing.T) {
 		"sluice-lt0000-fabric": {
 			"link add n1 type veth peer name eth0 netns sluice-lt0000-node1",
 			"link add client type veth peer name eth0 netns sluice-lt0000-client",
+			"link add cp type veth peer name eth0 netns sluice-lt0000-cp",
+		},
+		"sluice-lt0000-cp": {
+			"addr add 198.18.0.3/24 dev eth0",
+			"addr add fd00:198:18::3/64 dev eth0 nodad",
 		},
 		"sluice-lt0000-client": {
 			"addr add 198.18.0.2/24 dev eth0",
@@ -129,7 +134,14 @@ func TestTopology(t *testing.T) {
 			}
 		}
 	}
-	for _, name := range []string{"n1", "client", "lxc200", bridgeName, uplinkName} {
+	for _, b := range topology(nm, 2, 2, false) {
+		for _, c := range b.cmds {
+			if b.netns == "sluice-lt0000-cp" || strings.Contains(c, "netns sluice-lt0000-cp") {
+				t.Errorf("topology without a control plane wires its namespace: %s: %q", b.netns, c)
+			}
+		}
+	}
+	for _, name := range []string{"n1", "client", "cp", "lxc200", bridgeName, uplinkName} {
 		if len(name) > 15 {
 			t.Errorf("interface name %q longer than IFNAMSIZ-1", name)
 		}

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sluice-dataplane/sluice/internal/controlplane"
 )
 
 // Command returns a command that runs args in the target's network namespace
@@ -66,6 +68,13 @@ func (l *Lab) cgroupAttr(dir string) (*syscall.SysProcAttr, error) {
 // CLI's `up` returns while backends and agents keep running): own process
 // group, so a Ctrl-C in the terminal does not reach it, and output to log.
 func (l *Lab) startDaemon(target, log string, args ...string) (int, error) {
+	return l.startDaemonEnv(target, log, nil, args...)
+}
+
+// startDaemonEnv is startDaemon with env added to (or replacing entries of)
+// this process's environment.
+func (l *Lab) startDaemonEnv(target, log string, env []string, args ...string) (int, error) {
+	controlplane.CloseInheritedOnExec()
 	ep, ok := l.Endpoint(target)
 	if !ok {
 		return 0, fmt.Errorf("start %s: no such target", target)
@@ -83,6 +92,9 @@ func (l *Lab) startDaemon(target, log string, args ...string) (int, error) {
 	cmd := exec.Command("nsenter", append([]string{"--net=" + netnsPath(ep.Netns), "--"}, args...)...)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = attr
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...) // later entries win
+	}
 	if err := cmd.Start(); err != nil {
 		return 0, fmt.Errorf("start %s in %s: %w", filepath.Base(args[0]), target, err)
 	}
@@ -151,22 +163,28 @@ func (l *Lab) startAgents(ctx context.Context, cfg Config) error {
 		}
 		a := &Agent{Socket: filepath.Join(dir, "agent.sock"), Log: filepath.Join(dir, "agent.log"),
 			BPFRoot: filepath.Join(l.BPFRoot, n.Name)}
-		a.Args = append([]string{cfg.AgentBin,
-			"--node-name", n.Name,
-			"--manifests", l.ManifestsDir,
+		source := []string{"--manifests", l.ManifestsDir}
+		if l.ControlPlane == ControlPlaneReal {
+			source = []string{"--kubeconfig", l.APIServer.Kubeconfig}
+		}
+		a.Args = append(append([]string{cfg.AgentBin, "--node-name", n.Name}, source...),
 			"--cgroup-root", n.Cgroup,
 			"--bpf-root", a.BPFRoot,
 			"--api-socket", a.Socket,
 			"--devices", strings.Join(l.Devices, ","),
 			"--lb-mode", l.LBMode,
 			"--lb-acceleration", l.LBAcceleration,
-		}, cfg.AgentArgs...)
+			// Where kube-proxy serves its metrics too: one address per node.
+			"--metrics-addr", MetricsAddr,
+		)
+		a.Args = append(a.Args, cfg.AgentArgs...)
 		pid, err := l.startDaemon(n.Name, a.Log, a.Args...)
 		if err != nil {
 			return err
 		}
 		a.PID = pid
 		n.Agent = a
+		n.MetricsAddr = MetricsAddr
 		if err := l.save(); err != nil {
 			return err
 		}
@@ -183,13 +201,18 @@ func (l *Lab) startAgents(ctx context.Context, cfg Config) error {
 // RestartAgent stops node's agent with sig (SIGKILL: a crash; SIGTERM: a
 // rolling update), waits until it is gone, starts it again with the same
 // command line and waits for /healthz. The pins under its --bpf-root stay,
-// so the new agent finds the state the old one left.
+// so the new agent finds the state the old one left. With a kube-proxy
+// dataplane it restarts the node's kube-proxy the same way and waits for
+// its first full sync.
 func (l *Lab) RestartAgent(ctx context.Context, node string, sig os.Signal) error {
 	idx := slices.IndexFunc(l.Nodes, func(n Node) bool { return n.Name == node })
 	if idx < 0 {
 		return fmt.Errorf("restart agent: lab %s has no node %q", newNames(l.Prefix).base, node)
 	}
 	n := &l.Nodes[idx]
+	if n.KubeProxy != nil {
+		return l.restartKubeProxy(ctx, n, sig)
+	}
 	if n.Agent == nil || len(n.Agent.Args) == 0 {
 		return fmt.Errorf("restart agent on %s: no agent recorded (dataplane %s)", node, l.Dataplane)
 	}

@@ -9,13 +9,16 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 )
 
 // Status is the lab as `lab status` shows it: the recorded state plus
 // whether each process is alive and each agent answers /healthz.
 type Status struct {
-	Prefix    string `json:"prefix"`
-	Dataplane string `json:"dataplane"`
+	Prefix       string           `json:"prefix"`
+	Dataplane    string           `json:"dataplane"`
+	ControlPlane string           `json:"controlPlane"`
+	APIServer    *APIServerStatus `json:"apiServer,omitempty"`
 	// LBMode, LBAcceleration and Devices are the agents' north-south flags.
 	LBMode         string       `json:"lbMode,omitempty"`
 	LBAcceleration string       `json:"lbAcceleration,omitempty"`
@@ -26,11 +29,30 @@ type Status struct {
 	Nodes          []NodeStatus `json:"nodes"`
 }
 
-// NodeStatus is one node with its agent and pods.
+// APIServerStatus is the real control plane and whether it answers.
+type APIServerStatus struct {
+	APIServer
+	// ServerVersion is what the apiserver says now ("" when it does not
+	// answer; Error says why).
+	ServerVersion string `json:"serverVersion,omitempty"`
+	Error         string `json:"error,omitempty"`
+}
+
+// NodeStatus is one node with its agent or kube-proxy, and pods.
 type NodeStatus struct {
 	Endpoint
-	Agent *AgentStatus `json:"agent,omitempty"`
-	Pods  []PodStatus  `json:"pods"`
+	Agent     *AgentStatus     `json:"agent,omitempty"`
+	KubeProxy *KubeProxyStatus `json:"kubeProxy,omitempty"`
+	Pods      []PodStatus      `json:"pods"`
+}
+
+// KubeProxyStatus is a kube-proxy process and whether it has synced.
+type KubeProxyStatus struct {
+	KubeProxy
+	Alive bool `json:"alive"`
+	// LastSync is kube-proxy's last full sync (Unix seconds, 0: never).
+	LastSync float64 `json:"lastSync"`
+	Error    string  `json:"error,omitempty"`
 }
 
 // AgentStatus is an agent's process and health.
@@ -50,8 +72,21 @@ type PodStatus struct {
 
 // Status checks every process of the lab.
 func (l *Lab) Status(ctx context.Context) Status {
-	st := Status{Prefix: l.Prefix, Dataplane: l.Dataplane, LBMode: l.LBMode, LBAcceleration: l.LBAcceleration,
-		Devices: l.Devices, ManifestsDir: l.ManifestsDir, CgroupRoot: l.CgroupRoot, Client: l.Client}
+	st := Status{Prefix: l.Prefix, Dataplane: l.Dataplane, ControlPlane: l.ControlPlane, LBMode: l.LBMode,
+		LBAcceleration: l.LBAcceleration, Devices: l.Devices, ManifestsDir: l.ManifestsDir, CgroupRoot: l.CgroupRoot,
+		Client: l.Client}
+	if st.ControlPlane == "" {
+		st.ControlPlane = ControlPlaneManifests // state of an older lab
+	}
+	if l.APIServer != nil {
+		as := &APIServerStatus{APIServer: *l.APIServer}
+		if v, err := l.apiServerVersion(); err != nil {
+			as.Error = err.Error()
+		} else {
+			as.ServerVersion = v
+		}
+		st.APIServer = as
+	}
 	for _, n := range l.Nodes {
 		ns := NodeStatus{Endpoint: n.Endpoint, Pods: []PodStatus{}}
 		if n.Agent != nil {
@@ -62,6 +97,15 @@ func (l *Lab) Status(ctx context.Context) Status {
 				as.Healthy = true
 			}
 			ns.Agent = as
+		}
+		if n.KubeProxy != nil {
+			ks := &KubeProxyStatus{KubeProxy: *n.KubeProxy, Alive: processAlive(n.KubeProxy.PID)}
+			if v, err := l.metricValue(ctx, n, syncedMetric); err != nil {
+				ks.Error = err.Error()
+			} else {
+				ks.LastSync = v
+			}
+			ns.KubeProxy = ks
 		}
 		for _, p := range n.Pods {
 			ns.Pods = append(ns.Pods, PodStatus{Endpoint: p.Endpoint, PID: p.PID, Alive: processAlive(p.PID)})
@@ -78,7 +122,17 @@ func (st Status) Print(w io.Writer, asJSON bool) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(st)
 	}
-	fmt.Fprintf(w, "Lab %s, dataplane %s, manifests %s\n", strings.TrimSuffix(st.Prefix, "-"), st.Dataplane, st.ManifestsDir)
+	switch a := st.APIServer; {
+	case a == nil:
+		fmt.Fprintf(w, "Lab %s, dataplane %s, control plane %s (%s)\n", strings.TrimSuffix(st.Prefix, "-"),
+			st.Dataplane, st.ControlPlane, st.ManifestsDir)
+	case a.Error != "":
+		fmt.Fprintf(w, "Lab %s, dataplane %s, control plane %s: kube-apiserver %s at %s NOT ANSWERING: %s\n",
+			strings.TrimSuffix(st.Prefix, "-"), st.Dataplane, st.ControlPlane, a.Version, a.URL, a.Error)
+	default:
+		fmt.Fprintf(w, "Lab %s, dataplane %s, control plane %s: kube-apiserver %s at %s (netns %s, kubeconfig %s)\n",
+			strings.TrimSuffix(st.Prefix, "-"), st.Dataplane, st.ControlPlane, a.ServerVersion, a.URL, a.Netns, a.Kubeconfig)
+	}
 	if st.LBMode != "" {
 		fmt.Fprintf(w, "North-south: lb-mode %s, lb-acceleration %s on %s\n", st.LBMode, st.LBAcceleration, strings.Join(st.Devices, ","))
 	}
@@ -92,8 +146,33 @@ func (st Status) Print(w io.Writer, asJSON bool) error {
 		return a.String()
 	}
 	fmt.Fprintf(tw, "%s\tclient\t%s\t%s\t-\t-\n", st.Client.Name, addr(st.Client.IPv4), addr(st.Client.IPv6))
+	if a := st.APIServer; a != nil {
+		state := "ready"
+		if a.Error != "" {
+			state = "not answering"
+		}
+		fmt.Fprintf(tw, "cp\tcontrol-plane\t%s\t%s\tapiserver pid %d, etcd pid %d\t%s\n",
+			ControlPlaneIPv4, ControlPlaneIPv6, a.APIServerPID, a.EtcdPID, state)
+	}
 	for _, n := range st.Nodes {
 		proc, state := "-", "no agent"
+		if k := n.KubeProxy; k != nil {
+			mode := k.Mode
+			if k.Backend != "" {
+				mode += "/" + k.Backend
+			}
+			proc = "kube-proxy pid " + strconv.Itoa(k.PID) + " (" + mode + ")"
+			switch {
+			case !k.Alive:
+				state = "not running"
+			case k.LastSync > 0:
+				state = "synced " + time.Unix(int64(k.LastSync), 0).UTC().Format(time.TimeOnly) + " UTC"
+			case k.Error != "":
+				state = "metrics: " + k.Error
+			default:
+				state = "not synced yet"
+			}
+		}
 		if a := n.Agent; a != nil {
 			proc = "agent pid " + strconv.Itoa(a.PID)
 			switch {

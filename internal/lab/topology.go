@@ -13,13 +13,14 @@ type batch struct {
 }
 
 // topology returns, in order, the iproute2 batches that wire a lab of nodes ×
-// podsPerNode once its namespaces exist. It is pure so the address plan can
-// be checked without root.
+// podsPerNode once its namespaces exist, with a control-plane namespace on
+// the fabric when controlPlane is set. It is pure so the address plan can be
+// checked without root.
 //
 //	client ─┐            ┌─ eth0 node1 lxc1 ── eth0 pod1
-//	        br0 (fabric) ┤            lxc2 ── eth0 pod2
-//	                     └─ eth0 node2 ...
-func topology(nm names, nodes, podsPerNode int) []batch {
+//	cp ─────┤            │            lxc2 ── eth0 pod2
+//	        br0 (fabric) ┴─ eth0 node2 ...
+func topology(nm names, nodes, podsPerNode int, controlPlane bool) []batch {
 	fabric := batch{netns: nm.fabricNetns(), cmds: []string{
 		"link set lo up",
 		// No STP (ports forward at once); no multicast snooping, so IPv6
@@ -33,11 +34,20 @@ func topology(nm names, nodes, podsPerNode int) []batch {
 			fmt.Sprintf("link set %s master %s up", port, bridgeName))
 	}
 	attach(clientPortName, nm.clientNetns())
+	if controlPlane {
+		attach(cpPortName, nm.cpNetns())
+	}
 	for n := 1; n <= nodes; n++ {
 		attach(fabricPortName(n), nm.nodeNetns(n))
 	}
 
 	out := []batch{fabric}
+	if controlPlane {
+		// Like the client: the fabric subnet only, no route anywhere else.
+		cp := batch{netns: nm.cpNetns(), cmds: []string{"link set lo up"}}
+		cp.cmds = append(cp.cmds, uplink(ControlPlaneIPv4, ControlPlaneIPv6)...)
+		out = append(out, cp)
+	}
 	client := batch{netns: nm.clientNetns(), cmds: []string{"link set lo up"}}
 	client.cmds = append(client.cmds, uplink(ClientIPv4, ClientIPv6)...)
 	if nodes > 0 {

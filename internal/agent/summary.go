@@ -1,0 +1,140 @@
+package agent
+
+import (
+	"maps"
+	"net/netip"
+	"slices"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sluice-dataplane/sluice/internal/healthcheck"
+	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
+)
+
+// summaryIndex keeps what a sync reports (counts, health check Services,
+// local backends) per Service, so that a sync after one change updates it
+// for that Service only. Walking 10,000 Services and 100,000 backends on
+// every sync would cost tens of milliseconds, more than the change itself.
+type summaryIndex struct {
+	nodeName string
+
+	perService   map[types.NamespacedName]serviceSummary
+	frontends    int
+	backendRefs  map[backendKey]int // distinct backends, by the Services using each
+	localRefs    map[netip.Addr]int // this node's backends, likewise
+	healthChecks map[types.NamespacedName]healthcheck.Service
+}
+
+type backendKey struct {
+	addr  netip.AddrPort
+	proto loadbalancer.Proto
+}
+
+// serviceSummary is one Service's share of the summary.
+type serviceSummary struct {
+	frontends int
+	backends  []backendKey // distinct within the Service
+	local     []netip.Addr // distinct within the Service
+}
+
+func newSummaryIndex(nodeName string) *summaryIndex {
+	x := &summaryIndex{nodeName: nodeName}
+	x.reset()
+	return x
+}
+
+// reset empties the index, sized for as much as it held: growing maps of
+// 100,000 entries from nothing doubles the cost of a rebuild.
+func (x *summaryIndex) reset() {
+	x.perService = make(map[types.NamespacedName]serviceSummary, len(x.perService))
+	x.frontends = 0
+	x.backendRefs = make(map[backendKey]int, len(x.backendRefs))
+	x.localRefs = make(map[netip.Addr]int, len(x.localRefs))
+	x.healthChecks = make(map[types.NamespacedName]healthcheck.Service, len(x.healthChecks))
+}
+
+// update folds the Services named in changed into the index; changed nil
+// rebuilds it from every Service of st (a full sync).
+func (x *summaryIndex) update(st *loadbalancer.State, changed map[types.NamespacedName]bool) {
+	if changed == nil {
+		x.reset()
+		if len(x.perService) == 0 { // the first: size for the state
+			x.perService = make(map[types.NamespacedName]serviceSummary, len(st.Services))
+		}
+		for name := range st.Services {
+			x.set(st, name)
+		}
+		return
+	}
+	for name := range changed {
+		x.set(st, name)
+	}
+}
+
+// set replaces name's share with what st holds for it.
+func (x *summaryIndex) set(st *loadbalancer.State, name types.NamespacedName) {
+	if old, ok := x.perService[name]; ok {
+		x.frontends -= old.frontends
+		for _, k := range old.backends {
+			if x.backendRefs[k]--; x.backendRefs[k] == 0 {
+				delete(x.backendRefs, k)
+			}
+		}
+		for _, a := range old.local {
+			if x.localRefs[a]--; x.localRefs[a] == 0 {
+				delete(x.localRefs, a)
+			}
+		}
+		delete(x.perService, name)
+	}
+	delete(x.healthChecks, name)
+
+	lbs := st.Services[name]
+	if len(lbs) == 0 {
+		return
+	}
+	s := serviceSummary{frontends: len(lbs), backends: make([]backendKey, 0, len(lbs[0].Backends))}
+	hc := false
+	for _, l := range lbs {
+		hc = hc || (l.ExternalTrafficLocal && l.HealthCheckNodePort != 0)
+		for _, b := range l.Backends {
+			// A Service has a handful of distinct backends, repeated per
+			// frontend: a scan beats a map here.
+			if k := (backendKey{b.AddrPort(), b.Proto}); !slices.Contains(s.backends, k) {
+				s.backends = append(s.backends, k)
+			}
+			if x.nodeName != "" && b.NodeName == x.nodeName && !slices.Contains(s.local, b.Addr) {
+				s.local = append(s.local, b.Addr)
+			}
+		}
+	}
+	x.perService[name] = s
+	x.frontends += s.frontends
+	for _, k := range s.backends {
+		x.backendRefs[k]++
+	}
+	for _, a := range s.local {
+		x.localRefs[a]++
+	}
+	if hc {
+		// The health check rules stay in one place: ask for this Service alone.
+		one := &loadbalancer.State{Services: map[types.NamespacedName][]loadbalancer.LBService{name: lbs}}
+		maps.Copy(x.healthChecks, healthcheck.LocalServices(one, x.nodeName))
+	}
+}
+
+// summary reports the index; the maps are copies the caller may keep.
+func (x *summaryIndex) summary(st *loadbalancer.State) summary {
+	return summary{
+		Services:     len(x.perService),
+		Frontends:    x.frontends,
+		Backends:     len(x.backendRefs),
+		ObjectErrors: maps.Clone(st.Errors),
+		HealthChecks: maps.Clone(x.healthChecks),
+	}
+}
+
+// localBackends lists this node's backends of the desired state.
+func (x *summaryIndex) localBackends() []netip.Addr {
+	return slices.SortedFunc(maps.Keys(x.localRefs), netip.Addr.Compare)
+}

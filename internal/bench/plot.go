@@ -1,0 +1,168 @@
+package bench
+
+import (
+	"fmt"
+	"math"
+	"path/filepath"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+)
+
+// series is one line of a plot: a contender's figure against the Service
+// count.
+type series struct {
+	label  string
+	dashed bool
+	color  int // plotutil colour index: one per contender
+	xys    plotter.XYs
+}
+
+// linePlot draws series on a log Service axis and saves a PNG.
+func linePlot(path, title, ylabel string, logY bool, ss []series) (err error) {
+	// gonum/plot panics on what it cannot draw; a report must still be
+	// written.
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("plot %s: %v", path, r)
+		}
+	}()
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "Services (10 endpoints each)"
+	p.Y.Label.Text = ylabel
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	if logY {
+		p.Y.Scale = plot.LogScale{}
+		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	} else {
+		p.Y.Min = 0
+	}
+	p.Legend.Top = true
+	p.Legend.Left = true
+	p.Add(plotter.NewGrid())
+	drawn := 0
+	for _, s := range ss {
+		if len(s.xys) == 0 {
+			continue
+		}
+		l, pts, err := plotter.NewLinePoints(s.xys)
+		if err != nil {
+			return fmt.Errorf("plot %s: %s: %w", path, s.label, err)
+		}
+		c := plotutil.Color(s.color)
+		l.Color, pts.Color = c, c
+		l.Width = vg.Points(1.5)
+		pts.Shape = draw.CircleGlyph{}
+		if s.dashed {
+			l.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
+			pts.Shape = draw.TriangleGlyph{}
+		}
+		p.Add(l, pts)
+		p.Legend.Add(s.label, l, pts)
+		drawn++
+	}
+	if drawn == 0 {
+		return nil // nothing measured: no empty picture
+	}
+	// A log axis needs a positive range that is not a single point.
+	xmin, xmax, ymin, ymax := bounds(ss)
+	p.X.Min, p.X.Max = xmin/2, xmax*2
+	if logY {
+		p.Y.Min, p.Y.Max = ymin/2, ymax*2
+	}
+	if err := p.Save(8*vg.Inch, 5*vg.Inch, path); err != nil {
+		return fmt.Errorf("save plot %s: %w", path, err)
+	}
+	return nil
+}
+
+// points collects one figure of every finished row; logScale drops
+// non-positive values, which a log axis cannot show.
+func points(c ScaleContender, y func(ScaleRow) float64, logScale bool) plotter.XYs {
+	var xys plotter.XYs
+	for _, r := range c.Rows {
+		if r.DidNotFinish != "" && r.NewConn.OK == 0 {
+			continue
+		}
+		v := y(r)
+		if v <= 0 && logScale {
+			continue
+		}
+		xys = append(xys, plotter.XY{X: float64(r.Services), Y: v})
+	}
+	return xys
+}
+
+// WritePlots draws latency (new connection, keepalive), CPU per request and
+// one-change programming time against the Service count, one colour per
+// contender, and returns the files written.
+func (r *ScaleReport) WritePlots(dir string) ([]string, error) {
+	type line struct {
+		suffix string
+		dashed bool
+		y      func(ScaleRow) float64
+	}
+	type figure struct {
+		file, title, ylabel string
+		logY                bool
+		lines               []line
+	}
+	figs := []figure{
+		{"latency-new-connection.png", "Request RTT, a new connection per request", "µs (log)", true, []line{
+			{"p50", false, func(r ScaleRow) float64 { return r.NewConn.P50.Median }},
+			{"p99", true, func(r ScaleRow) float64 { return r.NewConn.P99.Median }}}},
+		{"latency-keepalive.png", "Request RTT, keepalive", "µs (log)", true, []line{
+			{"p50", false, func(r ScaleRow) float64 { return r.KeepAlive.P50.Median }},
+			{"p99", true, func(r ScaleRow) float64 { return r.KeepAlive.P99.Median }}}},
+		{"cpu-per-request.png", "CPU per request, a new connection each: lab cgroup (solid), whole host (dashed)", "µs CPU", false, []line{
+			{"lab", false, func(r ScaleRow) float64 { return r.NewConn.LabCPUPerRequest.Median }},
+			{"host", true, func(r ScaleRow) float64 { return r.NewConn.CPUPerRequest.Median }}}},
+		{"programming.png", "Control plane: one EndpointSlice change p99, restart → synced", "ms (log)", true, []line{
+			{"one change p99", false, func(r ScaleRow) float64 { return r.OneChangeMS.P99 }},
+			{"restart → synced", true, func(r ScaleRow) float64 { return r.ColdSeconds * 1e3 }}}},
+	}
+	var out []string
+	for _, f := range figs {
+		var ss []series
+		for i, c := range r.Contenders {
+			for _, l := range f.lines {
+				ss = append(ss, series{label: c.Name + " " + l.suffix, dashed: l.dashed, color: i, xys: points(c, l.y, true)})
+			}
+		}
+		path := filepath.Join(dir, f.file)
+		if err := linePlot(path, f.title, f.ylabel, f.logY, ss); err != nil {
+			return out, err
+		}
+		if hasPoints(ss) {
+			out = append(out, path)
+		}
+	}
+	return out, nil
+}
+
+// bounds is the range of every series' points.
+func bounds(ss []series) (xmin, xmax, ymin, ymax float64) {
+	xmin, ymin = math.Inf(1), math.Inf(1)
+	xmax, ymax = math.Inf(-1), math.Inf(-1)
+	for _, s := range ss {
+		for _, p := range s.xys {
+			xmin, xmax = min(xmin, p.X), max(xmax, p.X)
+			ymin, ymax = min(ymin, p.Y), max(ymax, p.Y)
+		}
+	}
+	return xmin, xmax, ymin, ymax
+}
+
+func hasPoints(ss []series) bool {
+	for _, s := range ss {
+		if len(s.xys) > 0 {
+			return true
+		}
+	}
+	return false
+}
