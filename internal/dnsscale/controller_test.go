@@ -3,6 +3,7 @@ package dnsscale
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -341,9 +342,10 @@ func TestControllerFollowsNodes(t *testing.T) {
 	if got, want := testutil.ToFloat64(r.c.m.lastDecision), float64(r.clock.Now().Unix()); got != want {
 		t.Errorf("last_decision_timestamp_seconds = %v, want the fake clock's %v", got, want)
 	}
-	if code, body := lastPoll(t, r.c); code != http.StatusOK || body != "" {
-		t.Errorf("/last-poll = %d %q, want 200 and no body", code, body)
-	}
+	eventually(t, reactWithin, "/last-poll 200 and no body", func() (bool, string) {
+		code, body := lastPoll(t, r.c)
+		return code == http.StatusOK && body == "", fmt.Sprintf("%d %q", code, body)
+	})
 }
 
 // A status heartbeat changes nothing the count reads: no sync, no API call.
@@ -441,9 +443,11 @@ func TestControllerBrokenConfigMap(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.wantReplicas(t, "fixed ConfigMap, ladder mode", 5)
-	if code, body := lastPoll(t, r.c); code != http.StatusOK {
-		t.Errorf("/last-poll = %d %q after the fix, want 200", code, body)
-	}
+	// The sync records its outcome once the scale call has returned.
+	eventually(t, reactWithin, "/last-poll 200 after the fix", func() (bool, string) {
+		code, body := lastPoll(t, r.c)
+		return code == http.StatusOK, fmt.Sprintf("%d %q", code, body)
+	})
 }
 
 // Broken from the start: nothing to fall back to, nothing scaled.
