@@ -25,6 +25,13 @@
 
 #define NSEC_PER_SEC 1000000000ULL
 
+/* Address families for bpf_fib_lookup: libc's <sys/socket.h> is not for the
+ * BPF target. */
+#ifndef AF_INET
+#define AF_INET  2
+#define AF_INET6 10
+#endif
+
 /* A 16-byte map address, readable as bytes or words. */
 union lb_addr {
 	__u8  b[16];

@@ -9,11 +9,24 @@
 #include <linux/ipv6.h>
 #include <linux/tcp.h>
 #include <linux/udp.h>
-#include <linux/icmp.h>
 #include <linux/icmpv6.h>
 #include <stddef.h>
 
 #include "ctx.h"
+
+/* ICMPv4 without <linux/icmp.h>: it pulls in libc's <sys/socket.h>
+ * (through <linux/if.h>), which is not for the BPF target and needs the
+ * i386 libc headers on x86-64. RFC 792. */
+struct icmp4hdr {
+	__u8	type;
+	__u8	code;
+	__sum16	checksum;
+	__be32	rest; /* unused, or the next-hop MTU (RFC 1191) */
+};
+
+#define ICMP_DEST_UNREACH  3
+#define ICMP_TIME_EXCEEDED 11
+#define ICMP_FRAG_NEEDED   4 /* code of ICMP_DEST_UNREACH */
 
 #define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_SYN 0x02
@@ -52,7 +65,7 @@ static __always_inline __u32 l4_csum_off(const struct ns_pkt *p)
 	case IPPROTO_ICMPV6:
 		return p->l4_off + offsetof(struct icmp6hdr, icmp6_cksum);
 	default: /* IPPROTO_ICMP: no pseudo header */
-		return p->l4_off + offsetof(struct icmphdr, checksum);
+		return p->l4_off + offsetof(struct icmp4hdr, checksum);
 	}
 }
 

@@ -24,7 +24,6 @@
 #define __SLUICE_NODEPORT_H
 
 #include <linux/if_ether.h>
-#include <sys/socket.h>
 
 #include "csum.h"
 #include "lb.h"
