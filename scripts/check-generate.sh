@@ -9,7 +9,8 @@ export GOTOOLCHAIN=auto
 go generate ./internal/datapath/...
 go generate ./internal/bench/...
 
-if ! git diff --exit-code --stat -- internal/datapath internal/bench; then
+generated=(':(glob)internal/datapath/*_bpfe[lb].*' ':(glob)internal/bench/*_bpfe[lb].*')
+if ! git diff --exit-code --stat -- "${generated[@]}"; then
 	echo "check-generate: regenerated BPF output differs from the committed files;" >&2
 	echo "run 'go generate ./internal/datapath/... ./internal/bench/...' and commit the result" >&2
 	exit 1

@@ -301,6 +301,30 @@ func (n *NorthSouth) DeleteTunnel(podCIDR netip.Prefix) error {
 	return nil
 }
 
+// Tunnels reads the DSR tunnel map back: each pod CIDR and its node,
+// without the nodes' own full-length entries. An agent that starts over
+// pinned maps compares it with what it wants, so that CIDRs of nodes that
+// left while no agent ran are removed too.
+func (n *NorthSouth) Tunnels() (map[netip.Prefix]netip.Addr, error) {
+	out := map[netip.Prefix]netip.Addr{}
+	var (
+		k lbmap.TunnelKey
+		v lbmap.TunnelValue
+	)
+	it := n.tc.NsTunnel.Iterate()
+	for it.Next(&k, &v) {
+		p, node := k.Prefix(), v.NodeAddr.NetIP()
+		if p.IsSingleIP() && p.Addr() == node {
+			continue // the node itself
+		}
+		out[p] = node
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate %s: %w", lbmap.TunnelMapName, err)
+	}
+	return out, nil
+}
+
 // CTNow returns the datapath's CT clock (seconds), read by running
 // xdp_ct_clock, for ct list and garbage collection.
 func (n *NorthSouth) CTNow() (uint32, error) {

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"errors"
+	"maps"
 	"net/netip"
 	"testing"
 
@@ -234,6 +235,13 @@ func TestPrivilegedNorthSouthTunnelNodes(t *testing.T) {
 	must(t, n.SetTunnel(b, ipNode2))
 	if !known() {
 		t.Fatalf("after SetTunnel: node %s not recorded", ipNode2)
+	}
+	// Read back (as an agent starting over pinned maps does): the pod
+	// CIDRs, not the node's own entry.
+	got, err := n.Tunnels()
+	must(t, err)
+	if want := map[netip.Prefix]netip.Addr{a: ipNode2, b: ipNode2}; !maps.Equal(got, want) {
+		t.Errorf("Tunnels() = %v, want %v", got, want)
 	}
 	must(t, n.DeleteTunnel(a))
 	if !known() {

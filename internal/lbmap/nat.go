@@ -63,6 +63,16 @@ func TunnelKeyFrom(p netip.Prefix) TunnelKey {
 	return TunnelKey{PrefixLen: uint32(bits), Addr: AddrFrom(p.Addr())}
 }
 
+// Prefix is the inverse of TunnelKeyFrom.
+func (k TunnelKey) Prefix() netip.Prefix {
+	a := k.Addr.NetIP()
+	bits := int(k.PrefixLen)
+	if a.Is4() {
+		bits -= 96
+	}
+	return netip.PrefixFrom(a, bits)
+}
+
 // GC deletes the mappings of flows conntrack no longer tracks: a mapping
 // client -> backend lives as long as the CT_DIR_INGRESS entry of that
 // tuple. Run it after CT.GC. It returns how many entries went.
