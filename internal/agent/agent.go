@@ -139,6 +139,8 @@ type Agent struct {
 
 	// trigger wakes the sync loop; one pending wake-up is enough.
 	trigger chan struct{}
+	// podTrigger wakes the loop's pod step (a pod veth came or went).
+	podTrigger chan struct{}
 
 	// The source runs from startSource on, possibly before the dataplane
 	// is loaded.
@@ -171,6 +173,7 @@ func newAgent(cfg *Config, log *slog.Logger, src Source, dp dataplane, pl pipeli
 		cfg: cfg, log: log, src: src, dp: dp, pl: pl, features: features,
 		started:     time.Now(),
 		trigger:     make(chan struct{}, 1),
+		podTrigger:  make(chan struct{}, 1),
 		proxyHealth: ph,
 		hcServers:   healthcheck.NewServiceServer(healthcheck.ServiceServerOptions{ProxyHealthy: ph.IsHealthy, Log: log}),
 		healthz:     api.ProxierHealth{Address: cfg.HealthzAddr},
@@ -241,6 +244,9 @@ func (a *Agent) run(ctx context.Context) error {
 	if ns, ok := a.northSouth(); ok {
 		wg.Go(func() { a.gcLoop(ctx, ns) })
 	}
+	if _, ok := a.podLB(); ok {
+		wg.Go(func() { a.watchPodRoutes(ctx) })
+	}
 	if ni := a.notImplemented(); len(ni) > 0 {
 		a.log.Warn("flags accepted but not implemented yet", "flags", ni)
 	}
@@ -290,6 +296,9 @@ func (a *Agent) loop(ctx context.Context, srcDone <-chan error, failed bool) err
 			}
 			return nil
 		case <-a.trigger:
+		case <-a.podTrigger:
+			a.syncPods()
+			continue
 		case <-periodic.C:
 			full = true
 		case <-retry:

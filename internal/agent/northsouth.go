@@ -188,18 +188,26 @@ func (a *Agent) collectGarbage(ns northSouthDataplane) {
 
 // northSouthStatus is a copy of the tc/XDP status for the API.
 func (a *Agent) northSouthStatus() *api.NorthSouth {
+	var pods []api.PodDevice
+	p, perPacket := a.podLB()
+	if perPacket {
+		pods = p.PodDevices()
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.ns == nil {
-		if len(a.cfg.Devices) == 0 {
-			return &api.NorthSouth{}
-		}
+	var st api.NorthSouth
+	switch {
+	case a.ns != nil:
+		st = *a.ns
+		st.Devices = slices.Clone(a.ns.Devices)
+		st.Notes = slices.Clone(a.ns.Notes)
+	case len(a.cfg.Devices) > 0:
 		// Loaded, not attached yet (waiting for the first sync).
-		return a.newNorthSouthStatus(nil)
+		st = *a.newNorthSouthStatus(nil)
 	}
-	st := *a.ns
-	st.Devices = slices.Clone(a.ns.Devices)
-	st.Notes = slices.Clone(a.ns.Notes)
+	// Without --devices the tc/XDP programs serve the pods only.
+	st.Enabled = len(a.cfg.Devices) > 0
+	st.PerPacket, st.PodDevices = perPacket, pods
 	return &st
 }
 

@@ -5,11 +5,13 @@ package agent
 // interfaces of pipeline.go, so that tests can run the agent without BPF.
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -319,6 +321,15 @@ func (d *nodeDataplane) SyncNeighbors(nodes []netip.Addr) error {
 func (d *nodeDataplane) SyncTunnels(want map[netip.Prefix]netip.Addr) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.tunnels == nil {
+		// The first sync over pinned maps: start from what a previous agent
+		// left, so that the CIDRs of nodes gone meanwhile are removed.
+		have, err := d.ns.Tunnels()
+		if err != nil {
+			return err
+		}
+		d.tunnels = have
+	}
 	var errs []error
 	for cidr := range d.tunnels {
 		if _, ok := want[cidr]; !ok {
@@ -409,6 +420,29 @@ func (d *nodeDataplane) syncPodLB(backendIfaces map[uint32]bool) error {
 	// Pins of pods that left while no agent ran.
 	errs = append(errs, d.pod.RemoveStalePods())
 	return errors.Join(errs...)
+}
+
+// PodLBLoaded: the per-packet LB is loaded (--socket-lb=false).
+func (d *nodeDataplane) PodLBLoaded() bool { return d.pod != nil }
+
+// PodDevices lists the veths the per-packet LB is attached to, by name.
+func (d *nodeDataplane) PodDevices() []api.PodDevice {
+	if d.pod == nil {
+		return nil
+	}
+	d.mu.Lock()
+	idxs := d.pod.Pods()
+	d.mu.Unlock()
+	out := make([]api.PodDevice, 0, len(idxs))
+	for _, idx := range idxs {
+		pd := api.PodDevice{Ifindex: idx}
+		if l, err := netlink.LinkByIndex(idx); err == nil {
+			pd.Name = l.Attrs().Name
+		}
+		out = append(out, pd)
+	}
+	slices.SortFunc(out, func(a, b api.PodDevice) int { return cmp.Compare(a.Ifindex, b.Ifindex) })
+	return out
 }
 
 // podVeths returns the veths of the agent's network namespace that carry a

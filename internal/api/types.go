@@ -206,6 +206,10 @@ type NorthSouth struct {
 	MaglevTableSize uint32   `json:"maglevTableSize,omitempty"`
 	Acceleration    string   `json:"acceleration,omitempty"` // --lb-acceleration
 	Devices         []Device `json:"devices,omitempty"`
+	// PodDevices are the local pods' host-side veths with the per-packet
+	// LB (--socket-lb=false).
+	PodDevices []PodDevice `json:"podDevices,omitempty"`
+	PerPacket  bool        `json:"perPacket,omitempty"` // --socket-lb=false
 	// Notes say what was degraded, e.g. native XDP refused in best-effort.
 	Notes []string `json:"notes,omitempty"`
 	CTGC  CTGC     `json:"ctGC"`
@@ -220,6 +224,12 @@ type Device struct {
 	XDPError string   `json:"xdpError,omitempty"` // best-effort: why native XDP was refused
 	LinkIDs  []uint32 `json:"linkIDs,omitempty"`
 	Replaced bool     `json:"replaced,omitempty"` // programs swapped into pinned links
+}
+
+// PodDevice is a local pod's host-side veth with the per-packet LB.
+type PodDevice struct {
+	Name    string `json:"name"`
+	Ifindex int    `json:"ifindex"`
 }
 
 // CTGC is the conntrack garbage collector's record.

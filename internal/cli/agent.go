@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -202,6 +203,13 @@ func writeBPFNAT(w io.Writer, d *api.BPFNAT) error {
 func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns *api.NorthSouth) {
 	if ns == nil {
 		return // an agent from before the north-south datapath
+	}
+	if ns.PerPacket {
+		var pods []string
+		for _, d := range ns.PodDevices {
+			pods = append(pods, cmp.Or(d.Name, fmt.Sprintf("ifindex %d", d.Ifindex)))
+		}
+		line("PerPacketLB", "Enabled (--socket-lb=false)\ton %d pod veths: [%s]", len(pods), strings.Join(pods, ", "))
 	}
 	if !ns.Enabled {
 		line("NorthSouth", "Disabled (no --devices)")

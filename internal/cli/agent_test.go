@@ -30,8 +30,10 @@ func (fakeAgent) Status(context.Context) (*api.Status, error) {
 				{Name: "eth0", Ifindex: 2, TC: "tcx", XDP: "native", LinkIDs: []uint32{21, 22, 23}, Replaced: true},
 				{Name: "eth1", Ifindex: 3, TC: "tc", XDP: "disabled", XDPError: "native XDP refused: operation not supported"},
 			},
-			Notes: []string{"eth1: native XDP refused: operation not supported; tc only"},
-			CTGC:  api.CTGC{Interval: 30 * time.Second, Last: time.Now(), Runs: 3, CTDeleted: 7, NATDeleted: 2}},
+			Notes:      []string{"eth1: native XDP refused: operation not supported; tc only"},
+			PerPacket:  true,
+			PodDevices: []api.PodDevice{{Name: "veth-pod1", Ifindex: 7}, {Ifindex: 9}},
+			CTGC:       api.CTGC{Interval: 30 * time.Second, Last: time.Now(), Runs: 3, CTDeleted: 7, NATDeleted: 2}},
 	}, nil
 }
 
@@ -115,7 +117,8 @@ func TestAgentCommandsTable(t *testing.T) {
 			"NorthSouth:", "eth0 (tcx, XDP native), eth1 (tc, no XDP)", "Mode:", "SNAT",
 			"Maglev (Maglev table size: 16381)", "XDP acceleration:", "best-effort",
 			"ifindex 2, links 21,22,23, programs replaced in pinned links",
-			"every 30s, 3 runs, 7 ct and 2 nat entries deleted", "eth1: native XDP refused: operation not supported; tc only"}},
+			"every 30s, 3 runs, 7 ct and 2 nat entries deleted", "eth1: native XDP refused: operation not supported; tc only",
+			"PerPacketLB:", "Enabled (--socket-lb=false)", "on 2 pod veths: [veth-pod1, ifindex 9]"}},
 		{[]string{"bpf", "ct", "list", "--api-socket", sock}, []string{
 			"TUPLE", "DIRECTION", "LIFETIME", "PACKETS/BYTES",
 			"TCP 198.18.0.2:41000 -> 198.18.0.11:30080", "service", "SYN|SNAT", "2 (198.18.2.10:8080)", "59s", "3/180", "0/0",
