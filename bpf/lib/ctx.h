@@ -3,16 +3,19 @@
  * (tc_lb.c) or SLUICE_XDP (xdp_lb.c) before including; the LB, conntrack
  * and NAT code only use the ctx_* API below.
  *
- * Packet bytes are read and written with direct packet access. At tc,
- * bytes beyond the linear part go through bpf_skb_{load,store}_bytes. At
- * XDP there is nothing beyond: the programs are not frags-aware (SEC("xdp"),
- * no BPF_F_XDP_HAS_FRAGS), so the kernel only gives them single-buffer
- * frames, and an access outside the frame fails like a truncated packet.
- * Leaving the helper path out of XDP also halves the paths the verifier
- * walks (xdp_lb_ingress: ~180K instead of ~715K instructions). A helper
- * call costs tens of nanoseconds, a direct access one instruction, and the
- * API keeps shared code free of the bounds-check dance: every call checks
- * its own bounds, with constant lengths that clang folds.
+ * Packet bytes are read and written with direct packet access only. At
+ * XDP there is nothing beyond the frame: the programs are not frags-aware
+ * (SEC("xdp"), no BPF_F_XDP_HAS_FRAGS), so the kernel only gives them
+ * single-buffer frames. At tc, ctx_linearize pulls the first CTX_PULL_LEN
+ * bytes (every header the LB reads, ICMP errors' quoted headers included)
+ * into the linear part once, on entry, when they are not there already
+ * (headers of a GRO or locally built GSO skb are). An access outside then
+ * fails like a truncated packet. Without a helper path per access the
+ * verifier walks a fraction of the paths (xdp_lb_ingress ~135K instead of
+ * ~715K instructions, tc_lb_ingress likewise), and the agent starts faster.
+ * A helper call costs tens of nanoseconds, a direct access one instruction,
+ * and the API keeps shared code free of the bounds-check dance: every call
+ * checks its own bounds, with constant lengths that clang folds.
  */
 #ifndef __SLUICE_CTX_H
 #define __SLUICE_CTX_H
@@ -129,6 +132,22 @@ static __always_inline __u32 ctx_ifindex(const struct __sk_buff *ctx)
 	return ctx->ingress_ifindex ? ctx->ingress_ifindex : ctx->ifindex;
 }
 
+/* The deepest header byte the LB reads: Ethernet, IPv4 with options, an
+ * ICMP header, the quoted IPv4 header with options and its ports (150), or
+ * a DSR outer header, the inner one and TCP's flags. */
+#define CTX_PULL_LEN 160
+
+/* ctx_linearize makes the first CTX_PULL_LEN bytes (or the whole packet,
+ * when shorter) directly accessible. Call it first: it moves the packet. */
+static __always_inline int ctx_linearize(struct __sk_buff *ctx)
+{
+	__u32 want = ctx->len < CTX_PULL_LEN ? ctx->len : CTX_PULL_LEN;
+
+	if (ctx_field(ctx, data_end) - ctx_field(ctx, data) >= want)
+		return 0;
+	return bpf_skb_pull_data(ctx, want);
+}
+
 static __always_inline int ctx_load_bytes(struct __sk_buff *ctx, __u32 off,
 					  void *to, __u32 len)
 {
@@ -138,12 +157,12 @@ static __always_inline int ctx_load_bytes(struct __sk_buff *ctx, __u32 off,
 		__builtin_memcpy(to, ctx_pkt_aligned(p), len);
 		return 0;
 	}
-	return bpf_skb_load_bytes(ctx, off, to, len);
+	return -1; /* past the linear part, which ctx_linearize made long enough */
 }
 
 /* A direct write makes the verifier unclone the skb head in the program's
- * prologue, as bpf_skb_store_bytes would; neither touches skb->csum, and
- * the checksum fields that balance the change are updated next. */
+ * prologue; it does not touch skb->csum, and the checksum fields that
+ * balance the change are updated next. */
 static __always_inline int ctx_store_bytes(struct __sk_buff *ctx, __u32 off,
 					   const void *from, __u32 len)
 {
@@ -153,7 +172,7 @@ static __always_inline int ctx_store_bytes(struct __sk_buff *ctx, __u32 off,
 		__builtin_memcpy(ctx_pkt_aligned(p), from, len);
 		return 0;
 	}
-	return bpf_skb_store_bytes(ctx, off, from, len, 0);
+	return -1;
 }
 
 /* ctx_push_l3 makes room for an outer IPv4 (v6: IPv6) header of len bytes
@@ -197,9 +216,9 @@ static __always_inline int ctx_l3_csum_replace(struct __sk_buff *ctx, __u32 off,
 {
 	__u16 *sum = ctx_ptr(ctx, off, sizeof(*sum));
 
-	if (sum)
-		return csum_replace(sum, from, to, flags & BPF_F_HDR_FIELD_MASK, false);
-	return bpf_l3_csum_replace(ctx, off, from, to, flags);
+	if (!sum)
+		return -1;
+	return csum_replace(sum, from, to, flags & BPF_F_HDR_FIELD_MASK, false);
 }
 
 /* L4 checksums stay with the helper: it also keeps skb->csum
@@ -237,6 +256,12 @@ static __always_inline int ctx_load_bytes(struct xdp_md *ctx, __u32 off,
 		return 0;
 	}
 	return -1; /* outside the (only) buffer: truncated */
+}
+
+/* A frame is one buffer: nothing to pull. */
+static __always_inline int ctx_linearize(struct xdp_md *ctx)
+{
+	return 0;
 }
 
 static __always_inline int ctx_store_bytes(struct xdp_md *ctx, __u32 off,

@@ -532,7 +532,7 @@ static __always_inline int nodeport_ingress(struct __ctx_buff *ctx)
 	const struct ns_config *cfg = ns_cfg();
 	struct ns_pkt p;
 
-	if (!cfg)
+	if (!cfg || ctx_linearize(ctx))
 		return CTX_ACT_OK;
 	switch (parse_pkt(ctx, &p)) {
 	case PARSE_OK:
@@ -561,7 +561,7 @@ static __always_inline int nodeport_egress(struct __ctx_buff *ctx)
 	const struct ns_config *cfg = ns_cfg();
 	struct ns_pkt p;
 
-	if (!cfg || parse_pkt(ctx, &p) != PARSE_OK)
+	if (!cfg || ctx_linearize(ctx) || parse_pkt(ctx, &p) != PARSE_OK)
 		return CTX_ACT_OK;
 	if (p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6) {
 		struct icmp_err e;

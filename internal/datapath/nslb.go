@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -94,40 +95,72 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 	}
 
 	n := &NorthSouth{maglevSize: maglevSize}
-	for _, o := range []struct {
+	objs := []struct {
 		name string
 		spec *ebpf.CollectionSpec
 		objs any
 	}{
 		{"tc", tcSpec, &n.tc},
 		{"XDP", xdpSpec, &n.xdp},
-	} {
+	}
+	for _, o := range objs {
 		for name, size := range sizes {
 			if ms, ok := o.spec.Maps[name]; ok {
 				ms.MaxEntries = size
 			}
 		}
 		if err := checkPins(o.spec, opts.BPFRoot); err != nil {
-			n.Close()
 			return nil, err
 		}
-		err := o.spec.LoadAndAssign(o.objs, &ebpf.CollectionOptions{
-			Maps: ebpf.MapOptions{PinPath: opts.BPFRoot},
-		})
-		if err != nil {
-			n.Close()
-			var verr *ebpf.VerifierError
-			if errors.As(err, &verr) {
-				return nil, fmt.Errorf("load %s LB: %+v", o.name, verr)
-			}
+		// The shared maps exist, pinned, before the programs load, so
+		// that the two objects load side by side (the verifier takes a
+		// CPU each, about 0.3 s) without racing to create a pin.
+		if err := createPins(o.spec, opts.BPFRoot); err != nil {
 			return nil, fmt.Errorf("load %s LB: %w", o.name, err)
 		}
+	}
+	errs := make([]error, len(objs))
+	var wg sync.WaitGroup
+	for i, o := range objs {
+		wg.Go(func() {
+			err := o.spec.LoadAndAssign(o.objs, &ebpf.CollectionOptions{
+				Maps: ebpf.MapOptions{PinPath: opts.BPFRoot},
+			})
+			var verr *ebpf.VerifierError
+			switch {
+			case errors.As(err, &verr):
+				errs[i] = fmt.Errorf("load %s LB: %+v", o.name, verr)
+			case err != nil:
+				errs[i] = fmt.Errorf("load %s LB: %w", o.name, err)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		n.Close()
+		return nil, err
 	}
 	m := &n.tc.tclbMaps
 	n.lb = lbmap.NewKernel(m.LbServices, m.LbBackends, m.LbRevNat, m.LbNodeIps)
 	n.ct = lbmap.NewCT(m.Ct)
 	n.nat = lbmap.NewNAT(m.Snat)
 	return n, nil
+}
+
+// createPins creates (or opens) and pins every pinned map of spec under
+// root, as loading it would.
+func createPins(spec *ebpf.CollectionSpec, root string) error {
+	for name, ms := range spec.Maps {
+		if ms.Pinning != ebpf.PinByName {
+			continue
+		}
+		m, err := ebpf.NewMapWithOptions(ms, ebpf.MapOptions{PinPath: root})
+		if err != nil {
+			return fmt.Errorf("map %s: %w", name, err)
+		}
+		m.Close()
+	}
+	return nil
 }
 
 func orDefault(v, def uint32) uint32 {
