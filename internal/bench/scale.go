@@ -345,7 +345,7 @@ func (r *scaleRun) size(ctx context.Context, n int) (row ScaleRow, err error) {
 		return row, err
 	}
 
-	if row.OneChangeMS, row.OneChangeAgentMS, err = r.oneChange(ctx, n); err != nil {
+	if row.OneChangeMS, row.OneChangeAgentMS, row.OneChangeWriteMS, err = r.oneChange(ctx, n); err != nil {
 		row.DidNotFinish = "one change: " + err.Error()
 		return row, err
 	}
@@ -538,8 +538,8 @@ func (r *scaleRun) probe(ctx context.Context, targets []string, keepalive bool, 
 // less, then back, on bulk Services spread over the set), each from its
 // trigger time to the client node's rules/maps, from the dataplane's own
 // network programming histogram.
-func (r *scaleRun) oneChange(ctx context.Context, n int) (all, agent Percentiles, err error) {
-	var ms, agentMS []float64
+func (r *scaleRun) oneChange(ctx context.Context, n int) (all, agent, write Percentiles, err error) {
+	var ms, agentMS, writeMS []float64
 	var bulk []int
 	for i := range n {
 		if !r.live[i] {
@@ -564,7 +564,7 @@ func (r *scaleRun) oneChange(ctx context.Context, n int) (all, agent Percentiles
 		i := serviceOf(c)
 		s0, err := r.scrape(ctx)
 		if err != nil {
-			return Percentiles{}, Percentiles{}, err
+			return Percentiles{}, Percentiles{}, Percentiles{}, err
 		}
 		count0, sum0 := s0.histogram(r.metrics.programming)
 		agentCount0, agentSum0 := s0.histogram(r.metrics.changeToMap)
@@ -574,18 +574,21 @@ func (r *scaleRun) oneChange(ctx context.Context, n int) (all, agent Percentiles
 		}
 		cur, err := r.client.DiscoveryV1().EndpointSlices(sl.Namespace).Get(ctx, sl.Name, metav1.GetOptions{})
 		if err != nil {
-			return Percentiles{}, Percentiles{}, err
+			return Percentiles{}, Percentiles{}, Percentiles{}, err
 		}
 		sl.ResourceVersion = cur.ResourceVersion
-		scaleset.SetTriggerTime(sl, time.Now())
-		if _, err := r.client.DiscoveryV1().EndpointSlices(sl.Namespace).Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
-			return Percentiles{}, Percentiles{}, fmt.Errorf("update EndpointSlice %s: %w", sl.Name, err)
+		t0 := time.Now()
+		scaleset.SetTriggerTime(sl, t0)
+		_, err = r.client.DiscoveryV1().EndpointSlices(sl.Namespace).Update(ctx, sl, metav1.UpdateOptions{})
+		writeMS = append(writeMS, float64(time.Since(t0).Microseconds())/1e3)
+		if err != nil {
+			return Percentiles{}, Percentiles{}, Percentiles{}, fmt.Errorf("update EndpointSlice %s: %w", sl.Name, err)
 		}
 		deadline := time.Now().Add(r.cfg.StepTimeout)
 		for {
 			s, err := r.scrape(ctx)
 			if err != nil {
-				return Percentiles{}, Percentiles{}, err
+				return Percentiles{}, Percentiles{}, Percentiles{}, err
 			}
 			if count, sum := s.histogram(r.metrics.programming); count > count0 {
 				// One trigger time per change: the sum grows by its latency.
@@ -596,25 +599,25 @@ func (r *scaleRun) oneChange(ctx context.Context, n int) (all, agent Percentiles
 				break
 			}
 			if time.Now().After(deadline) {
-				return Percentiles{}, Percentiles{}, fmt.Errorf("change %d (Service %d) not programmed within %v", c+1, i, r.cfg.StepTimeout)
+				return Percentiles{}, Percentiles{}, Percentiles{}, fmt.Errorf("change %d (Service %d) not programmed within %v", c+1, i, r.cfg.StepTimeout)
 			}
 			if err := sleep(ctx, 50*time.Millisecond); err != nil {
-				return Percentiles{}, Percentiles{}, err
+				return Percentiles{}, Percentiles{}, Percentiles{}, err
 			}
 		}
 		r.cfg.step("%s: change %d/%d (Service %d): %.1f ms", r.d, c+1, r.cfg.Changes, i, ms[len(ms)-1])
 		// Past kube-proxy's --min-sync-period, so that each change is
 		// programmed by a sync of its own.
 		if err := sleep(ctx, 1100*time.Millisecond); err != nil {
-			return Percentiles{}, Percentiles{}, err
+			return Percentiles{}, Percentiles{}, Percentiles{}, err
 		}
 	}
 	if r.cfg.Changes%2 == 1 { // the last pair's second half
 		if err := scaleset.ApplySlice(ctx, r.client, r.slices[serviceOf(r.cfg.Changes-1)]); err != nil {
-			return Percentiles{}, Percentiles{}, err
+			return Percentiles{}, Percentiles{}, Percentiles{}, err
 		}
 	}
-	return percentiles(ms), percentiles(agentMS), nil
+	return percentiles(ms), percentiles(agentMS), percentiles(writeMS), nil
 }
 
 // cold restarts the client node's dataplane and times its first full sync
