@@ -627,7 +627,9 @@ func (r *scaleRun) oneChange(ctx context.Context, n int) (all, agent, write Perc
 func (r *scaleRun) cold(ctx context.Context) (coldSeconds, initialSync float64, err error) {
 	node := lab.NodeName(clientNode)
 	t0 := time.Now()
-	if err := r.l.RestartAgent(ctx, node, syscall.SIGTERM); err != nil {
+	rctx, cancel := context.WithTimeout(ctx, r.cfg.StepTimeout)
+	defer cancel()
+	if err := r.l.RestartAgent(rctx, node, syscall.SIGTERM); err != nil {
 		return 0, 0, err
 	}
 	deadline := t0.Add(r.cfg.StepTimeout)

@@ -629,7 +629,9 @@ func (c *ControlPlane) stopProcess(pid int, bin string, timeout time.Duration) e
 	for !gone() {
 		if time.Now().After(deadline) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
-			deadline = time.Now().Add(5 * time.Second)
+			// An apiserver with 10,000 Services' worth of heap (GiBs) takes
+			// seconds to exit once killed, while the kernel frees it.
+			deadline = time.Now().Add(30 * time.Second)
 			for !gone() {
 				if time.Now().After(deadline) {
 					return errors.New("still running after SIGKILL")
