@@ -89,8 +89,9 @@ static __always_inline bool ct_is_new_syn(const struct ct_entry *e, __u8 proto,
 }
 
 /* ct_update accounts one packet on e and moves its state and lifetime
- * forward. Flags and lifetime are written only when they change. */
-static __always_inline void ct_update(struct ct_entry *e, const struct ns_config *cfg,
+ * forward. Flags and lifetime are written only when they change; it
+ * returns whether the lifetime moved (at most once a CT second). */
+static __always_inline bool ct_update(struct ct_entry *e, const struct ns_config *cfg,
 				      const struct ns_pkt *p, __u32 len, __u32 now,
 				      bool reply)
 {
@@ -106,8 +107,10 @@ static __always_inline void ct_update(struct ct_entry *e, const struct ns_config
 	}
 	if (flags != e->flags)
 		WRITE_ONCE(e->flags, flags);
-	if (lifetime != e->lifetime)
-		WRITE_ONCE(e->lifetime, lifetime);
+	if (lifetime == e->lifetime)
+		return false;
+	WRITE_ONCE(e->lifetime, lifetime);
+	return true;
 }
 
 static __always_inline void ct_tuple_set(struct ct_tuple *t, const union lb_addr *saddr,
@@ -121,6 +124,31 @@ static __always_inline void ct_tuple_set(struct ct_tuple *t, const union lb_addr
 	t->proto = proto;
 	t->dir = dir;
 	t->pad = 0;
+}
+
+/* ct_write_ingress writes the ingress entry of flow p (before DNAT) from
+ * its service entry, held in s->entry (which it turns into the ingress
+ * entry), with the update flags uflags. The ingress entry counts replies
+ * only (rx_*). A hairpin flow reaches the backend from the frontend's
+ * address: its replies go there. */
+static __always_inline int ct_write_ingress(struct ct_scratch *s, const struct ns_pkt *p,
+					    __u64 uflags)
+{
+	struct ct_tuple *t = &s->tuple;
+	struct ct_entry *e = &s->entry;
+	union lb_addr be_addr __align_stack_8;
+
+	/* The key first: it takes the backend from the service entry. */
+	__builtin_memcpy(be_addr.b, e->nat_addr, sizeof(be_addr.b));
+	ct_tuple_set(t, (e->flags & CT_F_HAIRPIN) ? &p->daddr : &p->saddr, &be_addr,
+		     p->sport, e->nat_port, p->proto, CT_DIR_INGRESS);
+	e->packets = 0;
+	e->bytes = 0;
+	e->rx_packets = 0;
+	e->rx_bytes = 0;
+	__builtin_memcpy(e->nat_addr, p->daddr.b, sizeof(e->nat_addr));
+	e->nat_port = p->dport;
+	return bpf_map_update_elem(&ct, t, e, uflags);
 }
 
 /* ct_create_flow writes both entries of a new translated flow: the service
@@ -158,16 +186,48 @@ static __always_inline int ct_create_flow(const struct ns_config *cfg,
 	if (err || (kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
 		return err;
 
-	/* The ingress entry counts replies only (rx_*). A hairpin flow
-	 * reaches the backend from the frontend's address: its replies go
-	 * there. */
-	e->packets = 0;
-	e->bytes = 0;
-	__builtin_memcpy(e->nat_addr, p->daddr.b, sizeof(e->nat_addr));
-	e->nat_port = p->dport;
-	ct_tuple_set(t, (kind & CT_F_HAIRPIN) ? &p->daddr : &p->saddr, be_addr, p->sport,
-		     be_port, p->proto, CT_DIR_INGRESS);
-	return bpf_map_update_elem(&ct, t, e, BPF_ANY);
+	return ct_write_ingress(s, p, BPF_ANY);
+}
+
+/* ct_has_ingress: the flow's translation has an ingress entry to keep
+ * (not DSR seen from the LB node, whose replies bypass it). */
+static __always_inline bool ct_has_ingress(const struct ct_entry *svc)
+{
+	return (svc->flags & (CT_F_DSR | CT_F_LOCAL)) != CT_F_DSR;
+}
+
+/* ct_restore_ingress keeps the ingress entry of the established flow p
+ * (before DNAT) alive with its service entry. It writes it back when it is
+ * gone: LRU eviction picks entries one by one, and a flow whose service
+ * entry survives while its ingress entry does not would have its replies
+ * go out untranslated. And it moves its lifetime up to the service
+ * entry's: a flow that only sends (no replies) would otherwise lose the
+ * ingress entry, and with it, to the agent's GC, its SNAT port. Called when
+ * the service entry's lifetime moves, so at most once a CT second per flow;
+ * the lookup also keeps the ingress entry recently used. */
+static __always_inline void ct_restore_ingress(const struct ns_pkt *p,
+					       const struct ct_entry *svc)
+{
+	struct ct_scratch *s;
+	struct ct_entry *in;
+	union lb_addr be_addr __align_stack_8;
+
+	if (!ct_has_ingress(svc))
+		return;
+	s = ns_scratch();
+	if (!s)
+		return;
+	__builtin_memcpy(be_addr.b, svc->nat_addr, sizeof(be_addr.b));
+	ct_tuple_set(&s->tuple, (svc->flags & CT_F_HAIRPIN) ? &p->daddr : &p->saddr,
+		     &be_addr, p->sport, svc->nat_port, p->proto, CT_DIR_INGRESS);
+	in = bpf_map_lookup_elem(&ct, &s->tuple);
+	if (in) {
+		if (in->lifetime < svc->lifetime)
+			WRITE_ONCE(in->lifetime, svc->lifetime);
+		return;
+	}
+	__builtin_memcpy(&s->entry, svc, sizeof(s->entry));
+	ct_write_ingress(s, p, BPF_NOEXIST);
 }
 
 /* ct_lookup_reply finds the ingress entry of a reply from a backend (p is

@@ -365,7 +365,8 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	if (!tunnel) {
 		e = ns_established(p, now, &n);
 		if (e) {
-			ct_update(e, cfg, p, len, now, false);
+			if (ct_update(e, cfg, p, len, now, false))
+				ct_restore_ingress(p, e);
 			kind = e->flags & NS_KIND_FLAGS;
 			__builtin_memcpy(be_addr.b, e->nat_addr, sizeof(be_addr.b));
 			be_port = e->nat_port;
@@ -412,8 +413,8 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		backend_id = e->backend_id;
 		kind = e->flags & NS_KIND_FLAGS;
 		be = bpf_map_lookup_elem(&lb_backends, &backend_id);
-		if (be)
-			ct_update(e, cfg, p, len, now, false);
+		if (be && ct_update(e, cfg, p, len, now, false))
+			ct_restore_ingress(p, e);
 	}
 	if (!be) {
 		/* No backend: drop, as kube-proxy's REJECT stops the flow. */

@@ -43,6 +43,10 @@ type DeviceOptions struct {
 	XDP     XDPMode
 	// LinksDir is where the links are pinned (LinksDir(bpfRoot)).
 	LinksDir string
+	// TC forces the tc attachment: TCKindTC takes the clsact fallback
+	// even where the kernel has tcx (tests of the pre-6.6 path); "" picks
+	// tcx when the kernel has it.
+	TC string
 }
 
 // DeviceAttachment is what is attached to one device.
@@ -147,7 +151,11 @@ func attachDevice(dev Device, progs NorthSouthPrograms, opts DeviceOptions) (*de
 			}
 		}
 	}()
-	if err := d.attachTC(progs, opts.LinksDir); err != nil {
+	attachTC := d.attachTC
+	if opts.TC == TCKindTC {
+		attachTC = func(progs NorthSouthPrograms, _ string) error { return d.attachClsact(progs) }
+	}
+	if err := attachTC(progs, opts.LinksDir); err != nil {
 		return nil, err
 	}
 	if err := d.attachXDP(progs.XDPIngress, opts); err != nil {

@@ -3,10 +3,12 @@ package datapath
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 
 	"github.com/sluice-dataplane/sluice/internal/probe"
 	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
@@ -183,5 +185,98 @@ func TestPrivilegedCgroupLinksSurviveRestart(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(LinksDir(root), "cgroup-connect4")); !os.IsNotExist(err) {
 		t.Errorf("cgroup-connect4 pin after UnpinAttached: %v, want gone", err)
+	}
+}
+
+// The pre-6.6 path, forced on this kernel: a clsact qdisc with one
+// direct-action filter per direction; a second agent swaps its programs
+// into the same filters (FilterReplace, no gap), and DetachDevices deletes
+// them.
+func TestPrivilegedDeviceClsactFallback(t *testing.T) {
+	probetest.SkipUnless(t, probe.BTF, probe.TC)
+	ns := newTestNetns(t)
+	ns.addVeth(t, "nsc0", "nsc1")
+	nl := ns.netlink(t)
+	dev, err := nl.LinkByName("nsc0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	devices := []Device{{Name: "nsc0", Ifindex: dev.Attrs().Index}}
+	root := testBPFRoot(t)
+	t.Cleanup(func() { UnpinNorthSouth(root); UnpinLinks(root) })
+	opts := DeviceOptions{Devices: devices, XDP: XDPDisabled, LinksDir: LinksDir(root), TC: TCKindTC}
+	sizes := MapSizes{Services: 1024, Backends: 1024, RevNat: 1024, SockRev: 1024, Affinity: 1024, NodeIPs: 64}
+	load := func() *NorthSouth {
+		t.Helper()
+		n, err := LoadNorthSouth(NorthSouthOptions{BPFRoot: root, Sizes: sizes, CTEntries: 1024, NATEntries: 1024, MaglevTableSize: 251})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// filterProgs maps each direction's sluice filter to its program.
+	filterProgs := func() map[uint32]ebpf.ProgramID {
+		t.Helper()
+		out := map[uint32]ebpf.ProgramID{}
+		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+			fs, err := nl.FilterList(dev, parent)
+			if err != nil {
+				t.Fatalf("list tc filters of nsc0 (parent %x): %v", parent, err)
+			}
+			for _, f := range fs {
+				if bf, ok := f.(*netlink.BpfFilter); ok && strings.HasPrefix(bf.Name, "sluice-") {
+					if !bf.DirectAction {
+						t.Errorf("filter %s: not direct-action", bf.Name)
+					}
+					out[parent] = ebpf.ProgramID(bf.Id)
+				}
+			}
+		}
+		return out
+	}
+	attach := func(n *NorthSouth) DeviceAttachment {
+		t.Helper()
+		var got []DeviceAttachment
+		err := inNetns(ns.handle, func() (err error) {
+			got, err = n.AttachDevices(opts)
+			return err
+		})
+		if err != nil || len(got) != 1 {
+			t.Fatalf("attach to %v: %v (%d attachments)", devices, err, len(got))
+		}
+		return got[0]
+	}
+	want := func(step string, n *NorthSouth) {
+		t.Helper()
+		p := n.Programs()
+		got := filterProgs()
+		if got[netlink.HANDLE_MIN_INGRESS] != progID(t, p.TCIngress) || got[netlink.HANDLE_MIN_EGRESS] != progID(t, p.TCEgress) {
+			t.Errorf("%s: filters run %v, want ingress %d and egress %d", step, got,
+				progID(t, p.TCIngress), progID(t, p.TCEgress))
+		}
+	}
+
+	first := load()
+	if a := attach(first); a.TC != TCKindTC || a.IngressLinkID != 0 || a.XDP != XDPDisabled {
+		t.Fatalf("first attach: %+v, want clsact filters, no links, no XDP", a)
+	}
+	want("first agent", first)
+	if err := first.Close(); err != nil { // the agent exits; the filters stay
+		t.Fatal(err)
+	}
+	if len(filterProgs()) != 2 {
+		t.Fatalf("filters gone after the first agent closed: %v", filterProgs())
+	}
+	second := load()
+	defer second.Close()
+	attach(second)
+	want("second agent", second)
+	// In the devices' namespace, as the agent runs (filters are addressed
+	// by ifindex).
+	if err := inNetns(ns.handle, second.DetachDevices); err != nil {
+		t.Fatal(err)
+	}
+	if got := filterProgs(); len(got) != 0 {
+		t.Errorf("filters left after DetachDevices: %v", got)
 	}
 }

@@ -265,3 +265,60 @@ func TestPrivilegedNorthSouthNATGC(t *testing.T) {
 		}
 	})
 }
+
+// LRU eviction takes entries one at a time. A live flow whose ingress entry
+// went gets it back from its next packet in a later CT second, so its
+// replies are translated again; an ingress entry that would die before its
+// service entry (a flow that only sends) is kept alive with it.
+func TestPrivilegedNorthSouthConntrackIngressKept(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		egress := n.Programs().TCEgress
+		tcpKind := attachKind{"tc egress", nil, ingressKinds[0].verdicts}
+		c := client(43100)
+		const state = lbmap.CTFlagLocal | lbmap.CTFlagSYN | lbmap.CTFlagEstablished
+		pkt := func(flags uint8) bpftest.Packet {
+			return bpftest.Packet{Src: c, Dst: apNodePort, Proto: bpftest.TCP, Flags: flags}
+		}
+		send := func(step string, flags uint8) {
+			t.Helper()
+			in := pkt(flags)
+			runPacket(t, kind, prog, step, in, vPass, in.With(func(p *bpftest.Packet) { p.Dst = apLocal }))
+		}
+		reply := bpftest.Packet{Src: apLocal, Dst: c, Proto: bpftest.TCP, Flags: bpftest.ACK}
+		replyTranslated := func(step string) {
+			t.Helper()
+			runPacket(t, tcpKind, egress, step, reply, vPass, reply.With(func(p *bpftest.Packet) { p.Src = apNodePort }))
+		}
+		send("SYN", bpftest.SYN)
+		send("ACK", bpftest.ACK)
+		replyTranslated("reply")
+
+		inKey := lbmap.CTTuple{SAddr: lbmap.AddrFrom(c.Addr()), DAddr: lbmap.AddrFrom(apLocal.Addr()),
+			SPort: lbmap.PortFrom(c.Port()), DPort: lbmap.PortFrom(apLocal.Port()), Proto: bpftest.TCP, Dir: lbmap.CTDirIngress}
+		must(t, n.tc.Ct.Delete(&inKey))
+		// The same CT second: the lifetime does not move, nothing is
+		// looked at (the per-packet cost stays one lookup).
+		send("data, ingress entry evicted", bpftest.ACK|bpftest.PSH)
+		if _, ok := ctEntry(t, n, c, apLocal, bpftest.TCP, lbmap.CTDirIngress); ok {
+			t.Fatalf("ingress entry back within the same CT second")
+		}
+		setClock(t, n, ctNow+2)
+		send("data, 2 s later", bpftest.ACK|bpftest.PSH)
+		in := checkCT(t, n, "restored", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
+			ctWant{state, ctNow + 2 + lbmap.DefaultTCPEstTimeout, ctNow, 0, 0})
+		if in.NATAddr.NetIP() != ipNode || in.NATPort.Host() != apNodePort.Port() || in.RevNatID != 1 {
+			t.Errorf("restored ingress entry: frontend %s:%d rev NAT %d, want %s, 1",
+				in.NATAddr.NetIP(), in.NATPort.Host(), in.RevNatID, apNodePort)
+		}
+		replyTranslated("reply after the restore")
+
+		// An ingress entry about to die while its flow sends: kept alive.
+		cur, _ := ctEntry(t, n, c, apLocal, bpftest.TCP, lbmap.CTDirIngress)
+		cur.Lifetime = ctNow + 3
+		must(t, n.tc.Ct.Update(&inKey, &cur, ebpf.UpdateExist))
+		setClock(t, n, ctNow+4)
+		send("data, 4 s later", bpftest.ACK|bpftest.PSH)
+		checkCT(t, n, "kept alive", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
+			ctWant{state | lbmap.CTFlagSeenReply, ctNow + 4 + lbmap.DefaultTCPEstTimeout, ctNow, 0, 1})
+	})
+}
