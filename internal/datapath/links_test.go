@@ -52,43 +52,65 @@ func linkGone(id uint32) bool {
 // A simulated agent restart: the second NorthSouth finds the links the
 // first pinned, and swaps its programs into them (same link IDs) instead of
 // attaching anew; DetachDevices then removes them and their pins.
-func TestPrivilegedDeviceLinksSurviveRestart(t *testing.T) {
-	probetest.SkipUnless(t, probe.BTF, probe.TCX, probe.XDP)
-	ns := newTestNetns(t)
-	ns.addVeth(t, "nsa0", "nsa1")
-	nl := ns.netlink(t)
-	dev, err := nl.LinkByName("nsa0")
+// deviceTest is a veth in a test namespace, a pin root and the options the
+// device link tests attach with.
+type deviceTest struct {
+	ns   *testNetns
+	nl   *netlink.Handle
+	dev  netlink.Link
+	root string
+	opts DeviceOptions
+}
+
+// newDeviceTest makes the veth name (peer name+"p") and the pin root; opts
+// gets the device and the links directory.
+func newDeviceTest(t *testing.T, name string, opts DeviceOptions) *deviceTest {
+	t.Helper()
+	d := &deviceTest{ns: newTestNetns(t), root: testBPFRoot(t), opts: opts}
+	d.ns.addVeth(t, name, name+"p")
+	d.nl = d.ns.netlink(t)
+	var err error
+	if d.dev, err = d.nl.LinkByName(name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { UnpinNorthSouth(d.root); UnpinLinks(d.root) })
+	d.opts.Devices = []Device{{Name: name, Ifindex: d.dev.Attrs().Index}}
+	d.opts.LinksDir = LinksDir(d.root)
+	return d
+}
+
+// load is one agent's LoadNorthSouth over the test's pins.
+func (d *deviceTest) load(t *testing.T) *NorthSouth {
+	t.Helper()
+	sizes := MapSizes{Services: 1024, Backends: 1024, RevNat: 1024, SockRev: 1024, Affinity: 1024, NodeIPs: 64}
+	n, err := LoadNorthSouth(NorthSouthOptions{BPFRoot: d.root, Sizes: sizes, CTEntries: 1024, NATEntries: 1024, MaglevTableSize: 251})
 	if err != nil {
 		t.Fatal(err)
 	}
-	devices := []Device{{Name: "nsa0", Ifindex: dev.Attrs().Index}}
-	root := testBPFRoot(t)
-	t.Cleanup(func() { UnpinNorthSouth(root); UnpinLinks(root) })
-	opts := DeviceOptions{Devices: devices, XDP: XDPGeneric, LinksDir: LinksDir(root)}
-	sizes := MapSizes{Services: 1024, Backends: 1024, RevNat: 1024, SockRev: 1024, Affinity: 1024, NodeIPs: 64}
-	load := func() *NorthSouth {
-		t.Helper()
-		n, err := LoadNorthSouth(NorthSouthOptions{BPFRoot: root, Sizes: sizes, CTEntries: 1024, NATEntries: 1024, MaglevTableSize: 251})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	attach := func(n *NorthSouth) DeviceAttachment {
-		t.Helper()
-		var got []DeviceAttachment
-		err := inNetns(ns.handle, func() (err error) {
-			got, err = n.AttachDevices(opts)
-			return err
-		})
-		if err != nil || len(got) != 1 {
-			t.Fatalf("attach to %v: %v (%d attachments)", devices, err, len(got))
-		}
-		return got[0]
-	}
+	return n
+}
 
-	first := load()
-	a := attach(first)
+// attach is that agent's AttachDevices, in the device's namespace.
+func (d *deviceTest) attach(t *testing.T, n *NorthSouth) DeviceAttachment {
+	t.Helper()
+	var got []DeviceAttachment
+	err := inNetns(d.ns.handle, func() (err error) {
+		got, err = n.AttachDevices(d.opts)
+		return err
+	})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("attach to %v: %v (%d attachments)", d.opts.Devices, err, len(got))
+	}
+	return got[0]
+}
+
+func TestPrivilegedDeviceLinksSurviveRestart(t *testing.T) {
+	probetest.SkipUnless(t, probe.BTF, probe.TCX, probe.XDP)
+	d := newDeviceTest(t, "nsa0", DeviceOptions{XDP: XDPGeneric})
+	root := d.root
+
+	first := d.load(t)
+	a := d.attach(t, first)
 	if a.TC != TCKindTCX || a.XDP != XDPGeneric || a.Replaced || a.IngressLinkID == 0 || a.EgressLinkID == 0 || a.XDPLinkID == 0 {
 		t.Fatalf("first attach: %+v, want tcx and generic XDP links, new", a)
 	}
@@ -101,9 +123,9 @@ func TestPrivilegedDeviceLinksSurviveRestart(t *testing.T) {
 		}
 	}
 
-	second := load()
+	second := d.load(t)
 	defer second.Close()
-	b := attach(second)
+	b := d.attach(t, second)
 	if !b.Replaced {
 		t.Errorf("second attach: %+v, want Replaced", b)
 	}
@@ -194,26 +216,8 @@ func TestPrivilegedCgroupLinksSurviveRestart(t *testing.T) {
 // them.
 func TestPrivilegedDeviceClsactFallback(t *testing.T) {
 	probetest.SkipUnless(t, probe.BTF, probe.TC)
-	ns := newTestNetns(t)
-	ns.addVeth(t, "nsc0", "nsc1")
-	nl := ns.netlink(t)
-	dev, err := nl.LinkByName("nsc0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	devices := []Device{{Name: "nsc0", Ifindex: dev.Attrs().Index}}
-	root := testBPFRoot(t)
-	t.Cleanup(func() { UnpinNorthSouth(root); UnpinLinks(root) })
-	opts := DeviceOptions{Devices: devices, XDP: XDPDisabled, LinksDir: LinksDir(root), TC: TCKindTC}
-	sizes := MapSizes{Services: 1024, Backends: 1024, RevNat: 1024, SockRev: 1024, Affinity: 1024, NodeIPs: 64}
-	load := func() *NorthSouth {
-		t.Helper()
-		n, err := LoadNorthSouth(NorthSouthOptions{BPFRoot: root, Sizes: sizes, CTEntries: 1024, NATEntries: 1024, MaglevTableSize: 251})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	d := newDeviceTest(t, "nsc0", DeviceOptions{XDP: XDPDisabled, TC: TCKindTC})
+	nl, dev := d.nl, d.dev
 	// filterProgs maps each direction's sluice filter to its program.
 	filterProgs := func() map[uint32]ebpf.ProgramID {
 		t.Helper()
@@ -234,18 +238,6 @@ func TestPrivilegedDeviceClsactFallback(t *testing.T) {
 		}
 		return out
 	}
-	attach := func(n *NorthSouth) DeviceAttachment {
-		t.Helper()
-		var got []DeviceAttachment
-		err := inNetns(ns.handle, func() (err error) {
-			got, err = n.AttachDevices(opts)
-			return err
-		})
-		if err != nil || len(got) != 1 {
-			t.Fatalf("attach to %v: %v (%d attachments)", devices, err, len(got))
-		}
-		return got[0]
-	}
 	want := func(step string, n *NorthSouth) {
 		t.Helper()
 		p := n.Programs()
@@ -256,8 +248,8 @@ func TestPrivilegedDeviceClsactFallback(t *testing.T) {
 		}
 	}
 
-	first := load()
-	if a := attach(first); a.TC != TCKindTC || a.IngressLinkID != 0 || a.XDP != XDPDisabled {
+	first := d.load(t)
+	if a := d.attach(t, first); a.TC != TCKindTC || a.IngressLinkID != 0 || a.XDP != XDPDisabled {
 		t.Fatalf("first attach: %+v, want clsact filters, no links, no XDP", a)
 	}
 	want("first agent", first)
@@ -267,13 +259,13 @@ func TestPrivilegedDeviceClsactFallback(t *testing.T) {
 	if len(filterProgs()) != 2 {
 		t.Fatalf("filters gone after the first agent closed: %v", filterProgs())
 	}
-	second := load()
+	second := d.load(t)
 	defer second.Close()
-	attach(second)
+	d.attach(t, second)
 	want("second agent", second)
 	// In the devices' namespace, as the agent runs (filters are addressed
 	// by ifindex).
-	if err := inNetns(ns.handle, second.DetachDevices); err != nil {
+	if err := inNetns(d.ns.handle, second.DetachDevices); err != nil {
 		t.Fatal(err)
 	}
 	if got := filterProgs(); len(got) != 0 {
