@@ -341,6 +341,19 @@ func (a *Agent) syncOnce(full bool) error {
 		err = a.afterSync(full)
 	}
 	dur := time.Since(start)
+	end := time.Now()
+	// Before the last-sync timestamp moves, so that a scrape that sees it
+	// also sees the initial sync's duration.
+	if err == nil && listed {
+		a.mu.Lock()
+		initial := !a.initialSync
+		a.initialSync = true
+		a.mu.Unlock()
+		if initial {
+			a.metrics.initialSync.Set(end.Sub(a.started).Seconds())
+			a.log.Info("initial sync done", "sinceStart", end.Sub(a.started), "sync", dur, "services", sum.Services, "backends", sum.Backends)
+		}
+	}
 	a.metrics.observeSync(dur, sum, err)
 	if err == nil {
 		a.proxyHealth.Updated()
@@ -368,17 +381,11 @@ func (a *Agent) syncOnce(full bool) error {
 		return err
 	}
 	a.sync.Error = ""
-	end := time.Now()
 	if !first.IsZero() {
 		a.metrics.changeToMap.Observe(end.Sub(first).Seconds())
 	}
 	for _, t := range triggers {
 		a.metrics.programming.Observe(end.Sub(t).Seconds())
-	}
-	if listed && !a.initialSync {
-		a.initialSync = true
-		a.metrics.initialSync.Set(end.Sub(a.started).Seconds())
-		a.log.Info("initial sync done", "sinceStart", end.Sub(a.started), "sync", dur, "services", sum.Services, "backends", sum.Backends)
 	}
 	a.log.Debug("synced", "full", full, "duration", dur, "services", sum.Services, "frontends", sum.Frontends)
 	return nil
