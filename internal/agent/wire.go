@@ -107,6 +107,7 @@ type nodeDataplane struct {
 	podIfaces map[netip.Addr]uint32        // local backend -> host-side veth
 	tunnels   map[netip.Prefix]netip.Addr  // installed DSR tunnels: pod CIDR -> node
 	neighs    map[netip.Addr]netlink.Neigh // managed neighbours, by remote node IP
+	neighRec  *datapath.NeighbourRecord    // the same, pinned, for the next agent
 }
 
 // northSouthMaps is the LB maps plus the tables only the tc/XDP programs
@@ -175,6 +176,9 @@ func (d *nodeDataplane) close() error {
 	}
 	if d.ns != nil {
 		errs = append(errs, d.ns.Close())
+	}
+	if d.neighRec != nil {
+		errs = append(errs, d.neighRec.Close())
 	}
 	return errors.Join(append(errs, d.SockLB.Close())...)
 }
@@ -293,14 +297,16 @@ func (d *nodeDataplane) SyncNeighbors(nodes []netip.Addr) error {
 		want[ip] = netlink.Neigh{LinkIndex: routes[0].LinkIndex, Family: family,
 			IP: net.IP(hop.AsSlice()), FlagsExt: netlink.NTF_EXT_MANAGED}
 	}
+	if d.neighs == nil {
+		errs = append(errs, d.sweepNeighbors(want))
+		d.neighs = map[netip.Addr]netlink.Neigh{}
+	}
 	for ip, n := range d.neighs {
 		if w, ok := want[ip]; !ok || !w.IP.Equal(n.IP) || w.LinkIndex != n.LinkIndex {
 			_ = netlink.NeighDel(&n)
+			d.forgetNeighbor(n)
 			delete(d.neighs, ip)
 		}
-	}
-	if d.neighs == nil {
-		d.neighs = map[netip.Addr]netlink.Neigh{}
 	}
 	for ip, n := range want {
 		if _, ok := d.neighs[ip]; ok {
@@ -311,8 +317,59 @@ func (d *nodeDataplane) SyncNeighbors(nodes []netip.Addr) error {
 			continue
 		}
 		d.neighs[ip] = n
+		if d.neighRec != nil {
+			errs = append(errs, d.neighRec.Add(neighbour(n)))
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// sweepNeighbors runs at the first SyncNeighbors: it opens the pinned record
+// of the managed neighbours a previous agent made and removes those not
+// wanted now (nodes that left while no agent ran). Called with d.mu held.
+func (d *nodeDataplane) sweepNeighbors(want map[netip.Addr]netlink.Neigh) error {
+	rec, err := datapath.OpenNeighbourRecord(d.cfg.BPFRoot)
+	if err != nil {
+		return err
+	}
+	d.neighRec = rec
+	left, err := rec.List()
+	if err != nil {
+		return err
+	}
+	wanted := map[datapath.Neighbour]bool{}
+	for _, n := range want {
+		wanted[neighbour(n)] = true
+	}
+	var errs []error
+	for _, n := range left {
+		if wanted[n] {
+			continue
+		}
+		family := netlink.FAMILY_V4
+		if n.IP.Is6() {
+			family = netlink.FAMILY_V6
+		}
+		nl := netlink.Neigh{LinkIndex: n.Ifindex, Family: family, IP: net.IP(n.IP.AsSlice())}
+		if err := netlink.NeighDel(&nl); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENODEV) {
+			errs = append(errs, fmt.Errorf("remove stale managed neighbour %s on ifindex %d: %w", n.IP, n.Ifindex, err))
+			continue
+		}
+		errs = append(errs, rec.Delete(n))
+	}
+	return errors.Join(errs...)
+}
+
+// forgetNeighbor drops n from the pinned record.
+func (d *nodeDataplane) forgetNeighbor(n netlink.Neigh) {
+	if d.neighRec != nil {
+		_ = d.neighRec.Delete(neighbour(n))
+	}
+}
+
+func neighbour(n netlink.Neigh) datapath.Neighbour {
+	ip, _ := netip.AddrFromSlice(n.IP)
+	return datapath.Neighbour{Ifindex: n.LinkIndex, IP: ip.Unmap()}
 }
 
 // SyncTunnels writes the DSR tunnel map (another node's pod CIDR -> that

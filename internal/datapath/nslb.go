@@ -403,6 +403,7 @@ func UnpinNorthSouth(bpfRoot string) error {
 			}
 		}
 	}
+	errs = append(errs, unpinNeighbourRecord(bpfRoot))
 	return errors.Join(errs...)
 }
 
