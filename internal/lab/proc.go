@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/controlplane"
 )
 
@@ -259,7 +260,9 @@ func waitHealthy(ctx context.Context, a *Agent, timeout time.Duration) error {
 	var last error
 	for {
 		if last = agentHealth(ctx, a.Socket); last == nil {
-			return nil
+			if last = agentAttached(ctx, a.Socket); last == nil {
+				return nil
+			}
 		}
 		if !processAlive(a.PID) {
 			return fmt.Errorf("exited before /healthz answered (%v); log %s:\n%s", last, a.Log, logTail(a.Log, 30))
@@ -271,6 +274,26 @@ func waitHealthy(ctx context.Context, a *Agent, timeout time.Duration) error {
 			return err
 		}
 	}
+}
+
+// agentAttached checks that the agent has synced once and attached its
+// programs: the socket LB to its cgroup, the tc/XDP LB to its devices.
+// /healthz answers before that, while the first sync is still running.
+func agentAttached(ctx context.Context, socket string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	st, err := api.NewClient(socket).Status(ctx)
+	switch {
+	case err != nil:
+		return err
+	case st.Sync.Total == 0:
+		return errors.New("no sync yet")
+	case st.SocketLB.Enabled && len(st.SocketLB.AttachPoints) == 0:
+		return errors.New("socket LB not attached yet")
+	case st.NorthSouth != nil && st.NorthSouth.Enabled && len(st.NorthSouth.Devices) == 0:
+		return errors.New("tc/XDP LB not attached to its devices yet")
+	}
+	return nil
 }
 
 // agentHealth asks the agent's /healthz over its unix socket.
