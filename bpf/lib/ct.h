@@ -126,29 +126,35 @@ static __always_inline void ct_tuple_set(struct ct_tuple *t, const union lb_addr
 	t->pad = 0;
 }
 
-/* ct_write_ingress writes the ingress entry of flow p (before DNAT) from
- * its service entry, held in s->entry (which it turns into the ingress
- * entry), with the update flags uflags. The ingress entry counts replies
- * only (rx_*). A hairpin flow reaches the backend from the frontend's
- * address: its replies go there. */
+/* ct_ingress_tuple is the key of the ingress entry of flow p (before DNAT)
+ * whose service entry is svc. A hairpin flow reaches the backend from the
+ * frontend's address: its replies go there. */
+static __always_inline void ct_ingress_tuple(struct ct_tuple *t, const struct ns_pkt *p,
+					     const struct ct_entry *svc)
+{
+	union lb_addr be_addr __align_stack_8;
+
+	__builtin_memcpy(be_addr.b, svc->nat_addr, sizeof(be_addr.b));
+	ct_tuple_set(t, (svc->flags & CT_F_HAIRPIN) ? &p->daddr : &p->saddr, &be_addr,
+		     p->sport, svc->nat_port, p->proto, CT_DIR_INGRESS);
+}
+
+/* ct_write_ingress writes the ingress entry of flow p (before DNAT) under
+ * the key in s->tuple (ct_ingress_tuple) from its service entry, held in
+ * s->entry (which it turns into the ingress entry), with the update flags
+ * uflags. The ingress entry counts replies only (rx_*). */
 static __always_inline int ct_write_ingress(struct ct_scratch *s, const struct ns_pkt *p,
 					    __u64 uflags)
 {
-	struct ct_tuple *t = &s->tuple;
 	struct ct_entry *e = &s->entry;
-	union lb_addr be_addr __align_stack_8;
 
-	/* The key first: it takes the backend from the service entry. */
-	__builtin_memcpy(be_addr.b, e->nat_addr, sizeof(be_addr.b));
-	ct_tuple_set(t, (e->flags & CT_F_HAIRPIN) ? &p->daddr : &p->saddr, &be_addr,
-		     p->sport, e->nat_port, p->proto, CT_DIR_INGRESS);
 	e->packets = 0;
 	e->bytes = 0;
 	e->rx_packets = 0;
 	e->rx_bytes = 0;
 	__builtin_memcpy(e->nat_addr, p->daddr.b, sizeof(e->nat_addr));
 	e->nat_port = p->dport;
-	return bpf_map_update_elem(&ct, t, e, uflags);
+	return bpf_map_update_elem(&ct, &s->tuple, e, uflags);
 }
 
 /* ct_create_flow writes both entries of a new translated flow: the service
@@ -186,6 +192,7 @@ static __always_inline int ct_create_flow(const struct ns_config *cfg,
 	if (err || (kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
 		return err;
 
+	ct_ingress_tuple(t, p, e);
 	return ct_write_ingress(s, p, BPF_ANY);
 }
 
@@ -210,16 +217,13 @@ static __always_inline void ct_restore_ingress(const struct ns_pkt *p,
 {
 	struct ct_scratch *s;
 	struct ct_entry *in;
-	union lb_addr be_addr __align_stack_8;
 
 	if (!ct_has_ingress(svc))
 		return;
 	s = ns_scratch();
 	if (!s)
 		return;
-	__builtin_memcpy(be_addr.b, svc->nat_addr, sizeof(be_addr.b));
-	ct_tuple_set(&s->tuple, (svc->flags & CT_F_HAIRPIN) ? &p->daddr : &p->saddr,
-		     &be_addr, p->sport, svc->nat_port, p->proto, CT_DIR_INGRESS);
+	ct_ingress_tuple(&s->tuple, p, svc);
 	in = bpf_map_lookup_elem(&ct, &s->tuple);
 	if (in) {
 		if (in->lifetime < svc->lifetime)

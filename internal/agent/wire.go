@@ -290,12 +290,9 @@ func (d *nodeDataplane) SyncNeighbors(nodes []netip.Addr) error {
 		if gw, ok := netip.AddrFromSlice(routes[0].Gw); ok && routes[0].Gw != nil {
 			hop = gw.Unmap()
 		}
-		family := netlink.FAMILY_V4
-		if hop.Is6() {
-			family = netlink.FAMILY_V6
-		}
-		want[ip] = netlink.Neigh{LinkIndex: routes[0].LinkIndex, Family: family,
-			IP: net.IP(hop.AsSlice()), FlagsExt: netlink.NTF_EXT_MANAGED}
+		n := netlinkNeigh(datapath.Neighbour{Ifindex: routes[0].LinkIndex, IP: hop})
+		n.FlagsExt = netlink.NTF_EXT_MANAGED
+		want[ip] = n
 	}
 	if d.neighs == nil {
 		errs = append(errs, d.sweepNeighbors(want))
@@ -346,11 +343,7 @@ func (d *nodeDataplane) sweepNeighbors(want map[netip.Addr]netlink.Neigh) error 
 		if wanted[n] {
 			continue
 		}
-		family := netlink.FAMILY_V4
-		if n.IP.Is6() {
-			family = netlink.FAMILY_V6
-		}
-		nl := netlink.Neigh{LinkIndex: n.Ifindex, Family: family, IP: net.IP(n.IP.AsSlice())}
+		nl := netlinkNeigh(n)
 		if err := netlink.NeighDel(&nl); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENODEV) {
 			errs = append(errs, fmt.Errorf("remove stale managed neighbour %s on ifindex %d: %w", n.IP, n.Ifindex, err))
 			continue
@@ -365,6 +358,15 @@ func (d *nodeDataplane) forgetNeighbor(n netlink.Neigh) {
 	if d.neighRec != nil {
 		_ = d.neighRec.Delete(neighbour(n))
 	}
+}
+
+// netlinkNeigh is the neighbour entry of n, and neighbour its inverse.
+func netlinkNeigh(n datapath.Neighbour) netlink.Neigh {
+	family := netlink.FAMILY_V4
+	if n.IP.Is6() {
+		family = netlink.FAMILY_V6
+	}
+	return netlink.Neigh{LinkIndex: n.Ifindex, Family: family, IP: net.IP(n.IP.AsSlice())}
 }
 
 func neighbour(n netlink.Neigh) datapath.Neighbour {
