@@ -5,6 +5,10 @@
  *                     BPF_F_TEST_XDP_LIVE_FRAMES: writes the frame's headers
  *                     from the template, varies the UDP source port over
  *                     `flows` flows, and returns XDP_TX
+ *   xdp_pps_gen_cpu   the same, but hands the frame to the node's CPU
+ *                     (pps_cpus[node_cpu]), for `--node-cpu`
+ *   xdp_pps_to_node   that CPU's cpumap program: sends the frame on
+ *                     through gen0 (pps_dev[0]), as XDP_TX would
  *   xdp_pps_restore   the same header write, then a tail call into the
  *   tc_pps_restore    program under test (pps_target[0]): lets BPF_PROG_RUN
  *                     repeat a program that rewrites the packet, since the
@@ -116,6 +120,40 @@ int xdp_pps_gen(struct xdp_md *ctx)
 	if (xdp_write_header(ctx))
 		return XDP_ABORTED;
 	return XDP_TX;
+}
+
+/* The node's CPU: xdp_pps_gen_cpu hands each frame to the cpumap entry of
+ * that CPU, whose program (xdp_pps_to_node) sends it on through pps_dev[0],
+ * the generator's veth: eth0's NAPI is then scheduled on that CPU, and
+ * eth1's and the sink's with it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_CPUMAP);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, struct bpf_cpumap_val);
+} pps_cpus SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_DEVMAP);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct bpf_devmap_val);
+} pps_dev SEC(".maps");
+
+volatile const __u32 node_cpu;
+
+SEC("xdp")
+int xdp_pps_gen_cpu(struct xdp_md *ctx)
+{
+	if (xdp_write_header(ctx))
+		return XDP_ABORTED;
+	return bpf_redirect_map(&pps_cpus, node_cpu, 0);
+}
+
+SEC("xdp/cpumap")
+int xdp_pps_to_node(struct xdp_md *ctx)
+{
+	return bpf_redirect_map(&pps_dev, 0, 0);
 }
 
 SEC("xdp")

@@ -42,10 +42,12 @@ type PPSConfig struct {
 	FrameLen int
 	// ProgRepeat is the BPF_PROG_RUN repeat count of one ns/packet sample.
 	ProgRepeat int
-	// ThreadedNAPI runs the node's receive processing (eth0's NAPI) in a
-	// kernel thread, off the generator's CPU, so the rate is the node's
-	// and not the generator and node sharing one CPU.
-	ThreadedNAPI bool
+	// NodeCPU, when 0 or more, is the CPU that runs the node's receive
+	// work: the generator hands each frame to that CPU's cpumap entry,
+	// whose program sends it through gen0, so eth0, eth1 and the sink are
+	// served there and not on the generator's CPU (the last one). -1: the
+	// generator's CPU runs everything.
+	NodeCPU int
 	// Contenders to run (Contender*); empty: all.
 	Contenders []string
 	// Progress gets one line per step; nil discards them.
@@ -57,7 +59,7 @@ var AllContenders = []string{ContenderXDP, ContenderTC, ContenderNFTables, Conte
 
 // DefaultPPSConfig is what `sluice bench pps` runs without flags.
 func DefaultPPSConfig() PPSConfig {
-	return PPSConfig{Duration: 3 * time.Second, Repeats: 3, Flows: 1024, FrameLen: 60, ProgRepeat: 1_000_000}
+	return PPSConfig{Duration: 3 * time.Second, Repeats: 3, Flows: 1024, FrameLen: 60, ProgRepeat: 1_000_000, NodeCPU: -1}
 }
 
 // Validate names the first bad field.
@@ -73,6 +75,10 @@ func (c PPSConfig) Validate() error {
 		return fmt.Errorf("frame length %d: want %d to 1514", c.FrameLen, minFrameLen)
 	case c.ProgRepeat < 1:
 		return fmt.Errorf("prog repeat %d: want at least 1", c.ProgRepeat)
+	case c.NodeCPU < -1 || c.NodeCPU >= runtime.NumCPU():
+		return fmt.Errorf("node CPU %d: want -1 (the generator's) or a CPU from 0 to %d", c.NodeCPU, runtime.NumCPU()-1)
+	case c.NodeCPU >= 0 && c.NodeCPU == genCPU():
+		return fmt.Errorf("node CPU %d is the generator's CPU: want -1 or another one", c.NodeCPU)
 	}
 	for _, name := range c.Contenders {
 		if !slices.Contains(AllContenders, name) {
@@ -98,6 +104,7 @@ type pps struct {
 	cfg     PPSConfig
 	topo    *topology
 	helpers ppsObjects
+	gen     *ebpf.Program // xdp_pps_gen, or xdp_pps_gen_cpu with a node CPU
 	ns      *datapath.NorthSouth
 	bpfRoot string
 	frame   []byte
@@ -131,7 +138,10 @@ func RunPPS(ctx context.Context, cfg PPSConfig) (_ *PPSReport, err error) {
 	if maj, min, err := probe.KernelVersion(); err == nil {
 		p.report.Kernel = fmt.Sprintf("%d.%d", maj, min)
 	}
-	p.report.Notes = append(p.report.Notes, pipelineNote(cfg.ThreadedNAPI))
+	if cfg.NodeCPU >= 0 {
+		p.report.NodeCPU = &cfg.NodeCPU
+	}
+	p.report.Notes = append(p.report.Notes, pipelineNote(cfg.NodeCPU))
 	if load, err := os.ReadFile("/proc/loadavg"); err == nil {
 		p.report.Notes = append(p.report.Notes, "load average at start (1, 5, 15 min): "+
 			strings.Join(strings.Fields(string(load))[:3], ", "))
@@ -159,9 +169,11 @@ func RunPPS(ctx context.Context, cfg PPSConfig) (_ *PPSReport, err error) {
 	return p.report, nil
 }
 
-func pipelineNote(threaded bool) string {
-	if threaded {
-		return "threaded NAPI on eth0: the node's receive work runs in a kernel thread beside the generator's CPU"
+func pipelineNote(nodeCPU int) string {
+	if nodeCPU >= 0 {
+		return fmt.Sprintf("two CPUs: the generator on CPU %d hands each frame to a cpumap for CPU %d, whose "+
+			"kthread sends it through gen0, so eth0, eth1 and the sink run on CPU %d; a rate below the "+
+			"offered one is CPU %d's, the frame's move between CPUs included", genCPU(), nodeCPU, nodeCPU, nodeCPU)
 	}
 	return "one CPU: veth XDP_TX and redirect run the receiver's NAPI in the sender's softirq, so generator, " +
 		"node and sink share the generator's CPU and each rate is 1 / (sum of their per-packet costs); " +
@@ -224,7 +236,7 @@ func (p *pps) setup() error {
 	}
 	var tmpl [minFrameLen]byte
 	copy(tmpl[:], frame)
-	for name, v := range map[string]any{"pps_tmpl": tmpl, "base_sport": uint16(baseSport), "flows": uint32(p.cfg.Flows)} {
+	for name, v := range map[string]any{"pps_tmpl": tmpl, "base_sport": uint16(baseSport), "flows": uint32(p.cfg.Flows), "node_cpu": uint32(max(p.cfg.NodeCPU, 0))} {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)
 		}
@@ -236,6 +248,13 @@ func (p *pps) setup() error {
 	p.progress("building namespaces gen ── node ── sink")
 	if p.topo, err = newTopology(); err != nil {
 		return err
+	}
+	p.gen = p.helpers.XdpPpsGen
+	if p.cfg.NodeCPU >= 0 {
+		p.progress("handing frames to CPU %d through a cpumap (the generator runs on CPU %d)", p.cfg.NodeCPU, genCPU())
+		if err := p.useNodeCPU(); err != nil {
+			return err
+		}
 	}
 	p.bpfRoot = filepath.Join(bpfFS, p.topo.id)
 	p.progress("loading the north-south LB (pins under %s)", p.bpfRoot)
@@ -400,13 +419,6 @@ func (p *pps) attachOnEth0(prog *ebpf.Program) (link.Link, error) {
 	if err != nil {
 		return nil, fmt.Errorf("native XDP on veth eth0: %w", err)
 	}
-	// The veth's NAPI exists from the XDP attach on, and is made anew
-	// by each attach: move it into its own thread now.
-	if p.cfg.ThreadedNAPI {
-		if err := p.topo.node.setThreadedNAPI("eth0"); err != nil {
-			p.progress("eth0: threaded NAPI not available, the node shares the generator's CPU: %v", err)
-		}
-	}
 	return l, nil
 }
 
@@ -498,7 +510,7 @@ func (p *pps) genOptions(repeat uint32) *ebpf.RunOptions {
 // dropped there.
 func (p *pps) probeLiveFrames() error {
 	return p.topo.gen.do(func() error {
-		_, err := p.helpers.XdpPpsGen.Run(p.genOptions(1))
+		_, err := p.gen.Run(p.genOptions(1))
 		return err
 	})
 }
@@ -516,14 +528,49 @@ func (p *pps) sinkCount() (uint64, error) {
 	return n, nil
 }
 
-// generate runs the generator in the gen namespace for d and returns the
-// rate counted at the sink and the rate offered, per second of
-// generation. The generator's thread is pinned to the last CPU, so the
-// node's threaded NAPI can use the others.
+// genCPU is the CPU the generator is pinned to: the last one.
+func genCPU() int { return runtime.NumCPU() - 1 }
+
+// cpumapQueue is the node CPU's cpumap queue (the kernel's limit). A vCPU
+// that has gone idle can take milliseconds to wake; a 256-frame queue (or
+// a veth's ring, for threaded NAPI) overflowed while it slept and lost
+// four frames in five on the 2-vCPU lab VM.
+const cpumapQueue = 16384
+
+// useNodeCPU points the generator at the node CPU's cpumap entry, whose
+// program sends the frames on through gen0 (pps_dev[0]).
+func (p *pps) useNodeCPU() error {
+	err := p.topo.gen.do(func() error {
+		// The devmap resolves the ifindex in the updater's namespace.
+		dev := struct{ Ifindex, ProgFD uint32 }{Ifindex: uint32(p.topo.genIf)}
+		if err := p.helpers.PpsDev.Update(uint32(0), dev, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("devmap entry for gen0: %w", err)
+		}
+		cpu := struct{ Qsize, ProgFD uint32 }{Qsize: cpumapQueue, ProgFD: uint32(p.helpers.XdpPpsToNode.FD())}
+		if err := p.helpers.PpsCpus.Update(uint32(p.cfg.NodeCPU), cpu, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("cpumap entry for CPU %d with a program (5.9): %w", p.cfg.NodeCPU, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("node CPU %d: %w", p.cfg.NodeCPU, err)
+	}
+	p.gen = p.helpers.XdpPpsGenCpu
+	return nil
+}
+
+// drainMax bounds the wait for the frames still queued after a run.
+const drainMax = time.Second
+
+// generate runs the generator in the gen namespace for d, pinned to the
+// last CPU, and returns the rate counted at the sink and the rate offered.
+// Frames still queued when the generator stops are waited for and
+// counted, over the time they took: a rate is what reached the sink per
+// second from the start until the last frame arrived.
 func (p *pps) generate(ctx context.Context, d time.Duration) (rate, offered float64, err error) {
 	err = p.topo.gen.do(func() error {
 		var set unix.CPUSet
-		set.Set(runtime.NumCPU() - 1)
+		set.Set(genCPU())
 		if err := unix.SchedSetaffinity(0, &set); err != nil {
 			return fmt.Errorf("pin the generator: %w", err)
 		}
@@ -539,7 +586,7 @@ func (p *pps) generate(ctx context.Context, d time.Duration) (rate, offered floa
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if _, err := p.helpers.XdpPpsGen.Run(p.genOptions(chunk)); err != nil {
+			if _, err := p.gen.Run(p.genOptions(chunk)); err != nil {
 				return fmt.Errorf("generate (live frames): %w", err)
 			}
 			sent += uint64(chunk)
@@ -548,16 +595,31 @@ func (p *pps) generate(ctx context.Context, d time.Duration) (rate, offered floa
 				chunk *= 2
 			}
 		}
-		elapsed := time.Since(start).Seconds()
-		time.Sleep(20 * time.Millisecond) // frames still in the rings
-		after, err := p.sinkCount()
+		offered = float64(sent) / time.Since(start).Seconds()
+		last, lastAt, err := p.drain()
 		if err != nil {
 			return err
 		}
-		rate, offered = float64(after-before)/elapsed, float64(sent)/elapsed
+		rate = float64(last-before) / lastAt.Sub(start).Seconds()
 		return nil
 	})
 	return rate, offered, err
+}
+
+// drain waits until the sink's count stops moving and returns it with the
+// time it last moved.
+func (p *pps) drain() (uint64, time.Time, error) {
+	last, err := p.sinkCount()
+	lastAt := time.Now()
+	for end := lastAt.Add(drainMax); err == nil && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
+		var n uint64
+		if n, err = p.sinkCount(); err == nil && n == last {
+			break
+		}
+		last, lastAt = n, time.Now()
+	}
+	return last, lastAt, err
 }
 
 // costProgram is one program timed by measureCosts.

@@ -17,17 +17,22 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	ppsMapPpsCount       = "pps_count"
+	ppsMapPpsCpus        = "pps_cpus"
+	ppsMapPpsDev         = "pps_dev"
 	ppsMapPpsSeq         = "pps_seq"
 	ppsMapPpsTcTarget    = "pps_tc_target"
 	ppsMapPpsXdpTarget   = "pps_xdp_target"
 	ppsProgTcPpsPass     = "tc_pps_pass"
 	ppsProgTcPpsRestore  = "tc_pps_restore"
 	ppsProgXdpPpsGen     = "xdp_pps_gen"
+	ppsProgXdpPpsGenCpu  = "xdp_pps_gen_cpu"
 	ppsProgXdpPpsPass    = "xdp_pps_pass"
 	ppsProgXdpPpsRestore = "xdp_pps_restore"
 	ppsProgXdpPpsSink    = "xdp_pps_sink"
+	ppsProgXdpPpsToNode  = "xdp_pps_to_node"
 	ppsVarBaseSport      = "base_sport"
 	ppsVarFlows          = "flows"
+	ppsVarNodeCpu        = "node_cpu"
 	ppsVarPpsTmpl        = "pps_tmpl"
 )
 
@@ -76,9 +81,11 @@ type ppsProgramSpecs struct {
 	TcPpsPass     *ebpf.ProgramSpec `ebpf:"tc_pps_pass"`
 	TcPpsRestore  *ebpf.ProgramSpec `ebpf:"tc_pps_restore"`
 	XdpPpsGen     *ebpf.ProgramSpec `ebpf:"xdp_pps_gen"`
+	XdpPpsGenCpu  *ebpf.ProgramSpec `ebpf:"xdp_pps_gen_cpu"`
 	XdpPpsPass    *ebpf.ProgramSpec `ebpf:"xdp_pps_pass"`
 	XdpPpsRestore *ebpf.ProgramSpec `ebpf:"xdp_pps_restore"`
 	XdpPpsSink    *ebpf.ProgramSpec `ebpf:"xdp_pps_sink"`
+	XdpPpsToNode  *ebpf.ProgramSpec `ebpf:"xdp_pps_to_node"`
 }
 
 // ppsMapSpecs contains maps before they are loaded into the kernel.
@@ -86,6 +93,8 @@ type ppsProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type ppsMapSpecs struct {
 	PpsCount     *ebpf.MapSpec `ebpf:"pps_count"`
+	PpsCpus      *ebpf.MapSpec `ebpf:"pps_cpus"`
+	PpsDev       *ebpf.MapSpec `ebpf:"pps_dev"`
 	PpsSeq       *ebpf.MapSpec `ebpf:"pps_seq"`
 	PpsTcTarget  *ebpf.MapSpec `ebpf:"pps_tc_target"`
 	PpsXdpTarget *ebpf.MapSpec `ebpf:"pps_xdp_target"`
@@ -97,6 +106,7 @@ type ppsMapSpecs struct {
 type ppsVariableSpecs struct {
 	BaseSport *ebpf.VariableSpec `ebpf:"base_sport"`
 	Flows     *ebpf.VariableSpec `ebpf:"flows"`
+	NodeCpu   *ebpf.VariableSpec `ebpf:"node_cpu"`
 	PpsTmpl   *ebpf.VariableSpec `ebpf:"pps_tmpl"`
 }
 
@@ -121,6 +131,8 @@ func (o *ppsObjects) Close() error {
 // It can be passed to loadPpsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ppsMaps struct {
 	PpsCount     *ebpf.Map `ebpf:"pps_count"`
+	PpsCpus      *ebpf.Map `ebpf:"pps_cpus"`
+	PpsDev       *ebpf.Map `ebpf:"pps_dev"`
 	PpsSeq       *ebpf.Map `ebpf:"pps_seq"`
 	PpsTcTarget  *ebpf.Map `ebpf:"pps_tc_target"`
 	PpsXdpTarget *ebpf.Map `ebpf:"pps_xdp_target"`
@@ -129,6 +141,8 @@ type ppsMaps struct {
 func (m *ppsMaps) Close() error {
 	return _PpsClose(
 		m.PpsCount,
+		m.PpsCpus,
+		m.PpsDev,
 		m.PpsSeq,
 		m.PpsTcTarget,
 		m.PpsXdpTarget,
@@ -141,6 +155,7 @@ func (m *ppsMaps) Close() error {
 type ppsVariables struct {
 	BaseSport *ebpf.Variable `ebpf:"base_sport"`
 	Flows     *ebpf.Variable `ebpf:"flows"`
+	NodeCpu   *ebpf.Variable `ebpf:"node_cpu"`
 	PpsTmpl   *ebpf.Variable `ebpf:"pps_tmpl"`
 }
 
@@ -151,9 +166,11 @@ type ppsPrograms struct {
 	TcPpsPass     *ebpf.Program `ebpf:"tc_pps_pass"`
 	TcPpsRestore  *ebpf.Program `ebpf:"tc_pps_restore"`
 	XdpPpsGen     *ebpf.Program `ebpf:"xdp_pps_gen"`
+	XdpPpsGenCpu  *ebpf.Program `ebpf:"xdp_pps_gen_cpu"`
 	XdpPpsPass    *ebpf.Program `ebpf:"xdp_pps_pass"`
 	XdpPpsRestore *ebpf.Program `ebpf:"xdp_pps_restore"`
 	XdpPpsSink    *ebpf.Program `ebpf:"xdp_pps_sink"`
+	XdpPpsToNode  *ebpf.Program `ebpf:"xdp_pps_to_node"`
 }
 
 func (p *ppsPrograms) Close() error {
@@ -161,9 +178,11 @@ func (p *ppsPrograms) Close() error {
 		p.TcPpsPass,
 		p.TcPpsRestore,
 		p.XdpPpsGen,
+		p.XdpPpsGenCpu,
 		p.XdpPpsPass,
 		p.XdpPpsRestore,
 		p.XdpPpsSink,
+		p.XdpPpsToNode,
 	)
 }
 

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"testing"
 	"time"
@@ -13,16 +14,28 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
 
-// TestPrivilegedPPSSmoke runs the whole benchmark briefly: every
-// contender forwards packets to the sink, both programs are timed on the
-// forwarding path, and nothing of the run is left behind. It checks that
-// the benchmark works, not how fast anything is.
+// TestPrivilegedPPSSmoke runs the whole benchmark briefly, with the node
+// on the generator's CPU and on a CPU of its own: every contender forwards
+// packets to the sink, both programs are timed on the forwarding path, and
+// nothing of the run is left behind. It checks that the benchmark works,
+// not how fast anything is.
 func TestPrivilegedPPSSmoke(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
 	probetest.SkipUnless(t, probe.BTF, probe.XDP, probe.TC, probe.TCX, probe.ProgRun)
-	cfg := PPSConfig{Duration: 50 * time.Millisecond, Repeats: 1, Flows: 16, FrameLen: 60, ProgRepeat: 1000}
+	t.Run("shared CPU", func(t *testing.T) { ppsSmoke(t, -1) })
+	t.Run("node CPU", func(t *testing.T) {
+		if runtime.NumCPU() < 2 {
+			t.Skip("one CPU: the node cannot have one of its own")
+		}
+		ppsSmoke(t, 0)
+	})
+}
+
+func ppsSmoke(t *testing.T, nodeCPU int) {
+	cfg := DefaultPPSConfig()
+	cfg.Duration, cfg.Repeats, cfg.Flows, cfg.ProgRepeat, cfg.NodeCPU = 50*time.Millisecond, 1, 16, 1000, nodeCPU
 	// The kernel references need their tools; without one, its row is
 	// expected to be skipped rather than to forward.
 	tools := map[string]string{ContenderNFTables: "nft", ContenderIPTables: "iptables-legacy"}
@@ -49,6 +62,9 @@ func TestPrivilegedPPSSmoke(t *testing.T) {
 	}
 	if len(r.Rates) != len(AllContenders) {
 		t.Errorf("%d rate rows, want one per contender %v", len(r.Rates), AllContenders)
+	}
+	if got := r.NodeCPU; (got == nil) != (nodeCPU < 0) || (got != nil && *got != nodeCPU) {
+		t.Errorf("report's node CPU %v, want %d (-1: none)", got, nodeCPU)
 	}
 	if len(r.Costs) != 2 {
 		t.Fatalf("%d cost rows, want xdp_lb_ingress and tc_lb_ingress: %+v", len(r.Costs), r.Costs)

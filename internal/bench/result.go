@@ -108,12 +108,15 @@ type PPSReport struct {
 	Flows    int           `json:"flows"`
 	Duration time.Duration `json:"duration_ns"`
 	Repeats  int           `json:"repeats"`
-	Topology string        `json:"topology"`
-	Notes    []string      `json:"notes,omitempty"`
-	Ceiling  RateRow       `json:"ceiling"`
-	Rates    []RateRow     `json:"rates"`
-	Costs    []CostRow     `json:"costs"`
-	Ratios   []Ratio       `json:"ratios"`
+	// NodeCPU is the CPU of the node's receive work; nil when it shares
+	// the generator's.
+	NodeCPU  *int      `json:"node_cpu,omitempty"`
+	Topology string    `json:"topology"`
+	Notes    []string  `json:"notes,omitempty"`
+	Ceiling  RateRow   `json:"ceiling"`
+	Rates    []RateRow `json:"rates"`
+	Costs    []CostRow `json:"costs"`
+	Ratios   []Ratio   `json:"ratios"`
 }
 
 // ratioTargets are the brief's targets (section 5).
@@ -127,12 +130,14 @@ var ratioTargets = []struct {
 }
 
 // ComputeNodeCost fills NodeNs of every measured rate row from the
-// ceiling.
+// ceiling, when generator and node share a CPU: then a rate is one over
+// the sum of their costs. With a node CPU of its own there is no such
+// sum, and NodeNs stays 0.
 func (r *PPSReport) ComputeNodeCost() {
 	for i := range r.Rates {
 		row := &r.Rates[i]
 		row.NodeNs = 0
-		if row.Skipped != "" || r.Ceiling.Skipped != "" || row.PPS.Median <= 0 || r.Ceiling.PPS.Median <= 0 {
+		if r.NodeCPU != nil || row.Skipped != "" || r.Ceiling.Skipped != "" || row.PPS.Median <= 0 || r.Ceiling.PPS.Median <= 0 {
 			continue
 		}
 		row.NodeNs = 1e9/row.PPS.Median - 1e9/r.Ceiling.PPS.Median
@@ -147,6 +152,9 @@ func (r *PPSReport) ComputeRatios() {
 	}
 	r.Ratios = nil
 	for _, basis := range []string{BasisRate, BasisNodeCost} {
+		if basis == BasisNodeCost && r.NodeCPU != nil {
+			continue // no node cost with a node CPU of its own
+		}
 		for _, t := range ratioTargets {
 			ratio := Ratio{Name: t.num + " / " + t.den, Basis: basis, Target: t.target}
 			num, okNum := rows[t.num]

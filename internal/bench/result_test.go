@@ -205,3 +205,22 @@ func TestReportOutputNamesSkippedRows(t *testing.T) {
 		}
 	}
 }
+
+// With the node on a CPU of its own, a rate is not one over a sum of
+// costs: no node cost and no ratio of node costs, the rate ratio stays.
+func TestComputeRatiosNodeCPU(t *testing.T) {
+	cpu := 0
+	r := &PPSReport{NodeCPU: &cpu, Ceiling: rate(ContenderCeiling, 4e6),
+		Rates: []RateRow{rate(ContenderXDP, 2e6), rate(ContenderTC, 1e6)}}
+	r.ComputeNodeCost()
+	r.ComputeRatios()
+	for _, row := range r.Rates {
+		if row.NodeNs != 0 {
+			t.Errorf("%s: node cost %.1f ns with a node CPU, want none", row.Contender, row.NodeNs)
+		}
+	}
+	want := Ratio{Name: "sluice-xdp / sluice-tc", Basis: BasisRate, Value: 2, Target: 3, Bound: 4}
+	if len(r.Ratios) != 1 || r.Ratios[0] != want {
+		t.Errorf("ratios %+v, want only %+v", r.Ratios, want)
+	}
+}

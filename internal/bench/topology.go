@@ -288,10 +288,3 @@ func ownerAlive(name string) bool {
 }
 
 const bpfFS = "/sys/fs/bpf"
-
-// setThreadedNAPI moves the device's NAPI poll into a kernel thread, so the
-// node's receive work runs beside the generator instead of on its CPU.
-// Needs a sysfs of the namespace, hence ip netns exec.
-func (n *netNS) setThreadedNAPI(dev string) error {
-	return n.exec("", "sh", "-c", fmt.Sprintf("echo 1 > /sys/class/net/%s/threaded", dev))
-}
