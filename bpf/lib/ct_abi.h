@@ -30,6 +30,8 @@
 #define CT_F_DSR         (1 << 6) /* remote backend reached through DSR */
 #define CT_F_HAIRPIN     (1 << 7) /* per-packet LB: a pod to its own Service, its
 				   * source rewritten to the frontend */
+#define CT_F_SNAT_FE     (1 << 8) /* snat_port's source address is the frontend (a
+				   * node IP), not ns_config's snat_addr */
 
 /* ns_config.mode, --lb-mode. */
 #define NS_MODE_SNAT   0
@@ -52,7 +54,8 @@ struct ct_entry {
 	__be16 nat_port;
 	__u16  rev_nat_id;   /* lb_rev_nat index of the service */
 	__u16  flags;        /* CT_F_* */
-	__u16  pad;
+	__be16 snat_port;    /* SERVICE, CT_F_SNAT: the flow's nat port, a copy of
+			      * its egress mapping (0: not known) */
 	__u64  packets;      /* in the key's direction */
 	__u64  bytes;
 	__u64  rx_packets;   /* replies (CT_DIR_INGRESS entries) */

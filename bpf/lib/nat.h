@@ -82,6 +82,95 @@ static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 	return pkt_rewrite(ctx, p, false, &node, fwd.to_port);
 }
 
+/* snat_cached_source is the source address of a flow whose service entry
+ * e holds its nat port: the frontend (before DNAT), or the configured one. */
+static __always_inline void snat_cached_source(const struct ns_config *cfg,
+					       const struct ct_entry *e, bool v6,
+					       const union lb_addr *frontend,
+					       union lb_addr *out)
+{
+	if (e->flags & CT_F_SNAT_FE)
+		*out = *frontend;
+	else
+		__builtin_memcpy(out->b, v6 ? cfg->snat_addr6 : cfg->snat_addr4, sizeof(out->b));
+}
+
+/* snat_cache copies the egress mapping n of a flow to frontend into its
+ * service entry e, so later packets need no snat lookup. A mapping from
+ * neither the frontend nor the configured address is left uncached. */
+static __always_inline void snat_cache(const struct ns_config *cfg, struct ct_entry *e,
+				       bool v6, const union lb_addr *frontend,
+				       const struct nat_entry *n)
+{
+	const __u8 *conf = v6 ? cfg->snat_addr6 : cfg->snat_addr4;
+	__u16 flags = e->flags;
+
+	if (addr_equal(frontend, n->to_addr))
+		flags |= CT_F_SNAT_FE;
+	else if (addr_equal((const union lb_addr *)n->to_addr, conf))
+		flags &= ~CT_F_SNAT_FE;
+	else
+		return;
+	if (flags != e->flags)
+		WRITE_ONCE(e->flags, flags);
+	WRITE_ONCE(e->snat_port, n->to_port);
+}
+
+/* snat_refresh checks, once a CT second, the mapping that the service
+ * entry e of flow p (before DNAT) holds a copy of. When the mapping is gone
+ * (LRU eviction, or the agent's GC while the ingress entry was missing) it
+ * writes it back with the same port, so the flow keeps its source; when it
+ * differs, or the port has been taken since, the copy is dropped and the
+ * next packet looks the mapping up (or allocates one). Not inlined, with
+ * its keys in the per-CPU scratch: the service path's frame is near the
+ * 512-byte limit. */
+static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry *e,
+				    const struct ns_pkt *p)
+{
+	const union lb_addr *node;
+	const struct nat_entry *n;
+	struct ct_scratch *s;
+
+	if (!(e->flags & CT_F_SNAT) || !e->snat_port)
+		return;
+	s = ns_scratch();
+	if (!s)
+		return;
+	if (e->flags & CT_F_SNAT_FE)
+		node = &p->daddr;
+	else
+		node = (const union lb_addr *)(p->v6 ? cfg->snat_addr6 : cfg->snat_addr4);
+	/* Both keys and the ingress value first: few values live across the
+	 * map calls, and this frame stays small. */
+	ct_tuple_set(&s->tuple2, (const union lb_addr *)e->nat_addr, node, e->nat_port,
+		     e->snat_port, p->proto, NAT_DIR_INGRESS);
+	ct_tuple_set(&s->tuple, &p->saddr, (const union lb_addr *)e->nat_addr, p->sport,
+		     e->nat_port, p->proto, NAT_DIR_EGRESS);
+	__builtin_memcpy(s->nat.to_addr, p->saddr.b, sizeof(s->nat.to_addr));
+	s->nat.to_port = p->sport;
+	s->nat.pad = 0;
+	s->nat.created = e->created;
+
+	n = bpf_map_lookup_elem(&snat, &s->tuple);
+	if (n) {
+		if (n->to_port != e->snat_port ||
+		    !addr_equal((const union lb_addr *)s->tuple2.daddr, n->to_addr))
+			WRITE_ONCE(e->snat_port, 0);
+		return;
+	}
+	if (bpf_map_update_elem(&snat, &s->tuple2, &s->nat, BPF_NOEXIST)) {
+		n = bpf_map_lookup_elem(&snat, &s->tuple2);
+		if (!n || n->to_port != p->sport || !addr_equal(&p->saddr, n->to_addr)) {
+			WRITE_ONCE(e->snat_port, 0); /* the port went to another flow */
+			return;
+		}
+	}
+	__builtin_memcpy(s->nat.to_addr, s->tuple2.daddr, sizeof(s->nat.to_addr));
+	s->nat.to_port = e->snat_port;
+	if (bpf_map_update_elem(&snat, &s->tuple, &s->nat, BPF_ANY))
+		WRITE_ONCE(e->snat_port, 0);
+}
+
 /* snat_reverse translates a reply to node IP:nat port back to the client.
  * It returns 1 when p is such a reply, 0 when it is not, < 0 on error. */
 static __always_inline int snat_reverse(struct __ctx_buff *ctx, struct ns_pkt *p)

@@ -293,8 +293,9 @@ static __always_inline bool ns_flow_alive(const struct ct_entry *e, const struct
 
 /* ns_established looks up the CT service entry of p and returns it when it
  * still decides the flow: alive, not a SYN reusing a closing tuple, and, for
- * SNAT, with its egress mapping in *n. Then the entry holds all that the
- * translation needs, and no service, slot or backend entry is read. */
+ * SNAT, with its nat port: copied into the entry (snat_port), or else its
+ * egress mapping in *n. Then the entry holds all that the translation
+ * needs, and no service, slot or backend entry is read. */
 static __always_inline struct ct_entry *ns_established(const struct ns_pkt *p, __u32 now,
 							const struct nat_entry **n)
 {
@@ -307,7 +308,7 @@ static __always_inline struct ct_entry *ns_established(const struct ns_pkt *p, _
 	if (!e || ct_is_new_syn(e, p->proto, p->tcp_flags, now) || !ns_flow_alive(e, p))
 		return NULL;
 	*n = NULL;
-	if (e->flags & (CT_F_LOCAL | CT_F_DSR))
+	if ((e->flags & (CT_F_LOCAL | CT_F_DSR)) || e->snat_port)
 		return e;
 	/* The egress mapping's key is the tuple after DNAT. */
 	__builtin_memcpy(t.daddr, e->nat_addr, sizeof(t.daddr));
@@ -365,8 +366,10 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	if (!tunnel) {
 		e = ns_established(p, now, &n);
 		if (e) {
-			if (ct_update(e, cfg, p, len, now, false))
+			if (ct_update(e, cfg, p, len, now, false)) {
 				ct_restore_ingress(p, e);
+				snat_refresh(cfg, e, p);
+			}
 			kind = e->flags & NS_KIND_FLAGS;
 			__builtin_memcpy(be_addr.b, e->nat_addr, sizeof(be_addr.b));
 			be_port = e->nat_port;
@@ -460,6 +463,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		if (ct_create_flow(cfg, p, len, now, &be_addr, be_port, backend_id,
 				   rev_nat_id, kind))
 			return CTX_ACT_DROP;
+		e = NULL; /* replaced: the new entry learns its nat port later */
 	} else {
 		__builtin_memcpy(be_addr.b, be->addr, sizeof(be_addr.b));
 		be_port = be->port;
@@ -479,11 +483,23 @@ translate:
 #endif /* SLUICE_POD_LB */
 	if (kind & CT_F_LOCAL)
 		return ns_forward(ctx, p, FWD_LOCAL);
-	if (n) {
+	if (n || (e && e->snat_port)) {
+		/* An established flow (e: its service entry): its mapping, or
+		 * the entry's copy of it. */
 		union lb_addr node __align_stack_8;
+		__be16 port;
 
-		__builtin_memcpy(node.b, n->to_addr, sizeof(node.b));
-		ret = pkt_rewrite(ctx, p, false, &node, n->to_port);
+		if (n) {
+			__builtin_memcpy(node.b, n->to_addr, sizeof(node.b));
+			port = n->to_port;
+			/* Later packets of the flow take the copy. */
+			if (e)
+				snat_cache(cfg, e, p->v6, &frontend, n);
+		} else {
+			port = e->snat_port;
+			snat_cached_source(cfg, e, p->v6, &frontend, &node);
+		}
+		ret = pkt_rewrite(ctx, p, false, &node, port);
 	} else {
 		ret = snat_egress(ctx, p, cfg, &frontend, hash, now);
 	}

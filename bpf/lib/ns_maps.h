@@ -76,6 +76,8 @@ struct {
 struct ct_scratch {
 	struct ct_tuple tuple;
 	struct ct_entry entry;
+	struct ct_tuple tuple2;  /* snat_refresh: the ingress mapping's key */
+	struct nat_entry nat;
 };
 
 struct {

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"errors"
 	"net/netip"
 	"os"
 	"strconv"
@@ -320,5 +321,93 @@ func TestPrivilegedNorthSouthConntrackIngressKept(t *testing.T) {
 		send("data, 4 s later", bpftest.ACK|bpftest.PSH)
 		checkCT(t, n, "kept alive", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
 			ctWant{state | lbmap.CTFlagSeenReply, ctNow + 4 + lbmap.DefaultTCPEstTimeout, ctNow, 0, 1})
+	})
+}
+
+// An established SNAT flow keeps a copy of its nat port in its service
+// entry, so its packets need no snat lookup. Once a CT second the copy is
+// checked against the mapping: a mapping that went (LRU eviction, GC) is
+// written back with the same port, so the flow keeps its source and its
+// replies are translated; a mapping that differs wins over the copy.
+func TestPrivilegedNorthSouthSNATCopy(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		for _, tc := range []struct {
+			name    string
+			in      bpftest.Packet
+			backend netip.AddrPort
+			node    netip.Addr
+		}{
+			{"IPv4 UDP", udpPkt(client(44000), apLBUDP), apRemoteU, ipNode},
+			{"IPv6 TCP", tcpSyn(client6(44000), apLBTCP6), apRemote6, ipNode6},
+		} {
+			setClock(t, n, ctNow)
+			next := tc.in.With(func(p *bpftest.Packet) { p.Flags = ackIfTCP(p.Proto) })
+			snatTo := func(port uint16) func(bpftest.Packet) bpftest.Packet {
+				return func(p bpftest.Packet) bpftest.Packet {
+					return p.With(func(p *bpftest.Packet) { p.Src = netip.AddrPortFrom(tc.node, port); p.Dst = tc.backend })
+				}
+			}
+			send := func(step string, port uint16) {
+				t.Helper()
+				runPacket(t, kind, prog, tc.name+": "+step, next, vPass, snatTo(port)(next))
+			}
+			svcEntry := func() lbmap.CTEntry {
+				t.Helper()
+				e, ok := ctEntry(t, n, tc.in.Src, tc.in.Dst, tc.in.Proto, lbmap.CTDirService)
+				if !ok {
+					t.Fatalf("%s: no service entry", tc.name)
+				}
+				return e
+			}
+			if _, err := bpftest.Run(prog, tc.in.MustBytes()); err != nil {
+				t.Fatal(err)
+			}
+			port := natPort(t, n, tc.in.Src, tc.backend, tc.in.Proto)
+			send("second packet, from the mapping", port)
+			if e := svcEntry(); e.SNATPort.Host() != port || e.Flags&lbmap.CTFlagSNATFE != 0 {
+				t.Errorf("%s: service entry's copy: port %d, flags %s; want %d from the configured address",
+					tc.name, e.SNATPort.Host(), lbmap.CTFlagsString(e.Flags), port)
+			}
+
+			// Both directions of the mapping go, in the same CT second:
+			// the copy translates, nothing is looked at or written.
+			egress := lbmap.CTTuple{SAddr: lbmap.AddrFrom(tc.in.Src.Addr()), DAddr: lbmap.AddrFrom(tc.backend.Addr()),
+				SPort: lbmap.PortFrom(tc.in.Src.Port()), DPort: lbmap.PortFrom(tc.backend.Port()), Proto: tc.in.Proto, Dir: lbmap.NATDirEgress}
+			ingress := lbmap.CTTuple{SAddr: lbmap.AddrFrom(tc.backend.Addr()), DAddr: lbmap.AddrFrom(tc.node),
+				SPort: lbmap.PortFrom(tc.backend.Port()), DPort: lbmap.PortFrom(port), Proto: tc.in.Proto, Dir: lbmap.NATDirIngress}
+			must(t, n.tc.Snat.Delete(&egress))
+			must(t, n.tc.Snat.Delete(&ingress))
+			send("mapping gone, same CT second", port)
+			for _, k := range []lbmap.CTTuple{egress, ingress} {
+				var v lbmap.NATEntry
+				if err := n.tc.Snat.Lookup(&k, &v); !errors.Is(err, ebpf.ErrKeyNotExist) {
+					t.Fatalf("%s: mapping %s within the same CT second: %v, want none", tc.name, k, err)
+				}
+			}
+			// The next CT second: written back with the same port, and a
+			// reply is translated again.
+			setClock(t, n, ctNow+2)
+			send("mapping gone, 2 s later", port)
+			if got := natPort(t, n, tc.in.Src, tc.backend, tc.in.Proto); got != port {
+				t.Errorf("%s: mapping written back with port %d, want %d", tc.name, got, port)
+			}
+			reply := bpftest.Packet{Src: tc.backend, Dst: netip.AddrPortFrom(tc.node, port), Proto: tc.in.Proto,
+				Flags: ackIfTCP(tc.in.Proto), Payload: []byte("reply")}
+			runPacket(t, kind, prog, tc.name+": reply after the write-back", reply, vPass,
+				reply.With(func(p *bpftest.Packet) { p.Src = tc.in.Dst; p.Dst = tc.in.Src }))
+
+			// A mapping that now says another port: it wins, from the
+			// next CT second on.
+			var fwd lbmap.NATEntry
+			must(t, n.tc.Snat.Lookup(&egress, &fwd))
+			fwd.ToPort = lbmap.PortFrom(port + 1)
+			must(t, n.tc.Snat.Update(&egress, &fwd, ebpf.UpdateExist))
+			setClock(t, n, ctNow+4)
+			send("mapping changed, 4 s later", port+1)
+			send("mapping changed, next packet", port+1)
+			if e := svcEntry(); e.SNATPort.Host() != port+1 {
+				t.Errorf("%s: copy %d after the mapping changed, want %d", tc.name, e.SNATPort.Host(), port+1)
+			}
+		}
 	})
 }

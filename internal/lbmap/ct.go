@@ -35,6 +35,7 @@ const (
 	CTFlagSNAT        uint16 = 1 << 5
 	CTFlagDSR         uint16 = 1 << 6
 	CTFlagHairpin     uint16 = 1 << 7 // per-packet LB: a pod to its own Service
+	CTFlagSNATFE      uint16 = 1 << 8 // SNATPort's source address is the frontend
 )
 
 // Load balancing modes for remote backends (NS_MODE_*), --lb-mode.
@@ -75,7 +76,7 @@ type CTEntry struct {
 	NATPort   Port
 	RevNatID  uint16
 	Flags     uint16
-	Pad       uint16
+	SNATPort  Port // service entry of a SNAT flow: its nat port, 0 until known
 	Packets   uint64
 	Bytes     uint64
 	RxPackets uint64
@@ -116,7 +117,7 @@ func CTFlagsString(f uint16) string {
 	}{
 		{CTFlagSYN, "SYN"}, {CTFlagEstablished, "ESTABLISHED"}, {CTFlagClosing, "CLOSING"},
 		{CTFlagSeenReply, "SEEN_REPLY"}, {CTFlagLocal, "LOCAL"}, {CTFlagSNAT, "SNAT"}, {CTFlagDSR, "DSR"},
-		{CTFlagHairpin, "HAIRPIN"},
+		{CTFlagHairpin, "HAIRPIN"}, {CTFlagSNATFE, "SNAT_FE"},
 	}
 	var out []string
 	for _, n := range names {
