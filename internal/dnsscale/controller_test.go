@@ -413,10 +413,12 @@ func TestControllerBrokenConfigMap(t *testing.T) {
 	eventually(t, reactWithin, "params error counted", func() (bool, string) {
 		return testutil.ToFloat64(r.c.m.errors.WithLabelValues(reasonParams)) == 1, ""
 	})
-	code, body := lastPoll(t, r.c)
-	if code != http.StatusInternalServerError || !strings.Contains(body, "linear.min: -3: must not be negative") {
-		t.Errorf("/last-poll = %d %q, want 500 naming linear.min and -3", code, body)
-	}
+	// The sync records its outcome once it has returned, after counting.
+	eventually(t, reactWithin, "/last-poll 500 naming linear.min and -3", func() (bool, string) {
+		code, body := lastPoll(t, r.c)
+		return code == http.StatusInternalServerError && strings.Contains(body, "linear.min: -3: must not be negative"),
+			fmt.Sprintf("%d %q", code, body)
+	})
 	// The last good params (1 replica per node) still follow nodes.
 	if _, err := fc.CoreV1().Nodes().Create(ctx, testNode{name: "n3"}.object(), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
