@@ -16,6 +16,12 @@
 #define SNAT_PORT_MAX_DEFAULT 65535
 #define SNAT_RETRIES          32
 
+/* snat_conf_addr is the configured SNAT source of the family. */
+static __always_inline const union lb_addr *snat_conf_addr(const struct ns_config *cfg, bool v6)
+{
+	return (const union lb_addr *)(v6 ? cfg->snat_addr6 : cfg->snat_addr4);
+}
+
 /* snat_source is the node address a flow to a remote backend leaves with:
  * the frontend itself when it is a node IP (NodePort), else the configured
  * one of the family. */
@@ -26,7 +32,7 @@ static __always_inline int snat_source(const struct ns_config *cfg, bool v6,
 		*out = *frontend;
 		return 0;
 	}
-	__builtin_memcpy(out->b, v6 ? cfg->snat_addr6 : cfg->snat_addr4, sizeof(out->b));
+	*out = *snat_conf_addr(cfg, v6);
 	return addr_is_any(out) ? -1 : 0;
 }
 
@@ -82,17 +88,14 @@ static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 	return pkt_rewrite(ctx, p, false, &node, fwd.to_port);
 }
 
-/* snat_cached_source is the source address of a flow whose service entry
- * e holds its nat port: the frontend (before DNAT), or the configured one. */
-static __always_inline void snat_cached_source(const struct ns_config *cfg,
-					       const struct ct_entry *e, bool v6,
-					       const union lb_addr *frontend,
-					       union lb_addr *out)
+/* snat_copy_source is the source address of a flow whose service entry e
+ * holds a copy of its nat port: the frontend (before DNAT), or the
+ * configured one. */
+static __always_inline const union lb_addr *snat_copy_source(const struct ns_config *cfg,
+							     const struct ct_entry *e, bool v6,
+							     const union lb_addr *frontend)
 {
-	if (e->flags & CT_F_SNAT_FE)
-		*out = *frontend;
-	else
-		__builtin_memcpy(out->b, v6 ? cfg->snat_addr6 : cfg->snat_addr4, sizeof(out->b));
+	return (e->flags & CT_F_SNAT_FE) ? frontend : snat_conf_addr(cfg, v6);
 }
 
 /* snat_cache copies the egress mapping n of a flow to frontend into its
@@ -102,12 +105,11 @@ static __always_inline void snat_cache(const struct ns_config *cfg, struct ct_en
 				       bool v6, const union lb_addr *frontend,
 				       const struct nat_entry *n)
 {
-	const __u8 *conf = v6 ? cfg->snat_addr6 : cfg->snat_addr4;
 	__u16 flags = e->flags;
 
 	if (addr_equal(frontend, n->to_addr))
 		flags |= CT_F_SNAT_FE;
-	else if (addr_equal((const union lb_addr *)n->to_addr, conf))
+	else if (addr_equal(snat_conf_addr(cfg, v6), n->to_addr))
 		flags &= ~CT_F_SNAT_FE;
 	else
 		return;
@@ -136,10 +138,7 @@ static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry
 	s = ns_scratch();
 	if (!s)
 		return;
-	if (e->flags & CT_F_SNAT_FE)
-		node = &p->daddr;
-	else
-		node = (const union lb_addr *)(p->v6 ? cfg->snat_addr6 : cfg->snat_addr4);
+	node = snat_copy_source(cfg, e, p->v6, &p->daddr);
 	/* Both keys and the ingress value first: few values live across the
 	 * map calls, and this frame stays small. */
 	ct_tuple_set(&s->tuple2, (const union lb_addr *)e->nat_addr, node, e->nat_port,

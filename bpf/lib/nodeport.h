@@ -497,7 +497,7 @@ translate:
 				snat_cache(cfg, e, p->v6, &frontend, n);
 		} else {
 			port = e->snat_port;
-			snat_cached_source(cfg, e, p->v6, &frontend, &node);
+			node = *snat_copy_source(cfg, e, p->v6, &frontend);
 		}
 		ret = pkt_rewrite(ctx, p, false, &node, port);
 	} else {

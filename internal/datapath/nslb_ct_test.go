@@ -331,12 +331,7 @@ func TestPrivilegedNorthSouthConntrackIngressKept(t *testing.T) {
 // replies are translated; a mapping that differs wins over the copy.
 func TestPrivilegedNorthSouthSNATCopy(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
-		for _, tc := range []struct {
-			name    string
-			in      bpftest.Packet
-			backend netip.AddrPort
-			node    netip.Addr
-		}{
+		for _, tc := range []remoteFlow{
 			{"IPv4 UDP", udpPkt(client(44000), apLBUDP), apRemoteU, ipNode},
 			{"IPv6 TCP", tcpSyn(client6(44000), apLBTCP6), apRemote6, ipNode6},
 		} {

@@ -317,12 +317,7 @@ func testTranslation(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Pr
 	}
 
 	// Remote backends: DNAT + SNAT, and the reply is translated back.
-	for _, tc := range []struct {
-		name    string
-		in      bpftest.Packet
-		backend netip.AddrPort
-		node    netip.Addr
-	}{
+	for _, tc := range []remoteFlow{
 		{"LoadBalancer IP TCP to remote backend", tcpSyn(client(42000), apLBTCP), apRemote, ipNode},
 		{"LoadBalancer IP UDP to remote backend", udpPkt(client(42001), apLBUDP), apRemoteU, ipNode},
 		{"IPv6 LoadBalancer IP TCP to remote backend", tcpSyn(client6(42000), apLBTCP6), apRemote6, ipNode6},
@@ -348,6 +343,14 @@ func testTranslation(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Pr
 		back := reply.With(func(p *bpftest.Packet) { p.Src = tc.in.Dst; p.Dst = tc.in.Src })
 		runPacket(t, kind, prog, tc.name+": reply, reverse SNAT+DNAT", reply, vPass, back)
 	}
+}
+
+// remoteFlow is a flow to a remote backend, masqueraded to node.
+type remoteFlow struct {
+	name    string
+	in      bpftest.Packet
+	backend netip.AddrPort
+	node    netip.Addr
 }
 
 func ackIfTCP(proto uint8) uint8 {
