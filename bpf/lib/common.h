@@ -19,6 +19,12 @@
 /* Keys built on the stack are read as u32 words; keep them word aligned. */
 #define __align_stack_8 __attribute__((aligned(8)))
 
+#ifndef READ_ONCE
+#define READ_ONCE(x) (*(const volatile typeof(x) *)&(x))
+#endif /* READ_ONCE */
+#ifndef barrier
+#define barrier() asm volatile("" ::: "memory")
+#endif /* barrier */
 #ifndef WRITE_ONCE
 #define WRITE_ONCE(x, v) (*(volatile typeof(x) *)&(x) = (v))
 #endif /* WRITE_ONCE */

@@ -152,6 +152,9 @@ static __always_inline int ct_write_ingress(struct ct_scratch *s, const struct n
 	e->bytes = 0;
 	e->rx_packets = 0;
 	e->rx_bytes = 0;
+	e->alive_at = 0;
+	/* The service entry's FIB result is for the other direction. */
+	__builtin_memset(&e->fib, 0, sizeof(e->fib));
 	__builtin_memcpy(e->nat_addr, p->daddr.b, sizeof(e->nat_addr));
 	e->nat_port = p->dport;
 	return bpf_map_update_elem(&ct, &s->tuple, e, uflags);
@@ -179,6 +182,7 @@ static __always_inline int ct_create_flow(const struct ns_config *cfg,
 	e->nat_port = be_port;
 	e->rev_nat_id = rev_nat_id;
 	e->created = now;
+	e->alive_at = now; /* backend and frontend were just read */
 	e->backend_id = backend_id;
 	e->packets = 1;
 	e->bytes = len;

@@ -49,6 +49,19 @@ struct ct_tuple {
 	__u16  pad;
 };
 
+/* A FIB result kept in a CT entry, so that a flow's later packets in the
+ * same CT second skip bpf_fib_lookup. Only what the XDP and tc forwarding
+ * uses: the device and, for XDP, the MACs. */
+struct ct_fib {
+	__u32 ifindex;       /* egress device; 0: nothing kept */
+	__u8  dmac[6];
+	__u8  smac[6];
+	__u16 max_len;       /* the L3 length the FIB passed (its MTU check):
+			      * a longer packet looks up again */
+	__u16 pad;
+	__u32 at;            /* CT clock second of the lookup */
+};
+
 struct ct_entry {
 	__u8   nat_addr[16]; /* SERVICE: the backend; INGRESS: the frontend to restore */
 	__be16 nat_port;
@@ -63,7 +76,10 @@ struct ct_entry {
 	__u32  lifetime;     /* CT clock second after which the entry is dead */
 	__u32  created;      /* CT clock second */
 	__u32  backend_id;   /* the selected backend */
-	__u32  pad2;
+	__u32  alive_at;     /* SERVICE: CT clock second its frontend and backend
+			      * were last found installed */
+	struct ct_fib fib;   /* the FIB result of the flow's forwarding, this
+			      * entry's direction */
 };
 
 struct nat_entry {

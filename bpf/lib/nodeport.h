@@ -134,11 +134,43 @@ enum {
 	FWD_ENCAP, /* in an outer header this node just made */
 };
 
+/* ns_fib_kept copies the FIB result kept in c into fib when it is from
+ * this CT second and passed a packet at least as long (the MTU check). */
+static __always_inline bool ns_fib_kept(const struct ct_fib *c, struct bpf_fib_lookup *fib,
+					__u32 now)
+{
+	if (READ_ONCE(c->at) != now || !c->ifindex || fib->tot_len > c->max_len)
+		return false;
+	fib->ifindex = c->ifindex;
+	__builtin_memcpy(fib->dmac, c->dmac, ETH_ALEN);
+	__builtin_memcpy(fib->smac, c->smac, ETH_ALEN);
+	return true;
+}
+
+/* ns_fib_keep keeps a successful FIB result in c for the rest of the CT
+ * second. A packet of the flow on another CPU may read c meanwhile: at is
+ * cleared first and set last, so it sees the old result or none. */
+static __always_inline void ns_fib_keep(struct ct_fib *c, const struct bpf_fib_lookup *fib,
+					__u32 now)
+{
+	WRITE_ONCE(c->at, 0);
+	barrier();
+	c->ifindex = fib->ifindex;
+	__builtin_memcpy(c->dmac, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(c->smac, fib->smac, ETH_ALEN);
+	c->max_len = fib->tot_len;
+	barrier();
+	WRITE_ONCE(c->at, now);
+}
+
 /* ns_forward sends a translated packet on its way (how: FWD_*). Whatever
  * the FIB cannot resolve goes to the stack, which routes, resolves
- * neighbours and answers with ICMP errors. */
+ * neighbours and answers with ICMP errors. A routed flow passes its CT
+ * entry as keep (else NULL): the FIB result is kept there and its later
+ * packets in the same CT second skip the lookup, so a route or neighbour
+ * change reaches an established flow within a second. */
 static __always_inline int ns_forward(struct __ctx_buff *ctx, const struct ns_pkt *p,
-				      int how)
+				      int how, struct ct_entry *keep, __u32 now)
 {
 	bool local = how == FWD_LOCAL;
 	bool dec_ttl = how != FWD_ENCAP;
@@ -149,8 +181,10 @@ static __always_inline int ns_forward(struct __ctx_buff *ctx, const struct ns_pk
 		.dport = p->dport,
 		.tot_len = ctx_len(ctx) - p->l3_off,
 	};
-	long rc;
+	long rc = BPF_FIB_LKUP_RET_SUCCESS;
 
+	if (keep && ns_fib_kept(&keep->fib, &fib, now))
+		goto found;
 	if (p->v6) {
 		fib.family = AF_INET6;
 		__builtin_memcpy(fib.ipv6_src, p->saddr.b, 16);
@@ -161,6 +195,11 @@ static __always_inline int ns_forward(struct __ctx_buff *ctx, const struct ns_pk
 		fib.ipv4_dst = p->daddr.w[3];
 	}
 	rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
+	if (keep && rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		fib.tot_len = ctx_len(ctx) - p->l3_off; /* the lookup may reuse it */
+		ns_fib_keep(&keep->fib, &fib, now);
+	}
+found:
 
 #ifdef SLUICE_TC
 	if (local) {
@@ -200,9 +239,10 @@ static __always_inline int ns_forward(struct __ctx_buff *ctx, const struct ns_pk
 
 /* ns_rev_dnat restores the frontend as the source of a reply from a
  * backend (p: backend -> client). It returns 1 when p belongs to a tracked
- * flow, 0 when not, < 0 on error. */
+ * flow, whose ingress entry it sets in *entry, 0 when not, < 0 on error. */
 static __always_inline int ns_rev_dnat(struct __ctx_buff *ctx, struct ns_pkt *p,
-				       const struct ns_config *cfg, __u32 now)
+				       const struct ns_config *cfg, __u32 now,
+				       struct ct_entry **entry)
 {
 	union lb_addr fe __align_stack_8;
 	struct ct_entry *e;
@@ -211,6 +251,7 @@ static __always_inline int ns_rev_dnat(struct __ctx_buff *ctx, struct ns_pkt *p,
 	e = ct_lookup_reply(p);
 	if (!e)
 		return 0;
+	*entry = e;
 	ct_update(e, cfg, p, ctx_len(ctx), now, true);
 	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
 	port = e->nat_port;
@@ -248,7 +289,7 @@ static __always_inline int ns_dsr_forward(struct __ctx_buff *ctx, struct ns_pkt 
 	    snat_source(cfg, p->v6, &p->daddr, &src) ||
 	    dsr_encap(ctx, p, &src, &node))
 		return CTX_ACT_DROP;
-	return ns_forward(ctx, p, FWD_ENCAP);
+	return ns_forward(ctx, p, FWD_ENCAP, NULL, 0);
 }
 
 /* nodeport_rev_snat handles a reply from a remote backend to a nat port.
@@ -256,13 +297,15 @@ static __always_inline int ns_dsr_forward(struct __ctx_buff *ctx, struct ns_pkt 
 static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_pkt *p,
 					     const struct ns_config *cfg)
 {
+	struct ct_entry *e = NULL;
+	__u32 now = ct_now(cfg);
 	int ret = snat_reverse(ctx, p);
 
 	if (ret == 0)
 		return -1;
-	if (ret < 0 || ns_rev_dnat(ctx, p, cfg, ct_now(cfg)) <= 0)
+	if (ret < 0 || ns_rev_dnat(ctx, p, cfg, now, &e) <= 0)
 		return CTX_ACT_DROP;
-	return ns_forward(ctx, p, FWD_ROUTE);
+	return ns_forward(ctx, p, FWD_ROUTE, e, now);
 }
 
 /* ns_flow_alive: the frontend and the backend a CT service entry names are
@@ -295,7 +338,11 @@ static __always_inline bool ns_flow_alive(const struct ct_entry *e, const struct
  * still decides the flow: alive, not a SYN reusing a closing tuple, and, for
  * SNAT, with its nat port: copied into the entry (snat_port), or else its
  * egress mapping in *n. Then the entry holds all that the translation
- * needs, and no service, slot or backend entry is read. */
+ * needs, and no service, slot or backend entry is read. Whether the flow is
+ * alive is checked by the first packet in each CT second (alive_at): a
+ * deleted backend or frontend stops taking an established flow's packets
+ * within a second, as the agent's own updates land; kube-proxy leaves an
+ * established TCP flow to a deleted endpoint alone until conntrack ends it. */
 static __always_inline struct ct_entry *ns_established(const struct ns_pkt *p, __u32 now,
 							const struct nat_entry **n)
 {
@@ -305,8 +352,13 @@ static __always_inline struct ct_entry *ns_established(const struct ns_pkt *p, _
 	ct_tuple_set(&t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     CT_DIR_SERVICE);
 	e = bpf_map_lookup_elem(&ct, &t);
-	if (!e || ct_is_new_syn(e, p->proto, p->tcp_flags, now) || !ns_flow_alive(e, p))
+	if (!e || ct_is_new_syn(e, p->proto, p->tcp_flags, now))
 		return NULL;
+	if (READ_ONCE(e->alive_at) != now) {
+		if (!ns_flow_alive(e, p))
+			return NULL;
+		WRITE_ONCE(e->alive_at, now);
+	}
 	*n = NULL;
 	if ((e->flags & (CT_F_LOCAL | CT_F_DSR)) || e->snat_port)
 		return e;
@@ -336,7 +388,7 @@ static __always_inline int ns_hairpin_reply(struct __ctx_buff *ctx, struct ns_pk
 	if (pkt_rewrite(ctx, p, false, &fe, e->nat_port) ||
 	    pkt_rewrite_addr(ctx, p, true, &pod))
 		return CTX_ACT_DROP;
-	return ns_forward(ctx, p, FWD_LOCAL);
+	return ns_forward(ctx, p, FWD_LOCAL, NULL, 0);
 }
 #endif /* SLUICE_POD_LB */
 
@@ -482,7 +534,7 @@ translate:
 		return CTX_ACT_DROP;
 #endif /* SLUICE_POD_LB */
 	if (kind & CT_F_LOCAL)
-		return ns_forward(ctx, p, FWD_LOCAL);
+		return ns_forward(ctx, p, FWD_LOCAL, NULL, 0);
 	if (n || (e && e->snat_port)) {
 		/* An established flow (e: its service entry): its mapping, or
 		 * the entry's copy of it. */
@@ -505,7 +557,7 @@ translate:
 	}
 	if (ret)
 		return CTX_ACT_DROP;
-	return ns_forward(ctx, p, FWD_ROUTE);
+	return ns_forward(ctx, p, FWD_ROUTE, e, now);
 }
 
 /* nodeport_dsr_backend handles a DSR packet from an LB node. */
@@ -540,7 +592,7 @@ static __always_inline int nodeport_icmp_ingress(struct __ctx_buff *ctx, struct 
 		return CTX_ACT_OK;
 	if (ret < 0)
 		return CTX_ACT_DROP;
-	return ns_forward(ctx, p, local ? FWD_LOCAL : FWD_ROUTE);
+	return ns_forward(ctx, p, local ? FWD_LOCAL : FWD_ROUTE, NULL, 0);
 }
 
 /* nodeport_ingress runs on every packet entering an external device. */
@@ -576,6 +628,7 @@ static __always_inline int nodeport_ingress(struct __ctx_buff *ctx)
 static __always_inline int nodeport_egress(struct __ctx_buff *ctx)
 {
 	const struct ns_config *cfg = ns_cfg();
+	struct ct_entry *ce;
 	struct ns_pkt p;
 
 	if (!cfg || ctx_linearize(ctx) || parse_pkt(ctx, &p) != PARSE_OK)
@@ -590,7 +643,7 @@ static __always_inline int nodeport_egress(struct __ctx_buff *ctx)
 	}
 	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
 		return CTX_ACT_OK;
-	if (ns_rev_dnat(ctx, &p, cfg, ct_now(cfg)) < 0)
+	if (ns_rev_dnat(ctx, &p, cfg, ct_now(cfg), &ce) < 0)
 		return CTX_ACT_DROP;
 	return CTX_ACT_OK;
 }

@@ -13,8 +13,10 @@ import (
 // The established-flow fast path trusts the CT service entry only while
 // its frontend (rev nat entry) and backend (same ID, address and port) are
 // installed; otherwise the packet takes the full path, as before the fast
-// path existed. The flow: client:45000 -> ExternalIP 198.19.200.2:80/UDP
-// (rev nat 4, backend id 4, local 198.18.1.10:8080).
+// path existed. The first packet in each CT second checks: in the second
+// of the change the entry still decides, from the next one the change
+// does. The flow: client:45000 -> ExternalIP 198.19.200.2:80/UDP (rev nat
+// 4, backend id 4, local 198.18.1.10:8080).
 func TestPrivilegedNorthSouthEstablishedFastPath(t *testing.T) {
 	apOther := netip.MustParseAddrPort("198.18.1.11:8080")
 	extKey := lbmap.ServiceKey{Addr: lbmap.AddrFrom(apExtIP.Addr()), Port: lbmap.PortFrom(apExtIP.Port()),
@@ -54,11 +56,13 @@ func TestPrivilegedNorthSouthEstablishedFastPath(t *testing.T) {
 				}
 				runPacket(t, kind, prog, c.name+": first packet", in, vPass, to(apLocal))
 				c.change(t, n.Maps())
+				runPacket(t, kind, prog, c.name+": second packet, same CT second", in, vPass, to(apLocal))
+				setClock(t, n, ctNow+1)
 				want := in
 				if c.wantTo.IsValid() {
 					want = to(c.wantTo)
 				}
-				runPacket(t, kind, prog, c.name+": second packet", in, c.wantV, want)
+				runPacket(t, kind, prog, c.name+": third packet, next CT second", in, c.wantV, want)
 			})
 		})
 	}

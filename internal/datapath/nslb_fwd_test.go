@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -11,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
 )
 
 // Forwarding when the FIB knows the way, inside the test's namespace:
@@ -105,5 +107,91 @@ func TestPrivilegedNorthSouthForward(t *testing.T) {
 			t.Fatal(err)
 		}
 		checkResult(t, kind, "reply arriving on its egress device", reply, res, vTX, back)
+	})
+}
+
+// An established flow keeps its FIB result in its CT entry for the rest of
+// the CT second: a neighbour change reaches it in the next second, or with
+// a packet longer than any the kept result passed, which is looked up
+// again (so the FIB's MTU check sees it: too big goes to the stack).
+// Replies keep their own result in the ingress entry.
+func TestPrivilegedNorthSouthFIBKept(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		ifindex := setupFIB(t)
+		dev, err := netlink.LinkByIndex(ifindex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		xdp := kind.name == "xdp" // tc leaves the MACs to redirect_neigh
+		c := client(45100)
+		pkt := func(flags uint8, payload int) bpftest.Packet {
+			return bpftest.Packet{Src: c, Dst: apLBTCP, Proto: bpftest.TCP, Flags: flags, TTL: 64,
+				Payload: make([]byte, payload)}
+		}
+		forwarded := func(in bpftest.Packet, port uint16, mac net.HardwareAddr) bpftest.Packet {
+			return in.With(func(p *bpftest.Packet) {
+				p.Src, p.Dst, p.TTL = netip.AddrPortFrom(ipNode, port), apRemote, 63
+				if xdp {
+					p.SrcMAC, p.DstMAC = bpftest.MACNode, mac
+				}
+			})
+		}
+		kept := func(step string, dir uint8, src, dst netip.AddrPort, at uint32, maxLen int, mac net.HardwareAddr) {
+			t.Helper()
+			e, ok := ctEntry(t, n, src, dst, bpftest.TCP, dir)
+			if !ok {
+				t.Fatalf("%s: no ct entry %s -> %s dir %d", step, src, dst, dir)
+			}
+			f := e.FIB
+			if int(f.Ifindex) != ifindex || f.At != at || int(f.MaxLen) != maxLen || (xdp && !slices.Equal(f.DMAC[:], mac)) {
+				t.Errorf("%s: kept FIB result ifindex %d at %d max len %d dmac %s, want %d, %d, %d, %s",
+					step, f.Ifindex, f.At, f.MaxLen, net.HardwareAddr(f.DMAC[:]), ifindex, at, maxLen, mac)
+			}
+		}
+		l3 := func(p bpftest.Packet) int { return len(p.MustBytes()) - 14 }
+
+		syn := pkt(bpftest.SYN, 0)
+		res, err := bpftest.Run(prog, syn.MustBytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := natPort(t, n, c, apRemote, bpftest.TCP)
+		checkResult(t, kind, "SYN: redirect", syn, res, vRedirect, forwarded(syn, port, macRemoteNode))
+		ack := pkt(bpftest.ACK, 10)
+		runPacket(t, kind, prog, "ACK: redirect", ack, vRedirect, forwarded(ack, port, macRemoteNode))
+		kept("after the ACK", lbmap.CTDirService, c, apLBTCP, ctNow, l3(ack), macRemoteNode)
+
+		macNew := net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x0d}
+		must(t, netlink.NeighSet(&netlink.Neigh{LinkIndex: ifindex, Family: netlink.FAMILY_V4,
+			State: netlink.NUD_PERMANENT, IP: net.ParseIP("198.18.0.12"), HardwareAddr: macNew}))
+		runPacket(t, kind, prog, "same second: the kept result", ack, vRedirect, forwarded(ack, port, macRemoteNode))
+		longer := pkt(bpftest.ACK, 200)
+		runPacket(t, kind, prog, "same second, longer packet: looked up again", longer, vRedirect, forwarded(longer, port, macNew))
+		kept("after the longer packet", lbmap.CTDirService, c, apLBTCP, ctNow, l3(longer), macNew)
+
+		// The kept result does not know the new MTU; a packet longer than
+		// it passed asks the FIB, which says it is too big. Translated, not
+		// forwarded: TTL and MACs as they came.
+		must(t, netlink.LinkSetMTU(dev, 200))
+		longest := pkt(bpftest.ACK, 300)
+		runPacket(t, kind, prog, "same second, over the MTU: to the stack", longest, vPass, longest.With(func(p *bpftest.Packet) {
+			p.Src, p.Dst = netip.AddrPortFrom(ipNode, port), apRemote
+		}))
+		must(t, netlink.LinkSetMTU(dev, 1500))
+
+		setClock(t, n, ctNow+1)
+		runPacket(t, kind, prog, "next second: looked up again", ack, vRedirect, forwarded(ack, port, macNew))
+		kept("next second", lbmap.CTDirService, c, apLBTCP, ctNow+1, l3(ack), macNew)
+
+		reply := bpftest.Packet{Src: apRemote, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP,
+			Flags: bpftest.ACK, TTL: 64, SrcMAC: macNew, DstMAC: bpftest.MACNode}
+		back := reply.With(func(p *bpftest.Packet) {
+			p.Src, p.Dst, p.TTL = apLBTCP, c, 63
+			if xdp {
+				p.SrcMAC, p.DstMAC = bpftest.MACNode, bpftest.MACClient
+			}
+		})
+		runPacket(t, kind, prog, "reply: redirect", reply, vRedirect, back)
+		kept("after the reply", lbmap.CTDirIngress, c, apRemote, ctNow+1, l3(reply), bpftest.MACClient)
 	})
 }

@@ -84,7 +84,19 @@ type CTEntry struct {
 	Lifetime  uint32
 	Created   uint32
 	BackendID uint32
-	Pad2      uint32
+	AliveAt   uint32 // service entry: when its frontend and backend were last found installed
+	FIB       CTFIB  // the flow's last FIB result in this entry's direction
+}
+
+// CTFIB mirrors struct ct_fib: a FIB result the datapath keeps for a flow
+// for the rest of a CT second.
+type CTFIB struct {
+	Ifindex uint32 // 0: nothing kept
+	DMAC    [6]byte
+	SMAC    [6]byte
+	MaxLen  uint16
+	Pad     uint16
+	At      uint32
 }
 
 // Alive reports whether the entry is still in use at CT clock now.
