@@ -5,10 +5,9 @@
  *                     BPF_F_TEST_XDP_LIVE_FRAMES: writes the frame's headers
  *                     from the template, varies the UDP source port over
  *                     `flows` flows, and returns XDP_TX
- *   xdp_pps_gen_cpu   the same, but hands the frame to the node's CPU
- *                     (pps_cpus[node_cpu]), for `--node-cpu`
- *   xdp_pps_to_node   that CPU's cpumap program: sends the frame on
- *                     through gen0 (pps_dev[0]), as XDP_TX would
+ *   xdp_pps_gen_win   the same with at most `window` frames in flight,
+ *                     for `--node-cpu`: the node's NAPI thread on another
+ *                     CPU gets frames as fast as it takes them, none lost
  *   xdp_pps_restore   the same header write, then a tail call into the
  *   tc_pps_restore    program under test (pps_target[0]): lets BPF_PROG_RUN
  *                     repeat a program that rewrites the packet, since the
@@ -122,38 +121,61 @@ int xdp_pps_gen(struct xdp_md *ctx)
 	return XDP_TX;
 }
 
-/* The node's CPU: xdp_pps_gen_cpu hands each frame to the cpumap entry of
- * that CPU, whose program (xdp_pps_to_node) sends it on through pps_dev[0],
- * the generator's veth: eth0's NAPI is then scheduled on that CPU, and
- * eth1's and the sink's with it. */
-struct {
-	__uint(type, BPF_MAP_TYPE_CPUMAP);
-	__uint(max_entries, 64);
-	__type(key, __u32);
-	__type(value, struct bpf_cpumap_val);
-} pps_cpus SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_DEVMAP);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct bpf_devmap_val);
-} pps_dev SEC(".maps");
-
 volatile const __u32 node_cpu;
 
+/* Flow control for --node-cpu with threaded NAPI: the generator keeps at
+ * most `window` frames between itself and the sink, fewer than a veth ring
+ * (256) and the live frames page pool's ring (the batch size) hold, so no
+ * frame is lost and every page comes back to the pool. Over the window it
+ * returns XDP_DROP (nothing sent, the page recycled at once) until the
+ * sink, on node_cpu, catches up. Frames that never arrive (dropped on the
+ * way) would close the window for good: when the sink's count has not
+ * moved for stall_ns, the frames in flight count as lost. */
+volatile const __u32 window = 192;
+volatile const __u64 stall_ns = 100 * 1000 * 1000;
+
+struct pps_win {
+	__u64 sent;     /* frames sent, from the sink's count at the start */
+	__u64 lost;     /* frames given up on */
+	__u64 seen;     /* the sink's count when last looked at */
+	__u64 seen_at;  /* and when it last moved (ktime ns) */
+};
+
+/* The generator's state, written by the loader before each run and then
+ * only by the generator's CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pps_win);
+} pps_win SEC(".maps");
+
 SEC("xdp")
-int xdp_pps_gen_cpu(struct xdp_md *ctx)
+int xdp_pps_gen_win(struct xdp_md *ctx)
 {
+	struct pps_win *w;
+	__u32 key = 0;
+	__u64 *sunk, now;
+
+	w = bpf_map_lookup_elem(&pps_win, &key);
+	sunk = bpf_map_lookup_percpu_elem(&pps_count, &key, node_cpu);
+	if (!w || !sunk)
+		return XDP_ABORTED;
+	if ((__s64)(w->sent - w->lost - *sunk) >= window) {
+		now = bpf_ktime_get_ns();
+		if (*sunk != w->seen) {
+			w->seen = *sunk;
+			w->seen_at = now;
+		} else if (now - w->seen_at > stall_ns) {
+			w->lost = w->sent - *sunk;
+			w->seen_at = now;
+		}
+		return XDP_DROP;
+	}
 	if (xdp_write_header(ctx))
 		return XDP_ABORTED;
-	return bpf_redirect_map(&pps_cpus, node_cpu, 0);
-}
-
-SEC("xdp/cpumap")
-int xdp_pps_to_node(struct xdp_md *ctx)
-{
-	return bpf_redirect_map(&pps_dev, 0, 0);
+	w->sent++;
+	return XDP_TX;
 }
 
 SEC("xdp")

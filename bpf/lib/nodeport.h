@@ -148,8 +148,10 @@ static __always_inline bool ns_fib_kept(const struct ct_fib *c, struct bpf_fib_l
 }
 
 /* ns_fib_keep keeps a successful FIB result in c for the rest of the CT
- * second. A packet of the flow on another CPU may read c meanwhile: at is
- * cleared first and set last, so it sees the old result or none. */
+ * second. A packet of the flow on another CPU (a flow's packets normally
+ * arrive on one) may read c meanwhile: at is cleared first and set last,
+ * so one that starts reading after that looks up itself, and one already
+ * reading may mix two FIB answers for this flow from this second. */
 static __always_inline void ns_fib_keep(struct ct_fib *c, const struct bpf_fib_lookup *fib,
 					__u32 now)
 {

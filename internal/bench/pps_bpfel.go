@@ -17,23 +17,23 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	ppsMapPpsCount       = "pps_count"
-	ppsMapPpsCpus        = "pps_cpus"
-	ppsMapPpsDev         = "pps_dev"
 	ppsMapPpsSeq         = "pps_seq"
 	ppsMapPpsTcTarget    = "pps_tc_target"
+	ppsMapPpsWin         = "pps_win"
 	ppsMapPpsXdpTarget   = "pps_xdp_target"
 	ppsProgTcPpsPass     = "tc_pps_pass"
 	ppsProgTcPpsRestore  = "tc_pps_restore"
 	ppsProgXdpPpsGen     = "xdp_pps_gen"
-	ppsProgXdpPpsGenCpu  = "xdp_pps_gen_cpu"
+	ppsProgXdpPpsGenWin  = "xdp_pps_gen_win"
 	ppsProgXdpPpsPass    = "xdp_pps_pass"
 	ppsProgXdpPpsRestore = "xdp_pps_restore"
 	ppsProgXdpPpsSink    = "xdp_pps_sink"
-	ppsProgXdpPpsToNode  = "xdp_pps_to_node"
 	ppsVarBaseSport      = "base_sport"
 	ppsVarFlows          = "flows"
 	ppsVarNodeCpu        = "node_cpu"
 	ppsVarPpsTmpl        = "pps_tmpl"
+	ppsVarStallNs        = "stall_ns"
+	ppsVarWindow         = "window"
 )
 
 // loadPps returns the embedded CollectionSpec for pps.
@@ -81,11 +81,10 @@ type ppsProgramSpecs struct {
 	TcPpsPass     *ebpf.ProgramSpec `ebpf:"tc_pps_pass"`
 	TcPpsRestore  *ebpf.ProgramSpec `ebpf:"tc_pps_restore"`
 	XdpPpsGen     *ebpf.ProgramSpec `ebpf:"xdp_pps_gen"`
-	XdpPpsGenCpu  *ebpf.ProgramSpec `ebpf:"xdp_pps_gen_cpu"`
+	XdpPpsGenWin  *ebpf.ProgramSpec `ebpf:"xdp_pps_gen_win"`
 	XdpPpsPass    *ebpf.ProgramSpec `ebpf:"xdp_pps_pass"`
 	XdpPpsRestore *ebpf.ProgramSpec `ebpf:"xdp_pps_restore"`
 	XdpPpsSink    *ebpf.ProgramSpec `ebpf:"xdp_pps_sink"`
-	XdpPpsToNode  *ebpf.ProgramSpec `ebpf:"xdp_pps_to_node"`
 }
 
 // ppsMapSpecs contains maps before they are loaded into the kernel.
@@ -93,10 +92,9 @@ type ppsProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type ppsMapSpecs struct {
 	PpsCount     *ebpf.MapSpec `ebpf:"pps_count"`
-	PpsCpus      *ebpf.MapSpec `ebpf:"pps_cpus"`
-	PpsDev       *ebpf.MapSpec `ebpf:"pps_dev"`
 	PpsSeq       *ebpf.MapSpec `ebpf:"pps_seq"`
 	PpsTcTarget  *ebpf.MapSpec `ebpf:"pps_tc_target"`
+	PpsWin       *ebpf.MapSpec `ebpf:"pps_win"`
 	PpsXdpTarget *ebpf.MapSpec `ebpf:"pps_xdp_target"`
 }
 
@@ -108,6 +106,8 @@ type ppsVariableSpecs struct {
 	Flows     *ebpf.VariableSpec `ebpf:"flows"`
 	NodeCpu   *ebpf.VariableSpec `ebpf:"node_cpu"`
 	PpsTmpl   *ebpf.VariableSpec `ebpf:"pps_tmpl"`
+	StallNs   *ebpf.VariableSpec `ebpf:"stall_ns"`
+	Window    *ebpf.VariableSpec `ebpf:"window"`
 }
 
 // ppsObjects contains all objects after they have been loaded into the kernel.
@@ -131,20 +131,18 @@ func (o *ppsObjects) Close() error {
 // It can be passed to loadPpsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ppsMaps struct {
 	PpsCount     *ebpf.Map `ebpf:"pps_count"`
-	PpsCpus      *ebpf.Map `ebpf:"pps_cpus"`
-	PpsDev       *ebpf.Map `ebpf:"pps_dev"`
 	PpsSeq       *ebpf.Map `ebpf:"pps_seq"`
 	PpsTcTarget  *ebpf.Map `ebpf:"pps_tc_target"`
+	PpsWin       *ebpf.Map `ebpf:"pps_win"`
 	PpsXdpTarget *ebpf.Map `ebpf:"pps_xdp_target"`
 }
 
 func (m *ppsMaps) Close() error {
 	return _PpsClose(
 		m.PpsCount,
-		m.PpsCpus,
-		m.PpsDev,
 		m.PpsSeq,
 		m.PpsTcTarget,
+		m.PpsWin,
 		m.PpsXdpTarget,
 	)
 }
@@ -157,6 +155,8 @@ type ppsVariables struct {
 	Flows     *ebpf.Variable `ebpf:"flows"`
 	NodeCpu   *ebpf.Variable `ebpf:"node_cpu"`
 	PpsTmpl   *ebpf.Variable `ebpf:"pps_tmpl"`
+	StallNs   *ebpf.Variable `ebpf:"stall_ns"`
+	Window    *ebpf.Variable `ebpf:"window"`
 }
 
 // ppsPrograms contains all programs after they have been loaded into the kernel.
@@ -166,11 +166,10 @@ type ppsPrograms struct {
 	TcPpsPass     *ebpf.Program `ebpf:"tc_pps_pass"`
 	TcPpsRestore  *ebpf.Program `ebpf:"tc_pps_restore"`
 	XdpPpsGen     *ebpf.Program `ebpf:"xdp_pps_gen"`
-	XdpPpsGenCpu  *ebpf.Program `ebpf:"xdp_pps_gen_cpu"`
+	XdpPpsGenWin  *ebpf.Program `ebpf:"xdp_pps_gen_win"`
 	XdpPpsPass    *ebpf.Program `ebpf:"xdp_pps_pass"`
 	XdpPpsRestore *ebpf.Program `ebpf:"xdp_pps_restore"`
 	XdpPpsSink    *ebpf.Program `ebpf:"xdp_pps_sink"`
-	XdpPpsToNode  *ebpf.Program `ebpf:"xdp_pps_to_node"`
 }
 
 func (p *ppsPrograms) Close() error {
@@ -178,11 +177,10 @@ func (p *ppsPrograms) Close() error {
 		p.TcPpsPass,
 		p.TcPpsRestore,
 		p.XdpPpsGen,
-		p.XdpPpsGenCpu,
+		p.XdpPpsGenWin,
 		p.XdpPpsPass,
 		p.XdpPpsRestore,
 		p.XdpPpsSink,
-		p.XdpPpsToNode,
 	)
 }
 

@@ -143,7 +143,7 @@ BPF_PROG_RUN. Writes JSON and Markdown under --out. Needs root.`,
 	f.IntVar(&cfg.Flows, "flows", cfg.Flows, "UDP flows (source ports) the generator cycles through")
 	f.IntVar(&cfg.FrameLen, "frame-len", cfg.FrameLen, "Ethernet frame length without FCS")
 	f.IntVar(&cfg.ProgRepeat, "prog-repeat", cfg.ProgRepeat, "BPF_PROG_RUN repeat count of one ns/packet sample")
-	f.IntVar(&cfg.NodeCPU, "node-cpu", cfg.NodeCPU, "CPU for the node's receive work, handed over through a cpumap (-1: the generator's CPU, the last one)")
+	f.IntVar(&cfg.NodeCPU, "node-cpu", cfg.NodeCPU, "CPU for the node's receive work: eth0's NAPI in a thread pinned there (-1: the generator's CPU, the last one)")
 	f.StringSliceVar(&cfg.Contenders, "contenders", nil, fmt.Sprintf("contenders to run (default all: %v)", bench.AllContenders))
 	f.StringVar(&out, "out", "results/pps", "directory for the JSON and Markdown results")
 	f.StringVarP(&output, "output", "o", "table", "stdout format: table or json")
