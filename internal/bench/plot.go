@@ -166,3 +166,61 @@ func hasPoints(ss []series) bool {
 	}
 	return false
 }
+
+// rateErrors are a bar chart's min–max whiskers around its medians.
+type rateErrors struct {
+	plotter.XYs
+	plotter.YErrors
+}
+
+// writePlot draws the median rate of the ceiling and every measured
+// contender as bars with min–max whiskers, and saves a PNG. It reports
+// whether it drew anything.
+func (r *PPSReport) writePlot(path string) (drawn bool, err error) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			err = fmt.Errorf("plot %s: %v", path, rec)
+		}
+	}()
+	var names []string
+	var medians plotter.Values
+	var whiskers rateErrors
+	for _, row := range append([]RateRow{r.Ceiling}, r.Rates...) {
+		if row.Skipped != "" || row.PPS.Median <= 0 {
+			continue
+		}
+		x := float64(len(names))
+		names = append(names, row.Contender)
+		medians = append(medians, row.PPS.Median/1e6)
+		whiskers.XYs = append(whiskers.XYs, plotter.XY{X: x, Y: row.PPS.Median / 1e6})
+		whiskers.YErrors = append(whiskers.YErrors, struct{ Low, High float64 }{
+			(row.PPS.Median - row.PPS.Min) / 1e6, (row.PPS.Max - row.PPS.Median) / 1e6})
+	}
+	if len(names) == 0 {
+		return false, nil // nothing measured: no empty picture
+	}
+	p := plot.New()
+	cpu := "generator, node and sink on one CPU"
+	if r.NodeCPU != nil {
+		cpu = fmt.Sprintf("node on CPU %d", *r.NodeCPU)
+	}
+	p.Title.Text = fmt.Sprintf("NodePort forwarding, %d-byte UDP frames, %d flows (%s)", r.FrameLen, r.Flows, cpu)
+	p.Y.Label.Text = "Mpps (median, min–max)"
+	p.Y.Min = 0
+	p.Add(plotter.NewGrid())
+	bars, err := plotter.NewBarChart(medians, vg.Points(40))
+	if err != nil {
+		return false, fmt.Errorf("plot %s: %w", path, err)
+	}
+	bars.Color = plotutil.Color(0)
+	errs, err := plotter.NewYErrorBars(whiskers)
+	if err != nil {
+		return false, fmt.Errorf("plot %s: %w", path, err)
+	}
+	p.Add(bars, errs)
+	p.NominalX(names...)
+	if err := p.Save(8*vg.Inch, 5*vg.Inch, path); err != nil {
+		return false, fmt.Errorf("save plot %s: %w", path, err)
+	}
+	return true, nil
+}

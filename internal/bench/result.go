@@ -202,6 +202,13 @@ func (r *PPSReport) WriteFiles(dir string) ([]string, error) {
 			return nil, fmt.Errorf("write %s: %w", paths[i], err)
 		}
 	}
+	drawn, err := r.writePlot(base + ".png")
+	if err != nil {
+		return paths, err
+	}
+	if drawn {
+		paths = append(paths, base+".png")
+	}
 	return paths, nil
 }
 

@@ -1,7 +1,10 @@
 package bench
 
 import (
+	"image/png"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -222,5 +225,39 @@ func TestComputeRatiosNodeCPU(t *testing.T) {
 	want := Ratio{Name: "sluice-xdp / sluice-tc", Basis: BasisRate, Value: 2, Target: 3, Bound: 4}
 	if len(r.Ratios) != 1 || r.Ratios[0] != want {
 		t.Errorf("ratios %+v, want only %+v", r.Ratios, want)
+	}
+}
+
+func TestPPSReportWriteFiles(t *testing.T) {
+	r := &PPSReport{Started: time.Date(2026, 11, 23, 15, 0, 0, 0, time.UTC), FrameLen: 60, Flows: 1024,
+		Ceiling: rate(ContenderCeiling, 3.6e6),
+		Rates:   []RateRow{rate(ContenderXDP, 1.5e6), rate(ContenderTC, 0.45e6), {Contender: ContenderNFTables, Skipped: "no nft"}}}
+	dir := t.TempDir()
+	paths, err := r.WriteFiles(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := filepath.Join(dir, "pps-20261123-150000")
+	if want := []string{base + ".json", base + ".md", base + ".png"}; !slices.Equal(paths, want) {
+		t.Fatalf("written %v, want %v", paths, want)
+	}
+	f, err := os.Open(base + ".png")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := png.Decode(f); err != nil {
+		t.Errorf("%s: %v", base+".png", err)
+	}
+
+	// Nothing measured: the tables say why, and there is no empty picture.
+	none := &PPSReport{Started: r.Started, Ceiling: RateRow{Contender: ContenderCeiling, Skipped: "no XDP"},
+		Rates: []RateRow{{Contender: ContenderXDP, Skipped: "no XDP"}}}
+	paths, err = none.WriteFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(paths) != 2 || strings.HasSuffix(paths[1], ".png") {
+		t.Errorf("written %v, want the JSON and the Markdown only", paths)
 	}
 }
