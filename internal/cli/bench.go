@@ -111,7 +111,7 @@ installs one NodePort Service with a remote backend, sends UDP with XDP live
 frames (BPF_PROG_RUN, BPF_F_TEST_XDP_LIVE_FRAMES) and counts what reaches
 the backend, for sluice's XDP and tc programs and for kernel forwarding with
 nftables and iptables DNAT rules; then times each program per packet with
-BPF_PROG_RUN. Writes JSON and Markdown under --out. Needs root.`,
+BPF_PROG_RUN. Writes JSON, Markdown and a bar chart (PNG) under --out. Needs root.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
@@ -145,7 +145,7 @@ BPF_PROG_RUN. Writes JSON and Markdown under --out. Needs root.`,
 	f.IntVar(&cfg.ProgRepeat, "prog-repeat", cfg.ProgRepeat, "BPF_PROG_RUN repeat count of one ns/packet sample")
 	f.IntVar(&cfg.NodeCPU, "node-cpu", cfg.NodeCPU, "CPU for the node's receive work: eth0's NAPI in a thread pinned there (-1: the generator's CPU, the last one)")
 	f.StringSliceVar(&cfg.Contenders, "contenders", nil, fmt.Sprintf("contenders to run (default all: %v)", bench.AllContenders))
-	f.StringVar(&out, "out", "results/pps", "directory for the JSON and Markdown results")
+	f.StringVar(&out, "out", "results/pps", "directory for the JSON, Markdown and PNG results")
 	f.StringVarP(&output, "output", "o", "table", "stdout format: table or json")
 	return cmd
 }
