@@ -133,7 +133,7 @@ BPF_PROG_RUN. Writes JSON, Markdown and a bar chart (PNG) under --out. Needs roo
 				return enc.Encode(report)
 			}
 			report.WriteTable(w)
-			fmt.Fprintf(w, "\nwritten: %s, %s\n", paths[0], paths[1])
+			fmt.Fprintf(w, "\nwritten: %s\n", strings.Join(paths, ", "))
 			return nil
 		},
 	}
