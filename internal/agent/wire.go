@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"net/netip"
@@ -74,6 +75,7 @@ func openDataplane(cfg *Config) (dataplane, error) {
 	opts := datapath.NorthSouthOptions{
 		BPFRoot: cfg.BPFRoot, Sizes: sizes,
 		MaglevTableSize: cfg.MaglevTableSize, MaglevSeed: cfg.MaglevSeed,
+		Logf: func(format string, args ...any) { slog.Info(fmt.Sprintf(format, args...)) },
 	}
 	d.ns, err = datapath.LoadNorthSouth(opts)
 	if err == nil {

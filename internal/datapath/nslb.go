@@ -28,6 +28,9 @@ type NorthSouthOptions struct {
 	// (lbmap.ConfigureMaglev); every node must use the same. A zero size
 	// is maglev.DefaultTableSize.
 	MaglevTableSize, MaglevSeed uint32
+	// Logf, when not nil, gets a line for each pinned map whose entries
+	// are taken over into a new layout or size (migratePins).
+	Logf func(format string, args ...any)
 }
 
 // NorthSouth is the loaded tc and XDP load balancer (bpf/tc_lb.c,
@@ -108,6 +111,9 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 			if ms, ok := o.spec.Maps[name]; ok {
 				ms.MaxEntries = size
 			}
+		}
+		if err := migratePins(o.spec, opts.BPFRoot, opts.Logf); err != nil {
+			return nil, fmt.Errorf("load %s LB: %w", o.name, err)
 		}
 		if err := checkPins(o.spec, opts.BPFRoot); err != nil {
 			return nil, err

@@ -105,6 +105,9 @@ var cleanNSLeftovers sync.Once
 
 // newNorthSouth loads the programs with their own pins and installs the
 // services of the address plan.
+// testMapSizes keeps the shared LB maps of a test's NorthSouth small.
+var testMapSizes = MapSizes{Services: 1024, Backends: 1024, RevNat: 1024, SockRev: 1024, Affinity: 1024, NodeIPs: 64}
+
 func newNorthSouth(t *testing.T) *NorthSouth {
 	t.Helper()
 	probetest.SkipUnless(t, probe.BTF, probe.TC, probe.XDP, probe.ProgRun)
@@ -117,8 +120,7 @@ func newNorthSouth(t *testing.T) *NorthSouth {
 	var rnd [4]byte
 	rand.Read(rnd[:])
 	root := "/sys/fs/bpf/" + nsTestPrefix + hex.EncodeToString(rnd[:])
-	small := MapSizes{Services: 1024, Backends: 1024, RevNat: 1024, SockRev: 1024, Affinity: 1024, NodeIPs: 64}
-	n, err := LoadNorthSouth(NorthSouthOptions{BPFRoot: root, Sizes: small, CTEntries: 1024, NATEntries: 1024})
+	n, err := LoadNorthSouth(NorthSouthOptions{BPFRoot: root, Sizes: testMapSizes, CTEntries: 1024, NATEntries: 1024})
 	if err != nil {
 		os.RemoveAll(root)
 		t.Fatal(err)
