@@ -45,6 +45,8 @@ type Config struct {
 
 	// North-south (tc/XDP) datapath, on --devices.
 	MaglevTableSize uint32
+	CTMapMax        uint32
+	NATMapMax       uint32
 	MaglevSeed      uint32
 	XDPGeneric      bool // tests only
 	CTGCInterval    time.Duration
@@ -78,6 +80,9 @@ const (
 	// DefaultCTGCInterval is how often dead conntrack and NAT entries are
 	// deleted; the maps are LRUs, so a late collection only costs space.
 	DefaultCTGCInterval = 30 * time.Second
+	// DefaultCTMapMax sizes the conntrack and SNAT maps (LRU, about 200
+	// bytes an entry: 13 MiB each).
+	DefaultCTMapMax = 65536
 )
 
 // AddFlags registers the agent's flags on fs, with Cilium's names where
@@ -107,6 +112,10 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.Uint32Var(&c.MaglevTableSize, "bpf-lb-maglev-table-size", maglev.DefaultTableSize,
 		fmt.Sprintf("entries of each Maglev lookup table: a prime from %d to %d, the same on every node", maglev.MinTableSize, maglev.MaxTableSize))
 	fs.Uint32Var(&c.MaglevSeed, "bpf-lb-maglev-hash-seed", 0, "seed of the Maglev permutations and flow hash; the same on every node")
+	fs.Uint32Var(&c.CTMapMax, "bpf-ct-global-max", DefaultCTMapMax,
+		"entries of the conntrack map, TCP and UDP (two per translated flow); a change takes the entries over")
+	fs.Uint32Var(&c.NATMapMax, "bpf-nat-global-max", DefaultCTMapMax,
+		"entries of the SNAT map (two per masqueraded flow); a change takes the entries over")
 	fs.DurationVar(&c.CTGCInterval, "bpf-ct-gc-interval", DefaultCTGCInterval, "interval of the conntrack and NAT garbage collection")
 	fs.DurationVar(&c.CTTimeoutSYN, "bpf-ct-timeout-regular-tcp-syn", lbmap.DefaultTCPSynTimeout*time.Second, "conntrack lifetime of a TCP flow during the handshake")
 	fs.DurationVar(&c.CTTimeoutTCP, "bpf-ct-timeout-regular-tcp", lbmap.DefaultTCPEstTimeout*time.Second, "conntrack lifetime of an established TCP flow")
@@ -206,6 +215,14 @@ func (c *Config) Validate() error {
 	}
 	if c.LBMapMax < 16 || c.LBMapMax > lbMapLimit {
 		bad("bpf-lb-map-max", c.LBMapMax, "want 16 to %d", lbMapLimit)
+	}
+	for _, f := range []struct {
+		flag string
+		v    uint32
+	}{{"bpf-ct-global-max", c.CTMapMax}, {"bpf-nat-global-max", c.NATMapMax}} {
+		if f.v < 1024 || f.v > lbMapLimit {
+			bad(f.flag, f.v, "want 1024 to %d", lbMapLimit)
+		}
 	}
 	if c.SyncPeriodMin < 0 || c.SyncPeriodMin > time.Minute {
 		bad("sync-period-min", c.SyncPeriodMin, "want 0 to 1m")

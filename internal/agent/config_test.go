@@ -47,7 +47,8 @@ func TestConfigValid(t *testing.T) {
 		"--healthz-bind-address=[::1]:10266", "--devices=eth0,eth+", "--lb-algorithm=maglev", "--lb-mode=dsr", "--lb-acceleration=best-effort",
 		"--node-port-range=30000-30100", "--enable-bandwidth-manager", "--socket-lb=false", "--bpf-lb-map-max=1024",
 		"--sync-period-min=10ms", "--sync-period=1m", "--log-level=debug",
-		"--bpf-lb-maglev-table-size=251", "--bpf-lb-maglev-hash-seed=42", "--bpf-ct-gc-interval=5s", "--xdp-generic", "--unload-on-exit")
+		"--bpf-lb-maglev-table-size=251", "--bpf-lb-maglev-hash-seed=42", "--bpf-ct-gc-interval=5s", "--xdp-generic", "--unload-on-exit",
+		"--bpf-ct-global-max=131072", "--bpf-nat-global-max=2048")
 	if err != nil {
 		t.Fatalf("Validate: %v", err)
 	}
@@ -56,6 +57,9 @@ func TestConfigValid(t *testing.T) {
 	}
 	if c.MaglevTableSize != 251 || c.MaglevSeed != 42 || c.CTGCInterval != 5*time.Second || !c.XDPGeneric || !c.UnloadOnExit {
 		t.Errorf("north-south flags: table %d seed %d gc %v xdp-generic %v unload %v", c.MaglevTableSize, c.MaglevSeed, c.CTGCInterval, c.XDPGeneric, c.UnloadOnExit)
+	}
+	if c.CTMapMax != 131072 || c.NATMapMax != 2048 {
+		t.Errorf("map sizes: ct %d nat %d, want 131072, 2048", c.CTMapMax, c.NATMapMax)
 	}
 	if c.nodePortRange != [2]uint16{30000, 30100} {
 		t.Errorf("node port range = %v, want [30000 30100]", c.nodePortRange)
@@ -128,6 +132,8 @@ func TestConfigInvalid(t *testing.T) {
 		{"sync-period-min syntax", []string{"--sync-period-min=soon"}, `invalid argument "soon" for "--sync-period-min"`},
 		{"sync-period short", []string{"--sync-period=10ms"}, "--sync-period=10ms: want at least 1s"},
 		{"socket-lb syntax", []string{"--socket-lb=maybe"}, `invalid argument "maybe" for "--socket-lb"`},
+		{"ct map small", []string{"--bpf-ct-global-max=100"}, "--bpf-ct-global-max=100: want 1024 to 16777216"},
+		{"nat map large", []string{"--bpf-nat-global-max=16777217"}, "--bpf-nat-global-max=16777217: want 1024 to 16777216"},
 		{"maglev table size not prime", []string{"--bpf-lb-maglev-table-size=16380"}, "--bpf-lb-maglev-table-size=16380: want a prime from 251 to 131071"},
 		{"maglev table size small", []string{"--bpf-lb-maglev-table-size=13"}, "--bpf-lb-maglev-table-size=13: want a prime"},
 		{"maglev table size large", []string{"--bpf-lb-maglev-table-size=131101"}, "--bpf-lb-maglev-table-size=131101: want a prime"},

@@ -75,6 +75,7 @@ func openDataplane(cfg *Config) (dataplane, error) {
 	opts := datapath.NorthSouthOptions{
 		BPFRoot: cfg.BPFRoot, Sizes: sizes,
 		MaglevTableSize: cfg.MaglevTableSize, MaglevSeed: cfg.MaglevSeed,
+		CTEntries: cfg.CTMapMax, NATEntries: cfg.NATMapMax,
 		Logf: func(format string, args ...any) { slog.Info(fmt.Sprintf(format, args...)) },
 	}
 	d.ns, err = datapath.LoadNorthSouth(opts)

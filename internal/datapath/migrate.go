@@ -20,7 +20,7 @@ var migratableMaps = []string{lbmap.CTMapName, lbmap.NATMapName}
 // migratePins replaces each migratable pin under root that spec would
 // refuse (checkPins) only for its value size (grown) or its number of
 // entries, with a map of spec's shape holding the old one's entries, so
-// that established flows survive an upgrade or a new --ct-entries. The
+// that established flows survive an upgrade or a new --bpf-ct-global-max. The
 // running programs keep the old map until theirs are replaced: flows they
 // create meanwhile are not carried over. Anything else stays for checkPins
 // to name. logf, when not nil, gets a line per migrated map.

@@ -121,4 +121,3 @@ func TestPrivilegedNorthSouthPinMismatchRefused(t *testing.T) {
 		t.Errorf("error %q, want it to name %s as not matching", err, path)
 	}
 }
-

@@ -69,6 +69,7 @@ each key into an environment variable (configMapKeyRef) and an argument
 {{- define "sluice.config" -}}
 allow-cgroup-root: {{ .Values.cgroup.allowRoot | quote }}
 bpf-ct-gc-interval: {{ .Values.bpf.ctGCInterval | quote }}
+bpf-ct-global-max: {{ .Values.bpf.ctMapMax | int64 | toString | quote }}
 bpf-ct-timeout-regular-any: {{ .Values.bpf.ctTimeout.any | quote }}
 bpf-ct-timeout-regular-tcp: {{ .Values.bpf.ctTimeout.tcp | quote }}
 bpf-ct-timeout-regular-tcp-fin: {{ .Values.bpf.ctTimeout.tcpFin | quote }}
@@ -76,6 +77,7 @@ bpf-ct-timeout-regular-tcp-syn: {{ .Values.bpf.ctTimeout.tcpSyn | quote }}
 bpf-lb-maglev-hash-seed: {{ .Values.maglev.hashSeed | int64 | toString | quote }}
 bpf-lb-maglev-table-size: {{ .Values.maglev.tableSize | int64 | toString | quote }}
 bpf-lb-map-max: {{ .Values.bpf.lbMapMax | int64 | toString | quote }}
+bpf-nat-global-max: {{ .Values.bpf.natMapMax | int64 | toString | quote }}
 bpf-root: {{ .Values.bpf.root | quote }}
 cgroup-root: {{ include "sluice.cgroupMountPath" . | quote }}
 devices: {{ join "," .Values.devices | quote }}
