@@ -56,6 +56,9 @@ func LoadPodLB(opts NorthSouthOptions) (*PodLB, error) {
 	if err := prepareMaglevPin(opts.BPFRoot, maglevSize); err != nil {
 		return nil, err
 	}
+	if err := migratePins(spec, opts.BPFRoot, opts.Logf); err != nil {
+		return nil, fmt.Errorf("load pod LB: %w", err)
+	}
 	if err := checkPins(spec, opts.BPFRoot); err != nil {
 		return nil, err
 	}
