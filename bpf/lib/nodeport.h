@@ -222,8 +222,14 @@ found:
 		return CTX_ACT_OK;
 	if (dec_ttl && ns_dec_ttl(ctx, p))
 		return CTX_ACT_OK;
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		if (ctx_store_bytes(ctx, 0, fib.dmac, ETH_ALEN) ||
+		    ctx_store_bytes(ctx, ETH_ALEN, fib.smac, ETH_ALEN))
+			return CTX_ACT_DROP;
+		return bpf_redirect(fib.ifindex, 0);
+	}
 	/* redirect_neigh (5.10) fills in the MACs, resolving the neighbour
-	 * if the FIB had none. */
+	 * the FIB had none for. */
 	return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
 #else /* SLUICE_XDP */
 	if (local || rc != BPF_FIB_LKUP_RET_SUCCESS)

@@ -70,11 +70,11 @@ func TestPrivilegedNorthSouthForward(t *testing.T) {
 			t.Fatal(err)
 		}
 		port := natPort(t, n, c, apRemote, bpftest.TCP)
+		// The FIB knows the neighbour: both write its MACs (tc uses
+		// redirect_neigh only for a neighbour the FIB has none for).
 		out := in.With(func(p *bpftest.Packet) {
 			p.Src, p.Dst, p.TTL = netip.AddrPortFrom(ipNode, port), apRemote, 63
-			if kind.name == "xdp" { // tc leaves the MACs to redirect_neigh
-				p.SrcMAC, p.DstMAC = bpftest.MACNode, macRemoteNode
-			}
+			p.SrcMAC, p.DstMAC = bpftest.MACNode, macRemoteNode
 		})
 		checkResult(t, kind, "SYN to remote backend: redirect", in, res, vRedirect, out)
 
@@ -82,9 +82,7 @@ func TestPrivilegedNorthSouthForward(t *testing.T) {
 			Flags: bpftest.SYN | bpftest.ACK, TTL: 64, SrcMAC: macRemoteNode, DstMAC: bpftest.MACNode}
 		back := reply.With(func(p *bpftest.Packet) {
 			p.Src, p.Dst, p.TTL = apLBTCP, c, 63
-			if kind.name == "xdp" {
-				p.SrcMAC, p.DstMAC = bpftest.MACNode, bpftest.MACClient
-			}
+			p.SrcMAC, p.DstMAC = bpftest.MACNode, bpftest.MACClient
 		})
 		runPacket(t, kind, prog, "reply to client: redirect", reply, vRedirect, back)
 
@@ -122,7 +120,6 @@ func TestPrivilegedNorthSouthFIBKept(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		xdp := kind.name == "xdp" // tc leaves the MACs to redirect_neigh
 		c := client(45100)
 		pkt := func(flags uint8, payload int) bpftest.Packet {
 			return bpftest.Packet{Src: c, Dst: apLBTCP, Proto: bpftest.TCP, Flags: flags, TTL: 64,
@@ -131,9 +128,7 @@ func TestPrivilegedNorthSouthFIBKept(t *testing.T) {
 		forwarded := func(in bpftest.Packet, port uint16, mac net.HardwareAddr) bpftest.Packet {
 			return in.With(func(p *bpftest.Packet) {
 				p.Src, p.Dst, p.TTL = netip.AddrPortFrom(ipNode, port), apRemote, 63
-				if xdp {
-					p.SrcMAC, p.DstMAC = bpftest.MACNode, mac
-				}
+				p.SrcMAC, p.DstMAC = bpftest.MACNode, mac
 			})
 		}
 		kept := func(step string, dir uint8, src, dst netip.AddrPort, at uint32, maxLen int, mac net.HardwareAddr) {
@@ -143,7 +138,7 @@ func TestPrivilegedNorthSouthFIBKept(t *testing.T) {
 				t.Fatalf("%s: no ct entry %s -> %s dir %d", step, src, dst, dir)
 			}
 			f := e.FIB
-			if int(f.Ifindex) != ifindex || f.At != at || int(f.MaxLen) != maxLen || (xdp && !slices.Equal(f.DMAC[:], mac)) {
+			if int(f.Ifindex) != ifindex || f.At != at || int(f.MaxLen) != maxLen || !slices.Equal(f.DMAC[:], mac) {
 				t.Errorf("%s: kept FIB result ifindex %d at %d max len %d dmac %s, want %d, %d, %d, %s",
 					step, f.Ifindex, f.At, f.MaxLen, net.HardwareAddr(f.DMAC[:]), ifindex, at, maxLen, mac)
 			}
@@ -187,9 +182,7 @@ func TestPrivilegedNorthSouthFIBKept(t *testing.T) {
 			Flags: bpftest.ACK, TTL: 64, SrcMAC: macNew, DstMAC: bpftest.MACNode}
 		back := reply.With(func(p *bpftest.Packet) {
 			p.Src, p.Dst, p.TTL = apLBTCP, c, 63
-			if xdp {
-				p.SrcMAC, p.DstMAC = bpftest.MACNode, bpftest.MACClient
-			}
+			p.SrcMAC, p.DstMAC = bpftest.MACNode, bpftest.MACClient
 		})
 		runPacket(t, kind, prog, "reply: redirect", reply, vRedirect, back)
 		kept("after the reply", lbmap.CTDirIngress, c, apRemote, ctNow+1, l3(reply), bpftest.MACClient)
