@@ -82,4 +82,60 @@ static __always_inline int pkt_rewrite(struct __ctx_buff *ctx, struct ns_pkt *p,
 	return pkt_rewrite_port(ctx, p, dst, port);
 }
 
+/* csum_words is the ones' complement sum change, unfolded, of a 32-bit
+ * field going from from to to (RFC 1624: ~m + m'). */
+static __always_inline __u32 csum_words(__u32 from, __u32 to)
+{
+	return (__u16)~from + (__u16)~(from >> 16) + (__u16)to + (__u16)(to >> 16);
+}
+
+/* pkt_rewrite_nat rewrites both sides of p at once: destination daddr:dport
+ * (DNAT) and source saddr:sport (SNAT), the per-packet work of an
+ * established masqueraded flow. IPv4 TCP and UDP write the four fields
+ * directly and update each checksum once; anything else takes pkt_rewrite
+ * for each side. */
+static __always_inline int pkt_rewrite_nat(struct __ctx_buff *ctx, struct ns_pkt *p,
+					   const union lb_addr *daddr, __be16 dport,
+					   const union lb_addr *saddr, __be16 sport)
+{
+	__u64 flags = l4_csum_flags(p);
+	__u32 addrs, ports;
+	struct iphdr *ip;
+	__be16 *l4;
+
+	if (p->v6 || (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)) {
+		if (pkt_rewrite(ctx, p, true, daddr, dport))
+			return -1;
+		return pkt_rewrite(ctx, p, false, saddr, sport);
+	}
+	ip = ctx_ptr(ctx, p->l3_off, sizeof(*ip));
+	l4 = ctx_ptr(ctx, p->l4_off, 2 * sizeof(*l4));
+	if (!ip || !l4)
+		return -1;
+	addrs = csum_words(p->saddr.w[3], saddr->w[3]) + csum_words(p->daddr.w[3], daddr->w[3]);
+	ports = (__u16)~p->sport + (__u16)sport + (__u16)~p->dport + (__u16)dport;
+	ip->saddr = saddr->w[3];
+	ip->daddr = daddr->w[3];
+	l4[0] = sport;
+	l4[1] = dport;
+	/* The pointers die with the first checksum helper (tc). */
+	if (ctx_l3_csum_replace(ctx, p->l3_off + offsetof(struct iphdr, check), 0, addrs, 0))
+		return -1;
+#ifdef SLUICE_TC
+	/* The addresses are in the pseudo header, the ports are not: a
+	 * CHECKSUM_PARTIAL packet's field holds the pseudo header's sum. */
+	if (ctx_l4_csum_replace(ctx, l4_csum_off(p), 0, addrs, flags | BPF_F_PSEUDO_HDR) ||
+	    ctx_l4_csum_replace(ctx, l4_csum_off(p), 0, ports, flags))
+		return -1;
+#else
+	if (ctx_l4_csum_replace(ctx, l4_csum_off(p), 0, addrs + ports, flags))
+		return -1;
+#endif /* SLUICE_TC */
+	p->saddr = *saddr;
+	p->daddr = *daddr;
+	p->sport = sport;
+	p->dport = dport;
+	return 0;
+}
+
 #endif /* __SLUICE_CSUM_H */

@@ -170,23 +170,16 @@ static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry
 		WRITE_ONCE(e->snat_port, 0);
 }
 
-/* snat_reverse translates a reply to node IP:nat port back to the client.
- * It returns 1 when p is such a reply, 0 when it is not, < 0 on error. */
-static __always_inline int snat_reverse(struct __ctx_buff *ctx, struct ns_pkt *p)
+/* snat_lookup_reply returns the mapping of a reply to node IP:nat port
+ * (p: backend -> node IP:nat port), whose to_addr:to_port is the client,
+ * or NULL when p is no such reply. */
+static __always_inline const struct nat_entry *snat_lookup_reply(const struct ns_pkt *p)
 {
 	struct ct_tuple in __align_stack_8;
-	union lb_addr client __align_stack_8;
-	struct nat_entry *n;
 
 	ct_tuple_set(&in, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     NAT_DIR_INGRESS);
-	n = bpf_map_lookup_elem(&snat, &in);
-	if (!n)
-		return 0;
-	__builtin_memcpy(client.b, n->to_addr, sizeof(client.b));
-	if (pkt_rewrite(ctx, p, true, &client, n->to_port))
-		return -1;
-	return 1;
+	return bpf_map_lookup_elem(&snat, &in);
 }
 
 #endif /* __SLUICE_NAT_H */

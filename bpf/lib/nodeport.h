@@ -300,18 +300,33 @@ static __always_inline int ns_dsr_forward(struct __ctx_buff *ctx, struct ns_pkt 
 	return ns_forward(ctx, p, FWD_ENCAP, NULL, 0);
 }
 
-/* nodeport_rev_snat handles a reply from a remote backend to a nat port.
+/* nodeport_rev_snat handles a reply from a remote backend to a nat port
+ * (p: backend -> node IP:nat port): the snat mapping gives the client, the
+ * flow's ingress entry the frontend, and both sides are rewritten at once.
  * It returns -1 when p is no such reply. */
 static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_pkt *p,
 					     const struct ns_config *cfg)
 {
-	struct ct_entry *e = NULL;
+	union lb_addr client __align_stack_8;
+	union lb_addr fe __align_stack_8;
+	struct ct_tuple t __align_stack_8;
+	const struct nat_entry *n;
 	__u32 now = ct_now(cfg);
-	int ret = snat_reverse(ctx, p);
+	struct ct_entry *e;
+	__be16 port;
 
-	if (ret == 0)
+	n = snat_lookup_reply(p);
+	if (!n)
 		return -1;
-	if (ret < 0 || ns_rev_dnat(ctx, p, cfg, now, &e) <= 0)
+	__builtin_memcpy(client.b, n->to_addr, sizeof(client.b));
+	port = n->to_port;
+	ct_tuple_set(&t, &client, &p->saddr, port, p->sport, p->proto, CT_DIR_INGRESS);
+	e = bpf_map_lookup_elem(&ct, &t);
+	if (!e)
+		return CTX_ACT_DROP;
+	ct_update(e, cfg, p, ctx_len(ctx), now, true);
+	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
+	if (pkt_rewrite_nat(ctx, p, &client, port, &fe, e->nat_port))
 		return CTX_ACT_DROP;
 	return ns_forward(ctx, p, FWD_ROUTE, e, now);
 }
@@ -535,17 +550,9 @@ translate:
 	if ((kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
 		return ns_dsr_forward(ctx, p, cfg, &be_addr);
 	frontend = p->daddr;
-	if (pkt_rewrite(ctx, p, true, &be_addr, be_port))
-		return CTX_ACT_DROP;
-#ifdef SLUICE_POD_LB
-	if ((kind & CT_F_HAIRPIN) && pkt_rewrite_addr(ctx, p, false, &frontend))
-		return CTX_ACT_DROP;
-#endif /* SLUICE_POD_LB */
-	if (kind & CT_F_LOCAL)
-		return ns_forward(ctx, p, FWD_LOCAL, NULL, 0);
-	if (n || (e && e->snat_port)) {
-		/* An established flow (e: its service entry): its mapping, or
-		 * the entry's copy of it. */
+	if (!(kind & CT_F_LOCAL) && (n || (e && e->snat_port))) {
+		/* An established SNAT flow (e: its service entry): its
+		 * mapping, or the entry's copy of it; both sides at once. */
 		union lb_addr node __align_stack_8;
 		__be16 port;
 
@@ -559,11 +566,19 @@ translate:
 			port = e->snat_port;
 			node = *snat_copy_source(cfg, e, p->v6, &frontend);
 		}
-		ret = pkt_rewrite(ctx, p, false, &node, port);
-	} else {
-		ret = snat_egress(ctx, p, cfg, &frontend, hash, now);
+		if (pkt_rewrite_nat(ctx, p, &be_addr, be_port, &node, port))
+			return CTX_ACT_DROP;
+		return ns_forward(ctx, p, FWD_ROUTE, e, now);
 	}
-	if (ret)
+	if (pkt_rewrite(ctx, p, true, &be_addr, be_port))
+		return CTX_ACT_DROP;
+#ifdef SLUICE_POD_LB
+	if ((kind & CT_F_HAIRPIN) && pkt_rewrite_addr(ctx, p, false, &frontend))
+		return CTX_ACT_DROP;
+#endif /* SLUICE_POD_LB */
+	if (kind & CT_F_LOCAL)
+		return ns_forward(ctx, p, FWD_LOCAL, NULL, 0);
+	if (snat_egress(ctx, p, cfg, &frontend, hash, now))
 		return CTX_ACT_DROP;
 	return ns_forward(ctx, p, FWD_ROUTE, e, now);
 }
