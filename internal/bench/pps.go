@@ -313,7 +313,7 @@ type contender struct {
 
 var contenders = []contender{
 	{ContenderXDP, "sluice xdp_lb_ingress, native XDP on eth0: DNAT+SNAT, FIB, bpf_redirect to eth1", attachXDP},
-	{ContenderTC, "sluice tc_lb_ingress, tcx ingress on eth0 (XDP_PASS for NAPI): DNAT+SNAT, FIB, bpf_redirect_neigh", attachTC},
+	{ContenderTC, "sluice tc_lb_ingress, tcx ingress on eth0 (XDP_PASS for NAPI): DNAT+SNAT, FIB, bpf_redirect to eth1", attachTC},
 	{ContenderNFTables, "kernel forwarding, nftables DNAT + masquerade, conntrack (reference; XDP_PASS for NAPI)", attachNFT},
 	{ContenderIPTables, "kernel forwarding, iptables-legacy DNAT + MASQUERADE, conntrack (reference; XDP_PASS for NAPI)", attachIPT},
 }
