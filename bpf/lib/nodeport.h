@@ -165,47 +165,56 @@ static __always_inline void ns_fib_keep(struct ct_fib *c, const struct bpf_fib_l
 	WRITE_ONCE(c->at, now);
 }
 
-/* ns_forward sends a translated packet on its way (how: FWD_*). Whatever
- * the FIB cannot resolve goes to the stack, which routes, resolves
- * neighbours and answers with ICMP errors. A routed flow passes its CT
- * entry as keep (else NULL): the FIB result is kept there and its later
- * packets in the same CT second skip the lookup, so a route or neighbour
- * change reaches an established flow within a second. */
-static __always_inline int ns_forward(struct __ctx_buff *ctx, const struct ns_pkt *p,
-				      int how, struct ct_entry *keep, __u32 now)
+/* ns_fib looks up the route of p from saddr:sport to daddr:dport (p's own
+ * addresses, or those it is about to be given) into fib. A routed flow
+ * passes its CT entry as keep (else NULL): the FIB result is kept there and
+ * its later packets in the same CT second skip the lookup, so a route or
+ * neighbour change reaches an established flow within a second. */
+static __always_inline long ns_fib(struct __ctx_buff *ctx, const struct ns_pkt *p,
+				   const union lb_addr *saddr, __be16 sport,
+				   const union lb_addr *daddr, __be16 dport,
+				   struct ct_entry *keep, __u32 now,
+				   struct bpf_fib_lookup *fib)
+{
+	long rc;
+
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->ifindex = ctx_ifindex(ctx);
+	fib->l4_protocol = p->proto;
+	fib->sport = sport;
+	fib->dport = dport;
+	fib->tot_len = ctx_len(ctx) - p->l3_off;
+	if (keep && ns_fib_kept(&keep->fib, fib, now))
+		return BPF_FIB_LKUP_RET_SUCCESS;
+	if (p->v6) {
+		fib->family = AF_INET6;
+		__builtin_memcpy(fib->ipv6_src, saddr->b, 16);
+		__builtin_memcpy(fib->ipv6_dst, daddr->b, 16);
+	} else {
+		fib->family = AF_INET;
+		fib->ipv4_src = saddr->w[3];
+		fib->ipv4_dst = daddr->w[3];
+	}
+	rc = bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
+	if (keep && rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		fib->tot_len = ctx_len(ctx) - p->l3_off; /* the lookup may reuse it */
+		ns_fib_keep(&keep->fib, fib, now);
+	}
+	return rc;
+}
+
+/* ns_send sends a translated packet on its way (how: FWD_*) by the FIB's
+ * answer (rc, fib). Whatever the FIB cannot resolve goes to the stack,
+ * which routes, resolves neighbours and answers with ICMP errors. */
+static __always_inline int ns_send(struct __ctx_buff *ctx, const struct ns_pkt *p,
+				   int how, const struct bpf_fib_lookup *fib, long rc)
 {
 	bool local = how == FWD_LOCAL;
 	bool dec_ttl = how != FWD_ENCAP;
-	struct bpf_fib_lookup fib = {
-		.ifindex = ctx_ifindex(ctx),
-		.l4_protocol = p->proto,
-		.sport = p->sport,
-		.dport = p->dport,
-		.tot_len = ctx_len(ctx) - p->l3_off,
-	};
-	long rc = BPF_FIB_LKUP_RET_SUCCESS;
-
-	if (keep && ns_fib_kept(&keep->fib, &fib, now))
-		goto found;
-	if (p->v6) {
-		fib.family = AF_INET6;
-		__builtin_memcpy(fib.ipv6_src, p->saddr.b, 16);
-		__builtin_memcpy(fib.ipv6_dst, p->daddr.b, 16);
-	} else {
-		fib.family = AF_INET;
-		fib.ipv4_src = p->saddr.w[3];
-		fib.ipv4_dst = p->daddr.w[3];
-	}
-	rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
-	if (keep && rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		fib.tot_len = ctx_len(ctx) - p->l3_off; /* the lookup may reuse it */
-		ns_fib_keep(&keep->fib, &fib, now);
-	}
-found:
 
 #ifdef SLUICE_TC
 	if (local) {
-		__u32 ifindex = fib.ifindex;
+		__u32 ifindex = fib->ifindex;
 
 		/* redirect_peer (5.10) skips the host stack, but only into
 		 * a veth the agent listed: it drops on any other device. */
@@ -213,8 +222,8 @@ found:
 		    !bpf_map_lookup_elem(&ns_pod_ifaces, &ifindex))
 			return CTX_ACT_OK;
 		if ((dec_ttl && ns_dec_ttl(ctx, p)) ||
-		    ctx_store_bytes(ctx, 0, fib.dmac, ETH_ALEN) ||
-		    ctx_store_bytes(ctx, ETH_ALEN, fib.smac, ETH_ALEN))
+		    ctx_store_bytes(ctx, 0, fib->dmac, ETH_ALEN) ||
+		    ctx_store_bytes(ctx, ETH_ALEN, fib->smac, ETH_ALEN))
 			return CTX_ACT_DROP;
 		return bpf_redirect_peer(ifindex, 0);
 	}
@@ -223,26 +232,36 @@ found:
 	if (dec_ttl && ns_dec_ttl(ctx, p))
 		return CTX_ACT_OK;
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		if (ctx_store_bytes(ctx, 0, fib.dmac, ETH_ALEN) ||
-		    ctx_store_bytes(ctx, ETH_ALEN, fib.smac, ETH_ALEN))
+		if (ctx_store_bytes(ctx, 0, fib->dmac, ETH_ALEN) ||
+		    ctx_store_bytes(ctx, ETH_ALEN, fib->smac, ETH_ALEN))
 			return CTX_ACT_DROP;
-		return bpf_redirect(fib.ifindex, 0);
+		return bpf_redirect(fib->ifindex, 0);
 	}
 	/* redirect_neigh (5.10) fills in the MACs, resolving the neighbour
 	 * the FIB had none for. */
-	return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+	return bpf_redirect_neigh(fib->ifindex, NULL, 0, 0);
 #else /* SLUICE_XDP */
 	if (local || rc != BPF_FIB_LKUP_RET_SUCCESS)
 		return CTX_ACT_OK;
 	if (dec_ttl && ns_dec_ttl(ctx, p))
 		return CTX_ACT_OK;
-	if (ctx_store_bytes(ctx, 0, fib.dmac, ETH_ALEN) ||
-	    ctx_store_bytes(ctx, ETH_ALEN, fib.smac, ETH_ALEN))
+	if (ctx_store_bytes(ctx, 0, fib->dmac, ETH_ALEN) ||
+	    ctx_store_bytes(ctx, ETH_ALEN, fib->smac, ETH_ALEN))
 		return CTX_ACT_DROP;
-	if (fib.ifindex == ctx_ifindex(ctx))
+	if (fib->ifindex == ctx_ifindex(ctx))
 		return CTX_ACT_TX;
-	return bpf_redirect(fib.ifindex, 0);
+	return bpf_redirect(fib->ifindex, 0);
 #endif /* SLUICE_TC */
+}
+
+/* ns_forward sends a translated packet on its way (ns_fib, ns_send). */
+static __always_inline int ns_forward(struct __ctx_buff *ctx, const struct ns_pkt *p,
+				      int how, struct ct_entry *keep, __u32 now)
+{
+	struct bpf_fib_lookup fib;
+	long rc = ns_fib(ctx, p, &p->saddr, p->sport, &p->daddr, p->dport, keep, now, &fib);
+
+	return ns_send(ctx, p, how, &fib, rc);
 }
 
 /* ns_rev_dnat restores the frontend as the source of a reply from a
@@ -554,7 +573,9 @@ translate:
 		/* An established SNAT flow (e: its service entry): its
 		 * mapping, or the entry's copy of it; both sides at once. */
 		union lb_addr node __align_stack_8;
+		struct bpf_fib_lookup fib;
 		__be16 port;
+		long rc;
 
 		if (n) {
 			__builtin_memcpy(node.b, n->to_addr, sizeof(node.b));
@@ -566,9 +587,17 @@ translate:
 			port = e->snat_port;
 			node = *snat_copy_source(cfg, e, p->v6, &frontend);
 		}
+		/* The route of the packet it becomes, asked before it becomes
+		 * it: one too big for the way to the backend is answered to
+		 * the client (fragmentation needed, packet too big) from the
+		 * frontend. Translated first, it would go to the stack, whose
+		 * error would be addressed to this node's nat port. */
+		rc = ns_fib(ctx, p, &node, port, &be_addr, be_port, e, now, &fib);
+		if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
+			return dsr_reply_too_big(ctx, p, fib.mtu_result);
 		if (pkt_rewrite_nat(ctx, p, &be_addr, be_port, &node, port))
 			return CTX_ACT_DROP;
-		return ns_forward(ctx, p, FWD_ROUTE, e, now);
+		return ns_send(ctx, p, FWD_ROUTE, &fib, rc);
 	}
 	if (pkt_rewrite(ctx, p, true, &be_addr, be_port))
 		return CTX_ACT_DROP;

@@ -111,7 +111,8 @@ func TestPrivilegedNorthSouthForward(t *testing.T) {
 // An established flow keeps its FIB result in its CT entry for the rest of
 // the CT second: a neighbour change reaches it in the next second, or with
 // a packet longer than any the kept result passed, which is looked up
-// again (so the FIB's MTU check sees it: too big goes to the stack).
+// again (so the FIB's MTU check sees it: too big is answered to the
+// client).
 // Replies keep their own result in the ingress entry.
 func TestPrivilegedNorthSouthFIBKept(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
@@ -165,13 +166,24 @@ func TestPrivilegedNorthSouthFIBKept(t *testing.T) {
 		kept("after the longer packet", lbmap.CTDirService, c, apLBTCP, ctNow, l3(longer), macNew)
 
 		// The kept result does not know the new MTU; a packet longer than
-		// it passed asks the FIB, which says it is too big. Translated, not
-		// forwarded: TTL and MACs as they came.
+		// it passed asks the FIB, which says it is too big: the client
+		// hears so from the frontend, back where it came from.
 		must(t, netlink.LinkSetMTU(dev, 200))
 		longest := pkt(bpftest.ACK, 300)
-		runPacket(t, kind, prog, "same second, over the MTU: to the stack", longest, vPass, longest.With(func(p *bpftest.Packet) {
-			p.Src, p.Dst = netip.AddrPortFrom(ipNode, port), apRemote
-		}))
+		runPacket(t, kind, prog, "same second, over the MTU: fragmentation needed", longest,
+			map[string]verdict{"tc": vRedirect, "xdp": vTX}[kind.name], bpftest.ICMPError{
+				SrcMAC: bpftest.MACNode, DstMAC: bpftest.MACClient, Src: apLBTCP.Addr(), Dst: c.Addr(),
+				Type: bpftest.ICMPDestUnreach, Code: bpftest.ICMPFragNeeded, MTU: 200,
+				Quote: longest, QuoteL4: 8, FromSluice: true,
+			})
+		// Without DF it would need fragmenting, which BPF cannot do.
+		res, err = bpftest.Run(prog, longest.With(func(p *bpftest.Packet) { p.MayFragment = true }).MustBytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := kind.verdicts[res.Verdict]; got != vDrop {
+			t.Errorf("over the MTU without DF: verdict %s, want %s", got, vDrop)
+		}
 		must(t, netlink.LinkSetMTU(dev, 1500))
 
 		setClock(t, n, ctNow+1)
