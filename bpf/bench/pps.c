@@ -161,6 +161,9 @@ int xdp_pps_gen_win(struct xdp_md *ctx)
 	sunk = bpf_map_lookup_percpu_elem(&pps_count, &key, node_cpu);
 	if (!w || !sunk)
 		return XDP_ABORTED;
+	/* Frames given up on that arrived after all: not lost. */
+	if ((__s64)(w->sent - w->lost - *sunk) < 0)
+		w->lost = w->sent - *sunk;
 	if ((__s64)(w->sent - w->lost - *sunk) >= window) {
 		now = bpf_ktime_get_ns();
 		if (*sunk != w->seen) {

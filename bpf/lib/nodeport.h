@@ -151,7 +151,11 @@ static __always_inline bool ns_fib_kept(const struct ct_fib *c, struct bpf_fib_l
  * second. A packet of the flow on another CPU (a flow's packets normally
  * arrive on one) may read c meanwhile: at is cleared first and set last,
  * so one that starts reading after that looks up itself, and one already
- * reading may mix two FIB answers for this flow from this second. */
+ * reading may mix two FIB answers for this flow from this second. The
+ * order is the compiler's and x86's (stores seen in program order); on a
+ * weakly ordered CPU (arm64) such a reader may also see the previous
+ * second's fields: BPF store-release needs LLVM 20 and 6.15, a later
+ * change. */
 static __always_inline void ns_fib_keep(struct ct_fib *c, const struct bpf_fib_lookup *fib,
 					__u32 now)
 {

@@ -1,56 +1,90 @@
 package bench
 
 import (
+	"encoding/binary"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
-// napiThreads returns the kernel threads that run a device's NAPI poll in
-// threaded mode: their comm is "napi/<device>-<napi id>".
-func napiThreads(dev string) (map[int]bool, error) {
-	comms, err := filepath.Glob("/proc/[0-9]*/comm")
+// The netdev generic netlink family (include/uapi/linux/netdev.h).
+const (
+	netdevCmdNAPIGet   = 11 // NETDEV_CMD_NAPI_GET
+	netdevANAPIIfindex = 1  // NETDEV_A_NAPI_IFINDEX
+	netdevANAPIID      = 2  // NETDEV_A_NAPI_ID
+	netdevANAPIPID     = 4  // NETDEV_A_NAPI_PID (6.8): the thread of a threaded NAPI
+)
+
+// napiThread is the kernel thread that runs one NAPI instance.
+type napiThread struct{ napiID, pid uint32 }
+
+// napiThreads asks the netdev netlink family of the calling thread's
+// namespace for the threads of the device's NAPI instances (threaded NAPI
+// only has them).
+func napiThreads(ifindex int) ([]napiThread, error) {
+	fam, err := netlink.GenlFamilyGet("netdev")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("netdev netlink family (6.5): %w", err)
 	}
-	pids := map[int]bool{}
-	for _, path := range comms {
-		comm, err := os.ReadFile(path)
+	req := nl.NewNetlinkRequest(int(fam.ID), unix.NLM_F_DUMP)
+	// Every NAPI of the namespace, filtered below by ifindex.
+	req.AddData(&nl.Genlmsg{Command: netdevCmdNAPIGet, Version: 1})
+	msgs, err := req.Execute(unix.NETLINK_GENERIC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("netdev napi-get of ifindex %d: %w", ifindex, err)
+	}
+	var out []napiThread
+	for _, m := range msgs {
+		attrs, err := nl.ParseRouteAttr(m[nl.SizeofGenlmsg:])
 		if err != nil {
-			continue // gone meanwhile
+			return nil, fmt.Errorf("netdev napi-get reply: %w", err)
 		}
-		if strings.HasPrefix(string(comm), "napi/"+dev+"-") {
-			pid, err := strconv.Atoi(filepath.Base(filepath.Dir(path)))
-			if err == nil {
-				pids[pid] = true
+		var t napiThread
+		var dev uint32
+		for _, a := range attrs {
+			if len(a.Value) < 4 {
+				continue
+			}
+			v := binary.NativeEndian.Uint32(a.Value)
+			switch a.Attr.Type {
+			case netdevANAPIIfindex:
+				dev = v
+			case netdevANAPIID:
+				t.napiID = v
+			case netdevANAPIPID:
+				t.pid = v
 			}
 		}
+		if dev == uint32(ifindex) && t.napiID != 0 && t.pid != 0 {
+			out = append(out, t)
+		}
 	}
-	return pids, nil
+	return out, nil
 }
 
-// pinNewNAPIThreads pins to cpu the NAPI threads of dev that were not in
-// before: those of this namespace's device, made by the XDP attach that
-// created its NAPI. Another namespace's device of the same name keeps its
-// threads as they were.
-func pinNewNAPIThreads(dev string, before map[int]bool, cpu int) (int, error) {
-	now, err := napiThreads(dev)
-	if err != nil {
-		return 0, err
-	}
+// pinNAPIThreads pins to cpu the threads of the device's NAPI instances,
+// as the device's own namespace names them over netlink (a device of the
+// same name in another namespace is never looked at); each must also be
+// named napi/<dev>-…, a NAPI thread. It returns how many it pinned.
+func pinNAPIThreads(dev string, ifindex, cpu int, threads []napiThread) (int, error) {
 	var set unix.CPUSet
 	set.Set(cpu)
 	pinned := 0
-	for pid := range now {
-		if before[pid] {
-			continue
+	for _, t := range threads {
+		// The thread keeps the name it was made with, whose NAPI ID an
+		// XDP attach may have changed since: the device name must match.
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", t.pid))
+		got := strings.TrimSpace(string(comm))
+		if err != nil || !strings.HasPrefix(got, "napi/"+dev+"-") {
+			return pinned, fmt.Errorf("NAPI %d of %s (ifindex %d): thread %d is %q, not a NAPI thread of %s",
+				t.napiID, dev, ifindex, t.pid, got, dev)
 		}
-		if err := unix.SchedSetaffinity(pid, &set); err != nil {
-			return pinned, fmt.Errorf("pin NAPI thread %d of %s to CPU %d: %w", pid, dev, cpu, err)
+		if err := unix.SchedSetaffinity(int(t.pid), &set); err != nil {
+			return pinned, fmt.Errorf("pin NAPI thread %d of %s to CPU %d: %w", t.pid, dev, cpu, err)
 		}
 		pinned++
 	}

@@ -426,11 +426,7 @@ func attachCeiling(p *pps) (func() error, error) {
 // XDP_TX only when it has NAPI, which an XDP program gives it.
 func (p *pps) attachOnEth0(prog *ebpf.Program) (link.Link, error) {
 	var l link.Link
-	before, err := napiThreads("eth0")
-	if err != nil {
-		return nil, err
-	}
-	err = p.topo.node.do(func() (err error) {
+	err := p.topo.node.do(func() (err error) {
 		l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: p.topo.eth0, Flags: link.XDPDriverMode})
 		return err
 	})
@@ -439,20 +435,42 @@ func (p *pps) attachOnEth0(prog *ebpf.Program) (link.Link, error) {
 	}
 	if p.napi {
 		// The attach made eth0's NAPI anew: into a thread on the node CPU.
-		if err := p.topo.node.exec("", "sh", "-c", "echo 1 > /sys/class/net/eth0/threaded"); err != nil {
-			l.Close()
-			return nil, fmt.Errorf("threaded NAPI on eth0: %w", err)
-		}
-		n, err := pinNewNAPIThreads("eth0", before, p.cfg.NodeCPU)
-		if err == nil && n == 0 {
-			err = fmt.Errorf("no new NAPI thread of eth0")
-		}
-		if err != nil {
+		if err := p.pinEth0NAPI(); err != nil {
 			l.Close()
 			return nil, err
 		}
 	}
 	return l, nil
+}
+
+// pinEth0NAPI turns on threaded NAPI for eth0 and pins its threads, as
+// the node namespace's netdev netlink family names them, to the node CPU.
+func (p *pps) pinEth0NAPI() error {
+	if err := p.topo.node.exec("", "sh", "-c", "echo 1 > /sys/class/net/eth0/threaded"); err != nil {
+		return fmt.Errorf("threaded NAPI on eth0 (5.12): %w", err)
+	}
+	var threads []napiThread
+	var err error
+	// Right after the attach the netdev family can answer EINVAL for a
+	// while (NAPIs being set up): ask again, for up to a second.
+	for try := 0; try < 50; try++ {
+		err = p.topo.node.do(func() (err error) {
+			threads, err = napiThreads(p.topo.eth0)
+			return err
+		})
+		if !errors.Is(err, unix.EINVAL) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		return err
+	}
+	n, err := pinNAPIThreads("eth0", p.topo.eth0, p.cfg.NodeCPU, threads)
+	if err == nil && n == 0 {
+		err = fmt.Errorf("netlink names no NAPI thread of eth0 (NETDEV_A_NAPI_PID, 6.8)")
+	}
+	return err
 }
 
 func attachXDP(p *pps) (func() error, error) {

@@ -103,6 +103,11 @@ func (n *NorthSouth) AttachDevices(opts DeviceOptions) ([]DeviceAttachment, erro
 		}
 		n.devices = append(n.devices, d)
 	}
+	// The new programs run on every device now: what the old ones wrote
+	// into maps taken over on load since then moves across too.
+	if err := n.FinishMigration(); err != nil && n.logf != nil {
+		n.logf("%v", err)
+	}
 	return n.Devices(), nil
 }
 

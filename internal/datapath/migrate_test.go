@@ -94,6 +94,29 @@ func TestPrivilegedNorthSouthPinMigration(t *testing.T) {
 	if len(logged) != 1 {
 		t.Errorf("logged %q, want one line for the ct map", logged)
 	}
+
+	// The old programs, still attached until the new ones replace them,
+	// create a flow in the old map and touch one that was copied: the
+	// new flow moves across when the migration finishes, the copied
+	// entry is not overwritten.
+	later := key
+	later.SPort = lbmap.PortFrom(45001)
+	must(t, old.Update(le(t, later), le(t, want)[:ctEntryBefore], ebpf.UpdateAny))
+	touched := want
+	touched.Packets = 99
+	must(t, old.Update(le(t, key), le(t, touched)[:ctEntryBefore], ebpf.UpdateAny))
+	must(t, n.FinishMigration())
+	recs, err = n.CT().Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[lbmap.CTTuple]lbmap.CTEntry{}
+	for _, r := range recs {
+		got[r.Key] = r.Entry
+	}
+	if len(got) != 2 || got[key] != want || got[later] != want {
+		t.Errorf("ct after the migration finished: %+v, want %+v and %+v, both -> %+v", got, key, later, want)
+	}
 	// The old map, still open here as it would be in the old programs,
 	// is no longer the pinned one.
 	if oi, _ := old.Info(); oi != nil {

@@ -45,6 +45,10 @@ type NorthSouth struct {
 	maglevSize uint32
 	// devices are the attachments of AttachDevices (attach.go).
 	devices []*deviceAttachment
+	// migrations are pinned maps taken over on load (migrate.go), whose
+	// old maps the old programs use until AttachDevices replaces them.
+	migrations []*migration
+	logf       func(format string, args ...any)
 }
 
 // NorthSouthPrograms are the programs to attach to each external device.
@@ -97,7 +101,7 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 		return nil, err
 	}
 
-	n := &NorthSouth{maglevSize: maglevSize}
+	n := &NorthSouth{maglevSize: maglevSize, logf: opts.Logf}
 	objs := []struct {
 		name string
 		spec *ebpf.CollectionSpec
@@ -112,16 +116,21 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 				ms.MaxEntries = size
 			}
 		}
-		if err := migratePins(o.spec, opts.BPFRoot, opts.Logf); err != nil {
+		ms, err := migratePins(o.spec, opts.BPFRoot, opts.Logf)
+		if err != nil {
+			closeMigrations(n.migrations)
 			return nil, fmt.Errorf("load %s LB: %w", o.name, err)
 		}
+		n.migrations = append(n.migrations, ms...)
 		if err := checkPins(o.spec, opts.BPFRoot); err != nil {
+			closeMigrations(n.migrations)
 			return nil, err
 		}
 		// The shared maps exist, pinned, before the programs load, so
 		// that the two objects load side by side (the verifier takes a
 		// CPU each, about 0.3 s) without racing to create a pin.
 		if err := createPins(o.spec, opts.BPFRoot); err != nil {
+			closeMigrations(n.migrations)
 			return nil, fmt.Errorf("load %s LB: %w", o.name, err)
 		}
 	}
@@ -377,7 +386,19 @@ func (n *NorthSouth) CTNow() (uint32, error) {
 // Close closes programs and maps; the pins stay for the next agent, and so
 // do the pinned device links (use DetachDevices first to detach them).
 func (n *NorthSouth) Close() error {
+	closeMigrations(n.migrations)
+	n.migrations = nil
 	return errors.Join(n.releaseDevices(false), n.tc.Close(), n.xdp.Close())
+}
+
+// FinishMigration copies into the maps taken over on load what the old
+// programs wrote since (the flows they created meanwhile), and lets the
+// old maps go. AttachDevices calls it once the new programs run; Close
+// lets the old maps go without copying.
+func (n *NorthSouth) FinishMigration() error {
+	err := finishMigrations(n.migrations, n.logf)
+	n.migrations = nil
+	return err
 }
 
 // UnpinNorthSouth removes the pins of the maps only the tc/XDP programs

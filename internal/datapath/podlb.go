@@ -56,7 +56,13 @@ func LoadPodLB(opts NorthSouthOptions) (*PodLB, error) {
 	if err := prepareMaglevPin(opts.BPFRoot, maglevSize); err != nil {
 		return nil, err
 	}
-	if err := migratePins(spec, opts.BPFRoot, opts.Logf); err != nil {
+	// LoadNorthSouth, loaded first with the same options, has migrated
+	// the shared maps already; should this load first, it migrates them.
+	ms, err := migratePins(spec, opts.BPFRoot, opts.Logf)
+	if err != nil {
+		return nil, fmt.Errorf("load pod LB: %w", err)
+	}
+	if err := finishMigrations(ms, opts.Logf); err != nil {
 		return nil, fmt.Errorf("load pod LB: %w", err)
 	}
 	if err := checkPins(spec, opts.BPFRoot); err != nil {
