@@ -169,6 +169,10 @@ static __always_inline void ns_fib_keep(struct ct_fib *c, const struct bpf_fib_l
 	WRITE_ONCE(c->at, now);
 }
 
+/* ns_fib's answer when it took the result kept in the CT entry: a success
+ * without a lookup (no BPF_FIB_LKUP_RET_* value). */
+#define NS_FIB_KEPT 0x100
+
 /* ns_fib looks up the route of p from saddr:sport to daddr:dport (p's own
  * addresses, or those it is about to be given) into fib. A routed flow
  * passes its CT entry as keep (else NULL): the FIB result is kept there and
@@ -189,7 +193,7 @@ static __always_inline long ns_fib(struct __ctx_buff *ctx, const struct ns_pkt *
 	fib->dport = dport;
 	fib->tot_len = ctx_len(ctx) - p->l3_off;
 	if (keep && ns_fib_kept(&keep->fib, fib, now))
-		return BPF_FIB_LKUP_RET_SUCCESS;
+		return NS_FIB_KEPT;
 	if (p->v6) {
 		fib->family = AF_INET6;
 		__builtin_memcpy(fib->ipv6_src, saddr->b, 16);
@@ -222,7 +226,7 @@ static __always_inline int ns_send(struct __ctx_buff *ctx, const struct ns_pkt *
 
 		/* redirect_peer (5.10) skips the host stack, but only into
 		 * a veth the agent listed: it drops on any other device. */
-		if (rc != BPF_FIB_LKUP_RET_SUCCESS ||
+		if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != NS_FIB_KEPT) ||
 		    !bpf_map_lookup_elem(&ns_pod_ifaces, &ifindex))
 			return CTX_ACT_OK;
 		if ((dec_ttl && ns_dec_ttl(ctx, p)) ||
@@ -231,21 +235,26 @@ static __always_inline int ns_send(struct __ctx_buff *ctx, const struct ns_pkt *
 			return CTX_ACT_DROP;
 		return bpf_redirect_peer(ifindex, 0);
 	}
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH &&
+	    rc != NS_FIB_KEPT)
 		return CTX_ACT_OK;
 	if (dec_ttl && ns_dec_ttl(ctx, p))
 		return CTX_ACT_OK;
-	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+	if (rc == NS_FIB_KEPT) {
+		/* The flow's kept result: no route or neighbour lookup. */
 		if (ctx_store_bytes(ctx, 0, fib->dmac, ETH_ALEN) ||
 		    ctx_store_bytes(ctx, ETH_ALEN, fib->smac, ETH_ALEN))
 			return CTX_ACT_DROP;
 		return bpf_redirect(fib->ifindex, 0);
 	}
-	/* redirect_neigh (5.10) fills in the MACs, resolving the neighbour
-	 * the FIB had none for. */
+	/* After a lookup (a flow's first packet in each CT second, or one
+	 * with nothing kept), redirect_neigh (5.10) goes through the
+	 * neighbour output: it resolves a neighbour the FIB had none for,
+	 * and keeps a known one confirmed (a STALE one is probed), which
+	 * packets sent with the kept MACs alone would never do. */
 	return bpf_redirect_neigh(fib->ifindex, NULL, 0, 0);
 #else /* SLUICE_XDP */
-	if (local || rc != BPF_FIB_LKUP_RET_SUCCESS)
+	if (local || (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != NS_FIB_KEPT))
 		return CTX_ACT_OK;
 	if (dec_ttl && ns_dec_ttl(ctx, p))
 		return CTX_ACT_OK;

@@ -70,11 +70,13 @@ func TestPrivilegedNorthSouthForward(t *testing.T) {
 			t.Fatal(err)
 		}
 		port := natPort(t, n, c, apRemote, bpftest.TCP)
-		// The FIB knows the neighbour: both write its MACs (tc uses
-		// redirect_neigh only for a neighbour the FIB has none for).
+		// After a FIB lookup XDP writes the MACs; tc leaves them to
+		// redirect_neigh, which keeps the neighbour confirmed.
 		out := in.With(func(p *bpftest.Packet) {
 			p.Src, p.Dst, p.TTL = netip.AddrPortFrom(ipNode, port), apRemote, 63
-			p.SrcMAC, p.DstMAC = bpftest.MACNode, macRemoteNode
+			if kind.name == "xdp" {
+				p.SrcMAC, p.DstMAC = bpftest.MACNode, macRemoteNode
+			}
 		})
 		checkResult(t, kind, "SYN to remote backend: redirect", in, res, vRedirect, out)
 
@@ -82,7 +84,9 @@ func TestPrivilegedNorthSouthForward(t *testing.T) {
 			Flags: bpftest.SYN | bpftest.ACK, TTL: 64, SrcMAC: macRemoteNode, DstMAC: bpftest.MACNode}
 		back := reply.With(func(p *bpftest.Packet) {
 			p.Src, p.Dst, p.TTL = apLBTCP, c, 63
-			p.SrcMAC, p.DstMAC = bpftest.MACNode, bpftest.MACClient
+			if kind.name == "xdp" {
+				p.SrcMAC, p.DstMAC = bpftest.MACNode, bpftest.MACClient
+			}
 		})
 		runPacket(t, kind, prog, "reply to client: redirect", reply, vRedirect, back)
 
@@ -126,10 +130,16 @@ func TestPrivilegedNorthSouthFIBKept(t *testing.T) {
 			return bpftest.Packet{Src: c, Dst: apLBTCP, Proto: bpftest.TCP, Flags: flags, TTL: 64,
 				Payload: make([]byte, payload)}
 		}
-		forwarded := func(in bpftest.Packet, port uint16, mac net.HardwareAddr) bpftest.Packet {
+		// XDP writes the MACs; tc writes the kept ones, and leaves them to
+		// redirect_neigh after a lookup (once a CT second per flow), which
+		// keeps the neighbour confirmed.
+		const lookedUp, fromKept = false, true
+		forwarded := func(in bpftest.Packet, port uint16, mac net.HardwareAddr, kept bool) bpftest.Packet {
 			return in.With(func(p *bpftest.Packet) {
 				p.Src, p.Dst, p.TTL = netip.AddrPortFrom(ipNode, port), apRemote, 63
-				p.SrcMAC, p.DstMAC = bpftest.MACNode, mac
+				if kind.name == "xdp" || kept {
+					p.SrcMAC, p.DstMAC = bpftest.MACNode, mac
+				}
 			})
 		}
 		kept := func(step string, dir uint8, src, dst netip.AddrPort, at uint32, maxLen int, mac net.HardwareAddr) {
@@ -152,17 +162,17 @@ func TestPrivilegedNorthSouthFIBKept(t *testing.T) {
 			t.Fatal(err)
 		}
 		port := natPort(t, n, c, apRemote, bpftest.TCP)
-		checkResult(t, kind, "SYN: redirect", syn, res, vRedirect, forwarded(syn, port, macRemoteNode))
+		checkResult(t, kind, "SYN: redirect", syn, res, vRedirect, forwarded(syn, port, macRemoteNode, lookedUp))
 		ack := pkt(bpftest.ACK, 10)
-		runPacket(t, kind, prog, "ACK: redirect", ack, vRedirect, forwarded(ack, port, macRemoteNode))
+		runPacket(t, kind, prog, "ACK: redirect", ack, vRedirect, forwarded(ack, port, macRemoteNode, lookedUp))
 		kept("after the ACK", lbmap.CTDirService, c, apLBTCP, ctNow, l3(ack), macRemoteNode)
 
 		macNew := net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x0d}
 		must(t, netlink.NeighSet(&netlink.Neigh{LinkIndex: ifindex, Family: netlink.FAMILY_V4,
 			State: netlink.NUD_PERMANENT, IP: net.ParseIP("198.18.0.12"), HardwareAddr: macNew}))
-		runPacket(t, kind, prog, "same second: the kept result", ack, vRedirect, forwarded(ack, port, macRemoteNode))
+		runPacket(t, kind, prog, "same second: the kept result", ack, vRedirect, forwarded(ack, port, macRemoteNode, fromKept))
 		longer := pkt(bpftest.ACK, 200)
-		runPacket(t, kind, prog, "same second, longer packet: looked up again", longer, vRedirect, forwarded(longer, port, macNew))
+		runPacket(t, kind, prog, "same second, longer packet: looked up again", longer, vRedirect, forwarded(longer, port, macNew, lookedUp))
 		kept("after the longer packet", lbmap.CTDirService, c, apLBTCP, ctNow, l3(longer), macNew)
 
 		// The kept result does not know the new MTU; a packet longer than
@@ -187,16 +197,20 @@ func TestPrivilegedNorthSouthFIBKept(t *testing.T) {
 		must(t, netlink.LinkSetMTU(dev, 1500))
 
 		setClock(t, n, ctNow+1)
-		runPacket(t, kind, prog, "next second: looked up again", ack, vRedirect, forwarded(ack, port, macNew))
+		runPacket(t, kind, prog, "next second: looked up again", ack, vRedirect, forwarded(ack, port, macNew, lookedUp))
 		kept("next second", lbmap.CTDirService, c, apLBTCP, ctNow+1, l3(ack), macNew)
 
 		reply := bpftest.Packet{Src: apRemote, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP,
 			Flags: bpftest.ACK, TTL: 64, SrcMAC: macNew, DstMAC: bpftest.MACNode}
 		back := reply.With(func(p *bpftest.Packet) {
 			p.Src, p.Dst, p.TTL = apLBTCP, c, 63
-			p.SrcMAC, p.DstMAC = bpftest.MACNode, bpftest.MACClient
+			if kind.name == "xdp" {
+				p.SrcMAC, p.DstMAC = bpftest.MACNode, bpftest.MACClient
+			}
 		})
 		runPacket(t, kind, prog, "reply: redirect", reply, vRedirect, back)
+		back = back.With(func(p *bpftest.Packet) { p.SrcMAC, p.DstMAC = bpftest.MACNode, bpftest.MACClient })
+		runPacket(t, kind, prog, "reply, same second: the kept result", reply, vRedirect, back)
 		kept("after the reply", lbmap.CTDirIngress, c, apRemote, ctNow+1, l3(reply), bpftest.MACClient)
 	})
 }
