@@ -238,15 +238,24 @@ static __always_inline void ct_restore_ingress(const struct ns_pkt *p,
 	ct_write_ingress(s, p, BPF_NOEXIST);
 }
 
-/* ct_lookup_reply finds the ingress entry of a reply from a backend (p is
- * backend -> client, after any reverse SNAT). */
-static __always_inline struct ct_entry *ct_lookup_reply(const struct ns_pkt *p)
+/* ct_lookup_reply_to finds the ingress entry of a reply from a backend to
+ * client:port (p is backend -> client, or -> the nat port that stands for
+ * it). */
+static __always_inline struct ct_entry *ct_lookup_reply_to(const struct ns_pkt *p,
+							   const union lb_addr *client,
+							   __be16 port)
 {
 	struct ct_tuple t __align_stack_8;
 
-	ct_tuple_set(&t, &p->daddr, &p->saddr, p->dport, p->sport, p->proto,
-		     CT_DIR_INGRESS);
+	ct_tuple_set(&t, client, &p->saddr, port, p->sport, p->proto, CT_DIR_INGRESS);
 	return bpf_map_lookup_elem(&ct, &t);
+}
+
+/* ct_lookup_reply finds the ingress entry of a reply from a backend (p is
+ * backend -> client). */
+static __always_inline struct ct_entry *ct_lookup_reply(const struct ns_pkt *p)
+{
+	return ct_lookup_reply_to(p, &p->daddr, p->dport);
 }
 
 #endif /* __SLUICE_CT_H */

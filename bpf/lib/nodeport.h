@@ -211,6 +211,14 @@ static __always_inline long ns_fib(struct __ctx_buff *ctx, const struct ns_pkt *
 	return rc;
 }
 
+/* ns_set_macs writes the FIB's next-hop and egress MACs into the frame. */
+static __always_inline int ns_set_macs(struct __ctx_buff *ctx, const struct bpf_fib_lookup *fib)
+{
+	if (ctx_store_bytes(ctx, 0, fib->dmac, ETH_ALEN))
+		return -1;
+	return ctx_store_bytes(ctx, ETH_ALEN, fib->smac, ETH_ALEN);
+}
+
 /* ns_send sends a translated packet on its way (how: FWD_*) by the FIB's
  * answer (rc, fib). Whatever the FIB cannot resolve goes to the stack,
  * which routes, resolves neighbours and answers with ICMP errors. */
@@ -229,9 +237,7 @@ static __always_inline int ns_send(struct __ctx_buff *ctx, const struct ns_pkt *
 		if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != NS_FIB_KEPT) ||
 		    !bpf_map_lookup_elem(&ns_pod_ifaces, &ifindex))
 			return CTX_ACT_OK;
-		if ((dec_ttl && ns_dec_ttl(ctx, p)) ||
-		    ctx_store_bytes(ctx, 0, fib->dmac, ETH_ALEN) ||
-		    ctx_store_bytes(ctx, ETH_ALEN, fib->smac, ETH_ALEN))
+		if ((dec_ttl && ns_dec_ttl(ctx, p)) || ns_set_macs(ctx, fib))
 			return CTX_ACT_DROP;
 		return bpf_redirect_peer(ifindex, 0);
 	}
@@ -242,8 +248,7 @@ static __always_inline int ns_send(struct __ctx_buff *ctx, const struct ns_pkt *
 		return CTX_ACT_OK;
 	if (rc == NS_FIB_KEPT) {
 		/* The flow's kept result: no route or neighbour lookup. */
-		if (ctx_store_bytes(ctx, 0, fib->dmac, ETH_ALEN) ||
-		    ctx_store_bytes(ctx, ETH_ALEN, fib->smac, ETH_ALEN))
+		if (ns_set_macs(ctx, fib))
 			return CTX_ACT_DROP;
 		return bpf_redirect(fib->ifindex, 0);
 	}
@@ -258,8 +263,7 @@ static __always_inline int ns_send(struct __ctx_buff *ctx, const struct ns_pkt *
 		return CTX_ACT_OK;
 	if (dec_ttl && ns_dec_ttl(ctx, p))
 		return CTX_ACT_OK;
-	if (ctx_store_bytes(ctx, 0, fib->dmac, ETH_ALEN) ||
-	    ctx_store_bytes(ctx, ETH_ALEN, fib->smac, ETH_ALEN))
+	if (ns_set_macs(ctx, fib))
 		return CTX_ACT_DROP;
 	if (fib->ifindex == ctx_ifindex(ctx))
 		return CTX_ACT_TX;
@@ -279,10 +283,9 @@ static __always_inline int ns_forward(struct __ctx_buff *ctx, const struct ns_pk
 
 /* ns_rev_dnat restores the frontend as the source of a reply from a
  * backend (p: backend -> client). It returns 1 when p belongs to a tracked
- * flow, whose ingress entry it sets in *entry, 0 when not, < 0 on error. */
+ * flow, 0 when not, < 0 on error. */
 static __always_inline int ns_rev_dnat(struct __ctx_buff *ctx, struct ns_pkt *p,
-				       const struct ns_config *cfg, __u32 now,
-				       struct ct_entry **entry)
+				       const struct ns_config *cfg, __u32 now)
 {
 	union lb_addr fe __align_stack_8;
 	struct ct_entry *e;
@@ -291,7 +294,6 @@ static __always_inline int ns_rev_dnat(struct __ctx_buff *ctx, struct ns_pkt *p,
 	e = ct_lookup_reply(p);
 	if (!e)
 		return 0;
-	*entry = e;
 	ct_update(e, cfg, p, ctx_len(ctx), now, true);
 	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
 	port = e->nat_port;
@@ -341,7 +343,6 @@ static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_p
 {
 	union lb_addr client __align_stack_8;
 	union lb_addr fe __align_stack_8;
-	struct ct_tuple t __align_stack_8;
 	const struct nat_entry *n;
 	__u32 now = ct_now(cfg);
 	struct ct_entry *e;
@@ -352,8 +353,7 @@ static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_p
 		return -1;
 	__builtin_memcpy(client.b, n->to_addr, sizeof(client.b));
 	port = n->to_port;
-	ct_tuple_set(&t, &client, &p->saddr, port, p->sport, p->proto, CT_DIR_INGRESS);
-	e = bpf_map_lookup_elem(&ct, &t);
+	e = ct_lookup_reply_to(p, &client, port);
 	if (!e)
 		return CTX_ACT_DROP;
 	ct_update(e, cfg, p, ctx_len(ctx), now, true);
@@ -693,7 +693,6 @@ static __always_inline int nodeport_ingress(struct __ctx_buff *ctx)
 static __always_inline int nodeport_egress(struct __ctx_buff *ctx)
 {
 	const struct ns_config *cfg = ns_cfg();
-	struct ct_entry *ce;
 	struct ns_pkt p;
 
 	if (!cfg || ctx_linearize(ctx) || parse_pkt(ctx, &p) != PARSE_OK)
@@ -708,7 +707,7 @@ static __always_inline int nodeport_egress(struct __ctx_buff *ctx)
 	}
 	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
 		return CTX_ACT_OK;
-	if (ns_rev_dnat(ctx, &p, cfg, ct_now(cfg), &ce) < 0)
+	if (ns_rev_dnat(ctx, &p, cfg, ct_now(cfg)) < 0)
 		return CTX_ACT_DROP;
 	return CTX_ACT_OK;
 }

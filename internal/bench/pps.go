@@ -573,17 +573,23 @@ func (p *pps) probeLiveFrames() error {
 	})
 }
 
-// sinkCount sums the sink's per-CPU counters.
-func (p *pps) sinkCount() (uint64, error) {
+// sinkCounts reads the sink's per-CPU counters.
+func (p *pps) sinkCounts() ([]uint64, error) {
 	var perCPU []uint64
 	if err := p.helpers.PpsCount.Lookup(uint32(0), &perCPU); err != nil {
-		return 0, fmt.Errorf("read sink counter: %w", err)
+		return nil, fmt.Errorf("read sink counter: %w", err)
 	}
+	return perCPU, nil
+}
+
+// sinkCount sums the sink's per-CPU counters.
+func (p *pps) sinkCount() (uint64, error) {
+	perCPU, err := p.sinkCounts()
 	var n uint64
 	for _, v := range perCPU {
 		n += v
 	}
-	return n, nil
+	return n, err
 }
 
 // genCPU is the CPU the generator is pinned to: the last one.
@@ -612,9 +618,9 @@ func (p *pps) startWindow() (ppsWin, error) {
 	if !p.napi {
 		return ppsWin{}, nil
 	}
-	var perCPU []uint64
-	if err := p.helpers.PpsCount.Lookup(uint32(0), &perCPU); err != nil {
-		return ppsWin{}, fmt.Errorf("read sink counter: %w", err)
+	perCPU, err := p.sinkCounts()
+	if err != nil {
+		return ppsWin{}, err
 	}
 	sunk := perCPU[p.cfg.NodeCPU]
 	var now unix.Timespec // bpf_ktime_get_ns's clock
