@@ -19,6 +19,15 @@ const (
 	netdevANAPIPID     = 4  // NETDEV_A_NAPI_PID (6.8): the thread of a threaded NAPI
 )
 
+// genlHeader is the generic netlink header with its reserved field zero.
+// nl.Genlmsg serializes four bytes of a two-byte struct, so its reserved
+// field holds whatever follows in memory, and a kernel that checks it
+// (6.18 does) answers EINVAL.
+type genlHeader struct{ cmd, version uint8 }
+
+func (h genlHeader) Len() int          { return nl.SizeofGenlmsg }
+func (h genlHeader) Serialize() []byte { return []byte{h.cmd, h.version, 0, 0} }
+
 // napiThread is the kernel thread that runs one NAPI instance.
 type napiThread struct{ napiID, pid uint32 }
 
@@ -31,8 +40,10 @@ func napiThreads(ifindex int) ([]napiThread, error) {
 		return nil, fmt.Errorf("netdev netlink family (6.5): %w", err)
 	}
 	req := nl.NewNetlinkRequest(int(fam.ID), unix.NLM_F_DUMP)
-	// Every NAPI of the namespace, filtered below by ifindex.
-	req.AddData(&nl.Genlmsg{Command: netdevCmdNAPIGet, Version: 1})
+	req.AddData(genlHeader{cmd: netdevCmdNAPIGet, version: 1})
+	// The device's NAPIs only (6.9); an older kernel ignores the filter
+	// and the replies are filtered below as well.
+	req.AddData(nl.NewRtAttr(netdevANAPIIfindex, nl.Uint32Attr(uint32(ifindex))))
 	msgs, err := req.Execute(unix.NETLINK_GENERIC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("netdev napi-get of ifindex %d: %w", ifindex, err)

@@ -452,19 +452,10 @@ func (p *pps) pinEth0NAPI() error {
 		return fmt.Errorf("threaded NAPI on eth0 (5.12): %w", err)
 	}
 	var threads []napiThread
-	var err error
-	// Right after the attach the netdev family can answer EINVAL for a
-	// while (NAPIs being set up): ask again, for up to a second.
-	for try := 0; try < 50; try++ {
-		err = p.topo.node.do(func() (err error) {
-			threads, err = napiThreads(p.topo.eth0)
-			return err
-		})
-		if !errors.Is(err, unix.EINVAL) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	err := p.topo.node.do(func() (err error) {
+		threads, err = napiThreads(p.topo.eth0)
+		return err
+	})
 	if err != nil {
 		return err
 	}
