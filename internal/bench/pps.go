@@ -248,7 +248,7 @@ func (p *pps) setup() error {
 	}
 	var tmpl [minFrameLen]byte
 	copy(tmpl[:], frame)
-	for name, v := range map[string]any{"pps_tmpl": tmpl, "base_sport": uint16(baseSport), "flows": uint32(p.cfg.Flows), "node_cpu": uint32(max(p.cfg.NodeCPU, 0)), "window": uint32(genWindow), "stall_ns": uint64(genStall)} {
+	for name, v := range map[string]any{"pps_tmpl": tmpl, "base_sport": uint16(baseSport), "flows": uint32(p.cfg.Flows), "node_cpu": uint32(max(p.cfg.NodeCPU, 0)), "window": uint32(genWindow), "batch": uint32(genBatch), "stall_ns": uint64(genStall)} {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)
 		}
@@ -549,8 +549,9 @@ func (p *pps) genOptions(repeat uint32) *ebpf.RunOptions {
 		Context: xdpMD{DataEnd: uint32(len(p.frame)), IngressIfindex: uint32(p.topo.genIf)},
 	}
 	if p.napi {
-		// The page pool's ring holds a batch: more than the window.
-		opts.BatchSize = liveFramesMaxBatch
+		// The generator waits for room for a whole batch at its start
+		// (xdp_pps_gen_win); repeat is a multiple of it (genChunkMin).
+		opts.BatchSize = genBatch
 	}
 	return opts
 }
@@ -586,13 +587,15 @@ func (p *pps) sinkCount() (uint64, error) {
 // genCPU is the CPU the generator is pinned to: the last one.
 func genCPU() int { return runtime.NumCPU() - 1 }
 
-// liveFramesMaxBatch is the kernel's largest live frames batch
-// (TEST_XDP_MAX_BATCH), the size of the page pool's ring for the pages
-// that come back from the other CPU.
-const liveFramesMaxBatch = 256
+// genBatch is the live frames batch with a node CPU: eth0's NAPI thread
+// is woken once a batch, and the live frames page pool's ring, where the
+// node CPU returns pages, holds a batch. At most the kernel's largest
+// (TEST_XDP_MAX_BATCH, 256).
+const genBatch = 128
 
 // genWindow is the most frames the generator keeps in flight with a node
-// CPU: fewer than a veth's ring (256) and the page pool's ring hold.
+// CPU: fewer than a veth's ring (256) holds, room for a batch and as many
+// again queued at the node when the batch starts.
 const genWindow = 192
 
 // genStall is how long the sink's count may stand still with the window
@@ -600,7 +603,7 @@ const genWindow = 192
 const genStall = 100 * time.Millisecond
 
 // ppsWin mirrors struct pps_win.
-type ppsWin struct{ Sent, Lost, Seen, SeenAt uint64 }
+type ppsWin struct{ Sent, Lost, Seen, SeenAt, Frames uint64 }
 
 // startWindow opens the generator's window: nothing in flight, counted
 // from the sink's count on the node CPU now. Without threaded NAPI there

@@ -17,6 +17,7 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	ppsMapPpsCount       = "pps_count"
+	ppsMapPpsPub         = "pps_pub"
 	ppsMapPpsSeq         = "pps_seq"
 	ppsMapPpsTcTarget    = "pps_tc_target"
 	ppsMapPpsWin         = "pps_win"
@@ -29,6 +30,7 @@ const (
 	ppsProgXdpPpsRestore = "xdp_pps_restore"
 	ppsProgXdpPpsSink    = "xdp_pps_sink"
 	ppsVarBaseSport      = "base_sport"
+	ppsVarBatch          = "batch"
 	ppsVarFlows          = "flows"
 	ppsVarNodeCpu        = "node_cpu"
 	ppsVarPpsTmpl        = "pps_tmpl"
@@ -92,6 +94,7 @@ type ppsProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type ppsMapSpecs struct {
 	PpsCount     *ebpf.MapSpec `ebpf:"pps_count"`
+	PpsPub       *ebpf.MapSpec `ebpf:"pps_pub"`
 	PpsSeq       *ebpf.MapSpec `ebpf:"pps_seq"`
 	PpsTcTarget  *ebpf.MapSpec `ebpf:"pps_tc_target"`
 	PpsWin       *ebpf.MapSpec `ebpf:"pps_win"`
@@ -103,6 +106,7 @@ type ppsMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type ppsVariableSpecs struct {
 	BaseSport *ebpf.VariableSpec `ebpf:"base_sport"`
+	Batch     *ebpf.VariableSpec `ebpf:"batch"`
 	Flows     *ebpf.VariableSpec `ebpf:"flows"`
 	NodeCpu   *ebpf.VariableSpec `ebpf:"node_cpu"`
 	PpsTmpl   *ebpf.VariableSpec `ebpf:"pps_tmpl"`
@@ -131,6 +135,7 @@ func (o *ppsObjects) Close() error {
 // It can be passed to loadPpsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ppsMaps struct {
 	PpsCount     *ebpf.Map `ebpf:"pps_count"`
+	PpsPub       *ebpf.Map `ebpf:"pps_pub"`
 	PpsSeq       *ebpf.Map `ebpf:"pps_seq"`
 	PpsTcTarget  *ebpf.Map `ebpf:"pps_tc_target"`
 	PpsWin       *ebpf.Map `ebpf:"pps_win"`
@@ -140,6 +145,7 @@ type ppsMaps struct {
 func (m *ppsMaps) Close() error {
 	return _PpsClose(
 		m.PpsCount,
+		m.PpsPub,
 		m.PpsSeq,
 		m.PpsTcTarget,
 		m.PpsWin,
@@ -152,6 +158,7 @@ func (m *ppsMaps) Close() error {
 // It can be passed to loadPpsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ppsVariables struct {
 	BaseSport *ebpf.Variable `ebpf:"base_sport"`
+	Batch     *ebpf.Variable `ebpf:"batch"`
 	Flows     *ebpf.Variable `ebpf:"flows"`
 	NodeCpu   *ebpf.Variable `ebpf:"node_cpu"`
 	PpsTmpl   *ebpf.Variable `ebpf:"pps_tmpl"`
