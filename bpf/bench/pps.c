@@ -13,6 +13,7 @@
  *                     repeat a program that rewrites the packet, since the
  *                     kernel does not reset the data between repeats
  *   xdp_pps_sink      counts packets per CPU and drops them
+ *   xdp_pps_sink_to   the same for frames to the forwarding's next hop only
  *   xdp_pps_pass      XDP_PASS: gives a veth NAPI, so that frames sent to
  *                     it by XDP_TX or redirect are received; with
  *   tc_pps_pass       TC_ACT_OK, the tail-call targets that measure the
@@ -269,8 +270,9 @@ int tc_pps_restore(struct __sk_buff *skb)
 	return TC_ACT_SHOT;
 }
 
-SEC("xdp")
-int xdp_pps_sink(struct xdp_md *ctx)
+/* pps_count_frame counts one frame on this CPU, and publishes the count
+ * on node_cpu every PPS_PUB_EVERY frames. */
+static __always_inline void pps_count_frame(void)
 {
 	__u32 key = 0;
 	__u64 *n = bpf_map_lookup_elem(&pps_count, &key);
@@ -278,7 +280,7 @@ int xdp_pps_sink(struct xdp_md *ctx)
 	__u64 c;
 
 	if (!n)
-		return XDP_DROP;
+		return;
 	c = *n + 1;
 	*n = c;
 	if (c % PPS_PUB_EVERY == 0 && bpf_get_smp_processor_id() == node_cpu) {
@@ -286,6 +288,57 @@ int xdp_pps_sink(struct xdp_md *ctx)
 		if (pub)
 			WRITE_ONCE(pub->count, c);
 	}
+}
+
+/* xdp_pps_sink counts every frame: the ceiling, on eth0. */
+SEC("xdp")
+int xdp_pps_sink(struct xdp_md *ctx)
+{
+	pps_count_frame();
+	return XDP_DROP;
+}
+
+/* Where the node forwards the benchmark's packets: the next hop's MAC,
+ * the backend's (two NICs) or its node's (one NIC), and the backend's
+ * address and port (network byte order) the packets must now carry. */
+volatile const __u8 next_hop_mac[6];
+volatile const __u32 backend_addr;
+volatile const __u16 backend_port;
+/* The node's addresses a masqueraded packet may come from: the NodePort's
+ * (sluice) and the egress device's (the kernel's MASQUERADE). */
+volatile const __u32 node_addrs[2];
+
+/* xdp_pps_sink_to counts only the frames the node forwarded and
+ * translated: to next_hop_mac, IPv4 UDP from node_addrs (masqueraded) to
+ * backend_addr:backend_port. On
+ * one NIC the sink sits on the client's side of the wire, where an ICMP
+ * error or a packet sent back untranslated must not count. */
+SEC("xdp")
+int xdp_pps_sink_to(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u8 *pkt = data;
+	__u16 proto, dport;
+	__u32 saddr, daddr;
+	int i;
+
+	if (data + PPS_HDR_LEN > data_end)
+		return XDP_DROP;
+#pragma unroll
+	for (i = 0; i < 6; i++)
+		if (pkt[i] != next_hop_mac[i])
+			return XDP_DROP;
+	__builtin_memcpy(&proto, pkt + 12, 2);
+	__builtin_memcpy(&saddr, pkt + 26, 4);
+	__builtin_memcpy(&daddr, pkt + 30, 4);
+	__builtin_memcpy(&dport, pkt + 36, 2);
+	/* 0x45: IPv4 without options, as the generator writes it. */
+	if (proto != bpf_htons(0x0800) || pkt[14] != 0x45 || pkt[23] != 17 /* UDP */ ||
+	    (saddr != node_addrs[0] && saddr != node_addrs[1]) ||
+	    daddr != backend_addr || dport != backend_port)
+		return XDP_DROP;
+	pps_count_frame();
 	return XDP_DROP;
 }
 

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"strings"
 	"math"
 	"path/filepath"
 
@@ -203,6 +204,9 @@ func (r *PPSReport) writePlot(path string) (drawn bool, err error) {
 	cpu := "generator, node and sink on one CPU"
 	if r.NodeCPU != nil {
 		cpu = fmt.Sprintf("node on CPU %d", *r.NodeCPU)
+	}
+	if nics, _, ok := strings.Cut(r.Topology, ":"); ok {
+		cpu = nics + "; " + cpu // "one NIC", "two NICs"
 	}
 	p.Title.Text = fmt.Sprintf("NodePort forwarding, %d-byte UDP frames, %d flows (%s)", r.FrameLen, r.Flows, cpu)
 	p.Y.Label.Text = "Mpps (median, min–max)"

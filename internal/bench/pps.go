@@ -48,6 +48,10 @@ type PPSConfig struct {
 	// and at most a window of frames in flight. -1: the generator's CPU
 	// runs everything.
 	NodeCPU int
+	// Topology is TopologyTwoNIC (the backend behind a second device:
+	// bpf_redirect) or TopologyOneNIC (client and backend node behind
+	// eth0: XDP_TX, tc redirects to eth0's egress).
+	Topology string
 	// Contenders to run (Contender*); empty: all.
 	Contenders []string
 	// Progress gets one line per step; nil discards them.
@@ -59,7 +63,7 @@ var AllContenders = []string{ContenderXDP, ContenderTC, ContenderNFTables, Conte
 
 // DefaultPPSConfig is what `sluice bench pps` runs without flags.
 func DefaultPPSConfig() PPSConfig {
-	return PPSConfig{Duration: 3 * time.Second, Repeats: 3, Flows: 1024, FrameLen: 60, ProgRepeat: 1_000_000, NodeCPU: -1}
+	return PPSConfig{Duration: 3 * time.Second, Repeats: 3, Flows: 1024, FrameLen: 60, ProgRepeat: 1_000_000, NodeCPU: -1, Topology: TopologyOneNIC}
 }
 
 // Validate names the first bad field.
@@ -79,6 +83,8 @@ func (c PPSConfig) Validate() error {
 		return fmt.Errorf("node CPU %d: want -1 (the generator's) or a CPU from 0 to %d", c.NodeCPU, runtime.NumCPU()-1)
 	case c.NodeCPU >= 0 && c.NodeCPU == genCPU():
 		return fmt.Errorf("node CPU %d is the generator's CPU: want -1 or another one", c.NodeCPU)
+	case !slices.Contains(Topologies, c.Topology):
+		return fmt.Errorf("topology %q: want one of %v", c.Topology, Topologies)
 	}
 	for _, name := range c.Contenders {
 		if !slices.Contains(AllContenders, name) {
@@ -87,6 +93,9 @@ func (c PPSConfig) Validate() error {
 	}
 	return nil
 }
+
+// be16 is v in network byte order, as a BPF program reads it from a packet.
+func be16(v uint16) uint16 { return v>>8 | v<<8 }
 
 // minFrameLen is the Ethernet, IPv4 and UDP headers the generator writes.
 const minFrameLen = 42
@@ -144,7 +153,7 @@ func RunPPS(ctx context.Context, cfg PPSConfig) (_ *PPSReport, err error) {
 	p := &pps{cfg: cfg, report: &PPSReport{
 		Started: time.Now(), CPUs: runtime.NumCPU(), FrameLen: cfg.FrameLen, Flows: cfg.Flows,
 		Duration: cfg.Duration, Repeats: cfg.Repeats,
-		Topology: "gen (XDP live frames, XDP_TX) → node eth0 [contender] → node eth1 → sink (XDP count + drop)",
+		Topology: topologyDesc[cfg.Topology],
 	}}
 	if maj, min, err := probe.KernelVersion(); err == nil {
 		p.report.Kernel = fmt.Sprintf("%d.%d", maj, min)
@@ -180,9 +189,16 @@ func RunPPS(ctx context.Context, cfg PPSConfig) (_ *PPSReport, err error) {
 	return p.report, nil
 }
 
+// topologyDesc is the report's Topology line per PPSConfig.Topology.
+var topologyDesc = map[string]string{
+	TopologyTwoNIC: "two NICs: gen (XDP live frames, XDP_TX) → node eth0 [contender] → node eth1 → sink (XDP count + drop)",
+	TopologyOneNIC: "one NIC: gen (XDP live frames, XDP_TX) → node eth0 [contender] → back out eth0 to node 2's MAC → " +
+		"sink on gen0 (XDP count of frames to node 2 + drop)",
+}
+
 func pipelineNote(nodeCPU int) string {
 	if nodeCPU >= 0 {
-		return fmt.Sprintf("two CPUs: eth0's NAPI runs in a thread on CPU %d, and with it the contender, eth1 and "+
+		return fmt.Sprintf("two CPUs: eth0's NAPI runs in a thread on CPU %d, and with it the contender and "+
 			"the sink; the generator, on CPU %d, keeps at most %d frames in flight (fewer than a veth ring "+
 			"holds, so none is lost) and waits when the node falls behind: a rate is CPU %d's, the frames' "+
 			"move between CPUs included", nodeCPU, genCPU(), genWindow, nodeCPU)
@@ -241,6 +257,14 @@ func (p *pps) setup() error {
 		return err
 	}
 	p.frame = frame
+	if p.cfg.Topology == TopologyTwoNIC {
+		p.progress("building namespaces gen ── node ── sink (two NICs)")
+	} else {
+		p.progress("building namespaces gen ── node (one NIC; the sink on gen0)")
+	}
+	if p.topo, err = newTopology(p.cfg.Topology); err != nil {
+		return err
+	}
 	p.progress("loading the helper programs (bpf/bench/pps.c)")
 	spec, err := loadPps()
 	if err != nil {
@@ -248,7 +272,7 @@ func (p *pps) setup() error {
 	}
 	var tmpl [minFrameLen]byte
 	copy(tmpl[:], frame)
-	for name, v := range map[string]any{"pps_tmpl": tmpl, "base_sport": uint16(baseSport), "flows": uint32(p.cfg.Flows), "node_cpu": uint32(max(p.cfg.NodeCPU, 0)), "window": uint32(genWindow), "batch": uint32(genBatch), "stall_ns": uint64(genStall)} {
+	for name, v := range map[string]any{"pps_tmpl": tmpl, "base_sport": uint16(baseSport), "flows": uint32(p.cfg.Flows), "node_cpu": uint32(max(p.cfg.NodeCPU, 0)), "next_hop_mac": [6]byte(p.topo.nextHop), "backend_addr": ipBackend.As4(), "backend_port": be16(backendPort), "node_addrs": [2][4]byte{ipNode.As4(), p.topo.masq.As4()}, "window": uint32(genWindow), "batch": uint32(genBatch), "stall_ns": uint64(genStall)} {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)
 		}
@@ -257,10 +281,6 @@ func (p *pps) setup() error {
 		return fmt.Errorf("load helper programs: %w", err)
 	}
 
-	p.progress("building namespaces gen ── node ── sink")
-	if p.topo, err = newTopology(); err != nil {
-		return err
-	}
 	p.gen = p.helpers.XdpPpsGen
 	if p.cfg.NodeCPU >= 0 {
 		p.progress("eth0's NAPI in a thread on CPU %d, the generator on CPU %d with at most %d frames in flight",
@@ -309,22 +329,35 @@ func installService(m lbmap.Maps) error {
 // contender attaches one forwarding path on the node and returns what
 // detaches it; an error is the reason the row is skipped.
 type contender struct {
-	name, desc string
-	attach     func(p *pps) (detach func() error, err error)
+	name, descr string
+	attach      func(p *pps) (detach func() error, err error)
 }
 
 var contenders = []contender{
-	{ContenderXDP, "sluice xdp_lb_ingress, native XDP on eth0: DNAT+SNAT, FIB, bpf_redirect to eth1", attachXDP},
-	{ContenderTC, "sluice tc_lb_ingress, tcx ingress on eth0 (XDP_PASS for NAPI): DNAT+SNAT, FIB, bpf_redirect to eth1", attachTC},
+	{ContenderXDP, "sluice xdp_lb_ingress, native XDP on eth0: DNAT+SNAT, FIB, ", attachXDP},
+	{ContenderTC, "sluice tc_lb_ingress, tcx ingress on eth0 (XDP_PASS for NAPI): DNAT+SNAT, FIB, ", attachTC},
 	{ContenderNFTables, "kernel forwarding, nftables DNAT + masquerade, conntrack (reference; XDP_PASS for NAPI)", attachNFT},
 	{ContenderIPTables, "kernel forwarding, iptables-legacy DNAT + MASQUERADE, conntrack (reference; XDP_PASS for NAPI)", attachIPT},
 }
 
+// desc is c's description in topology kind: how sluice's programs send.
+func (c contender) desc(kind string) string {
+	switch {
+	case c.name == ContenderXDP && kind == TopologyOneNIC:
+		return c.descr + "XDP_TX"
+	case c.name == ContenderTC && kind == TopologyOneNIC:
+		return c.descr + "bpf_redirect to eth0's egress"
+	case c.name == ContenderXDP || c.name == ContenderTC:
+		return c.descr + "bpf_redirect to eth1"
+	}
+	return c.descr
+}
+
 func (p *pps) measureRates(ctx context.Context) error {
-	p.progress("attaching the sink (XDP count + drop) on sink0")
+	p.progress("attaching the sink (XDP count of frames to %s + drop) on %s", p.topo.nextHop, p.topo.sinkName())
 	var sinkLink link.Link
 	err := p.topo.sink.do(func() (err error) {
-		sinkLink, err = link.AttachXDP(link.XDPOptions{Program: p.helpers.XdpPpsSink, Interface: p.topo.sinkIf, Flags: link.XDPDriverMode})
+		sinkLink, err = link.AttachXDP(link.XDPOptions{Program: p.helpers.XdpPpsSinkTo, Interface: p.topo.sinkIf, Flags: link.XDPDriverMode})
 		return err
 	})
 	skipAll := ""
@@ -349,7 +382,7 @@ func (p *pps) measureRates(ctx context.Context) error {
 	rates := make([][]float64, len(run))
 	offered := make([][]float64, len(run))
 	for i, c := range run {
-		rows[i] = RateRow{Contender: c.name, Description: c.desc, Skipped: skipAll}
+		rows[i] = RateRow{Contender: c.name, Description: c.desc(p.cfg.Topology), Skipped: skipAll}
 	}
 	for round := range p.cfg.Repeats {
 		for i, c := range run {
@@ -716,6 +749,8 @@ type costProgram struct {
 	target        *ebpf.Program
 	targets       *ebpf.Map
 	verdicts      map[uint32]string
+	ctx           any    // the context to run with; nil: none
+	forward       string // the verdict of forwarding
 }
 
 // measureCosts runs each program on the benchmark packet with
@@ -725,11 +760,17 @@ type costProgram struct {
 // programs take turns, one sample each per round, like the rates.
 func (p *pps) measureCosts(ctx context.Context) error {
 	progs := p.ns.Programs()
+	xdpForward := "redirect"
+	if p.cfg.Topology == TopologyOneNIC {
+		xdpForward = "tx"
+	}
 	cs := []costProgram{
 		{"xdp_lb_ingress", p.helpers.XdpPpsRestore, p.helpers.XdpPpsPass, progs.XDPIngress, p.helpers.PpsXdpTarget,
-			map[uint32]string{0: "aborted", 1: "drop", 2: "pass", 3: "tx", 4: "redirect"}},
+			map[uint32]string{0: "aborted", 1: "drop", 2: "pass", 3: "tx", 4: "redirect"},
+			// Received on eth0, as the live frames are: XDP_TX on one NIC.
+			xdpMD{DataEnd: uint32(len(p.frame)), IngressIfindex: uint32(p.topo.eth0)}, xdpForward},
 		{"tc_lb_ingress", p.helpers.TcPpsRestore, p.helpers.TcPpsPass, progs.TCIngress, p.helpers.PpsTcTarget,
-			map[uint32]string{0: "ok", 2: "shot", 7: "redirect"}},
+			map[uint32]string{0: "ok", 2: "shot", 7: "redirect"}, nil, "redirect"},
 	}
 	rows := make([]CostRow, len(cs))
 	samples := make([][]float64, len(cs))
@@ -745,7 +786,7 @@ func (p *pps) measureCosts(ctx context.Context) error {
 				if rows[i].Skipped != "" {
 					continue
 				}
-				prog, base, verdict, err := costSample(c.restore, c.target, c.null, c.targets, p.frame, p.cfg.ProgRepeat)
+				prog, base, verdict, err := costSample(c.restore, c.target, c.null, c.targets, p.frame, c.ctx, p.cfg.ProgRepeat)
 				if errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EOPNOTSUPP) {
 					rows[i].Skipped = fmt.Sprintf("BPF_PROG_RUN: %v", err)
 					continue
@@ -768,9 +809,9 @@ func (p *pps) measureCosts(ctx context.Context) error {
 		return err
 	}
 	for i := range rows {
-		if rows[i].Skipped == "" && rows[i].Verdict != "redirect" {
+		if rows[i].Skipped == "" && rows[i].Verdict != cs[i].forward {
 			// Anything else measured a path other than forwarding.
-			rows[i].Skipped = fmt.Sprintf("verdict %s, not redirect: the forwarding path was not taken", rows[i].Verdict)
+			rows[i].Skipped = fmt.Sprintf("verdict %s, not %s: the forwarding path was not taken", rows[i].Verdict, cs[i].forward)
 		}
 		rows[i].NsPerPacket = Summarize(samples[i])
 	}
@@ -780,7 +821,7 @@ func (p *pps) measureCosts(ctx context.Context) error {
 
 // costSample returns the time per run of restore tail-calling target and
 // of restore tail-calling null, and target's verdict.
-func costSample(restore, target, null *ebpf.Program, targets *ebpf.Map, frame []byte, repeat int) (prog, base float64, verdict uint32, err error) {
+func costSample(restore, target, null *ebpf.Program, targets *ebpf.Map, frame []byte, ctx any, repeat int) (prog, base float64, verdict uint32, err error) {
 	for _, t := range []struct {
 		prog *ebpf.Program
 		out  *float64
@@ -788,7 +829,14 @@ func costSample(restore, target, null *ebpf.Program, targets *ebpf.Map, frame []
 		if err := targets.Update(uint32(0), t.prog, ebpf.UpdateAny); err != nil {
 			return 0, 0, 0, fmt.Errorf("set tail-call target: %w", err)
 		}
-		ret, d, err := restore.Benchmark(frame, repeat, nil)
+		var ret uint32
+		var d time.Duration
+		var err error
+		if ctx != nil {
+			ret, d, err = benchmarkCtx(restore, frame, ctx, uint32(repeat))
+		} else {
+			ret, d, err = restore.Benchmark(frame, repeat, nil)
+		}
 		if err != nil {
 			return 0, 0, 0, err
 		}

@@ -29,9 +29,14 @@ const (
 	ppsProgXdpPpsPass    = "xdp_pps_pass"
 	ppsProgXdpPpsRestore = "xdp_pps_restore"
 	ppsProgXdpPpsSink    = "xdp_pps_sink"
+	ppsProgXdpPpsSinkTo  = "xdp_pps_sink_to"
+	ppsVarBackendAddr    = "backend_addr"
+	ppsVarBackendPort    = "backend_port"
 	ppsVarBaseSport      = "base_sport"
 	ppsVarBatch          = "batch"
 	ppsVarFlows          = "flows"
+	ppsVarNextHopMac     = "next_hop_mac"
+	ppsVarNodeAddrs      = "node_addrs"
 	ppsVarNodeCpu        = "node_cpu"
 	ppsVarPpsTmpl        = "pps_tmpl"
 	ppsVarStallNs        = "stall_ns"
@@ -87,6 +92,7 @@ type ppsProgramSpecs struct {
 	XdpPpsPass    *ebpf.ProgramSpec `ebpf:"xdp_pps_pass"`
 	XdpPpsRestore *ebpf.ProgramSpec `ebpf:"xdp_pps_restore"`
 	XdpPpsSink    *ebpf.ProgramSpec `ebpf:"xdp_pps_sink"`
+	XdpPpsSinkTo  *ebpf.ProgramSpec `ebpf:"xdp_pps_sink_to"`
 }
 
 // ppsMapSpecs contains maps before they are loaded into the kernel.
@@ -105,13 +111,17 @@ type ppsMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ppsVariableSpecs struct {
-	BaseSport *ebpf.VariableSpec `ebpf:"base_sport"`
-	Batch     *ebpf.VariableSpec `ebpf:"batch"`
-	Flows     *ebpf.VariableSpec `ebpf:"flows"`
-	NodeCpu   *ebpf.VariableSpec `ebpf:"node_cpu"`
-	PpsTmpl   *ebpf.VariableSpec `ebpf:"pps_tmpl"`
-	StallNs   *ebpf.VariableSpec `ebpf:"stall_ns"`
-	Window    *ebpf.VariableSpec `ebpf:"window"`
+	BackendAddr *ebpf.VariableSpec `ebpf:"backend_addr"`
+	BackendPort *ebpf.VariableSpec `ebpf:"backend_port"`
+	BaseSport   *ebpf.VariableSpec `ebpf:"base_sport"`
+	Batch       *ebpf.VariableSpec `ebpf:"batch"`
+	Flows       *ebpf.VariableSpec `ebpf:"flows"`
+	NextHopMac  *ebpf.VariableSpec `ebpf:"next_hop_mac"`
+	NodeAddrs   *ebpf.VariableSpec `ebpf:"node_addrs"`
+	NodeCpu     *ebpf.VariableSpec `ebpf:"node_cpu"`
+	PpsTmpl     *ebpf.VariableSpec `ebpf:"pps_tmpl"`
+	StallNs     *ebpf.VariableSpec `ebpf:"stall_ns"`
+	Window      *ebpf.VariableSpec `ebpf:"window"`
 }
 
 // ppsObjects contains all objects after they have been loaded into the kernel.
@@ -157,13 +167,17 @@ func (m *ppsMaps) Close() error {
 //
 // It can be passed to loadPpsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ppsVariables struct {
-	BaseSport *ebpf.Variable `ebpf:"base_sport"`
-	Batch     *ebpf.Variable `ebpf:"batch"`
-	Flows     *ebpf.Variable `ebpf:"flows"`
-	NodeCpu   *ebpf.Variable `ebpf:"node_cpu"`
-	PpsTmpl   *ebpf.Variable `ebpf:"pps_tmpl"`
-	StallNs   *ebpf.Variable `ebpf:"stall_ns"`
-	Window    *ebpf.Variable `ebpf:"window"`
+	BackendAddr *ebpf.Variable `ebpf:"backend_addr"`
+	BackendPort *ebpf.Variable `ebpf:"backend_port"`
+	BaseSport   *ebpf.Variable `ebpf:"base_sport"`
+	Batch       *ebpf.Variable `ebpf:"batch"`
+	Flows       *ebpf.Variable `ebpf:"flows"`
+	NextHopMac  *ebpf.Variable `ebpf:"next_hop_mac"`
+	NodeAddrs   *ebpf.Variable `ebpf:"node_addrs"`
+	NodeCpu     *ebpf.Variable `ebpf:"node_cpu"`
+	PpsTmpl     *ebpf.Variable `ebpf:"pps_tmpl"`
+	StallNs     *ebpf.Variable `ebpf:"stall_ns"`
+	Window      *ebpf.Variable `ebpf:"window"`
 }
 
 // ppsPrograms contains all programs after they have been loaded into the kernel.
@@ -177,6 +191,7 @@ type ppsPrograms struct {
 	XdpPpsPass    *ebpf.Program `ebpf:"xdp_pps_pass"`
 	XdpPpsRestore *ebpf.Program `ebpf:"xdp_pps_restore"`
 	XdpPpsSink    *ebpf.Program `ebpf:"xdp_pps_sink"`
+	XdpPpsSinkTo  *ebpf.Program `ebpf:"xdp_pps_sink_to"`
 }
 
 func (p *ppsPrograms) Close() error {
@@ -188,6 +203,7 @@ func (p *ppsPrograms) Close() error {
 		p.XdpPpsPass,
 		p.XdpPpsRestore,
 		p.XdpPpsSink,
+		p.XdpPpsSinkTo,
 	)
 }
 

@@ -21,21 +21,42 @@ import (
 const Prefix = "sluice-pps-"
 
 // Address plan (the lab's fabric and node 2's pod range, in the bench's
-// own namespaces):
+// own namespaces). Two NICs, the backend behind a second device:
 //
 //	gen   gen0 198.18.0.2/24   ── eth0 198.18.0.11/24  node  eth1 198.18.2.1/24 ── sink0 198.18.2.10/24  sink
 //	      (client)                 (NodePort frontend)         (towards the backend)     (remote backend)
+//
+// One NIC, as most cloud nodes: the client and the backend's node, 2
+// (198.18.0.12, pods 198.18.2.0/24), are both on the fabric behind eth0,
+// so the node sends the packet back out the device it came in on (XDP_TX).
+// The veth's far end is the wire: the sink there counts the frames to node
+// 2's MAC.
+//
+//	gen   gen0 198.18.0.2/24 (client; sink)  ── eth0 198.18.0.11/24  node  (198.18.2.0/24 via 198.18.0.12)
 var (
 	ipClient  = netip.MustParseAddr("198.18.0.2")
 	ipNode    = netip.MustParseAddr("198.18.0.11")
+	ipNode2   = netip.MustParseAddr("198.18.0.12")
 	ipNodeIn  = netip.MustParseAddr("198.18.2.1")
 	ipBackend = netip.MustParseAddr("198.18.2.10")
 
-	macGen  = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x02}
-	macEth0 = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x0b}
-	macEth1 = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x02, 0x01}
-	macSink = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x02, 0x0a}
+	pfxNode2Pods = netip.MustParsePrefix("198.18.2.0/24")
+
+	macGen   = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x02}
+	macEth0  = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x0b}
+	macNode2 = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x0c}
+	macEth1  = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x02, 0x01}
+	macSink  = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x02, 0x0a}
 )
+
+// Topologies of the benchmark (PPSConfig.Topology).
+const (
+	TopologyTwoNIC = "two-nic"
+	TopologyOneNIC = "one-nic"
+)
+
+// Topologies in the order `sluice bench pps` lists them.
+var Topologies = []string{TopologyOneNIC, TopologyTwoNIC}
 
 const (
 	nodePort    = 30080
@@ -92,42 +113,69 @@ func setLinkUp(name string) error {
 	return nil
 }
 
-// topology is gen ── node ── sink, three namespaces and two veth pairs.
+// topology is gen ── node ── sink (two NICs), three namespaces and two
+// veth pairs, or gen ── node (one NIC), the sink on gen0.
 type topology struct {
 	id                string
-	gen, node, sink   *netNS
-	genIf, eth0, eth1 int // ifindexes in their namespaces
+	kind              string
+	gen, node, sink   *netNS // sink is gen with one NIC
+	genIf, eth0, eth1 int    // ifindexes in their namespaces; eth1 0 with one NIC
 	sinkIf            int
+	nextHop           net.HardwareAddr // where the node forwards to: the sink counts frames to it
+	// masq is the address of the device towards the backend, the source
+	// the kernel's MASQUERADE picks (sluice's SNAT keeps a NodePort's
+	// node IP, ipNode).
+	masq netip.Addr
 }
 
-// newTopology builds the namespaces, links, addresses, neighbours and
-// sysctls. On error, what was made is removed.
-func newTopology() (t *topology, err error) {
-	t = &topology{id: Prefix + strconv.Itoa(os.Getpid())}
+// newTopology builds the namespaces, links, addresses, routes, neighbours
+// and sysctls of kind. On error, what was made is removed.
+func newTopology(kind string) (t *topology, err error) {
+	t = &topology{id: Prefix + strconv.Itoa(os.Getpid()), kind: kind}
 	defer func() {
 		if err != nil {
 			t.Close()
 			t = nil
 		}
 	}()
-	for _, ns := range []struct {
+	roles := []struct {
 		p    **netNS
 		role string
-	}{{&t.gen, "gen"}, {&t.node, "node"}, {&t.sink, "sink"}} {
+	}{{&t.gen, "gen"}, {&t.node, "node"}}
+	if kind == TopologyTwoNIC {
+		roles = append(roles, struct {
+			p    **netNS
+			role string
+		}{&t.sink, "sink"})
+	}
+	for _, ns := range roles {
 		if *ns.p, err = newNetNS(t.id + "-" + ns.role); err != nil {
 			return t, err
 		}
 	}
+	type vethPair struct {
+		name, peer     string
+		mac, peerMAC   net.HardwareAddr
+		peerNS         *netNS
+		addr, peerAddr netip.Addr
+	}
+	type neighbour struct {
+		dev string
+		ip  netip.Addr
+		mac net.HardwareAddr
+	}
+	pairs := []vethPair{{"eth0", "gen0", macEth0, macGen, t.gen, ipNode, ipClient}}
+	// Static neighbours: the sink drops everything, ARP included.
+	neighs := []neighbour{{"eth0", ipClient, macGen}}
+	if kind == TopologyTwoNIC {
+		pairs = append(pairs, vethPair{"eth1", "sink0", macEth1, macSink, t.sink, ipNodeIn, ipBackend})
+		neighs = append(neighs, neighbour{"eth1", ipBackend, macSink})
+		t.nextHop, t.masq = macSink, ipNodeIn
+	} else {
+		neighs = append(neighs, neighbour{"eth0", ipNode2, macNode2})
+		t.nextHop, t.masq = macNode2, ipNode
+	}
 	err = t.node.do(func() error {
-		pairs := []struct {
-			name, peer     string
-			mac, peerMAC   net.HardwareAddr
-			peerNS         *netNS
-			addr, peerAddr netip.Addr
-		}{
-			{"eth0", "gen0", macEth0, macGen, t.gen, ipNode, ipClient},
-			{"eth1", "sink0", macEth1, macSink, t.sink, ipNodeIn, ipBackend},
-		}
 		for _, p := range pairs {
 			veth := &netlink.Veth{
 				LinkAttrs:        netlink.LinkAttrs{Name: p.name, HardwareAddr: p.mac},
@@ -145,12 +193,7 @@ func newTopology() (t *topology, err error) {
 				return err
 			}
 		}
-		// Static neighbours: the sink drops everything, ARP included.
-		for _, n := range []struct {
-			dev string
-			ip  netip.Addr
-			mac net.HardwareAddr
-		}{{"eth0", ipClient, macGen}, {"eth1", ipBackend, macSink}} {
+		for _, n := range neighs {
 			l, err := netlink.LinkByName(n.dev)
 			if err != nil {
 				return err
@@ -161,23 +204,35 @@ func newTopology() (t *topology, err error) {
 				return fmt.Errorf("neighbour %s on %s: %w", n.ip, n.dev, err)
 			}
 		}
+		var err error
+		if t.eth0, err = ifindex("eth0"); err != nil {
+			return err
+		}
+		if kind == TopologyOneNIC {
+			route := &netlink.Route{LinkIndex: t.eth0, Gw: ipNode2.AsSlice(),
+				Dst: &net.IPNet{IP: pfxNode2Pods.Addr().AsSlice(), Mask: net.CIDRMask(pfxNode2Pods.Bits(), 32)}}
+			if err := netlink.RouteAdd(route); err != nil {
+				return fmt.Errorf("route %s via %s: %w", pfxNode2Pods, ipNode2, err)
+			}
+		}
 		// This namespace's sysctls only: forwarding for the FIB lookups
-		// and the kernel contenders, no reverse path filter in the way.
+		// and the kernel contenders, no reverse path filter in the way,
+		// and (one NIC) no ICMP redirect for forwarding out the device a
+		// packet came in on: the client cannot reach node 2 itself.
 		for path, v := range map[string]string{
-			"/proc/sys/net/ipv4/conf/all/forwarding": "1",
-			"/proc/sys/net/ipv4/conf/all/rp_filter":  "0",
-			"/proc/sys/net/ipv4/conf/eth0/rp_filter": "0",
+			"/proc/sys/net/ipv4/conf/all/forwarding":      "1",
+			"/proc/sys/net/ipv4/conf/all/rp_filter":       "0",
+			"/proc/sys/net/ipv4/conf/eth0/rp_filter":      "0",
+			"/proc/sys/net/ipv4/conf/all/send_redirects":  "0",
+			"/proc/sys/net/ipv4/conf/eth0/send_redirects": "0",
 		} {
 			if err := os.WriteFile(path, []byte(v), 0); err != nil {
 				return fmt.Errorf("sysctl %s in %s: %w", path, t.node.name, err)
 			}
 		}
-		var err error
-		t.eth0, err = ifindex("eth0")
-		if err != nil {
-			return err
+		if kind == TopologyTwoNIC {
+			t.eth1, err = ifindex("eth1")
 		}
-		t.eth1, err = ifindex("eth1")
 		return err
 	})
 	if err != nil {
@@ -185,6 +240,10 @@ func newTopology() (t *topology, err error) {
 	}
 	if err := t.gen.do(func() (err error) { t.genIf, err = ifindex("gen0"); return err }); err != nil {
 		return t, err
+	}
+	if kind == TopologyOneNIC {
+		t.sink, t.sinkIf = t.gen, t.genIf
+		return t, nil
 	}
 	err = t.sink.do(func() (err error) { t.sinkIf, err = ifindex("sink0"); return err })
 	return t, err
@@ -230,8 +289,8 @@ func (n *netNS) exec(stdin string, name string, args ...string) error {
 // attached there and firewall rules.
 func (t *topology) Close() error {
 	var errs []error
-	for _, ns := range []*netNS{t.gen, t.node, t.sink} {
-		if ns == nil {
+	for i, ns := range []*netNS{t.gen, t.node, t.sink} {
+		if ns == nil || (i == 2 && ns == t.gen) {
 			continue
 		}
 		ns.handle.Close()
@@ -288,3 +347,11 @@ func ownerAlive(name string) bool {
 }
 
 const bpfFS = "/sys/fs/bpf"
+
+// sinkName is the device the sink counts on.
+func (t *topology) sinkName() string {
+	if t.kind == TopologyOneNIC {
+		return "gen0"
+	}
+	return "sink0"
+}

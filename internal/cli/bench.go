@@ -106,12 +106,16 @@ func benchPPSCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "pps",
 		Short: "North-south NodePort forwarding rate: sluice XDP vs tc vs kernel forwarding",
-		Long: `Builds gen ── node ── sink in network namespaces of its own (sluice-pps-*),
-installs one NodePort Service with a remote backend, sends UDP with XDP live
-frames (BPF_PROG_RUN, BPF_F_TEST_XDP_LIVE_FRAMES) and counts what reaches
-the backend, for sluice's XDP and tc programs and for kernel forwarding with
-nftables and iptables DNAT rules; then times each program per packet with
-BPF_PROG_RUN. Writes JSON, Markdown and a bar chart (PNG) under --out. Needs root.`,
+		Long: `Builds a client and a node in network namespaces of its own (sluice-pps-*),
+installs one NodePort Service with a backend on another node, sends UDP with
+XDP live frames (BPF_PROG_RUN, BPF_F_TEST_XDP_LIVE_FRAMES) and counts what
+the node forwards to the backend, DNATed and masqueraded, for sluice's XDP
+and tc programs and for kernel forwarding with nftables and iptables DNAT
+rules; then times each program per packet with BPF_PROG_RUN. With one NIC
+(the default) the backend's node sits on the fabric behind eth0, as on most
+cloud nodes, and the node sends each packet back out eth0 (XDP_TX); with two
+NICs the backend is behind a second device (bpf_redirect). Writes JSON,
+Markdown and a bar chart (PNG) under --out. Needs root.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
@@ -144,6 +148,7 @@ BPF_PROG_RUN. Writes JSON, Markdown and a bar chart (PNG) under --out. Needs roo
 	f.IntVar(&cfg.FrameLen, "frame-len", cfg.FrameLen, "Ethernet frame length without FCS")
 	f.IntVar(&cfg.ProgRepeat, "prog-repeat", cfg.ProgRepeat, "BPF_PROG_RUN repeat count of one ns/packet sample")
 	f.IntVar(&cfg.NodeCPU, "node-cpu", cfg.NodeCPU, "CPU for the node's receive work: eth0's NAPI in a thread pinned there (-1: the generator's CPU, the last one)")
+	f.StringVar(&cfg.Topology, "topology", cfg.Topology, fmt.Sprintf("%s: client and backend node behind eth0 (XDP_TX); %s: the backend behind a second device (bpf_redirect)", bench.TopologyOneNIC, bench.TopologyTwoNIC))
 	f.StringSliceVar(&cfg.Contenders, "contenders", nil, fmt.Sprintf("contenders to run (default all: %v)", bench.AllContenders))
 	f.StringVar(&out, "out", "results/pps", "directory for the JSON, Markdown and PNG results")
 	f.StringVarP(&output, "output", "o", "table", "stdout format: table or json")
