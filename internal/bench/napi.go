@@ -21,8 +21,8 @@ const (
 
 // genlHeader is the generic netlink header with its reserved field zero.
 // nl.Genlmsg serializes four bytes of a two-byte struct, so its reserved
-// field holds whatever follows in memory, and a kernel that checks it
-// (6.18 does) answers EINVAL.
+// field holds whatever follows in memory, and the kernel answers EINVAL to
+// a nonzero one (seen on 6.18 for most requests).
 type genlHeader struct{ cmd, version uint8 }
 
 func (h genlHeader) Len() int          { return nl.SizeofGenlmsg }
@@ -30,6 +30,15 @@ func (h genlHeader) Serialize() []byte { return []byte{h.cmd, h.version, 0, 0} }
 
 // napiThread is the kernel thread that runs one NAPI instance.
 type napiThread struct{ napiID, pid uint32 }
+
+// napiGetRequest is a napi-get dump of the device's NAPIs (the ifindex
+// filter came with napi-get; the replies are filtered by ifindex as well).
+func napiGetRequest(family uint16, ifindex int) *nl.NetlinkRequest {
+	req := nl.NewNetlinkRequest(int(family), unix.NLM_F_DUMP)
+	req.AddData(genlHeader{cmd: netdevCmdNAPIGet, version: 1})
+	req.AddData(nl.NewRtAttr(netdevANAPIIfindex, nl.Uint32Attr(uint32(ifindex))))
+	return req
+}
 
 // napiThreads asks the netdev netlink family of the calling thread's
 // namespace for the threads of the device's NAPI instances (threaded NAPI
@@ -39,12 +48,7 @@ func napiThreads(ifindex int) ([]napiThread, error) {
 	if err != nil {
 		return nil, fmt.Errorf("netdev netlink family (6.5): %w", err)
 	}
-	req := nl.NewNetlinkRequest(int(fam.ID), unix.NLM_F_DUMP)
-	req.AddData(genlHeader{cmd: netdevCmdNAPIGet, version: 1})
-	// The device's NAPIs only (6.9); an older kernel ignores the filter
-	// and the replies are filtered below as well.
-	req.AddData(nl.NewRtAttr(netdevANAPIIfindex, nl.Uint32Attr(uint32(ifindex))))
-	msgs, err := req.Execute(unix.NETLINK_GENERIC, 0)
+	msgs, err := napiGetRequest(fam.ID, ifindex).Execute(unix.NETLINK_GENERIC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("netdev napi-get of ifindex %d: %w", ifindex, err)
 	}

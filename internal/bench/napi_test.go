@@ -9,16 +9,18 @@ import (
 )
 
 // The napi-get request carries a generic netlink header whose reserved
-// field is zero: 6.18 answers EINVAL to anything else.
+// field is zero (the kernel answers EINVAL to anything else) and the
+// ifindex filter.
 func TestNAPIGetRequestHeader(t *testing.T) {
-	req := nl.NewNetlinkRequest(0x14, unix.NLM_F_DUMP)
-	req.AddData(genlHeader{cmd: netdevCmdNAPIGet, version: 1})
-	req.AddData(nl.NewRtAttr(netdevANAPIIfindex, nl.Uint32Attr(7)))
-	b := req.Serialize()
+	b := napiGetRequest(0x14, 7).Serialize()
 	if len(b) != unix.SizeofNlMsghdr+nl.SizeofGenlmsg+8 {
 		t.Fatalf("request is %d bytes: %x", len(b), b)
 	}
 	if got, want := b[unix.SizeofNlMsghdr:unix.SizeofNlMsghdr+nl.SizeofGenlmsg], []byte{netdevCmdNAPIGet, 1, 0, 0}; !bytes.Equal(got, want) {
 		t.Fatalf("generic netlink header %x, want %x", got, want)
+	}
+	attr := b[unix.SizeofNlMsghdr+nl.SizeofGenlmsg:]
+	if want := []byte{8, 0, netdevANAPIIfindex, 0, 7, 0, 0, 0}; !bytes.Equal(attr, want) {
+		t.Fatalf("ifindex attribute %x, want %x", attr, want)
 	}
 }

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"fmt"
-	"strings"
 	"math"
 	"path/filepath"
 
@@ -205,8 +204,8 @@ func (r *PPSReport) writePlot(path string) (drawn bool, err error) {
 	if r.NodeCPU != nil {
 		cpu = fmt.Sprintf("node on CPU %d", *r.NodeCPU)
 	}
-	if nics, _, ok := strings.Cut(r.Topology, ":"); ok {
-		cpu = nics + "; " + cpu // "one NIC", "two NICs"
+	if r.TopologyKind != "" {
+		cpu = r.TopologyKind + ", " + cpu
 	}
 	p.Title.Text = fmt.Sprintf("NodePort forwarding, %d-byte UDP frames, %d flows (%s)", r.FrameLen, r.Flows, cpu)
 	p.Y.Label.Text = "Mpps (median, min–max)"

@@ -124,11 +124,15 @@ type pps struct {
 	gen     *ebpf.Program // xdp_pps_gen, or xdp_pps_gen_win with a node CPU
 	napi    bool          // the node CPU runs eth0's threaded NAPI
 	lost    uint64        // frames the windowed generator gave up on
-	chunk   uint32        // frames per generator run, grown to genChunkTime per contender
-	ns      *datapath.NorthSouth
-	bpfRoot string
-	frame   []byte
-	report  *PPSReport
+	// The windowed generator's last run: frames it ran on and of those
+	// dropped (no room after waiting wait_ns); per contender, summed.
+	lastFrames, lastDrops uint64
+	frames, drops         map[string]uint64
+	chunk                 uint32 // frames per generator run, grown to genChunkTime per contender
+	ns                    *datapath.NorthSouth
+	bpfRoot               string
+	frame                 []byte
+	report                *PPSReport
 }
 
 func (p *pps) progress(format string, args ...any) {
@@ -150,10 +154,10 @@ func RunPPS(ctx context.Context, cfg PPSConfig) (_ *PPSReport, err error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("bench pps: needs root (network namespaces, BPF)")
 	}
-	p := &pps{cfg: cfg, report: &PPSReport{
+	p := &pps{cfg: cfg, frames: map[string]uint64{}, drops: map[string]uint64{}, report: &PPSReport{
 		Started: time.Now(), CPUs: runtime.NumCPU(), FrameLen: cfg.FrameLen, Flows: cfg.Flows,
 		Duration: cfg.Duration, Repeats: cfg.Repeats,
-		Topology: topologyDesc[cfg.Topology],
+		Topology: topologyDesc[cfg.Topology], TopologyKind: cfg.Topology,
 	}}
 	if maj, min, err := probe.KernelVersion(); err == nil {
 		p.report.Kernel = fmt.Sprintf("%d.%d", maj, min)
@@ -272,7 +276,7 @@ func (p *pps) setup() error {
 	}
 	var tmpl [minFrameLen]byte
 	copy(tmpl[:], frame)
-	for name, v := range map[string]any{"pps_tmpl": tmpl, "base_sport": uint16(baseSport), "flows": uint32(p.cfg.Flows), "node_cpu": uint32(max(p.cfg.NodeCPU, 0)), "next_hop_mac": [6]byte(p.topo.nextHop), "backend_addr": ipBackend.As4(), "backend_port": be16(backendPort), "node_addrs": [2][4]byte{ipNode.As4(), p.topo.masq.As4()}, "window": uint32(genWindow), "batch": uint32(genBatch), "stall_ns": uint64(genStall)} {
+	for name, v := range map[string]any{"pps_tmpl": tmpl, "base_sport": uint16(baseSport), "flows": uint32(p.cfg.Flows), "node_cpu": uint32(max(p.cfg.NodeCPU, 0)), "next_hop_mac": [6]byte(p.topo.nextHop), "backend_addr": ipBackend.As4(), "backend_port": be16(backendPort), "node_addrs": [2][4]byte{ipNode.As4(), p.topo.masq.As4()}, "window": uint32(genWindow), "batch": uint32(genBatch), "wait_ns": uint64(genWait), "stall_ns": uint64(genStall)} {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)
 		}
@@ -407,6 +411,13 @@ func (p *pps) measureRates(ctx context.Context) error {
 			rows[i].PPS, rows[i].Offered = Summarize(rates[i]), Summarize(offered[i])
 		}
 	}
+	for _, c := range run {
+		if d := p.drops[c.name]; d > 0 {
+			p.report.Notes = append(p.report.Notes, fmt.Sprintf("%s: the generator dropped %d of the %d frames "+
+				"it ran (%.3f%%): the node had no room for them within %s", c.name, d, p.frames[c.name],
+				100*float64(d)/float64(p.frames[c.name]), genWait))
+		}
+	}
 	if p.lost > 0 {
 		p.report.Notes = append(p.report.Notes, fmt.Sprintf("the generator gave up on %d frames that "+
 			"did not reach the sink within %s (dropped on the way); the rates count only what arrived", p.lost, genStall))
@@ -440,6 +451,10 @@ func (p *pps) measureOnce(ctx context.Context, c contender, round int) (rate, of
 	rate, offered, err = p.generate(ctx, p.cfg.Duration)
 	if err != nil {
 		return 0, 0, err
+	}
+	if p.napi {
+		p.frames[c.name] += p.lastFrames
+		p.drops[c.name] += p.lastDrops
 	}
 	p.progress("%s: run %d/%d: %.3f Mpps forwarded (%.3f Mpps offered)", c.name, round+1, p.cfg.Repeats, rate/1e6, offered/1e6)
 	return rate, offered, nil
@@ -567,6 +582,14 @@ func (p *pps) attachFirewall(add, del func() error) (func() error, error) {
 	return func() error { return errors.Join(del(), napi.Close()) }, nil
 }
 
+// skbCtx is struct __sk_buff up to ifindex, the context tc_lb_ingress is
+// timed with: received on eth0 (BPF_PROG_TEST_RUN takes the rest as zero).
+type skbCtx struct {
+	Len, PktType, Mark, QueueMapping, Protocol uint32
+	VlanPresent, VlanTCI, VlanProto, Priority  uint32
+	IngressIfindex, Ifindex                    uint32
+}
+
 // xdpMD is struct xdp_md, the context of the generator's runs.
 type xdpMD struct {
 	Data, DataEnd, DataMeta      uint32
@@ -634,6 +657,10 @@ const genWindow = 192
 // genStall is how long the sink's count may stand still with the window
 // full before the generator counts the frames in flight as lost.
 const genStall = 100 * time.Millisecond
+
+// genWait is how long the generator waits at the start of a batch for the
+// whole batch to fit in the window before it drops what does not.
+const genWait = 10 * time.Millisecond
 
 // ppsWin mirrors struct pps_win.
 type ppsWin struct{ Sent, Lost, Seen, SeenAt, Frames uint64 }
@@ -714,6 +741,8 @@ func (p *pps) generate(ctx context.Context, d time.Duration) (rate, offered floa
 			}
 			sent = w.Sent - win.Sent
 			p.lost += w.Lost
+			p.lastFrames = w.Frames - win.Frames
+			p.lastDrops = p.lastFrames - sent
 		}
 		offered = float64(sent) / time.Since(start).Seconds()
 		last, lastAt, err := p.drain()
@@ -749,7 +778,7 @@ type costProgram struct {
 	target        *ebpf.Program
 	targets       *ebpf.Map
 	verdicts      map[uint32]string
-	ctx           any    // the context to run with; nil: none
+	ctx           any    // the context to run with
 	forward       string // the verdict of forwarding
 }
 
@@ -770,7 +799,8 @@ func (p *pps) measureCosts(ctx context.Context) error {
 			// Received on eth0, as the live frames are: XDP_TX on one NIC.
 			xdpMD{DataEnd: uint32(len(p.frame)), IngressIfindex: uint32(p.topo.eth0)}, xdpForward},
 		{"tc_lb_ingress", p.helpers.TcPpsRestore, p.helpers.TcPpsPass, progs.TCIngress, p.helpers.PpsTcTarget,
-			map[uint32]string{0: "ok", 2: "shot", 7: "redirect"}, nil, "redirect"},
+			map[uint32]string{0: "ok", 2: "shot", 7: "redirect"},
+			skbCtx{IngressIfindex: uint32(p.topo.eth0), Ifindex: uint32(p.topo.eth0)}, "redirect"},
 	}
 	rows := make([]CostRow, len(cs))
 	samples := make([][]float64, len(cs))
@@ -829,14 +859,7 @@ func costSample(restore, target, null *ebpf.Program, targets *ebpf.Map, frame []
 		if err := targets.Update(uint32(0), t.prog, ebpf.UpdateAny); err != nil {
 			return 0, 0, 0, fmt.Errorf("set tail-call target: %w", err)
 		}
-		var ret uint32
-		var d time.Duration
-		var err error
-		if ctx != nil {
-			ret, d, err = benchmarkCtx(restore, frame, ctx, uint32(repeat))
-		} else {
-			ret, d, err = restore.Benchmark(frame, repeat, nil)
-		}
+		ret, d, err := benchmarkCtx(restore, frame, ctx, uint32(repeat))
 		if err != nil {
 			return 0, 0, 0, err
 		}

@@ -40,6 +40,7 @@ const (
 	ppsVarNodeCpu        = "node_cpu"
 	ppsVarPpsTmpl        = "pps_tmpl"
 	ppsVarStallNs        = "stall_ns"
+	ppsVarWaitNs         = "wait_ns"
 	ppsVarWindow         = "window"
 )
 
@@ -121,6 +122,7 @@ type ppsVariableSpecs struct {
 	NodeCpu     *ebpf.VariableSpec `ebpf:"node_cpu"`
 	PpsTmpl     *ebpf.VariableSpec `ebpf:"pps_tmpl"`
 	StallNs     *ebpf.VariableSpec `ebpf:"stall_ns"`
+	WaitNs      *ebpf.VariableSpec `ebpf:"wait_ns"`
 	Window      *ebpf.VariableSpec `ebpf:"window"`
 }
 
@@ -177,6 +179,7 @@ type ppsVariables struct {
 	NodeCpu     *ebpf.Variable `ebpf:"node_cpu"`
 	PpsTmpl     *ebpf.Variable `ebpf:"pps_tmpl"`
 	StallNs     *ebpf.Variable `ebpf:"stall_ns"`
+	WaitNs      *ebpf.Variable `ebpf:"wait_ns"`
 	Window      *ebpf.Variable `ebpf:"window"`
 }
 

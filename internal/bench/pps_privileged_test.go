@@ -75,9 +75,13 @@ func TestPrivilegedPPSSinkCountsForwarded(t *testing.T) {
 	notMasqueraded.Src = netip.AddrPortFrom(ipClient, baseSport)
 	wrongPort := forwarded
 	wrongPort.Dst = netip.AddrPortFrom(ipBackend, backendPort+1)
+	tcp := forwarded
+	tcp.Proto = bpftest.TCP
+	icmp := bpftest.ICMPError{SrcMAC: macEth0, DstMAC: macNode2, Src: ipNode, Dst: ipBackend,
+		Type: bpftest.ICMPDestUnreach, Code: bpftest.ICMPPortUnreach, Quote: forwarded}
 	for _, tc := range []struct {
 		name  string
-		pkt   bpftest.Packet
+		pkt   bpftest.Frame
 		count bool
 	}{
 		{"forwarded", forwarded, true},
@@ -86,6 +90,8 @@ func TestPrivilegedPPSSinkCountsForwarded(t *testing.T) {
 		{"not translated", untranslated, false},
 		{"not masqueraded", notMasqueraded, false},
 		{"to another port", wrongPort, false},
+		{"TCP", tcp, false},
+		{"an ICMP error quoting a forwarded packet", icmp, false},
 	} {
 		frame, err := tc.pkt.Bytes()
 		if err != nil {

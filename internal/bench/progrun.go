@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 	"unsafe"
 
@@ -33,11 +34,15 @@ type progTestRunAttr struct {
 	_           uint32
 }
 
+// errnoENOTSUPP is the kernel's internal ENOTSUPP (524), which
+// BPF_PROG_TEST_RUN returns for a program type it cannot run.
+const errnoENOTSUPP = unix.Errno(524)
+
 // benchmarkCtx runs prog repeat times on data with the context ctx and
 // returns its verdict and the kernel's time per run. ebpf.Program.Benchmark
-// takes no context, and without one an XDP program runs as received on
-// the namespace's loopback device: never the path of a packet that leaves
-// by the device it came in on (XDP_TX).
+// takes no context, and without one a program runs as received on the
+// namespace's loopback device: never the path of a packet that leaves by
+// the device it came in on (XDP_TX).
 func benchmarkCtx(prog *ebpf.Program, data []byte, ctx any, repeat uint32) (uint32, time.Duration, error) {
 	var cb bytes.Buffer
 	if err := binary.Write(&cb, binary.NativeEndian, ctx); err != nil {
@@ -57,11 +62,15 @@ func benchmarkCtx(prog *ebpf.Program, data []byte, ctx any, repeat uint32) (uint
 	}
 	for {
 		_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_PROG_TEST_RUN, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
+		runtime.KeepAlive(data)
+		runtime.KeepAlive(c)
 		switch errno {
 		case 0:
 			return attr.retval, time.Duration(attr.duration), nil
 		case unix.EINTR:
 			continue // a signal stopped the run: run it again
+		case unix.EOPNOTSUPP, errnoENOTSUPP:
+			return 0, 0, fmt.Errorf("BPF_PROG_TEST_RUN: %w", ebpf.ErrNotSupported)
 		default:
 			return 0, 0, fmt.Errorf("BPF_PROG_TEST_RUN: %w", errno)
 		}

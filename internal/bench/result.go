@@ -110,13 +110,15 @@ type PPSReport struct {
 	Repeats  int           `json:"repeats"`
 	// NodeCPU is the CPU of the node's receive work; nil when it shares
 	// the generator's.
-	NodeCPU  *int      `json:"node_cpu,omitempty"`
-	Topology string    `json:"topology"`
-	Notes    []string  `json:"notes,omitempty"`
-	Ceiling  RateRow   `json:"ceiling"`
-	Rates    []RateRow `json:"rates"`
-	Costs    []CostRow `json:"costs"`
-	Ratios   []Ratio   `json:"ratios"`
+	NodeCPU  *int   `json:"node_cpu,omitempty"`
+	Topology string `json:"topology"`
+	// TopologyKind is PPSConfig.Topology: one-nic or two-nic.
+	TopologyKind string    `json:"topology_kind"`
+	Notes        []string  `json:"notes,omitempty"`
+	Ceiling      RateRow   `json:"ceiling"`
+	Rates        []RateRow `json:"rates"`
+	Costs        []CostRow `json:"costs"`
+	Ratios       []Ratio   `json:"ratios"`
 }
 
 // ratioTargets are the brief's targets (section 5).

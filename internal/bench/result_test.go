@@ -176,6 +176,8 @@ func TestPPSConfigValidate(t *testing.T) {
 		{"no flows", func(c *PPSConfig) { c.Flows = 0 }, "flows"},
 		{"frame shorter than the headers", func(c *PPSConfig) { c.FrameLen = 41 }, "frame length"},
 		{"unknown contender", func(c *PPSConfig) { c.Contenders = []string{"ipvs"} }, `contender "ipvs"`},
+		{"two NICs", func(c *PPSConfig) { c.Topology = TopologyTwoNIC }, ""},
+		{"unknown topology", func(c *PPSConfig) { c.Topology = "three-nic" }, `topology "three-nic"`},
 	} {
 		c := ok
 		tc.modify(&c)
