@@ -128,11 +128,15 @@ type pps struct {
 	// dropped (no room after waiting wait_ns); per contender, summed.
 	lastFrames, lastDrops uint64
 	frames, drops         map[string]uint64
-	chunk                 uint32 // frames per generator run, grown to genChunkTime per contender
-	ns                    *datapath.NorthSouth
-	bpfRoot               string
-	frame                 []byte
-	report                *PPSReport
+	nodeNs, nodeBusy      map[string][]float64 // per measurement, a node CPU only
+	// The node CPU's busy time per packet counted and busy share during
+	// the last run (a node CPU only).
+	lastNodeNs, lastNodeBusy float64
+	chunk                    uint32 // frames per generator run, grown to genChunkTime per contender
+	ns                       *datapath.NorthSouth
+	bpfRoot                  string
+	frame                    []byte
+	report                   *PPSReport
 }
 
 func (p *pps) progress(format string, args ...any) {
@@ -154,11 +158,12 @@ func RunPPS(ctx context.Context, cfg PPSConfig) (_ *PPSReport, err error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("bench pps: needs root (network namespaces, BPF)")
 	}
-	p := &pps{cfg: cfg, frames: map[string]uint64{}, drops: map[string]uint64{}, report: &PPSReport{
-		Started: time.Now(), CPUs: runtime.NumCPU(), FrameLen: cfg.FrameLen, Flows: cfg.Flows,
-		Duration: cfg.Duration, Repeats: cfg.Repeats,
-		Topology: topologyDesc[cfg.Topology], TopologyKind: cfg.Topology,
-	}}
+	p := &pps{cfg: cfg, frames: map[string]uint64{}, drops: map[string]uint64{},
+		nodeNs: map[string][]float64{}, nodeBusy: map[string][]float64{}, report: &PPSReport{
+			Started: time.Now(), CPUs: runtime.NumCPU(), FrameLen: cfg.FrameLen, Flows: cfg.Flows,
+			Duration: cfg.Duration, Repeats: cfg.Repeats,
+			Topology: topologyDesc[cfg.Topology], TopologyKind: cfg.Topology,
+		}}
 	if maj, min, err := probe.KernelVersion(); err == nil {
 		p.report.Kernel = fmt.Sprintf("%d.%d", maj, min)
 	}
@@ -406,9 +411,13 @@ func (p *pps) measureRates(ctx context.Context) error {
 			rates[i], offered[i] = append(rates[i], rate), append(offered[i], off)
 		}
 	}
-	for i := range rows {
+	for i, c := range run {
 		if rows[i].Skipped == "" {
 			rows[i].PPS, rows[i].Offered = Summarize(rates[i]), Summarize(offered[i])
+			if p.napi {
+				rows[i].NodeNs = Summarize(p.nodeNs[c.name]).Median
+				rows[i].NodeBusy = Summarize(p.nodeBusy[c.name])
+			}
 		}
 	}
 	for _, c := range run {
@@ -455,6 +464,11 @@ func (p *pps) measureOnce(ctx context.Context, c contender, round int) (rate, of
 	if p.napi {
 		p.frames[c.name] += p.lastFrames
 		p.drops[c.name] += p.lastDrops
+		p.nodeNs[c.name] = append(p.nodeNs[c.name], p.lastNodeNs)
+		p.nodeBusy[c.name] = append(p.nodeBusy[c.name], p.lastNodeBusy)
+		p.progress("%s: run %d/%d: %.3f Mpps forwarded (%.3f Mpps offered); node CPU %.0f%% busy, %.0f ns a packet",
+			c.name, round+1, p.cfg.Repeats, rate/1e6, offered/1e6, 100*p.lastNodeBusy, p.lastNodeNs)
+		return rate, offered, nil
 	}
 	p.progress("%s: run %d/%d: %.3f Mpps forwarded (%.3f Mpps offered)", c.name, round+1, p.cfg.Repeats, rate/1e6, offered/1e6)
 	return rate, offered, nil
@@ -720,6 +734,12 @@ func (p *pps) generate(ctx context.Context, d time.Duration) (rate, offered floa
 		if err != nil {
 			return err
 		}
+		var cpu0 cpuTimes
+		if p.napi {
+			if cpu0, err = readCPULine(fmt.Sprintf("cpu%d", p.cfg.NodeCPU)); err != nil {
+				return fmt.Errorf("node CPU time: %w", err)
+			}
+		}
 		start := time.Now()
 		deadline := start.Add(d)
 		for now := start; now.Before(deadline); now = time.Now() {
@@ -750,6 +770,16 @@ func (p *pps) generate(ctx context.Context, d time.Duration) (rate, offered floa
 			return err
 		}
 		rate = float64(last-before) / lastAt.Sub(start).Seconds()
+		if p.napi {
+			cpu1, err := readCPULine(fmt.Sprintf("cpu%d", p.cfg.NodeCPU))
+			if err != nil {
+				return fmt.Errorf("node CPU time: %w", err)
+			}
+			p.lastNodeNs, p.lastNodeBusy = 0, cpu1.busyShare(cpu0)
+			if last > before {
+				p.lastNodeNs = cpu1.busySince(cpu0) * 1e9 / float64(last-before)
+			}
+		}
 		return nil
 	})
 	return rate, offered, err

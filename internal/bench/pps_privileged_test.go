@@ -153,6 +153,10 @@ func ppsSmoke(t *testing.T, topo string, nodeCPU int) {
 		if row.PPS.Median <= 0 {
 			t.Errorf("%s forwarded nothing in %s (offered %.0f pps)", row.Contender, cfg.Duration, row.Offered.Median)
 		}
+		// With a node CPU, its busy time is measured for every row.
+		if nodeCPU >= 0 && (row.NodeNs <= 0 || row.NodeBusy.Median <= 0 || row.NodeBusy.Median > 1) {
+			t.Errorf("%s: node CPU %.1f ns a packet, %.2f busy; want both measured", row.Contender, row.NodeNs, row.NodeBusy.Median)
+		}
 	}
 	if len(r.Rates) != len(AllContenders) {
 		t.Errorf("%d rate rows, want one per contender %v", len(r.Rates), AllContenders)

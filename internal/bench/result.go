@@ -58,10 +58,16 @@ type RateRow struct {
 	// Offered is packets the generator ran per second: when it is close
 	// to PPS the generator, not the node, may be the limit.
 	Offered Stats `json:"offered_pps"`
-	// NodeNs is what forwarding adds per packet over the ceiling,
-	// 1/PPS - 1/ceiling (medians): the generator, sharing the CPU,
-	// weighs on every rate, and this takes it out.
+	// NodeNs is the node's cost per packet. With one CPU it is what
+	// forwarding adds over the ceiling, 1/PPS - 1/ceiling (medians): the
+	// generator, sharing the CPU, weighs on every rate, and this takes it
+	// out. With a node CPU it is measured: that CPU's busy time (the
+	// contender, the transmit and the sink) over the packets counted,
+	// median of the measurements.
 	NodeNs float64 `json:"node_ns_per_packet,omitempty"`
+	// NodeBusy is the share of the time the node CPU was busy during each
+	// measurement (a node CPU only): below 1, the node was not the limit.
+	NodeBusy Stats `json:"node_cpu_busy,omitzero"`
 }
 
 // CostRow is the cost of one program per packet, from BPF_PROG_RUN.
@@ -134,12 +140,15 @@ var ratioTargets = []struct {
 // ComputeNodeCost fills NodeNs of every measured rate row from the
 // ceiling, when generator and node share a CPU: then a rate is one over
 // the sum of their costs. With a node CPU of its own there is no such
-// sum, and NodeNs stays 0.
+// sum; NodeNs is measured there and left as it is.
 func (r *PPSReport) ComputeNodeCost() {
+	if r.NodeCPU != nil {
+		return
+	}
 	for i := range r.Rates {
 		row := &r.Rates[i]
 		row.NodeNs = 0
-		if r.NodeCPU != nil || row.Skipped != "" || r.Ceiling.Skipped != "" || row.PPS.Median <= 0 || r.Ceiling.PPS.Median <= 0 {
+		if row.Skipped != "" || r.Ceiling.Skipped != "" || row.PPS.Median <= 0 || r.Ceiling.PPS.Median <= 0 {
 			continue
 		}
 		row.NodeNs = 1e9/row.PPS.Median - 1e9/r.Ceiling.PPS.Median
@@ -154,9 +163,6 @@ func (r *PPSReport) ComputeRatios() {
 	}
 	r.Ratios = nil
 	for _, basis := range []string{BasisRate, BasisNodeCost} {
-		if basis == BasisNodeCost && r.NodeCPU != nil {
-			continue // no node cost with a node CPU of its own
-		}
 		for _, t := range ratioTargets {
 			ratio := Ratio{Name: t.num + " / " + t.den, Basis: basis, Target: t.target}
 			num, okNum := rows[t.num]
@@ -176,7 +182,7 @@ func (r *PPSReport) ComputeRatios() {
 					ratio.Bound = r.Ceiling.PPS.Median / den.PPS.Median
 				}
 			case num.NodeNs <= 0 || den.NodeNs <= 0:
-				ratio.Skipped = "no node cost (ceiling not measured, or a rate at the ceiling)"
+				ratio.Skipped = "no node cost (ceiling or node CPU time not measured, or a rate at the ceiling)"
 			default:
 				ratio.Value = den.NodeNs / num.NodeNs
 			}
@@ -222,13 +228,16 @@ func ns(v float64) string { return fmt.Sprintf("%.1f", v) }
 // description.
 func (row RateRow) cells() []string {
 	if row.Skipped != "" {
-		return []string{"skipped: " + row.Skipped, "", "", "", ""}
+		return []string{"skipped: " + row.Skipped, "", "", "", "", ""}
 	}
-	node := "-"
+	node, busy := "-", "-"
 	if row.NodeNs != 0 {
 		node = ns(row.NodeNs)
 	}
-	return []string{mpps(row.PPS.Min), mpps(row.PPS.Median), mpps(row.PPS.Max), mpps(row.Offered.Median), node}
+	if row.NodeBusy.Median != 0 {
+		busy = fmt.Sprintf("%.0f%%", 100*row.NodeBusy.Median)
+	}
+	return []string{mpps(row.PPS.Min), mpps(row.PPS.Median), mpps(row.PPS.Max), mpps(row.Offered.Median), node, busy}
 }
 
 // allRates is the ceiling, then the contenders.
@@ -269,7 +278,7 @@ type table struct {
 
 // tables are the report's rates, program costs and ratios.
 func (r *PPSReport) tables() []table {
-	rates := table{header: []string{"contender", "min Mpps", "median Mpps", "max Mpps", "offered Mpps", "node ns/pkt", "path"}}
+	rates := table{header: []string{"contender", "min Mpps", "median Mpps", "max Mpps", "offered Mpps", "node ns/pkt", "node CPU busy", "path"}}
 	for _, row := range r.allRates() {
 		rates.rows = append(rates.rows, append(append([]string{row.Contender}, row.cells()...), row.Description))
 	}

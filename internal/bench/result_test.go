@@ -212,21 +212,30 @@ func TestReportOutputNamesSkippedRows(t *testing.T) {
 }
 
 // With the node on a CPU of its own, a rate is not one over a sum of
-// costs: no node cost and no ratio of node costs, the rate ratio stays.
+// costs: the node cost is the measured one, left as it is, and gives the
+// node cost ratio; a row without it gives none.
 func TestComputeRatiosNodeCPU(t *testing.T) {
 	cpu := 0
-	r := &PPSReport{NodeCPU: &cpu, Ceiling: rate(ContenderCeiling, 4e6),
-		Rates: []RateRow{rate(ContenderXDP, 2e6), rate(ContenderTC, 1e6)}}
+	xdp, tc := rate(ContenderXDP, 2e6), rate(ContenderTC, 1e6)
+	xdp.NodeNs, tc.NodeNs = 400, 1300
+	r := &PPSReport{NodeCPU: &cpu, Ceiling: rate(ContenderCeiling, 4e6), Rates: []RateRow{xdp, tc}}
 	r.ComputeNodeCost()
 	r.ComputeRatios()
-	for _, row := range r.Rates {
-		if row.NodeNs != 0 {
-			t.Errorf("%s: node cost %.1f ns with a node CPU, want none", row.Contender, row.NodeNs)
-		}
+	if r.Rates[0].NodeNs != 400 || r.Rates[1].NodeNs != 1300 {
+		t.Errorf("measured node costs changed: %+v", r.Rates)
 	}
-	want := Ratio{Name: "sluice-xdp / sluice-tc", Basis: BasisRate, Value: 2, Target: 3, Bound: 4}
-	if len(r.Ratios) != 1 || r.Ratios[0] != want {
-		t.Errorf("ratios %+v, want only %+v", r.Ratios, want)
+	want := []Ratio{
+		{Name: "sluice-xdp / sluice-tc", Basis: BasisRate, Value: 2, Target: 3, Bound: 4},
+		{Name: "sluice-xdp / sluice-tc", Basis: BasisNodeCost, Value: 3.25, Target: 3},
+	}
+	if !slices.Equal(r.Ratios, want) {
+		t.Errorf("ratios %+v, want %+v", r.Ratios, want)
+	}
+
+	r.Rates[1].NodeNs = 0 // not measured
+	r.ComputeRatios()
+	if len(r.Ratios) != 2 || r.Ratios[1].Skipped == "" {
+		t.Errorf("ratios %+v: want the node cost one skipped", r.Ratios)
 	}
 }
 

@@ -697,34 +697,47 @@ func (i indent) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// cpuTimes is the machine-wide line of /proc/stat, in USER_HZ ticks.
+// cpuTimes is a line of /proc/stat, in USER_HZ ticks.
 type cpuTimes struct{ busy, total float64 }
 
-func readCPU() (cpuTimes, error) {
+// readCPU reads the machine-wide line of /proc/stat.
+func readCPU() (cpuTimes, error) { return readCPULine("cpu") }
+
+// readCPULine reads /proc/stat's line name: "cpu" (all CPUs) or "cpuN".
+func readCPULine(name string) (cpuTimes, error) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		return cpuTimes{}, err
 	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 8 || f[0] != "cpu" {
-		return cpuTimes{}, fmt.Errorf("/proc/stat: unexpected first line %q", line)
+	return parseCPULine(string(b), name)
+}
+
+func parseCPULine(stat, name string) (cpuTimes, error) {
+	for _, line := range strings.Split(stat, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != name {
+			continue
+		}
+		if len(f) < 8 {
+			return cpuTimes{}, fmt.Errorf("/proc/stat: unexpected line %q", line)
+		}
+		var t cpuTimes
+		for i, s := range f[1:] {
+			v, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				return cpuTimes{}, fmt.Errorf("/proc/stat: %q: %w", line, err)
+			}
+			if i >= 8 { // guest and guest_nice are already in user and nice
+				break
+			}
+			t.total += v
+			if i != 3 && i != 4 { // idle, iowait
+				t.busy += v
+			}
+		}
+		return t, nil
 	}
-	var t cpuTimes
-	for i, s := range f[1:] {
-		v, err := strconv.ParseFloat(s, 64)
-		if err != nil {
-			return cpuTimes{}, fmt.Errorf("/proc/stat: %q: %w", line, err)
-		}
-		if i >= 8 { // guest and guest_nice are already in user and nice
-			break
-		}
-		t.total += v
-		if i != 3 && i != 4 { // idle, iowait
-			t.busy += v
-		}
-	}
-	return t, nil
+	return cpuTimes{}, fmt.Errorf("/proc/stat: no %s line", name)
 }
 
 // cgroupUsage is a cgroup v2 sub-tree's CPU time (cpu.stat usage_usec):
@@ -752,8 +765,16 @@ func cgroupUsage(dir string) (time.Duration, error) {
 // supports.
 const userHZ = 100
 
-// busySince is the CPU seconds all CPUs were busy since b.
+// busySince is the CPU seconds the line's CPUs were busy since b.
 func (t cpuTimes) busySince(b cpuTimes) float64 { return (t.busy - b.busy) / userHZ }
+
+// busyShare is the share of the time since b the line's CPUs were busy.
+func (t cpuTimes) busyShare(b cpuTimes) float64 {
+	if t.total <= b.total {
+		return 0
+	}
+	return (t.busy - b.busy) / (t.total - b.total)
+}
 
 func hostInfo() HostInfo {
 	h := HostInfo{CPUs: runtime.NumCPU()}
