@@ -48,9 +48,9 @@ type PPSConfig struct {
 	// and at most a window of frames in flight. -1: the generator's CPU
 	// runs everything.
 	NodeCPU int
-	// Topology is TopologyTwoNIC (the backend behind a second device:
-	// bpf_redirect) or TopologyOneNIC (client and backend node behind
-	// eth0: XDP_TX, tc redirects to eth0's egress).
+	// Topology is TopologyOneNIC (the default: client and backend node
+	// behind eth0; XDP_TX, tc redirects to eth0's egress) or
+	// TopologyTwoNIC (the backend behind a second device: bpf_redirect).
 	Topology string
 	// Contenders to run (Contender*); empty: all.
 	Contenders []string
@@ -281,7 +281,17 @@ func (p *pps) setup() error {
 	}
 	var tmpl [minFrameLen]byte
 	copy(tmpl[:], frame)
-	for name, v := range map[string]any{"pps_tmpl": tmpl, "base_sport": uint16(baseSport), "flows": uint32(p.cfg.Flows), "node_cpu": uint32(max(p.cfg.NodeCPU, 0)), "next_hop_mac": [6]byte(p.topo.nextHop), "backend_addr": ipBackend.As4(), "backend_port": be16(backendPort), "node_addrs": [2][4]byte{ipNode.As4(), p.topo.masq.As4()}, "window": uint32(genWindow), "batch": uint32(genBatch), "wait_ns": uint64(genWait), "stall_ns": uint64(genStall)} {
+	consts := map[string]any{
+		// The generator.
+		"pps_tmpl": tmpl, "base_sport": uint16(baseSport), "flows": uint32(p.cfg.Flows),
+		"node_cpu": uint32(max(p.cfg.NodeCPU, 0)),
+		"window":   uint32(genWindow), "batch": uint32(genBatch),
+		"wait_ns": uint64(genWait), "stall_ns": uint64(genStall),
+		// What the sink counts: forwarded and translated packets.
+		"next_hop_mac": [6]byte(p.topo.nextHop), "backend_addr": ipBackend.As4(),
+		"backend_port": be16(backendPort), "node_addrs": [2][4]byte{ipNode.As4(), p.topo.masq.As4()},
+	}
+	for name, v := range consts {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)
 		}
