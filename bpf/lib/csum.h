@@ -82,13 +82,6 @@ static __always_inline int pkt_rewrite(struct __ctx_buff *ctx, struct ns_pkt *p,
 	return pkt_rewrite_port(ctx, p, dst, port);
 }
 
-/* csum_words is the ones' complement sum change, unfolded, of a 32-bit
- * field going from from to to (RFC 1624: ~m + m'). */
-static __always_inline __u32 csum_words(__u32 from, __u32 to)
-{
-	return (__u16)~from + (__u16)~(from >> 16) + (__u16)to + (__u16)(to >> 16);
-}
-
 /* pkt_rewrite_nat rewrites both sides of p at once: destination daddr:dport
  * (DNAT) and source saddr:sport (SNAT), the per-packet work of an
  * established masqueraded flow. IPv4 TCP and UDP write the four fields

@@ -78,6 +78,13 @@ static __always_inline void *ctx_ptr(const struct __ctx_buff *ctx, __u32 off, __
  * side keeps its own, real alignment. */
 #define ctx_pkt_aligned(p) __builtin_assume_aligned(p, 8)
 
+/* csum_words is the ones' complement sum change, unfolded, of a 32-bit
+ * field going from from to to (RFC 1624: ~m + m'). */
+static __always_inline __u32 csum_words(__u32 from, __u32 to)
+{
+	return (__u16)~from + (__u16)~(from >> 16) + (__u16)to + (__u16)(to >> 16);
+}
+
 /* csum_replace updates the 16-bit ones' complement checksum at sum for a
  * field that changed from from to to (RFC 1624: HC' = ~(~HC + ~m + m')),
  * the arithmetic of the kernel's csum_replace{2,4,_by_diff}. size is 2 or
@@ -101,8 +108,7 @@ static __always_inline int csum_replace(__u16 *sum, __u64 from, __u64 to, __u32 
 		s += (__u16)~from + (__u16)to;
 		break;
 	case 4:
-		s += (__u16)~from + (__u16)~(from >> 16) +
-		     (__u16)to + (__u16)(to >> 16);
+		s += csum_words(from, to);
 		break;
 	default:
 		return -1;
