@@ -94,9 +94,6 @@ func (c PPSConfig) Validate() error {
 	return nil
 }
 
-// be16 is v in network byte order, as a BPF program reads it from a packet.
-func be16(v uint16) uint16 { return v>>8 | v<<8 }
-
 // minFrameLen is the Ethernet, IPv4 and UDP headers the generator writes.
 const minFrameLen = 42
 
@@ -289,7 +286,7 @@ func (p *pps) setup() error {
 		"wait_ns": uint64(genWait), "stall_ns": uint64(genStall),
 		// What the sink counts: forwarded and translated packets.
 		"next_hop_mac": [6]byte(p.topo.nextHop), "backend_addr": ipBackend.As4(),
-		"backend_port": be16(backendPort), "node_addrs": [2][4]byte{ipNode.As4(), p.topo.masq.As4()},
+		"backend_port": lbmap.PortFrom(backendPort), "node_addrs": [2][4]byte{ipNode.As4(), p.topo.masq.As4()},
 	}
 	for name, v := range consts {
 		if err := spec.Variables[name].Set(v); err != nil {
@@ -614,19 +611,12 @@ type skbCtx struct {
 	IngressIfindex, Ifindex                    uint32
 }
 
-// xdpMD is struct xdp_md, the context of the generator's runs.
-type xdpMD struct {
-	Data, DataEnd, DataMeta      uint32
-	IngressIfindex, RxQueueIndex uint32
-	EgressIfindex                uint32
-}
-
 func (p *pps) genOptions(repeat uint32) *ebpf.RunOptions {
 	opts := &ebpf.RunOptions{
 		Data:    p.frame,
 		Repeat:  repeat,
 		Flags:   unix.BPF_F_TEST_XDP_LIVE_FRAMES,
-		Context: xdpMD{DataEnd: uint32(len(p.frame)), IngressIfindex: uint32(p.topo.genIf)},
+		Context: bpftest.XDPOn(len(p.frame), p.topo.genIf),
 	}
 	if p.napi {
 		// The generator waits for room for a whole batch at its start
@@ -837,7 +827,7 @@ func (p *pps) measureCosts(ctx context.Context) error {
 		{"xdp_lb_ingress", p.helpers.XdpPpsRestore, p.helpers.XdpPpsPass, progs.XDPIngress, p.helpers.PpsXdpTarget,
 			map[uint32]string{0: "aborted", 1: "drop", 2: "pass", 3: "tx", 4: "redirect"},
 			// Received on eth0, as the live frames are: XDP_TX on one NIC.
-			xdpMD{DataEnd: uint32(len(p.frame)), IngressIfindex: uint32(p.topo.eth0)}, xdpForward},
+			bpftest.XDPOn(len(p.frame), p.topo.eth0), xdpForward},
 		{"tc_lb_ingress", p.helpers.TcPpsRestore, p.helpers.TcPpsPass, progs.TCIngress, p.helpers.PpsTcTarget,
 			map[uint32]string{0: "ok", 2: "shot", 7: "redirect"},
 			skbCtx{IngressIfindex: uint32(p.topo.eth0), Ifindex: uint32(p.topo.eth0)}, "redirect"},

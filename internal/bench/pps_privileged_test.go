@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
 	"github.com/sluice-dataplane/sluice/internal/probe"
 	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
@@ -53,7 +54,7 @@ func TestPrivilegedPPSSinkCountsForwarded(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, v := range map[string]any{"next_hop_mac": [6]byte(macNode2), "backend_addr": ipBackend.As4(),
-		"backend_port": be16(backendPort), "node_addrs": [2][4]byte{ipNode.As4(), ipNodeIn.As4()}} {
+		"backend_port": lbmap.PortFrom(backendPort), "node_addrs": [2][4]byte{ipNode.As4(), ipNodeIn.As4()}} {
 		if err := spec.Variables[name].Set(v); err != nil {
 			t.Fatalf("set %s: %v", name, err)
 		}

@@ -56,11 +56,17 @@ func InNewNetNS(t testing.TB, fn func()) {
 	fn()
 }
 
-// xdpMD mirrors struct xdp_md, the context of an XDP BPF_PROG_RUN.
-type xdpMD struct {
+// XDPMD mirrors struct xdp_md, the context of an XDP BPF_PROG_RUN.
+type XDPMD struct {
 	Data, DataEnd, DataMeta      uint32
 	IngressIfindex, RxQueueIndex uint32
 	EgressIfindex                uint32
+}
+
+// XDPOn is the context of a frame of frameLen bytes received on queue 0
+// of the device ifindex.
+func XDPOn(frameLen, ifindex int) XDPMD {
+	return XDPMD{DataEnd: uint32(frameLen), IngressIfindex: uint32(ifindex)}
 }
 
 // RunXDPOn runs an XDP prog on frame as if it arrived on queue 0 of the
@@ -70,7 +76,7 @@ func RunXDPOn(prog *ebpf.Program, frame []byte, ifindex int) (Result, error) {
 	opts := &ebpf.RunOptions{
 		Data:    frame,
 		DataOut: make([]byte, len(frame)+256),
-		Context: xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(ifindex)},
+		Context: XDPOn(len(frame), ifindex),
 	}
 	ret, err := prog.Run(opts)
 	if err != nil {
