@@ -32,14 +32,30 @@ static __always_inline const struct ns_config *ns_cfg(void)
 	return bpf_map_lookup_elem(&ns_config, &zero);
 }
 
+/* The CT second last computed by this object's programs. jiffies / hz is
+ * a 64-bit division, tens of cycles a packet; a packet in the same second
+ * checks the kept second with a multiplication instead. Written once a
+ * second, by whichever CPU first sees the next one; a single 32-bit word,
+ * so a reader gets one second or the other, and checks it against its own
+ * jiffies: the answer is always jiffies / hz. */
+static __u32 ct_clock_sec;
+
 /* ct_now is the CT clock in seconds. */
 static __always_inline __u32 ct_now(const struct ns_config *cfg)
 {
 	__u32 hz = cfg->hz ? cfg->hz : CT_DEFAULT_HZ;
+	__u32 sec = READ_ONCE(ct_clock_sec);
+	__u64 j;
 
 	if (cfg->clock_override)
 		return cfg->clock_override;
-	return bpf_jiffies64() / hz;
+	j = bpf_jiffies64();
+	/* Unsigned: a kept second later than j's wraps to a large value. */
+	if (j - (__u64)sec * hz < hz)
+		return sec;
+	sec = j / hz;
+	WRITE_ONCE(ct_clock_sec, sec);
+	return sec;
 }
 
 static __always_inline __u32 or_default(__u32 v, __u32 def)

@@ -210,6 +210,27 @@ func TestPrivilegedNorthSouthClock(t *testing.T) {
 	if d := float64(now) - want; d < -2 || d > 2 {
 		t.Errorf("CT clock %d s with HZ %d, want about %.0f (uptime %.0f s)", now, hz, want, up)
 	}
+
+	// The programs keep the last second they computed and reuse it while
+	// jiffies stay within it: the kept second must never answer for
+	// another clock. With twice the HZ the same jiffies are half as many
+	// seconds, and back at HZ the second is the one just read (or the next).
+	must(t, n.SetConfig(lbmap.NSConfig{HZ: 2 * hz}))
+	half, err := n.CTNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := int64(half) - int64(now/2); d < -1 || d > 1 {
+		t.Errorf("CT clock %d s with HZ %d after %d s with HZ %d, want about %d", half, 2*hz, now, hz, now/2)
+	}
+	must(t, n.SetConfig(lbmap.NSConfig{HZ: hz}))
+	again, err := n.CTNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again < now || again > now+2 {
+		t.Errorf("CT clock %d s with HZ %d again, want %d or just after", again, hz, now)
+	}
 }
 
 func TestParseHZ(t *testing.T) {
