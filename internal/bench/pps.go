@@ -155,6 +155,9 @@ func RunPPS(ctx context.Context, cfg PPSConfig) (_ *PPSReport, err error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("bench pps: needs root (network namespaces, BPF)")
 	}
+	if missing := probe.Probe().Missing(probe.BenchPPS...); len(missing) > 0 {
+		return nil, fmt.Errorf("bench pps: the kernel lacks what the generator needs: %s", strings.Join(missing, "; "))
+	}
 	p := &pps{cfg: cfg, frames: map[string]uint64{}, drops: map[string]uint64{},
 		nodeNs: map[string][]float64{}, nodeBusy: map[string][]float64{}, report: &PPSReport{
 			Started: time.Now(), CPUs: runtime.NumCPU(), FrameLen: cfg.FrameLen, Flows: cfg.Flows,

@@ -29,7 +29,7 @@ func TestPrivilegedPPSSmoke(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	probetest.SkipUnless(t, probe.BTF, probe.XDP, probe.TC, probe.TCX, probe.ProgRun)
+	probetest.SkipUnless(t, append([]string{probe.BTF, probe.TC, probe.TCX}, probe.BenchPPS...)...)
 	for _, topo := range Topologies {
 		t.Run(topo+"/shared CPU", func(t *testing.T) { ppsSmoke(t, topo, -1) })
 		t.Run(topo+"/node CPU", func(t *testing.T) {
@@ -48,7 +48,8 @@ func TestPrivilegedPPSSinkCountsForwarded(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	probetest.SkipUnless(t, probe.BTF, probe.XDP, probe.ProgRun)
+	// The helper object loads as a whole: the generator's bpf_loop too.
+	probetest.SkipUnless(t, probe.BTF, probe.XDP, probe.ProgRun, probe.HelperLoop)
 	spec, err := loadPps()
 	if err != nil {
 		t.Fatal(err)

@@ -38,6 +38,8 @@ const (
 	TC                 = "tc"
 	TCX                = "tcx"
 	ProgRun            = "BPF_PROG_RUN"
+	HelperLoop         = "bpf_loop"
+	XDPLiveFrames      = "XDP live frames"
 )
 
 // SockLB lists what the socket-level load balancer needs.
@@ -46,6 +48,27 @@ var SockLB = []string{
 	CgroupRecvmsg4, CgroupRecvmsg6, CgroupGetpeername4, CgroupGetpeername6,
 	CgroupBind4, CgroupBind6, HelperNetnsCookie, HelperSocketCookie,
 	HelperSetRetval,
+}
+
+// BenchPPS lists what `sluice bench pps` needs beyond the datapath's own
+// features: its generator sends with XDP live frames and waits with
+// bpf_loop.
+var BenchPPS = []string{XDP, ProgRun, HelperLoop, XDPLiveFrames}
+
+// Missing returns the named features the kernel lacks, each with the
+// release that added it and the probe's answer, for an error message.
+func (fs Features) Missing(names ...string) []string {
+	var out []string
+	for _, n := range names {
+		f, ok := fs.Get(n)
+		switch {
+		case !ok:
+			out = append(out, n+" (not probed)")
+		case !f.Available:
+			out = append(out, fmt.Sprintf("%s (added in %s): %s", n, f.Since, f.Detail))
+		}
+	}
+	return out
 }
 
 // Feature is one probed capability.
@@ -117,6 +140,8 @@ func probeAll() Features {
 		{TC, "4.1", programType(ebpf.SchedCLS)},
 		{TCX, "6.6", tcx},
 		{ProgRun, "4.12", progRun},
+		{HelperLoop, "5.17", xdpHelper(asm.FnLoop)},
+		{XDPLiveFrames, "5.18", xdpLiveFrames},
 	}
 	out := make(Features, 0, len(checks))
 	for _, c := range checks {
@@ -192,6 +217,15 @@ func sockAddrHelper(fn asm.BuiltinFunc) func() (string, error) {
 	}
 }
 
+func xdpHelper(fn asm.BuiltinFunc) func() (string, error) {
+	return func() (string, error) {
+		if err := features.HaveProgramHelper(ebpf.XDP, fn); err != nil {
+			return "", err
+		}
+		return "in XDP", nil
+	}
+}
+
 func programType(pt ebpf.ProgramType) func() (string, error) {
 	return func() (string, error) {
 		if err := features.HaveProgramType(pt); err != nil {
@@ -254,4 +288,20 @@ func progRun() (string, error) {
 		return "", fmt.Errorf("XDP test run returned %d, want 2", ret)
 	}
 	return "XDP", nil
+}
+
+// xdpLiveFrames runs an XDP program that drops its frame in live frames
+// mode (BPF_F_TEST_XDP_LIVE_FRAMES): nothing is sent anywhere. A kernel
+// without the mode refuses the flag.
+func xdpLiveFrames() (string, error) {
+	prog, err := trivialProgram(ebpf.XDP, ebpf.AttachNone, 1) // XDP_DROP
+	if err != nil {
+		return "", err
+	}
+	defer prog.Close()
+	_, err = prog.Run(&ebpf.RunOptions{Data: make([]byte, 64), Repeat: 1, Flags: unix.BPF_F_TEST_XDP_LIVE_FRAMES})
+	if err != nil {
+		return "", err
+	}
+	return "", nil
 }

@@ -7,6 +7,21 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
 
+func TestFeaturesMissing(t *testing.T) {
+	fs := probe.Features{
+		{Name: "a", Available: true, Since: "4.8"},
+		{Name: "b", Available: false, Since: "5.18", Detail: "invalid argument"},
+	}
+	got := fs.Missing("a", "b", "c")
+	want := []string{"b (added in 5.18): invalid argument", "c (not probed)"}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("Missing(a, b, c) = %q, want %q", got, want)
+	}
+	if got := fs.Missing("a"); got != nil {
+		t.Errorf("Missing(a) = %q, want none", got)
+	}
+}
+
 func TestFeaturesHas(t *testing.T) {
 	fs := probe.Features{
 		{Name: "a", Available: true},
@@ -30,7 +45,8 @@ func TestFeaturesHas(t *testing.T) {
 // probetest fails, not skips, when a feature is missing on a kernel past
 // the release that added it, so this checks every probe against the kernel.
 func TestPrivilegedProbe(t *testing.T) {
-	all := append([]string{probe.CgroupLinks, probe.XDP, probe.TC, probe.TCX, probe.ProgRun}, probe.SockLB...)
+	all := append([]string{probe.CgroupLinks, probe.TC, probe.TCX}, probe.SockLB...)
+	all = append(all, probe.BenchPPS...)
 	probetest.SkipUnless(t, all...)
 	fs := probe.Probe()
 	for _, f := range fs {
