@@ -132,15 +132,15 @@ func probeAll() Features {
 		{CgroupGetpeername6, "5.8", sockAddrHook(ebpf.AttachCgroupInet6GetPeername)},
 		{CgroupBind4, "4.17", sockAddrHook(ebpf.AttachCGroupInet4Bind)},
 		{CgroupBind6, "4.17", sockAddrHook(ebpf.AttachCGroupInet6Bind)},
-		{HelperNetnsCookie, "5.7", sockAddrHelper(asm.FnGetNetnsCookie)},
-		{HelperSocketCookie, "5.0", sockAddrHelper(asm.FnGetSocketCookie)},
-		{HelperSetRetval, "5.18", sockAddrHelper(asm.FnSetRetval)},
+		{HelperNetnsCookie, "5.7", programHelper(ebpf.CGroupSockAddr, asm.FnGetNetnsCookie, "cgroup/connect4")},
+		{HelperSocketCookie, "5.0", programHelper(ebpf.CGroupSockAddr, asm.FnGetSocketCookie, "cgroup/connect4")},
+		{HelperSetRetval, "5.18", programHelper(ebpf.CGroupSockAddr, asm.FnSetRetval, "cgroup/connect4")},
 		{CgroupLinks, "5.7", cgroupLinks},
 		{XDP, "4.8", programType(ebpf.XDP)},
 		{TC, "4.1", programType(ebpf.SchedCLS)},
 		{TCX, "6.6", tcx},
 		{ProgRun, "4.12", progRun},
-		{HelperLoop, "5.17", xdpHelper(asm.FnLoop)},
+		{HelperLoop, "5.17", programHelper(ebpf.XDP, asm.FnLoop, "XDP")},
 		{XDPLiveFrames, "5.18", xdpLiveFrames},
 	}
 	out := make(Features, 0, len(checks))
@@ -208,21 +208,14 @@ func sockAddrHook(at ebpf.AttachType) func() (string, error) {
 	}
 }
 
-func sockAddrHelper(fn asm.BuiltinFunc) func() (string, error) {
+// programHelper checks that programs of type pt may call fn; where names
+// the program type in the detail.
+func programHelper(pt ebpf.ProgramType, fn asm.BuiltinFunc, where string) func() (string, error) {
 	return func() (string, error) {
-		if err := features.HaveProgramHelper(ebpf.CGroupSockAddr, fn); err != nil {
+		if err := features.HaveProgramHelper(pt, fn); err != nil {
 			return "", err
 		}
-		return "in cgroup/connect4", nil
-	}
-}
-
-func xdpHelper(fn asm.BuiltinFunc) func() (string, error) {
-	return func() (string, error) {
-		if err := features.HaveProgramHelper(ebpf.XDP, fn); err != nil {
-			return "", err
-		}
-		return "in XDP", nil
+		return "in " + where, nil
 	}
 }
 
