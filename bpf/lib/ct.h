@@ -44,12 +44,13 @@ static __u32 ct_clock_sec;
 static __always_inline __u32 ct_now(const struct ns_config *cfg)
 {
 	__u32 hz = cfg->hz ? cfg->hz : CT_DEFAULT_HZ;
-	__u32 sec = READ_ONCE(ct_clock_sec);
+	__u32 sec;
 	__u64 j;
 
 	if (cfg->clock_override)
 		return cfg->clock_override;
 	j = bpf_jiffies64();
+	sec = READ_ONCE(ct_clock_sec);
 	/* Unsigned: a kept second later than j's wraps to a large value. */
 	if (j - (__u64)sec * hz < hz)
 		return sec;
