@@ -89,6 +89,30 @@ struct nat_entry {
 	__u32  created;     /* CT clock second */
 };
 
+/* The flow cache (flowcache.h): per CPU, NS_FLOW_SETS sets of NS_FLOW_WAYS
+ * entries, each what an established masqueraded flow's packets (or its
+ * replies) become and where they go, valid for one CT second. */
+#define NS_FLOW_WAYS 4
+#define NS_FLOW_SETS 1024 /* a power of two */
+
+struct ns_flow {
+	struct ct_tuple key;  /* the packet as received; dir: CT_DIR_SERVICE (client
+			       * -> frontend) or NAT_DIR_INGRESS (backend -> nat port) */
+	__u8   saddr[16];     /* what it becomes: source, */
+	__u8   daddr[16];     /* destination, */
+	__be16 sport;
+	__be16 dport;
+	__u32  packets;       /* sent through this entry, not yet counted in the
+			       * flow's CT entry */
+	__u64  bytes;
+	struct ct_fib fib;    /* how it leaves; fib.at: the CT second the entry
+			       * holds for (0: none) */
+};
+
+struct ns_flow_set {
+	struct ns_flow way[NS_FLOW_WAYS];
+};
+
 /* DSR tunnel endpoints: a pod CIDR (LPM) -> the IP of the node that hosts
  * it, the outer destination of the IPIP / IP6IP6 header. */
 struct tunnel_key {

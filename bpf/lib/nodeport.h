@@ -32,6 +32,9 @@
 #include "icmp.h"
 #include "dsr.h"
 #include "maglev.h"
+#ifndef SLUICE_POD_LB
+#include "flowcache.h"
+#endif /* SLUICE_POD_LB */
 
 #ifdef SLUICE_POD_LB
 /* Pods reach every frontend, as through the socket LB. */
@@ -211,12 +214,28 @@ static __always_inline long ns_fib(struct __ctx_buff *ctx, const struct ns_pkt *
 	return rc;
 }
 
-/* ns_set_macs writes the FIB's next-hop and egress MACs into the frame. */
-static __always_inline int ns_set_macs(struct __ctx_buff *ctx, const struct bpf_fib_lookup *fib)
+/* ns_set_macs writes the next hop's and the egress device's MACs into the
+ * frame. */
+static __always_inline int ns_set_macs(struct __ctx_buff *ctx, const __u8 *dmac,
+				       const __u8 *smac)
 {
-	if (ctx_store_bytes(ctx, 0, fib->dmac, ETH_ALEN))
+	if (ctx_store_bytes(ctx, 0, dmac, ETH_ALEN))
 		return -1;
-	return ctx_store_bytes(ctx, ETH_ALEN, fib->smac, ETH_ALEN);
+	return ctx_store_bytes(ctx, ETH_ALEN, smac, ETH_ALEN);
+}
+
+/* ns_xmit sends a routed packet to a next hop whose MACs are known, out of
+ * ifindex: XDP_TX when that is the device it came in on (XDP). */
+static __always_inline int ns_xmit(struct __ctx_buff *ctx, __u32 ifindex, const __u8 *dmac,
+				   const __u8 *smac)
+{
+	if (ns_set_macs(ctx, dmac, smac))
+		return CTX_ACT_DROP;
+#ifdef SLUICE_XDP
+	if (ifindex == ctx_ifindex(ctx))
+		return CTX_ACT_TX;
+#endif /* SLUICE_XDP */
+	return bpf_redirect(ifindex, 0);
 }
 
 /* ns_send sends a translated packet on its way (how: FWD_*) by the FIB's
@@ -237,7 +256,7 @@ static __always_inline int ns_send(struct __ctx_buff *ctx, const struct ns_pkt *
 		if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != NS_FIB_KEPT) ||
 		    !bpf_map_lookup_elem(&ns_pod_ifaces, &ifindex))
 			return CTX_ACT_OK;
-		if ((dec_ttl && ns_dec_ttl(ctx, p)) || ns_set_macs(ctx, fib))
+		if ((dec_ttl && ns_dec_ttl(ctx, p)) || ns_set_macs(ctx, fib->dmac, fib->smac))
 			return CTX_ACT_DROP;
 		return bpf_redirect_peer(ifindex, 0);
 	}
@@ -246,12 +265,8 @@ static __always_inline int ns_send(struct __ctx_buff *ctx, const struct ns_pkt *
 		return CTX_ACT_OK;
 	if (dec_ttl && ns_dec_ttl(ctx, p))
 		return CTX_ACT_OK;
-	if (rc == NS_FIB_KEPT) {
-		/* The flow's kept result: no route or neighbour lookup. */
-		if (ns_set_macs(ctx, fib))
-			return CTX_ACT_DROP;
-		return bpf_redirect(fib->ifindex, 0);
-	}
+	if (rc == NS_FIB_KEPT) /* the flow's kept result: no route or neighbour lookup */
+		return ns_xmit(ctx, fib->ifindex, fib->dmac, fib->smac);
 	/* After a lookup (a flow's first packet in each CT second, or one
 	 * with nothing kept), redirect_neigh (5.10) goes through the
 	 * neighbour output: it resolves a neighbour the FIB had none for,
@@ -263,11 +278,7 @@ static __always_inline int ns_send(struct __ctx_buff *ctx, const struct ns_pkt *
 		return CTX_ACT_OK;
 	if (dec_ttl && ns_dec_ttl(ctx, p))
 		return CTX_ACT_OK;
-	if (ns_set_macs(ctx, fib))
-		return CTX_ACT_DROP;
-	if (fib->ifindex == ctx_ifindex(ctx))
-		return CTX_ACT_TX;
-	return bpf_redirect(fib->ifindex, 0);
+	return ns_xmit(ctx, fib->ifindex, fib->dmac, fib->smac);
 #endif /* SLUICE_TC */
 }
 
@@ -334,34 +345,61 @@ static __always_inline int ns_dsr_forward(struct __ctx_buff *ctx, struct ns_pkt 
 	return ns_forward(ctx, p, FWD_ENCAP, NULL, 0);
 }
 
+#ifndef SLUICE_POD_LB
 /* nodeport_rev_snat handles a reply from a remote backend to a nat port
  * (p: backend -> node IP:nat port): the snat mapping gives the client, the
  * flow's ingress entry the frontend, and both sides are rewritten at once.
  * It returns -1 when p is no such reply. */
 static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_pkt *p,
-					     const struct ns_config *cfg)
+					     const struct ns_config *cfg, __u32 now)
 {
-	union lb_addr client __align_stack_8;
-	union lb_addr fe __align_stack_8;
+	const union lb_addr *client, *fe;
 	const struct nat_entry *n;
-	__u32 now = ct_now(cfg);
+	struct bpf_fib_lookup fib;
 	struct ct_entry *e;
-	__be16 port;
+	__be16 port, fe_port;
+	long rc;
 
+	/* The addresses are read in place, in the map values (RCU keeps
+	 * them for the program's run): this frame is the service path's. */
 	n = snat_lookup_reply(p);
 	if (!n)
 		return -1;
-	__builtin_memcpy(client.b, n->to_addr, sizeof(client.b));
+	client = (const union lb_addr *)n->to_addr;
 	port = n->to_port;
-	e = ct_lookup_reply_to(p, &client, port);
+	e = ct_lookup_reply_to(p, client, port);
 	if (!e)
 		return CTX_ACT_DROP;
 	ct_update(e, cfg, p, ctx_len(ctx), now, true);
-	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
-	if (pkt_rewrite_nat(ctx, p, &client, port, &fe, e->nat_port))
+	fe = (const union lb_addr *)e->nat_addr;
+	fe_port = e->nat_port;
+	/* The route of the packet it becomes, kept in the ingress entry. */
+	rc = ns_fib(ctx, p, fe, fe_port, client, port, e, now, &fib);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == NS_FIB_KEPT)
+		fc_record(p, NAT_DIR_INGRESS, fe, fe_port, client, port, e, now);
+	if (pkt_rewrite_nat(ctx, p, client, port, fe, fe_port))
 		return CTX_ACT_DROP;
-	return ns_forward(ctx, p, FWD_ROUTE, e, now);
+	return ns_send(ctx, p, FWD_ROUTE, &fib, rc);
 }
+
+/* ns_cached sends p (before translation) as the flow cache's entry f for
+ * it says: both sides rewritten, the TTL decremented, out with the MACs of
+ * the FIB result its flow kept this CT second. */
+static __always_inline int ns_cached(struct __ctx_buff *ctx, struct ns_pkt *p,
+				     struct ns_flow *f)
+{
+	__u32 len = ctx_len(ctx);
+
+	if (pkt_rewrite_nat(ctx, p, (const union lb_addr *)f->daddr, f->dport,
+			    (const union lb_addr *)f->saddr, f->sport))
+		return CTX_ACT_DROP;
+	f->packets++;
+	f->bytes += len;
+	if (ns_dec_ttl(ctx, p))
+		return CTX_ACT_OK;
+	return ns_xmit(ctx, f->fib.ifindex, f->fib.dmac, f->fib.smac);
+}
+#endif /* SLUICE_POD_LB */
 
 /* ns_flow_alive: the frontend and the backend a CT service entry names are
  * still installed. A deleted frontend loses its rev nat entry (the
@@ -471,6 +509,12 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	int ret;
 
 	if (!tunnel) {
+#ifndef SLUICE_POD_LB
+		struct ns_flow *f = fc_lookup(p, fc_hash(p), now, len - p->l3_off);
+
+		if (f)
+			return ns_cached(ctx, p, f);
+#endif /* SLUICE_POD_LB */
 		e = ns_established(p, now, &n);
 		if (e) {
 			if (ct_update(e, cfg, p, len, now, false)) {
@@ -490,7 +534,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		/* A reply to a nat port: it has no service entry, as nat
 		 * ports lie outside the NodePort range. */
 		if (lb_is_node_addr(&p->daddr)) {
-			ret = nodeport_rev_snat(ctx, p, cfg);
+			ret = nodeport_rev_snat(ctx, p, cfg, now);
 			if (ret >= 0)
 				return ret;
 		}
@@ -608,6 +652,11 @@ translate:
 		rc = ns_fib(ctx, p, &node, port, &be_addr, be_port, e, now, &fib);
 		if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
 			return dsr_reply_too_big(ctx, p, fib.mtu_result);
+#ifndef SLUICE_POD_LB
+		/* The flow's later packets in this CT second take the cache. */
+		if (e && (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == NS_FIB_KEPT))
+			fc_record(p, CT_DIR_SERVICE, &node, port, &be_addr, be_port, e, now);
+#endif /* SLUICE_POD_LB */
 		if (pkt_rewrite_nat(ctx, p, &be_addr, be_port, &node, port))
 			return CTX_ACT_DROP;
 		return ns_send(ctx, p, FWD_ROUTE, &fib, rc);

@@ -78,6 +78,7 @@ struct ct_scratch {
 	struct ct_entry entry;
 	struct ct_tuple tuple2;  /* snat_refresh: the ingress mapping's key */
 	struct nat_entry nat;
+	struct ns_flow flow;     /* fc_record: what a packet becomes, for fc_fill */
 };
 
 struct {

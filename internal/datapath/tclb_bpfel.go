@@ -27,6 +27,7 @@ const (
 	tclbMapLbSockRev         = "lb_sock_rev"
 	tclbMapLbSrcRanges       = "lb_src_ranges"
 	tclbMapNsConfig          = "ns_config"
+	tclbMapNsFlowCache       = "ns_flow_cache"
 	tclbMapNsPodIfaces       = "ns_pod_ifaces"
 	tclbMapNsScratchMap      = "ns_scratch_map"
 	tclbMapNsTunnel          = "ns_tunnel"
@@ -98,6 +99,7 @@ type tclbMapSpecs struct {
 	LbSockRev    *ebpf.MapSpec `ebpf:"lb_sock_rev"`
 	LbSrcRanges  *ebpf.MapSpec `ebpf:"lb_src_ranges"`
 	NsConfig     *ebpf.MapSpec `ebpf:"ns_config"`
+	NsFlowCache  *ebpf.MapSpec `ebpf:"ns_flow_cache"`
 	NsPodIfaces  *ebpf.MapSpec `ebpf:"ns_pod_ifaces"`
 	NsScratchMap *ebpf.MapSpec `ebpf:"ns_scratch_map"`
 	NsTunnel     *ebpf.MapSpec `ebpf:"ns_tunnel"`
@@ -143,6 +145,7 @@ type tclbMaps struct {
 	LbSockRev    *ebpf.Map `ebpf:"lb_sock_rev"`
 	LbSrcRanges  *ebpf.Map `ebpf:"lb_src_ranges"`
 	NsConfig     *ebpf.Map `ebpf:"ns_config"`
+	NsFlowCache  *ebpf.Map `ebpf:"ns_flow_cache"`
 	NsPodIfaces  *ebpf.Map `ebpf:"ns_pod_ifaces"`
 	NsScratchMap *ebpf.Map `ebpf:"ns_scratch_map"`
 	NsTunnel     *ebpf.Map `ebpf:"ns_tunnel"`
@@ -162,6 +165,7 @@ func (m *tclbMaps) Close() error {
 		m.LbSockRev,
 		m.LbSrcRanges,
 		m.NsConfig,
+		m.NsFlowCache,
 		m.NsPodIfaces,
 		m.NsScratchMap,
 		m.NsTunnel,

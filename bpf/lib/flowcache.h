@@ -1,0 +1,252 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* A per-CPU exact-match cache of established masqueraded flows, in front
+ * of conntrack.
+ *
+ *   packet ──▶ fc_lookup (hash of the tuple, one set of NS_FLOW_WAYS)
+ *                │ hit, this CT second: rewrite, counters, send (kept MACs)
+ *                └ miss: conntrack path ──▶ fc_fill (after a FIB result
+ *                                           kept in the flow's CT entry)
+ *
+ * Why: a hash map lookup is a helper call; the CT key is hashed (jhash of
+ * 40 bytes), its bucket walked, and the call returns through the return
+ * thunk of a kernel with SRSO / retbleed mitigations. In the live NodePort
+ * path that was ~70% of xdp_lb_ingress's cost. An array lookup is inlined
+ * by the verifier (per-CPU arrays since 6.10; a helper call before), and
+ * the key is compared in place.
+ *
+ * What an entry holds is a copy of what the flow's CT entries decided in
+ * this CT second, and it is trusted only in that second: the same rule as
+ * the FIB result kept in a CT entry (ct_fib) and the check that a flow's
+ * frontend and backend are still installed (alive_at), which the first
+ * packet of each second runs on the conntrack path. A packet that could
+ * change the flow's CT state (TCP SYN, FIN, RST) never takes an entry, and
+ * entries are filled only for flows in a state that plain packets do not
+ * change (UDP; TCP established; a reply once one has been seen), so the CT
+ * entry would be written by none of the packets the cache takes: only its
+ * counters, which the entry keeps (packets, bytes) and gives to the CT
+ * entry when it is filled again or taken over; the agent adds what is
+ * still held when it dumps the ct map (lbmap.CT).
+ *
+ * Per CPU, so no atomics on the hot path: a program runs to the end on its
+ * CPU (softirq, or with BH disabled), and a flow's packets arrive on one.
+ */
+#ifndef __SLUICE_FLOWCACHE_H
+#define __SLUICE_FLOWCACHE_H
+
+#include "ct.h"
+
+/* Per CPU, set (hash of the tuple) -> NS_FLOW_WAYS entries. Not pinned: it
+ * is derived state, rebuilt by the first packet of each flow in each CT
+ * second; a restarted agent starts with an empty one. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ns_flow_set);
+	__uint(max_entries, NS_FLOW_SETS);
+} ns_flow_cache SEC(".maps");
+
+/* fc_hash picks a packet's set: the tuple's words folded and mixed, so
+ * sequential client ports spread over the sets. */
+static __always_inline __u32 fc_hash(const struct ns_pkt *p)
+{
+	__u32 s = p->saddr.w[0] ^ p->saddr.w[1] ^ p->saddr.w[2] ^ p->saddr.w[3];
+	__u32 d = p->daddr.w[0] ^ p->daddr.w[1] ^ p->daddr.w[2] ^ p->daddr.w[3];
+
+	return hash_fmix32(s ^ p->proto ^ hash_fmix32(d ^ ((__u32)p->sport << 16 | p->dport)));
+}
+
+static __always_inline struct ns_flow_set *fc_set(__u32 hash)
+{
+	__u32 idx = hash & (NS_FLOW_SETS - 1);
+
+	return bpf_map_lookup_elem(&ns_flow_cache, &idx);
+}
+
+/* fc_match: f is the entry of p's tuple. A tuple is either a client's
+ * (to a frontend) or a backend's reply (to a nat port, outside the
+ * NodePort range), never both, so the direction need not be compared.
+ * The ports first: flows from one client differ only there. */
+static __always_inline bool fc_match(const struct ns_flow *f, const struct ns_pkt *p)
+{
+	const union lb_addr *s = (const union lb_addr *)f->key.saddr;
+	const union lb_addr *d = (const union lb_addr *)f->key.daddr;
+
+	return f->key.sport == p->sport && f->key.dport == p->dport &&
+	       f->key.proto == p->proto &&
+	       s->d[0] == p->saddr.d[0] && s->d[1] == p->saddr.d[1] &&
+	       d->d[0] == p->daddr.d[0] && d->d[1] == p->daddr.d[1];
+}
+
+/* fc_lookup returns the entry for p, l3_len bytes from its IP header on,
+ * when it holds for CT second now, p cannot change its flow's CT state,
+ * and p is no longer than the packet its FIB result passed (the MTU
+ * check); else NULL. */
+static __always_inline struct ns_flow *fc_lookup(const struct ns_pkt *p, __u32 hash,
+						 __u32 now, __u32 l3_len)
+{
+	struct ns_flow_set *set;
+	int i;
+
+	if (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST))
+		return NULL;
+	set = fc_set(hash);
+	if (!set)
+		return NULL;
+#pragma unroll
+	for (i = 0; i < NS_FLOW_WAYS; i++) {
+		struct ns_flow *f = &set->way[i];
+
+		if (fc_match(f, p))
+			return f->fib.at == now && l3_len <= f->fib.max_len ? f : NULL;
+	}
+	return NULL;
+}
+
+/* fc_count adds what the entry took to the flow's CT entry e. */
+static __always_inline void fc_count(struct ct_entry *e, const struct ns_flow *f)
+{
+	if (f->key.dir == NAT_DIR_INGRESS) {
+		__sync_fetch_and_add(&e->rx_packets, f->packets);
+		__sync_fetch_and_add(&e->rx_bytes, f->bytes);
+	} else {
+		__sync_fetch_and_add(&e->packets, f->packets);
+		__sync_fetch_and_add(&e->bytes, f->bytes);
+	}
+}
+
+/* fc_flush gives the counters of f, about to hold another flow, to its
+ * own flow's CT entry: the service entry, whose key f's is, or for a reply
+ * the ingress entry, client -> backend. The key is built in the per-CPU
+ * scratch (t). */
+static __always_inline void fc_flush(struct ns_flow *f, struct ct_tuple *t)
+{
+	struct ct_entry *e;
+
+	/* Copied a part at a time (barrier): few values live at once. */
+	if (f->key.dir == NAT_DIR_INGRESS) {
+		__builtin_memcpy(t->saddr, f->daddr, sizeof(t->saddr));
+		barrier();
+		__builtin_memcpy(t->daddr, f->key.saddr, sizeof(t->daddr));
+		barrier();
+		t->sport = f->dport;
+		t->dport = f->key.sport;
+		t->proto = f->key.proto;
+		t->dir = CT_DIR_INGRESS;
+		t->pad = 0;
+	} else {
+		__builtin_memcpy(t, &f->key, sizeof(*t));
+	}
+	e = bpf_map_lookup_elem(&ct, t);
+	if (e)
+		fc_count(e, f);
+	f->packets = 0;
+	f->bytes = 0;
+}
+
+/* fc_steady: CT entry e (reply: an ingress entry) is in a state that no
+ * packet the cache takes would change: fc_lookup refuses SYN, FIN and RST,
+ * so for TCP that is an established flow, or a reply once one was seen
+ * (ct_next_flags). */
+static __always_inline bool fc_steady(const struct ct_entry *e, __u8 proto, bool reply)
+{
+	__u16 flags = e->flags;
+
+	if (flags & CT_F_CLOSING)
+		return false;
+	if (reply)
+		return flags & CT_F_SEEN_REPLY;
+	return proto != IPPROTO_TCP || (flags & CT_F_ESTABLISHED);
+}
+
+/* fc_same: entries a and b hold the same tuple. */
+static __always_inline bool fc_same(const struct ct_tuple *a, const struct ct_tuple *b)
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+
+	/* dir and the padding differ by direction only (fc_match) */
+	return a->sport == b->sport && a->dport == b->dport && a->proto == b->proto &&
+	       x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3];
+}
+
+/* fc_fill records the flow staged by fc_record in the scratch's flow (the
+ * packet's tuple, direction, and what it becomes) in the cache, in set
+ * hash, with where it goes: the FIB result its CT entry e kept this CT
+ * second (e->fib.at). The entry goes to the flow's own way, else one not
+ * in use this second, else one picked by the hash; one that still holds
+ * counters of another flow gives them to that flow first.
+ *
+ * A global function, so the verifier walks it once rather than at each of
+ * the service path's states that reach it (inlined, it tripled
+ * xdp_lb_ingress's processed instructions). Its frame adds to the service
+ * path's, which is near the 512-byte limit, so it keeps few values: what
+ * it needs is staged in the scratch, the loop reloads the staged key for
+ * each way (barrier), and nothing is called under it. */
+__noinline int fc_fill(struct ct_entry *e, __u32 hash)
+{
+	struct ns_flow *f = NULL, *stale = NULL;
+	__u32 key = hash & (NS_FLOW_SETS - 1), now;
+	struct ns_flow_set *set;
+	struct ct_scratch *s;
+	int i;
+
+	/* One key slot for both lookups: each stack byte here counts. */
+	set = bpf_map_lookup_elem(&ns_flow_cache, &key);
+	key = 0;
+	s = bpf_map_lookup_elem(&ns_scratch_map, &key);
+	if (!e || !s || !set)
+		return 0;
+	now = e->fib.at;
+	for (i = 0; i < NS_FLOW_WAYS; i++) {
+		struct ns_flow *w = &set->way[i];
+
+		barrier();
+		if (fc_same(&w->key, &s->flow.key)) {
+			f = w;
+			break;
+		}
+		if (!stale && w->fib.at != now)
+			stale = w;
+	}
+	if (f) {
+		if (f->packets) {
+			fc_count(e, f);
+			f->packets = 0;
+			f->bytes = 0;
+		}
+	} else {
+		f = stale ? stale : &set->way[(hash >> 16) & (NS_FLOW_WAYS - 1)];
+		if (f->packets)
+			fc_flush(f, &s->tuple);
+	}
+	__builtin_memcpy(f, &s->flow, offsetof(struct ns_flow, packets));
+	__builtin_memcpy(&f->fib, &e->fib, sizeof(f->fib));
+	return 0;
+}
+
+/* fc_record lets the packets of p's flow that follow in CT second now take
+ * the cache: p (before translation) becomes saddr:sport -> daddr:dport and
+ * leaves as the FIB result kept in its CT entry e says. dir is
+ * CT_DIR_SERVICE or, for a reply, NAT_DIR_INGRESS. Only when e kept a FIB
+ * result this second and its state is steady. */
+static __always_inline void fc_record(const struct ns_pkt *p, __u8 dir,
+				      const union lb_addr *saddr, __be16 sport,
+				      const union lb_addr *daddr, __be16 dport,
+				      struct ct_entry *e, __u32 now)
+{
+	struct ct_scratch *s;
+
+	if (READ_ONCE(e->fib.at) != now || !e->fib.ifindex ||
+	    !fc_steady(e, p->proto, dir == NAT_DIR_INGRESS))
+		return;
+	s = ns_scratch();
+	if (!s)
+		return;
+	ct_tuple_set(&s->flow.key, &p->saddr, &p->daddr, p->sport, p->dport, p->proto, dir);
+	__builtin_memcpy(s->flow.saddr, saddr->b, sizeof(s->flow.saddr));
+	__builtin_memcpy(s->flow.daddr, daddr->b, sizeof(s->flow.daddr));
+	s->flow.sport = sport;
+	s->flow.dport = dport;
+	fc_fill(e, fc_hash(p));
+}
+
+#endif /* __SLUICE_FLOWCACHE_H */
