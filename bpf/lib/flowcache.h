@@ -77,31 +77,6 @@ static __always_inline bool fc_match(const struct ns_flow *f, const struct ns_pk
 	       d->d[0] == p->daddr.d[0] && d->d[1] == p->daddr.d[1];
 }
 
-/* fc_lookup returns the entry for p, l3_len bytes from its IP header on,
- * when it holds for CT second now, p cannot change its flow's CT state,
- * and p is no longer than the packet its FIB result passed (the MTU
- * check); else NULL. */
-static __always_inline struct ns_flow *fc_lookup(const struct ns_pkt *p, __u32 hash,
-						 __u32 now, __u32 l3_len)
-{
-	struct ns_flow_set *set;
-	int i;
-
-	if (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST))
-		return NULL;
-	set = fc_set(hash);
-	if (!set)
-		return NULL;
-#pragma unroll
-	for (i = 0; i < NS_FLOW_WAYS; i++) {
-		struct ns_flow *f = &set->way[i];
-
-		if (fc_match(f, p))
-			return f->fib.at == now && l3_len <= f->fib.max_len ? f : NULL;
-	}
-	return NULL;
-}
-
 /* fc_count adds what the entry took to the flow's CT entry e. */
 static __always_inline void fc_count(struct ct_entry *e, const struct ns_flow *f)
 {
@@ -114,10 +89,10 @@ static __always_inline void fc_count(struct ct_entry *e, const struct ns_flow *f
 	}
 }
 
-/* fc_flush gives the counters of f, about to hold another flow, to its
- * own flow's CT entry: the service entry, whose key f's is, or for a reply
- * the ingress entry, client -> backend. The key is built in the per-CPU
- * scratch (t). */
+/* fc_flush gives the counters of f (before it holds another flow, or
+ * ends) to its own flow's CT entry: the service entry, whose key f's is,
+ * or for a reply the ingress entry, client -> backend. The key is built in
+ * the per-CPU scratch (t). */
 static __always_inline void fc_flush(struct ns_flow *f, struct ct_tuple *t)
 {
 	struct ct_entry *e;
@@ -141,6 +116,54 @@ static __always_inline void fc_flush(struct ns_flow *f, struct ct_tuple *t)
 		fc_count(e, f);
 	f->packets = 0;
 	f->bytes = 0;
+}
+
+/* fc_drop ends entry f before CT second now is over, its counters given
+ * to its flow's CT entry: a packet that changes the flow's state (a TCP
+ * FIN or RST, or a SYN that starts a new flow on the tuple, perhaps to
+ * another backend) takes the conntrack path, and so do the packets after
+ * it until the entry is filled again. A global function, verified once:
+ * called on the hot path's rare branch, it keeps the service path's
+ * frame as it is. */
+__noinline int fc_drop(struct ns_flow *f)
+{
+	struct ct_scratch *s = ns_scratch();
+
+	if (!f || !s)
+		return 0;
+	if (f->packets)
+		fc_flush(f, &s->tuple);
+	f->fib.at = 0;
+	return 0;
+}
+
+/* fc_lookup returns the entry for p, l3_len bytes from its IP header on,
+ * when it holds for CT second now and p is no longer than the packet its
+ * FIB result passed (the MTU check); else NULL. A packet that may change
+ * its flow's CT state (TCP SYN, FIN, RST) ends the entry (fc_drop). */
+static __always_inline struct ns_flow *fc_lookup(const struct ns_pkt *p, __u32 hash,
+						 __u32 now, __u32 l3_len)
+{
+	struct ns_flow_set *set = fc_set(hash);
+	struct ns_flow *f = NULL;
+	int i;
+
+	if (!set)
+		return NULL;
+#pragma unroll
+	for (i = 0; i < NS_FLOW_WAYS; i++) {
+		if (fc_match(&set->way[i], p)) {
+			f = &set->way[i];
+			break;
+		}
+	}
+	if (!f || f->fib.at != now)
+		return NULL;
+	if (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST)) {
+		fc_drop(f);
+		return NULL;
+	}
+	return l3_len <= f->fib.max_len ? f : NULL;
 }
 
 /* fc_steady: CT entry e (reply: an ingress entry) is in a state that no

@@ -157,7 +157,7 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 	}
 	m := &n.tc.tclbMaps
 	n.lb = lbmap.NewKernel(m.LbServices, m.LbBackends, m.LbRevNat, m.LbNodeIps)
-	n.ct = lbmap.NewCT(m.Ct)
+	n.ct = lbmap.NewCT(m.Ct, n.tc.NsFlowCache, n.xdp.NsFlowCache)
 	n.nat = lbmap.NewNAT(m.Snat)
 	return n, nil
 }

@@ -147,11 +147,15 @@ func CTFlagsString(f uint16) string {
 // CT reads and collects the conntrack map.
 type CT struct {
 	m *ebpf.Map
+	// flowCaches hold counters of established flows that their CT
+	// entries have not counted yet (FlowCacheMapName).
+	flowCaches []*ebpf.Map
 }
 
-// NewCT wraps a loaded ct map; the caller keeps ownership.
-func NewCT(m *ebpf.Map) *CT {
-	return &CT{m: m}
+// NewCT wraps a loaded ct map and the flow caches of the programs that use
+// it; the caller keeps ownership.
+func NewCT(m *ebpf.Map, flowCaches ...*ebpf.Map) *CT {
+	return &CT{m: m, flowCaches: flowCaches}
 }
 
 // CTRecord is one conntrack entry.
@@ -160,9 +164,24 @@ type CTRecord struct {
 	Entry CTEntry
 }
 
-// Dump returns every entry. The map is an LRU that changes while it is
-// read: the result is a snapshot at best.
+// Dump returns every entry, its counters including what the flow caches
+// hold for it (the packets of its current CT second, or of a flow that
+// stopped sending since). The map is an LRU that changes while it is read:
+// the result is a snapshot at best.
 func (c *CT) Dump() ([]CTRecord, error) {
+	recs, err := c.dump()
+	if err != nil {
+		return nil, err
+	}
+	pending, err := pendingEntries(c.flowCaches)
+	if err != nil {
+		return nil, err
+	}
+	addPending(recs, pending)
+	return recs, nil
+}
+
+func (c *CT) dump() ([]CTRecord, error) {
 	return records(c.m, CTMapName, func(k CTTuple, v CTEntry) CTRecord { return CTRecord{k, v} })
 }
 
@@ -181,7 +200,7 @@ func records[K comparable, V, R any](m *ebpf.Map, name string, rec func(K, V) R)
 
 // GC deletes the entries dead at CT clock now and returns how many went.
 func (c *CT) GC(now uint32) (int, error) {
-	recs, err := c.Dump()
+	recs, err := c.dump()
 	if err != nil {
 		return 0, err
 	}

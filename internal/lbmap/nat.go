@@ -77,7 +77,7 @@ func (k TunnelKey) Prefix() netip.Prefix {
 // client -> backend lives as long as the CT_DIR_INGRESS entry of that
 // tuple. Run it after CT.GC. It returns how many entries went.
 func (n *NAT) GC(ct *CT) (int, error) {
-	flows, err := ct.Dump()
+	flows, err := ct.dump()
 	if err != nil {
 		return 0, err
 	}

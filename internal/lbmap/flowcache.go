@@ -1,0 +1,127 @@
+package lbmap
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// FlowCacheMapName is the per-CPU flow cache of the tc and XDP programs
+// (bpf/lib/flowcache.h). Each object has its own; it is not pinned.
+const FlowCacheMapName = "ns_flow_cache"
+
+// FlowCacheWays is NS_FLOW_WAYS, the entries of one set.
+const FlowCacheWays = 4
+
+// FlowCacheEntry mirrors struct ns_flow: what an established masqueraded
+// flow's packets (Key.Dir CTDirService) or its replies (NATDirIngress)
+// become and where they go, for the CT second FIB.At, and the packets and
+// bytes it took that its CT entry has not counted yet.
+type FlowCacheEntry struct {
+	Key     CTTuple
+	SAddr   Addr
+	DAddr   Addr
+	SPort   Port
+	DPort   Port
+	Packets uint32
+	Bytes   uint64
+	FIB     CTFIB
+}
+
+// FlowCacheSet mirrors struct ns_flow_set.
+type FlowCacheSet struct {
+	Way [FlowCacheWays]FlowCacheEntry
+}
+
+// CTKey is the key of the CT entry that counts what e took: the service
+// entry, whose key e's is, or for a reply the ingress entry, client ->
+// backend (the datapath's fc_flush).
+func (e FlowCacheEntry) CTKey() (key CTTuple, reply bool) {
+	if e.Key.Dir == NATDirIngress {
+		return CTTuple{SAddr: e.DAddr, DAddr: e.Key.SAddr, SPort: e.DPort, DPort: e.Key.SPort,
+			Proto: e.Key.Proto, Dir: CTDirIngress}, true
+	}
+	return e.Key, false
+}
+
+// pendingCounts are the counters held in flow cache entries for one CT
+// entry.
+type pendingCounts struct {
+	packets, bytes, rxPackets, rxBytes uint64
+}
+
+// addPending adds to each record what the flow cache entries hold for it.
+func addPending(recs []CTRecord, entries []FlowCacheEntry) {
+	pending := make(map[CTTuple]pendingCounts)
+	for _, e := range entries {
+		if e.Packets == 0 && e.Bytes == 0 {
+			continue
+		}
+		key, reply := e.CTKey()
+		p := pending[key]
+		if reply {
+			p.rxPackets += uint64(e.Packets)
+			p.rxBytes += e.Bytes
+		} else {
+			p.packets += uint64(e.Packets)
+			p.bytes += e.Bytes
+		}
+		pending[key] = p
+	}
+	if len(pending) == 0 {
+		return
+	}
+	for i := range recs {
+		p, ok := pending[recs[i].Key]
+		if !ok {
+			continue
+		}
+		e := &recs[i].Entry
+		e.Packets += p.packets
+		e.Bytes += p.bytes
+		e.RxPackets += p.rxPackets
+		e.RxBytes += p.rxBytes
+	}
+}
+
+// flowCacheEntries returns the entries of every CPU's sets that hold
+// counters.
+func flowCacheEntries(m *ebpf.Map) ([]FlowCacheEntry, error) {
+	var (
+		out  []FlowCacheEntry
+		key  uint32
+		sets []FlowCacheSet
+	)
+	it := m.Iterate()
+	for it.Next(&key, &sets) {
+		for _, set := range sets {
+			for _, e := range set.Way {
+				if e.Packets != 0 || e.Bytes != 0 {
+					out = append(out, e)
+				}
+			}
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("dump %s: %w", FlowCacheMapName, err)
+	}
+	return out, nil
+}
+
+// pendingEntries reads the counters held in the flow caches.
+func pendingEntries(caches []*ebpf.Map) ([]FlowCacheEntry, error) {
+	var (
+		out  []FlowCacheEntry
+		errs []error
+	)
+	for _, m := range caches {
+		entries, err := flowCacheEntries(m)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, entries...)
+	}
+	return out, errors.Join(errs...)
+}
