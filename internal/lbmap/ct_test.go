@@ -30,6 +30,8 @@ func TestNorthSouthBTFLayout(t *testing.T) {
 			{"ns_config", lbmap.NSConfig{}},
 			{"tunnel_key", lbmap.TunnelKey{}},
 			{"tunnel_val", lbmap.TunnelValue{}},
+			{"ns_flow", lbmap.FlowCacheEntry{}},
+			{"ns_flow_set", lbmap.FlowCacheSet{}},
 		} {
 			var st *btf.Struct
 			if err := spec.Types.TypeByName(s.cName, &st); err != nil {
@@ -62,6 +64,7 @@ func TestNorthSouthBTFLayout(t *testing.T) {
 			{lbmap.NSConfigMapName, uint32(0), lbmap.NSConfig{}},
 			{lbmap.TunnelMapName, lbmap.TunnelKey{}, lbmap.TunnelValue{}},
 			{lbmap.PodIfacesMapName, uint32(0), uint32(0)},
+			{lbmap.FlowCacheMapName, uint32(0), lbmap.FlowCacheSet{}},
 		} {
 			ms, ok := spec.Maps[m.name]
 			if !ok {

@@ -1,0 +1,300 @@
+package datapath
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-dataplane/sluice/internal/bpftest"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+)
+
+// onOneCPU runs fn with the calling thread, locked by bpftest.InNewNetNS,
+// on one CPU: the flow cache is per CPU, and BPF_PROG_RUN runs where the
+// thread does.
+func onOneCPU(t *testing.T, fn func()) {
+	t.Helper()
+	var old, one unix.CPUSet
+	must(t, unix.SchedGetaffinity(0, &old))
+	for cpu := 0; cpu < 1024; cpu++ {
+		if old.IsSet(cpu) {
+			one.Set(cpu)
+			break
+		}
+	}
+	must(t, unix.SchedSetaffinity(0, &one))
+	defer func() { must(t, unix.SchedSetaffinity(0, &old)) }()
+	fn()
+}
+
+// flowCache is the cache of the program kind runs.
+func flowCache(n *NorthSouth, kind attachKind) *ebpf.Map {
+	if kind.name == "xdp" {
+		return n.xdp.NsFlowCache
+	}
+	return n.tc.NsFlowCache
+}
+
+// cacheEntry returns the flow cache entry, on any CPU, for packets src ->
+// dst of proto in direction dir, and whether there is one.
+func cacheEntry(t *testing.T, m *ebpf.Map, src, dst netip.AddrPort, proto, dir uint8) (lbmap.FlowCacheEntry, bool) {
+	t.Helper()
+	key := lbmap.CTTuple{SAddr: lbmap.AddrFrom(src.Addr()), DAddr: lbmap.AddrFrom(dst.Addr()),
+		SPort: lbmap.PortFrom(src.Port()), DPort: lbmap.PortFrom(dst.Port()), Proto: proto, Dir: dir}
+	set := lbmap.FlowCacheSetOf(key, lbmap.FlowCacheSets)
+	var sets []lbmap.FlowCacheSet
+	must(t, m.Lookup(&set, &sets))
+	for _, s := range sets {
+		for _, e := range s.Way {
+			if e.Key == key {
+				return e, true
+			}
+		}
+	}
+	return lbmap.FlowCacheEntry{}, false
+}
+
+// rawCT returns the ct entry under key as the map holds it, without what
+// the flow caches hold for it (CT.Dump adds that).
+func rawCT(t *testing.T, n *NorthSouth, src, dst netip.AddrPort, proto, dir uint8) lbmap.CTEntry {
+	t.Helper()
+	key := lbmap.CTTuple{SAddr: lbmap.AddrFrom(src.Addr()), DAddr: lbmap.AddrFrom(dst.Addr()),
+		SPort: lbmap.PortFrom(src.Port()), DPort: lbmap.PortFrom(dst.Port()), Proto: proto, Dir: dir}
+	var e lbmap.CTEntry
+	if err := n.tc.Ct.Lookup(&key, &e); err != nil {
+		t.Fatalf("ct entry %s: %v", key, err)
+	}
+	return e
+}
+
+// An established masqueraded TCP flow through a LoadBalancer IP to a
+// remote backend (client 198.18.0.2 -> 198.19.200.1:80 -> 198.18.2.10:8080,
+// masqueraded from 198.18.0.11; FIB as in setupFIB). After the handshake
+// the flow's packets, and its replies once one went through conntrack,
+// take the flow cache for the rest of the CT second: the same output as
+// the conntrack path, their counters held in the cache entry and seen in
+// the CT dump; a packet in that second does not read conntrack at all.
+// A FIN ends the entry and gives its counters to the CT entry, and the
+// next second starts over through conntrack.
+func TestPrivilegedNorthSouthFlowCache(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		onOneCPU(t, func() { testFlowCache(t, kind, n, prog) })
+	})
+}
+
+func testFlowCache(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+	setupFIB(t)
+	cache := flowCache(n, kind)
+	c := client(46000)
+	pkt := func(flags uint8, payload int) bpftest.Packet {
+		return bpftest.Packet{Src: c, Dst: apLBTCP, Proto: bpftest.TCP, Flags: flags, TTL: 64,
+			Payload: make([]byte, payload)}
+	}
+	size := func(p bpftest.Packet) uint64 { return uint64(len(p.MustBytes())) }
+	send := func(step string, in bpftest.Packet, wantV verdict, out bpftest.Packet) {
+		t.Helper()
+		runPacket(t, kind, prog, step, in, wantV, out)
+	}
+	// The ACK as long as the data: a longer packet than the one whose
+	// route was looked up takes conntrack (the FIB's MTU check).
+	syn, ack, data := pkt(bpftest.SYN, 0), pkt(bpftest.ACK, 100), pkt(bpftest.ACK|bpftest.PSH, 100)
+	res, err := bpftest.Run(prog, syn.MustBytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := kind.verdicts[res.Verdict]; v != vRedirect {
+		t.Fatalf("SYN: verdict %s, want redirect", v)
+	}
+	port := natPort(t, n, c, apRemote, bpftest.TCP)
+	node := netip.AddrPortFrom(ipNode, port)
+	out := func(in bpftest.Packet) bpftest.Packet {
+		return in.With(func(p *bpftest.Packet) {
+			p.Src, p.Dst, p.TTL = node, apRemote, 63
+			p.SrcMAC, p.DstMAC = bpftest.MACNode, macRemoteNode
+		})
+	}
+	if _, ok := cacheEntry(t, cache, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); ok {
+		t.Errorf("SYN: a cache entry for a flow not yet established")
+	}
+	// The ACK establishes the flow, looks the route up (tc leaves the
+	// MACs to redirect_neigh after a lookup) and fills the entry.
+	send("ACK", ack, vRedirect, ack.With(func(p *bpftest.Packet) {
+		*p = out(*p)
+		if kind.name == "tc" {
+			p.SrcMAC, p.DstMAC = bpftest.MACClient, bpftest.MACNode
+		}
+	}))
+	e, ok := cacheEntry(t, cache, c, apLBTCP, bpftest.TCP, lbmap.CTDirService)
+	if !ok || e.SAddr.NetIP() != ipNode || e.SPort.Host() != port || e.DAddr.NetIP() != apRemote.Addr() ||
+		e.DPort.Host() != apRemote.Port() || e.FIB.At != ctNow || net.HardwareAddr(e.FIB.DMAC[:]).String() != macRemoteNode.String() {
+		t.Fatalf("after the ACK: cache entry %v (found %v), want %s -> %s via %s at %d",
+			e, ok, node, apRemote, macRemoteNode, ctNow)
+	}
+
+	for i := range 3 {
+		send("data, same second", data, vRedirect, out(data))
+		if e, _ := cacheEntry(t, cache, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); e.Packets != uint32(i+1) ||
+			e.Bytes != uint64(i+1)*size(data) {
+			t.Errorf("data %d: cache entry counts %d packets %d bytes, want %d, %d", i+1, e.Packets, e.Bytes,
+				i+1, uint64(i+1)*size(data))
+		}
+	}
+	if raw := rawCT(t, n, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); raw.Packets != 2 {
+		t.Errorf("CT service entry counts %d packets, want 2 (SYN, ACK): the cache took the data", raw.Packets)
+	}
+	wantBytes := size(syn) + size(ack) + 3*size(data)
+	checkCT(t, n, "dump after the data", c, apLBTCP, bpftest.TCP, lbmap.CTDirService,
+		ctWant{lbmap.CTFlagSYN | lbmap.CTFlagEstablished | lbmap.CTFlagSNAT, ctNow + lbmap.DefaultTCPEstTimeout, ctNow, 5, 0})
+	if got, _ := ctEntry(t, n, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); got.Bytes != wantBytes {
+		t.Errorf("dump after the data: %d bytes, want %d", got.Bytes, wantBytes)
+	}
+
+	// Replies: the first through conntrack, the next from the cache.
+	reply := bpftest.Packet{Src: apRemote, Dst: node, Proto: bpftest.TCP, Flags: bpftest.ACK, TTL: 64,
+		SrcMAC: macRemoteNode, DstMAC: bpftest.MACNode, Payload: make([]byte, 20)}
+	back := reply.With(func(p *bpftest.Packet) {
+		p.Src, p.Dst, p.TTL = apLBTCP, c, 63
+		p.SrcMAC, p.DstMAC = bpftest.MACNode, bpftest.MACClient
+	})
+	backLookedUp := back
+	if kind.name == "tc" {
+		backLookedUp = back.With(func(p *bpftest.Packet) { p.SrcMAC, p.DstMAC = macRemoteNode, bpftest.MACNode })
+	}
+	send("reply", reply, vRedirect, backLookedUp)
+	send("reply, same second", reply, vRedirect, back)
+	if re, ok := cacheEntry(t, cache, apRemote, node, bpftest.TCP, lbmap.NATDirIngress); !ok || re.Packets != 1 ||
+		re.DAddr.NetIP() != ipClient || re.DPort.Host() != c.Port() || re.SAddr.NetIP() != apLBTCP.Addr() {
+		t.Errorf("reply cache entry %v (found %v), want 1 packet to %s from %s", re, ok, c, apLBTCP)
+	}
+	if raw := rawCT(t, n, c, apRemote, bpftest.TCP, lbmap.CTDirIngress); raw.RxPackets != 1 {
+		t.Errorf("CT ingress entry counts %d replies, want 1", raw.RxPackets)
+	}
+	if got, _ := ctEntry(t, n, c, apRemote, bpftest.TCP, lbmap.CTDirIngress); got.RxPackets != 2 || got.RxBytes != 2*size(reply) {
+		t.Errorf("dump: ingress entry %d replies, %d bytes; want 2, %d", got.RxPackets, got.RxBytes, 2*size(reply))
+	}
+
+	// In the same second the cache decides alone: with the flow's CT
+	// service entry gone, its packet still leaves translated, and
+	// conntrack, which would have made a new entry, never saw it.
+	saved := rawCT(t, n, c, apLBTCP, bpftest.TCP, lbmap.CTDirService)
+	svcKey := lbmap.CTTuple{SAddr: lbmap.AddrFrom(c.Addr()), DAddr: lbmap.AddrFrom(apLBTCP.Addr()),
+		SPort: lbmap.PortFrom(c.Port()), DPort: lbmap.PortFrom(apLBTCP.Port()), Proto: bpftest.TCP, Dir: lbmap.CTDirService}
+	must(t, n.tc.Ct.Delete(&svcKey))
+	send("data, same second, CT entry gone", data, vRedirect, out(data))
+	var none lbmap.CTEntry
+	if err := n.tc.Ct.Lookup(&svcKey, &none); err == nil {
+		t.Errorf("data, same second, CT entry gone: conntrack made a new entry; the cache should have sent it")
+	}
+	must(t, n.tc.Ct.Put(&svcKey, &saved))
+
+	// A FIN takes conntrack, ends the entry and gives it its counters
+	// (3 data packets before the deletion and 1 after it).
+	fin := pkt(bpftest.FIN|bpftest.ACK, 0)
+	send("FIN", fin, vRedirect, out(fin))
+	if e, _ := cacheEntry(t, cache, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); e.FIB.At != 0 || e.Packets != 0 {
+		t.Errorf("after the FIN: cache entry at %d with %d packets, want ended (0) and counted", e.FIB.At, e.Packets)
+	}
+	if raw := rawCT(t, n, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); raw.Packets != 2+4+1 ||
+		raw.Flags&lbmap.CTFlagClosing == 0 {
+		t.Errorf("after the FIN: CT service entry %d packets, flags %s; want 7, CLOSING",
+			raw.Packets, lbmap.CTFlagsString(raw.Flags))
+	}
+	// A closing flow is not cached again.
+	send("data after the FIN", data, vRedirect, out(data))
+	if e, _ := cacheEntry(t, cache, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); e.FIB.At != 0 {
+		t.Errorf("after the FIN: the closing flow was cached again (at %d)", e.FIB.At)
+	}
+}
+
+// A UDP flow: its second packet fills the entry, the third takes it; in
+// the next CT second the first packet goes through conntrack (which checks
+// the flow's frontend and backend again) and gives the CT entry the
+// counters of the second before.
+func TestPrivilegedNorthSouthFlowCacheNextSecond(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		onOneCPU(t, func() {
+			setupFIB(t)
+			cache := flowCache(n, kind)
+			c := client(46100)
+			in := bpftest.Packet{Src: c, Dst: apLBUDP, Proto: bpftest.UDP, TTL: 64, Payload: []byte("query")}
+			for i := range 3 {
+				if _, err := bpftest.Run(prog, in.MustBytes()); err != nil {
+					t.Fatal(err)
+				}
+				if i == 0 {
+					if _, ok := cacheEntry(t, cache, c, apLBUDP, bpftest.UDP, lbmap.CTDirService); ok {
+						t.Errorf("a new flow's first packet filled a cache entry")
+					}
+				}
+			}
+			if e, ok := cacheEntry(t, cache, c, apLBUDP, bpftest.UDP, lbmap.CTDirService); !ok || e.Packets != 1 || e.FIB.At != ctNow {
+				t.Fatalf("after 3 packets: cache entry %v (found %v), want 1 packet at %d", e, ok, ctNow)
+			}
+			setClock(t, n, ctNow+1)
+			if _, err := bpftest.Run(prog, in.MustBytes()); err != nil {
+				t.Fatal(err)
+			}
+			if e, _ := cacheEntry(t, cache, c, apLBUDP, bpftest.UDP, lbmap.CTDirService); e.Packets != 0 || e.FIB.At != ctNow+1 {
+				t.Errorf("next second: cache entry %d packets at %d, want refilled: 0 at %d", e.Packets, e.FIB.At, ctNow+1)
+			}
+			if raw := rawCT(t, n, c, apLBUDP, bpftest.UDP, lbmap.CTDirService); raw.Packets != 4 ||
+				raw.Lifetime != ctNow+1+lbmap.DefaultUDPTimeout {
+				t.Errorf("next second: CT entry %d packets, lifetime %d; want 4, %d", raw.Packets, raw.Lifetime,
+					ctNow+1+lbmap.DefaultUDPTimeout)
+			}
+		})
+	})
+}
+
+// Five flows whose packets land in the same set of four ways: the fifth
+// takes over one way in use this second, whose counters go to that flow's
+// CT entry first. No packet goes uncounted.
+func TestPrivilegedNorthSouthFlowCacheTakeover(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		onOneCPU(t, func() {
+			setupFIB(t)
+			cache := flowCache(n, kind)
+			var ports []uint16
+			want := uint32(0xffffffff)
+			for p := uint16(47000); len(ports) < lbmap.FlowCacheWays+1; p++ {
+				key := lbmap.CTTuple{SAddr: lbmap.AddrFrom(ipClient), DAddr: lbmap.AddrFrom(apLBUDP.Addr()),
+					SPort: lbmap.PortFrom(p), DPort: lbmap.PortFrom(apLBUDP.Port()), Proto: bpftest.UDP}
+				set := lbmap.FlowCacheSetOf(key, lbmap.FlowCacheSets)
+				if want == 0xffffffff {
+					want = set
+				}
+				if set == want {
+					ports = append(ports, p)
+				}
+			}
+			for _, p := range ports {
+				in := bpftest.Packet{Src: client(p), Dst: apLBUDP, Proto: bpftest.UDP, TTL: 64, Payload: []byte("q")}
+				for range 3 { // new flow, fill, cached
+					if _, err := bpftest.Run(prog, in.MustBytes()); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			cached, flushed := 0, 0
+			for _, p := range ports {
+				c := client(p)
+				if e, ok := cacheEntry(t, cache, c, apLBUDP, bpftest.UDP, lbmap.CTDirService); ok && e.FIB.At == ctNow {
+					cached++
+				}
+				if raw := rawCT(t, n, c, apLBUDP, bpftest.UDP, lbmap.CTDirService); raw.Packets == 3 {
+					flushed++
+				}
+				if got, _ := ctEntry(t, n, c, apLBUDP, bpftest.UDP, lbmap.CTDirService); got.Packets != 3 {
+					t.Errorf("flow from port %d: dump counts %d packets, want 3", p, got.Packets)
+				}
+			}
+			if cached != lbmap.FlowCacheWays || flushed != 1 {
+				t.Errorf("%d flows in one set: %d cached, %d taken over with their counters given to CT; want %d and 1",
+					len(ports), cached, flushed, lbmap.FlowCacheWays)
+			}
+		})
+	})
+}
