@@ -93,7 +93,7 @@ struct nat_entry {
  * entries, each what an established masqueraded flow's packets (or its
  * replies) become and where they go, valid for one CT second. */
 #define NS_FLOW_WAYS 4
-#define NS_FLOW_SETS 1024 /* a power of two */
+#define NS_FLOW_SETS 1024 /* 1 << FC_SET_BITS (flowcache.h) */
 
 struct ns_flow {
 	struct ct_tuple key;  /* the packet as received; dir: CT_DIR_SERVICE (client

@@ -45,19 +45,31 @@ struct {
 	__uint(max_entries, NS_FLOW_SETS);
 } ns_flow_cache SEC(".maps");
 
-/* fc_hash picks a packet's set: the tuple's words folded and mixed, so
- * sequential client ports spread over the sets. */
+/* Fibonacci hashing: the top bits of the tuple's folded words times
+ * 2^32 / phi pick the set; consecutive values (client ports) land far
+ * apart. One multiplication a packet. */
+#define FC_GOLDEN   0x9e3779b1U
+#define FC_SET_BITS 10 /* log2(NS_FLOW_SETS) */
+
+/* fc_hash is the hash of a packet's tuple: its top FC_SET_BITS pick the
+ * set, the two below them the way a new flow may take over. */
 static __always_inline __u32 fc_hash(const struct ns_pkt *p)
 {
 	__u32 s = p->saddr.w[0] ^ p->saddr.w[1] ^ p->saddr.w[2] ^ p->saddr.w[3];
 	__u32 d = p->daddr.w[0] ^ p->daddr.w[1] ^ p->daddr.w[2] ^ p->daddr.w[3];
 
-	return hash_fmix32(s ^ p->proto ^ hash_fmix32(d ^ ((__u32)p->sport << 16 | p->dport)));
+	return (s ^ (d << 16 | d >> 16) ^ ((__u32)p->sport << 16 | p->dport) ^ p->proto) *
+	       FC_GOLDEN;
+}
+
+static __always_inline __u32 fc_set_index(__u32 hash)
+{
+	return hash >> (32 - FC_SET_BITS);
 }
 
 static __always_inline struct ns_flow_set *fc_set(__u32 hash)
 {
-	__u32 idx = hash & (NS_FLOW_SETS - 1);
+	__u32 idx = fc_set_index(hash);
 
 	return bpf_map_lookup_elem(&ns_flow_cache, &idx);
 }
@@ -207,7 +219,7 @@ static __always_inline bool fc_same(const struct ct_tuple *a, const struct ct_tu
 __noinline int fc_fill(struct ct_entry *e, __u32 hash)
 {
 	struct ns_flow *f = NULL, *stale = NULL;
-	__u32 key = hash & (NS_FLOW_SETS - 1), now;
+	__u32 key = fc_set_index(hash), now;
 	struct ns_flow_set *set;
 	struct ct_scratch *s;
 	int i;
@@ -237,7 +249,7 @@ __noinline int fc_fill(struct ct_entry *e, __u32 hash)
 			f->bytes = 0;
 		}
 	} else {
-		f = stale ? stale : &set->way[(hash >> 16) & (NS_FLOW_WAYS - 1)];
+		f = stale ? stale : &set->way[(hash >> (30 - FC_SET_BITS)) & (NS_FLOW_WAYS - 1)];
 		if (f->packets)
 			fc_flush(f, &s->tuple);
 	}

@@ -44,7 +44,7 @@ func cacheEntry(t *testing.T, m *ebpf.Map, src, dst netip.AddrPort, proto, dir u
 	t.Helper()
 	key := lbmap.CTTuple{SAddr: lbmap.AddrFrom(src.Addr()), DAddr: lbmap.AddrFrom(dst.Addr()),
 		SPort: lbmap.PortFrom(src.Port()), DPort: lbmap.PortFrom(dst.Port()), Proto: proto, Dir: dir}
-	set := lbmap.FlowCacheSetOf(key, lbmap.FlowCacheSets)
+	set := lbmap.FlowCacheSetOf(key)
 	var sets []lbmap.FlowCacheSet
 	must(t, m.Lookup(&set, &sets))
 	for _, s := range sets {
@@ -262,7 +262,7 @@ func TestPrivilegedNorthSouthFlowCacheTakeover(t *testing.T) {
 			for p := uint16(47000); len(ports) < lbmap.FlowCacheWays+1; p++ {
 				key := lbmap.CTTuple{SAddr: lbmap.AddrFrom(ipClient), DAddr: lbmap.AddrFrom(apLBUDP.Addr()),
 					SPort: lbmap.PortFrom(p), DPort: lbmap.PortFrom(apLBUDP.Port()), Proto: bpftest.UDP}
-				set := lbmap.FlowCacheSetOf(key, lbmap.FlowCacheSets)
+				set := lbmap.FlowCacheSetOf(key)
 				if want == 0xffffffff {
 					want = set
 				}

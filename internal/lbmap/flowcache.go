@@ -15,8 +15,9 @@ const FlowCacheMapName = "ns_flow_cache"
 // FlowCacheWays is NS_FLOW_WAYS, the entries of one set; FlowCacheSets is
 // NS_FLOW_SETS, the sets of each CPU.
 const (
-	FlowCacheWays = 4
-	FlowCacheSets = 1024
+	FlowCacheWays    = 4
+	FlowCacheSets    = 1 << flowCacheSetBits
+	flowCacheSetBits = 10 // FC_SET_BITS
 )
 
 // FlowCacheEntry mirrors struct ns_flow: what an established masqueraded
@@ -133,21 +134,11 @@ func pendingEntries(caches []*ebpf.Map) ([]FlowCacheEntry, error) {
 
 // FlowCacheSetOf is the set of the flow cache a packet with tuple key (its
 // addresses, ports and protocol as received) lands in: the datapath's
-// fc_hash, for tests and tools.
-func FlowCacheSetOf(key CTTuple, sets uint32) uint32 {
+// fc_hash and fc_set_index, for tests and tools.
+func FlowCacheSetOf(key CTTuple) uint32 {
 	word := func(a Addr, i int) uint32 { return binary.NativeEndian.Uint32(a[4*i:]) }
 	s := word(key.SAddr, 0) ^ word(key.SAddr, 1) ^ word(key.SAddr, 2) ^ word(key.SAddr, 3)
 	d := word(key.DAddr, 0) ^ word(key.DAddr, 1) ^ word(key.DAddr, 2) ^ word(key.DAddr, 3)
-	h := fmix32(s ^ uint32(key.Proto) ^ fmix32(d^(uint32(key.SPort)<<16|uint32(key.DPort))))
-	return h & (sets - 1)
-}
-
-// fmix32 is murmur3's finalizer, the datapath's hash_fmix32.
-func fmix32(h uint32) uint32 {
-	h ^= h >> 16
-	h *= 0x85ebca6b
-	h ^= h >> 13
-	h *= 0xc2b2ae35
-	h ^= h >> 16
-	return h
+	h := (s ^ (d<<16 | d>>16) ^ (uint32(key.SPort)<<16 | uint32(key.DPort)) ^ uint32(key.Proto)) * 0x9e3779b1
+	return h >> (32 - flowCacheSetBits)
 }
