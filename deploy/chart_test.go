@@ -540,6 +540,7 @@ func TestSluiceChartRejects(t *testing.T) {
 		{"syncPeriod", []string{"syncPeriod=5 minutes"}, []string{"/syncPeriod", "5 minutes"}},
 		{"ct timeout fraction", []string{"bpf.ctTimeout.tcp=1.5s"}, []string{"/bpf/ctTimeout/tcp", "1.5s"}},
 		{"lbMapMax", []string{"bpf.lbMapMax=8"}, []string{"/bpf/lbMapMax", "minimum"}},
+		{"flowCacheSets not a power of two", []string{"bpf.flowCacheSets=1000"}, []string{"/bpf/flowCacheSets"}},
 		{"healthz port", []string{"healthz.port=0"}, []string{"/healthz/port", "minimum"}},
 		{"healthz address", []string{"healthz.bindAddress=localhost"}, []string{"/healthz/bindAddress", "localhost"}},
 		{"metrics on healthz port", []string{"metrics.port=10256"}, []string{"metrics.port=10256: the same port as healthz.port"}},

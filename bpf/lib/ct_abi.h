@@ -89,11 +89,12 @@ struct nat_entry {
 	__u32  created;     /* CT clock second */
 };
 
-/* The flow cache (flowcache.h): per CPU, NS_FLOW_SETS sets of NS_FLOW_WAYS
- * entries, each what an established masqueraded flow's packets (or its
- * replies) become and where they go, valid for one CT second. */
+/* The flow cache (flowcache.h): per CPU, sets of NS_FLOW_WAYS entries
+ * (NS_FLOW_SETS unless the agent sizes it), each what an established
+ * masqueraded flow's packets (or its replies) become and where they go,
+ * valid for one CT second. */
 #define NS_FLOW_WAYS 4
-#define NS_FLOW_SETS 1024 /* 1 << FC_SET_BITS (flowcache.h) */
+#define NS_FLOW_SETS 1024 /* the default; 1 << fc_set_bits (flowcache.h) */
 
 struct ns_flow {
 	struct ct_tuple key;  /* the packet as received; dir: CT_DIR_SERVICE (client

@@ -35,9 +35,10 @@
 
 #include "ct.h"
 
-/* Per CPU, set (hash of the tuple) -> NS_FLOW_WAYS entries. Not pinned: it
- * is derived state, rebuilt by the first packet of each flow in each CT
- * second; a restarted agent starts with an empty one. */
+/* Per CPU, set (hash of the tuple) -> NS_FLOW_WAYS entries; the agent
+ * sizes it to 1 << fc_set_bits sets before load (--bpf-lb-flow-cache-sets).
+ * Not pinned: it is derived state, rebuilt by the first packet of each
+ * flow in each CT second; a restarted agent starts with an empty one. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);
@@ -45,13 +46,17 @@ struct {
 	__uint(max_entries, NS_FLOW_SETS);
 } ns_flow_cache SEC(".maps");
 
+/* log2 of the sets, 1 to 16, set by the agent before load; 0 turns the
+ * cache off, and the verifier, which knows a read-only global's value,
+ * then drops its code. */
+volatile const __u32 fc_set_bits = 10;
+
 /* Fibonacci hashing: the top bits of the tuple's folded words times
  * 2^32 / phi pick the set; consecutive values (client ports) land far
  * apart. One multiplication a packet. */
-#define FC_GOLDEN   0x9e3779b1U
-#define FC_SET_BITS 10 /* log2(NS_FLOW_SETS) */
+#define FC_GOLDEN 0x9e3779b1U
 
-/* fc_hash is the hash of a packet's tuple: its top FC_SET_BITS pick the
+/* fc_hash is the hash of a packet's tuple: its top fc_set_bits pick the
  * set, the two below them the way a new flow may take over. */
 static __always_inline __u32 fc_hash(const struct ns_pkt *p)
 {
@@ -64,7 +69,7 @@ static __always_inline __u32 fc_hash(const struct ns_pkt *p)
 
 static __always_inline __u32 fc_set_index(__u32 hash)
 {
-	return hash >> (32 - FC_SET_BITS);
+	return hash >> (32 - fc_set_bits);
 }
 
 static __always_inline struct ns_flow_set *fc_set(__u32 hash)
@@ -156,10 +161,13 @@ __noinline int fc_drop(struct ns_flow *f)
 static __always_inline struct ns_flow *fc_lookup(const struct ns_pkt *p, __u32 hash,
 						 __u32 now, __u32 l3_len)
 {
-	struct ns_flow_set *set = fc_set(hash);
+	struct ns_flow_set *set;
 	struct ns_flow *f = NULL;
 	int i;
 
+	if (!fc_set_bits)
+		return NULL;
+	set = fc_set(hash);
 	if (!set)
 		return NULL;
 #pragma unroll
@@ -249,7 +257,7 @@ __noinline int fc_fill(struct ct_entry *e, __u32 hash)
 			f->bytes = 0;
 		}
 	} else {
-		f = stale ? stale : &set->way[(hash >> (30 - FC_SET_BITS)) & (NS_FLOW_WAYS - 1)];
+		f = stale ? stale : &set->way[(hash >> (30 - fc_set_bits)) & (NS_FLOW_WAYS - 1)];
 		if (f->packets)
 			fc_flush(f, &s->tuple);
 	}
@@ -270,7 +278,7 @@ static __always_inline void fc_record(const struct ns_pkt *p, __u8 dir,
 {
 	struct ct_scratch *s;
 
-	if (READ_ONCE(e->fib.at) != now || !e->fib.ifindex ||
+	if (!fc_set_bits || READ_ONCE(e->fib.at) != now || !e->fib.ifindex ||
 	    !fc_steady(e, p->proto, dir == NAT_DIR_INGRESS))
 		return;
 	s = ns_scratch();

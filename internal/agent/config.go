@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -45,6 +46,7 @@ type Config struct {
 
 	// North-south (tc/XDP) datapath, on --devices.
 	MaglevTableSize uint32
+	FlowCacheSets   uint32 // per CPU and program; 0: off
 	CTMapMax        uint32
 	NATMapMax       uint32
 	MaglevSeed      uint32
@@ -112,6 +114,9 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.Uint32Var(&c.MaglevTableSize, "bpf-lb-maglev-table-size", maglev.DefaultTableSize,
 		fmt.Sprintf("entries of each Maglev lookup table: a prime from %d to %d, the same on every node", maglev.MinTableSize, maglev.MaxTableSize))
 	fs.Uint32Var(&c.MaglevSeed, "bpf-lb-maglev-hash-seed", 0, "seed of the Maglev permutations and flow hash; the same on every node")
+	fs.Uint32Var(&c.FlowCacheSets, "bpf-lb-flow-cache-sets", lbmap.DefaultFlowCacheSets,
+		fmt.Sprintf("sets of %d entries in each CPU's cache of established masqueraded flows in front of conntrack (%d bytes a set, for tc and for XDP): a power of two from %d to %d, or 0 for none",
+			lbmap.FlowCacheWays, binary.Size(lbmap.FlowCacheSet{}), lbmap.MinFlowCacheSets, lbmap.MaxFlowCacheSets))
 	fs.Uint32Var(&c.CTMapMax, "bpf-ct-global-max", DefaultCTMapMax,
 		"entries of the conntrack map, TCP and UDP (two per translated flow); a change takes the entries over")
 	fs.Uint32Var(&c.NATMapMax, "bpf-nat-global-max", DefaultCTMapMax,
@@ -223,6 +228,10 @@ func (c *Config) Validate() error {
 		if f.v < 1024 || f.v > lbMapLimit {
 			bad(f.flag, f.v, "want 1024 to %d", lbMapLimit)
 		}
+	}
+	if !lbmap.ValidFlowCacheSets(c.FlowCacheSets) {
+		bad("bpf-lb-flow-cache-sets", c.FlowCacheSets, "want 0 (off) or a power of two from %d to %d",
+			lbmap.MinFlowCacheSets, lbmap.MaxFlowCacheSets)
 	}
 	if c.SyncPeriodMin < 0 || c.SyncPeriodMin > time.Minute {
 		bad("sync-period-min", c.SyncPeriodMin, "want 0 to 1m")

@@ -48,9 +48,12 @@ func TestConfigValid(t *testing.T) {
 		"--node-port-range=30000-30100", "--enable-bandwidth-manager", "--socket-lb=false", "--bpf-lb-map-max=1024",
 		"--sync-period-min=10ms", "--sync-period=1m", "--log-level=debug",
 		"--bpf-lb-maglev-table-size=251", "--bpf-lb-maglev-hash-seed=42", "--bpf-ct-gc-interval=5s", "--xdp-generic", "--unload-on-exit",
-		"--bpf-ct-global-max=131072", "--bpf-nat-global-max=2048")
+		"--bpf-ct-global-max=131072", "--bpf-nat-global-max=2048", "--bpf-lb-flow-cache-sets=256")
 	if err != nil {
 		t.Fatalf("Validate: %v", err)
+	}
+	if c.FlowCacheSets != 256 {
+		t.Errorf("flow cache sets = %d, want 256", c.FlowCacheSets)
 	}
 	if c.HealthzAddr != "[::1]:10266" {
 		t.Errorf("healthz address = %q, want [::1]:10266", c.HealthzAddr)
@@ -133,6 +136,8 @@ func TestConfigInvalid(t *testing.T) {
 		{"sync-period short", []string{"--sync-period=10ms"}, "--sync-period=10ms: want at least 1s"},
 		{"socket-lb syntax", []string{"--socket-lb=maybe"}, `invalid argument "maybe" for "--socket-lb"`},
 		{"ct map small", []string{"--bpf-ct-global-max=100"}, "--bpf-ct-global-max=100: want 1024 to 16777216"},
+		{"flow cache not a power of two", []string{"--bpf-lb-flow-cache-sets=1000"},
+			"--bpf-lb-flow-cache-sets=1000: want 0 (off) or a power of two from 16 to 65536"},
 		{"nat map large", []string{"--bpf-nat-global-max=16777217"}, "--bpf-nat-global-max=16777217: want 1024 to 16777216"},
 		{"maglev table size not prime", []string{"--bpf-lb-maglev-table-size=16380"}, "--bpf-lb-maglev-table-size=16380: want a prime from 251 to 131071"},
 		{"maglev table size small", []string{"--bpf-lb-maglev-table-size=13"}, "--bpf-lb-maglev-table-size=13: want a prime"},

@@ -93,6 +93,7 @@ func (a *Agent) newNorthSouthStatus(devs []api.Device) *api.NorthSouth {
 	st := &api.NorthSouth{
 		Enabled: true, Mode: a.cfg.LBMode, Algorithm: a.cfg.LBAlgorithm,
 		MaglevTableSize: a.cfg.MaglevTableSize, Acceleration: a.cfg.LBAcceleration,
+		FlowCacheSets: a.cfg.FlowCacheSets, FlowCacheWays: lbmap.FlowCacheWays,
 		Devices: devs, CTGC: api.CTGC{Interval: a.cfg.CTGCInterval},
 	}
 	if a.cfg.XDPGeneric {

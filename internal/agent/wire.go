@@ -76,6 +76,7 @@ func openDataplane(cfg *Config) (dataplane, error) {
 		BPFRoot: cfg.BPFRoot, Sizes: sizes,
 		MaglevTableSize: cfg.MaglevTableSize, MaglevSeed: cfg.MaglevSeed,
 		CTEntries: cfg.CTMapMax, NATEntries: cfg.NATMapMax,
+		FlowCacheSets: cfg.FlowCacheSets, NoFlowCache: cfg.FlowCacheSets == 0,
 		Logf: func(format string, args ...any) { slog.Info(fmt.Sprintf(format, args...)) },
 	}
 	d.ns, err = datapath.LoadNorthSouth(opts)

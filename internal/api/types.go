@@ -200,12 +200,16 @@ type BPFRevNat struct {
 // NorthSouth describes the tc/XDP load balancer, like the
 // KubeProxyReplacement section of `cilium status`.
 type NorthSouth struct {
-	Enabled         bool     `json:"enabled"`
-	Mode            string   `json:"mode,omitempty"`      // snat, dsr or hybrid
-	Algorithm       string   `json:"algorithm,omitempty"` // random or maglev (the default)
-	MaglevTableSize uint32   `json:"maglevTableSize,omitempty"`
-	Acceleration    string   `json:"acceleration,omitempty"` // --lb-acceleration
-	Devices         []Device `json:"devices,omitempty"`
+	Enabled         bool   `json:"enabled"`
+	Mode            string `json:"mode,omitempty"`      // snat, dsr or hybrid
+	Algorithm       string `json:"algorithm,omitempty"` // random or maglev (the default)
+	MaglevTableSize uint32 `json:"maglevTableSize,omitempty"`
+	// FlowCacheSets is the size of each CPU's flow cache, in sets of
+	// FlowCacheWays entries; 0: off (--bpf-lb-flow-cache-sets).
+	FlowCacheSets uint32   `json:"flowCacheSets"`
+	FlowCacheWays uint32   `json:"flowCacheWays,omitempty"`
+	Acceleration  string   `json:"acceleration,omitempty"` // --lb-acceleration
+	Devices       []Device `json:"devices,omitempty"`
 	// PodDevices are the local pods' host-side veths with the per-packet
 	// LB (--socket-lb=false).
 	PodDevices []PodDevice `json:"podDevices,omitempty"`

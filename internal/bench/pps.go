@@ -353,8 +353,8 @@ type contender struct {
 }
 
 var contenders = []contender{
-	{ContenderXDP, "sluice xdp_lb_ingress, native XDP on eth0: DNAT+SNAT, FIB, ", attachXDP},
-	{ContenderTC, "sluice tc_lb_ingress, tcx ingress on eth0 (XDP_PASS for NAPI): DNAT+SNAT, FIB, ", attachTC},
+	{ContenderXDP, "sluice xdp_lb_ingress, native XDP on eth0: flow cache (conntrack once a CT second), DNAT+SNAT, ", attachXDP},
+	{ContenderTC, "sluice tc_lb_ingress, tcx ingress on eth0 (XDP_PASS for NAPI): flow cache (conntrack once a CT second), DNAT+SNAT, ", attachTC},
 	{ContenderNFTables, "kernel forwarding, nftables DNAT + masquerade, conntrack (reference; XDP_PASS for NAPI)", attachNFT},
 	{ContenderIPTables, "kernel forwarding, iptables-legacy DNAT + MASQUERADE, conntrack (reference; XDP_PASS for NAPI)", attachIPT},
 }

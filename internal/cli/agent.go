@@ -234,6 +234,12 @@ func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns 
 	}
 	line("  Backend selection", "%s (Maglev table size: %d)", alg, ns.MaglevTableSize)
 	line("  XDP acceleration", "%s", ns.Acceleration)
+	if ns.FlowCacheSets == 0 {
+		line("  Flow cache", "Disabled (--bpf-lb-flow-cache-sets=0): every packet looks up conntrack")
+	} else {
+		line("  Flow cache", "%d sets × %d ways per CPU, established masqueraded flows for a CT second",
+			ns.FlowCacheSets, ns.FlowCacheWays)
+	}
 	for _, d := range ns.Devices {
 		var ids []string
 		for _, id := range d.LinkIDs {

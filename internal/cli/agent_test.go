@@ -26,6 +26,7 @@ func (fakeAgent) Status(context.Context) (*api.Status, error) {
 		Sync:           api.SyncState{Last: time.Now(), Duration: 2 * time.Millisecond, Total: 5},
 		NotImplemented: []string{"--lb-mode=dsr"},
 		NorthSouth: &api.NorthSouth{Enabled: true, Mode: "snat", Algorithm: "maglev", MaglevTableSize: 16381, Acceleration: "best-effort",
+			FlowCacheSets: 1024, FlowCacheWays: 4,
 			Devices: []api.Device{
 				{Name: "eth0", Ifindex: 2, TC: "tcx", XDP: "native", LinkIDs: []uint32{21, 22, 23}, Replaced: true},
 				{Name: "eth1", Ifindex: 3, TC: "tc", XDP: "disabled", XDPError: "native XDP refused: operation not supported"},
@@ -116,6 +117,7 @@ func TestAgentCommandsTable(t *testing.T) {
 			"OK", "--lb-mode=dsr (accepted, no effect)",
 			"NorthSouth:", "eth0 (tcx, XDP native), eth1 (tc, no XDP)", "Mode:", "SNAT",
 			"Maglev (Maglev table size: 16381)", "XDP acceleration:", "best-effort",
+			"Flow cache:", "1024 sets × 4 ways per CPU",
 			"ifindex 2, links 21,22,23, programs replaced in pinned links",
 			"every 30s, 3 runs, 7 ct and 2 nat entries deleted", "eth1: native XDP refused: operation not supported; tc only",
 			"PerPacketLB:", "Enabled (--socket-lb=false)", "on 2 pod veths: [veth-pod1, ifindex 9]"}},

@@ -28,6 +28,11 @@ type NorthSouthOptions struct {
 	// (lbmap.ConfigureMaglev); every node must use the same. A zero size
 	// is maglev.DefaultTableSize.
 	MaglevTableSize, MaglevSeed uint32
+	// FlowCacheSets sizes each program's per-CPU flow cache (sets of
+	// lbmap.FlowCacheWays entries); 0 = lbmap.DefaultFlowCacheSets.
+	// NoFlowCache turns it off.
+	FlowCacheSets uint32
+	NoFlowCache   bool
 	// Logf, when not nil, gets a line for each pinned map whose entries
 	// are taken over into a new layout or size (migratePins).
 	Logf func(format string, args ...any)
@@ -42,7 +47,8 @@ type NorthSouth struct {
 	ct  *lbmap.CT
 	nat *lbmap.NAT
 
-	maglevSize uint32
+	maglevSize    uint32
+	flowCacheSets uint32 // per CPU and program; 0: no flow cache
 	// devices are the attachments of AttachDevices (attach.go).
 	devices []*deviceAttachment
 	// migrations are pinned maps taken over on load (migrate.go), whose
@@ -92,8 +98,15 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 	sizes[lbmap.NATMapName] = orDefault(opts.NATEntries, defaultNSEntries)
 
 	maglevSize := orDefault(opts.MaglevTableSize, maglev.DefaultTableSize)
+	flowSets := orDefault(opts.FlowCacheSets, lbmap.DefaultFlowCacheSets)
+	if opts.NoFlowCache {
+		flowSets = 0
+	}
 	for _, spec := range []*ebpf.CollectionSpec{tcSpec, xdpSpec} {
 		if err := lbmap.ConfigureMaglev(spec, maglevSize, opts.MaglevSeed); err != nil {
+			return nil, fmt.Errorf("load north-south LB: %w", err)
+		}
+		if err := lbmap.ConfigureFlowCache(spec, flowSets); err != nil {
 			return nil, fmt.Errorf("load north-south LB: %w", err)
 		}
 	}
@@ -101,7 +114,7 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 		return nil, err
 	}
 
-	n := &NorthSouth{maglevSize: maglevSize, logf: opts.Logf}
+	n := &NorthSouth{maglevSize: maglevSize, flowCacheSets: flowSets, logf: opts.Logf}
 	objs := []struct {
 		name string
 		spec *ebpf.CollectionSpec
@@ -193,6 +206,10 @@ func (n *NorthSouth) Programs() NorthSouthPrograms {
 		XDPIngress: n.xdp.XdpLbIngress,
 	}
 }
+
+// FlowCacheSets is the size of each program's per-CPU flow cache in sets
+// of lbmap.FlowCacheWays entries; 0 when it is off.
+func (n *NorthSouth) FlowCacheSets() uint32 { return n.flowCacheSets }
 
 // Maps returns the shared LB maps (the same pins as the socket LB's).
 func (n *NorthSouth) Maps() lbmap.Maps { return n.lb }

@@ -44,7 +44,7 @@ func cacheEntry(t *testing.T, m *ebpf.Map, src, dst netip.AddrPort, proto, dir u
 	t.Helper()
 	key := lbmap.CTTuple{SAddr: lbmap.AddrFrom(src.Addr()), DAddr: lbmap.AddrFrom(dst.Addr()),
 		SPort: lbmap.PortFrom(src.Port()), DPort: lbmap.PortFrom(dst.Port()), Proto: proto, Dir: dir}
-	set := lbmap.FlowCacheSetOf(key)
+	set := lbmap.FlowCacheSetOf(key, lbmap.DefaultFlowCacheSets)
 	var sets []lbmap.FlowCacheSet
 	must(t, m.Lookup(&set, &sets))
 	for _, s := range sets {
@@ -262,7 +262,7 @@ func TestPrivilegedNorthSouthFlowCacheTakeover(t *testing.T) {
 			for p := uint16(47000); len(ports) < lbmap.FlowCacheWays+1; p++ {
 				key := lbmap.CTTuple{SAddr: lbmap.AddrFrom(ipClient), DAddr: lbmap.AddrFrom(apLBUDP.Addr()),
 					SPort: lbmap.PortFrom(p), DPort: lbmap.PortFrom(apLBUDP.Port()), Proto: bpftest.UDP}
-				set := lbmap.FlowCacheSetOf(key)
+				set := lbmap.FlowCacheSetOf(key, lbmap.DefaultFlowCacheSets)
 				if want == 0xffffffff {
 					want = set
 				}
@@ -297,4 +297,65 @@ func TestPrivilegedNorthSouthFlowCacheTakeover(t *testing.T) {
 			}
 		})
 	})
+}
+
+// The cache's size is the agent's (--bpf-lb-flow-cache-sets): with 16
+// sets a flow lands in the set lbmap.FlowCacheSetOf names for 16; with
+// none, every packet goes through conntrack and counts there, and the map
+// shrinks to one set.
+func TestPrivilegedNorthSouthFlowCacheSize(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opt  func(*NorthSouthOptions)
+		sets uint32
+	}{
+		{"16 sets", func(o *NorthSouthOptions) { o.FlowCacheSets = 16 }, 16},
+		{"off", func(o *NorthSouthOptions) { o.NoFlowCache = true }, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			n := newNorthSouthWith(t, c.opt)
+			kind := ingressKinds[1] // XDP
+			if n.FlowCacheSets() != c.sets {
+				t.Errorf("FlowCacheSets() = %d, want %d", n.FlowCacheSets(), c.sets)
+			}
+			if got, want := n.xdp.NsFlowCache.MaxEntries(), max(c.sets, 1); got != want {
+				t.Errorf("%s has %d sets, want %d", lbmap.FlowCacheMapName, got, want)
+			}
+			bpftest.InNewNetNS(t, func() {
+				onOneCPU(t, func() {
+					setupFIB(t)
+					prog := kind.prog(n)
+					cl := client(46200)
+					in := bpftest.Packet{Src: cl, Dst: apLBUDP, Proto: bpftest.UDP, TTL: 64, Payload: []byte("query")}
+					for range 4 {
+						if _, err := bpftest.Run(prog, in.MustBytes()); err != nil {
+							t.Fatal(err)
+						}
+					}
+					raw := rawCT(t, n, cl, apLBUDP, bpftest.UDP, lbmap.CTDirService)
+					if c.sets == 0 {
+						if raw.Packets != 4 {
+							t.Errorf("no cache: CT entry counts %d packets, want all 4", raw.Packets)
+						}
+						return
+					}
+					key := lbmap.CTTuple{SAddr: lbmap.AddrFrom(cl.Addr()), DAddr: lbmap.AddrFrom(apLBUDP.Addr()),
+						SPort: lbmap.PortFrom(cl.Port()), DPort: lbmap.PortFrom(apLBUDP.Port()), Proto: bpftest.UDP}
+					set := lbmap.FlowCacheSetOf(key, c.sets)
+					var sets []lbmap.FlowCacheSet
+					must(t, n.xdp.NsFlowCache.Lookup(&set, &sets))
+					found := false
+					for _, s := range sets {
+						for _, e := range s.Way {
+							found = found || (e.Key == key && e.Packets == 2)
+						}
+					}
+					if !found || raw.Packets != 2 {
+						t.Errorf("%d sets: entry with 2 packets in set %d: %v; CT entry %d packets, want 2",
+							c.sets, set, found, raw.Packets)
+					}
+				})
+			})
+		})
+	}
 }

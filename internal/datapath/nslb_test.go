@@ -110,6 +110,12 @@ var testMapSizes = MapSizes{Services: 1024, Backends: 1024, RevNat: 1024, SockRe
 
 func newNorthSouth(t *testing.T) *NorthSouth {
 	t.Helper()
+	return newNorthSouthWith(t, nil)
+}
+
+// newNorthSouthWith is newNorthSouth with options changed by opt first.
+func newNorthSouthWith(t *testing.T, opt func(*NorthSouthOptions)) *NorthSouth {
+	t.Helper()
 	probetest.SkipUnless(t, probe.BTF, probe.TC, probe.XDP, probe.ProgRun)
 	cleanNSLeftovers.Do(func() {
 		leftovers, _ := filepath.Glob("/sys/fs/bpf/" + nsTestPrefix + "*")
@@ -120,7 +126,11 @@ func newNorthSouth(t *testing.T) *NorthSouth {
 	var rnd [4]byte
 	rand.Read(rnd[:])
 	root := "/sys/fs/bpf/" + nsTestPrefix + hex.EncodeToString(rnd[:])
-	n, err := LoadNorthSouth(NorthSouthOptions{BPFRoot: root, Sizes: testMapSizes, CTEntries: 1024, NATEntries: 1024})
+	opts := NorthSouthOptions{BPFRoot: root, Sizes: testMapSizes, CTEntries: 1024, NATEntries: 1024}
+	if opt != nil {
+		opt(&opts)
+	}
+	n, err := LoadNorthSouth(opts)
 	if err != nil {
 		os.RemoveAll(root)
 		t.Fatal(err)

@@ -34,6 +34,7 @@ const (
 	tclbMapSnat              = "snat"
 	tclbProgTcLbEgress       = "tc_lb_egress"
 	tclbProgTcLbIngress      = "tc_lb_ingress"
+	tclbVarFcSetBits         = "fc_set_bits"
 	tclbVarLbMaglevHashSeed  = "lb_maglev_hash_seed"
 	tclbVarLbMaglevTableSize = "lb_maglev_table_size"
 )
@@ -110,6 +111,7 @@ type tclbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tclbVariableSpecs struct {
+	FcSetBits         *ebpf.VariableSpec `ebpf:"fc_set_bits"`
 	LbMaglevHashSeed  *ebpf.VariableSpec `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.VariableSpec `ebpf:"lb_maglev_table_size"`
 }
@@ -177,6 +179,7 @@ func (m *tclbMaps) Close() error {
 //
 // It can be passed to loadTclbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tclbVariables struct {
+	FcSetBits         *ebpf.Variable `ebpf:"fc_set_bits"`
 	LbMaglevHashSeed  *ebpf.Variable `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.Variable `ebpf:"lb_maglev_table_size"`
 }

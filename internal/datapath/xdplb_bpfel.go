@@ -34,6 +34,7 @@ const (
 	xdplbMapSnat              = "snat"
 	xdplbProgXdpCtClock       = "xdp_ct_clock"
 	xdplbProgXdpLbIngress     = "xdp_lb_ingress"
+	xdplbVarFcSetBits         = "fc_set_bits"
 	xdplbVarLbMaglevHashSeed  = "lb_maglev_hash_seed"
 	xdplbVarLbMaglevTableSize = "lb_maglev_table_size"
 )
@@ -110,6 +111,7 @@ type xdplbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdplbVariableSpecs struct {
+	FcSetBits         *ebpf.VariableSpec `ebpf:"fc_set_bits"`
 	LbMaglevHashSeed  *ebpf.VariableSpec `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.VariableSpec `ebpf:"lb_maglev_table_size"`
 }
@@ -177,6 +179,7 @@ func (m *xdplbMaps) Close() error {
 //
 // It can be passed to loadXdplbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdplbVariables struct {
+	FcSetBits         *ebpf.Variable `ebpf:"fc_set_bits"`
 	LbMaglevHashSeed  *ebpf.Variable `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.Variable `ebpf:"lb_maglev_table_size"`
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 
 	"github.com/cilium/ebpf"
 )
@@ -12,13 +13,51 @@ import (
 // (bpf/lib/flowcache.h). Each object has its own; it is not pinned.
 const FlowCacheMapName = "ns_flow_cache"
 
-// FlowCacheWays is NS_FLOW_WAYS, the entries of one set; FlowCacheSets is
-// NS_FLOW_SETS, the sets of each CPU.
+// FlowCacheWays is NS_FLOW_WAYS, the entries of one set.
+const FlowCacheWays = 4
+
+// Sets of each CPU's flow cache: DefaultFlowCacheSets unless configured
+// (ConfigureFlowCache), a power of two from MinFlowCacheSets to
+// MaxFlowCacheSets, or none.
 const (
-	FlowCacheWays    = 4
-	FlowCacheSets    = 1 << flowCacheSetBits
-	flowCacheSetBits = 10 // FC_SET_BITS
+	DefaultFlowCacheSets = 1024
+	MinFlowCacheSets     = 16
+	MaxFlowCacheSets     = 65536
 )
+
+// FlowCacheSetBitsVar is the global that holds log2 of the sets (0: no
+// cache), read-only once loaded.
+const FlowCacheSetBitsVar = "fc_set_bits"
+
+// ValidFlowCacheSets reports whether sets is a size ConfigureFlowCache
+// takes: 0 (no cache) or a power of two in range.
+func ValidFlowCacheSets(sets uint32) bool {
+	return sets == 0 || (sets >= MinFlowCacheSets && sets <= MaxFlowCacheSets && bits.OnesCount32(sets) == 1)
+}
+
+// ConfigureFlowCache sizes the flow cache of an object that includes
+// bpf/lib/flowcache.h before it is loaded: sets sets of FlowCacheWays
+// entries per CPU, or with 0 none (the programs then skip it, and the map
+// shrinks to one set).
+func ConfigureFlowCache(spec *ebpf.CollectionSpec, sets uint32) error {
+	if !ValidFlowCacheSets(sets) {
+		return fmt.Errorf("configure flow cache: %d sets: want 0 or a power of two from %d to %d",
+			sets, MinFlowCacheSets, MaxFlowCacheSets)
+	}
+	ms, ok := spec.Maps[FlowCacheMapName]
+	if !ok {
+		return fmt.Errorf("configure flow cache: no map %s in the object", FlowCacheMapName)
+	}
+	vs, ok := spec.Variables[FlowCacheSetBitsVar]
+	if !ok {
+		return fmt.Errorf("configure flow cache: no variable %s in the object", FlowCacheSetBitsVar)
+	}
+	ms.MaxEntries = max(sets, 1)
+	if err := vs.Set(uint32(bits.TrailingZeros32(sets)) % 32); err != nil {
+		return fmt.Errorf("configure flow cache: set %s: %w", FlowCacheSetBitsVar, err)
+	}
+	return nil
+}
 
 // FlowCacheEntry mirrors struct ns_flow: what an established masqueraded
 // flow's packets (Key.Dir CTDirService) or its replies (NATDirIngress)
@@ -133,12 +172,12 @@ func pendingEntries(caches []*ebpf.Map) ([]FlowCacheEntry, error) {
 }
 
 // FlowCacheSetOf is the set of the flow cache a packet with tuple key (its
-// addresses, ports and protocol as received) lands in: the datapath's
-// fc_hash and fc_set_index, for tests and tools.
-func FlowCacheSetOf(key CTTuple) uint32 {
+// addresses, ports and protocol as received) lands in, of sets (a power of
+// two): the datapath's fc_hash and fc_set_index, for tests and tools.
+func FlowCacheSetOf(key CTTuple, sets uint32) uint32 {
 	word := func(a Addr, i int) uint32 { return binary.NativeEndian.Uint32(a[4*i:]) }
 	s := word(key.SAddr, 0) ^ word(key.SAddr, 1) ^ word(key.SAddr, 2) ^ word(key.SAddr, 3)
 	d := word(key.DAddr, 0) ^ word(key.DAddr, 1) ^ word(key.DAddr, 2) ^ word(key.DAddr, 3)
 	h := (s ^ (d<<16 | d>>16) ^ (uint32(key.SPort)<<16 | uint32(key.DPort)) ^ uint32(key.Proto)) * 0x9e3779b1
-	return h >> (32 - flowCacheSetBits)
+	return h >> (32 - bits.TrailingZeros32(sets))
 }

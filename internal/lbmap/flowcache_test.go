@@ -66,14 +66,25 @@ func TestFlowCacheSetOfSpreads(t *testing.T) {
 	for port := uint16(10000); port < 10000+4096; port++ {
 		k := CTTuple{SAddr: AddrFrom(netip.MustParseAddr("198.18.0.2")), DAddr: AddrFrom(netip.MustParseAddr("198.18.0.11")),
 			SPort: PortFrom(port), DPort: PortFrom(30080), Proto: 17}
-		count[FlowCacheSetOf(k)]++
+		count[FlowCacheSetOf(k, DefaultFlowCacheSets)]++
 	}
 	most := 0
 	for _, n := range count {
 		most = max(most, n)
 	}
-	if len(count) < FlowCacheSets*95/100 || most > 16 {
+	if len(count) < DefaultFlowCacheSets*95/100 || most > 16 {
 		t.Errorf("4,096 flows in %d of %d sets, at most %d in one; want >= 95%% of the sets, <= 16 in one",
-			len(count), FlowCacheSets, most)
+			len(count), DefaultFlowCacheSets, most)
+	}
+}
+
+func TestValidFlowCacheSets(t *testing.T) {
+	for _, c := range []struct {
+		sets uint32
+		want bool
+	}{{0, true}, {16, true}, {1024, true}, {65536, true}, {8, false}, {1000, false}, {131072, false}, {1, false}} {
+		if got := ValidFlowCacheSets(c.sets); got != c.want {
+			t.Errorf("ValidFlowCacheSets(%d) = %v, want %v", c.sets, got, c.want)
+		}
 	}
 }

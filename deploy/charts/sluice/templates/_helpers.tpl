@@ -74,6 +74,7 @@ bpf-ct-timeout-regular-any: {{ .Values.bpf.ctTimeout.any | quote }}
 bpf-ct-timeout-regular-tcp: {{ .Values.bpf.ctTimeout.tcp | quote }}
 bpf-ct-timeout-regular-tcp-fin: {{ .Values.bpf.ctTimeout.tcpFin | quote }}
 bpf-ct-timeout-regular-tcp-syn: {{ .Values.bpf.ctTimeout.tcpSyn | quote }}
+bpf-lb-flow-cache-sets: {{ .Values.bpf.flowCacheSets | int64 | toString | quote }}
 bpf-lb-maglev-hash-seed: {{ .Values.maglev.hashSeed | int64 | toString | quote }}
 bpf-lb-maglev-table-size: {{ .Values.maglev.tableSize | int64 | toString | quote }}
 bpf-lb-map-max: {{ .Values.bpf.lbMapMax | int64 | toString | quote }}
