@@ -353,31 +353,30 @@ static __always_inline int ns_dsr_forward(struct __ctx_buff *ctx, struct ns_pkt 
 static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_pkt *p,
 					     const struct ns_config *cfg, __u32 now)
 {
-	const union lb_addr *client, *fe;
+	union lb_addr client __align_stack_8;
+	union lb_addr fe __align_stack_8;
 	const struct nat_entry *n;
 	struct bpf_fib_lookup fib;
 	struct ct_entry *e;
 	__be16 port, fe_port;
 	long rc;
 
-	/* The addresses are read in place, in the map values (RCU keeps
-	 * them for the program's run): this frame is the service path's. */
 	n = snat_lookup_reply(p);
 	if (!n)
 		return -1;
-	client = (const union lb_addr *)n->to_addr;
+	__builtin_memcpy(client.b, n->to_addr, sizeof(client.b));
 	port = n->to_port;
-	e = ct_lookup_reply_to(p, client, port);
+	e = ct_lookup_reply_to(p, &client, port);
 	if (!e)
 		return CTX_ACT_DROP;
 	ct_update(e, cfg, p, ctx_len(ctx), now, true);
-	fe = (const union lb_addr *)e->nat_addr;
+	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
 	fe_port = e->nat_port;
 	/* The route of the packet it becomes, kept in the ingress entry. */
-	rc = ns_fib(ctx, p, fe, fe_port, client, port, e, now, &fib);
+	rc = ns_fib(ctx, p, &fe, fe_port, &client, port, e, now, &fib);
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == NS_FIB_KEPT)
-		fc_record(p, NAT_DIR_INGRESS, fe, fe_port, client, port, e, now);
-	if (pkt_rewrite_nat(ctx, p, client, port, fe, fe_port))
+		fc_record(p, NAT_DIR_INGRESS, &fe, fe_port, &client, port, e, now);
+	if (pkt_rewrite_nat(ctx, p, &client, port, &fe, fe_port))
 		return CTX_ACT_DROP;
 	return ns_send(ctx, p, FWD_ROUTE, &fib, rc);
 }
