@@ -108,6 +108,9 @@ struct ns_flow {
 	__u64  bytes;
 	struct ct_fib fib;    /* how it leaves; fib.at: the CT second the entry
 			       * holds for (0: none) */
+	__u32  created;       /* its CT entry's: the counters go to that flow
+			       * only, not to a later one on the same tuple */
+	__u32  pad;
 };
 
 struct ns_flow_set {

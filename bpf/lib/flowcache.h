@@ -108,8 +108,9 @@ static __always_inline void fc_count(struct ct_entry *e, const struct ns_flow *f
 
 /* fc_flush gives the counters of f (before it holds another flow, or
  * ends) to its own flow's CT entry: the service entry, whose key f's is,
- * or for a reply the ingress entry, client -> backend. The key is built in
- * the per-CPU scratch (t). */
+ * or for a reply the ingress entry, client -> backend, if that is still
+ * the flow f was filled for (created). The key is built in the per-CPU
+ * scratch (t). */
 static __always_inline void fc_flush(struct ns_flow *f, struct ct_tuple *t)
 {
 	struct ct_entry *e;
@@ -129,19 +130,21 @@ static __always_inline void fc_flush(struct ns_flow *f, struct ct_tuple *t)
 		__builtin_memcpy(t, &f->key, sizeof(*t));
 	}
 	e = bpf_map_lookup_elem(&ct, t);
-	if (e)
+	if (e && e->created == f->created)
 		fc_count(e, f);
 	f->packets = 0;
 	f->bytes = 0;
 }
 
-/* fc_drop ends entry f before CT second now is over, its counters given
- * to its flow's CT entry: a packet that changes the flow's state (a TCP
- * FIN or RST, or a SYN that starts a new flow on the tuple, perhaps to
- * another backend) takes the conntrack path, and so do the packets after
- * it until the entry is filled again. A global function, verified once:
- * called on the hot path's rare branch, it keeps the service path's
- * frame as it is. */
+/* fc_drop ends entry f, its counters given to its flow's CT entry: a
+ * packet that may change the flow's state (a TCP FIN or RST, or a SYN that
+ * starts a new flow on the tuple, perhaps to another backend) takes the
+ * conntrack path, and so do the packets after it until the entry is filled
+ * again. Whether the entry holds for this CT second or an earlier one:
+ * its counters go to its own flow before conntrack may replace that flow
+ * with a new one on the same tuple. A global function, verified once:
+ * called on the hot path's rare branch, it keeps the service path's frame
+ * as it is. */
 __noinline int fc_drop(struct ns_flow *f)
 {
 	struct ct_scratch *s = ns_scratch();
@@ -177,19 +180,21 @@ static __always_inline struct ns_flow *fc_lookup(const struct ns_pkt *p, __u32 h
 			break;
 		}
 	}
-	if (!f || f->fib.at != now)
+	if (!f)
 		return NULL;
 	if (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST)) {
-		fc_drop(f);
+		if (f->fib.at || f->packets)
+			fc_drop(f);
 		return NULL;
 	}
-	return l3_len <= f->fib.max_len ? f : NULL;
+	return f->fib.at == now && l3_len <= f->fib.max_len ? f : NULL;
 }
 
 /* fc_steady: CT entry e (reply: an ingress entry) is in a state that no
  * packet the cache takes would change: fc_lookup refuses SYN, FIN and RST,
- * so for TCP that is an established flow, or a reply once one was seen
- * (ct_next_flags). */
+ * so for TCP that is an established flow, and for replies any entry not
+ * closing (the reply being recorded has just set SEEN_REPLY, the one flag
+ * a plain reply sets: ct_next_flags). */
 static __always_inline bool fc_steady(const struct ct_entry *e, __u8 proto, bool reply)
 {
 	__u16 flags = e->flags;
@@ -252,7 +257,8 @@ __noinline int fc_fill(struct ct_entry *e, __u32 hash)
 	}
 	if (f) {
 		if (f->packets) {
-			fc_count(e, f);
+			if (f->created == e->created)
+				fc_count(e, f);
 			f->packets = 0;
 			f->bytes = 0;
 		}
@@ -261,8 +267,16 @@ __noinline int fc_fill(struct ct_entry *e, __u32 hash)
 		if (f->packets)
 			fc_flush(f, &s->tuple);
 	}
+	/* Not valid while it changes (at last), as ns_fib_keep does: a
+	 * program that ran on this CPU in between (threaded NAPI, PREEMPT_RT)
+	 * never pairs the new key with the old way out. */
+	WRITE_ONCE(f->fib.at, 0);
+	barrier();
 	__builtin_memcpy(f, &s->flow, offsetof(struct ns_flow, packets));
-	__builtin_memcpy(&f->fib, &e->fib, sizeof(f->fib));
+	__builtin_memcpy(&f->fib, &e->fib, offsetof(struct ct_fib, at));
+	f->created = e->created;
+	barrier();
+	WRITE_ONCE(f->fib.at, now);
 	return 0;
 }
 

@@ -573,8 +573,7 @@ func (d *nodeDataplane) CollectGarbage() (gcResult, error) {
 	if r.natDeleted, err = d.ns.NAT().GC(d.ns.CT()); err != nil {
 		return r, err
 	}
-	recs, err := d.ns.CT().Dump()
-	r.ctEntries = len(recs)
+	r.ctEntries, err = d.ns.CT().Len()
 	return r, err
 }
 

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
@@ -145,9 +147,26 @@ func testFlowCache(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Prog
 	if raw := rawCT(t, n, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); raw.Packets != 2 {
 		t.Errorf("CT service entry counts %d packets, want 2 (SYN, ACK): the cache took the data", raw.Packets)
 	}
-	wantBytes := size(syn) + size(ack) + 3*size(data)
+	// A packet the cache may not send: with TTL 1 it goes to the stack
+	// (the conntrack path's verdict); one longer than the packet whose
+	// route was looked up goes through conntrack and the FIB (MTU check).
+	dying := data.With(func(p *bpftest.Packet) { p.TTL = 1 })
+	if res, err := bpftest.Run(prog, dying.MustBytes()); err != nil || kind.verdicts[res.Verdict] != vPass {
+		t.Errorf("TTL 1, same second: verdict %v (%v), want pass to the stack", kind.verdicts[res.Verdict], err)
+	}
+	longer := pkt(bpftest.ACK|bpftest.PSH, 200)
+	send("longer packet, same second", longer, vRedirect, out(longer).With(func(p *bpftest.Packet) {
+		if kind.name == "tc" { // looked up: the MACs are redirect_neigh's
+			p.SrcMAC, p.DstMAC = bpftest.MACClient, bpftest.MACNode
+		}
+	}))
+	if raw := rawCT(t, n, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); raw.Packets != 2+4+1 {
+		t.Errorf("after the longer packet: CT service entry counts %d packets, want 7 (SYN, ACK, the 4 the "+
+			"cache held, given back on refill, and the longer one)", raw.Packets)
+	}
+	wantBytes := size(syn) + size(ack) + 3*size(data) + size(dying) + size(longer)
 	checkCT(t, n, "dump after the data", c, apLBTCP, bpftest.TCP, lbmap.CTDirService,
-		ctWant{lbmap.CTFlagSYN | lbmap.CTFlagEstablished | lbmap.CTFlagSNAT, ctNow + lbmap.DefaultTCPEstTimeout, ctNow, 5, 0})
+		ctWant{lbmap.CTFlagSYN | lbmap.CTFlagEstablished | lbmap.CTFlagSNAT, ctNow + lbmap.DefaultTCPEstTimeout, ctNow, 7, 0})
 	if got, _ := ctEntry(t, n, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); got.Bytes != wantBytes {
 		t.Errorf("dump after the data: %d bytes, want %d", got.Bytes, wantBytes)
 	}
@@ -191,15 +210,15 @@ func testFlowCache(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Prog
 	must(t, n.tc.Ct.Put(&svcKey, &saved))
 
 	// A FIN takes conntrack, ends the entry and gives it its counters
-	// (3 data packets before the deletion and 1 after it).
+	// (the packet sent while the CT entry was gone).
 	fin := pkt(bpftest.FIN|bpftest.ACK, 0)
 	send("FIN", fin, vRedirect, out(fin))
 	if e, _ := cacheEntry(t, cache, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); e.FIB.At != 0 || e.Packets != 0 {
 		t.Errorf("after the FIN: cache entry at %d with %d packets, want ended (0) and counted", e.FIB.At, e.Packets)
 	}
-	if raw := rawCT(t, n, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); raw.Packets != 2+4+1 ||
+	if raw := rawCT(t, n, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); raw.Packets != 7+1+1 ||
 		raw.Flags&lbmap.CTFlagClosing == 0 {
-		t.Errorf("after the FIN: CT service entry %d packets, flags %s; want 7, CLOSING",
+		t.Errorf("after the FIN: CT service entry %d packets, flags %s; want 9, CLOSING",
 			raw.Packets, lbmap.CTFlagsString(raw.Flags))
 	}
 	// A closing flow is not cached again.
@@ -207,6 +226,94 @@ func testFlowCache(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Prog
 	if e, _ := cacheEntry(t, cache, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); e.FIB.At != 0 {
 		t.Errorf("after the FIN: the closing flow was cached again (at %d)", e.FIB.At)
 	}
+	// The backend's RST ends the reply entry: its one cached reply goes
+	// to the ingress entry, with the RST itself.
+	rst := reply.With(func(p *bpftest.Packet) { p.Flags, p.Payload = bpftest.RST|bpftest.ACK, nil })
+	if _, err := bpftest.Run(prog, rst.MustBytes()); err != nil {
+		t.Fatal(err)
+	}
+	if re, _ := cacheEntry(t, cache, apRemote, node, bpftest.TCP, lbmap.NATDirIngress); re.FIB.At != 0 || re.Packets != 0 {
+		t.Errorf("after the backend's RST: reply entry at %d with %d packets, want ended and counted", re.FIB.At, re.Packets)
+	}
+	if raw := rawCT(t, n, c, apRemote, bpftest.TCP, lbmap.CTDirIngress); raw.RxPackets != 3 {
+		t.Errorf("after the backend's RST: CT ingress entry counts %d replies, want 3", raw.RxPackets)
+	}
+}
+
+// A tuple that a client reuses for a new flow is a new flow in the cache
+// too: a RST ends the old flow's entry, and the SYN that opens the new
+// one in the same CT second takes conntrack, which picks the backend the
+// Service has now; the new flow's packets never take the old translation.
+// And a flow whose tuple comes back after its CT entry died starts from
+// zero: the old entry's counters went to the old flow when the SYN came.
+func TestPrivilegedNorthSouthFlowCacheTupleReuse(t *testing.T) {
+	apRemote2 := netip.MustParseAddrPort("198.18.2.11:8080")
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		onOneCPU(t, func() {
+			setupFIB(t)
+			cache := flowCache(n, kind)
+			c := client(46300)
+			pkt := func(flags uint8) bpftest.Packet {
+				return bpftest.Packet{Src: c, Dst: apLBTCP, Proto: bpftest.TCP, Flags: flags, TTL: 64,
+					Payload: make([]byte, 50)}
+			}
+			run := func(step string, p bpftest.Packet) bpftest.Result {
+				t.Helper()
+				res, err := bpftest.Run(prog, p.MustBytes())
+				if err != nil {
+					t.Fatalf("%s: %v", step, err)
+				}
+				return res
+			}
+			dstOf := func(res bpftest.Result) netip.AddrPort {
+				pk := gopacket.NewPacket(res.Frame, layers.LayerTypeEthernet, gopacket.Default)
+				ip, _ := pk.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+				tcp, _ := pk.Layer(layers.LayerTypeTCP).(*layers.TCP)
+				if ip == nil || tcp == nil {
+					t.Fatalf("output is no IPv4 TCP packet:\n%s", bpftest.Describe(res.Frame))
+				}
+				a, _ := netip.AddrFromSlice(ip.DstIP.To4())
+				return netip.AddrPortFrom(a, uint16(tcp.DstPort))
+			}
+			open := func(step string) {
+				t.Helper()
+				run(step+": SYN", pkt(bpftest.SYN))
+				run(step+": ACK", pkt(bpftest.ACK))
+				run(step+": data", pkt(bpftest.ACK|bpftest.PSH))
+				if e, ok := cacheEntry(t, cache, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); !ok || e.Packets != 1 {
+					t.Fatalf("%s: cache entry %v (found %v), want the data packet in it", step, e, ok)
+				}
+			}
+			open("first flow")
+			run("RST", pkt(bpftest.RST|bpftest.ACK))
+			must(t, n.Maps().UpdateBackend(2, lbmap.BackendValue{Addr: lbmap.AddrFrom(apRemote2.Addr()),
+				Port: lbmap.PortFrom(apRemote2.Port()), Proto: bpftest.TCP}))
+			open("same tuple, same second, backend changed")
+			if got := dstOf(run("new flow's data", pkt(bpftest.ACK|bpftest.PSH))); got != apRemote2 {
+				t.Errorf("the new flow's data went to %s, want the Service's backend now, %s", got, apRemote2)
+			}
+			if raw := rawCT(t, n, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); raw.Packets != 2 {
+				t.Errorf("new flow: CT entry counts %d packets, want 2 (SYN, ACK; the data in the cache)", raw.Packets)
+			}
+
+			// Past the flow's lifetime the tuple comes back: the SYN gives
+			// the stale entry's 2 packets to the old CT entry before
+			// conntrack replaces it, and the new flow counts from zero.
+			later := uint64(ctNow + lbmap.DefaultTCPEstTimeout + 1)
+			setClock(t, n, later)
+			before := rawCT(t, n, c, apLBTCP, bpftest.TCP, lbmap.CTDirService)
+			run("after expiry: SYN", pkt(bpftest.SYN))
+			if e, _ := cacheEntry(t, cache, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); e.Packets != 0 || e.FIB.At != 0 {
+				t.Errorf("after expiry, SYN: stale entry at %d with %d packets, want ended", e.FIB.At, e.Packets)
+			}
+			run("after expiry: ACK", pkt(bpftest.ACK))
+			after := rawCT(t, n, c, apLBTCP, bpftest.TCP, lbmap.CTDirService)
+			if after.Created != uint32(later) || after.Packets != 2 || before.Packets != 2 {
+				t.Errorf("after expiry: new CT entry created %d with %d packets (old one had %d); want created %d, 2 packets",
+					after.Created, after.Packets, before.Packets, later)
+			}
+		})
+	})
 }
 
 // A UDP flow: its second packet fills the entry, the third takes it; in

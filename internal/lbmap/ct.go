@@ -167,7 +167,8 @@ type CTRecord struct {
 // Dump returns every entry, its counters including what the flow caches
 // hold for it (the packets of its current CT second, or of a flow that
 // stopped sending since). The map is an LRU that changes while it is read:
-// the result is a snapshot at best.
+// the result is a snapshot at best, and a counter may lag by what a flow
+// cache gave its CT entry between the two reads.
 func (c *CT) Dump() ([]CTRecord, error) {
 	recs, err := c.dump()
 	if err != nil {
@@ -179,6 +180,12 @@ func (c *CT) Dump() ([]CTRecord, error) {
 	}
 	addPending(recs, pending)
 	return recs, nil
+}
+
+// Len returns how many entries the map holds (no flow cache read).
+func (c *CT) Len() (int, error) {
+	recs, err := c.dump()
+	return len(recs), err
 }
 
 func (c *CT) dump() ([]CTRecord, error) {

@@ -72,6 +72,8 @@ type FlowCacheEntry struct {
 	Packets uint32
 	Bytes   uint64
 	FIB     CTFIB
+	Created uint32 // its CT entry's: the counters belong to that flow only
+	Pad     uint32
 }
 
 // FlowCacheSet mirrors struct ns_flow_set.
@@ -96,15 +98,23 @@ type pendingCounts struct {
 	packets, bytes, rxPackets, rxBytes uint64
 }
 
+// pendingKey names the flow counters belong to: its CT key and when it
+// was created (a later flow on the same tuple is another one).
+type pendingKey struct {
+	key     CTTuple
+	created uint32
+}
+
 // addPending adds to each record what the flow cache entries hold for it.
 func addPending(recs []CTRecord, entries []FlowCacheEntry) {
-	pending := make(map[CTTuple]pendingCounts)
+	pending := make(map[pendingKey]pendingCounts)
 	for _, e := range entries {
 		if e.Packets == 0 && e.Bytes == 0 {
 			continue
 		}
 		key, reply := e.CTKey()
-		p := pending[key]
+		pk := pendingKey{key, e.Created}
+		p := pending[pk]
 		if reply {
 			p.rxPackets += uint64(e.Packets)
 			p.rxBytes += e.Bytes
@@ -112,13 +122,13 @@ func addPending(recs []CTRecord, entries []FlowCacheEntry) {
 			p.packets += uint64(e.Packets)
 			p.bytes += e.Bytes
 		}
-		pending[key] = p
+		pending[pk] = p
 	}
 	if len(pending) == 0 {
 		return
 	}
 	for i := range recs {
-		p, ok := pending[recs[i].Key]
+		p, ok := pending[pendingKey{recs[i].Key, recs[i].Entry.Created}]
 		if !ok {
 			continue
 		}

@@ -22,10 +22,10 @@ func TestAddPending(t *testing.T) {
 	ingress := tuple("198.18.0.2:40000", "198.18.2.10:8080", CTDirIngress)
 	other := tuple("198.18.0.2:40001", "198.19.200.1:80", CTDirService)
 	client, frontend := ap("198.18.0.2:40000"), ap("198.19.200.1:80")
-	fwd := FlowCacheEntry{Key: service, Packets: 3, Bytes: 300}
+	fwd := FlowCacheEntry{Key: service, Packets: 3, Bytes: 300, Created: 7}
 	reply := FlowCacheEntry{Key: tuple("198.18.2.10:8080", "198.18.0.11:33000", NATDirIngress),
 		SAddr: AddrFrom(frontend.Addr()), SPort: PortFrom(frontend.Port()),
-		DAddr: AddrFrom(client.Addr()), DPort: PortFrom(client.Port()), Packets: 2, Bytes: 140}
+		DAddr: AddrFrom(client.Addr()), DPort: PortFrom(client.Port()), Packets: 2, Bytes: 140, Created: 7}
 
 	if got, isReply := reply.CTKey(); got != ingress || !isReply {
 		t.Errorf("reply entry's CT key = %s (reply %v), want %s", got, isReply, ingress)
@@ -35,18 +35,20 @@ func TestAddPending(t *testing.T) {
 	}
 
 	recs := []CTRecord{
-		{Key: service, Entry: CTEntry{Packets: 2, Bytes: 120}},
-		{Key: ingress, Entry: CTEntry{RxPackets: 1, RxBytes: 70}},
-		{Key: other, Entry: CTEntry{Packets: 1, Bytes: 60}},
+		{Key: service, Entry: CTEntry{Packets: 2, Bytes: 120, Created: 7}},
+		{Key: ingress, Entry: CTEntry{RxPackets: 1, RxBytes: 70, Created: 7}},
+		{Key: other, Entry: CTEntry{Packets: 1, Bytes: 60, Created: 9}},
 	}
 	// A second CPU's entry for the same flow adds up; an entry without
-	// counters and one whose CT entry is gone change nothing.
-	addPending(recs, []FlowCacheEntry{fwd, reply, {Key: service, Packets: 1, Bytes: 100},
-		{Key: other}, {Key: tuple("198.18.0.2:40002", "198.19.200.1:80", CTDirService), Packets: 9, Bytes: 900}})
+	// counters, one whose CT entry is gone, and one of an earlier flow on
+	// the same tuple (created before) change nothing.
+	addPending(recs, []FlowCacheEntry{fwd, reply, {Key: service, Packets: 1, Bytes: 100, Created: 7},
+		{Key: other, Created: 9}, {Key: other, Packets: 5, Bytes: 500, Created: 8},
+		{Key: tuple("198.18.0.2:40002", "198.19.200.1:80", CTDirService), Packets: 9, Bytes: 900, Created: 7}})
 	want := []CTEntry{
-		{Packets: 6, Bytes: 520},
-		{RxPackets: 3, RxBytes: 210},
-		{Packets: 1, Bytes: 60},
+		{Packets: 6, Bytes: 520, Created: 7},
+		{RxPackets: 3, RxBytes: 210, Created: 7},
+		{Packets: 1, Bytes: 60, Created: 9},
 	}
 	for i, r := range recs {
 		if r.Entry != want[i] {
