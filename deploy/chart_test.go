@@ -535,6 +535,7 @@ func TestSluiceChartRejects(t *testing.T) {
 		{"device too long", []string{"devices={averyveryverylongname}"}, []string{"/devices/0", "averyveryverylongname"}},
 		{"nodePortRange reversed", []string{"nodePortRange=32767-30000"}, []string{`nodePortRange="32767-30000"`, "MIN <= MAX"}},
 		{"nodePortRange port 0", []string{"nodePortRange=0-100"}, []string{`nodePortRange="0-100"`}},
+		{"nodePortRange leaves no nat ports", []string{"nodePortRange=30000-65000"}, []string{`nodePortRange="30000-65000"`, "for SNAT"}},
 		{"nodePortRange text", []string{"nodePortRange=any"}, []string{"/nodePortRange", "does not match"}},
 		{"bpf.root outside bpffs", []string{"bpf.root=/var/lib/sluice"}, []string{"/bpf/root", "/var/lib/sluice"}},
 		{"syncPeriod", []string{"syncPeriod=5 minutes"}, []string{"/syncPeriod", "5 minutes"}},

@@ -215,6 +215,9 @@ func (c *Config) Validate() error {
 
 	if r, err := ParsePortRange(c.NodePortRange); err != nil {
 		bad("node-port-range", quoteEmpty(c.NodePortRange), "%v", err)
+	} else if uint32(r[1]) > 65535-minSNATPorts {
+		bad("node-port-range", c.NodePortRange, "want MAX at most %d: the ports above it are for SNAT (at least %d)",
+			65535-minSNATPorts, minSNATPorts)
 	} else {
 		c.nodePortRange = r
 	}
@@ -299,6 +302,18 @@ func (c *Config) SlogLevel() slog.Level {
 		return slog.LevelError
 	}
 	return slog.LevelInfo
+}
+
+// minSNATPorts is the fewest nat ports SNATPortRange may leave: flows to
+// one backend address and port share them.
+const minSNATPorts = 1024
+
+// SNATPortRange is the range the datapath takes nat ports from for
+// masqueraded flows: above the NodePort range, and never below 32768 (as
+// Cilium does), so that a reply to a nat port is never mistaken for a
+// packet to a NodePort.
+func SNATPortRange(nodePorts [2]uint16) [2]uint16 {
+	return [2]uint16{max(32768, nodePorts[1]+1), 65535}
 }
 
 // ParsePortRange parses "MIN-MAX" (or a single port).

@@ -129,6 +129,8 @@ func TestConfigInvalid(t *testing.T) {
 		{"node-port-range reversed", []string{"--node-port-range=32000-31000"}, "--node-port-range=32000-31000: MIN 32000 is above MAX 31000"},
 		{"node-port-range syntax", []string{"--node-port-range=30000:32767"}, "--node-port-range=30000:32767: want MIN-MAX"},
 		{"node-port-range zero", []string{"--node-port-range=0-10"}, "--node-port-range=0-10: want MIN-MAX"},
+		{"node-port-range leaves no nat ports", []string{"--node-port-range=30000-65000"},
+			"--node-port-range=30000-65000: want MAX at most 64511: the ports above it are for SNAT (at least 1024)"},
 		{"bpf-lb-map-max small", []string{"--bpf-lb-map-max=1"}, "--bpf-lb-map-max=1: want 16 to"},
 		{"bpf-lb-map-max syntax", []string{"--bpf-lb-map-max=lots"}, `invalid argument "lots" for "--bpf-lb-map-max"`},
 		{"sync-period-min negative", []string{"--sync-period-min=-1s"}, "--sync-period-min=-1s: want 0 to 1m"},
@@ -194,6 +196,22 @@ func TestParsePortRange(t *testing.T) {
 	for _, in := range []string{"", "-", "a-b", "0-1", "1-65536", "5-4"} {
 		if got, err := ParsePortRange(in); err == nil {
 			t.Errorf("ParsePortRange(%q) = %v, want an error", in, got)
+		}
+	}
+}
+
+// The nat ports lie above the NodePort range and never below 32768.
+func TestSNATPortRange(t *testing.T) {
+	for _, c := range []struct {
+		nodePorts, want [2]uint16
+	}{
+		{[2]uint16{30000, 32767}, [2]uint16{32768, 65535}}, // the default
+		{[2]uint16{1000, 2000}, [2]uint16{32768, 65535}},
+		{[2]uint16{30000, 40000}, [2]uint16{40001, 65535}},
+		{[2]uint16{60000, 64511}, [2]uint16{64512, 65535}},
+	} {
+		if got := SNATPortRange(c.nodePorts); got != c.want {
+			t.Errorf("SNATPortRange(%v) = %v, want %v", c.nodePorts, got, c.want)
 		}
 	}
 }

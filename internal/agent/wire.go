@@ -249,9 +249,13 @@ func resolveDevices(names []string) ([]datapath.Device, error) {
 }
 
 // SetNodeConfig writes the tc/XDP configuration: the mode, the node's
-// addresses as SNAT sources and the conntrack timeouts.
+// addresses as SNAT sources, the nat ports (above the NodePort range) and
+// the conntrack timeouts.
 func (d *nodeDataplane) SetNodeConfig(nodeIPs []netip.Addr) error {
+	snatPorts := SNATPortRange(d.cfg.nodePortRange)
 	c := lbmap.NSConfig{
+		SNATPortMin:     snatPorts[0],
+		SNATPortMax:     snatPorts[1],
 		Mode:            map[string]uint32{"snat": lbmap.ModeSNAT, "dsr": lbmap.ModeDSR, "hybrid": lbmap.ModeHybrid}[d.cfg.LBMode],
 		TCPSynTimeout:   uint32(d.cfg.CTTimeoutSYN / time.Second),
 		TCPEstTimeout:   uint32(d.cfg.CTTimeoutTCP / time.Second),

@@ -50,6 +50,9 @@ Checks a JSON schema cannot express; each failure names the value.
 {{- if or (lt $lo 1) (gt $hi 65535) (gt $lo $hi) -}}
 {{- fail (printf "nodePortRange=%q: want MIN-MAX with ports 1 to 65535 and MIN <= MAX" .Values.nodePortRange) -}}
 {{- end -}}
+{{- if gt $hi 64511 -}}
+{{- fail (printf "nodePortRange=%q: want MAX at most 64511: the ports above it are for SNAT (at least 1024)" .Values.nodePortRange) -}}
+{{- end -}}
 {{- if and .Values.metrics.enabled (eq (int .Values.metrics.port) (int .Values.healthz.port)) -}}
 {{- fail (printf "metrics.port=%d: the same port as healthz.port" (int .Values.metrics.port)) -}}
 {{- end -}}
