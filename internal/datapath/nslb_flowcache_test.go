@@ -3,11 +3,13 @@ package datapath
 import (
 	"net"
 	"net/netip"
+	"os"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
@@ -465,4 +467,57 @@ func TestPrivilegedNorthSouthFlowCacheSize(t *testing.T) {
 			})
 		})
 	}
+}
+
+// IPv6 takes the cache as IPv4 does: a UDP flow through an IPv6
+// LoadBalancer IP to a remote backend ([fd00:198:18::2] ->
+// [fd00:198:19:c8::1]:53 -> [fd00:198:18:2::10]:5353, masqueraded from
+// fd00:198:18::11, route fd00:198:18:2::/64 via node 2, fd00:198:18::12).
+// Its third packet leaves from the cache exactly as the second did from
+// conntrack, hop limit decremented and the UDP checksum right.
+func TestPrivilegedNorthSouthFlowCacheIPv6(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		onOneCPU(t, func() {
+			ifindex := setupFIB(t)
+			dev, err := netlink.LinkByIndex(ifindex)
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr, _ := netlink.ParseAddr("fd00:198:18::11/64")
+			addr.Flags = unix.IFA_F_NODAD
+			must(t, netlink.AddrAdd(dev, addr))
+			node2 := net.ParseIP("fd00:198:18::12")
+			must(t, netlink.NeighAdd(&netlink.Neigh{LinkIndex: ifindex, Family: netlink.FAMILY_V6,
+				State: netlink.NUD_PERMANENT, IP: node2, HardwareAddr: macRemoteNode}))
+			_, dst, _ := net.ParseCIDR("fd00:198:18:2::/64")
+			must(t, netlink.RouteAdd(&netlink.Route{Dst: dst, Gw: node2, LinkIndex: ifindex}))
+			must(t, os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0))
+
+			cache := flowCache(n, kind)
+			c := client6(46400)
+			in := bpftest.Packet{Src: c, Dst: apLBUDP6, Proto: bpftest.UDP, TTL: 64, Payload: []byte("query")}
+			if _, err := bpftest.Run(prog, in.MustBytes()); err != nil {
+				t.Fatal(err)
+			}
+			port := natPort(t, n, c, apRemoteU6, bpftest.UDP)
+			out := in.With(func(p *bpftest.Packet) {
+				p.Src, p.Dst, p.TTL = netip.AddrPortFrom(ipNode6, port), apRemoteU6, 63
+				p.SrcMAC, p.DstMAC = bpftest.MACNode, macRemoteNode
+			})
+			lookedUp := out
+			if kind.name == "tc" {
+				lookedUp = out.With(func(p *bpftest.Packet) { p.SrcMAC, p.DstMAC = bpftest.MACClient, bpftest.MACNode })
+			}
+			runPacket(t, kind, prog, "second packet: conntrack, fills the entry", in, vRedirect, lookedUp)
+			if e, ok := cacheEntry(t, cache, c, apLBUDP6, bpftest.UDP, lbmap.CTDirService); !ok || e.FIB.At != ctNow ||
+				e.SAddr.NetIP() != ipNode6 || e.DAddr.NetIP() != apRemoteU6.Addr() {
+				t.Fatalf("after the second packet: cache entry %v (found %v), want %s:%d -> %s at %d",
+					e, ok, ipNode6, port, apRemoteU6, ctNow)
+			}
+			runPacket(t, kind, prog, "third packet: from the cache", in, vRedirect, out)
+			if e, _ := cacheEntry(t, cache, c, apLBUDP6, bpftest.UDP, lbmap.CTDirService); e.Packets != 1 {
+				t.Errorf("after the third packet: cache entry counts %d packets, want 1", e.Packets)
+			}
+		})
+	})
 }
