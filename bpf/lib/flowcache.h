@@ -79,19 +79,32 @@ static __always_inline struct ns_flow_set *fc_set(__u32 hash)
 	return bpf_map_lookup_elem(&ns_flow_cache, &idx);
 }
 
-/* fc_match: f is the entry of p's tuple. A tuple is either a client's
- * (to a frontend) or a backend's reply (to a nat port, outside the
- * NodePort range), never both, so the direction need not be compared.
- * The ports first: flows from one client differ only there. */
+/* fc_same_tuple: tuples a and b have the same addresses, ports and
+ * protocol. A tuple is either a client's (to a frontend) or a backend's
+ * reply (to a nat port, which the agent keeps above the NodePort range),
+ * never both, so the direction need not be compared. The ports first:
+ * flows from one client differ only there. */
+static __always_inline bool fc_same_tuple(const struct ct_tuple *a, const struct ct_tuple *b)
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+
+	return a->sport == b->sport && a->dport == b->dport && a->proto == b->proto &&
+	       x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3];
+}
+
+/* A parsed packet starts as a tuple does (addresses, ports, protocol), so
+ * it is compared as one. */
+_Static_assert(offsetof(struct ns_pkt, saddr) == offsetof(struct ct_tuple, saddr) &&
+	       offsetof(struct ns_pkt, daddr) == offsetof(struct ct_tuple, daddr) &&
+	       offsetof(struct ns_pkt, sport) == offsetof(struct ct_tuple, sport) &&
+	       offsetof(struct ns_pkt, dport) == offsetof(struct ct_tuple, dport) &&
+	       offsetof(struct ns_pkt, proto) == offsetof(struct ct_tuple, proto),
+	       "struct ns_pkt must start as struct ct_tuple does");
+
+/* fc_match: f is the entry of p's tuple. */
 static __always_inline bool fc_match(const struct ns_flow *f, const struct ns_pkt *p)
 {
-	const union lb_addr *s = (const union lb_addr *)f->key.saddr;
-	const union lb_addr *d = (const union lb_addr *)f->key.daddr;
-
-	return f->key.sport == p->sport && f->key.dport == p->dport &&
-	       f->key.proto == p->proto &&
-	       s->d[0] == p->saddr.d[0] && s->d[1] == p->saddr.d[1] &&
-	       d->d[0] == p->daddr.d[0] && d->d[1] == p->daddr.d[1];
+	return fc_same_tuple(&f->key, (const struct ct_tuple *)p);
 }
 
 /* fc_count adds what the entry took to the flow's CT entry e. */
@@ -106,11 +119,23 @@ static __always_inline void fc_count(struct ct_entry *e, const struct ns_flow *f
 	}
 }
 
+/* fc_give gives the counters of f to CT entry e, its flow's, if that is
+ * still the flow f was filled for (created; not a later one on the same
+ * tuple), and empties them. */
+static __always_inline void fc_give(struct ct_entry *e, struct ns_flow *f)
+{
+	if (!f->packets)
+		return;
+	if (e && e->created == f->created)
+		fc_count(e, f);
+	f->packets = 0;
+	f->bytes = 0;
+}
+
 /* fc_flush gives the counters of f (before it holds another flow, or
  * ends) to its own flow's CT entry: the service entry, whose key f's is,
- * or for a reply the ingress entry, client -> backend, if that is still
- * the flow f was filled for (created). The key is built in the per-CPU
- * scratch (t). */
+ * or for a reply the ingress entry, client -> backend (fc_give). The key
+ * is built in the per-CPU scratch (t). */
 static __always_inline void fc_flush(struct ns_flow *f, struct ct_tuple *t)
 {
 	struct ct_entry *e;
@@ -130,10 +155,7 @@ static __always_inline void fc_flush(struct ns_flow *f, struct ct_tuple *t)
 		__builtin_memcpy(t, &f->key, sizeof(*t));
 	}
 	e = bpf_map_lookup_elem(&ct, t);
-	if (e && e->created == f->created)
-		fc_count(e, f);
-	f->packets = 0;
-	f->bytes = 0;
+	fc_give(e, f);
 }
 
 /* fc_drop ends entry f, its counters given to its flow's CT entry: a
@@ -206,16 +228,6 @@ static __always_inline bool fc_steady(const struct ct_entry *e, __u8 proto, bool
 	return proto != IPPROTO_TCP || (flags & CT_F_ESTABLISHED);
 }
 
-/* fc_same: entries a and b hold the same tuple. */
-static __always_inline bool fc_same(const struct ct_tuple *a, const struct ct_tuple *b)
-{
-	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
-
-	/* dir and the padding differ by direction only (fc_match) */
-	return a->sport == b->sport && a->dport == b->dport && a->proto == b->proto &&
-	       x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3];
-}
-
 /* fc_fill records the flow staged by fc_record in the scratch's flow (the
  * packet's tuple, direction, and what it becomes) in the cache, in set
  * hash, with where it goes: the FIB result its CT entry e kept this CT
@@ -248,7 +260,7 @@ __noinline int fc_fill(struct ct_entry *e, __u32 hash)
 		struct ns_flow *w = &set->way[i];
 
 		barrier();
-		if (fc_same(&w->key, &s->flow.key)) {
+		if (fc_same_tuple(&w->key, &s->flow.key)) {
 			f = w;
 			break;
 		}
@@ -256,12 +268,7 @@ __noinline int fc_fill(struct ct_entry *e, __u32 hash)
 			stale = w;
 	}
 	if (f) {
-		if (f->packets) {
-			if (f->created == e->created)
-				fc_count(e, f);
-			f->packets = 0;
-			f->bytes = 0;
-		}
+		fc_give(e, f);
 	} else {
 		f = stale ? stale : &set->way[(hash >> (30 - fc_set_bits)) & (NS_FLOW_WAYS - 1)];
 		if (f->packets)

@@ -381,14 +381,12 @@ static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_p
 	return ns_send(ctx, p, FWD_ROUTE, &fib, rc);
 }
 
-/* ns_cached sends p (before translation) as the flow cache's entry f for
- * it says: both sides rewritten, the TTL decremented, out with the MACs of
+/* ns_cached sends p (before translation, len bytes) as the flow cache's
+ * entry f for it says: both sides rewritten, the TTL decremented, out with the MACs of
  * the FIB result its flow kept this CT second. */
 static __always_inline int ns_cached(struct __ctx_buff *ctx, struct ns_pkt *p,
-				     struct ns_flow *f)
+				     struct ns_flow *f, __u32 len)
 {
-	__u32 len = ctx_len(ctx);
-
 	if (pkt_rewrite_nat(ctx, p, (const union lb_addr *)f->daddr, f->dport,
 			    (const union lb_addr *)f->saddr, f->sport))
 		return CTX_ACT_DROP;
@@ -512,7 +510,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		struct ns_flow *f = fc_lookup(p, fc_hash(p), now, len - p->l3_off);
 
 		if (f)
-			return ns_cached(ctx, p, f);
+			return ns_cached(ctx, p, f, len);
 #endif /* SLUICE_POD_LB */
 		e = ns_established(p, now, &n);
 		if (e) {

@@ -42,12 +42,17 @@ func flowCache(n *NorthSouth, kind attachKind) *ebpf.Map {
 	return n.tc.NsFlowCache
 }
 
+// tuple is the key of src -> dst, proto, in direction dir.
+func tuple(src, dst netip.AddrPort, proto, dir uint8) lbmap.CTTuple {
+	return lbmap.CTTuple{SAddr: lbmap.AddrFrom(src.Addr()), DAddr: lbmap.AddrFrom(dst.Addr()),
+		SPort: lbmap.PortFrom(src.Port()), DPort: lbmap.PortFrom(dst.Port()), Proto: proto, Dir: dir}
+}
+
 // cacheEntry returns the flow cache entry, on any CPU, for packets src ->
 // dst of proto in direction dir, and whether there is one.
 func cacheEntry(t *testing.T, m *ebpf.Map, src, dst netip.AddrPort, proto, dir uint8) (lbmap.FlowCacheEntry, bool) {
 	t.Helper()
-	key := lbmap.CTTuple{SAddr: lbmap.AddrFrom(src.Addr()), DAddr: lbmap.AddrFrom(dst.Addr()),
-		SPort: lbmap.PortFrom(src.Port()), DPort: lbmap.PortFrom(dst.Port()), Proto: proto, Dir: dir}
+	key := tuple(src, dst, proto, dir)
 	set := lbmap.FlowCacheSetOf(key, lbmap.DefaultFlowCacheSets)
 	var sets []lbmap.FlowCacheSet
 	must(t, m.Lookup(&set, &sets))
@@ -65,8 +70,7 @@ func cacheEntry(t *testing.T, m *ebpf.Map, src, dst netip.AddrPort, proto, dir u
 // the flow caches hold for it (CT.Dump adds that).
 func rawCT(t *testing.T, n *NorthSouth, src, dst netip.AddrPort, proto, dir uint8) lbmap.CTEntry {
 	t.Helper()
-	key := lbmap.CTTuple{SAddr: lbmap.AddrFrom(src.Addr()), DAddr: lbmap.AddrFrom(dst.Addr()),
-		SPort: lbmap.PortFrom(src.Port()), DPort: lbmap.PortFrom(dst.Port()), Proto: proto, Dir: dir}
+	key := tuple(src, dst, proto, dir)
 	var e lbmap.CTEntry
 	if err := n.tc.Ct.Lookup(&key, &e); err != nil {
 		t.Fatalf("ct entry %s: %v", key, err)
@@ -201,8 +205,7 @@ func testFlowCache(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Prog
 	// service entry gone, its packet still leaves translated, and
 	// conntrack, which would have made a new entry, never saw it.
 	saved := rawCT(t, n, c, apLBTCP, bpftest.TCP, lbmap.CTDirService)
-	svcKey := lbmap.CTTuple{SAddr: lbmap.AddrFrom(c.Addr()), DAddr: lbmap.AddrFrom(apLBTCP.Addr()),
-		SPort: lbmap.PortFrom(c.Port()), DPort: lbmap.PortFrom(apLBTCP.Port()), Proto: bpftest.TCP, Dir: lbmap.CTDirService}
+	svcKey := tuple(c, apLBTCP, bpftest.TCP, lbmap.CTDirService)
 	must(t, n.tc.Ct.Delete(&svcKey))
 	send("data, same second, CT entry gone", data, vRedirect, out(data))
 	var none lbmap.CTEntry
@@ -369,9 +372,8 @@ func TestPrivilegedNorthSouthFlowCacheTakeover(t *testing.T) {
 			var ports []uint16
 			want := uint32(0xffffffff)
 			for p := uint16(47000); len(ports) < lbmap.FlowCacheWays+1; p++ {
-				key := lbmap.CTTuple{SAddr: lbmap.AddrFrom(ipClient), DAddr: lbmap.AddrFrom(apLBUDP.Addr()),
-					SPort: lbmap.PortFrom(p), DPort: lbmap.PortFrom(apLBUDP.Port()), Proto: bpftest.UDP}
-				set := lbmap.FlowCacheSetOf(key, lbmap.DefaultFlowCacheSets)
+				set := lbmap.FlowCacheSetOf(tuple(client(p), apLBUDP, bpftest.UDP, lbmap.CTDirService),
+					lbmap.DefaultFlowCacheSets)
 				if want == 0xffffffff {
 					want = set
 				}
@@ -448,8 +450,7 @@ func TestPrivilegedNorthSouthFlowCacheSize(t *testing.T) {
 						}
 						return
 					}
-					key := lbmap.CTTuple{SAddr: lbmap.AddrFrom(cl.Addr()), DAddr: lbmap.AddrFrom(apLBUDP.Addr()),
-						SPort: lbmap.PortFrom(cl.Port()), DPort: lbmap.PortFrom(apLBUDP.Port()), Proto: bpftest.UDP}
+					key := tuple(cl, apLBUDP, bpftest.UDP, lbmap.CTDirService)
 					set := lbmap.FlowCacheSetOf(key, c.sets)
 					var sets []lbmap.FlowCacheSet
 					must(t, n.xdp.NsFlowCache.Lookup(&set, &sets))
