@@ -163,6 +163,7 @@ type Agent struct {
 	ns           *api.NorthSouth   // after the devices are attached
 	nodeIPs      []netip.Addr      // this node's InternalIPs: SNAT sources
 	nodeIPsDirty bool
+	warnings     warnings // what status shows under Warnings
 }
 
 func newAgent(cfg *Config, log *slog.Logger, src Source, dp dataplane, pl pipeline, features []api.Feature) *Agent {
@@ -459,6 +460,7 @@ func (a *Agent) OnPodUpdate(prev, cur *corev1.Pod) {
 func (a *Agent) Status(context.Context) (*api.Status, error) {
 	a.mu.Lock()
 	sum, syncState, points, healthz := a.sum, a.sync, a.attachPoints, a.healthz
+	warns := a.warnings.list()
 	a.mu.Unlock()
 	return &api.Status{
 		NodeName:   a.cfg.NodeName,
@@ -478,6 +480,7 @@ func (a *Agent) Status(context.Context) (*api.Status, error) {
 		ObjectErrors:   sum.ObjectErrors,
 		NotImplemented: a.notImplemented(),
 		HealthCheck:    a.healthCheckStatus(healthz),
+		Warnings:       warns,
 	}, nil
 }
 

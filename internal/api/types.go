@@ -51,6 +51,21 @@ type Status struct {
 
 	// HealthCheck is kube-proxy's health checking as the agent serves it.
 	HealthCheck *HealthCheck `json:"healthCheck,omitempty"`
+
+	// Warnings are settings or conditions that lose traffic or state
+	// silently unless someone acts (a private bpffs, XDP on a veth whose
+	// peer cannot receive it, a full map), each with its fix.
+	Warnings []Warning `json:"warnings,omitempty"`
+}
+
+// Warning is one condition the operator should fix, as the agent's log
+// reports it once when it appears.
+type Warning struct {
+	// Subsystem is where it applies: "bpffs", "xdp", "maps", "dsr", ...
+	Subsystem string    `json:"subsystem"`
+	Message   string    `json:"message"`
+	Fix       string    `json:"fix,omitempty"`
+	Since     time.Time `json:"since,omitzero"`
 }
 
 // HealthCheck describes the proxier health server and the Services' health

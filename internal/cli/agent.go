@@ -284,6 +284,7 @@ func writeStatus(w io.Writer, st *api.Status) error {
 
 	line("Node", "%s", st.NodeName)
 	line("Version", "%s", st.Version)
+	writeWarnings(tw, line, st.Warnings)
 	health := "Ok"
 	switch {
 	case !st.Source.Synced:
@@ -360,6 +361,21 @@ func writeStatus(w io.Writer, st *api.Status) error {
 		line("Not implemented yet", "%s (accepted, no effect)", strings.Join(st.NotImplemented, " "))
 	}
 	return tw.Flush()
+}
+
+// writeWarnings prints what loses traffic or state unless someone acts,
+// first, so that nobody scrolls past it.
+func writeWarnings(tw io.Writer, line func(k, format string, args ...any), ws []api.Warning) {
+	if len(ws) == 0 {
+		return
+	}
+	line("Warnings", "%d", len(ws))
+	for _, w := range ws {
+		fmt.Fprintf(tw, "  %s\t%s\n", w.Subsystem, w.Message)
+		if w.Fix != "" {
+			fmt.Fprintf(tw, "  \t  fix: %s\n", w.Fix)
+		}
+	}
 }
 
 // writeHealthCheck prints the proxier health server and one row per
