@@ -38,8 +38,9 @@ func NewKernel(services, backends, revNat, nodeIPs *ebpf.Map) *Kernel {
 func update(m *ebpf.Map, name string, key, value any) error {
 	err := m.Update(key, value, ebpf.UpdateAny)
 	if errors.Is(err, unix.E2BIG) {
-		// A hash map answers E2BIG when it holds max_entries already.
-		return fmt.Errorf("update %s: map full (%d entries): %w", name, m.MaxEntries(), err)
+		// A hash map answers E2BIG when it holds max_entries already
+		// (cilium/ebpf words it "key too big for map").
+		return fmt.Errorf("update %s: %w", name, &MapFullError{Map: name, MaxEntries: int(m.MaxEntries())})
 	}
 	if err != nil {
 		return fmt.Errorf("update %s: %w", name, err)

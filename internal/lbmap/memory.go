@@ -6,11 +6,13 @@ import (
 	"sync"
 )
 
-// Memory is an in-memory Maps for unit tests. Capacity, when non-zero,
-// bounds the service map so that tests can exercise a full map.
+// Memory is an in-memory Maps for unit tests. Capacity and
+// BackendCapacity, when non-zero, bound the service and backend maps so
+// that tests can exercise a full map.
 type Memory struct {
-	mu       sync.Mutex
-	Capacity int
+	mu              sync.Mutex
+	Capacity        int
+	BackendCapacity int
 	Svcs     map[ServiceKey]ServiceValue
 	Bes      map[uint32]BackendValue
 	Revs     map[uint16]RevNatValue
@@ -36,7 +38,7 @@ func (m *Memory) UpdateService(k ServiceKey, v ServiceValue) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.Svcs[k]; !ok && m.Capacity > 0 && len(m.Svcs) >= m.Capacity {
-		return fmt.Errorf("update service entry: map full (%d entries)", m.Capacity)
+		return fmt.Errorf("update %s: %w", ServicesMapName, &MapFullError{Map: ServicesMapName, MaxEntries: m.Capacity})
 	}
 	m.Writes++
 	m.Svcs[k] = v
@@ -54,6 +56,9 @@ func (m *Memory) DeleteService(k ServiceKey) error {
 func (m *Memory) UpdateBackend(id uint32, v BackendValue) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if _, ok := m.Bes[id]; !ok && m.BackendCapacity > 0 && len(m.Bes) >= m.BackendCapacity {
+		return fmt.Errorf("update %s: %w", BackendsMapName, &MapFullError{Map: BackendsMapName, MaxEntries: m.BackendCapacity})
+	}
 	m.Writes++
 	m.Bes[id] = v
 	return nil

@@ -7,7 +7,10 @@ package lbmap
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net/netip"
+
+	"golang.org/x/sys/unix"
 )
 
 // Scopes of a service entry (LB_SCOPE_*).
@@ -105,6 +108,20 @@ type Config struct {
 	Flags           uint32
 	Pad             uint32
 }
+
+// MapFullError is an update refused because the map already holds
+// MaxEntries entries. Deleting entries, or a larger map, makes room.
+type MapFullError struct {
+	Map        string
+	MaxEntries int
+}
+
+func (e *MapFullError) Error() string {
+	return fmt.Sprintf("map %s full (%d entries)", e.Map, e.MaxEntries)
+}
+
+// Unwrap keeps errors.Is(err, unix.E2BIG) true, as the kernel answered.
+func (e *MapFullError) Unwrap() error { return unix.E2BIG }
 
 // Maps is what the agent's reconciler writes. The real implementation is
 // backed by pinned BPF maps; Memory backs unit tests.

@@ -399,7 +399,10 @@ func TestMaglevUpdateFailureKeepsMaster(t *testing.T) {
 		t.Errorf("master count %d after a failed table write, want the old 1", c)
 	}
 	m.tables.Size = testTableSize
-	mustApply(t, r, state(withMaglev(svc(web, lb.LoadBalancer, "198.19.200.1:80", nb(1), nb(2)))), map[types.NamespacedName]bool{})
+	if f := r.Failed(); !f[web] {
+		t.Fatalf("Failed() = %v, want %s to retry", f, web)
+	}
+	mustApply(t, r, state(withMaglev(svc(web, lb.LoadBalancer, "198.19.200.1:80", nb(1), nb(2)))), r.Failed())
 	if c := m.Svcs[svcKey("198.19.200.1:80", 0, 0)].Count; c != 2 {
 		t.Errorf("master count %d after the retry, want 2", c)
 	}

@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -118,6 +119,11 @@ type Reconciler struct {
 	srcRangeStale []staleSrcRange
 
 	needFull bool
+	// failed are the Services with a frontend whose write failed for a
+	// reason that may pass; freed counts the entries the current Apply
+	// deleted, room a full map may now have.
+	failed map[types.NamespacedName]bool
+	freed  int
 }
 
 // Option configures a Reconciler.
@@ -147,6 +153,7 @@ func New(m lbmap.Maps, nodeName string, opts ...Option) (*Reconciler, error) {
 		revNatOwner:   map[uint16]feKey{},
 		nextRevNat:    1,
 		nodeIPs:       map[lbmap.Addr]bool{},
+		failed:        map[types.NamespacedName]bool{},
 		needFull:      true,
 	}
 	for _, o := range opts {
@@ -271,9 +278,13 @@ func (r *Reconciler) installedRevNat(fe *frontend) uint16 {
 
 // Apply writes the difference between st and the installed state. It looks
 // only at the Services in changed, or at every Service when changed is nil or
-// the previous Apply failed. An error for one frontend (a full map, a
-// frontend claimed by two Services) does not stop the others; all errors are
-// returned joined, and the next Apply is a full sync that retries them.
+// an earlier Apply failed outside any one frontend. A frontend that cannot
+// be written (a full map, a frontend claimed by two Services) keeps what was
+// installed for it and does not stop the others: the error is an
+// *ApplyError listing each one. Services whose failure may pass are listed
+// by Failed until a later Apply writes them; the caller decides when to
+// retry them (passing them in changed), except that an Apply that frees
+// room in a map a frontend found full retries it at once.
 func (r *Reconciler) Apply(st *loadbalancer.State, changed map[types.NamespacedName]bool, nodesChanged bool) error {
 	if st == nil {
 		return errors.New("apply load balancer state: nil state")
@@ -288,6 +299,9 @@ func (r *Reconciler) Apply(st *loadbalancer.State, changed map[types.NamespacedN
 	} else {
 		names = sortedNames(changed)
 	}
+	r.freed = 0
+	ae := &ApplyError{}
+	var systemic []error
 
 	// Frontends that another Service takes over are handed over in place
 	// (no delete and re-add); other unwanted ones go first, freeing IDs and
@@ -298,25 +312,106 @@ func (r *Reconciler) Apply(st *loadbalancer.State, changed map[types.NamespacedN
 			claimed[keyOf(lbs.Frontend)] = true
 		}
 	}
-	errs := r.deleteUnwanted(st, names, full, claimed)
+	systemic = append(systemic, r.deleteUnwanted(st, names, full, claimed)...)
+	done := make(map[types.NamespacedName]bool, len(names))
 	for _, name := range names {
-		lbss := st.Services[name]
-		for i := range lbss {
-			if err := r.applyFrontend(st, name, &lbss[i]); err != nil {
-				errs = append(errs, err)
-			}
-		}
+		done[name] = true
+		delete(r.failed, name)
+		ae.Frontends = append(ae.Frontends, r.applyService(st, name)...)
 	}
-	errs = append(errs, r.deleteUnwanted(st, names, full, nil)...)
+	systemic = append(systemic, r.deleteUnwanted(st, names, full, nil)...)
+	if r.freed > 0 {
+		ae.Frontends = r.retryFull(st, done, ae.Frontends)
+	}
 	if full {
-		errs = append(errs, r.sweep())
+		systemic = append(systemic, r.sweep())
 	}
 	if full || nodesChanged {
-		errs = append(errs, r.syncNodeIPs(st.NodeIPs))
+		systemic = append(systemic, r.syncNodeIPs(st.NodeIPs))
 	}
-	err := errors.Join(errs...)
-	r.needFull = err != nil
-	return err
+	for _, fe := range ae.Frontends {
+		if fe.Retry {
+			r.failed[fe.Service] = true
+		}
+	}
+	ae.Err = errors.Join(systemic...)
+	r.needFull = ae.Err != nil
+	if ae.Err == nil && len(ae.Frontends) == 0 {
+		return nil
+	}
+	return ae
+}
+
+// applyService writes one Service's frontends and returns those that
+// failed.
+func (r *Reconciler) applyService(st *loadbalancer.State, name types.NamespacedName) []FrontendError {
+	var out []FrontendError
+	lbss := st.Services[name]
+	for i := range lbss {
+		if fe := r.applyFrontend(st, name, &lbss[i]); fe != nil {
+			out = append(out, *fe)
+		}
+	}
+	return out
+}
+
+// retryFull retries, once room was freed, the Services whose frontends
+// found a map full (in this Apply, or earlier and not looked at now), in
+// name order, until one finds a map full again: they fit in that order
+// or not at all, so trying the rest would only churn.
+func (r *Reconciler) retryFull(st *loadbalancer.State, done map[types.NamespacedName]bool, failed []FrontendError) []FrontendError {
+	retry := map[types.NamespacedName]bool{}
+	for name := range r.failed {
+		if !done[name] {
+			retry[name] = true
+		}
+	}
+	var kept []FrontendError
+	for _, fe := range failed {
+		if _, full := fe.MapFull(); full {
+			retry[fe.Service] = true
+		} else {
+			kept = append(kept, fe)
+		}
+	}
+	names := sortedNames(retry)
+	for i, name := range names {
+		delete(r.failed, name)
+		errs := r.applyService(st, name)
+		kept = append(kept, errs...)
+		if slices.ContainsFunc(errs, func(fe FrontendError) bool { _, full := fe.MapFull(); return full }) {
+			// Still full: the rest keep their earlier failure.
+			for _, later := range names[i+1:] {
+				if done[later] {
+					kept = append(kept, failedOf(failed, later)...)
+				} else {
+					r.failed[later] = true
+				}
+			}
+			break
+		}
+	}
+	return kept
+}
+
+// failedOf returns the failures of Service name in fs.
+func failedOf(fs []FrontendError, name types.NamespacedName) []FrontendError {
+	var out []FrontendError
+	for _, fe := range fs {
+		if fe.Service == name {
+			out = append(out, fe)
+		}
+	}
+	return out
+}
+
+// Failed returns the Services that have a frontend whose last write failed
+// for a reason that may pass (a full map, a failed write): the caller
+// retries them by naming them in Apply's changed.
+func (r *Reconciler) Failed() map[types.NamespacedName]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.failed)
 }
 
 // deleteUnwanted deletes the frontends that their owner no longer wants,
@@ -374,11 +469,17 @@ func desires(st *loadbalancer.State, name types.NamespacedName, k feKey) bool {
 	return false
 }
 
-func (r *Reconciler) applyFrontend(st *loadbalancer.State, name types.NamespacedName, lbs *loadbalancer.LBService) error {
+func (r *Reconciler) applyFrontend(st *loadbalancer.State, name types.NamespacedName, lbs *loadbalancer.LBService) *FrontendError {
 	k := keyOf(lbs.Frontend)
+	failed := func(err error, retry bool) *FrontendError {
+		return &FrontendError{Service: name, Name: lbs.Name, Type: lbs.Type, Frontend: lbs.Frontend, Err: err, Retry: retry}
+	}
 	fe := r.frontends[k]
 	if fe != nil && fe.owner != name && desires(st, fe.owner, k) {
-		return fmt.Errorf("service %s: frontend %s is already used by service %s", lbs.Name, lbs.Frontend, fe.owner)
+		return failed(fmt.Errorf("already used by service %s", fe.owner), true)
+	}
+	if n := len(lbs.Backends); n > maxSlots {
+		return failed(fmt.Errorf("%d backends, more than the %d slots a frontend has", n, maxSlots), false)
 	}
 	if fe == nil {
 		fe = &frontend{key: k}
@@ -387,9 +488,66 @@ func (r *Reconciler) applyFrontend(st *loadbalancer.State, name types.Namespaced
 	r.setOwner(fe, name)
 	fe.svc = *lbs
 	if err := r.syncFrontend(fe, lbs); err != nil {
-		return fmt.Errorf("service %s frontend %s: %w", lbs.Name, lbs.Frontend, err)
+		out := failed(err, true)
+		if full, ok := out.MapFull(); ok {
+			out.Need = r.need(fe, lbs, full.Map)
+		}
+		return out
 	}
 	return nil
+}
+
+// need estimates how many more entries of map name the frontend wants than
+// it holds: for the service map a master and a slot per backend in each
+// scope it needs, for the backend map its backends not installed yet.
+func (r *Reconciler) need(fe *frontend, lbs *loadbalancer.LBService, name string) int {
+	switch name {
+	case lbmap.ServicesMapName:
+		ext, in := r.scopeBackends(lbs)
+		want := 1 + len(ext)
+		if !sameBackends(ext, in) {
+			want += 1 + len(in)
+		}
+		have := 0
+		for _, s := range fe.scopes {
+			if s.hasMaster {
+				have++
+			}
+			for _, v := range s.slots {
+				if v.BackendID != 0 {
+					have++
+				}
+			}
+		}
+		return max(1, want-have)
+	case lbmap.BackendsMapName:
+		n := 0
+		for _, b := range lbs.Backends {
+			k := beKey{addr: lbmap.AddrFrom(b.Addr), port: lbmap.PortFrom(b.Port), proto: uint8(b.Proto)}
+			if be := r.backendOf[k]; be == nil || !be.installed {
+				n++
+			}
+		}
+		return max(1, n)
+	}
+	return 1
+}
+
+// sameBackends reports whether two scopes hold the same backends.
+func sameBackends(a, b []loadbalancer.Backend) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	in := make(map[netip.AddrPort]bool, len(a))
+	for _, x := range a {
+		in[x.AddrPort()] = true
+	}
+	for _, x := range b {
+		if !in[x.AddrPort()] {
+			return false
+		}
+	}
+	return true
 }
 
 func (r *Reconciler) setOwner(fe *frontend, name types.NamespacedName) {
@@ -431,9 +589,6 @@ func (r *Reconciler) syncFrontend(fe *frontend, lbs *loadbalancer.LBService) (er
 	}
 
 	extBackends, intBackends := r.scopeBackends(lbs)
-	if n := len(lbs.Backends); n > maxSlots {
-		return fmt.Errorf("%d backends, more than the %d slots a frontend has", n, maxSlots)
-	}
 	extIDs, err := r.ensureBackends(extBackends)
 	if err != nil {
 		return err
@@ -702,7 +857,7 @@ func (r *Reconciler) trimSlots(fe *frontend, sc uint8, n int) error {
 	s := &fe.scopes[sc]
 	for i := len(s.slots) - 1; i >= n; i-- {
 		if s.slots[i].BackendID != 0 {
-			if err := r.maps.DeleteService(fe.key.svcKey(sc, uint16(i+1))); err != nil {
+			if err := r.deleteService(fe.key.svcKey(sc, uint16(i+1))); err != nil {
 				return fmt.Errorf("delete %s slot %d: %w", scopeName(sc), i+1, err)
 			}
 			r.setSlot(fe, sc, i, lbmap.ServiceValue{})
@@ -747,12 +902,21 @@ func (r *Reconciler) writeMaster(fe *frontend, sc uint8, v lbmap.ServiceValue) e
 	return nil
 }
 
+// deleteService deletes one service map entry, counting the room freed.
+func (r *Reconciler) deleteService(k lbmap.ServiceKey) error {
+	if err := r.maps.DeleteService(k); err != nil {
+		return err
+	}
+	r.freed++
+	return nil
+}
+
 func (r *Reconciler) deleteMaster(fe *frontend, sc uint8) error {
 	s := &fe.scopes[sc]
 	if !s.hasMaster {
 		return nil
 	}
-	if err := r.maps.DeleteService(fe.key.svcKey(sc, 0)); err != nil {
+	if err := r.deleteService(fe.key.svcKey(sc, 0)); err != nil {
 		return fmt.Errorf("delete %s master: %w", scopeName(sc), err)
 	}
 	s.master, s.hasMaster = lbmap.ServiceValue{}, false
@@ -777,6 +941,7 @@ func (r *Reconciler) deleteUnused() error {
 				errs = append(errs, fmt.Errorf("delete backend %d: %w", id, err))
 				continue
 			}
+			r.freed++
 		}
 		delete(r.backends, id)
 		if r.backendOf[be.key] == be {
@@ -835,7 +1000,7 @@ func (r *Reconciler) deleteFrontend(fe *frontend) (err error) {
 func (r *Reconciler) sweep() error {
 	var errs []error
 	for _, k := range r.stale {
-		if err := r.maps.DeleteService(k); err != nil {
+		if err := r.deleteService(k); err != nil {
 			errs = append(errs, fmt.Errorf("delete stale service entry: %w", err))
 		}
 	}

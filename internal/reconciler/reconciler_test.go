@@ -7,6 +7,7 @@ package reconciler
 //   External/LB IPs    198.19.200.0/24
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"reflect"
@@ -586,9 +587,22 @@ func TestMapFullKeepsOthers(t *testing.T) {
 	st := state(a, bigger, c)
 	changed := map[types.NamespacedName]bool{web: true, other: true}
 	err := r.Apply(st, changed, false)
-	if err == nil || !strings.Contains(err.Error(), "default/web:http frontend 198.19.0.10:80/TCP") ||
-		!strings.Contains(err.Error(), "map full") {
-		t.Fatalf("Apply with a full map: error %v, want one naming default/web and the full map", err)
+	var ae *ApplyError
+	if !errors.As(err, &ae) || ae.Err != nil || len(ae.Frontends) != 1 || Systemic(err) {
+		t.Fatalf("Apply with a full map: error %v, want one frontend error and nothing systemic", err)
+	}
+	fe := ae.Frontends[0]
+	full, isFull := fe.MapFull()
+	if fe.Service != web || fe.Frontend.String() != "198.19.0.10:80/TCP" || !isFull ||
+		full.Map != lbmap.ServicesMapName || full.MaxEntries != m.Capacity || !fe.Retry || fe.Need != 2 {
+		t.Fatalf("frontend error %+v (full %+v), want default/web 198.19.0.10:80/TCP, %s full at %d, retry, 2 more entries needed",
+			fe, full, lbmap.ServicesMapName, m.Capacity)
+	}
+	if !strings.Contains(err.Error(), "service default/web:http frontend 198.19.0.10:80/TCP") {
+		t.Errorf("error text %q does not name the frontend", err)
+	}
+	if f := r.Failed(); len(f) != 1 || !f[web] {
+		t.Errorf("Failed() = %v, want only %s", f, web)
 	}
 	if _, ok := m.Svcs[svcKey("198.19.0.30:80", 0, 0)]; !ok {
 		t.Errorf("other Service not installed next to the failing one")
@@ -600,11 +614,18 @@ func TestMapFullKeepsOthers(t *testing.T) {
 		t.Errorf("failing Service has a master without its slots")
 	}
 
-	// Room again: the next Apply, even with nothing changed, is full and
-	// finishes web.
+	// An Apply of nothing does not retry on its own: the caller decides
+	// when (with backoff), by naming the failed Services.
 	m.Capacity = 0
-	if err := r.Apply(st, map[types.NamespacedName]bool{}, false); err != nil {
-		t.Fatalf("Apply after making room: %v", err)
+	mustApply(t, r, st, map[types.NamespacedName]bool{})
+	if _, ok := m.Svcs[svcKey("198.19.0.10:80", 0, 0)]; ok {
+		t.Fatalf("web installed by an Apply that did not name it")
+	}
+	if err := r.Apply(st, r.Failed(), false); err != nil {
+		t.Fatalf("retry after making room: %v", err)
+	}
+	if f := r.Failed(); len(f) != 0 {
+		t.Errorf("Failed() after a successful retry = %v", f)
 	}
 	if v := m.Svcs[svcKey("198.19.0.10:80", 0, 0)]; v.Count != 2 {
 		t.Errorf("web master after retry: %+v, want count 2", v)
@@ -654,15 +675,15 @@ func TestFrontendConflict(t *testing.T) {
 	b := svc(other, lb.ExternalIP, "198.19.200.1:80", be("198.18.1.6:8080", "node-1"))
 	// Services apply in name order: other claims it first.
 	err := r.Apply(state(a, b), nil, false)
-	want := "service default/web:http: frontend 198.19.200.1:80/TCP is already used by service default/other"
-	if err == nil || err.Error() != want {
+	want := "service default/web:http frontend 198.19.200.1:80/TCP: already used by service default/other"
+	if err == nil || err.Error() != want || Systemic(err) {
 		t.Fatalf("Apply with two Services on one frontend: %v, want %q", err, want)
 	}
 	if v := m.Svcs[svcKey("198.19.200.1:80", 0, 1)]; m.Bes[v.BackendID] != beVal("198.18.1.6:8080", lbmap.BackendFlagLocal) {
 		t.Errorf("frontend taken over by the second Service: %v", m.Bes)
 	}
-	// The owner leaves: the other one gets it on the next (full) sync.
-	mustApply(t, r, state(a), map[types.NamespacedName]bool{})
+	// The owner leaves: the other one gets it on the retry.
+	mustApply(t, r, state(a), map[types.NamespacedName]bool{other: true, web: true})
 	if v := m.Svcs[svcKey("198.19.200.1:80", 0, 1)]; m.Bes[v.BackendID] != beVal("198.18.1.5:8080", lbmap.BackendFlagLocal) {
 		t.Errorf("frontend not handed to the remaining Service: %v", m.Bes)
 	}
