@@ -13,10 +13,10 @@ type Memory struct {
 	mu              sync.Mutex
 	Capacity        int
 	BackendCapacity int
-	Svcs     map[ServiceKey]ServiceValue
-	Bes      map[uint32]BackendValue
-	Revs     map[uint16]RevNatValue
-	Nodes    map[Addr]struct{}
+	Svcs            map[ServiceKey]ServiceValue
+	Bes             map[uint32]BackendValue
+	Revs            map[uint16]RevNatValue
+	Nodes           map[Addr]struct{}
 	// Writes counts every update and delete, so tests can assert that an
 	// unchanged state causes no map writes.
 	Writes int
