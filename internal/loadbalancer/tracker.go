@@ -21,6 +21,9 @@ type State struct {
 	// Errors maps "Service ns/name" or "EndpointSlice ns/name" to the reason
 	// the object is refused. Its last good version stays in effect.
 	Errors map[string]string
+	// Conflicts are, per Service, the frontends it asks for that an older
+	// Service holds: they are left out of Services.
+	Conflicts map[types.NamespacedName][]Conflict
 }
 
 // Tracker records Service, EndpointSlice and Node changes as informer
@@ -38,7 +41,11 @@ type Tracker struct {
 	slices        map[types.NamespacedName]*discoveryv1.EndpointSlice // last good, by slice name
 	slicesOf      map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice
 	nodes         map[string]nodeInfo
-	state         *State
+	// translated is each Service's whole translation, before conflicts;
+	// claims indexes it by frontend.
+	translated map[types.NamespacedName][]LBService
+	claims     claimants
+	state      *State
 }
 
 // NewTracker returns a Tracker with an empty State.
@@ -52,11 +59,14 @@ func NewTracker(opts Options) *Tracker {
 		slices:        map[types.NamespacedName]*discoveryv1.EndpointSlice{},
 		slicesOf:      map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice{},
 		nodes:         map[string]nodeInfo{},
+		translated:    map[types.NamespacedName][]LBService{},
+		claims:        claimants{},
 		state: &State{
-			Services: map[types.NamespacedName][]LBService{},
-			NodeIPs:  map[netip.Addr]bool{},
-			Tunnels:  map[netip.Prefix]netip.Addr{},
-			Errors:   map[string]string{},
+			Services:  map[types.NamespacedName][]LBService{},
+			NodeIPs:   map[netip.Addr]bool{},
+			Tunnels:   map[netip.Prefix]netip.Addr{},
+			Errors:    map[string]string{},
+			Conflicts: map[types.NamespacedName][]Conflict{},
 		},
 	}
 }
@@ -166,8 +176,20 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 
 	changed = map[types.NamespacedName]bool{}
 	delete(dirty, types.NamespacedName{}) // slices without a Service label
+	// Translate, then settle who holds each frontend the translations
+	// touched: a Service's change can hand a frontend to, or take it from,
+	// another Service.
+	var touched []Frontend
 	for name := range dirty {
-		if t.translate(name) {
+		touched = append(touched, t.translate(name)...)
+	}
+	for _, f := range touched {
+		for _, name := range t.claims[f] {
+			dirty[name] = true
+		}
+	}
+	for name := range dirty {
+		if t.resolve(name) {
 			changed[name] = true
 		}
 	}
@@ -186,8 +208,10 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 	return t.state, changed, nodesChanged
 }
 
-// translate refreshes one Service's LBServices and reports whether they changed.
-func (t *Tracker) translate(name types.NamespacedName) bool {
+// translate refreshes one Service's whole translation and returns the
+// frontends whose claimants it changed. An invalid Service keeps its last
+// good translation.
+func (t *Tracker) translate(name types.NamespacedName) []Frontend {
 	key := ServiceObject(name.Namespace, name.Name)
 	var lbs []LBService
 	if svc := t.services[name]; svc != nil {
@@ -198,17 +222,11 @@ func (t *Tracker) translate(name types.NamespacedName) bool {
 		var err error
 		if lbs, err = Translate(svc, own, t.opts); err != nil {
 			t.state.Errors[key] = err.Error()
-			return false // the last good LBServices stay
+			return nil // the last good LBServices stay
 		}
 	}
 	delete(t.state.Errors, key)
-	old, had := t.state.Services[name]
-	if len(lbs) == 0 {
-		delete(t.state.Services, name)
-		return had
-	}
-	t.state.Services[name] = lbs
-	return !had || !reflect.DeepEqual(old, lbs)
+	return t.setTranslation(name, lbs)
 }
 
 // nodeInfo is what the load balancer needs of a Node.

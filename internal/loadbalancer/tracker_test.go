@@ -173,13 +173,15 @@ func TestTrackerSliceBeforeService(t *testing.T) {
 	})
 }
 
-func TestTrackerChangedIsMinimal(t *testing.T) {
-	ip := func(i int) func(*corev1.Service) {
-		return func(s *corev1.Service) {
-			s.Spec.ClusterIP = fmt.Sprintf("198.19.0.%d", i)
-			s.Spec.ClusterIPs = []string{s.Spec.ClusterIP}
-		}
+// ip gives a Service the ClusterIP 198.19.0.i.
+func ip(i int) func(*corev1.Service) {
+	return func(s *corev1.Service) {
+		s.Spec.ClusterIP = fmt.Sprintf("198.19.0.%d", i)
+		s.Spec.ClusterIPs = []string{s.Spec.ClusterIP}
 	}
+}
+
+func TestTrackerChangedIsMinimal(t *testing.T) {
 	a, b, c := named("a", ip(1)), named("b", ip(2)), named("c", ip(3))
 	aSlice := sliceFor("a", "a-1", ready("198.18.1.5", "node-1"))
 	moved := sliceFor("c", "a-1", ready("198.18.1.5", "node-1"))
@@ -413,7 +415,7 @@ func TestTrackerConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range 200 {
 				name := fmt.Sprintf("svc-%d-%d", g, i%10)
-				svc := named(name)
+				svc := named(name, ip(10*g+i%10+1)) // one ClusterIP each: no conflicts
 				tr.OnServiceUpdate(nil, svc)
 				tr.OnEndpointSliceUpdate(nil, sliceFor(name, name+"-1", ready("198.18.1.5", "node-1")))
 				tr.OnNodeUpdate(nil, node(fmt.Sprintf("node-%d", g), fmt.Sprintf("198.18.0.%d", 10+g)))

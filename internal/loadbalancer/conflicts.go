@@ -1,0 +1,106 @@
+package loadbalancer
+
+import (
+	"cmp"
+	"reflect"
+	"slices"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Conflict is a frontend a Service asks for that an older Service holds:
+// the younger one is skipped for that frontend and keeps the others.
+type Conflict struct {
+	Frontend Frontend
+	Type     FrontendType
+	Port     string // the ServicePort name of the skipped LBService
+	Winner   types.NamespacedName
+}
+
+// claimants keeps, per frontend, the Services whose translation asks for
+// it. A frontend asked for by two Services (an ExternalIP or LoadBalancer
+// IP:port/protocol, which the API server does not keep unique; anything in
+// a manifest directory) goes to the oldest: the earlier
+// metadata.creationTimestamp, then namespace/name, so that every node
+// picks the same one and a newcomer never takes over a working frontend.
+type claimants map[Frontend][]types.NamespacedName
+
+func (c claimants) add(f Frontend, name types.NamespacedName) {
+	if !slices.Contains(c[f], name) {
+		c[f] = append(c[f], name)
+	}
+}
+
+func (c claimants) remove(f Frontend, name types.NamespacedName) {
+	if i := slices.Index(c[f], name); i >= 0 {
+		c[f] = slices.Delete(c[f], i, i+1)
+		if len(c[f]) == 0 {
+			delete(c, f)
+		}
+	}
+}
+
+// olderThan orders Services for conflicts: earlier creationTimestamp first,
+// then namespace/name.
+func (t *Tracker) olderThan(a, b types.NamespacedName) int {
+	var ta, tb int64
+	if s := t.services[a]; s != nil {
+		ta = s.CreationTimestamp.UnixNano()
+	}
+	if s := t.services[b]; s != nil {
+		tb = s.CreationTimestamp.UnixNano()
+	}
+	return cmp.Or(cmp.Compare(ta, tb), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+}
+
+// winner is the Service that holds frontend f.
+func (t *Tracker) winner(f Frontend) types.NamespacedName {
+	return slices.MinFunc(t.claims[f], t.olderThan)
+}
+
+// setTranslation records name's whole translation and returns the
+// frontends whose claimants changed.
+func (t *Tracker) setTranslation(name types.NamespacedName, lbs []LBService) []Frontend {
+	var touched []Frontend
+	for _, l := range t.translated[name] {
+		t.claims.remove(l.Frontend, name)
+		touched = append(touched, l.Frontend)
+	}
+	for _, l := range lbs {
+		t.claims.add(l.Frontend, name)
+		touched = append(touched, l.Frontend)
+	}
+	if len(lbs) == 0 {
+		delete(t.translated, name)
+	} else {
+		t.translated[name] = lbs
+	}
+	return touched
+}
+
+// resolve sets name's LBServices in the State to those of its frontends it
+// holds, and its Conflicts to the others; it reports whether the
+// LBServices changed.
+func (t *Tracker) resolve(name types.NamespacedName) bool {
+	var held []LBService
+	var lost []Conflict
+	for _, l := range t.translated[name] {
+		if w := t.winner(l.Frontend); w != name {
+			lost = append(lost, Conflict{Frontend: l.Frontend, Type: l.Type, Port: l.Name.Port, Winner: w})
+			continue
+		}
+		held = append(held, l)
+	}
+	if len(lost) == 0 {
+		delete(t.state.Conflicts, name)
+	} else {
+		t.state.Conflicts[name] = lost
+	}
+	old, had := t.state.Services[name]
+	if len(held) == 0 {
+		delete(t.state.Services, name)
+		return had
+	}
+	t.state.Services[name] = held
+	return !had || !reflect.DeepEqual(old, held)
+}
