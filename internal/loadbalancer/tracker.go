@@ -15,8 +15,11 @@ type State struct {
 	Services map[types.NamespacedName][]LBService
 	// NodeIPs holds every node's InternalIPs; true marks this node's.
 	NodeIPs map[netip.Addr]bool
-	// Tunnels maps each other node's pod CIDRs to that node's InternalIP
-	// of the same family: where DSR sends a backend's traffic.
+	// Tunnels is where DSR sends a remote backend's traffic (tunnels.go):
+	// the other nodes' InternalIPs (to themselves) and pod CIDRs, and a
+	// host prefix per remote backend of a north-south frontend whose
+	// EndpointSlice nodeName places it where no pod CIDR does. It is
+	// updated in place; TakeTunnelChanges names what changed.
 	Tunnels map[netip.Prefix]netip.Addr
 	// Errors maps "Service ns/name" or "EndpointSlice ns/name" to the reason
 	// the object is refused. Its last good version stays in effect.
@@ -41,6 +44,7 @@ type Tracker struct {
 	slices        map[types.NamespacedName]*discoveryv1.EndpointSlice // last good, by slice name
 	slicesOf      map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice
 	nodes         map[string]nodeInfo
+	tunnels       *tunnelIndex // State.Tunnels, kept per backend (tunnels.go)
 	// translated is each Service's whole translation, before conflicts;
 	// claims indexes it by frontend.
 	translated map[types.NamespacedName][]LBService
@@ -205,6 +209,7 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 		clear(t.pendingNodes)
 		nodesChanged = t.rebuildNodeIPs()
 	}
+	t.tunnelIndex().setServices(t.state, changed)
 	return t.state, changed, nodesChanged
 }
 
@@ -235,32 +240,20 @@ type nodeInfo struct {
 	podCIDRs []netip.Prefix
 }
 
-// rebuildNodeIPs recomputes NodeIPs and Tunnels from the nodes and reports
-// whether either changed.
+// rebuildNodeIPs recomputes NodeIPs from the nodes, and the tunnels that
+// depend on them, and reports whether either changed.
 func (t *Tracker) rebuildNodeIPs() bool {
 	ips := map[netip.Addr]bool{}
-	tunnels := map[netip.Prefix]netip.Addr{}
 	for name, n := range t.nodes {
 		for _, a := range n.addrs {
 			ips[a] = ips[a] || name == t.opts.NodeName
 		}
-		if name == t.opts.NodeName {
-			continue
-		}
-		for _, cidr := range n.podCIDRs {
-			for _, a := range n.addrs {
-				if a.Is4() == cidr.Addr().Is4() {
-					tunnels[cidr] = a
-					break
-				}
-			}
-		}
 	}
-	if reflect.DeepEqual(ips, t.state.NodeIPs) && reflect.DeepEqual(tunnels, t.state.Tunnels) {
-		return false
+	tunnels := t.tunnelIndex().setNodes(t.nodes)
+	if reflect.DeepEqual(ips, t.state.NodeIPs) {
+		return tunnels
 	}
 	t.state.NodeIPs = ips
-	t.state.Tunnels = tunnels
 	return true
 }
 

@@ -367,45 +367,6 @@ func TestTrackerNodes(t *testing.T) {
 	}
 }
 
-// TestTrackerTunnels checks the DSR tunnel map: every other node's pod
-// CIDRs lead to its InternalIP of the same family; this node's do not.
-func TestTrackerTunnels(t *testing.T) {
-	a, p := netip.MustParseAddr, netip.MustParsePrefix
-	withCIDRs := func(n *corev1.Node, cidrs ...string) *corev1.Node {
-		n.Spec.PodCIDRs = cidrs
-		if len(cidrs) > 0 {
-			n.Spec.PodCIDR = cidrs[0]
-		}
-		return n
-	}
-	tr := NewTracker(Options{NodeName: "node1"})
-	tr.OnNodeUpdate(nil, withCIDRs(node("node1", "198.18.0.11", "fd00:198:18::11"), "198.18.1.0/24", "fd00:198:18:1::/64"))
-	tr.OnNodeUpdate(nil, withCIDRs(node("node2", "198.18.0.12", "fd00:198:18::12"), "198.18.2.0/24", "fd00:198:18:2::/64"))
-	// An IPv4-only node with a dual-stack pod range: no IPv6 tunnel for it.
-	tr.OnNodeUpdate(nil, withCIDRs(node("node3", "198.18.0.13"), "198.18.3.0/24", "fd00:198:18:3::/64"))
-	st, _, nodesChanged := tr.Sync()
-	want := map[netip.Prefix]netip.Addr{
-		p("198.18.2.0/24"):      a("198.18.0.12"),
-		p("fd00:198:18:2::/64"): a("fd00:198:18::12"),
-		p("198.18.3.0/24"):      a("198.18.0.13"),
-	}
-	if !nodesChanged || !reflect.DeepEqual(st.Tunnels, want) {
-		t.Fatalf("Tunnels = %v (nodesChanged %v), want %v (true)", st.Tunnels, nodesChanged, want)
-	}
-
-	// A pod CIDR change alone is a node change.
-	tr.OnNodeUpdate(nil, withCIDRs(node("node3", "198.18.0.13"), "198.18.33.0/24"))
-	st, _, nodesChanged = tr.Sync()
-	if _, ok := st.Tunnels[p("198.18.33.0/24")]; !nodesChanged || !ok {
-		t.Errorf("after node3's pod CIDR moved: Tunnels = %v, nodesChanged %v; want 198.18.33.0/24 and true", st.Tunnels, nodesChanged)
-	}
-	tr.OnNodeUpdate(node("node2", "198.18.0.12"), nil)
-	st, _, _ = tr.Sync()
-	if _, ok := st.Tunnels[p("198.18.2.0/24")]; ok {
-		t.Errorf("node2 deleted but its tunnel stays: %v", st.Tunnels)
-	}
-}
-
 // TestTrackerConcurrent drives callbacks from several goroutines while
 // syncing; run with -race.
 func TestTrackerConcurrent(t *testing.T) {
