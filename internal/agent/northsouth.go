@@ -86,6 +86,7 @@ func (a *Agent) startNorthSouth() error {
 	for _, n := range st.Notes {
 		a.log.Warn("north-south LB degraded", "note", n)
 	}
+	a.checkVethXDP()
 	return nil
 }
 
@@ -130,6 +131,7 @@ func (a *Agent) afterSync(full bool) error {
 	if !ok {
 		return nil
 	}
+	a.checkVethXDP() // a peer fixed (or broken) since
 	var errs []error
 	a.mu.Lock()
 	dirty := a.nodeIPsDirty

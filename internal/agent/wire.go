@@ -208,6 +208,31 @@ func (d *nodeDataplane) AttachDevices() ([]api.Device, error) {
 	return out, err
 }
 
+// VethXDP inspects the veths among the devices with native XDP, whose
+// peers xdpveth.go warns about.
+func (d *nodeDataplane) VethXDP() []vethXDP {
+	if d.ns == nil {
+		return nil
+	}
+	var out []vethXDP
+	for _, a := range d.ns.Devices() {
+		if a.XDP != datapath.XDPNative {
+			continue
+		}
+		veth, peer, err := datapath.InspectVeth(a.Ifindex)
+		if !veth {
+			continue
+		}
+		v := vethXDP{Device: a.Device, Peer: peer.Name, PeerNetnsID: peer.NetnsID, PeerXDP: peer.XDP,
+			PeerTxChecksumKnown: peer.TxChecksumKnown, PeerTxChecksum: peer.TxChecksum}
+		if err != nil {
+			v.PeerErr = err.Error()
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
 func apiDevice(a datapath.DeviceAttachment) api.Device {
 	dev := api.Device{Name: a.Device, Ifindex: a.Ifindex, TC: a.TC, XDP: string(a.XDP), Replaced: a.Replaced, XDPError: a.XDPError}
 	for _, id := range []uint32{a.IngressLinkID, a.EgressLinkID, a.XDPLinkID} {

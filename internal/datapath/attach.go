@@ -17,9 +17,13 @@ import (
 type XDPMode string
 
 const (
-	XDPDisabled   XDPMode = "disabled"
-	XDPNative     XDPMode = "native"      // driver mode; a refusal is an error
-	XDPBestEffort XDPMode = "best-effort" // driver mode, else tc only
+	XDPDisabled XDPMode = "disabled"
+	// XDPNative is driver mode; a refusal is an error. On a veth it works
+	// only when the peer and the senders are ready for it (veth.go).
+	XDPNative XDPMode = "native"
+	// XDPBestEffort is driver mode, else tc only; veths stay on tc
+	// (VethBestEffortReason).
+	XDPBestEffort XDPMode = "best-effort"
 	// XDPGeneric is generic (skb) XDP, for tests only: it runs after the
 	// skb is built and buys nothing over tc in production.
 	XDPGeneric XDPMode = "generic"
@@ -58,8 +62,9 @@ type DeviceAttachment struct {
 	EgressLinkID  uint32
 	XDP           XDPMode // XDPNative, XDPGeneric, or XDPDisabled when none is attached
 	XDPLinkID     uint32
-	// XDPError is why native XDP was refused (best-effort); tc handles
-	// the device alone.
+	// XDPError is why best-effort left the device without native XDP
+	// (the kernel refused it, or VethBestEffortReason); tc handles the
+	// device alone.
 	XDPError string
 	// Replaced: the device's programs were swapped into links an earlier
 	// agent pinned, rather than attached anew.
@@ -244,6 +249,13 @@ func (d *deviceAttachment) attachXDP(prog *ebpf.Program, opts DeviceOptions) err
 	want := opts.XDP
 	if want == XDPBestEffort {
 		want = XDPNative
+		veth, err := IsVeth(d.Ifindex)
+		if err != nil {
+			return fmt.Errorf("best-effort XDP: %w", err)
+		}
+		if veth { // tc only: an earlier agent's native link goes below
+			want, d.XDPError = XDPDisabled, VethBestEffortReason
+		}
 	}
 	// A pinned link of another mode cannot change mode in place: it goes.
 	for _, m := range []XDPMode{XDPNative, XDPGeneric} {
@@ -254,7 +266,7 @@ func (d *deviceAttachment) attachXDP(prog *ebpf.Program, opts DeviceOptions) err
 			return fmt.Errorf("unpin %s XDP link: %w", m, err)
 		}
 	}
-	if opts.XDP == XDPDisabled || opts.XDP == "" {
+	if want == XDPDisabled || want == "" {
 		return nil
 	}
 	flags := link.XDPDriverMode

@@ -61,7 +61,16 @@ func upCommand(prefix *string) *cobra.Command {
 	cmd.Flags().StringArrayVar(&cfg.KubeProxyArgs, "kube-proxy-arg", nil, "extra flag for every kube-proxy (repeatable)")
 	cmd.Flags().StringVar(&cfg.AgentBin, "agent-bin", "", "sluice-agent binary (default: next to this binary)")
 	cmd.Flags().StringVar(&cfg.LBMode, "lb-mode", LBModeSNAT, "agents' north-south mode on eth0: snat, dsr or hybrid")
-	cmd.Flags().StringVar(&cfg.LBAcceleration, "lb-acceleration", AccelerationBestEffort, "agents' XDP acceleration on eth0: disabled, native or best-effort")
+	cmd.Flags().StringVar(&cfg.LBAcceleration, "lb-acceleration", AccelerationBestEffort, "agents' XDP acceleration on eth0: disabled, native or best-effort (a veth: tc only)")
+	cmd.Flags().StringToStringVar(&cfg.NodeLBAcceleration, "node-lb-acceleration", nil,
+		"a node's own --lb-acceleration, e.g. node1=native (repeatable)")
+	cmd.Flags().BoolVar(&cfg.Veths.NoPeerXDP, "veth-no-peer-xdp", false,
+		"leave the nodes' eth0 peers without XDP_PASS: native XDP then loses XDP_TX frames (tests)")
+	cmd.Flags().StringVar(&cfg.Veths.Checksums, "veth-checksums", ChecksumsPeer,
+		"where TX checksum offload goes off: peer (the nodes' eth0 peers), senders (client, nodes, pods) or offload (nowhere: native XDP then forwards partial checksums)")
+	for _, f := range []string{"veth-no-peer-xdp", "veth-checksums"} {
+		_ = cmd.Flags().MarkHidden(f)
+	}
 	cmd.Flags().StringArrayVar(&cfg.AgentArgs, "agent-arg", nil, "extra flag for every agent (repeatable)")
 	return cmd
 }

@@ -37,3 +37,36 @@ func TestConfigNorthSouthDefaultsAndValidation(t *testing.T) {
 		})
 	}
 }
+
+func TestConfigNodeAccelerationAndVeths(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		node      map[string]string
+		checksums string
+		wantCsum  string
+		wantErr   string // substring; "" for none
+	}{
+		{"defaults: veths ready for native XDP", nil, "", ChecksumsPeer, ""},
+		{"native on node2, offload kept", map[string]string{"node2": AccelerationNative}, ChecksumsOffload, ChecksumsOffload, ""},
+		{"senders", map[string]string{"node1": AccelerationDisabled}, ChecksumsSenders, ChecksumsSenders, ""},
+		{"no such node", map[string]string{"node3": AccelerationNative}, "", "", `node "node3": no such node (node1..node2)`},
+		{"not a node name", map[string]string{"node01": AccelerationNative}, "", "", `node "node01"`},
+		{"bad value", map[string]string{"node1": "generic"}, "", "", `lb-acceleration "generic" of node1`},
+		{"bad checksums", nil, "nic", "", `veth checksums "nic"`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Config{Nodes: 2, NodeLBAcceleration: tt.node, Veths: VethPrep{Checksums: tt.checksums},
+				Exe: "/bin/true", AgentBin: "/bin/true"}
+			err := c.setDefaults()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("setDefaults(node acceleration %v, checksums %q) = %v, want an error naming %s", tt.node, tt.checksums, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || c.Veths.Checksums != tt.wantCsum {
+				t.Fatalf("setDefaults(node acceleration %v, checksums %q) = %v, checksums %q; want %q", tt.node, tt.checksums, err, c.Veths.Checksums, tt.wantCsum)
+			}
+		})
+	}
+}

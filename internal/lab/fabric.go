@@ -4,31 +4,72 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
+
+	"github.com/sluice-dataplane/sluice/internal/datapath"
 )
 
-// Two things make veths behave like the wire between real NICs for native
-// XDP on the nodes' eth0 (measured on Linux 6.18; see README.md):
+// Native XDP on a node's eth0, a veth, needs two things of the veth's
+// other end, the fabric port nN (drivers/net/veth.c as read in 6.1 and
+// 6.12, and measured on 6.18; internal/datapath/veth.go):
 //
-//   - XDP_TX (or XDP_REDIRECT) on a veth puts the frame straight into its
-//     peer's XDP ring, and the peer drains that ring only in NAPI mode, and
-//     is kicked at once only when it runs an XDP program itself
-//     (veth_xdp_flush). GRO alone enables NAPI but leaves the frames waiting
-//     for unrelated traffic. So the fabric side of every node's veth (nN)
-//     runs a minimal XDP_PASS program, attached in driver mode.
-//   - A veth hands on packets with CHECKSUM_PARTIAL: the L4 checksum holds
-//     only the pseudo-header sum, to be finished by "hardware" that never
-//     comes. XDP sees no skb metadata, so a packet it rewrites and
-//     transmits arrives with a bad checksum. So every lab endpoint that
-//     originates traffic (client, nodes, pods) computes checksums in
-//     software (TX checksum offload off), as a packet from a real NIC has.
+//   - XDP_TX puts the frame into nN's XDP ring, and only an XDP program on
+//     nN gets its NAPI kicked at once (veth_xdp_flush). Without NAPI (no
+//     XDP program, no GRO) nN refuses the frames; with GRO alone they wait
+//     for unrelated traffic. So nN runs a two-instruction XDP_PASS program,
+//     attached in driver mode.
+//   - A sender with TX checksum offload on (the veth default) leaves the L4
+//     checksum partial, and XDP's frames cannot carry that: the backend
+//     drops what XDP rewrote and sent on. Every packet to a node's eth0
+//     leaves through nN's xmit path, which finishes partial checksums when
+//     nN's own TX checksum offload is off: so that is off, and the senders
+//     keep theirs, as pods in a container cluster do.
+//
+// Config.Veths leaves either out, for the tests of what the agent says
+// then.
+
+// VethPrep is how the lab readies its veths for native XDP on the nodes'
+// eth0; the zero value is what it needs.
+type VethPrep struct {
+	// NoPeerXDP leaves the fabric ports (the nodes' eth0 peers) without
+	// the XDP_PASS program.
+	NoPeerXDP bool `json:"noPeerXDP,omitempty"`
+	// Checksums is where TX checksum offload goes off: ChecksumsPeer (the
+	// default), ChecksumsSenders or ChecksumsOffload.
+	Checksums string `json:"checksums,omitempty"`
+}
+
+// Where the lab turns TX checksum offload off (VethPrep.Checksums).
+const (
+	// ChecksumsPeer: on the fabric ports, which finish the checksum of
+	// every packet on its way to a node's eth0.
+	ChecksumsPeer = "peer"
+	// ChecksumsSenders: on the client's, nodes' and pods' eth0.
+	ChecksumsSenders = "senders"
+	// ChecksumsOffload: nowhere, the veth default.
+	ChecksumsOffload = "offload"
+)
+
+func (p VethPrep) String() string {
+	xdp := "XDP_PASS on the fabric ports"
+	if p.NoPeerXDP {
+		xdp = "no XDP program on the fabric ports"
+	}
+	csum := map[string]string{
+		ChecksumsPeer:    "TX checksum offload off on the fabric ports",
+		ChecksumsSenders: "TX checksum offload off on the senders (client, nodes, pods)",
+		ChecksumsOffload: "TX checksum offload on everywhere",
+	}[p.Checksums]
+	if csum == "" {
+		csum = "TX checksum offload off on the fabric ports"
+	}
+	return xdp + ", " + csum
+}
 
 // xdpPassInstructions is the whole program attached to the fabric ports.
 var xdpPassInstructions = asm.Instructions{
@@ -106,90 +147,56 @@ func XDPAttachedNative(ns, dev string) (bool, error) {
 	return native, err
 }
 
-// ethtoolValue is struct ethtool_value of linux/ethtool.h.
-type ethtoolValue struct {
-	cmd  uint32
-	data uint32
-}
-
-// ifreqData is struct ifreq with ifr_data set (40 bytes on 64-bit Linux).
-type ifreqData struct {
-	name [unix.IFNAMSIZ]byte
-	data unsafe.Pointer
-	_    [16]byte
-}
-
-// ethtool runs one ETHTOOL_{G,S}* value command on dev through socket fd;
-// the device name resolves in the socket's namespace.
-func ethtool(fd int, dev string, cmd, data uint32) (uint32, error) {
-	if len(dev) >= unix.IFNAMSIZ {
-		return 0, fmt.Errorf("interface name %q too long", dev)
-	}
-	v := ethtoolValue{cmd: cmd, data: data}
-	var ifr ifreqData
-	copy(ifr.name[:], dev)
-	ifr.data = unsafe.Pointer(&v)
-	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr)))
-	runtime.KeepAlive(&ifr)
-	runtime.KeepAlive(&v)
-	if errno != 0 {
-		return 0, errno
-	}
-	return v.data, nil
-}
-
-// withEthtool runs fn with a socket of the named namespace for ethtool.
-func withEthtool(ns string, fn func(fd int) error) error {
-	return inNetns(ns, func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("netns %s: socket for ethtool: %w", ns, err)
-		}
-		defer unix.Close(fd)
-		return fn(fd)
-	})
-}
-
-// disableTxChecksum turns TX checksum offload off for dev in the named
-// namespace and reads it back, so that a kernel that ignores the request is
-// reported, not assumed.
-func disableTxChecksum(ns, dev string) error {
-	return withEthtool(ns, func(fd int) error {
-		if _, err := ethtool(fd, dev, unix.ETHTOOL_STXCSUM, 0); err != nil {
-			return fmt.Errorf("netns %s: TX checksum offload off on %s: %w", ns, dev, err)
-		}
-		on, err := ethtool(fd, dev, unix.ETHTOOL_GTXCSUM, 0)
-		if err != nil {
-			return fmt.Errorf("netns %s: read TX checksum offload of %s: %w", ns, dev, err)
-		}
-		if on != 0 {
-			return fmt.Errorf("netns %s: TX checksum offload on %s stays on: XDP would forward bad checksums", ns, dev)
-		}
-		return nil
-	})
-}
-
 // TxChecksumOffload reports whether dev in the named namespace leaves L4
 // checksums to (virtual) hardware.
 func TxChecksumOffload(ns, dev string) (bool, error) {
-	var on uint32
-	err := withEthtool(ns, func(fd int) error {
-		var err error
-		if on, err = ethtool(fd, dev, unix.ETHTOOL_GTXCSUM, 0); err != nil {
-			return fmt.Errorf("netns %s: read TX checksum offload of %s: %w", ns, dev, err)
-		}
-		return nil
+	var on bool
+	err := inNetns(ns, func() (err error) {
+		on, err = datapath.TxChecksumOffload(dev)
+		return err
 	})
-	return on != 0, err
+	if err != nil {
+		return false, fmt.Errorf("netns %s: %w", ns, err)
+	}
+	return on, nil
 }
 
-// prepareForXDP readies the lab's veths for native XDP on the nodes' eth0.
-func (l *Lab) prepareForXDP() error {
-	if err := attachXDPPass(l.FabricNetns, l.FabricPorts()); err != nil {
-		return err
+// setTxChecksumOffload turns TX checksum offload of dev in the named
+// namespace on or off.
+func setTxChecksumOffload(ns, dev string, on bool) error {
+	if err := inNetns(ns, func() error { return datapath.SetTxChecksumOffload(dev, on) }); err != nil {
+		return fmt.Errorf("netns %s: %w", ns, err)
 	}
+	return nil
+}
+
+// SetSendersTxChecksumOffload turns TX checksum offload on or off on the
+// eth0 of the client, every node and every pod.
+func (l *Lab) SetSendersTxChecksumOffload(on bool) error {
 	for _, ep := range l.endpoints() {
-		if err := disableTxChecksum(ep.Netns, uplinkName); err != nil {
+		if err := setTxChecksumOffload(ep.Netns, uplinkName, on); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// prepareForXDP readies the lab's veths for native XDP on the nodes' eth0,
+// as l.Veths says.
+func (l *Lab) prepareForXDP() error {
+	if !l.Veths.NoPeerXDP {
+		if err := attachXDPPass(l.FabricNetns, l.FabricPorts()); err != nil {
+			return err
+		}
+	}
+	switch l.Veths.Checksums {
+	case ChecksumsSenders:
+		return l.SetSendersTxChecksumOffload(false)
+	case ChecksumsOffload:
+		return nil
+	}
+	for _, port := range l.FabricPorts() {
+		if err := setTxChecksumOffload(l.FabricNetns, port, false); err != nil {
 			return err
 		}
 	}

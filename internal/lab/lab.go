@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -70,6 +71,13 @@ type Config struct {
 	// AccelerationBestEffort (the default), AccelerationNative or
 	// AccelerationDisabled.
 	LBAcceleration string
+	// NodeLBAcceleration overrides LBAcceleration for the named nodes
+	// ("node1": AccelerationNative), e.g. native XDP on one node and tc
+	// on the other in one lab (the demo).
+	NodeLBAcceleration map[string]string
+	// Veths is how the lab readies its veths for native XDP on the nodes'
+	// eth0; the zero value is what native XDP on a veth needs (fabric.go).
+	Veths VethPrep
 	// AgentArgs are extra flags for every agent, after the lab's own.
 	AgentArgs []string
 	// Exe is a binary with the `lab backend` and `lab probe` subcommands;
@@ -128,6 +136,23 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("lb-acceleration %q: want %s, %s or %s", c.LBAcceleration,
 			AccelerationDisabled, AccelerationNative, AccelerationBestEffort)
 	}
+	for node, a := range c.NodeLBAcceleration {
+		n, err := strconv.Atoi(strings.TrimPrefix(node, "node"))
+		if !strings.HasPrefix(node, "node") || err != nil || NodeName(n) != node || n < 1 || n > c.Nodes {
+			return fmt.Errorf("lb-acceleration of node %q: no such node (node1..node%d)", node, c.Nodes)
+		}
+		if !slices.Contains([]string{AccelerationDisabled, AccelerationNative, AccelerationBestEffort}, a) {
+			return fmt.Errorf("lb-acceleration %q of %s: want %s, %s or %s", a, node,
+				AccelerationDisabled, AccelerationNative, AccelerationBestEffort)
+		}
+	}
+	switch c.Veths.Checksums {
+	case "":
+		c.Veths.Checksums = ChecksumsPeer
+	case ChecksumsPeer, ChecksumsSenders, ChecksumsOffload:
+	default:
+		return fmt.Errorf("veth checksums %q: want %s, %s or %s", c.Veths.Checksums, ChecksumsPeer, ChecksumsSenders, ChecksumsOffload)
+	}
 	if c.Exe == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -162,7 +187,9 @@ type State struct {
 	LBMode         string `json:"lbMode,omitempty"`
 	LBAcceleration string `json:"lbAcceleration,omitempty"`
 	// Devices are the agents' --devices: the nodes' fabric interface.
-	Devices      []string  `json:"devices,omitempty"`
+	Devices []string `json:"devices,omitempty"`
+	// Veths is how the veths were readied for native XDP.
+	Veths        VethPrep  `json:"veths"`
 	Exe          string    `json:"exe"`
 	CgroupRoot   string    `json:"cgroupRoot"` // the lab's cgroup, under the cgroup2 mount
 	RunDir       string    `json:"runDir"`
@@ -189,6 +216,9 @@ type Node struct {
 	Endpoint
 	Index int    `json:"index"`
 	Agent *Agent `json:"agent,omitempty"`
+	// LBAcceleration is the agent's --lb-acceleration when it differs
+	// from the lab's (Config.NodeLBAcceleration).
+	LBAcceleration string `json:"lbAcceleration,omitempty"`
 	// KubeProxy is the node's kube-proxy with a DataplaneKubeProxy*.
 	KubeProxy *KubeProxy `json:"kubeProxy,omitempty"`
 	// MetricsAddr is where the node's dataplane serves /metrics, inside
@@ -281,6 +311,7 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 		ManifestsDir: nm.manifestsDir(),
 		BPFRoot:      nm.bpfRoot(),
 		FabricNetns:  nm.fabricNetns(),
+		Veths:        cfg.Veths,
 		Created:      time.Now().UTC(),
 	}
 	if cfg.Dataplane == DataplaneSluice {
@@ -291,6 +322,9 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 	for n := 1; n <= cfg.Nodes; n++ {
 		node := Node{Index: n, Endpoint: Endpoint{Name: NodeName(n), Netns: nm.nodeNetns(n),
 			Cgroup: filepath.Join(l.CgroupRoot, NodeName(n)), IPv4: NodeIPv4(n), IPv6: NodeIPv6(n)}}
+		if a := cfg.NodeLBAcceleration[node.Name]; a != "" && a != cfg.LBAcceleration && cfg.Dataplane == DataplaneSluice {
+			node.LBAcceleration = a
+		}
 		for i := 1; i <= cfg.PodsPerNode; i++ {
 			node.Pods = append(node.Pods, Pod{Node: node.Name, Endpoint: Endpoint{Name: PodName(n, i),
 				Netns: nm.podNetns(n, i), Cgroup: filepath.Join(node.Cgroup, fmt.Sprintf("pod%d", i)),
@@ -338,7 +372,7 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 	}
 
 	// For every dataplane, so that comparisons run on the same fabric.
-	l.step("readying the veths for native XDP (XDP_PASS on the fabric ports, software checksums)")
+	l.step("readying the veths for native XDP (%s)", l.Veths)
 	if err := l.prepareForXDP(); err != nil {
 		return err
 	}

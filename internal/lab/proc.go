@@ -168,13 +168,17 @@ func (l *Lab) startAgents(ctx context.Context, cfg Config) error {
 		if l.ControlPlane == ControlPlaneReal {
 			source = []string{"--kubeconfig", l.APIServer.Kubeconfig}
 		}
+		accel := l.LBAcceleration
+		if n.LBAcceleration != "" {
+			accel = n.LBAcceleration
+		}
 		a.Args = append(append([]string{cfg.AgentBin, "--node-name", n.Name}, source...),
 			"--cgroup-root", n.Cgroup,
 			"--bpf-root", a.BPFRoot,
 			"--api-socket", a.Socket,
 			"--devices", strings.Join(l.Devices, ","),
 			"--lb-mode", l.LBMode,
-			"--lb-acceleration", l.LBAcceleration,
+			"--lb-acceleration", accel,
 			// Where kube-proxy serves its metrics too: one address per node.
 			"--metrics-addr", MetricsAddr,
 		)

@@ -23,6 +23,7 @@ type Status struct {
 	LBMode         string       `json:"lbMode,omitempty"`
 	LBAcceleration string       `json:"lbAcceleration,omitempty"`
 	Devices        []string     `json:"devices,omitempty"`
+	Veths          VethPrep     `json:"veths"`
 	ManifestsDir   string       `json:"manifestsDir"`
 	CgroupRoot     string       `json:"cgroupRoot"`
 	Client         Endpoint     `json:"client"`
@@ -41,9 +42,12 @@ type APIServerStatus struct {
 // NodeStatus is one node with its agent or kube-proxy, and pods.
 type NodeStatus struct {
 	Endpoint
-	Agent     *AgentStatus     `json:"agent,omitempty"`
-	KubeProxy *KubeProxyStatus `json:"kubeProxy,omitempty"`
-	Pods      []PodStatus      `json:"pods"`
+	// LBAcceleration is the node's own --lb-acceleration, when it differs
+	// from the lab's.
+	LBAcceleration string           `json:"lbAcceleration,omitempty"`
+	Agent          *AgentStatus     `json:"agent,omitempty"`
+	KubeProxy      *KubeProxyStatus `json:"kubeProxy,omitempty"`
+	Pods           []PodStatus      `json:"pods"`
 }
 
 // KubeProxyStatus is a kube-proxy process and whether it has synced.
@@ -73,8 +77,8 @@ type PodStatus struct {
 // Status checks every process of the lab.
 func (l *Lab) Status(ctx context.Context) Status {
 	st := Status{Prefix: l.Prefix, Dataplane: l.Dataplane, ControlPlane: l.ControlPlane, LBMode: l.LBMode,
-		LBAcceleration: l.LBAcceleration, Devices: l.Devices, ManifestsDir: l.ManifestsDir, CgroupRoot: l.CgroupRoot,
-		Client: l.Client}
+		LBAcceleration: l.LBAcceleration, Devices: l.Devices, Veths: l.Veths, ManifestsDir: l.ManifestsDir,
+		CgroupRoot: l.CgroupRoot, Client: l.Client}
 	if st.ControlPlane == "" {
 		st.ControlPlane = ControlPlaneManifests // state of an older lab
 	}
@@ -88,7 +92,7 @@ func (l *Lab) Status(ctx context.Context) Status {
 		st.APIServer = as
 	}
 	for _, n := range l.Nodes {
-		ns := NodeStatus{Endpoint: n.Endpoint, Pods: []PodStatus{}}
+		ns := NodeStatus{Endpoint: n.Endpoint, LBAcceleration: n.LBAcceleration, Pods: []PodStatus{}}
 		if n.Agent != nil {
 			as := &AgentStatus{Agent: *n.Agent, Alive: processAlive(n.Agent.PID)}
 			if err := agentHealth(ctx, n.Agent.Socket); err != nil {
@@ -134,7 +138,20 @@ func (st Status) Print(w io.Writer, asJSON bool) error {
 			strings.TrimSuffix(st.Prefix, "-"), st.Dataplane, st.ControlPlane, a.ServerVersion, a.URL, a.Netns, a.Kubeconfig)
 	}
 	if st.LBMode != "" {
-		fmt.Fprintf(w, "North-south: lb-mode %s, lb-acceleration %s on %s\n", st.LBMode, st.LBAcceleration, strings.Join(st.Devices, ","))
+		var own []string
+		for _, n := range st.Nodes {
+			if n.LBAcceleration != "" {
+				own = append(own, n.Name+": "+n.LBAcceleration)
+			}
+		}
+		accel := st.LBAcceleration
+		if len(own) > 0 {
+			accel += " (" + strings.Join(own, ", ") + ")"
+		}
+		fmt.Fprintf(w, "North-south: lb-mode %s, lb-acceleration %s on %s\n", st.LBMode, accel, strings.Join(st.Devices, ","))
+	}
+	if st.Veths.Checksums != "" { // state of an older lab: not recorded
+		fmt.Fprintf(w, "Veths: %s\n", st.Veths)
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

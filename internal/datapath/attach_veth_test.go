@@ -1,0 +1,138 @@
+package datapath
+
+import (
+	"os"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+
+	"github.com/sluice-dataplane/sluice/internal/probe"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
+)
+
+// xdpPass attaches an XDP_PASS program in driver mode to dev of ns until
+// the test ends.
+func xdpPass(t *testing.T, ns *testNetns, dev string) {
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	idx := linkIndexIn(t, ns, dev)
+	var l link.Link
+	err = inNetns(ns.handle, func() (err error) {
+		l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: idx, Flags: link.XDPDriverMode})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("XDP_PASS on %s in %s: %v", dev, ns.name, err)
+	}
+	t.Cleanup(func() { l.Close() })
+}
+
+func linkIndexIn(t *testing.T, ns *testNetns, dev string) int {
+	t.Helper()
+	l, err := ns.netlink(t).LinkByName(dev)
+	if err != nil {
+		t.Fatalf("%s in %s: %v", dev, ns.name, err)
+	}
+	return l.Attrs().Index
+}
+
+// inspect runs InspectVeth on dev in ns.
+func inspect(t *testing.T, ns *testNetns, dev string) (bool, VethPeer) {
+	t.Helper()
+	idx := linkIndexIn(t, ns, dev)
+	var veth bool
+	var peer VethPeer
+	err := inNetns(ns.handle, func() (err error) {
+		veth, peer, err = InspectVeth(idx)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("InspectVeth(%s in %s): %v", dev, ns.name, err)
+	}
+	return veth, peer
+}
+
+// A veth's peer is read in the same namespace (with its TX checksum
+// offload) and in another one through the netns id (without it); its XDP
+// program counts in driver mode.
+func TestPrivilegedInspectVeth(t *testing.T) {
+	probetest.SkipUnless(t, probe.XDP)
+	t.Run("peer in the same namespace", func(t *testing.T) {
+		ns := newTestNetns(t)
+		ns.addVeth(t, "iva0", "iva0p")
+		veth, p := inspect(t, ns, "iva0")
+		if !veth || p.Name != "iva0p" || p.NetnsID != -1 || p.XDP || !p.TxChecksumKnown || !p.TxChecksum {
+			t.Errorf("fresh pair: veth %t, peer %+v; want peer iva0p here, no XDP, TX checksum offload on (the veth default)", veth, p)
+		}
+		xdpPass(t, ns, "iva0p")
+		if err := inNetns(ns.handle, func() error { return SetTxChecksumOffload("iva0p", false) }); err != nil {
+			t.Fatal(err)
+		}
+		if _, p = inspect(t, ns, "iva0"); !p.XDP || !p.TxChecksumKnown || p.TxChecksum {
+			t.Errorf("peer with XDP_PASS and TX checksum offload off: %+v", p)
+		}
+		if veth, _ := inspect(t, ns, "lo"); veth {
+			t.Error("lo inspected as a veth")
+		}
+	})
+	t.Run("peer in another namespace", func(t *testing.T) {
+		node, fabric := newTestNetns(t), newTestNetns(t)
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "ivb0"}, PeerName: "ivb0p",
+			PeerNamespace: netlink.NsFd(int(fabric.handle))}
+		if err := node.netlink(t).LinkAdd(veth); err != nil {
+			t.Fatalf("add veth ivb0 in %s, peer in %s: %v", node.name, fabric.name, err)
+		}
+		isVeth, p := inspect(t, node, "ivb0")
+		if !isVeth || p.Name != "ivb0p" || p.NetnsID < 0 || p.Ifindex != linkIndexIn(t, fabric, "ivb0p") || p.XDP || p.TxChecksumKnown {
+			t.Errorf("peer in %s: veth %t, peer %+v; want ivb0p through a netns id, no XDP, TX checksum offload not known", fabric.name, isVeth, p)
+		}
+		xdpPass(t, fabric, "ivb0p")
+		if _, p = inspect(t, node, "ivb0"); !p.XDP {
+			t.Errorf("peer with XDP_PASS in %s: %+v, want XDP", fabric.name, p)
+		}
+	})
+}
+
+// best-effort leaves a veth to tc and says why; a native XDP link an
+// earlier agent pinned goes with it.
+func TestPrivilegedDeviceBestEffortVethTCOnly(t *testing.T) {
+	probetest.SkipUnless(t, probe.BTF, probe.TCX, probe.XDP)
+	d := newDeviceTest(t, "nsv0", DeviceOptions{XDP: XDPNative})
+	first := d.load(t)
+	a := d.attach(t, first)
+	if a.XDP != XDPNative || a.XDPLinkID == 0 || a.XDPError != "" {
+		t.Fatalf("native on a veth: %+v, want native XDP attached", a)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	d.opts.XDP = XDPBestEffort
+	second := d.load(t)
+	defer second.Close()
+	b := d.attach(t, second)
+	if b.XDP != XDPDisabled || b.XDPLinkID != 0 || b.XDPError != VethBestEffortReason || b.TC == "" {
+		t.Errorf("best-effort on a veth: %+v, want tc only with XDPError %q", b, VethBestEffortReason)
+	}
+	if !linkGone(a.XDPLinkID) {
+		t.Errorf("the earlier agent's native XDP link %d is still there", a.XDPLinkID)
+	}
+	l, err := d.nl.LinkByName("nsv0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x := l.Attrs().Xdp; x != nil && x.Attached {
+		t.Errorf("nsv0 still runs XDP program %d (mode %d)", x.ProgId, x.AttachMode)
+	}
+	if _, err := os.Stat(xdpPin(d.opts.LinksDir, "nsv0", XDPNative)); !os.IsNotExist(err) {
+		t.Errorf("native XDP pin of nsv0: %v, want removed", err)
+	}
+}
