@@ -20,9 +20,12 @@ type NorthSouthOptions struct {
 	// BPFRoot is the pin directory, the same as the socket LB's: the LB
 	// maps pinned there are shared, so one reconciler feeds both.
 	BPFRoot string
-	// Sizes of the shared LB maps; they must equal the socket LB's.
+	// Sizes of the shared LB maps; they must equal the socket LB's: a
+	// pin of another size is taken over (migratePins), from under a
+	// socket LB loaded with other sizes.
 	Sizes MapSizes
-	// CTEntries and NATEntries size the ct and snat maps; 0 = 65536.
+	// CTEntries and NATEntries size the ct and snat maps; 0 = 65536
+	// (SizeMaps derives them from memory).
 	CTEntries, NATEntries uint32
 	// MaglevTableSize and MaglevSeed are set in both objects before load
 	// (lbmap.ConfigureMaglev); every node must use the same. A zero size

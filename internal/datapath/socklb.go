@@ -19,6 +19,9 @@ type SockLBOptions struct {
 	BPFRoot string
 	// Sizes are the maps' max_entries; zero fields take the default.
 	Sizes MapSizes
+	// Logf, when not nil, gets a line for each pinned map whose entries
+	// are taken over into a map of a new size (migratePins).
+	Logf func(format string, args ...any)
 }
 
 // SockLB is the loaded socket-level load balancer.
@@ -26,6 +29,11 @@ type SockLB struct {
 	objs   socklbObjects
 	maps   *lbmap.Kernel
 	points []attached
+	// migrations are pinned maps of another size taken over on load
+	// (migrate.go), whose old maps the old programs use until theirs are
+	// replaced: see FinishMigration.
+	migrations []*migration
+	logf       func(format string, args ...any)
 }
 
 type attached struct {
@@ -76,8 +84,9 @@ func LoadSpec() (*ebpf.CollectionSpec, error) {
 
 // LoadSockLB loads the socket LB programs. Maps already pinned under
 // opts.BPFRoot are reused, so an agent restart keeps the installed state;
-// a pin that does not match this build (type, key or value size, size
-// limit) is an error naming it.
+// a pinned LB map of another size is taken over into one of the new size
+// (migratePins); any other mismatch with this build (type, key or value
+// size) is an error naming the pin.
 func LoadSockLB(opts SockLBOptions) (*SockLB, error) {
 	if opts.BPFRoot == "" {
 		return nil, errors.New("load socket LB: empty BPF root")
@@ -93,15 +102,21 @@ func LoadSockLB(opts SockLBOptions) (*SockLB, error) {
 	for name, n := range sizes.byName() {
 		spec.Maps[name].MaxEntries = n
 	}
+	migrations, err := migratePins(spec, opts.BPFRoot, opts.Logf)
+	if err != nil {
+		return nil, fmt.Errorf("load socket LB: %w", err)
+	}
 	if err := checkPins(spec, opts.BPFRoot); err != nil {
+		closeMigrations(migrations)
 		return nil, err
 	}
 
-	s := &SockLB{}
+	s := &SockLB{migrations: migrations, logf: opts.Logf}
 	err = spec.LoadAndAssign(&s.objs, &ebpf.CollectionOptions{
 		Maps: ebpf.MapOptions{PinPath: opts.BPFRoot},
 	})
 	if err != nil {
+		closeMigrations(migrations)
 		var verr *ebpf.VerifierError
 		if errors.As(err, &verr) {
 			return nil, fmt.Errorf("load socket LB: %+v", verr)
@@ -271,9 +286,23 @@ func countEntries(m *ebpf.Map) int {
 	return n
 }
 
+// FinishMigration copies into the maps taken over on load what the old
+// programs wrote into lb_sock_rev and lb_affinity since (sockets they
+// connected meanwhile), and lets the old maps go. Call it once every old
+// program is replaced: the socket LB's hooks (AttachPinned) and, as they
+// share lb_affinity, the tc/XDP programs (NorthSouth.AttachDevices).
+// Further calls do nothing.
+func (s *SockLB) FinishMigration() error {
+	err := finishMigrations(s.migrations, s.logf)
+	s.migrations = nil
+	return err
+}
+
 // Close detaches every hook and closes programs and maps. Pins stay, so
 // the next LoadSockLB finds the state.
 func (s *SockLB) Close() error {
+	closeMigrations(s.migrations)
+	s.migrations = nil
 	err := closeLinks(s.points)
 	s.points = nil
 	return errors.Join(err, s.objs.Close())
