@@ -305,6 +305,7 @@ func TestSluiceChartValues(t *testing.T) {
 				c.MaglevTableSize, c.MaglevSeed = 65521, 42
 				c.NodePortRange = "20000-22767"
 				c.BPFRoot, c.LBMapMax, c.CTGCInterval = "/sys/fs/bpf/sluice-test", 262144, time.Minute
+				c.MapSizeRatio = 0.005
 				c.CTTimeoutTCP, c.CTTimeoutAny = 2*time.Hour, 30*time.Second
 				c.SyncPeriod, c.SyncPeriodMin = 10*time.Minute, 10*time.Millisecond
 				c.LogLevel = "debug"
@@ -541,6 +542,9 @@ func TestSluiceChartRejects(t *testing.T) {
 		{"syncPeriod", []string{"syncPeriod=5 minutes"}, []string{"/syncPeriod", "5 minutes"}},
 		{"ct timeout fraction", []string{"bpf.ctTimeout.tcp=1.5s"}, []string{"/bpf/ctTimeout/tcp", "1.5s"}},
 		{"lbMapMax", []string{"bpf.lbMapMax=8"}, []string{"/bpf/lbMapMax", "minimum"}},
+		{"ctMapMax", []string{"bpf.ctMapMax=100"}, []string{"/bpf/ctMapMax", "minimum"}},
+		{"mapDynamicSizeRatio above 1", []string{`{"bpf.mapDynamicSizeRatio":1.5}`}, []string{"/bpf/mapDynamicSizeRatio", "maximum"}},
+		{"mapDynamicSizeRatio negative, from --set", []string{"bpf.mapDynamicSizeRatio=-0.1"}, []string{"/bpf/mapDynamicSizeRatio", "-0.1"}},
 		{"flowCacheSets not a power of two", []string{"bpf.flowCacheSets=1000"}, []string{"/bpf/flowCacheSets"}},
 		{"healthz port", []string{"healthz.port=0"}, []string{"/healthz/port", "minimum"}},
 		{"healthz address", []string{"healthz.bindAddress=localhost"}, []string{"/healthz/bindAddress", "localhost"}},

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/datapath"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 	"github.com/sluice-dataplane/sluice/internal/maglev"
 )
@@ -39,7 +40,7 @@ type Config struct {
 	NodePortRange   string
 	BandwidthMgr    bool
 	SocketLB        bool
-	LBMapMax        uint32
+	LBMapMax        uint32 // 0: from MapSizeRatio
 	SyncPeriodMin   time.Duration
 	SyncPeriod      time.Duration
 	LogLevel        string
@@ -47,8 +48,8 @@ type Config struct {
 	// North-south (tc/XDP) datapath, on --devices.
 	MaglevTableSize uint32
 	FlowCacheSets   uint32 // per CPU and program; 0: off
-	CTMapMax        uint32
-	NATMapMax       uint32
+	CTMapMax        uint32 // 0: from MapSizeRatio
+	NATMapMax       uint32 // 0: from MapSizeRatio
 	MaglevSeed      uint32
 	XDPGeneric      bool // tests only
 	CTGCInterval    time.Duration
@@ -60,6 +61,10 @@ type Config struct {
 	// by default the datapath stays in place so a restart drops no flow.
 	UnloadOnExit bool
 
+	// MapSizeRatio is the share of the node's memory that sizes the LB,
+	// conntrack and SNAT maps not given explicitly (datapath.SizeMaps).
+	MapSizeRatio float64
+
 	// Derived by Validate.
 	nodePortRange [2]uint16
 	inCluster     bool
@@ -69,7 +74,6 @@ type Config struct {
 const (
 	DefaultBPFRoot       = "/sys/fs/bpf/sluice"
 	DefaultNodePortRange = "30000-32767"
-	DefaultLBMapMax      = 65536
 	// kube-proxy's minSyncPeriod is 1s for iptables; the maps take a change
 	// in microseconds, so only bursts need folding.
 	DefaultSyncPeriodMin = time.Millisecond
@@ -82,9 +86,6 @@ const (
 	// DefaultCTGCInterval is how often dead conntrack and NAT entries are
 	// deleted; the maps are LRUs, so a late collection only costs space.
 	DefaultCTGCInterval = 30 * time.Second
-	// DefaultCTMapMax sizes the conntrack and SNAT maps (LRU, about 200
-	// bytes an entry: 13 MiB each).
-	DefaultCTMapMax = 65536
 )
 
 // AddFlags registers the agent's flags on fs, with Cilium's names where
@@ -106,7 +107,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.NodePortRange, "node-port-range", DefaultNodePortRange, "NodePort range, MIN-MAX")
 	fs.BoolVar(&c.BandwidthMgr, "enable-bandwidth-manager", false, "enforce Pod bandwidth annotations with EDT")
 	fs.BoolVar(&c.SocketLB, "socket-lb", true, "load balance at the socket layer (connect, sendmsg, recvmsg, getpeername, bind)")
-	fs.Uint32Var(&c.LBMapMax, "bpf-lb-map-max", DefaultLBMapMax, "entries of the service map (one per frontend and backend slot)")
+	fs.Uint32Var(&c.LBMapMax, "bpf-lb-map-max", 0,
+		"entries of the service map (one per frontend and backend slot); 0: sized by --bpf-map-dynamic-size-ratio (65536 at least)")
 	fs.DurationVar(&c.SyncPeriodMin, "sync-period-min", DefaultSyncPeriodMin, "minimum interval between two syncs to the maps")
 	fs.DurationVar(&c.SyncPeriod, "sync-period", DefaultSyncPeriod, "interval of full resyncs to the maps")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
@@ -117,10 +119,12 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.Uint32Var(&c.FlowCacheSets, "bpf-lb-flow-cache-sets", lbmap.DefaultFlowCacheSets,
 		fmt.Sprintf("sets of %d entries in each CPU's cache of established masqueraded flows in front of conntrack (%d bytes a set, for tc and for XDP): a power of two from %d to %d, or 0 for none",
 			lbmap.FlowCacheWays, binary.Size(lbmap.FlowCacheSet{}), lbmap.MinFlowCacheSets, lbmap.MaxFlowCacheSets))
-	fs.Uint32Var(&c.CTMapMax, "bpf-ct-global-max", DefaultCTMapMax,
-		"entries of the conntrack map, TCP and UDP (two per translated flow); a change takes the entries over")
-	fs.Uint32Var(&c.NATMapMax, "bpf-nat-global-max", DefaultCTMapMax,
-		"entries of the SNAT map (two per masqueraded flow); a change takes the entries over")
+	fs.Uint32Var(&c.CTMapMax, "bpf-ct-global-max", 0,
+		"entries of the conntrack map, TCP and UDP (two per translated flow); 0: sized by --bpf-map-dynamic-size-ratio (65536 at least); a change takes the entries over")
+	fs.Uint32Var(&c.NATMapMax, "bpf-nat-global-max", 0,
+		"entries of the SNAT map (two per masqueraded flow); 0: sized by --bpf-map-dynamic-size-ratio (65536 at least); a change takes the entries over")
+	fs.Float64Var(&c.MapSizeRatio, "bpf-map-dynamic-size-ratio", datapath.DefaultMapDynamicSizeRatio,
+		"share of the node's memory (MemTotal) for the entries of the service, backend, socket, affinity, conntrack and SNAT maps, each between a floor and a ceiling (docs/maps.md); 0: the floors. --bpf-lb-map-max, --bpf-ct-global-max and --bpf-nat-global-max win")
 	fs.DurationVar(&c.CTGCInterval, "bpf-ct-gc-interval", DefaultCTGCInterval, "interval of the conntrack and NAT garbage collection")
 	fs.DurationVar(&c.CTTimeoutSYN, "bpf-ct-timeout-regular-tcp-syn", lbmap.DefaultTCPSynTimeout*time.Second, "conntrack lifetime of a TCP flow during the handshake")
 	fs.DurationVar(&c.CTTimeoutTCP, "bpf-ct-timeout-regular-tcp", lbmap.DefaultTCPEstTimeout*time.Second, "conntrack lifetime of an established TCP flow")
@@ -221,16 +225,17 @@ func (c *Config) Validate() error {
 	} else {
 		c.nodePortRange = r
 	}
-	if c.LBMapMax < 16 || c.LBMapMax > lbMapLimit {
-		bad("bpf-lb-map-max", c.LBMapMax, "want 16 to %d", lbMapLimit)
-	}
 	for _, f := range []struct {
 		flag string
 		v    uint32
-	}{{"bpf-ct-global-max", c.CTMapMax}, {"bpf-nat-global-max", c.NATMapMax}} {
-		if f.v < 1024 || f.v > lbMapLimit {
-			bad(f.flag, f.v, "want 1024 to %d", lbMapLimit)
+		min  uint32
+	}{{"bpf-lb-map-max", c.LBMapMax, 16}, {"bpf-ct-global-max", c.CTMapMax, 1024}, {"bpf-nat-global-max", c.NATMapMax, 1024}} {
+		if f.v != 0 && (f.v < f.min || f.v > lbMapLimit) {
+			bad(f.flag, f.v, "want 0 (sized from memory) or %d to %d", f.min, lbMapLimit)
 		}
+	}
+	if !(c.MapSizeRatio >= 0 && c.MapSizeRatio <= 1) { // NaN too
+		bad("bpf-map-dynamic-size-ratio", c.MapSizeRatio, "want 0 (fixed sizes) to 1 (a share of the node's memory)")
 	}
 	if !lbmap.ValidFlowCacheSets(c.FlowCacheSets) {
 		bad("bpf-lb-flow-cache-sets", c.FlowCacheSets, "want 0 (off) or a power of two from %d to %d",

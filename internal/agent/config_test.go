@@ -48,7 +48,7 @@ func TestConfigValid(t *testing.T) {
 		"--node-port-range=30000-30100", "--enable-bandwidth-manager", "--socket-lb=false", "--bpf-lb-map-max=1024",
 		"--sync-period-min=10ms", "--sync-period=1m", "--log-level=debug",
 		"--bpf-lb-maglev-table-size=251", "--bpf-lb-maglev-hash-seed=42", "--bpf-ct-gc-interval=5s", "--xdp-generic", "--unload-on-exit",
-		"--bpf-ct-global-max=131072", "--bpf-nat-global-max=2048", "--bpf-lb-flow-cache-sets=256")
+		"--bpf-ct-global-max=131072", "--bpf-nat-global-max=2048", "--bpf-lb-flow-cache-sets=256", "--bpf-map-dynamic-size-ratio=0.01")
 	if err != nil {
 		t.Fatalf("Validate: %v", err)
 	}
@@ -61,8 +61,8 @@ func TestConfigValid(t *testing.T) {
 	if c.MaglevTableSize != 251 || c.MaglevSeed != 42 || c.CTGCInterval != 5*time.Second || !c.XDPGeneric || !c.UnloadOnExit {
 		t.Errorf("north-south flags: table %d seed %d gc %v xdp-generic %v unload %v", c.MaglevTableSize, c.MaglevSeed, c.CTGCInterval, c.XDPGeneric, c.UnloadOnExit)
 	}
-	if c.CTMapMax != 131072 || c.NATMapMax != 2048 {
-		t.Errorf("map sizes: ct %d nat %d, want 131072, 2048", c.CTMapMax, c.NATMapMax)
+	if c.CTMapMax != 131072 || c.NATMapMax != 2048 || c.LBMapMax != 1024 || c.MapSizeRatio != 0.01 {
+		t.Errorf("map sizes: ct %d nat %d lb %d ratio %v, want 131072, 2048, 1024, 0.01", c.CTMapMax, c.NATMapMax, c.LBMapMax, c.MapSizeRatio)
 	}
 	if c.nodePortRange != [2]uint16{30000, 30100} {
 		t.Errorf("node port range = %v, want [30000 30100]", c.nodePortRange)
@@ -82,9 +82,14 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatalf("Validate: %v", err)
 	}
 	if c.NodeName != "from-env" || !c.inCluster || !c.SocketLB || c.BPFRoot != DefaultBPFRoot ||
-		c.SyncPeriodMin != DefaultSyncPeriodMin || c.LBMapMax != DefaultLBMapMax || len(c.NotImplemented()) != 0 ||
+		c.SyncPeriodMin != DefaultSyncPeriodMin || len(c.NotImplemented()) != 0 ||
 		c.HealthzAddr != "0.0.0.0:10256" || c.MaglevTableSize != 16381 || c.CTGCInterval != 30*time.Second || c.UnloadOnExit {
 		t.Errorf("defaults: %+v", c)
+	}
+	// Map sizes are derived from memory unless given.
+	if c.LBMapMax != 0 || c.CTMapMax != 0 || c.NATMapMax != 0 || c.MapSizeRatio != 0.0025 {
+		t.Errorf("map size defaults: lb %d ct %d nat %d ratio %v, want 0, 0, 0 (derive) and 0.0025",
+			c.LBMapMax, c.CTMapMax, c.NATMapMax, c.MapSizeRatio)
 	}
 }
 
@@ -131,16 +136,20 @@ func TestConfigInvalid(t *testing.T) {
 		{"node-port-range zero", []string{"--node-port-range=0-10"}, "--node-port-range=0-10: want MIN-MAX"},
 		{"node-port-range leaves no nat ports", []string{"--node-port-range=30000-65000"},
 			"--node-port-range=30000-65000: want MAX at most 64511: the ports above it are for SNAT (at least 1024)"},
-		{"bpf-lb-map-max small", []string{"--bpf-lb-map-max=1"}, "--bpf-lb-map-max=1: want 16 to"},
+		{"bpf-lb-map-max small", []string{"--bpf-lb-map-max=1"}, "--bpf-lb-map-max=1: want 0 (sized from memory) or 16 to 16777216"},
 		{"bpf-lb-map-max syntax", []string{"--bpf-lb-map-max=lots"}, `invalid argument "lots" for "--bpf-lb-map-max"`},
 		{"sync-period-min negative", []string{"--sync-period-min=-1s"}, "--sync-period-min=-1s: want 0 to 1m"},
 		{"sync-period-min syntax", []string{"--sync-period-min=soon"}, `invalid argument "soon" for "--sync-period-min"`},
 		{"sync-period short", []string{"--sync-period=10ms"}, "--sync-period=10ms: want at least 1s"},
 		{"socket-lb syntax", []string{"--socket-lb=maybe"}, `invalid argument "maybe" for "--socket-lb"`},
-		{"ct map small", []string{"--bpf-ct-global-max=100"}, "--bpf-ct-global-max=100: want 1024 to 16777216"},
+		{"ct map small", []string{"--bpf-ct-global-max=100"}, "--bpf-ct-global-max=100: want 0 (sized from memory) or 1024 to 16777216"},
+		{"map size ratio negative", []string{"--bpf-map-dynamic-size-ratio=-0.1"}, "--bpf-map-dynamic-size-ratio=-0.1: want 0 (fixed sizes) to 1"},
+		{"map size ratio above 1", []string{"--bpf-map-dynamic-size-ratio=1.5"}, "--bpf-map-dynamic-size-ratio=1.5: want 0 (fixed sizes) to 1"},
+		{"map size ratio NaN", []string{"--bpf-map-dynamic-size-ratio=NaN"}, "--bpf-map-dynamic-size-ratio=NaN: want 0 (fixed sizes) to 1"},
+		{"map size ratio syntax", []string{"--bpf-map-dynamic-size-ratio=some"}, `invalid argument "some" for "--bpf-map-dynamic-size-ratio"`},
 		{"flow cache not a power of two", []string{"--bpf-lb-flow-cache-sets=1000"},
 			"--bpf-lb-flow-cache-sets=1000: want 0 (off) or a power of two from 16 to 65536"},
-		{"nat map large", []string{"--bpf-nat-global-max=16777217"}, "--bpf-nat-global-max=16777217: want 1024 to 16777216"},
+		{"nat map large", []string{"--bpf-nat-global-max=16777217"}, "--bpf-nat-global-max=16777217: want 0 (sized from memory) or 1024 to 16777216"},
 		{"maglev table size not prime", []string{"--bpf-lb-maglev-table-size=16380"}, "--bpf-lb-maglev-table-size=16380: want a prime from 251 to 131071"},
 		{"maglev table size small", []string{"--bpf-lb-maglev-table-size=13"}, "--bpf-lb-maglev-table-size=13: want a prime"},
 		{"maglev table size large", []string{"--bpf-lb-maglev-table-size=131101"}, "--bpf-lb-maglev-table-size=131101: want a prime"},

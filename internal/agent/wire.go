@@ -49,9 +49,12 @@ func openDataplane(cfg *Config) (dataplane, error) {
 	if err := datapath.EnsureBPFFS(cfg.BPFRoot); err != nil {
 		return nil, fmt.Errorf("bpffs at %s: %w", cfg.BPFRoot, err)
 	}
-	sizes := datapath.DefaultMapSizes()
-	sizes.Services = cfg.LBMapMax
-	lb, err := datapath.LoadSockLB(datapath.SockLBOptions{BPFRoot: cfg.BPFRoot, Sizes: sizes})
+	sizes, err := chooseMapSizes(cfg, slog.Default())
+	if err != nil {
+		return nil, err
+	}
+	logf := func(format string, args ...any) { slog.Info(fmt.Sprintf(format, args...)) }
+	lb, err := datapath.LoadSockLB(datapath.SockLBOptions{BPFRoot: cfg.BPFRoot, Sizes: sizes.LB, Logf: logf})
 	if err != nil {
 		return nil, fmt.Errorf("load socket LB: %w", err)
 	}
@@ -73,11 +76,11 @@ func openDataplane(cfg *Config) (dataplane, error) {
 		return d, nil
 	}
 	opts := datapath.NorthSouthOptions{
-		BPFRoot: cfg.BPFRoot, Sizes: sizes,
+		BPFRoot: cfg.BPFRoot, Sizes: sizes.LB,
 		MaglevTableSize: cfg.MaglevTableSize, MaglevSeed: cfg.MaglevSeed,
-		CTEntries: cfg.CTMapMax, NATEntries: cfg.NATMapMax,
+		CTEntries: sizes.CT, NATEntries: sizes.NAT,
 		FlowCacheSets: cfg.FlowCacheSets, NoFlowCache: cfg.FlowCacheSets == 0,
-		Logf: func(format string, args ...any) { slog.Info(fmt.Sprintf(format, args...)) },
+		Logf: logf,
 	}
 	d.ns, err = datapath.LoadNorthSouth(opts)
 	if err == nil {
@@ -134,7 +137,21 @@ func (d *nodeDataplane) Maps() lbmap.Maps {
 // Attach attaches the socket LB through pinned links, taking over those of
 // a previous agent.
 func (d *nodeDataplane) Attach(cgroupPath string) error {
-	return d.SockLB.AttachPinned(cgroupPath, datapath.LinksDir(d.cfg.BPFRoot))
+	if err := d.SockLB.AttachPinned(cgroupPath, datapath.LinksDir(d.cfg.BPFRoot)); err != nil {
+		return err
+	}
+	if d.ns == nil {
+		d.finishMigration()
+	}
+	return nil
+}
+
+// finishMigration lets the LB maps taken over on load (a new size) go once
+// every old program is replaced, copying what those wrote meanwhile.
+func (d *nodeDataplane) finishMigration() {
+	if err := d.SockLB.FinishMigration(); err != nil {
+		slog.Warn("pinned LB maps of another size", "err", err)
+	}
 }
 
 func (d *nodeDataplane) AttachPoints() []api.AttachPoint {
@@ -201,6 +218,9 @@ func (d *nodeDataplane) AttachDevices() ([]api.Device, error) {
 		mode = datapath.XDPGeneric
 	}
 	got, err := d.ns.AttachDevices(datapath.DeviceOptions{Devices: devs, XDP: mode, LinksDir: datapath.LinksDir(d.cfg.BPFRoot)})
+	if err == nil {
+		d.finishMigration() // the socket LB's hooks are replaced already
+	}
 	out := make([]api.Device, 0, len(got))
 	for _, a := range got {
 		out = append(out, apiDevice(a))

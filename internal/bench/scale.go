@@ -210,11 +210,9 @@ func runContender(ctx context.Context, cfg ScaleConfig, d string) (res ScaleCont
 	cfg.step("%s: lab up (real control plane, %d nodes)", d, scaleNodes)
 	lc := lab.Config{Prefix: cfg.Prefix, Nodes: scaleNodes, PodsPerNode: scalePodsPerNode, Dataplane: d,
 		ControlPlane: lab.ControlPlaneReal, Exe: cfg.Exe, AgentBin: cfg.AgentBin, Progress: indent{cfg.Progress}}
-	if d == lab.DataplaneSluice {
-		// One service map entry per frontend and per backend slot:
-		// 10,000 × (1 + 10) does not fit the default 65,536.
-		lc.AgentArgs = []string{"--bpf-lb-map-max=262144"}
-	}
+	// No map-size flag for sluice: the agent sizes its maps from memory
+	// (docs/maps.md), and 10,000 × (1 + 10) service entries must fit its
+	// defaults as they would on a user's node.
 	l, err := lab.Up(ctx, lc)
 	if errors.Is(err, lab.ErrDataplaneUnavailable) {
 		res.Skipped = err.Error()

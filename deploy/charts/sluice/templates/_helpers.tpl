@@ -81,6 +81,7 @@ bpf-lb-flow-cache-sets: {{ .Values.bpf.flowCacheSets | int64 | toString | quote 
 bpf-lb-maglev-hash-seed: {{ .Values.maglev.hashSeed | int64 | toString | quote }}
 bpf-lb-maglev-table-size: {{ .Values.maglev.tableSize | int64 | toString | quote }}
 bpf-lb-map-max: {{ .Values.bpf.lbMapMax | int64 | toString | quote }}
+bpf-map-dynamic-size-ratio: {{ .Values.bpf.mapDynamicSizeRatio | toString | quote }}
 bpf-nat-global-max: {{ .Values.bpf.natMapMax | int64 | toString | quote }}
 bpf-root: {{ .Values.bpf.root | quote }}
 cgroup-root: {{ include "sluice.cgroupMountPath" . | quote }}
