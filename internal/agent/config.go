@@ -103,7 +103,9 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&c.Devices, "devices", nil, "external network devices for tc/XDP (comma separated)")
 	fs.StringVar(&c.LBAlgorithm, "lb-algorithm", "random", "backend selection: random or maglev")
 	fs.StringVar(&c.LBMode, "lb-mode", "snat", "north-south forwarding: snat, dsr or hybrid")
-	fs.StringVar(&c.LBAcceleration, "lb-acceleration", "disabled", "XDP acceleration: disabled, native or best-effort")
+	fs.StringVar(&c.LBAcceleration, "lb-acceleration", "disabled", "XDP acceleration on --devices: disabled, native (driver mode, or fail) "+
+		"or best-effort (driver mode where the driver allows it, else tc; a veth stays on tc: native XDP on a veth needs an XDP program "+
+		"on its peer and senders without TX checksum offload, see docs/xdp-on-veth.md)")
 	fs.StringVar(&c.NodePortRange, "node-port-range", DefaultNodePortRange, "NodePort range, MIN-MAX")
 	fs.BoolVar(&c.BandwidthMgr, "enable-bandwidth-manager", false, "enforce Pod bandwidth annotations with EDT")
 	fs.BoolVar(&c.SocketLB, "socket-lb", true, "load balance at the socket layer (connect, sendmsg, recvmsg, getpeername, bind)")

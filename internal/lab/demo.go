@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/sluice-dataplane/sluice/internal/api"
 )
 
 //go:embed testdata/demo-services.yaml
@@ -36,6 +38,12 @@ const (
 	demoLatency    = "198.19.0.15:80" // its only backend: demoLatencyPod
 	demoLatencyPod = "node2-pod1"
 	demoFrom       = "node1-pod1"
+	// North-south: the client enters by demoXDPNode (native XDP) and by
+	// demoTCNode (tc), each time to a backend on the other node.
+	demoXDPNode     = "node1"
+	demoXDPNodePort = 30081
+	demoTCNode      = "node2"
+	demoTCNodePort  = 30082
 )
 
 // DemoConfig configures `lab demo`.
@@ -57,7 +65,24 @@ type DemoResult struct {
 	ServiceList string           `json:"serviceList,omitempty"`
 	Spread      []DemoSpread     `json:"spread"`
 	Latency     []DemoLatencyRow `json:"latency"`
-	Error       string           `json:"error,omitempty"`
+	// Acceleration is what each node's agent runs on eth0, as its status
+	// says ("native XDP", or "tc" with the reason).
+	Acceleration map[string]string `json:"acceleration,omitempty"`
+	// NorthSouth compares the external client's requests to a NodePort
+	// through native XDP (node1) and through tc (node2).
+	NorthSouth []DemoNorthSouthRow `json:"northSouth,omitempty"`
+	Error      string              `json:"error,omitempty"`
+}
+
+// DemoNorthSouthRow compares a NodePort through XDP with one through tc,
+// both forwarding to a backend on the other node.
+type DemoNorthSouthRow struct {
+	Mode     string       `json:"mode"` // new-connection or keepalive
+	XDP      LatencyStats `json:"xdp"`
+	TC       LatencyStats `json:"tc"`
+	RatioP50 float64      `json:"ratioP50"` // XDP / tc
+	RatioP99 float64      `json:"ratioP99"`
+	Rounds   int          `json:"rounds"`
 }
 
 // DemoSpread is how one Service's requests spread over its backends.
@@ -91,7 +116,7 @@ func demoCommand(prefix *string) *cobra.Command {
 	cfg := DemoConfig{}
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "2 nodes × 3 pods, sample Services, traffic through each, VIP vs pod-IP latency",
+		Short: "2 nodes × 3 pods, sample Services, traffic through each, VIP vs pod-IP latency, NodePort through XDP vs tc",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Out = cmd.OutOrStdout()
@@ -153,8 +178,12 @@ func RunDemo(ctx context.Context, prefix string, cfg DemoConfig) (err error) {
 		}
 	}()
 
+	// One lab shows both north-south paths: node1's agent runs native XDP
+	// on its eth0 (the lab readies the veth's peer for it), node2's
+	// best-effort, which keeps a veth on tc.
 	l, err := Up(ctx, Config{Prefix: prefix, Nodes: res.Nodes, PodsPerNode: res.PodsPerNode,
-		Dataplane: cfg.Dataplane, AgentBin: cfg.AgentBin, Progress: out})
+		Dataplane: cfg.Dataplane, AgentBin: cfg.AgentBin, Progress: out,
+		LBAcceleration: AccelerationBestEffort, NodeLBAcceleration: map[string]string{demoXDPNode: AccelerationNative}})
 	if err != nil {
 		return err
 	}
@@ -188,14 +217,20 @@ func RunDemo(ctx context.Context, prefix string, cfg DemoConfig) (err error) {
 		fmt.Fprint(out, list)
 
 		node2, _ := l.Node("node2")
-		nodePort := func(ip fmt.Stringer) string {
-			return "http://" + joinHostPort(ip.String(), demoNodePort) + "/"
+		nodePort := func(ip fmt.Stringer, port int) string { return demoURL(ip.String(), port) }
+		res.Acceleration = map[string]string{}
+		fmt.Fprintln(out, "==> north-south on eth0, as each agent's status says")
+		for _, n := range l.Nodes {
+			res.Acceleration[n.Name] = eth0Acceleration(ctx, n)
+			fmt.Fprintf(out, "    %s: %s\n", n.Name, res.Acceleration[n.Name])
 		}
 		checks := []struct{ svc, from, kind, target string }{
 			{"echo-tcp (ClusterIP TCP)", demoFrom, "http", "http://" + demoTCP + "/"},
 			{"echo-udp (ClusterIP UDP, socket per request)", demoFrom, "udp", demoUDP},
-			{"echo-nodeport (NodePort, node2 IP, from a pod)", demoFrom, "http", nodePort(node2.IPv4)},
-			{"echo-nodeport (NodePort, node1 IP, from node1)", "node1", "http", nodePort(node1.IPv4)},
+			{"echo-nodeport (NodePort, node2 IP, from a pod)", demoFrom, "http", nodePort(node2.IPv4, demoNodePort)},
+			{"echo-nodeport (NodePort, node1 IP, from node1)", "node1", "http", nodePort(node1.IPv4, demoNodePort)},
+			{"echo-ns-xdp (NodePort via node1: XDP)", "client", "http", nodePort(node1.IPv4, demoXDPNodePort)},
+			{"echo-ns-tc (NodePort via node2: tc)", "client", "http", nodePort(node2.IPv4, demoTCNodePort)},
 			{"echo-affinity (ClientIP affinity)", demoFrom, "http", "http://" + demoAffinity + "/"},
 			{"echo-dual (IPv4 VIP)", demoFrom, "http", "http://" + demoDual4 + "/"},
 			{"echo-dual (IPv6 VIP)", demoFrom, "http", "http://" + demoDual6 + "/"},
@@ -224,32 +259,103 @@ func RunDemo(ctx context.Context, prefix string, cfg DemoConfig) (err error) {
 	// One backend behind the VIP, so both measurements take the same path
 	// (across nodes) and differ only by the Service translation.
 	backend, _ := l.Pod(demoLatencyPod)
-	podURL := "http://" + joinHostPort(backend.IPv4.String(), EchoHTTPPort) + "/"
+	podURL := demoURL(backend.IPv4.String(), EchoHTTPPort)
 	vipURL := "http://" + demoLatency + "/"
 	if cfg.Dataplane == DataplaneNone {
 		vipURL = ""
 	}
 	fmt.Fprintf(out, "==> latency from %s: echo-latency VIP %s vs its backend's pod IP %s, %d requests each, alternating\n",
 		demoFrom, demoLatency, backend.IPv4, cfg.Requests)
-	for _, mode := range []string{"new-connection", "keepalive"} {
-		fmt.Fprintf(out, "    %s ...\n", mode)
-		args := []string{l.Exe, "lab", "demo", "latency", "--pod", podURL, "--vip", vipURL,
-			"--requests", strconv.Itoa(cfg.Requests), "--round", strconv.Itoa(demoRoundSize)}
-		if mode == "keepalive" {
-			args = append(args, "--keepalive")
-		}
-		cmp, err := runLatency(ctx, l, demoFrom, args)
-		if err != nil {
-			return fmt.Errorf("latency, %s: %w", mode, err)
-		}
-		row := DemoLatencyRow{Mode: mode, Pod: cmp.Pod, VIP: cmp.VIP, Rounds: cmp.Rounds, RoundSize: cmp.RoundSize}
+	rows, err := compareModes(ctx, l, out, demoFrom, vipURL, podURL, cfg.Requests)
+	if err != nil {
+		return fmt.Errorf("latency, %w", err)
+	}
+	for _, r := range rows {
+		row := DemoLatencyRow{Mode: r.mode, VIP: r.VIP, Pod: r.Pod, Rounds: r.Rounds, RoundSize: r.RoundSize}
 		if vipURL != "" {
-			row.RatioP50, row.RatioP99 = ratio(row.VIP.P50, row.Pod.P50), ratio(row.VIP.P99, row.Pod.P99)
+			row.RatioP50, row.RatioP99 = r.ratios()
 		}
 		res.Latency = append(res.Latency, row)
 	}
-	printLatency(out, res.Latency)
+	printComparison(out, "VIP", "pod", rows)
+	if cfg.Dataplane == DataplaneNone {
+		return nil
+	}
+
+	// The client reaches no pod IP: XDP and tc are measured against each
+	// other, alternating request by request like the VIP and the pod IP.
+	xdpNode, _ := l.Node(demoXDPNode)
+	tcNode, _ := l.Node(demoTCNode)
+	xdpURL, tcURL := demoURL(xdpNode.IPv4.String(), demoXDPNodePort), demoURL(tcNode.IPv4.String(), demoTCNodePort)
+	fmt.Fprintf(out, "==> north-south latency from the client: NodePort %s through %s's XDP vs %s through %s's tc, "+
+		"backend on the other node, %d requests each, alternating\n", xdpURL, demoXDPNode, tcURL, demoTCNode, cfg.Requests)
+	rows, err = compareModes(ctx, l, out, "client", xdpURL, tcURL, cfg.Requests)
+	if err != nil {
+		return fmt.Errorf("north-south latency, %w", err)
+	}
+	for _, r := range rows {
+		p50, p99 := r.ratios()
+		res.NorthSouth = append(res.NorthSouth, DemoNorthSouthRow{Mode: r.mode, XDP: r.VIP, TC: r.Pod, Rounds: r.Rounds,
+			RatioP50: p50, RatioP99: p99})
+	}
+	printComparison(out, "XDP", "tc", rows)
 	return nil
+}
+
+// modeComparison is one `lab demo latency` run: its first target is
+// LatencyComparison's VIP, its second the pod.
+type modeComparison struct {
+	mode string // new-connection or keepalive
+	LatencyComparison
+}
+
+// ratios are the first target's p50 and p99 over the second's.
+func (m modeComparison) ratios() (p50, p99 float64) {
+	return ratio(m.VIP.P50, m.Pod.P50), ratio(m.VIP.P99, m.Pod.P99)
+}
+
+// compareModes measures first (may be "") against second from a lab
+// namespace, with a new connection per request and then with keepalive.
+func compareModes(ctx context.Context, l *Lab, out io.Writer, from, first, second string, requests int) ([]modeComparison, error) {
+	var rows []modeComparison
+	for _, mode := range []string{"new-connection", "keepalive"} {
+		fmt.Fprintf(out, "    %s ...\n", mode)
+		args := []string{l.Exe, "lab", "demo", "latency", "--vip", first, "--pod", second,
+			"--requests", strconv.Itoa(requests), "--round", strconv.Itoa(demoRoundSize)}
+		if mode == "keepalive" {
+			args = append(args, "--keepalive")
+		}
+		cmp, err := runLatency(ctx, l, from, args)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", mode, err)
+		}
+		rows = append(rows, modeComparison{mode: mode, LatencyComparison: *cmp})
+	}
+	return rows, nil
+}
+
+// eth0Acceleration says what a node's agent runs on eth0, from its status.
+func eth0Acceleration(ctx context.Context, n Node) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := api.NewClient(n.Agent.Socket).Status(ctx)
+	if err != nil {
+		return fmt.Sprintf("unknown (status: %v)", err)
+	}
+	if st.NorthSouth != nil {
+		for _, d := range st.NorthSouth.Devices {
+			switch {
+			case d.Name != uplinkName:
+			case d.XDP == "native" || d.XDP == "generic":
+				return fmt.Sprintf("%s XDP and %s (--lb-acceleration %s)", d.XDP, d.TC, st.NorthSouth.Acceleration)
+			case d.XDPError != "":
+				return fmt.Sprintf("%s only (--lb-acceleration %s: %s)", d.TC, st.NorthSouth.Acceleration, d.XDPError)
+			default:
+				return fmt.Sprintf("%s only (--lb-acceleration %s)", d.TC, st.NorthSouth.Acceleration)
+			}
+		}
+	}
+	return "nothing attached to " + uplinkName
 }
 
 // runLatency runs `lab demo latency` in a pod and decodes its result.
@@ -373,15 +479,20 @@ func ratio(a, b float64) float64 {
 	return a / b
 }
 
-func printLatency(w io.Writer, rows []DemoLatencyRow) {
+// printComparison prints p50 and p99 of both targets and their ratios,
+// a row per mode.
+func printComparison(w io.Writer, first, second string, rows []modeComparison) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tVIP p50 µs\tpod p50 µs\tp50 VIP/pod\tVIP p99 µs\tpod p99 µs\tp99 VIP/pod\t")
+	fmt.Fprintf(tw, "mode\t%[1]s p50 µs\t%[2]s p50 µs\tp50 %[1]s/%[2]s\t%[1]s p99 µs\t%[2]s p99 µs\tp99 %[1]s/%[2]s\t\n", first, second)
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.3f\t%.0f\t%.0f\t%.3f\t\n",
-			r.Mode, r.VIP.P50, r.Pod.P50, r.RatioP50, r.VIP.P99, r.Pod.P99, r.RatioP99)
+		p50, p99 := r.ratios()
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.3f\t%.0f\t%.0f\t%.3f\t\n", r.mode, r.VIP.P50, r.Pod.P50, p50, r.VIP.P99, r.Pod.P99, p99)
 	}
 	tw.Flush()
 }
+
+// demoURL is the echo backend's URL at host:port.
+func demoURL(host string, port int) string { return "http://" + joinHostPort(host, port) + "/" }
 
 func joinHostPort(host string, port int) string {
 	if len(host) > 0 && host[0] != '[' && bytes.ContainsRune([]byte(host), ':') {

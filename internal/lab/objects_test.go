@@ -259,8 +259,8 @@ func TestApplyAndDeleteManifests(t *testing.T) {
 	if err != nil {
 		t.Fatalf("decode demo services: %v", err)
 	}
-	if len(objs) != 6 {
-		t.Fatalf("demo services: %d objects, want 6", len(objs))
+	if len(objs) != 8 {
+		t.Fatalf("demo services: %d objects, want 8", len(objs))
 	}
 	if err := applyObjects(dir, testPods(), objs); err != nil {
 		t.Fatalf("apply: %v", err)

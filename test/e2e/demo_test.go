@@ -127,14 +127,43 @@ func TestPrivilegedDemo(t *testing.T) {
 	if len(res.Latency) != 2 {
 		t.Fatalf("demo latency rows %+v, want new-connection and keepalive\n%s", res.Latency, out)
 	}
-	for _, r := range res.Latency {
-		if r.VIP.N != requests || r.Pod.N != requests || r.Rounds != requests || r.RatioP50 <= 0 {
-			t.Errorf("demo latency %s: VIP n=%d, pod n=%d, rounds %d, p50 ratio %.3f; want %d each, alternating request by request",
-				r.Mode, r.VIP.N, r.Pod.N, r.Rounds, r.RatioP50, requests)
+	// Each comparison measured both targets with every request,
+	// alternating request by request.
+	measured := func(what, mode string, n1, n2, rounds int, p50 float64) {
+		t.Helper()
+		if n1 != requests || n2 != requests || rounds != requests || p50 <= 0 {
+			t.Errorf("demo %s, %s: n=%d and n=%d, rounds %d, p50 ratio %.3f; want %d each, alternating request by request",
+				what, mode, n1, n2, rounds, p50, requests)
 		}
+	}
+	for _, r := range res.Latency {
+		measured("latency VIP vs pod", r.Mode, r.VIP.N, r.Pod.N, r.Rounds, r.RatioP50)
 	}
 	if !strings.Contains(string(out), "p50 VIP/pod") {
 		t.Errorf("demo output lacks the latency table:\n%s", out)
+	}
+	// North-south: node1 runs native XDP, node2 tc (best-effort on a
+	// veth), and the client's requests through each all came back.
+	if a := res.Acceleration; !strings.HasPrefix(a["node1"], "native XDP") || !strings.HasPrefix(a["node2"], "tcx only") && !strings.HasPrefix(a["node2"], "tc only") {
+		t.Errorf("demo acceleration %v, want native XDP on node1 and tc only on node2", a)
+	}
+	for _, svc := range []string{"echo-ns-xdp", "echo-ns-tc"} {
+		found := false
+		for _, s := range res.Spread {
+			found = found || strings.HasPrefix(s.Service, svc) && s.From == "client"
+		}
+		if !found {
+			t.Errorf("demo spread has no row for %s from the client: %+v", svc, res.Spread)
+		}
+	}
+	if len(res.NorthSouth) != 2 {
+		t.Fatalf("demo north-south rows %+v, want new-connection and keepalive\n%s", res.NorthSouth, out)
+	}
+	for _, r := range res.NorthSouth {
+		measured("north-south XDP vs tc", r.Mode, r.XDP.N, r.TC.N, r.Rounds, r.RatioP50)
+	}
+	if !strings.Contains(string(out), "p50 XDP/tc") {
+		t.Errorf("demo output lacks the north-south table:\n%s", out)
 	}
 	t.Logf("demo output:\n%s", out)
 }
