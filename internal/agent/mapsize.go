@@ -12,14 +12,12 @@ import (
 // winning, and logs once what it chose and why.
 func chooseMapSizes(cfg *Config, log *slog.Logger) (datapath.ChosenSizes, error) {
 	in := datapath.MapSizing{Ratio: cfg.MapSizeRatio, Services: cfg.LBMapMax, CT: cfg.CTMapMax, NAT: cfg.NATMapMax}
-	if cfg.MapSizeRatio > 0 {
-		mem, err := datapath.MemTotal()
-		if err != nil {
-			return datapath.ChosenSizes{}, fmt.Errorf("--bpf-map-dynamic-size-ratio=%v: %w; "+
-				"set it to 0 for the fixed sizes, or give --bpf-lb-map-max, --bpf-ct-global-max and --bpf-nat-global-max", cfg.MapSizeRatio, err)
-		}
-		in.MemTotal = mem
+	mem, err := datapath.MemTotal()
+	if err != nil && cfg.MapSizeRatio > 0 {
+		return datapath.ChosenSizes{}, fmt.Errorf("--bpf-map-dynamic-size-ratio=%v: %w; "+
+			"set it to 0 for the fixed sizes, or give --bpf-lb-map-max, --bpf-ct-global-max and --bpf-nat-global-max", cfg.MapSizeRatio, err)
 	}
+	in.MemTotal = mem // only logged when the ratio is 0
 	c := datapath.SizeMaps(in)
 	args := []any{"memTotal", mib(in.MemTotal), "ratio", cfg.MapSizeRatio, "budget", mib(c.Budget)}
 	for _, m := range c.Maps {

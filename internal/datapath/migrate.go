@@ -71,8 +71,8 @@ func migratePins(spec *ebpf.CollectionSpec, root string, logf func(format string
 		m.name, m.refill = mm.name, mm.refill
 		done = append(done, m)
 		if logf != nil {
-			logf("pinned map %s: %d of %d entries taken over into the new layout (%d value bytes, %d entries, was %d)",
-				mm.name, copied.copied, copied.seen, ms.ValueSize, ms.MaxEntries, copied.oldMax)
+			logf("pinned map %s: %d of %d entries taken over into a map of %d entries (was %d) and %d value bytes",
+				mm.name, copied.copied, copied.seen, ms.MaxEntries, copied.oldMax, ms.ValueSize)
 		}
 	}
 	return done, nil
