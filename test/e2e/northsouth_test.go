@@ -50,6 +50,25 @@ func nsLab(t *testing.T, mode, accel string, agentArgs ...string) *lab.Lab {
 	return l
 }
 
+// nsAccelerations are the lab's two north-south datapaths on the nodes'
+// eth0, veths: native XDP (the lab readies the peers for it) and
+// best-effort, which keeps a veth on tc.
+var nsAccelerations = []string{lab.AccelerationNative, lab.AccelerationBestEffort}
+
+// nsCase is one lab of a north-south test: a mode and an acceleration.
+type nsCase struct{ name, mode, accel string }
+
+// nsCases is every mode with every acceleration.
+func nsCases(modes ...string) []nsCase {
+	var out []nsCase
+	for _, m := range modes {
+		for _, a := range nsAccelerations {
+			out = append(out, nsCase{fmt.Sprintf("lb-mode %s, lb-acceleration %s", m, a), m, a})
+		}
+	}
+	return out
+}
+
 // probeAnswered runs a probe that must be answered, after one single
 // request with a short timeout that fails the test at once when the path
 // is dead: a broken datapath then costs a second per case, not the full
@@ -125,13 +144,15 @@ func sameFamily(ip, v4, v6 netip.Addr) netip.Addr {
 // TestPrivilegedNorthSouthModes sends TCP and UDP from the external client
 // to every external frontend of a Service whose backends run on the entry
 // node (local: DNAT only) and of one whose backends run only on the other
-// node (remote), in each --lb-mode, IPv4 and IPv6. It checks who answers
+// node (remote), in each --lb-mode, through XDP and through tc, IPv4 and
+// IPv6. It checks who answers
 // and the client address the backend sees: the client's own after DNAT and
 // DSR, the entry node's after SNAT.
 func TestPrivilegedNorthSouthModes(t *testing.T) {
-	for _, mode := range []string{lab.LBModeSNAT, lab.LBModeDSR, lab.LBModeHybrid} {
-		t.Run("lb-mode "+mode, func(t *testing.T) {
-			l := nsLab(t, mode, lab.AccelerationBestEffort)
+	for _, c := range nsCases(lab.LBModeSNAT, lab.LBModeDSR, lab.LBModeHybrid) {
+		mode := c.mode
+		t.Run(c.name, func(t *testing.T) {
+			l := nsLab(t, mode, c.accel)
 			node1, node2 := l.Nodes[0], l.Nodes[1]
 			local, remote := addrs{k: 60}, addrs{k: 61}
 			apply(t, l, nsService("ns-local", local, map[string]string{lab.LabelNode: node1.Name}),
@@ -216,9 +237,10 @@ func TestPrivilegedNorthSouthModes(t *testing.T) {
 // backend sees the client's own address; node2, without local backends,
 // drops (the client times out) instead of forwarding to node1.
 func TestPrivilegedExternalTrafficPolicyLocal(t *testing.T) {
-	for _, mode := range []string{lab.LBModeSNAT, lab.LBModeDSR} {
-		t.Run("lb-mode "+mode, func(t *testing.T) {
-			l := nsLab(t, mode, lab.AccelerationBestEffort)
+	for _, c := range nsCases(lab.LBModeSNAT, lab.LBModeDSR) {
+		mode := c.mode
+		t.Run(c.name, func(t *testing.T) {
+			l := nsLab(t, mode, c.accel)
 			node1, node2 := l.Nodes[0], l.Nodes[1]
 			a := addrs{k: 62}
 			svc := nsService("ns-etp-local", a, map[string]string{lab.LabelNode: node1.Name})
@@ -270,7 +292,13 @@ func TestPrivilegedExternalTrafficPolicyLocal(t *testing.T) {
 // answers a client inside loadBalancerSourceRanges and drops one outside.
 // The backends run on the entry node, so that only the ranges decide.
 func TestPrivilegedLoadBalancerSourceRanges(t *testing.T) {
-	l := nsLab(t, lab.LBModeSNAT, lab.AccelerationBestEffort)
+	for _, accel := range nsAccelerations {
+		t.Run("lb-acceleration "+accel, func(t *testing.T) { testLoadBalancerSourceRanges(t, accel) })
+	}
+}
+
+func testLoadBalancerSourceRanges(t *testing.T, accel string) {
+	l := nsLab(t, lab.LBModeSNAT, accel)
 	allowed, denied := addrs{k: 63}, addrs{k: 64}
 	node1 := l.Nodes[0]
 	in := nsService("ns-src-allowed", allowed, map[string]string{lab.LabelNode: node1.Name})
