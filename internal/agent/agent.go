@@ -86,6 +86,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
+	a.checkBPFFS()
 	log.Info("programs loaded", "sinceStart", time.Since(started))
 	defer func() {
 		// The programs stay attached through their pinned links and the

@@ -3,30 +3,157 @@ package datapath
 import (
 	"os"
 	"path/filepath"
-	"slices"
+	"reflect"
 	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
 )
 
-func TestParseCgroup2Mounts(t *testing.T) {
+func TestParseMountinfo(t *testing.T) {
 	const mountinfo = `25 30 0:23 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
-41 31 0:38 / /sys/fs/cgroup/unified rw,relatime shared:10 - cgroup2 cgroup2 rw
-42 31 0:39 / /sys/fs/cgroup/cpu rw,relatime shared:11 - cgroup cgroup rw,cpu
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime shared:10 master:3 - cgroup2 cgroup2 rw
 90 25 0:38 /kubepods /run/my\040cgroup rw,relatime - cgroup2 none rw
 broken line
+91 25 0:39 / /no/fstype rw -
 `
-	got, err := parseCgroup2Mounts(strings.NewReader(mountinfo))
+	got, err := parseMountinfo(strings.NewReader(mountinfo))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []mount{
-		{root: "/", point: "/sys/fs/cgroup/unified"},
-		{root: "/kubepods", point: "/run/my cgroup"},
+		{dev: "0:23", root: "/", point: "/sys", optional: []string{"shared:7"}, fstype: "sysfs"},
+		{dev: "0:38", root: "/", point: "/sys/fs/cgroup/unified", optional: []string{"shared:10", "master:3"}, fstype: "cgroup2"},
+		{dev: "0:38", root: "/kubepods", point: "/run/my cgroup", optional: []string{}, fstype: "cgroup2"},
 	}
-	if !slices.Equal(got, want) {
-		t.Errorf("parseCgroup2Mounts = %+v, want %+v", got, want)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("parseMountinfo =\n%+v\nwant\n%+v", got, want)
+	}
+}
+
+// Mountinfo as the kernel writes it on a systemd host (every mount shared)
+// and in the namespaces sluice-agent may be started in. Device numbers:
+// the host's bpffs is 0:29; 0:131 and 0:140 are bpffs instances mounted
+// later, in other namespaces.
+const (
+	hostMountinfo = `1 0 254:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw
+22 1 0:21 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
+30 22 0:29 / /sys/fs/bpf rw,nosuid,nodev,noexec,relatime shared:13 - bpf bpf rw,mode=700
+31 22 0:30 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw
+`
+	// ip netns exec: a copy of the host's mounts as slaves, /sys replaced
+	// by a fresh sysfs (no propagation), and the agent's own bpffs on it.
+	ipNetnsExecMountinfo = `2290 2289 254:1 / / rw,relatime master:1 - ext4 /dev/vda1 rw
+2300 2290 0:22 / /proc rw,nosuid,nodev,noexec,relatime master:12 - proc proc rw
+2315 2290 0:130 / /sys rw,relatime - sysfs sluice-test rw
+2316 2315 0:131 / /sys/fs/bpf rw,relatime - bpf bpf rw,mode=700
+`
+	// A container with hostPath /sys/fs/bpf and mountPropagation
+	// HostToContainer: the host's bpffs as a slave.
+	hostToContainerMountinfo = `1830 1700 0:150 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w
+1840 1830 0:151 / /sys ro,nosuid,nodev,noexec,relatime - sysfs sysfs ro
+1850 1840 0:29 / /sys/fs/bpf rw,nosuid,nodev,noexec,relatime master:13 - bpf bpf rw,mode=700
+`
+	// The same hostPath without mountPropagation (None): a private copy.
+	noPropagationMountinfo = `1830 1700 0:150 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w
+1840 1830 0:151 / /sys ro,nosuid,nodev,noexec,relatime - sysfs sysfs ro
+1850 1840 0:29 / /sys/fs/bpf rw,nosuid,nodev,noexec,relatime - bpf bpf rw,mode=700
+`
+	// A container whose hostPath /sys/fs/bpf is a plain sysfs directory
+	// (the host has no bpffs there), with a bpffs mounted over it inside.
+	containerOwnMountinfo = `1830 1700 0:150 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w
+1840 1830 0:151 / /sys ro,nosuid,nodev,noexec,relatime - sysfs sysfs ro
+1850 1840 0:21 /fs/bpf /sys/fs/bpf rw,nosuid,nodev,noexec,relatime master:7 - sysfs sysfs rw
+1870 1850 0:140 / /sys/fs/bpf rw,relatime - bpf bpf rw,mode=700
+`
+	// Bidirectional: the bpffs mounted in the container spread to the
+	// host's /sys/fs/bpf.
+	bidirectionalMountinfo = `1830 1700 0:150 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w
+1850 1830 0:21 /fs/bpf /sys/fs/bpf rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
+1870 1850 0:140 / /sys/fs/bpf rw,relatime shared:250 - bpf bpf rw,mode=700
+`
+	hostAfterBidirectionalMountinfo = hostMountinfo + `2001 30 0:140 / /sys/fs/bpf rw,relatime shared:250 - bpf bpf rw,mode=700
+`
+	// A bpffs mounted below /run, with a second instance stacked on the
+	// host's at /sys/fs/bpf.
+	stackedMountinfo = `2290 2289 254:1 / / rw,relatime master:1 - ext4 /dev/vda1 rw
+2315 2290 0:21 / /sys rw,nosuid,nodev,noexec,relatime master:7 - sysfs sysfs rw
+2316 2315 0:29 / /sys/fs/bpf rw,nosuid,nodev,noexec,relatime master:13 - bpf bpf rw,mode=700
+2317 2316 0:131 / /sys/fs/bpf rw,relatime - bpf bpf rw,mode=700
+2318 2290 0:140 / /run/sluice/bpf rw,relatime - bpf bpf rw,mode=700
+`
+)
+
+func TestBPFFSScope(t *testing.T) {
+	for _, tt := range []struct {
+		name        string
+		path, dev   string
+		self, init  string
+		initVisible bool
+		sameNS      bool
+		ownMount    bool
+
+		want          BPFFSLifetime
+		wantPoint     string
+		wantHostPoint string
+		wantReason    string
+	}{
+		{name: "host namespace (nsenter --net)", path: "/sys/fs/bpf/sluice", dev: "0:29",
+			self: hostMountinfo, init: hostMountinfo, initVisible: true, sameNS: true,
+			want: BPFFSHost, wantPoint: "/sys/fs/bpf", wantReason: "init mount namespace"},
+		{name: "ip netns exec, own mount", path: "/sys/fs/bpf/sluice", dev: "0:131",
+			self: ipNetnsExecMountinfo, init: hostMountinfo, initVisible: true, ownMount: true,
+			want: BPFFSPrivate, wantPoint: "/sys/fs/bpf", wantReason: "this process mounted this bpffs (0:131)"},
+		{name: "ip netns exec, mounted by a wrapper", path: "/sys/fs/bpf/sluice", dev: "0:131",
+			self: ipNetnsExecMountinfo, init: hostMountinfo, initVisible: true,
+			want: BPFFSPrivate, wantPoint: "/sys/fs/bpf", wantReason: "does not mount this bpffs (0:131)"},
+		{name: "container with host PID, HostToContainer", path: "/sys/fs/bpf/sluice", dev: "0:29",
+			self: hostToContainerMountinfo, init: hostMountinfo, initVisible: true,
+			want: BPFFSHost, wantPoint: "/sys/fs/bpf", wantHostPoint: "/sys/fs/bpf", wantReason: "same bpffs (0:29)"},
+		{name: "container with host PID, own mount propagated back (Bidirectional)", path: "/sys/fs/bpf/sluice", dev: "0:140",
+			self: bidirectionalMountinfo, init: hostAfterBidirectionalMountinfo, initVisible: true, ownMount: true,
+			want: BPFFSHost, wantPoint: "/sys/fs/bpf", wantHostPoint: "/sys/fs/bpf", wantReason: "same bpffs (0:140)"},
+		{name: "container with host PID, own mount", path: "/sys/fs/bpf/sluice", dev: "0:140",
+			self: containerOwnMountinfo, init: hostMountinfo, initVisible: true, ownMount: true,
+			want: BPFFSPrivate, wantPoint: "/sys/fs/bpf"},
+		{name: "container, HostToContainer", path: "/sys/fs/bpf/sluice", dev: "0:29",
+			self: hostToContainerMountinfo,
+			want: BPFFSHost, wantPoint: "/sys/fs/bpf", wantReason: "propagation (master:13)"},
+		{name: "container, Bidirectional", path: "/sys/fs/bpf/sluice", dev: "0:140",
+			self: bidirectionalMountinfo, ownMount: true,
+			want: BPFFSHost, wantPoint: "/sys/fs/bpf", wantReason: "propagation (shared:250)"},
+		{name: "container, own mount", path: "/sys/fs/bpf/sluice", dev: "0:140",
+			self: containerOwnMountinfo, ownMount: true,
+			want: BPFFSPrivate, wantPoint: "/sys/fs/bpf", wantReason: "no propagation"},
+		{name: "container, hostPath without propagation", path: "/sys/fs/bpf/sluice", dev: "0:29",
+			self: noPropagationMountinfo,
+			want: BPFFSUnknown, wantPoint: "/sys/fs/bpf", wantReason: "not visible"},
+		{name: "stacked over the host's", path: "/sys/fs/bpf/sluice", dev: "0:131",
+			self: stackedMountinfo, init: hostMountinfo, initVisible: true, ownMount: true,
+			want: BPFFSPrivate, wantPoint: "/sys/fs/bpf"},
+		{name: "below /run", path: "/run/sluice/bpf/node1", dev: "0:140",
+			self: stackedMountinfo, init: hostMountinfo, initVisible: true, ownMount: true,
+			want: BPFFSPrivate, wantPoint: "/run/sluice/bpf"},
+		{name: "a prefix is not a parent", path: "/run/sluice/bpf2", dev: "0:140",
+			self: stackedMountinfo, ownMount: true,
+			want: BPFFSPrivate, wantPoint: ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			v := bpffsView{path: tt.path, dev: tt.dev, initVisible: tt.initVisible, sameNS: tt.sameNS, ownMount: tt.ownMount}
+			var err error
+			if v.self, err = parseMountinfo(strings.NewReader(tt.self)); err != nil {
+				t.Fatal(err)
+			}
+			if v.init, err = parseMountinfo(strings.NewReader(tt.init)); err != nil {
+				t.Fatal(err)
+			}
+			got := v.scope()
+			if got.Lifetime != tt.want || got.MountPoint != tt.wantPoint || got.HostMountPoint != tt.wantHostPoint ||
+				got.Dev != tt.dev || !strings.Contains(got.Reason, tt.wantReason) {
+				t.Errorf("scope of %s on %s (init visible %v, same ns %v, own mount %v) = %+v;\nwant %v at %q, host %q, reason with %q",
+					tt.path, tt.dev, tt.initVisible, tt.sameNS, tt.ownMount, got, tt.want, tt.wantPoint, tt.wantHostPoint, tt.wantReason)
+			}
+		})
 	}
 }
 
