@@ -21,7 +21,7 @@ import (
 )
 
 func TestPrivilegedStaleNeighboursSwept(t *testing.T) {
-	l := nsLab(t, lab.LBModeSNAT, lab.AccelerationBestEffort)
+	l := nsLab(t, lab.LBModeSNAT, lab.AccelerationNative) // XDP on the lab's veths
 	node1 := l.Nodes[0]
 	neighs := func() string {
 		t.Helper()

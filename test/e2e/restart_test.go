@@ -35,7 +35,13 @@ type flow struct {
 // of node1 to the ClusterIP. Every request of every flow must be answered,
 // by one backend per flow, and the restarted agent must serve new flows.
 func TestPrivilegedAgentRestartKeepsFlows(t *testing.T) {
-	l := nsLab(t, lab.LBModeSNAT, lab.AccelerationBestEffort)
+	for _, accel := range nsAccelerations { // XDP links and tc links are both taken over
+		t.Run("lb-acceleration "+accel, func(t *testing.T) { testAgentRestartKeepsFlows(t, accel) })
+	}
+}
+
+func testAgentRestartKeepsFlows(t *testing.T, accel string) {
+	l := nsLab(t, lab.LBModeSNAT, accel)
 	node1, node2 := l.Nodes[0], l.Nodes[1]
 	a := addrs{k: 70}
 	apply(t, l, nsService("ns-restart", a, map[string]string{lab.LabelNode: node2.Name}))
