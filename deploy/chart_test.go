@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -208,7 +209,6 @@ func validateAgent(t *testing.T, cfg agent.Config) {
 var deliberate = map[string]string{
 	"CgroupRoot":      "the host's hierarchy, mounted into the pod",
 	"AllowCgroupRoot": "a real node attaches at the hierarchy root",
-	"MetricsAddr":     "metrics on by default in a cluster",
 	"APISocket":       "the hostPath-mounted /run/sluice, where the host's sluice CLI looks",
 	"NodeName":        "the downward API's spec.nodeName",
 }
@@ -241,7 +241,7 @@ func TestSluiceChartDefaultsMatchAgent(t *testing.T) {
 	}
 	for field, want := range map[string]any{
 		"CgroupRoot": "/host/sys/fs/cgroup", "AllowCgroupRoot": true,
-		"MetricsAddr": "0.0.0.0:10249", "APISocket": "/run/sluice/sluice.sock", "NodeName": testNodeName,
+		"MetricsAddr": "127.0.0.1:10262", "APISocket": "/run/sluice/sluice.sock", "NodeName": testNodeName,
 		"HealthzAddr": "0.0.0.0:10256",
 	} {
 		if g := gv.FieldByName(field).Interface(); g != want {
@@ -342,12 +342,15 @@ func TestSluiceChartValues(t *testing.T) {
 		"per-packet-values": {
 			cfg: func(c *agent.Config) {
 				c.SocketLB, c.AllowCgroupRoot, c.UnloadOnExit = false, false, true
-				c.MetricsAddr = "127.0.0.1:9962"
+				c.MetricsAddr = "0.0.0.0:10263"
 			},
 			check: func(t *testing.T, ds *appsv1.DaemonSet, objs []*unstructured.Unstructured) {
 				pod := ds.Spec.Template.Spec
 				if len(pod.InitContainers) != 0 {
 					t.Errorf("bpf.autoMount=false still mounts bpffs: %+v", pod.InitContainers)
+				}
+				if c := pod.Containers[0]; len(c.Ports) != 2 || c.Ports[1].Name != "metrics" || c.Ports[1].ContainerPort != 10263 {
+					t.Errorf("ports %+v, want healthz and metrics 10263 (metrics.bindAddress 0.0.0.0)", c.Ports)
 				}
 				if pod.ServiceAccountName != "sluice-agent" {
 					t.Errorf("serviceAccountName %q, want sluice-agent", pod.ServiceAccountName)
@@ -472,8 +475,15 @@ func TestSluiceChartPodSpec(t *testing.T) {
 	for _, p := range c.Ports {
 		ports[p.Name] = p.ContainerPort
 	}
-	if ports["healthz"] != 10256 || ports["metrics"] != 10249 {
-		t.Errorf("ports %v, want healthz 10256 (kube-proxy's) and metrics 10249", ports)
+	// /metrics is on loopback (the pod has the node's addresses): no port
+	// to declare.
+	if _, metrics := ports["metrics"]; ports["healthz"] != 10256 || metrics || len(ports) != 1 {
+		t.Errorf("ports %v, want healthz 10256 (kube-proxy's) alone", ports)
+	}
+	args, env := agentCommand(t, objs)
+	cfg, _ := agentFlags(t, args, env)
+	if host, _, err := net.SplitHostPort(cfg.MetricsAddr); err != nil || !net.ParseIP(host).IsLoopback() {
+		t.Errorf("--metrics-addr=%s (%v) on the host network: want a loopback address, no unauthenticated metrics on the node's addresses", cfg.MetricsAddr, err)
 	}
 }
 

@@ -203,11 +203,7 @@ func (a *Agent) run(ctx context.Context) error {
 		}
 	})
 	if a.cfg.MetricsAddr != "" {
-		mln, err := net.Listen("tcp", a.cfg.MetricsAddr)
-		if err != nil {
-			return fmt.Errorf("--metrics-addr=%s: %w", a.cfg.MetricsAddr, err)
-		}
-		wg.Go(func() { a.serveMetrics(ctx, mln) })
+		wg.Go(func() { a.listenMetrics(ctx) })
 	}
 	if a.cfg.HealthzAddr != "" {
 		wg.Go(func() { a.serveHealthz(ctx) })

@@ -80,6 +80,12 @@ const (
 	// kube-proxy's --healthz-bind-address default, so that load balancers
 	// and probes configured for kube-proxy keep working.
 	DefaultHealthzAddr = "0.0.0.0:10256"
+	// Metrics are unauthenticated, so loopback unless asked, as kube-proxy's
+	// --metrics-bind-address. Not kube-proxy's port 10249 (both run during a
+	// migration), nor Cilium's 9962-9965 (its agent may be the CNI beside
+	// sluice), nor the kubelet's and control plane's 10248-10259 or
+	// ingress-nginx's 10254; the exporter range 9100-9999 is all taken.
+	DefaultMetricsAddr = "127.0.0.1:10262"
 	// A full resync repairs maps that something else changed, like
 	// kube-proxy's syncPeriod.
 	DefaultSyncPeriod = 5 * time.Minute
@@ -98,7 +104,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.AllowCgroupRoot, "allow-cgroup-root", false, "allow --cgroup-root to be the root of a cgroup2 hierarchy (a real node needs this; the lab never)")
 	fs.StringVar(&c.BPFRoot, "bpf-root", DefaultBPFRoot, "directory on bpffs for pinned maps")
 	fs.StringVar(&c.APISocket, "api-socket", api.DefaultSocket, "unix socket of the local API")
-	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "host:port for Prometheus /metrics; empty disables")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "host:port for Prometheus /metrics (loopback by default: unauthenticated; 0.0.0.0:PORT exposes it); empty disables")
 	fs.StringVar(&c.HealthzAddr, "healthz-bind-address", DefaultHealthzAddr, "host:port of kube-proxy's /healthz and /livez; empty disables")
 	fs.StringSliceVar(&c.Devices, "devices", nil, "external network devices for tc/XDP (comma separated)")
 	fs.StringVar(&c.LBAlgorithm, "lb-algorithm", "random", "backend selection: random or maglev")

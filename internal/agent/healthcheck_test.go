@@ -107,7 +107,7 @@ func TestAgentHealthCheck(t *testing.T) {
 	writeFile(t, dir, "lb.yaml", fmt.Sprintf(lbLocal, hcPort)+"---\n"+nodeOne)
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	cfg, err := parse(t, "--node-name=node1", "--manifests="+dir, "--cgroup-root=/sys/fs/cgroup/unified/sluice-ag-test",
-		"--api-socket="+sock, "--healthz-bind-address=127.0.0.1:0", "--node-port-range=1-64511", "--lb-algorithm=maglev")
+		"--api-socket="+sock, "--healthz-bind-address=127.0.0.1:0", "--metrics-addr=", "--node-port-range=1-64511", "--lb-algorithm=maglev")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -227,7 +227,7 @@ func newKubeAgent(t *testing.T, src Source, extra ...string) (*Agent, *memDatapl
 	fakeCgroup(t)
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
 	args := append([]string{"--node-name=node1", "--kubeconfig=/dev/null", "--cgroup-root=/sys/fs/cgroup/unified/sluice-ag-test",
-		"--api-socket=" + t.TempDir() + "/agent.sock", "--bpf-lb-map-max=262144"}, extra...)
+		"--api-socket=" + t.TempDir() + "/agent.sock", "--bpf-lb-map-max=262144", "--metrics-addr="}, extra...)
 	cfg, err := parse(t, args...)
 	if err != nil {
 		t.Fatal(err)

@@ -30,6 +30,12 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- if contains ":" $host -}}[{{ $host }}]:{{ index . 1 }}{{- else -}}{{ $host }}:{{ index . 1 }}{{- end }}
 {{- end }}
 
+{{/* "true" when /metrics listens beyond the node's loopback. */}}
+{{- define "sluice.metricsExposed" -}}
+{{- $a := .Values.metrics.bindAddress -}}
+{{- if and .Values.metrics.enabled (not (hasPrefix "127." $a)) (ne $a "::1") -}}true{{- end -}}
+{{- end }}
+
 {{/* Where the agent sees the host's cgroup v2 hierarchy. */}}
 {{- define "sluice.cgroupMountPath" -}}/host/sys/fs/cgroup{{- end }}
 {{/* Directory of the agent's API socket, on the host and in the pod. */}}
