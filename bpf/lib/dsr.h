@@ -2,7 +2,8 @@
 /* Direct server return through IPIP (IPv6: IP6IP6), Katran style.
  *
  *   LB node       client -> frontend, untouched, in an outer header
- *                 node IP -> the backend's node (ns_tunnel, by pod CIDR)
+ *                 node IP -> the backend's node (ns_tunnel: the backend's
+ *                 host prefix, else its pod CIDR; neither: SNAT instead)
  *   backend node  decapsulates, load-balances the inner packet to one of
  *                 its local backends (DNAT + CT), and the reply leaves
  *                 through tc egress with the frontend as source, straight
@@ -222,10 +223,11 @@ static __always_inline int dsr_reply_too_big(struct __ctx_buff *ctx, const struc
 }
 
 /* dsr_from_node: the outer source of p is a node of the cluster. The
- * agent records every node it tunnels to as a full-length prefix mapping
- * to itself (SetTunnel), so one exact LPM lookup answers. Tunnelled
- * packets from anyone else are not decapsulated here: they go to the
- * stack, which drops them unless the host has a tunnel of its own. */
+ * agent records every other node's addresses as full-length prefixes
+ * mapping to themselves (a backend's host prefix maps elsewhere), so one
+ * exact LPM lookup answers. Tunnelled packets from anyone else are not
+ * decapsulated here: they go to the stack, which drops them unless the
+ * host has a tunnel of its own. */
 static __always_inline bool dsr_from_node(const struct ns_pkt *p)
 {
 	struct tunnel_key key = { .prefixlen = 128 };

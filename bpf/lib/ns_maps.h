@@ -40,7 +40,10 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ns_pod_ifaces SEC(".maps");
 
-/* Pod CIDR -> node IP, where DSR sends a remote backend's traffic. */
+/* Prefix -> node IP, where DSR sends a remote backend's traffic: a host
+ * prefix per remote backend (its EndpointSlice nodeName), the other nodes'
+ * pod CIDRs, and each node's own address (a known tunnel source). IPv4
+ * v4-mapped. max_entries is set at load (lb_backends + 16384). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__type(key, struct tunnel_key);

@@ -99,6 +99,7 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 	sizes := opts.Sizes.withDefaults().byName()
 	sizes[lbmap.CTMapName] = orDefault(opts.CTEntries, defaultNSEntries)
 	sizes[lbmap.NATMapName] = orDefault(opts.NATEntries, defaultNSEntries)
+	sizes[lbmap.TunnelMapName] = TunnelEntries(opts.Sizes)
 
 	maglevSize := orDefault(opts.MaglevTableSize, maglev.DefaultTableSize)
 	flowSets := orDefault(opts.FlowCacheSets, lbmap.DefaultFlowCacheSets)
@@ -316,63 +317,48 @@ func (n *NorthSouth) DeletePodIface(ifindex uint32) error {
 	return nil
 }
 
-// SetTunnel records that the pods of podCIDR run on the node with address
-// node, for DSR. It also records node itself (a full-length prefix mapping
-// to itself): a backend node accepts tunnelled packets only from a known
-// node, and a hostNetwork backend on node is reached through the tunnel.
-func (n *NorthSouth) SetTunnel(podCIDR netip.Prefix, node netip.Addr) error {
-	if podCIDR.Addr().Is4() != node.Is4() {
-		return fmt.Errorf("DSR tunnel %s -> %s: address families differ", podCIDR, node)
+// TunnelEntries sizes the DSR tunnel map: a host prefix per remote backend
+// at most (lb_backends' size), plus the nodes' addresses and pod CIDRs. The
+// trie allocates per entry (BPF_F_NO_PREALLOC), so room unused costs no
+// memory.
+func TunnelEntries(s MapSizes) uint32 { return s.withDefaults().Backends + tunnelNodeEntries }
+
+// tunnelNodeEntries is ns_tunnel's room for nodes: their InternalIPs and pod
+// CIDRs (its whole size before backends had entries of their own).
+const tunnelNodeEntries = 16384
+
+// SetTunnel makes the DSR tunnel map lead prefix p to node: a remote
+// backend's host prefix or a pod CIDR to the InternalIP of the node it runs
+// on, or a node's own address to itself (a backend node decapsulates only
+// packets from a known node, dsr_from_node). IPv4 is stored v4-mapped.
+func (n *NorthSouth) SetTunnel(p netip.Prefix, node netip.Addr) error {
+	if p.Addr().Is4() != node.Is4() {
+		return fmt.Errorf("DSR tunnel %s -> %s: address families differ", p, node)
 	}
-	v := lbmap.TunnelValue{NodeAddr: lbmap.AddrFrom(node)}
-	for _, p := range []netip.Prefix{netip.PrefixFrom(node, node.BitLen()), podCIDR} {
-		k := lbmap.TunnelKeyFrom(p)
-		if err := n.tc.NsTunnel.Update(&k, &v, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("update %s: %s -> %s: %w", lbmap.TunnelMapName, p, node, err)
-		}
+	k, v := lbmap.TunnelKeyFrom(p), lbmap.TunnelValue{NodeAddr: lbmap.AddrFrom(node)}
+	err := n.tc.NsTunnel.Update(&k, &v, ebpf.UpdateAny)
+	if errors.Is(err, unix.ENOSPC) { // an LPM trie holding max_entries
+		err = &lbmap.MapFullError{Map: lbmap.TunnelMapName, MaxEntries: int(n.tc.NsTunnel.MaxEntries())}
+	}
+	if err != nil {
+		return fmt.Errorf("update %s: %s -> %s: %w", lbmap.TunnelMapName, p, node, err)
 	}
 	return nil
 }
 
-// DeleteTunnel forgets a pod CIDR, and its node once no other pod CIDR
-// points at it; a missing one is fine.
-func (n *NorthSouth) DeleteTunnel(podCIDR netip.Prefix) error {
-	k := lbmap.TunnelKeyFrom(podCIDR)
-	var v lbmap.TunnelValue
-	if err := n.tc.NsTunnel.Lookup(&k, &v); errors.Is(err, ebpf.ErrKeyNotExist) {
-		return nil
-	} else if err != nil {
-		return fmt.Errorf("lookup in %s: %s: %w", lbmap.TunnelMapName, podCIDR, err)
-	}
-	err := n.tc.NsTunnel.Delete(&k)
-	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("delete from %s: %s: %w", lbmap.TunnelMapName, podCIDR, err)
-	}
-	node := v.NodeAddr.NetIP()
-	self := lbmap.TunnelKeyFrom(netip.PrefixFrom(node, node.BitLen()))
-	var (
-		ik lbmap.TunnelKey
-		iv lbmap.TunnelValue
-	)
-	it := n.tc.NsTunnel.Iterate()
-	for it.Next(&ik, &iv) {
-		if ik != self && iv.NodeAddr == v.NodeAddr {
-			return nil // another pod CIDR of the same node
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("iterate %s: %w", lbmap.TunnelMapName, err)
-	}
-	if err := n.tc.NsTunnel.Delete(&self); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("delete from %s: node %s: %w", lbmap.TunnelMapName, node, err)
+// DeleteTunnel removes prefix p from the DSR tunnel map; a missing one is
+// fine.
+func (n *NorthSouth) DeleteTunnel(p netip.Prefix) error {
+	k := lbmap.TunnelKeyFrom(p)
+	if err := n.tc.NsTunnel.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete from %s: %s: %w", lbmap.TunnelMapName, p, err)
 	}
 	return nil
 }
 
-// Tunnels reads the DSR tunnel map back: each pod CIDR and its node,
-// without the nodes' own full-length entries. An agent that starts over
-// pinned maps compares it with what it wants, so that CIDRs of nodes that
-// left while no agent ran are removed too.
+// Tunnels reads the DSR tunnel map back, every entry. An agent that starts
+// over pinned maps compares it with what it wants, so that the entries of
+// nodes and backends gone while no agent ran are removed too.
 func (n *NorthSouth) Tunnels() (map[netip.Prefix]netip.Addr, error) {
 	out := map[netip.Prefix]netip.Addr{}
 	var (
@@ -381,11 +367,7 @@ func (n *NorthSouth) Tunnels() (map[netip.Prefix]netip.Addr, error) {
 	)
 	it := n.tc.NsTunnel.Iterate()
 	for it.Next(&k, &v) {
-		p, node := k.Prefix(), v.NodeAddr.NetIP()
-		if p.IsSingleIP() && p.Addr() == node {
-			continue // the node itself
-		}
-		out[p] = node
+		out[k.Prefix()] = v.NodeAddr.NetIP()
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("iterate %s: %w", lbmap.TunnelMapName, err)

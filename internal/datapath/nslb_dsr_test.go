@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"errors"
 	"maps"
 	"net/netip"
 	"testing"
@@ -26,8 +25,17 @@ func setMode(t *testing.T, n *NorthSouth, mode uint32) {
 		SNATAddr4: lbmap.AddrFrom(ipNode), SNATAddr6: lbmap.AddrFrom(ipNode6), HZ: 250,
 		ClockOverride: ctNow, SNATPortMin: snatMin, SNATPortMax: snatMax, Mode: mode,
 	}))
+	setNodeTunnels(t, n)
+}
+
+// setNodeTunnels writes node 2's entries as the agent does: its pod CIDRs,
+// and its addresses to themselves (the sources a backend node decapsulates).
+func setNodeTunnels(t *testing.T, n *NorthSouth) {
+	t.Helper()
 	must(t, n.SetTunnel(netip.MustParsePrefix("198.18.2.0/24"), ipNode2))
 	must(t, n.SetTunnel(netip.MustParsePrefix("fd00:198:18:2::/64"), ipNode2v6))
+	must(t, n.SetTunnel(netip.PrefixFrom(ipNode2, 32), ipNode2))
+	must(t, n.SetTunnel(netip.PrefixFrom(ipNode2v6, 128), ipNode2v6))
 }
 
 // On the LB node: a flow to a remote backend leaves untouched in an IPIP
@@ -217,39 +225,37 @@ func TestPrivilegedNorthSouthDSRTooBig(t *testing.T) {
 	})
 }
 
-// A node stays known (accepted as a tunnel source) while any of its pod
-// CIDRs is recorded, and is forgotten with the last one.
-func TestPrivilegedNorthSouthTunnelNodes(t *testing.T) {
+// Each call writes or removes exactly its own entry, and the map reads
+// back as written: an agent starting over pinned maps diffs against it.
+func TestPrivilegedNorthSouthTunnelEntries(t *testing.T) {
 	n := newNorthSouth(t)
-	a, b := netip.MustParsePrefix("198.18.2.0/24"), netip.MustParsePrefix("198.18.102.0/24")
-	self := lbmap.TunnelKeyFrom(netip.PrefixFrom(ipNode2, 32))
-	known := func() bool {
-		var v lbmap.TunnelValue
-		err := n.tc.NsTunnel.Lookup(&self, &v)
-		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			t.Fatal(err)
-		}
-		return err == nil && v.NodeAddr.NetIP() == ipNode2
+	cidr, host, self := netip.MustParsePrefix("198.18.2.0/24"), netip.MustParsePrefix("10.2.0.5/32"), netip.PrefixFrom(ipNode2, 32)
+	host6 := netip.MustParsePrefix("fd00:10:2::5/128")
+	want := map[netip.Prefix]netip.Addr{cidr: ipNode2, host: ipNode2, self: ipNode2, host6: ipNode2v6}
+	for p, node := range want {
+		must(t, n.SetTunnel(p, node))
 	}
-	must(t, n.SetTunnel(a, ipNode2))
-	must(t, n.SetTunnel(b, ipNode2))
-	if !known() {
-		t.Fatalf("after SetTunnel: node %s not recorded", ipNode2)
+	if err := n.SetTunnel(host, ipNode2v6); err == nil {
+		t.Errorf("SetTunnel(%s, %s): no error for two families", host, ipNode2v6)
 	}
-	// Read back (as an agent starting over pinned maps does): the pod
-	// CIDRs, not the node's own entry.
-	got, err := n.Tunnels()
-	must(t, err)
-	if want := map[netip.Prefix]netip.Addr{a: ipNode2, b: ipNode2}; !maps.Equal(got, want) {
+	read := func() map[netip.Prefix]netip.Addr {
+		t.Helper()
+		got, err := n.Tunnels()
+		must(t, err)
+		return got
+	}
+	if got := read(); !maps.Equal(got, want) {
 		t.Errorf("Tunnels() = %v, want %v", got, want)
 	}
-	must(t, n.DeleteTunnel(a))
-	if !known() {
-		t.Errorf("after deleting %s: node %s forgotten while %s still points at it", a, ipNode2, b)
+	// IPv4 is stored v4-mapped, as the datapath looks it up.
+	k := lbmap.TunnelKeyFrom(host)
+	if k.PrefixLen != 128 || k.Addr != lbmap.AddrFrom(host.Addr()) {
+		t.Errorf("TunnelKeyFrom(%s) = %+v, want /128 of the v4-mapped address", host, k)
 	}
-	must(t, n.DeleteTunnel(b))
-	if known() {
-		t.Errorf("after deleting its last pod CIDR: node %s still recorded", ipNode2)
+	must(t, n.DeleteTunnel(cidr))
+	delete(want, cidr)
+	if got := read(); !maps.Equal(got, want) {
+		t.Errorf("after deleting %s: Tunnels() = %v, want %v", cidr, got, want)
 	}
-	must(t, n.DeleteTunnel(b)) // missing: fine
+	must(t, n.DeleteTunnel(cidr)) // missing: fine
 }

@@ -44,6 +44,7 @@ func LoadPodLB(opts NorthSouthOptions) (*PodLB, error) {
 	sizes := opts.Sizes.withDefaults().byName()
 	sizes[lbmap.CTMapName] = orDefault(opts.CTEntries, defaultNSEntries)
 	sizes[lbmap.NATMapName] = orDefault(opts.NATEntries, defaultNSEntries)
+	sizes[lbmap.TunnelMapName] = TunnelEntries(opts.Sizes)
 	for name, size := range sizes {
 		if ms, ok := spec.Maps[name]; ok {
 			ms.MaxEntries = size

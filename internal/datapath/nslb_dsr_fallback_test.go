@@ -1,0 +1,159 @@
+package datapath
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/sluice-dataplane/sluice/internal/bpftest"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/probe"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
+)
+
+// Node 3 of the address plan, where a host prefix may place a backend that
+// node 2's pod CIDR holds.
+var (
+	ipNode3   = netip.MustParseAddr("198.18.0.13")
+	ipNode3v6 = netip.MustParseAddr("fd00:198:18::13")
+)
+
+// setModeOnly writes the mode without any tunnel entry.
+func setModeOnly(t *testing.T, n *NorthSouth, mode uint32) {
+	t.Helper()
+	must(t, n.SetConfig(lbmap.NSConfig{
+		SNATAddr4: lbmap.AddrFrom(ipNode), SNATAddr6: lbmap.AddrFrom(ipNode6), HZ: 250,
+		ClockOverride: ctNow, SNATPortMin: snatMin, SNATPortMax: snatMax, Mode: mode,
+	}))
+}
+
+// A remote backend that no tunnel entry places (a node the agent does not
+// know, no pod CIDR) is reached with SNAT in dsr and hybrid mode, on tc and
+// XDP, IPv4 and IPv6: the flow is masqueraded, never dropped. The same flow
+// from another client port, once the backend's host prefix is written,
+// leaves in the tunnel to that node.
+func TestPrivilegedNorthSouthDSRFallbackSNAT(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		// The other nodes are known as tunnel sources; the backends' are not placed.
+		must(t, n.SetTunnel(netip.PrefixFrom(ipNode2, 32), ipNode2))
+		must(t, n.SetTunnel(netip.PrefixFrom(ipNode2v6, 128), ipNode2v6))
+		for i, tc := range []struct {
+			name    string
+			mode    uint32
+			pkt     func(port uint16) bpftest.Packet
+			backend netip.AddrPort
+			node    netip.Addr // this node: the SNAT source and the outer source
+			tunnel  netip.Addr // the backend's node, once placed
+		}{
+			{"dsr, IPv4 TCP", lbmap.ModeDSR, func(p uint16) bpftest.Packet { return tcpSyn(client(p), apLBTCP) }, apRemote, ipNode, ipNode2},
+			{"dsr, IPv4 UDP", lbmap.ModeDSR, func(p uint16) bpftest.Packet { return udpPkt(client(p), apLBUDP) }, apRemoteU, ipNode, ipNode2},
+			{"dsr, IPv6 TCP", lbmap.ModeDSR, func(p uint16) bpftest.Packet { return tcpSyn(client6(p), apLBTCP6) }, apRemote6, ipNode6, ipNode2v6},
+			{"dsr, IPv6 UDP", lbmap.ModeDSR, func(p uint16) bpftest.Packet { return udpPkt(client6(p), apLBUDP6) }, apRemoteU6, ipNode6, ipNode2v6},
+			{"hybrid, IPv4 TCP", lbmap.ModeHybrid, func(p uint16) bpftest.Packet { return tcpSyn(client(p), apLBTCP) }, apRemote, ipNode, ipNode2},
+			{"hybrid, IPv6 TCP", lbmap.ModeHybrid, func(p uint16) bpftest.Packet { return tcpSyn(client6(p), apLBTCP6) }, apRemote6, ipNode6, ipNode2v6},
+		} {
+			setModeOnly(t, n, tc.mode)
+			host := netip.PrefixFrom(tc.backend.Addr(), tc.backend.Addr().BitLen())
+			must(t, n.DeleteTunnel(host))
+
+			in := tc.pkt(uint16(47000 + 2*i))
+			res, err := bpftest.Run(prog, in.MustBytes())
+			if err != nil {
+				t.Fatal(err)
+			}
+			port := natPort(t, n, in.Src, tc.backend, in.Proto)
+			checkResult(t, kind, tc.name+", backend's node unknown: SNAT", in, res, vPass, in.With(func(p *bpftest.Packet) {
+				p.Src, p.Dst = netip.AddrPortFrom(tc.node, port), tc.backend
+			}))
+			if e, ok := ctEntry(t, n, in.Src, in.Dst, in.Proto, lbmap.CTDirService); !ok || e.Flags&lbmap.CTFlagDSR != 0 || e.Flags&lbmap.CTFlagSNAT == 0 {
+				t.Errorf("%s (%s): ct entry %v (found %v), want SNAT without DSR", tc.name, kind.name, lbmap.CTFlagsString(e.Flags), ok)
+			}
+
+			must(t, n.SetTunnel(host, tc.tunnel))
+			placed := tc.pkt(uint16(47000 + 2*i + 1))
+			runPacket(t, kind, prog, tc.name+", backend placed: DSR", placed, vPass,
+				bpftest.Encap{Src: tc.node, Dst: tc.tunnel, Inner: placed})
+		}
+	})
+}
+
+// A backend's host prefix wins over the pod CIDR that holds its address
+// (the EndpointSlice's nodeName says where it runs), and makes the
+// backend no node: a tunnelled packet from it is not decapsulated.
+func TestPrivilegedNorthSouthDSRHostPrefix(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		setMode(t, n, lbmap.ModeDSR) // node 2's pod CIDRs and addresses
+		must(t, n.SetTunnel(netip.PrefixFrom(apRemote.Addr(), 32), ipNode3))
+		must(t, n.SetTunnel(netip.PrefixFrom(apRemote6.Addr(), 128), ipNode3v6))
+		for _, tc := range []struct {
+			name       string
+			in         bpftest.Packet
+			node, dest netip.Addr
+		}{
+			{"IPv4", tcpSyn(client(47100), apLBTCP), ipNode, ipNode3},
+			{"IPv6", tcpSyn(client6(47101), apLBTCP6), ipNode6, ipNode3v6},
+		} {
+			runPacket(t, kind, prog, tc.name+": host prefix over pod CIDR", tc.in, vPass,
+				bpftest.Encap{Src: tc.node, Dst: tc.dest, Inner: tc.in})
+		}
+		// Without its host prefix, node 2's pod CIDR places it again.
+		must(t, n.DeleteTunnel(netip.PrefixFrom(apRemote.Addr(), 32)))
+		in := tcpSyn(client(47102), apLBTCP)
+		runPacket(t, kind, prog, "pod CIDR without a host prefix", in, vPass,
+			bpftest.Encap{Src: ipNode, Dst: ipNode2, Inner: in})
+
+		fromBackend := bpftest.Encap{Src: apRemote6.Addr(), Dst: ipNode6,
+			Inner: tcpSyn(client6(47103), netip.AddrPortFrom(ipNode2v6, 30080))}
+		runPacket(t, kind, prog, "IPIP from a backend address", fromBackend, vPass, fromBackend)
+	})
+}
+
+// ns_tunnel is sized with lb_backends (a host prefix per remote backend);
+// an agent upgraded over the 16384-entry map an older build pinned takes
+// its entries over into a map of the new size, instead of refusing the pin.
+func TestPrivilegedNorthSouthTunnelPinResized(t *testing.T) {
+	probetest.SkipUnless(t, probe.BTF, probe.TC, probe.XDP)
+	var rnd [4]byte
+	rand.Read(rnd[:])
+	root := "/sys/fs/bpf/" + nsTestPrefix + hex.EncodeToString(rnd[:])
+	must(t, os.MkdirAll(root, 0o700))
+	t.Cleanup(func() { removeNSPins(t, root) })
+	tcSpec, _, err := LoadNorthSouthSpecs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := tcSpec.Maps[lbmap.TunnelMapName].Copy()
+	ms.Pinning = ebpf.PinNone
+	ms.MaxEntries = 16384 // the size before backends had entries
+	old, err := ebpf.NewMap(ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	cidr := netip.MustParsePrefix("198.18.2.0/24")
+	k, v := lbmap.TunnelKeyFrom(cidr), lbmap.TunnelValue{NodeAddr: lbmap.AddrFrom(ipNode2)}
+	must(t, old.Update(&k, &v, ebpf.UpdateAny))
+	must(t, old.Pin(filepath.Join(root, lbmap.TunnelMapName)))
+
+	n, err := LoadNorthSouth(NorthSouthOptions{BPFRoot: root, Sizes: testMapSizes, CTEntries: 1024, NATEntries: 1024})
+	if err != nil {
+		t.Fatalf("load over a 16384-entry %s pin: %v", lbmap.TunnelMapName, err)
+	}
+	defer n.Close()
+	if got, want := n.tc.NsTunnel.MaxEntries(), TunnelEntries(testMapSizes); got != want {
+		t.Errorf("%s max_entries %d, want %d (lb_backends %d + %d)", lbmap.TunnelMapName, got, want, testMapSizes.Backends, tunnelNodeEntries)
+	}
+	if n.xdp.NsTunnel.MaxEntries() != n.tc.NsTunnel.MaxEntries() {
+		t.Errorf("XDP's %s has %d entries, tc's %d: not one map", lbmap.TunnelMapName, n.xdp.NsTunnel.MaxEntries(), n.tc.NsTunnel.MaxEntries())
+	}
+	got, err := n.Tunnels()
+	must(t, err)
+	if got[cidr] != ipNode2 || len(got) != 1 {
+		t.Errorf("Tunnels() after the take-over = %v, want %s -> %s", got, cidr, ipNode2)
+	}
+}
