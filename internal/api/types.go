@@ -232,6 +232,13 @@ type NorthSouth struct {
 	// Notes say what was degraded, e.g. native XDP refused in best-effort.
 	Notes []string `json:"notes,omitempty"`
 	CTGC  CTGC     `json:"ctGC"`
+	// DSRTunnels is the DSR tunnel map's entries (--lb-mode dsr or hybrid):
+	// the other nodes' addresses and pod CIDRs and the remote backends
+	// those do not place. DSRSNATFallback counts the remote backends whose
+	// node is unknown, which get SNAT instead; the examples name a few.
+	DSRTunnels              int      `json:"dsrTunnels,omitempty"`
+	DSRSNATFallback         int      `json:"dsrSNATFallback,omitempty"`
+	DSRSNATFallbackExamples []string `json:"dsrSNATFallbackExamples,omitempty"`
 }
 
 // Device is one external device and what is attached to it.

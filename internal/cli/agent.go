@@ -228,6 +228,13 @@ func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns 
 	}
 	line("NorthSouth", "Enabled\t[%s]", strings.Join(devs, ", "))
 	line("  Mode", "%s", strings.ToUpper(ns.Mode))
+	if ns.Mode == "dsr" || ns.Mode == "hybrid" {
+		fb := "every remote backend's node is known"
+		if ns.DSRSNATFallback > 0 {
+			fb = fmt.Sprintf("%d backends on unknown nodes use SNAT: %s", ns.DSRSNATFallback, strings.Join(ns.DSRSNATFallbackExamples, ", "))
+		}
+		line("  DSR", "%d tunnel entries; %s", ns.DSRTunnels, fb)
+	}
 	alg := "Random"
 	if ns.Algorithm == "maglev" {
 		alg = "Maglev"
