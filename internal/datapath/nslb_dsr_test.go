@@ -258,4 +258,17 @@ func TestPrivilegedNorthSouthTunnelEntries(t *testing.T) {
 		t.Errorf("after deleting %s: Tunnels() = %v, want %v", cidr, got, want)
 	}
 	must(t, n.DeleteTunnel(cidr)) // missing: fine
+
+	// Many at once, as a first sync writes them.
+	batch := []netip.Prefix{netip.MustParsePrefix("10.2.0.6/32"), netip.MustParsePrefix("fd00:10:2::6/128")}
+	if c, err := n.SetTunnels(batch, []netip.Addr{ipNode2, ipNode2v6}); err != nil || c != len(batch) {
+		t.Fatalf("SetTunnels(%v) = %d, %v; want %d written", batch, c, err, len(batch))
+	}
+	want[batch[0]], want[batch[1]] = ipNode2, ipNode2v6
+	if got := read(); !maps.Equal(got, want) {
+		t.Errorf("after SetTunnels: Tunnels() = %v, want %v", got, want)
+	}
+	if _, err := n.SetTunnels(batch[:1], []netip.Addr{ipNode2v6}); err == nil {
+		t.Errorf("SetTunnels(%s -> %s): no error for two families", batch[0], ipNode2v6)
+	}
 }
