@@ -35,6 +35,17 @@ func le(t *testing.T, v any) []byte {
 // sizes with no BTF, as an older build made it, and returns the root.
 func pinOldCT(t *testing.T, keySize, valueSize uint32) (string, *ebpf.Map) {
 	t.Helper()
+	return pinOldMap(t, lbmap.CTMapName, func(ms *ebpf.MapSpec) {
+		ms.Key, ms.Value = nil, nil
+		ms.KeySize, ms.ValueSize, ms.MaxEntries = keySize, valueSize, 512
+	})
+}
+
+// pinOldMap pins, under a fresh root, the tc object's map name in the
+// shape an older build made it (shape changes this build's spec), and
+// returns the root and the map.
+func pinOldMap(t *testing.T, name string, shape func(*ebpf.MapSpec)) (string, *ebpf.Map) {
+	t.Helper()
 	probetest.SkipUnless(t, probe.BTF, probe.TC, probe.XDP)
 	var rnd [4]byte
 	rand.Read(rnd[:])
@@ -45,15 +56,15 @@ func pinOldCT(t *testing.T, keySize, valueSize uint32) (string, *ebpf.Map) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms := tcSpec.Maps[lbmap.CTMapName].Copy()
-	ms.Key, ms.Value, ms.Pinning = nil, nil, ebpf.PinNone
-	ms.KeySize, ms.ValueSize, ms.MaxEntries = keySize, valueSize, 512
+	ms := tcSpec.Maps[name].Copy()
+	ms.Pinning = ebpf.PinNone
+	shape(ms)
 	m, err := ebpf.NewMap(ms)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	must(t, m.Pin(filepath.Join(root, lbmap.CTMapName)))
+	must(t, m.Pin(filepath.Join(root, name)))
 	return root, m
 }
 

@@ -348,7 +348,7 @@ func (n *NorthSouth) SetTunnel(p netip.Prefix, node netip.Addr) error {
 
 // SetTunnels writes many DSR tunnel entries, ps[i] -> nodes[i], in one
 // BPF_MAP_UPDATE_BATCH (an agent's first sync writes one per remote
-// backend: 100,000 take 0.15 s instead of 0.35 s one by one). It returns how
+// backend: 100,000 took 0.25 s instead of 0.6 s one by one). It returns how
 // many of the first it wrote; after an error, SetTunnel tells the rest
 // apart (a full map, a kernel without batch updates for the trie).
 func (n *NorthSouth) SetTunnels(ps []netip.Prefix, nodes []netip.Addr) (int, error) {

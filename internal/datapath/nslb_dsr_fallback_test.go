@@ -1,19 +1,13 @@
 package datapath
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/cilium/ebpf"
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
-	"github.com/sluice-dataplane/sluice/internal/probe"
-	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
 
 // Node 3 of the address plan, where a host prefix may place a backend that
@@ -22,15 +16,6 @@ var (
 	ipNode3   = netip.MustParseAddr("198.18.0.13")
 	ipNode3v6 = netip.MustParseAddr("fd00:198:18::13")
 )
-
-// setModeOnly writes the mode without any tunnel entry.
-func setModeOnly(t *testing.T, n *NorthSouth, mode uint32) {
-	t.Helper()
-	must(t, n.SetConfig(lbmap.NSConfig{
-		SNATAddr4: lbmap.AddrFrom(ipNode), SNATAddr6: lbmap.AddrFrom(ipNode6), HZ: 250,
-		ClockOverride: ctNow, SNATPortMin: snatMin, SNATPortMax: snatMax, Mode: mode,
-	}))
-}
 
 // A remote backend that no tunnel entry places (a node the agent does not
 // know, no pod CIDR) is reached with SNAT in dsr and hybrid mode, on tc and
@@ -117,28 +102,11 @@ func TestPrivilegedNorthSouthDSRHostPrefix(t *testing.T) {
 // an agent upgraded over the 16384-entry map an older build pinned takes
 // its entries over into a map of the new size, instead of refusing the pin.
 func TestPrivilegedNorthSouthTunnelPinResized(t *testing.T) {
-	probetest.SkipUnless(t, probe.BTF, probe.TC, probe.XDP)
-	var rnd [4]byte
-	rand.Read(rnd[:])
-	root := "/sys/fs/bpf/" + nsTestPrefix + hex.EncodeToString(rnd[:])
-	must(t, os.MkdirAll(root, 0o700))
-	t.Cleanup(func() { removeNSPins(t, root) })
-	tcSpec, _, err := LoadNorthSouthSpecs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms := tcSpec.Maps[lbmap.TunnelMapName].Copy()
-	ms.Pinning = ebpf.PinNone
-	ms.MaxEntries = 16384 // the size before backends had entries
-	old, err := ebpf.NewMap(ms)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer old.Close()
+	// The size before backends had entries.
+	root, old := pinOldMap(t, lbmap.TunnelMapName, func(ms *ebpf.MapSpec) { ms.MaxEntries = 16384 })
 	cidr := netip.MustParsePrefix("198.18.2.0/24")
 	k, v := lbmap.TunnelKeyFrom(cidr), lbmap.TunnelValue{NodeAddr: lbmap.AddrFrom(ipNode2)}
 	must(t, old.Update(&k, &v, ebpf.UpdateAny))
-	must(t, old.Pin(filepath.Join(root, lbmap.TunnelMapName)))
 
 	n, err := LoadNorthSouth(NorthSouthOptions{BPFRoot: root, Sizes: testMapSizes, CTEntries: 1024, NATEntries: 1024})
 	if err != nil {

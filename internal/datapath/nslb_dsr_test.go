@@ -21,11 +21,17 @@ var (
 
 func setMode(t *testing.T, n *NorthSouth, mode uint32) {
 	t.Helper()
+	setModeOnly(t, n, mode)
+	setNodeTunnels(t, n)
+}
+
+// setModeOnly writes the mode without any tunnel entry.
+func setModeOnly(t *testing.T, n *NorthSouth, mode uint32) {
+	t.Helper()
 	must(t, n.SetConfig(lbmap.NSConfig{
 		SNATAddr4: lbmap.AddrFrom(ipNode), SNATAddr6: lbmap.AddrFrom(ipNode6), HZ: 250,
 		ClockOverride: ctNow, SNATPortMin: snatMin, SNATPortMax: snatMax, Mode: mode,
 	}))
-	setNodeTunnels(t, n)
 }
 
 // setNodeTunnels writes node 2's entries as the agent does: its pod CIDRs,
