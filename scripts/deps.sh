@@ -12,7 +12,7 @@ need_root() {
 need_root
 
 pkgs=(clang-19 llvm-19 libbpf-dev bpftool iproute2 iptables nftables conntrack util-linux curl
-	linux-libc-dev make git ca-certificates)
+	linux-libc-dev make git ca-certificates python3)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

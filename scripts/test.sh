@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every test: generated code up to date, formatting, vet, unit tests, and the
 # privileged tests (real BPF programs, namespaces, sockets). Installs what it
-# needs first.
+# needs first. Ends with the count of tests passed, failed and skipped and
+# every skip with its reason; as root, a skip for anything but a kernel
+# feature the probe reports missing fails the run (docs/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
@@ -22,7 +24,7 @@ echo "==> generated BPF objects match the sources"
 ./scripts/check-generate.sh
 
 echo "==> gofmt"
-bad=$(gofmt -l cmd internal deploy test)
+bad=$(gofmt -l cmd internal deploy test scripts)
 if [ -n "$bad" ]; then
 	echo "gofmt needed on:"; echo "$bad"; exit 1
 fi
@@ -32,5 +34,25 @@ go vet ./...
 
 # Privileged tests start bin/sluice and bin/sluice-agent.
 export SLUICE_BIN_DIR="$PWD/bin"
-echo "==> go test (unit and privileged)"
-go test -count=1 -timeout 30m "$@" ./...
+
+# One run of every test, unit and privileged, under the race detector: it
+# costs the privileged tests 5-30% here, less than building every test
+# binary a second time without it (docs/testing.md). No -short: every test
+# runs in full. scripts/testreport reads `go test -json`: a line per package,
+# each failed test's output in full, then the counts and the skips. The raw
+# events stay in bin/go-test.json.
+echo "==> go test -race (unit and privileged)"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+go build -o "$tmp/testreport" ./scripts/testreport
+set +e
+go test -json -race -count=1 -timeout 30m "$@" ./... | tee bin/go-test.json | "$tmp/testreport"
+status=("${PIPESTATUS[@]}")
+set -e
+if [ "${status[2]}" -ne 0 ]; then
+	exit 1
+fi
+if [ "${status[0]}" -ne 0 ]; then # a failure the events did not show
+	echo "go test exited ${status[0]}; see bin/go-test.json" >&2
+	exit 1
+fi

@@ -40,6 +40,7 @@ const (
 	ProgRun            = "BPF_PROG_RUN"
 	HelperLoop         = "bpf_loop"
 	XDPLiveFrames      = "XDP live frames"
+	IPVS               = "IPVS"
 )
 
 // SockLB lists what the socket-level load balancer needs.
@@ -142,6 +143,8 @@ func probeAll() Features {
 		{ProgRun, "4.12", progRun},
 		{HelperLoop, "5.17", programHelper(ebpf.XDP, asm.FnLoop, "XDP")},
 		{XDPLiveFrames, "5.18", xdpLiveFrames},
+		// A config option (CONFIG_IP_VS), not a release: no since.
+		{IPVS, "", ipvs},
 	}
 	out := make(Features, 0, len(checks))
 	for _, c := range checks {
@@ -297,4 +300,14 @@ func xdpLiveFrames() (string, error) {
 		return "", err
 	}
 	return "", nil
+}
+
+// ipvs: kube-proxy's ipvs mode, one of the benchmarks' contenders, needs
+// the kernel's IPVS; it shows /proc/net/ip_vs once loaded.
+func ipvs() (string, error) {
+	const path = "/proc/net/ip_vs"
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("no %s: kube-proxy's ipvs mode (a benchmark contender) cannot run", path)
+	}
+	return "kube-proxy's ipvs mode", nil
 }

@@ -1,24 +1,36 @@
-// Package probetest skips tests on kernels without the features they need.
+// Package probetest skips tests on kernels without the features they need,
+// with the messages scripts/test.sh's summary accepts (internal/testreport):
+// a privileged test may skip only here, for a missing kernel feature or,
+// when the run is not root, for root.
 package probetest
 
 import (
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/sluice-dataplane/sluice/internal/probe"
+	"github.com/sluice-dataplane/sluice/internal/testreport"
 )
+
+// RequireRoot skips t unless it runs as root; why says what needs root.
+func RequireRoot(t testing.TB, why string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip(testreport.RootSkip + why)
+	}
+}
 
 // SkipUnless skips t unless it runs as root on a kernel with every named
 // probe feature. A feature missing on a kernel at or past the release that
 // added it fails the test instead: that is a broken probe or kernel config,
-// not an old kernel, and a skip would hide it.
+// not an old kernel, and a skip would hide it. A feature with no release
+// (a config option such as IPVS) may be missing on any kernel.
 func SkipUnless(t testing.TB, names ...string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (BPF, namespaces, cgroups)")
-	}
+	RequireRoot(t, "BPF, namespaces, cgroups")
 	fs := probe.Probe()
 	major, minor, err := probe.KernelVersion()
 	if err != nil {
@@ -36,8 +48,17 @@ func SkipUnless(t testing.TB, names ...string) {
 			t.Fatalf("kernel %d.%d should have %s (added in %s) but the probe says: %s",
 				major, minor, name, f.Since, f.Detail)
 		}
-		t.Skipf("kernel %d.%d lacks %s (added in %s): %s", major, minor, name, f.Since, f.Detail)
+		t.Skip(featureSkip(major, minor, f))
 	}
+}
+
+// featureSkip is the skip message for a missing feature.
+func featureSkip(major, minor int, f probe.Feature) string {
+	since := "a kernel config option"
+	if f.Since != "" {
+		since = "added in " + f.Since
+	}
+	return fmt.Sprintf("%skernel %d.%d lacks %s (%s): %s", testreport.FeatureSkip, major, minor, f.Name, since, f.Detail)
 }
 
 // atLeast compares against a "major.minor" release; an empty or malformed

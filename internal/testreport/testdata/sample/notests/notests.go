@@ -1,0 +1,2 @@
+// Package notests has no test files.
+package notests
