@@ -19,6 +19,8 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/controlplane/cptest"
 	"github.com/sluice-dataplane/sluice/internal/datapath"
+	"github.com/sluice-dataplane/sluice/internal/probe"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
 
 // agentBin is the built sluice-agent: $SLUICE_BIN_DIR, else ../bin.
@@ -33,7 +35,7 @@ func agentBin(t *testing.T) string {
 		_, err = os.Stat(p)
 	}
 	if err != nil {
-		t.Skipf("no sluice-agent (run ./scripts/build.sh or set $SLUICE_BIN_DIR): %v", err)
+		t.Fatalf("no sluice-agent (run ./scripts/build.sh or set $SLUICE_BIN_DIR): %v", err)
 	}
 	return p
 }
@@ -48,9 +50,10 @@ func agentBin(t *testing.T) string {
 // root), its pins go to a test directory, and --unload-on-exit removes all
 // of it.
 func TestPrivilegedAgentCapabilities(t *testing.T) {
+	probetest.SkipUnless(t, append([]string{probe.CgroupLinks}, probe.SockLB...)...)
 	bin := agentBin(t)
 	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skipf("no setpriv (util-linux) to drop capabilities: %v", err)
+		t.Fatalf("no setpriv (util-linux, which scripts/deps.sh installs) to drop capabilities: %v", err)
 	}
 	objs := renderSluice(t, "")
 	args, env := agentCommand(t, objs)
@@ -72,7 +75,7 @@ func TestPrivilegedAgentCapabilities(t *testing.T) {
 	// A cgroup and a bpffs directory of this test's own.
 	cg2, err := datapath.Cgroup2Mount()
 	if err != nil {
-		t.Skipf("no cgroup v2: %v", err)
+		t.Fatalf("no cgroup v2: %v", err)
 	}
 	cgroup := filepath.Join(cg2, fmt.Sprintf("sluice-deploy-test-%d", os.Getpid()))
 	if err := os.Mkdir(cgroup, 0o755); err != nil {

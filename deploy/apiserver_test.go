@@ -31,6 +31,7 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/agent"
 	"github.com/sluice-dataplane/sluice/internal/controlplane/cptest"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
 
 // warnings collects the API server's warnings (deprecated APIs, env
@@ -152,6 +153,7 @@ func (c *apiClients) dryRun(ctx context.Context, o *unstructured.Unstructured) e
 // every plain manifest under deploy/*/, then sends each object to a real
 // kube-apiserver as a server-side dry run.
 func TestPrivilegedDryRun(t *testing.T) {
+	probetest.RequireRoot(t, "a kube-apiserver in a network namespace")
 	type source struct {
 		name string
 		objs []*unstructured.Unstructured
@@ -330,6 +332,7 @@ func nilIfNil[T any, P interface {
 // requests is exactly agentAPIAccess (which TestSluiceClusterRole holds the
 // ClusterRole to), and that the ServiceAccount may do nothing else.
 func TestPrivilegedRBAC(t *testing.T) {
+	probetest.RequireRoot(t, "a kube-apiserver in a network namespace")
 	const ns = "sluice-rbac-test"
 	out, err := helm(t, "template", releaseName, sluiceChart, "--namespace", ns)
 	if err != nil {

@@ -31,8 +31,8 @@ var (
 )
 
 // helmBin returns the real helm: $SLUICE_HELM, else the one
-// scripts/helm-build.sh builds (or finds in its cache). It skips the test
-// when helm cannot be built here.
+// scripts/helm-build.sh builds (or finds in its cache). It fails the test
+// when helm cannot be built here: scripts/test.sh builds it first.
 func helmBin(t testing.TB) string {
 	t.Helper()
 	helmOnce.Do(func() {
@@ -55,7 +55,7 @@ func helmBin(t testing.TB) string {
 		helmPath = filepath.Join(lines[len(lines)-1], "helm")
 	})
 	if helmErr != nil {
-		t.Skipf("no helm: %v", helmErr)
+		t.Fatalf("no helm (scripts/test.sh builds it with scripts/helm-build.sh): %v", helmErr)
 	}
 	return helmPath
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/agent/scaleset"
 	"github.com/sluice-dataplane/sluice/internal/controlplane/cptest"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
 
 // TestPrivilegedAgentScaleAPI runs the agent against a real kube-apiserver
@@ -115,9 +116,7 @@ func TestPrivilegedAgentScaleAPI(t *testing.T) {
 // the scale set: pod-CIDR addresses with no pod) has no veth to mark and is
 // no error, or every sync would fail and turn into a full one.
 func TestPrivilegedPodIfaceNoRoute(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (a network namespace)")
-	}
+	probetest.RequireRoot(t, "a network namespace")
 	var rnd [4]byte
 	rand.Read(rnd[:])
 	name := "sluice-nsr-" + hex.EncodeToString(rnd[:])

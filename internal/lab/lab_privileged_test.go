@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sluice-dataplane/sluice/internal/datapath"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 	"github.com/spf13/cobra"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
@@ -44,14 +45,14 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// requireRoot skips without root and fails without the tools
+// scripts/deps.sh installs.
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces, veth pairs and cgroups")
-	}
+	probetest.RequireRoot(t, "network namespaces, veth pairs and cgroups")
 	for _, tool := range []string{"ip", "nsenter"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s (iproute2, util-linux): %v", tool, err)
+			t.Fatalf("needs %s (iproute2, util-linux): %v", tool, err)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/datapath"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
 
 // SourceRangeKey must match struct lb_src_range_key in both objects.
@@ -73,12 +74,13 @@ func TestSourceRangeKeyFrom(t *testing.T) {
 // The kernel trie matches a client by longest prefix within its rev nat ID
 // only, and dumps back what was written.
 func TestPrivilegedSourceRangesKernel(t *testing.T) {
+	probetest.SkipUnless(t)
 	m, err := ebpf.NewMap(&ebpf.MapSpec{
 		Name: "sluice_sr_test", Type: ebpf.LPMTrie, KeySize: 24, ValueSize: 1,
 		MaxEntries: 16, Flags: 1, // BPF_F_NO_PREALLOC, required for tries
 	})
 	if err != nil {
-		t.Skipf("create LPM trie (needs root): %v", err)
+		t.Fatalf("create LPM trie: %v", err)
 	}
 	defer m.Close()
 	sr, err := lbmap.NewSourceRangesKernel(m)

@@ -21,7 +21,7 @@ func compileHarness(t *testing.T) *ebpf.CollectionSpec {
 	t.Helper()
 	clang, err := exec.LookPath("clang-19")
 	if err != nil {
-		t.Skip("clang-19 not found: cannot build the BPF harness")
+		t.Fatal("clang-19 not found (scripts/deps.sh installs it): cannot build the BPF harness")
 	}
 	obj := filepath.Join(t.TempDir(), "maglev_test.o")
 	cmd := exec.Command(clang, "-O2", "-g", "-Wall", "-Werror", "-target", "bpfel", "-c",

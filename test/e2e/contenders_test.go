@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -16,24 +15,28 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/controlplane"
 	"github.com/sluice-dataplane/sluice/internal/lab"
+	kernel "github.com/sluice-dataplane/sluice/internal/probe" // probe is this package's lab probe
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
 
-// requireControlPlane skips unless kube-apiserver and kube-proxy are built
-// (scripts/k8s-build.sh) and etcd is installed (scripts/etcd.sh).
+// requireControlPlane fails unless kube-apiserver and kube-proxy are built
+// (scripts/k8s-build.sh) and etcd is installed (scripts/etcd.sh), as
+// scripts/test.sh does first.
 func requireControlPlane(t *testing.T) {
 	t.Helper()
 	requirePrivileged(t)
 	if _, err := controlplane.BinDir(); err != nil {
-		t.Skip(err)
+		t.Fatal(err)
 	}
 	if _, err := controlplane.EtcdBin(); err != nil {
-		t.Skip(err)
+		t.Fatal(err)
 	}
 }
 
 // contenderLab brings up a lab with the real control plane and the given
 // dataplane for one test (every check of that dataplane shares it). A
-// dataplane this machine cannot run skips the test with Up's reason.
+// dataplane this machine cannot run fails the test with Up's reason: the
+// kernel features a contender needs are checked first (probetest).
 func contenderLab(t *testing.T, dataplane string) *lab.Lab {
 	t.Helper()
 	requireControlPlane(t)
@@ -43,9 +46,6 @@ func contenderLab(t *testing.T, dataplane string) *lab.Lab {
 	cfg.Dataplane, cfg.ControlPlane = dataplane, lab.ControlPlaneReal
 	cfg.Progress = t.Output()
 	l, err := lab.Up(ctx, cfg)
-	if errors.Is(err, lab.ErrDataplaneUnavailable) {
-		t.Skip(err) // "kube-proxy-ipvs skipped: <reason>"
-	}
 	if err != nil {
 		t.Fatalf("lab up --dataplane %s --control-plane real: %v", dataplane, err)
 	}
@@ -76,9 +76,10 @@ func TestPrivilegedContenderKubeProxyNFTables(t *testing.T) {
 	testContender(t, lab.DataplaneKubeProxyNFTables)
 }
 
-// On a kernel without IPVS (this VM) Up fails before building anything and
-// the test reports the reason as its skip.
+// On a kernel without IPVS (this VM) the test skips for the missing
+// feature, before building anything.
 func TestPrivilegedContenderKubeProxyIPVS(t *testing.T) {
+	probetest.SkipUnless(t, kernel.IPVS)
 	testContender(t, lab.DataplaneKubeProxyIPVS)
 }
 

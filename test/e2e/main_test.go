@@ -31,6 +31,7 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/lab"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
 
 // prefixBase starts every lab prefix of this package: sluice-e2<rand4>-.
@@ -90,7 +91,8 @@ func run(m *testing.M) int {
 	return code
 }
 
-// skipReason says why this machine cannot run the privileged tests, or "".
+// skipReason says why this machine cannot run the privileged tests, or "":
+// not root (they skip), or a tool or cgroup v2 missing (they fail).
 func skipReason() string {
 	if os.Geteuid() != 0 {
 		return "needs root: network namespaces, cgroups and BPF programs"
@@ -171,11 +173,13 @@ func buildBinaries(dir string) error {
 	return nil
 }
 
-// requirePrivileged skips without root and fails when setup failed.
+// requirePrivileged skips without root and fails when setup failed or a
+// tool is missing (scripts/deps.sh installs them).
 func requirePrivileged(t *testing.T, tools ...string) {
 	t.Helper()
 	if env.skip != "" {
-		t.Skip(env.skip)
+		probetest.RequireRoot(t, "network namespaces, cgroups and BPF programs")
+		t.Fatal(env.skip)
 	}
 	if env.build {
 		env.buildOnce.Do(func() { env.setupErr = buildBinaries(env.binDir) })
@@ -185,7 +189,7 @@ func requirePrivileged(t *testing.T, tools ...string) {
 	}
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s: %v", tool, err)
+			t.Fatalf("needs %s: %v", tool, err)
 		}
 	}
 }

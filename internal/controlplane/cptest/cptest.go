@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sluice-dataplane/sluice/internal/controlplane"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
 
 // netnsPrefix names the namespaces made here: cptest-<test pid>-<n>, so a
@@ -25,20 +26,19 @@ const netnsPrefix = "cptest-"
 var seq atomic.Int64
 
 // Start gives a test a private control plane. It skips unless it runs as
-// root with kube-apiserver built (controlplane.BinDir) and etcd installed;
-// it creates a network namespace with only lo up (unique name, removed in
-// t.Cleanup), runs controlplane.Start inside it on 127.0.0.1 and registers
-// Stop with t.Cleanup. Leftovers of crashed earlier runs are removed first.
+// root, and fails unless kube-apiserver is built (controlplane.BinDir) and
+// etcd installed. It creates a network namespace with only lo up (unique
+// name, removed in t.Cleanup), runs controlplane.Start inside it on
+// 127.0.0.1 and registers Stop with t.Cleanup. Leftovers of crashed earlier
+// runs are removed first.
 func Start(t testing.TB) *controlplane.ControlPlane {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces)")
-	}
+	probetest.RequireRoot(t, "network namespaces")
 	if _, err := controlplane.BinDir(); err != nil {
-		t.Skipf("no control plane: %v", err)
+		t.Fatalf("no control plane: %v", err) // names the script to run
 	}
 	if _, err := controlplane.EtcdBin(); err != nil {
-		t.Skipf("no control plane: %v", err)
+		t.Fatalf("no control plane: %v", err)
 	}
 	sweep(t)
 
