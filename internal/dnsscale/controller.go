@@ -41,6 +41,7 @@ type Controller struct {
 	cms      corelisters.ConfigMapLister
 	factNode informers.SharedInformerFactory
 	factCM   informers.SharedInformerFactory
+	handlers []cache.InformerSynced // our handlers have seen the initial lists
 
 	// Sync state, only touched by the sync loop.
 	params     *Params           // last good
@@ -81,7 +82,7 @@ func NewController(client kubernetes.Interface, cfg *Config, clk clock.WithTicke
 	cmInf := c.factCM.Core().V1().ConfigMaps()
 	c.nodes = nodeInf.Lister()
 	c.cms = cmInf.Lister()
-	_, _ = nodeInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	regNode, _ := nodeInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { c.kick() },
 		UpdateFunc: func(prev, cur any) {
 			p, ok1 := prev.(*corev1.Node)
@@ -92,11 +93,12 @@ func NewController(client kubernetes.Interface, cfg *Config, clk clock.WithTicke
 		},
 		DeleteFunc: func(any) { c.kick() },
 	})
-	_, _ = cmInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	regCM, _ := cmInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { c.kick() },
 		UpdateFunc: func(any, any) { c.kick() },
 		DeleteFunc: func(any) { c.kick() },
 	})
+	c.handlers = []cache.InformerSynced{regNode.HasSynced, regCM.HasSynced}
 	return c
 }
 
@@ -140,6 +142,15 @@ func (c *Controller) Run(ctx context.Context) error {
 		if !ok {
 			return fmt.Errorf("sync %v informer: %w", typ, ctx.Err())
 		}
+	}
+	// The initial lists' adds have kicked; the first sync covers them, so
+	// Synced means settled: no second sync pending from the start.
+	if !cache.WaitForCacheSync(ctx.Done(), c.handlers...) {
+		return fmt.Errorf("sync event handlers: %w", ctx.Err())
+	}
+	select {
+	case <-c.trigger:
+	default:
 	}
 	ticker := c.clock.NewTicker(time.Duration(c.cfg.PollPeriodSeconds) * time.Second)
 	defer ticker.Stop()

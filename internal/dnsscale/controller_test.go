@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -35,8 +36,11 @@ const (
 	testCM = "dns-autoscaler"
 )
 
-// reactWithin is the bound for a node change to reach the replicas.
-const reactWithin = time.Second
+// reactWithin bounds the wait for a node change to reach the replicas:
+// generous against the 1 s (the privileged tests log the time
+// taken; loaded CI under -race is slow), and below the 10 s poll period, so
+// only a watch can meet it.
+const reactWithin = 5 * time.Second
 
 type testNode struct {
 	name          string
@@ -87,6 +91,7 @@ type fakeCluster struct {
 	mu           sync.Mutex
 	scaleUpdates int
 	scaleGetErr  error
+	watched      map[string]bool // resources whose watch the tracker holds
 }
 
 var scaleResources = map[string]schema.GroupVersionResource{
@@ -111,7 +116,23 @@ func replicasOf(obj runtime.Object) *int32 {
 }
 
 func newFakeCluster(objs ...runtime.Object) *fakeCluster {
-	fc := &fakeCluster{Clientset: fake.NewClientset(objs...)}
+	fc := &fakeCluster{Clientset: fake.NewClientset(objs...), watched: map[string]bool{}}
+	// The fake's own watch reactor, noting each watch once the tracker holds
+	// it: events sent before that are dropped.
+	fc.PrependWatchReactor("*", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		var opts metav1.ListOptions
+		if wa, ok := a.(k8stesting.WatchActionImpl); ok {
+			opts = wa.ListOptions
+		}
+		w, err := fc.Tracker().Watch(a.GetResource(), a.GetNamespace(), opts)
+		if err != nil {
+			return false, nil, err
+		}
+		fc.mu.Lock()
+		fc.watched[a.GetResource().Resource] = true
+		fc.mu.Unlock()
+		return true, w, nil
+	})
 	for res, gvr := range scaleResources {
 		fc.PrependReactor("get", res, func(a k8stesting.Action) (bool, runtime.Object, error) {
 			if a.GetSubresource() != "scale" {
@@ -177,18 +198,13 @@ func (fc *fakeCluster) watching(t *testing.T, resources ...string) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		seen := map[string]bool{}
-		for _, a := range fc.Actions() {
-			if a.GetVerb() == "watch" {
-				seen[a.GetResource().Resource] = true
-			}
-		}
+		fc.mu.Lock()
 		all := true
 		for _, r := range resources {
-			all = all && seen[r]
+			all = all && fc.watched[r]
 		}
+		fc.mu.Unlock()
 		if all {
-			time.Sleep(20 * time.Millisecond) // the watcher registers right after the action is recorded
 			return
 		}
 		time.Sleep(5 * time.Millisecond)
