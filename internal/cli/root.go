@@ -19,5 +19,6 @@ func NewRoot() *cobra.Command {
 	root.AddCommand(lab.NewCommand())   // lab: internal/lab
 	root.AddCommand(benchCommand())
 	root.AddCommand(dnsCommand())
+	root.AddCommand(vmCommand()) // vm: internal/vmtest
 	return root
 }
