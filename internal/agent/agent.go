@@ -20,6 +20,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/healthcheck"
@@ -52,9 +53,17 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.SlogLevel()}))
 	slog.SetDefault(log)
 
+	// Devices named explicitly must exist before anything is loaded or
+	// attached: a typo should stop the agent with the name, not after the
+	// socket LB is in place.
+	if len(cfg.Devices) > 0 {
+		if _, err := resolveDevices(cfg.Devices); err != nil {
+			return err
+		}
+	}
 	src, err := newSource(&cfg, log)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w (check --kubeconfig, or run in a cluster with a service account)", err)
 	}
 	features := probeKernel()
 	for _, f := range features {
@@ -84,7 +93,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 
 	dp, err := openDataplane(&cfg)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w\n(the kernel needs BPF with BTF, cgroup BPF links and tcx or clsact: `sluice status` of a running agent, or `bpftool feature probe`, lists what is there)", err)
 	}
 	a.checkBPFFS()
 	log.Info("programs loaded", "sinceStart", time.Since(started))
@@ -165,6 +174,11 @@ type Agent struct {
 	nodeIPs      []netip.Addr      // this node's InternalIPs: SNAT sources
 	nodeIPsDirty bool
 	warnings     warnings // what status shows under Warnings
+	skips        skipped  // what the last sync left out of the maps
+	lastFailure  string   // the last sync failure, logged once per change or retry
+	// events posts Kubernetes Events about skipped Services when an API
+	// server is the source.
+	events eventRecorder
 }
 
 func newAgent(cfg *Config, log *slog.Logger, src Source, dp dataplane, pl pipeline, features []api.Feature) *Agent {
@@ -181,6 +195,9 @@ func newAgent(cfg *Config, log *slog.Logger, src Source, dp dataplane, pl pipeli
 		healthz:     api.ProxierHealth{Address: cfg.HealthzAddr},
 	}
 	a.metrics = newMetrics(src, func() dataplane { return a.dp })
+	if es, ok := src.(eventSource); ok {
+		a.events = es.EventRecorder()
+	}
 	return a
 }
 
@@ -209,10 +226,16 @@ func (a *Agent) run(ctx context.Context) error {
 		wg.Go(func() { a.serveHealthz(ctx) })
 	}
 
+	// The source stops with ctx; Run waits for it after cancelling.
 	synced, srcDone := a.startSource(ctx)
-	defer a.srcWG.Wait()
 
-	a.log.Info("waiting for the initial list", "source", a.src.Status().Kind)
+	a.log.Info("waiting for the initial list", "source", a.src.Status().Kind, "timeout", a.cfg.SyncTimeout)
+	var timeout <-chan time.Time // none in tests that build a Config by hand
+	if a.cfg.SyncTimeout > 0 {
+		t := time.NewTimer(a.cfg.SyncTimeout)
+		defer t.Stop()
+		timeout = t.C
+	}
 	select {
 	case <-synced:
 	case err := <-srcDone:
@@ -222,14 +245,16 @@ func (a *Agent) run(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return nil
+	case <-timeout:
+		return a.syncTimeoutError()
 	}
 
 	// A partial failure (one full map, one conflicting frontend) must not
 	// keep every other Service down: attach anyway and retry in the loop.
-	firstErr := a.syncOnce(true)
+	first := a.syncOnce(true, false)
 	if a.cfg.SocketLB {
 		if err := a.dp.Attach(a.cfg.CgroupRoot); err != nil {
-			return fmt.Errorf("attach socket LB to %s: %w", a.cfg.CgroupRoot, err)
+			return fmt.Errorf("attach socket LB to %s: %w (the kernel needs cgroup BPF links, 5.7+, and --cgroup-root must be a cgroup2 directory this agent may attach to)", a.cfg.CgroupRoot, err)
 		}
 		a.mu.Lock()
 		a.attachPoints = a.dp.AttachPoints()
@@ -248,7 +273,21 @@ func (a *Agent) run(ctx context.Context) error {
 	if ni := a.notImplemented(); len(ni) > 0 {
 		a.log.Warn("flags accepted but not implemented yet", "flags", ni)
 	}
-	return a.loop(ctx, srcDone, firstErr != nil)
+	return a.loop(ctx, srcDone, first)
+}
+
+// syncTimeoutError says why the initial list did not finish: the source's
+// last error when it has one (an API server that refuses or cannot be
+// reached), and what to check.
+func (a *Agent) syncTimeoutError() error {
+	st := a.src.Status()
+	msg := fmt.Sprintf("the initial list from %s %s did not finish within --k8s-sync-timeout=%s", st.Kind, st.Detail, a.cfg.SyncTimeout)
+	if le, ok := a.src.(interface{ LastError() error }); ok {
+		if err := le.LastError(); err != nil {
+			msg += ": " + err.Error()
+		}
+	}
+	return errors.New(msg + " (check that the API server is up and reachable from this node, and the credentials in --kubeconfig or the service account)")
 }
 
 // startSource starts the source once, feeding the agent until ctx is done;
@@ -273,18 +312,49 @@ func (a *Agent) startSource(ctx context.Context) (synced <-chan struct{}, srcDon
 	return a.srcSynced, a.srcDone
 }
 
+// Retry backoff: a sync that left something to retry (a full map, a failed
+// write, the maps unusable) is retried after retryInterval, doubling per
+// retry that still fails up to maxRetryInterval; a sync with nothing left
+// starts it over. A deletion that frees map room retries at once (the
+// reconciler does that within the sync).
+const maxRetryInterval = time.Minute
+
+// backoff is the delay before the next retry.
+type backoff struct {
+	base, max, cur time.Duration
+}
+
+// next returns the delay before the next retry, longer than the last.
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.base
+	} else {
+		b.cur = min(2*b.cur, b.max)
+	}
+	return b.cur
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+// syncOutcome is what a sync leaves for the loop.
+type syncOutcome struct {
+	failed bool // the sync failed as a whole
+	retry  bool // something in it may pass on a retry
+}
+
 // loop runs syncs on changes, at most one per --sync-period-min, plus a full
-// sync every --sync-period and a retry after a failure.
-func (a *Agent) loop(ctx context.Context, srcDone <-chan error, failed bool) error {
+// sync every --sync-period and retries with backoff while something failed.
+func (a *Agent) loop(ctx context.Context, srcDone <-chan error, first syncOutcome) error {
 	periodic := time.NewTicker(a.cfg.SyncPeriod)
 	defer periodic.Stop()
+	bo := backoff{base: retryInterval, max: maxRetryInterval}
 	var retry <-chan time.Time
-	if failed {
-		retry = time.After(retryInterval)
+	if first.failed || first.retry {
+		retry = time.After(bo.next())
 	}
 	last := time.Now()
 	for {
-		full := false
+		full, retrying := false, false
 		select {
 		case <-ctx.Done():
 			return nil
@@ -300,7 +370,7 @@ func (a *Agent) loop(ctx context.Context, srcDone <-chan error, failed bool) err
 		case <-periodic.C:
 			full = true
 		case <-retry:
-			full = true
+			retrying, retry = true, nil
 		}
 		// Fold a burst of changes into one sync.
 		if wait := a.cfg.SyncPeriodMin - time.Since(last); wait > 0 {
@@ -314,17 +384,23 @@ func (a *Agent) loop(ctx context.Context, srcDone <-chan error, failed bool) err
 		case <-a.trigger: // covered by this sync
 		default:
 		}
-		err := a.syncOnce(full)
+		out := a.syncOnce(full, retrying)
 		last = time.Now()
-		retry = nil
-		if err != nil {
-			retry = time.After(retryInterval)
+		switch {
+		case !out.failed && !out.retry:
+			bo.reset()
+			retry = nil
+		case retry == nil:
+			// A change's sync while a retry is pending leaves it be; the
+			// retry itself, or a first failure, schedules the next step.
+			retry = time.After(bo.next())
 		}
 	}
 }
 
-// syncOnce runs one sync and records its outcome.
-func (a *Agent) syncOnce(full bool) error {
+// syncOnce runs one sync and records its outcome; retry is set when it is
+// a retry of what failed before.
+func (a *Agent) syncOnce(full, retry bool) syncOutcome {
 	a.mu.Lock()
 	first := a.firstChange
 	a.firstChange = time.Time{}
@@ -333,13 +409,19 @@ func (a *Agent) syncOnce(full bool) error {
 	listed := !a.listedAt.IsZero()
 	a.mu.Unlock()
 
+	if retry {
+		a.pl.RetryFailed()
+	}
 	start := time.Now()
 	sum, err := a.pl.Sync(full)
 	if err == nil {
-		err = a.afterSync(full)
+		var skips []skip
+		skips, err = splitObjectErrors(a.afterSync(full))
+		sum.Skipped = append(sum.Skipped, skips...)
 	}
 	dur := time.Since(start)
 	end := time.Now()
+	a.report(sum.Skipped, retry)
 	// Before the last-sync timestamp moves, so that a scrape that sees it
 	// also sees the initial sync's duration.
 	if err == nil && listed {
@@ -349,10 +431,14 @@ func (a *Agent) syncOnce(full bool) error {
 		a.mu.Unlock()
 		if initial {
 			a.metrics.initialSync.Set(end.Sub(a.started).Seconds())
-			a.log.Info("initial sync done", "sinceStart", end.Sub(a.started), "sync", dur, "services", sum.Services, "backends", sum.Backends)
+			a.log.Info("initial sync done", "sinceStart", end.Sub(a.started), "sync", dur, "services", sum.Services,
+				"backends", sum.Backends, "skipped", len(sum.Skipped))
 		}
 	}
 	a.metrics.observeSync(dur, sum, err)
+	// Health means "programs what it can and is current": a skipped object
+	// leaves /healthz at 200; only a sync that failed as a whole does not
+	// count as an update.
 	if err == nil {
 		a.proxyHealth.Updated()
 	}
@@ -363,10 +449,12 @@ func (a *Agent) syncOnce(full bool) error {
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	out := syncOutcome{failed: err != nil, retry: a.skips.retryable()}
 	a.sum = sum
 	a.sync.Last = start
 	a.sync.Duration = dur
 	a.sync.Total++
+	a.sync.Skipped = len(sum.Skipped)
 	if err != nil {
 		a.sync.Failed++
 		a.sync.Error = err.Error()
@@ -375,10 +463,14 @@ func (a *Agent) syncOnce(full bool) error {
 			a.firstChange = first
 		}
 		a.triggers = append(triggers, a.triggers...)
-		a.log.Error("sync failed; the next one is full", "full", full, "duration", dur, "err", err)
-		return err
+		// Logged once per retry step, like every persistent failure.
+		if retry || a.lastFailure != a.sync.Error {
+			a.log.Error("sync failed; the next one is full, retried with backoff", "full", full, "duration", dur, "err", err)
+		}
+		a.lastFailure = a.sync.Error
+		return out
 	}
-	a.sync.Error = ""
+	a.sync.Error, a.lastFailure = "", ""
 	if !first.IsZero() {
 		a.metrics.changeToMap.Observe(end.Sub(first).Seconds())
 	}
@@ -386,7 +478,41 @@ func (a *Agent) syncOnce(full bool) error {
 		a.metrics.programming.Observe(end.Sub(t).Seconds())
 	}
 	a.log.Debug("synced", "full", full, "duration", dur, "services", sum.Services, "frontends", sum.Frontends)
-	return nil
+	return out
+}
+
+// splitObjectErrors separates the errors about one object (reported as
+// skips) from a failure of the sync as a whole, through errors.Join lists
+// and %w wrapping.
+func splitObjectErrors(err error) ([]skip, error) {
+	var skips []skip
+	var rest []error
+	var walk func(error)
+	walk = func(err error) {
+		var oe *objectError
+		if errors.As(err, &oe) && err == error(oe) {
+			skips = append(skips, oe.skip)
+			return
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				walk(e)
+			}
+		case interface{ Unwrap() error }:
+			if errors.As(err, &oe) {
+				walk(u.Unwrap()) // context around objects' errors: the objects say it
+			} else {
+				rest = append(rest, err)
+			}
+		default:
+			rest = append(rest, err)
+		}
+	}
+	if err != nil {
+		walk(err)
+	}
+	return skips, errors.Join(rest...)
 }
 
 // changed notes a change's arrival and wakes the sync loop.
@@ -457,7 +583,7 @@ func (a *Agent) OnPodUpdate(prev, cur *corev1.Pod) {
 func (a *Agent) Status(context.Context) (*api.Status, error) {
 	a.mu.Lock()
 	sum, syncState, points, healthz := a.sum, a.sync, a.attachPoints, a.healthz
-	warns := a.warnings.list()
+	warns, skips := a.warnings.list(), a.skips.list()
 	a.mu.Unlock()
 	return &api.Status{
 		NodeName:   a.cfg.NodeName,
@@ -475,6 +601,7 @@ func (a *Agent) Status(context.Context) (*api.Status, error) {
 		Maps:           a.dp.MapFill(),
 		Sync:           syncState,
 		ObjectErrors:   sum.ObjectErrors,
+		Skipped:        skips,
 		NotImplemented: a.notImplemented(),
 		HealthCheck:    a.healthCheckStatus(healthz),
 		Warnings:       warns,
@@ -514,10 +641,13 @@ func (a *Agent) serveHealthz(ctx context.Context) {
 		<-ctx.Done()
 		_ = srv.Close()
 	}()
+	bo := backoff{base: healthzRetry, max: maxRetryInterval}
 	for {
 		ln, err := net.Listen("tcp", a.cfg.HealthzAddr)
 		if err == nil {
+			bo.reset()
 			a.setHealthz(ln.Addr().String(), "")
+			a.unwarn("healthz")
 			a.log.Info("serving /healthz and /livez", "address", ln.Addr())
 			err = srv.Serve(ln) // closes ln
 			if errors.Is(err, http.ErrServerClosed) {
@@ -526,11 +656,14 @@ func (a *Agent) serveHealthz(ctx context.Context) {
 		}
 		err = fmt.Errorf("--healthz-bind-address=%s: %w", a.cfg.HealthzAddr, err)
 		a.setHealthz("", err.Error())
-		a.log.Error("proxier health server not serving; retrying", "retry", healthzRetry, "err", err)
+		// Logged once per change (a warning), retried with backoff.
+		a.warn("healthz", api.Warning{Subsystem: "healthz",
+			Message: "proxier health server not serving, retried with backoff: " + err.Error(),
+			Fix:     "free the port (another kube-proxy still running?) or set --healthz-bind-address; load balancers probing it take the node out meanwhile"})
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(healthzRetry):
+		case <-time.After(bo.next()):
 		}
 	}
 }
@@ -547,11 +680,25 @@ func (a *Agent) setHealthz(bound, errMsg string) {
 	a.healthz.Error = errMsg
 }
 
-// Services implements api.Provider.
+// Services implements api.Provider: the installed frontends, then the
+// skipped ones with why.
 func (a *Agent) Services(context.Context) ([]api.Service, error) {
 	s := a.pl.Installed()
 	if s == nil {
 		s = []api.Service{}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, k := range a.skips.sorted() {
+		if k.Value == "" || k.Service == (types.NamespacedName{}) {
+			continue
+		}
+		name := k.Service.String()
+		if k.Port != "" {
+			name += ":" + k.Port
+		}
+		s = append(s, api.Service{Name: name, Type: k.Type, Frontend: k.Value, Backends: []api.Backend{},
+			Skipped: k.Reason + ": " + k.Message})
 	}
 	return s, nil
 }

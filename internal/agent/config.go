@@ -43,6 +43,7 @@ type Config struct {
 	LBMapMax        uint32 // 0: from MapSizeRatio
 	SyncPeriodMin   time.Duration
 	SyncPeriod      time.Duration
+	SyncTimeout     time.Duration // the source's initial list
 	LogLevel        string
 
 	// North-south (tc/XDP) datapath, on --devices.
@@ -89,6 +90,10 @@ const (
 	// A full resync repairs maps that something else changed, like
 	// kube-proxy's syncPeriod.
 	DefaultSyncPeriod = 5 * time.Minute
+	// DefaultSyncTimeout bounds the initial list, as Cilium's
+	// --k8s-sync-timeout: an agent that cannot reach its API server exits
+	// with the reason instead of hanging unready.
+	DefaultSyncTimeout = 3 * time.Minute
 	// DefaultCTGCInterval is how often dead conntrack and NAT entries are
 	// deleted; the maps are LRUs, so a late collection only costs space.
 	DefaultCTGCInterval = 30 * time.Second
@@ -119,6 +124,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 		"entries of the service map (one per frontend and backend slot); 0: sized by --bpf-map-dynamic-size-ratio (65536 at least)")
 	fs.DurationVar(&c.SyncPeriodMin, "sync-period-min", DefaultSyncPeriodMin, "minimum interval between two syncs to the maps")
 	fs.DurationVar(&c.SyncPeriod, "sync-period", DefaultSyncPeriod, "interval of full resyncs to the maps")
+	fs.DurationVar(&c.SyncTimeout, "k8s-sync-timeout", DefaultSyncTimeout,
+		"how long the initial list of Services, EndpointSlices and Nodes may take before the agent exits with the reason")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 
 	fs.Uint32Var(&c.MaglevTableSize, "bpf-lb-maglev-table-size", maglev.DefaultTableSize,
@@ -272,6 +279,9 @@ func (c *Config) Validate() error {
 		if t.v < time.Second || t.v > 30*24*time.Hour || t.v%time.Second != 0 {
 			bad(t.flag, t.v, "want whole seconds from 1s to 720h")
 		}
+	}
+	if c.SyncTimeout < time.Second || c.SyncTimeout > time.Hour {
+		bad("k8s-sync-timeout", c.SyncTimeout, "want 1s to 1h")
 	}
 	if c.SyncPeriod < time.Second {
 		bad("sync-period", c.SyncPeriod, "want at least 1s")

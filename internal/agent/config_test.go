@@ -141,6 +141,7 @@ func TestConfigInvalid(t *testing.T) {
 		{"sync-period-min negative", []string{"--sync-period-min=-1s"}, "--sync-period-min=-1s: want 0 to 1m"},
 		{"sync-period-min syntax", []string{"--sync-period-min=soon"}, `invalid argument "soon" for "--sync-period-min"`},
 		{"sync-period short", []string{"--sync-period=10ms"}, "--sync-period=10ms: want at least 1s"},
+		{"k8s-sync-timeout short", []string{"--k8s-sync-timeout=100ms"}, "--k8s-sync-timeout=100ms: want 1s to 1h"},
 		{"socket-lb syntax", []string{"--socket-lb=maybe"}, `invalid argument "maybe" for "--socket-lb"`},
 		{"ct map small", []string{"--bpf-ct-global-max=100"}, "--bpf-ct-global-max=100: want 0 (sized from memory) or 1024 to 16777216"},
 		{"map size ratio negative", []string{"--bpf-map-dynamic-size-ratio=-0.1"}, "--bpf-map-dynamic-size-ratio=-0.1: want 0 (fixed sizes) to 1"},

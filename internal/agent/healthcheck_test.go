@@ -246,6 +246,7 @@ func (nopPipeline) OnEndpointSliceUpdate(_, _ *discoveryv1.EndpointSlice) {}
 func (nopPipeline) OnNodeUpdate(_, _ *corev1.Node)                        {}
 func (nopPipeline) Sync(bool) (summary, error)                            { return summary{}, nil }
 func (nopPipeline) Installed() []api.Service                              { return nil }
+func (nopPipeline) RetryFailed()                                          {}
 
 // TestPipelineLBAlgorithm checks that --lb-algorithm is the default that a
 // Service's annotation overrides, as the Maglev tables the reconciler

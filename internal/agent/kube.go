@@ -10,11 +10,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
 )
@@ -34,6 +38,9 @@ type KubeSource struct {
 	mu        sync.Mutex
 	informers map[string]cache.SharedIndexInformer // by kind, once running
 	synced    bool
+	events    record.EventBroadcaster // once EventRecorder was asked for
+	lastErr   error                   // the last list or watch error, until the initial list is done
+	kindErr   map[string]string       // the last error logged per kind
 }
 
 // NewKubeSource returns a source reading from client.
@@ -62,8 +69,34 @@ func KubeClient(kubeconfig string) (kubernetes.Interface, string, error) {
 	return cs, cfg.Host, nil
 }
 
+// EventRecorder implements eventSource: Events about skipped Services go to
+// the API server from "sluice-agent" on this node. The broadcaster
+// aggregates repeats and rate-limits per object, as kube-proxy's does.
+func (s *KubeSource) EventRecorder() eventRecorder {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.events == nil {
+		s.events = record.NewBroadcaster()
+		s.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.client.CoreV1().Events("")})
+	}
+	return kubeEvents{s.events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "sluice-agent", Host: s.nodeName})}
+}
+
+type kubeEvents struct{ rec record.EventRecorder }
+
+func (e kubeEvents) ServiceEvent(svc types.NamespacedName, reason, message string) {
+	e.rec.Event(serviceRef(svc), corev1.EventTypeWarning, reason, message)
+}
+
 // Run implements Source.
 func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
+	defer func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.events != nil {
+			s.events.Shutdown() // flushes what is queued
+		}
+	}()
 	// No informer resync: the sync loop's periodic full sync repairs the
 	// maps, and replaying every object would only cost CPU.
 	svcFactory := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
@@ -79,6 +112,9 @@ func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
 		kindNode:          nodeFactory.Core().V1().Nodes().Informer(),
 	}
 	for kind, i := range inf {
+		if err := i.SetWatchErrorHandler(func(_ *cache.Reflector, err error) { s.listFailed(kind, err) }); err != nil {
+			return fmt.Errorf("%s informer: %w", kind, err)
+		}
 		var err error
 		switch kind {
 		case kindService:
@@ -106,11 +142,35 @@ func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
 		return nil // ctx done
 	}
 	s.mu.Lock()
-	s.synced = true
+	s.synced, s.lastErr = true, nil
 	s.mu.Unlock()
 	synced()
 	<-ctx.Done()
 	return nil
+}
+
+// listFailed records a list or watch error of an informer (which retries
+// with its own backoff) and logs it once per distinct message, instead of
+// client-go's line per attempt.
+func (s *KubeSource) listFailed(kind string, err error) {
+	s.mu.Lock()
+	if s.kindErr == nil {
+		s.kindErr = map[string]string{}
+	}
+	same := s.kindErr[kind] == err.Error()
+	s.kindErr[kind], s.lastErr = err.Error(), err
+	s.mu.Unlock()
+	if !same {
+		s.log.Warn("list or watch failed; retrying with backoff", "kind", kind, "server", s.host, "err", err)
+	}
+}
+
+// LastError is the last list or watch error while the initial list has not
+// finished, for the agent's timeout message.
+func (s *KubeSource) LastError() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastErr
 }
 
 // Status implements Source.

@@ -46,11 +46,16 @@ type metrics struct {
 	initialList prometheus.Gauge
 	initialSync prometheus.Gauge
 
+	// skipped counts what the last sync left out of the maps, by reason.
+	skipped *prometheus.GaugeVec
+
 	// Conntrack garbage collection (tc/XDP datapath).
 	ctEntries  prometheus.Gauge
 	gcDeleted  *prometheus.CounterVec
 	gcRuns     prometheus.Counter
 	gcFailures prometheus.Counter
+
+	dsrFallback prometheus.Gauge // backends DSR cannot place (dsr.go)
 }
 
 // latencyBuckets span 100µs (one change) to 30s (a cold start at scale).
@@ -124,7 +129,16 @@ func newMetrics(src Source, dp func() dataplane) *metrics {
 	m.gcFailures = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: metricsNamespace, Name: "ct_gc_failures_total", Help: "Conntrack garbage collections that returned an error.",
 	})
-	m.reg.MustRegister(m.ctEntries, m.gcDeleted, m.gcRuns, m.gcFailures)
+	m.skipped = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: metricsNamespace, Name: "skipped_objects",
+		Help: "Objects, or values of them (a frontend), the last sync left out of the maps, by reason " +
+			"(invalid, conflict, map-full, unprogrammable, write-failed, neighbour, pod-device, dsr-tunnel).",
+	}, []string{"reason"})
+	for _, r := range skipReasons {
+		m.skipped.WithLabelValues(r) // present at 0, so that alerts see the series
+	}
+	m.dsrFallback = newDSRFallbackGauge()
+	m.reg.MustRegister(m.ctEntries, m.gcDeleted, m.gcRuns, m.gcFailures, m.skipped, m.dsrFallback)
 	m.reg.MustRegister(m.syncDuration, m.syncs, m.syncFailures, m.services, m.frontends, m.backends,
 		m.objectErrors, m.programming, m.changeToMap, m.lastSync, m.lastQueued, m.initialList, m.initialSync, &scrapeCollector{src: src, dp: dp},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -143,6 +157,13 @@ func (m *metrics) observeSync(d time.Duration, s summary, err error) {
 	m.frontends.Set(float64(s.Frontends))
 	m.backends.Set(float64(s.Backends))
 	m.objectErrors.Set(float64(len(s.ObjectErrors)))
+}
+
+// observeSkips sets the skipped gauge from the last sync's counts.
+func (m *metrics) observeSkips(byReason map[string]int) {
+	for _, r := range skipReasons {
+		m.skipped.WithLabelValues(r).Set(float64(byReason[r]))
+	}
 }
 
 func (m *metrics) observeGC(r gcResult, err error) {
@@ -166,6 +187,9 @@ var (
 		"Entries in a BPF map.", []string{"map"}, nil)
 	mapMaxDesc = prometheus.NewDesc(metricsNamespace+"_map_max_entries",
 		"Capacity of a BPF map.", []string{"map"}, nil)
+	// Cilium's cilium_bpf_map_pressure: fill over capacity, 1 is full.
+	mapPressureDesc = prometheus.NewDesc(metricsNamespace+"_bpf_map_pressure",
+		"Fill of a BPF map over its capacity (1: full, new entries are refused).", []string{"map_name"}, nil)
 	fileErrorsDesc = prometheus.NewDesc(metricsNamespace+"_source_file_errors",
 		"1 for a manifest file that is rejected (its last good objects stay in use).", []string{"file"}, nil)
 )
@@ -201,6 +225,7 @@ func (c *scrapeCollector) mapFill() []api.MapFill {
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- mapEntriesDesc
 	ch <- mapMaxDesc
+	ch <- mapPressureDesc
 	ch <- fileErrorsDesc
 }
 
@@ -208,6 +233,9 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, f := range c.mapFill() {
 		ch <- prometheus.MustNewConstMetric(mapEntriesDesc, prometheus.GaugeValue, float64(f.Entries), f.Name)
 		ch <- prometheus.MustNewConstMetric(mapMaxDesc, prometheus.GaugeValue, float64(f.Max), f.Name)
+		if f.Max > 0 {
+			ch <- prometheus.MustNewConstMetric(mapPressureDesc, prometheus.GaugeValue, float64(f.Entries)/float64(f.Max), f.Name)
+		}
 	}
 	for file := range c.src.Status().FileErrors {
 		ch <- prometheus.MustNewConstMetric(fileErrorsDesc, prometheus.GaugeValue, 1, file)

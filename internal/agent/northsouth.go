@@ -24,8 +24,9 @@ type northSouthDataplane interface {
 	SetNodeConfig(nodeIPs []netip.Addr) error
 	// SyncPodIfaces marks the host-side veths of local backends.
 	SyncPodIfaces(addrs []netip.Addr, full bool) error
-	// SyncTunnels writes where DSR sends each other node's pods.
-	SyncTunnels(map[netip.Prefix]netip.Addr) error
+	// SyncTunnels writes where DSR sends each remote backend: the entries
+	// of want named in changed (nil: every entry).
+	SyncTunnels(want map[netip.Prefix]netip.Addr, changed map[netip.Prefix]bool) error
 	// SyncNeighbors keeps the next hops towards other nodes resolved for XDP.
 	SyncNeighbors(nodes []netip.Addr) error
 	CollectGarbage() (gcResult, error)
@@ -38,11 +39,15 @@ type localBackender interface {
 	LocalBackends() []netip.Addr
 }
 
-// tunneler is a pipeline that knows the other nodes' pod CIDRs and
-// addresses.
+// tunneler is a pipeline that knows where each remote backend runs and the
+// other nodes' addresses.
 type tunneler interface {
-	Tunnels() map[netip.Prefix]netip.Addr
+	// TakeTunnels returns the DSR tunnel map and what changed since the
+	// last call (nil: everything may have).
+	TakeTunnels() (map[netip.Prefix]netip.Addr, map[netip.Prefix]bool)
 	RemoteNodes() []netip.Addr
+	// DSR is the tunnel count and the backends DSR cannot place.
+	DSR() dsrState
 }
 
 // gcResult is one conntrack garbage collection.
@@ -145,9 +150,11 @@ func (a *Agent) afterSync(full bool) error {
 		}
 	}
 	if tp, ok := a.pl.(tunneler); ok {
-		if err := ns.SyncTunnels(tp.Tunnels()); err != nil {
-			errs = append(errs, fmt.Errorf("DSR tunnels: %w", err))
+		// Not wrapped: each entry that failed is its own skip.
+		if err := ns.SyncTunnels(tp.TakeTunnels()); err != nil {
+			errs = append(errs, err)
 		}
+		a.reportDSR(tp.DSR())
 		if err := ns.SyncNeighbors(tp.RemoteNodes()); err != nil {
 			errs = append(errs, fmt.Errorf("neighbours for XDP: %w", err))
 		}
@@ -172,6 +179,13 @@ func (a *Agent) gcLoop(ctx context.Context, ns northSouthDataplane) {
 func (a *Agent) collectGarbage(ns northSouthDataplane) {
 	r, err := ns.CollectGarbage()
 	a.metrics.observeGC(r, err)
+	// Logged once per change, not every interval it persists.
+	if err != nil {
+		a.warn("ct-gc", api.Warning{Subsystem: "conntrack", Message: "conntrack garbage collection failed: " + err.Error(),
+			Fix: "dead entries stay until the LRU evicts them; see the agent's log and `sluice bpf ct list`"})
+	} else {
+		a.unwarn("ct-gc")
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.ns == nil {
@@ -185,7 +199,6 @@ func (a *Agent) collectGarbage(ns northSouthDataplane) {
 	gc.Error = ""
 	if err != nil {
 		gc.Error = err.Error()
-		a.log.Error("conntrack garbage collection", "err", err)
 	}
 }
 
@@ -210,6 +223,10 @@ func (a *Agent) northSouthStatus() *api.NorthSouth {
 	}
 	// Without --devices the tc/XDP programs serve the pods only.
 	st.Enabled = len(a.cfg.Devices) > 0
+	if tp, ok := a.pl.(tunneler); ok && st.Enabled && a.dsrMode() {
+		d := tp.DSR()
+		st.DSRTunnels, st.DSRSNATFallback, st.DSRSNATFallbackExamples = d.entries, d.fallback.Backends, d.fallback.Examples
+	}
 	st.PerPacket, st.PodDevices = perPacket, pods
 	return &st
 }

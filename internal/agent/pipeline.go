@@ -20,16 +20,68 @@ import (
 type pipeline interface {
 	Handler
 	// Sync folds the recorded changes into the desired state and writes
-	// what differs to the maps; full re-checks every Service. Only the sync
-	// loop calls it.
+	// what differs to the maps; full re-checks every Service. What it had
+	// to leave out is in summary.Skipped; the error is a failure of the
+	// sync as a whole (the maps unusable), never one object's. Only the
+	// sync loop calls it.
 	Sync(full bool) (summary, error)
+	// RetryFailed makes the next Sync also retry the Services whose
+	// writes failed for a reason that may pass (a full map).
+	RetryFailed()
 	Installed() []api.Service
 }
+
+// Reasons an object, or one value of it, is left out of the maps.
+const (
+	skipInvalid        = "invalid"        // refused by the model; its last good version stays
+	skipConflict       = "conflict"       // the frontend is held by an older Service
+	skipMapFull        = "map-full"       // a BPF map had no room
+	skipUnprogrammable = "unprogrammable" // a value the maps cannot hold (more backends than slots)
+	skipWriteFailed    = "write-failed"   // a map write failed otherwise
+	skipNeighbour      = "neighbour"      // the next hop towards a node could not be kept resolved
+	skipPodDevice      = "pod-device"     // a local backend's veth could not be found or marked
+	skipDSRTunnel      = "dsr-tunnel"     // where DSR sends a backend could not be written
+)
+
+// skipReasons lists every reason, for the metric's series.
+var skipReasons = []string{skipInvalid, skipConflict, skipMapFull, skipUnprogrammable, skipWriteFailed,
+	skipNeighbour, skipPodDevice, skipDSRTunnel}
+
+// skip is one object, or one value of it (a frontend), left out of the
+// maps. Skips are reported once per change (log, status, a metric, an
+// Event on the Service), never fail the sync, and those that may pass are
+// retried with backoff.
+type skip struct {
+	Object  string // "Service default/web", "Node 198.18.0.12", ...
+	Value   string // the frontend, or "" for the whole object
+	Reason  string // skip*
+	Message string
+	Retry   bool
+	// Service is set when the object is a Service, for its Event; Type
+	// and Port are the skipped frontend's, for `sluice service list`.
+	Service types.NamespacedName
+	Type    string
+	Port    string
+	// Full is the map that had no room, with Need about the entries the
+	// value still wants.
+	Full *lbmap.MapFullError
+	Need int
+}
+
+// key identifies the skipped thing across syncs.
+func (s skip) key() string { return s.Object + "|" + s.Value }
+
+// objectError is an error about one object, which the sync reports as a
+// skip instead of failing.
+type objectError struct{ skip skip }
+
+func (e *objectError) Error() string { return e.skip.Message }
 
 // summary is what a sync reports about the desired state.
 type summary struct {
 	Services, Frontends, Backends int
 	ObjectErrors                  map[string]string
+	Skipped                       []skip
 	// HealthChecks are the Services that need a health check node port
 	// server on this node, with their local endpoint counts.
 	HealthChecks map[types.NamespacedName]healthcheck.Service

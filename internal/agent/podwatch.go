@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -33,42 +34,48 @@ func (a *Agent) podLB() (podLBDataplane, bool) {
 // per-packet LB before its first connection instead of at the next sync.
 // A lost subscription is renewed; the periodic sync stays the safety net.
 func (a *Agent) watchPodRoutes(ctx context.Context) {
+	bo := backoff{base: retryInterval, max: maxRetryInterval}
 	for ctx.Err() == nil {
 		updates := make(chan netlink.RouteUpdate, 64)
 		done := make(chan struct{})
-		failed := make(chan struct{}, 1)
+		failed := make(chan error, 1)
 		err := netlink.RouteSubscribeWithOptions(updates, done, netlink.RouteSubscribeOptions{
 			ErrorCallback: func(err error) {
-				a.log.Warn("pod route watch", "err", err)
 				select {
-				case failed <- struct{}{}:
+				case failed <- err:
 				default:
 				}
 			},
 		})
-		if err != nil {
-			a.log.Error("pod route watch: subscribe; new pods get the per-packet LB at the next sync", "err", err)
-		} else {
-			a.podRouteEvents(ctx, updates, failed)
+		if err == nil {
+			a.unwarn("pod-routes")
+			if err = a.podRouteEvents(ctx, updates, failed); err == nil {
+				bo.reset() // ended with ctx
+			}
 		}
 		close(done)
+		if err != nil {
+			// Once per change, renewed with backoff.
+			a.warn("pod-routes", api.Warning{Subsystem: "pods", Message: "pod route watch failed, renewed with backoff: " + err.Error(),
+				Fix: "new pods get the per-packet LB at the next sync instead of at once"})
+		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(retryInterval):
+		case <-time.After(bo.next()):
 		}
 	}
 }
 
-func (a *Agent) podRouteEvents(ctx context.Context, updates <-chan netlink.RouteUpdate, failed <-chan struct{}) {
+func (a *Agent) podRouteEvents(ctx context.Context, updates <-chan netlink.RouteUpdate, failed <-chan error) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return
-		case <-failed:
-			return
+			return nil
+		case err := <-failed:
+			return err
 		case u, ok := <-updates:
 			if !ok {
-				return
+				return errors.New("the route subscription closed")
 			}
 			if !isHostRoute(u) {
 				continue
@@ -104,7 +111,12 @@ func (a *Agent) syncPods() {
 	if !ok {
 		return
 	}
+	// Between syncs: a failure shows as a warning, logged once per change;
+	// the next sync reports the objects it concerns as skipped.
 	if err := ns.SyncPodIfaces(lb.LocalBackends(), false); err != nil {
-		a.log.Error("pod devices", "err", err)
+		a.warn("pod-devices", api.Warning{Subsystem: "pods", Message: "local pod devices: " + err.Error(),
+			Fix: "traffic to these pods goes through the stack instead of bpf_redirect_peer until their veths are found"})
+	} else {
+		a.unwarn("pod-devices")
 	}
 }

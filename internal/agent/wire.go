@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/datapath"
@@ -111,10 +111,13 @@ type nodeDataplane struct {
 	srcRanges *lbmap.SourceRangesKernel
 
 	mu        sync.Mutex
-	podIfaces map[netip.Addr]uint32        // local backend -> host-side veth
-	tunnels   map[netip.Prefix]netip.Addr  // installed DSR tunnels: pod CIDR -> node
-	neighs    map[netip.Addr]netlink.Neigh // managed neighbours, by remote node IP
-	neighRec  *datapath.NeighbourRecord    // the same, pinned, for the next agent
+	podIfaces map[netip.Addr]uint32       // local backend -> host-side veth
+	tunnels   map[netip.Prefix]netip.Addr // installed DSR tunnel entries
+	// tunnelRetry are the entries whose last write failed: SyncTunnels
+	// tries them again besides the changes.
+	tunnelRetry map[netip.Prefix]bool
+	neighs      map[netip.Addr]netlink.Neigh // managed neighbours, by remote node IP
+	neighRec    *datapath.NeighbourRecord    // the same, pinned, for the next agent
 }
 
 // northSouthMaps is the LB maps plus the tables only the tc/XDP programs
@@ -287,7 +290,12 @@ func resolveDevices(names []string) ([]datapath.Device, error) {
 			}
 		}
 		if !found {
-			return nil, fmt.Errorf("--devices=%s: no such device in the agent's network namespace", name)
+			var have []string
+			for _, l := range links {
+				have = append(have, l.Attrs().Name)
+			}
+			return nil, fmt.Errorf("--devices=%s: no such device in the agent's network namespace (it has: %s); name the node's external devices, or leave --devices empty for socket LB only",
+				name, strings.Join(have, ", "))
 		}
 	}
 	return out, nil
@@ -336,7 +344,7 @@ func (d *nodeDataplane) SyncNeighbors(nodes []netip.Addr) error {
 	for _, ip := range nodes {
 		routes, err := netlink.RouteGet(net.IP(ip.AsSlice()))
 		if err != nil || len(routes) == 0 {
-			errs = append(errs, fmt.Errorf("route to node %s: %v", ip, err))
+			errs = append(errs, nodeNeighbourError(ip, fmt.Sprintf("no route to node %s: %v", ip, err)))
 			continue
 		}
 		hop := ip
@@ -363,7 +371,7 @@ func (d *nodeDataplane) SyncNeighbors(nodes []netip.Addr) error {
 			continue
 		}
 		if err := netlink.NeighSet(&n); err != nil {
-			errs = append(errs, fmt.Errorf("managed neighbour %s for node %s (needs 5.16): %w", n.IP, ip, err))
+			errs = append(errs, nodeNeighbourError(ip, fmt.Sprintf("managed neighbour %s for node %s (needs 5.16): %v", n.IP, ip, err)))
 			continue
 		}
 		d.neighs[ip] = n
@@ -372,6 +380,13 @@ func (d *nodeDataplane) SyncNeighbors(nodes []netip.Addr) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// nodeNeighbourError is a node whose next hop XDP cannot be given: XDP
+// traffic to its backends goes through the stack's slower path or is
+// dropped, everything else is unaffected.
+func nodeNeighbourError(node netip.Addr, msg string) error {
+	return &objectError{skip{Object: "Node " + node.String(), Reason: skipNeighbour, Message: msg, Retry: true}}
 }
 
 // sweepNeighbors runs at the first SyncNeighbors: it opens the pinned record
@@ -427,45 +442,109 @@ func neighbour(n netlink.Neigh) datapath.Neighbour {
 	return datapath.Neighbour{Ifindex: n.LinkIndex, IP: ip.Unmap()}
 }
 
-// SyncTunnels writes the DSR tunnel map (another node's pod CIDR -> that
-// node's address) and removes the CIDRs no longer wanted. Unchanged entries
-// are not rewritten.
-func (d *nodeDataplane) SyncTunnels(want map[netip.Prefix]netip.Addr) error {
+// SyncTunnels writes the DSR tunnel map: the entries of want named in
+// changed, and those whose write failed before; changed nil compares every
+// entry (a full sync). Deletions go first, as they make room; once the map
+// is full the remaining additions are not tried (their backends use SNAT)
+// and are reported as one skip of the map.
+func (d *nodeDataplane) SyncTunnels(want map[netip.Prefix]netip.Addr, changed map[netip.Prefix]bool) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.tunnels == nil {
 		// The first sync over pinned maps: start from what a previous agent
-		// left, so that the CIDRs of nodes gone meanwhile are removed.
+		// left, so that the entries of nodes and backends gone meanwhile
+		// are removed.
 		have, err := d.ns.Tunnels()
 		if err != nil {
-			return err
+			return fmt.Errorf("DSR tunnels: %w", err)
 		}
-		d.tunnels = have
+		d.tunnels, d.tunnelRetry, changed = have, map[netip.Prefix]bool{}, nil
 	}
-	var errs []error
-	for cidr := range d.tunnels {
-		if _, ok := want[cidr]; !ok {
-			if err := d.ns.DeleteTunnel(cidr); err != nil {
-				errs = append(errs, err)
-				continue
+	var dels, adds []netip.Prefix
+	check := func(p netip.Prefix) {
+		w, ok := want[p]
+		switch cur, had := d.tunnels[p]; {
+		case !ok && had:
+			dels = append(dels, p)
+		case ok && (!had || cur != w):
+			adds = append(adds, p)
+		}
+	}
+	if changed == nil {
+		for p, cur := range d.tunnels {
+			if w, ok := want[p]; !ok {
+				dels = append(dels, p)
+			} else if w != cur {
+				adds = append(adds, p)
 			}
-			delete(d.tunnels, cidr)
+		}
+		for p := range want {
+			if _, had := d.tunnels[p]; !had {
+				adds = append(adds, p)
+			}
+		}
+	} else {
+		for p := range changed {
+			check(p)
+		}
+		for p := range d.tunnelRetry {
+			if !changed[p] {
+				check(p)
+			}
 		}
 	}
-	if d.tunnels == nil {
-		d.tunnels = map[netip.Prefix]netip.Addr{}
+	clear(d.tunnelRetry)
+	var errs []error
+	for _, p := range dels {
+		if err := d.ns.DeleteTunnel(p); err != nil {
+			d.tunnelRetry[p] = true
+			errs = append(errs, tunnelError(p, err))
+			continue
+		}
+		delete(d.tunnels, p)
 	}
-	for cidr, node := range want {
-		if cur, ok := d.tunnels[cidr]; ok && cur == node {
+	if len(adds) >= tunnelBatch {
+		nodes := make([]netip.Addr, len(adds))
+		for i, p := range adds {
+			nodes[i] = want[p]
+		}
+		n, _ := d.ns.SetTunnels(adds, nodes) // the rest one by one: they say why
+		for _, p := range adds[:n] {
+			d.tunnels[p] = want[p]
+		}
+		adds = adds[n:]
+	}
+	for i, p := range adds {
+		err := d.ns.SetTunnel(p, want[p])
+		var full *lbmap.MapFullError
+		if errors.As(err, &full) {
+			for _, q := range adds[i:] {
+				d.tunnelRetry[q] = true
+			}
+			errs = append(errs, &objectError{skip{Object: "DSR tunnels", Reason: skipMapFull, Retry: true,
+				Full: full, Need: len(adds) - i,
+				Message: fmt.Sprintf("%d DSR tunnel entries not written, their backends use SNAT: %v", len(adds)-i, err)}})
+			break
+		}
+		if err != nil {
+			d.tunnelRetry[p] = true
+			errs = append(errs, tunnelError(p, err))
 			continue
 		}
-		if err := d.ns.SetTunnel(cidr, node); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		d.tunnels[cidr] = node
+		d.tunnels[p] = want[p]
 	}
 	return errors.Join(errs...)
+}
+
+// tunnelBatch is where SyncTunnels starts writing additions in one batch:
+// a first sync, a node change.
+const tunnelBatch = 64
+
+// tunnelError is a DSR tunnel entry that could not be written: until it
+// is, DSR to the backends it places is not possible (they use SNAT) or, for
+// a node's own address, that node's tunnelled packets are not accepted.
+func tunnelError(p netip.Prefix, err error) error {
+	return &objectError{skip{Object: "DSR tunnel " + p.String(), Reason: skipDSRTunnel, Retry: true, Message: err.Error()}}
 }
 
 // SyncPodIfaces marks the host-side veths of the local backends, found with
@@ -596,16 +675,22 @@ func podIface(a netip.Addr) (uint32, error) {
 		return 0, nil
 	}
 	if err != nil || len(routes) == 0 {
-		return 0, fmt.Errorf("route to local backend %s: %v", a, err)
+		return 0, podDeviceError(a, fmt.Sprintf("route to local backend %s: %v", a, err))
 	}
 	l, err := netlink.LinkByIndex(routes[0].LinkIndex)
 	if err != nil {
-		return 0, fmt.Errorf("route to local backend %s: device %d: %w", a, routes[0].LinkIndex, err)
+		return 0, podDeviceError(a, fmt.Sprintf("route to local backend %s: device %d: %v", a, routes[0].LinkIndex, err))
 	}
 	if l.Type() != "veth" {
 		return 0, nil
 	}
 	return uint32(l.Attrs().Index), nil
+}
+
+// podDeviceError is a local backend whose veth cannot be found: traffic to
+// it goes through the stack instead of bpf_redirect_peer.
+func podDeviceError(backend netip.Addr, msg string) error {
+	return &objectError{skip{Object: "Backend " + backend.String(), Reason: skipPodDevice, Message: msg, Retry: true}}
 }
 
 // CollectGarbage deletes the conntrack entries dead at the datapath's clock
@@ -657,8 +742,15 @@ type modelPipeline struct {
 	*loadbalancer.Tracker
 	rec      *reconciler.Reconciler
 	nodeName string
-	tunnels  map[netip.Prefix]netip.Addr // from the last sync that saw a node change
-	// remoteNodes are the other nodes' InternalIPs, from the same sync.
+	// tunnels is the tracker's State.Tunnels; tunnelsAll asks the next
+	// TakeTunnels to compare every entry (after a full sync).
+	tunnels    map[netip.Prefix]netip.Addr
+	tunnelsAll bool
+	// dsr is the last sync's tunnel count and SNAT fallback, for status.
+	dsrMu sync.Mutex
+	dsr   dsrState
+	// remoteNodes are the other nodes' InternalIPs, from the last sync
+	// that saw a node change.
 	remoteNodes []netip.Addr
 	// sum follows the desired state Service by Service.
 	sum *summaryIndex
@@ -670,6 +762,7 @@ type modelPipeline struct {
 	// for it.
 	prep     sync.Mutex
 	prepared bool
+	retry    bool // the next Sync retries the reconciler's failed Services
 }
 
 // prepare folds what the source has delivered into the desired state
@@ -729,9 +822,14 @@ func (p *modelPipeline) Sync(full bool) (summary, error) {
 	st, changed, nodesChanged := p.Tracker.Sync()
 	if full {
 		changed, nodesChanged = nil, true
+	} else if p.retry {
+		for name := range p.rec.Failed() {
+			changed[name] = true
+		}
 	}
+	p.retry = false
+	p.setTunnels(st, full)
 	if nodesChanged {
-		p.tunnels = maps.Clone(st.Tunnels)
 		p.remoteNodes = p.remoteNodes[:0]
 		for ip, local := range st.NodeIPs {
 			if !local {
@@ -741,12 +839,94 @@ func (p *modelPipeline) Sync(full bool) (summary, error) {
 	}
 	err := p.rec.Apply(st, changed, nodesChanged)
 	p.sum.update(st, changed)
-	return p.sum.summary(st), err
+	sum := p.sum.summary(st)
+	sum.Skipped = modelSkips(st)
+	var ae *reconciler.ApplyError
+	if errors.As(err, &ae) {
+		for _, fe := range ae.Frontends {
+			sum.Skipped = append(sum.Skipped, frontendSkip(fe))
+		}
+		err = ae.Err // nil unless the sync failed as a whole
+	}
+	return sum, err
 }
 
-// Tunnels returns the DSR tunnels of the last sync: the other nodes' pod
-// CIDRs and their addresses.
-func (p *modelPipeline) Tunnels() map[netip.Prefix]netip.Addr { return p.tunnels }
+// RetryFailed implements pipeline.
+func (p *modelPipeline) RetryFailed() {
+	p.prep.Lock()
+	defer p.prep.Unlock()
+	p.retry = true
+}
+
+// modelSkips lists what the model refused: invalid objects (their last
+// good version stays) and frontends held by an older Service.
+func modelSkips(st *loadbalancer.State) []skip {
+	var out []skip
+	for obj, msg := range st.Errors {
+		s := skip{Object: obj, Reason: skipInvalid, Message: msg + " (its last good version stays in effect)"}
+		if rest, ok := strings.CutPrefix(obj, "Service "); ok {
+			ns, name, _ := strings.Cut(rest, "/")
+			s.Service = types.NamespacedName{Namespace: ns, Name: name}
+		}
+		out = append(out, s)
+	}
+	for name, cs := range st.Conflicts {
+		for _, c := range cs {
+			out = append(out, skip{
+				Object: loadbalancer.ServiceObject(name.Namespace, name.Name), Value: c.Frontend.String(),
+				Reason: skipConflict, Service: name, Type: string(c.Type), Port: c.Port,
+				Message: fmt.Sprintf("%s frontend %s is held by the older Service %s; this one is skipped for it", c.Type, c.Frontend, c.Winner),
+			})
+		}
+	}
+	return out
+}
+
+// frontendSkip is a frontend the reconciler could not write.
+func frontendSkip(fe reconciler.FrontendError) skip {
+	s := skip{
+		Object: loadbalancer.ServiceObject(fe.Service.Namespace, fe.Service.Name), Value: fe.Frontend.String(),
+		Service: fe.Service, Type: string(fe.Type), Port: fe.Name.Port,
+		Message: fe.Err.Error(), Retry: fe.Retry, Reason: skipWriteFailed,
+	}
+	switch full, ok := fe.MapFull(); {
+	case ok:
+		s.Reason, s.Full, s.Need = skipMapFull, full, fe.Need
+	case !fe.Retry:
+		s.Reason = skipUnprogrammable
+	}
+	return s
+}
+
+// setTunnels keeps the last sync's tunnel map and, for status, its size
+// and the backends DSR cannot place.
+func (p *modelPipeline) setTunnels(st *loadbalancer.State, full bool) {
+	p.tunnels = st.Tunnels
+	p.tunnelsAll = p.tunnelsAll || full
+	fb := p.Tracker.DSRFallback()
+	p.dsrMu.Lock()
+	p.dsr = dsrState{entries: len(st.Tunnels), fallback: fb}
+	p.dsrMu.Unlock()
+}
+
+// TakeTunnels returns the DSR tunnel map of the last sync and the entries
+// changed since the previous call (nil: compare every entry). Only the
+// sync loop calls it, after Sync: the map is the tracker's.
+func (p *modelPipeline) TakeTunnels() (map[netip.Prefix]netip.Addr, map[netip.Prefix]bool) {
+	changed := p.Tracker.TakeTunnelChanges()
+	if p.tunnelsAll {
+		changed, p.tunnelsAll = nil, false
+	}
+	return p.tunnels, changed
+}
+
+// DSR returns the last sync's tunnel count and SNAT fallback; safe from
+// any goroutine.
+func (p *modelPipeline) DSR() dsrState {
+	p.dsrMu.Lock()
+	defer p.dsrMu.Unlock()
+	return p.dsr
+}
 
 // RemoteNodes returns the other nodes' InternalIPs of the last sync.
 func (p *modelPipeline) RemoteNodes() []netip.Addr { return p.remoteNodes }

@@ -45,6 +45,9 @@ type Status struct {
 	// ObjectErrors are Kubernetes objects the model could not use, keyed by
 	// object, with the reason.
 	ObjectErrors map[string]string `json:"objectErrors,omitempty"`
+	// Skipped are the objects, or values of them (a frontend), left out
+	// of the maps; everything else is programmed.
+	Skipped []Skipped `json:"skipped,omitempty"`
 	// NotImplemented lists flags that were set to a value this version
 	// validates but does not act on yet.
 	NotImplemented []string `json:"notImplemented,omitempty"`
@@ -137,14 +140,30 @@ type MapFill struct {
 	Max     int    `json:"max"`
 }
 
+// Skipped is one object, or one value of it, the agent left out of the
+// maps, and why. Reasons: invalid (refused; its last good version stays),
+// conflict (the frontend is held by an older Service), map-full,
+// unprogrammable, write-failed, neighbour, pod-device, dsr-tunnel.
+type Skipped struct {
+	Object  string    `json:"object"`          // "Service default/web"
+	Value   string    `json:"value,omitempty"` // the frontend; empty: the whole object
+	Reason  string    `json:"reason"`
+	Message string    `json:"message"`
+	Since   time.Time `json:"since"`
+}
+
 // SyncState is the outcome of the latest sync of the desired state into the
 // maps.
 type SyncState struct {
 	Last     time.Time     `json:"last,omitzero"`
 	Duration time.Duration `json:"duration"`
-	Error    string        `json:"error,omitempty"`
-	Total    uint64        `json:"total"`
-	Failed   uint64        `json:"failed"`
+	// Error is a failure of the sync as a whole (the maps unusable); one
+	// object's problem is in Status.Skipped instead.
+	Error  string `json:"error,omitempty"`
+	Total  uint64 `json:"total"`
+	Failed uint64 `json:"failed"`
+	// Skipped counts what the last sync left out (Status.Skipped).
+	Skipped int `json:"skipped"`
 }
 
 // Service is one installed frontend and its backends.
@@ -155,6 +174,9 @@ type Service struct {
 	Frontend string    `json:"frontend"`
 	Flags    []string  `json:"flags,omitempty"` // e.g. affinity=10800s, itp=Local
 	Backends []Backend `json:"backends"`
+	// Skipped says why this frontend is not in the maps (reason: message);
+	// such an entry has no ID and no backends.
+	Skipped string `json:"skipped,omitempty"`
 }
 
 // Backend states as `sluice service list` shows them.

@@ -354,10 +354,13 @@ func writeStatus(w io.Writer, st *api.Status) error {
 		line("Last sync", "none yet")
 	case st.Sync.Error != "":
 		line("Last sync", "%s ago, took %s, FAILED: %s", ago(st.Sync.Last), st.Sync.Duration, st.Sync.Error)
+	case st.Sync.Skipped > 0:
+		line("Last sync", "%s ago, took %s, OK, %d skipped (below)", ago(st.Sync.Last), st.Sync.Duration, st.Sync.Skipped)
 	default:
 		line("Last sync", "%s ago, took %s, OK", ago(st.Sync.Last), st.Sync.Duration)
 	}
 	line("Syncs", "%d total, %d failed", st.Sync.Total, st.Sync.Failed)
+	writeSkipped(tw, line, st.Skipped)
 	if len(st.ObjectErrors) > 0 {
 		line("Object errors", "%d", len(st.ObjectErrors))
 		for _, k := range sortedKeys(st.ObjectErrors) {
@@ -368,6 +371,31 @@ func writeStatus(w io.Writer, st *api.Status) error {
 		line("Not implemented yet", "%s (accepted, no effect)", strings.Join(st.NotImplemented, " "))
 	}
 	return tw.Flush()
+}
+
+// maxSkippedRows bounds the skipped objects status prints: a full map can
+// skip thousands; -o json has them all.
+const maxSkippedRows = 20
+
+// writeSkipped prints the objects, or values of them, left out of the maps.
+func writeSkipped(tw io.Writer, line func(k, format string, args ...any), ks []api.Skipped) {
+	if len(ks) == 0 {
+		return
+	}
+	line("Skipped", "%d (everything else is programmed)", len(ks))
+	for i, k := range ks {
+		if i == maxSkippedRows {
+			fmt.Fprintf(tw, "  …\t%d more (sluice status -o json)\n", len(ks)-i)
+			break
+		}
+		what := k.Object
+		if k.Value != "" {
+			what += " " + k.Value
+		}
+		// The reason leads: object names are long and would widen the
+		// table's first column for every line of status.
+		fmt.Fprintf(tw, "  %s\t%s: %s\n", k.Reason, what, k.Message)
+	}
 }
 
 // writeWarnings prints what loses traffic or state unless someone acts,
@@ -442,6 +470,10 @@ func writeServices(w io.Writer, svcs []api.Service) error {
 			flags = "-"
 		}
 		head := fmt.Sprintf("%d\t%s\t%s\t%s\t%s", s.ID, s.Frontend, s.Type, name, flags)
+		if s.Skipped != "" {
+			fmt.Fprintf(tw, "-\t%s\t%s\t%s\t%s\t(SKIPPED, not programmed: %s)\n", s.Frontend, s.Type, name, flags, s.Skipped)
+			continue
+		}
 		if len(s.Backends) == 0 {
 			fmt.Fprintf(tw, "%s\t(no backends: connect refused)\n", head)
 			continue

@@ -23,8 +23,11 @@ func (fakeAgent) Status(context.Context) (*api.Status, error) {
 			AttachPoints: []api.AttachPoint{{Hook: "connect4", LinkID: 11}, {Hook: "sendmsg4", LinkID: 12}}},
 		Services: 2, Frontends: 3, Backends: 4,
 		Maps:           []api.MapFill{{Name: "lb_services", Entries: 12, Max: 65536}},
-		Sync:           api.SyncState{Last: time.Now(), Duration: 2 * time.Millisecond, Total: 5},
+		Sync:           api.SyncState{Last: time.Now(), Duration: 2 * time.Millisecond, Total: 5, Skipped: 1},
 		NotImplemented: []string{"--lb-mode=dsr"},
+		Warnings:       []api.Warning{{Subsystem: "maps", Message: "lb_services is full (65536 entries)", Fix: "raise --bpf-lb-map-max"}},
+		Skipped: []api.Skipped{{Object: "Service default/young", Value: "198.19.200.1:80/TCP", Reason: "conflict",
+			Message: "held by the older Service default/web"}},
 		NorthSouth: &api.NorthSouth{Enabled: true, Mode: "snat", Algorithm: "maglev", MaglevTableSize: 16381, Acceleration: "best-effort",
 			FlowCacheSets: 1024, FlowCacheWays: 4,
 			Devices: []api.Device{
@@ -61,6 +64,8 @@ func (fakeAgent) Services(context.Context) ([]api.Service, error) {
 				{ID: 2, Address: "198.18.2.2:8080/TCP", State: api.BackendTerminating, Pod: "node2-pod1"},
 			}},
 		{ID: 2, Name: "default/empty", Type: "ClusterIP", Frontend: "198.19.0.11:80/TCP", Backends: []api.Backend{}},
+		{Name: "default/young:http", Type: "ExternalIP", Frontend: "198.19.200.1:80/TCP", Backends: []api.Backend{},
+			Skipped: "conflict: held by the older Service default/web"},
 	}, nil
 }
 
@@ -114,7 +119,10 @@ func TestAgentCommandsTable(t *testing.T) {
 			"Node:", "node1", "manifests /etc/sluice", "Degraded: 1 file(s) rejected", "bad.yaml", "document 1: kind is missing",
 			"bpf_link", "sch_fq", "not in this kernel", "Enabled, cgroup /sys/fs/cgroup/unified/lab/node1",
 			"connect4 (link 11), sendmsg4 (link 12)", "2 services, 3 frontends, 4 backends", "lb_services", "12/65536",
-			"OK", "--lb-mode=dsr (accepted, no effect)",
+			"OK, 1 skipped (below)", "--lb-mode=dsr (accepted, no effect)",
+			"Warnings:", "lb_services is full (65536 entries)", "fix: raise --bpf-lb-map-max",
+			"Skipped:", "1 (everything else is programmed)",
+			"conflict", "Service default/young 198.19.200.1:80/TCP: held by the older Service default/web",
 			"NorthSouth:", "eth0 (tcx, XDP native), eth1 (tc, no XDP)", "Mode:", "SNAT",
 			"Maglev (Maglev table size: 16381)", "XDP acceleration:", "best-effort",
 			"Flow cache:", "1024 sets × 4 ways per CPU",
@@ -131,7 +139,8 @@ func TestAgentCommandsTable(t *testing.T) {
 			"ID", "Frontend", "Service Type", "Backend",
 			"198.19.0.10:80/TCP", "ClusterIP", "affinity=10800s",
 			"1 => 198.18.1.2:8080/TCP (active, local) node1-pod1", "2 => 198.18.2.2:8080/TCP (terminating) node2-pod1",
-			"198.19.0.11:80/TCP", "(no backends: connect refused)"}},
+			"198.19.0.11:80/TCP", "(no backends: connect refused)",
+			"default/young:http", "(SKIPPED, not programmed: conflict: held by the older Service default/web)"}},
 		{[]string{"bpf", "lb", "list", "--api-socket", sock}, []string{
 			"SERVICE ADDRESS", "198.19.0.10:80/TCP", "affinity=10800s", "198.18.1.2:8080/TCP", "local", "REVNAT ID", "198.19.0.10:80", "198.18.0.11"}},
 	} {
@@ -153,9 +162,13 @@ func TestServiceListTableRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	// Header, two backend rows for web, one row for the empty Service.
-	if len(lines) != 4 {
-		t.Fatalf("%d lines, want 4:\n%s", len(lines), out)
+	// Header, two backend rows for web, one row for the empty Service,
+	// one for the skipped frontend.
+	if len(lines) != 5 {
+		t.Fatalf("%d lines, want 5:\n%s", len(lines), out)
+	}
+	if f := strings.Fields(lines[4]); len(f) == 0 || f[0] != "-" {
+		t.Errorf("skipped row %q should start with - (no ID)", lines[4])
 	}
 	if f := strings.Fields(lines[2]); len(f) == 0 || f[0] != "2" || !strings.HasPrefix(strings.TrimSpace(lines[2]), "2 => ") {
 		t.Errorf("second backend row %q should hold only the backend", lines[2])

@@ -327,11 +327,12 @@ func removeStaleDevicePins(dir string, devices []Device) error {
 // shared LB maps are the socket LB's to report).
 func (n *NorthSouth) MapFill() []MapFill {
 	m := &n.tc.tclbMaps
-	out := make([]MapFill, 0, 3)
+	out := make([]MapFill, 0, 5)
 	for _, x := range []struct {
 		name string
 		m    *ebpf.Map
-	}{{tclbMapCt, m.Ct}, {tclbMapSnat, m.Snat}, {tclbMapLbMaglev, m.LbMaglev}} {
+	}{{tclbMapCt, m.Ct}, {tclbMapSnat, m.Snat}, {tclbMapLbMaglev, m.LbMaglev},
+		{tclbMapNsTunnel, m.NsTunnel}, {tclbMapLbSrcRanges, m.LbSrcRanges}} {
 		out = append(out, MapFill{Name: x.name, Entries: countEntries(x.m), Max: int(x.m.MaxEntries())})
 	}
 	return out
