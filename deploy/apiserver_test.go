@@ -329,8 +329,9 @@ func nilIfNil[T any, P interface {
 // ClusterRoleBinding to a real API server, runs the agent's Kubernetes
 // source (the code the DaemonSet runs) as that ServiceAccount, and checks
 // that it syncs, that none of its requests is refused, that what it
-// requests is exactly agentAPIAccess (which TestSluiceClusterRole holds the
-// ClusterRole to), and that the ServiceAccount may do nothing else.
+// requests is exactly agentAPIAccess plus posting an Event (which
+// TestSluiceClusterRole holds the ClusterRole to), and that the
+// ServiceAccount may do nothing else.
 func TestPrivilegedRBAC(t *testing.T) {
 	probetest.RequireRoot(t, "a kube-apiserver in a network namespace")
 	const ns = "sluice-rbac-test"
@@ -432,9 +433,11 @@ func TestPrivilegedRBAC(t *testing.T) {
 	if !h.has("Service default/later") {
 		t.Error("a Service created after the sync never reached the agent's source")
 	}
-	// Every informer has its watch open once its events flow; give the
-	// others the same deadline.
-	want := append([]string(nil), agentAPIAccess...)
+	// An Event about a skipped Service, as the agent posts one.
+	src.EventRecorder().ServiceEvent(types.NamespacedName{Namespace: "default", Name: "web"}, "FrontendConflict", "RBAC test")
+	// Every informer has its watch open once its events flow, and the
+	// Event is posted asynchronously; give them the same deadline.
+	want := append(append([]string(nil), agentAPIAccess...), "/events/create")
 	sort.Strings(want)
 	for {
 		access, _ := rec.snapshot()
@@ -467,7 +470,7 @@ func TestPrivilegedRBAC(t *testing.T) {
 		}
 		return r.Status.Allowed
 	}
-	for _, a := range agentAPIAccess {
+	for _, a := range append(append([]string(nil), agentAPIAccess...), agentEventAccess...) {
 		parts := strings.SplitN(a, "/", 3)
 		if !sar("", parts[0], parts[1], parts[2]) {
 			t.Errorf("%s may not %s %s/%s", user, parts[2], parts[0], parts[1])
@@ -491,7 +494,8 @@ func TestPrivilegedRBAC(t *testing.T) {
 		{"", "", "secrets", "list"},
 		{"", "", "configmaps", "list"},
 		{"", "", "namespaces", "list"},
-		{"default", "", "events", "create"},
+		{"default", "", "events", "delete"},
+		{"default", "", "events", "list"},
 		{"default", "events.k8s.io", "events", "create"},
 		{ns, "", "serviceaccounts/token", "create"},
 		{"", "rbac.authorization.k8s.io", "clusterroles", "escalate"},

@@ -496,6 +496,10 @@ var agentAPIAccess = []string{
 	"discovery.k8s.io/endpointslices/list", "discovery.k8s.io/endpointslices/watch",
 }
 
+// agentEventAccess is what posting Events about skipped Services takes:
+// create, and patch for a repeat the broadcaster aggregates.
+var agentEventAccess = []string{"/events/create", "/events/patch"}
+
 // ruleAccess expands RBAC rules to sorted group/resource/verb triples.
 func ruleAccess(t testing.TB, rules []rbacv1.PolicyRule) []string {
 	t.Helper()
@@ -520,7 +524,7 @@ func ruleAccess(t testing.TB, rules []rbacv1.PolicyRule) []string {
 // access the agent needs.
 func TestSluiceClusterRole(t *testing.T) {
 	cr := convert[rbacv1.ClusterRole](t, find(t, renderSluice(t, ""), "ClusterRole", "sluice"))
-	want := append([]string(nil), agentAPIAccess...)
+	want := append(append([]string(nil), agentAPIAccess...), agentEventAccess...)
 	sort.Strings(want)
 	if got := ruleAccess(t, cr.Rules); !reflect.DeepEqual(got, want) {
 		t.Errorf("ClusterRole sluice grants\n %v\nthe agent needs\n %v", got, want)

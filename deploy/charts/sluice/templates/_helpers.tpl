@@ -93,6 +93,7 @@ bpf-root: {{ .Values.bpf.root | quote }}
 cgroup-root: {{ include "sluice.cgroupMountPath" . | quote }}
 devices: {{ join "," .Values.devices | quote }}
 healthz-bind-address: {{ include "sluice.hostPort" (list .Values.healthz.bindAddress .Values.healthz.port) | quote }}
+k8s-sync-timeout: {{ .Values.k8sSyncTimeout | quote }}
 lb-acceleration: {{ .Values.lbAcceleration | quote }}
 lb-algorithm: {{ .Values.lbAlgorithm | quote }}
 lb-mode: {{ .Values.lbMode | quote }}
