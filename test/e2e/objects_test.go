@@ -144,12 +144,13 @@ func frontend(a netip.Addr, port int32, proto corev1.Protocol) string {
 }
 
 // backendsOf returns the distinct backend addresses an agent lists for a
-// frontend, and whether it lists the frontend at all.
+// frontend, and whether it lists the frontend as installed (a skipped
+// frontend's row does not count).
 func backendsOf(svcs []api.Service, fe string) ([]string, bool) {
 	var out []string
 	found := false
 	for _, s := range svcs {
-		if s.Frontend != fe {
+		if s.Frontend != fe || s.Skipped != "" {
 			continue
 		}
 		found = true

@@ -9,15 +9,12 @@ package e2e
 // Address plan: the package comment's, k = 70 and 71.
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
@@ -103,14 +100,9 @@ func allOf(backends map[string]int, want []string) error {
 // to the VIP, without SNAT: the VIP was on the wire between pod and node.
 func ctHasVIP(t *testing.T, l *lab.Lab, node lab.Node, proto string, pod, vip netip.Addr, port int32) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	ct, err := api.NewClient(node.Agent.Socket).BPFCT(ctx)
-	if err != nil {
-		t.Fatalf("ct list on %s: %v", node.Name, err)
-	}
+	entries := ctList(t, node)
 	dst := hostPort(vip, port)
-	for _, e := range ct.Entries {
+	for _, e := range entries {
 		if e.Direction != "service" || !strings.HasPrefix(e.Tuple, proto) ||
 			!strings.Contains(e.Tuple, pod.String()) || !strings.HasSuffix(e.Tuple, "-> "+dst) {
 			continue
@@ -121,7 +113,7 @@ func ctHasVIP(t *testing.T, l *lab.Lab, node lab.Node, proto string, pod, vip ne
 		return
 	}
 	var tuples []string
-	for _, e := range ct.Entries {
+	for _, e := range entries {
 		tuples = append(tuples, e.Direction+" "+e.Tuple)
 	}
 	t.Errorf("ct on %s: no service entry %s %s -> %s; entries %v", node.Name, proto, pod, dst, tuples)
