@@ -40,21 +40,9 @@ func requireControlPlane(t *testing.T) {
 func contenderLab(t *testing.T, dataplane string) *lab.Lab {
 	t.Helper()
 	requireControlPlane(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
 	cfg := labConfig(newPrefix(t), labNodes, labPodsPerNode)
 	cfg.Dataplane, cfg.ControlPlane = dataplane, lab.ControlPlaneReal
-	cfg.Progress = t.Output()
-	l, err := lab.Up(ctx, cfg)
-	if err != nil {
-		t.Fatalf("lab up --dataplane %s --control-plane real: %v", dataplane, err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Errorf("lab down %s: %v", l.Prefix, err)
-		}
-	})
-	return l
+	return upLab(t, cfg, 3*time.Minute, " --dataplane "+dataplane+" --control-plane real")
 }
 
 // Every contender of the benchmarks, on the real control plane: the

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -22,21 +21,9 @@ import (
 func ownLabArgs(t *testing.T, nodes, pods int, agentArgs ...string) *lab.Lab {
 	t.Helper()
 	requirePrivileged(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
 	cfg := labConfig(newPrefix(t), nodes, pods)
-	cfg.Progress = t.Output()
 	cfg.AgentArgs = agentArgs
-	l, err := lab.Up(ctx, cfg)
-	if err != nil {
-		t.Fatalf("lab up: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Errorf("lab down %s: %v", l.Prefix, err)
-		}
-	})
-	return l
+	return upLab(t, cfg, 90*time.Second, fmt.Sprintf(" (agent flags %v)", agentArgs))
 }
 
 // countLines counts the lines of a node's agent log that contain every

@@ -242,13 +242,19 @@ func sharedLab(t *testing.T) *lab.Lab {
 func ownLab(t *testing.T, nodes, pods int) *lab.Lab {
 	t.Helper()
 	requirePrivileged(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	return upLab(t, labConfig(newPrefix(t), nodes, pods), 90*time.Second, "")
+}
+
+// upLab brings up the lab cfg describes, within timeout, for one test and
+// takes it down at its end; what names the variant in a failure.
+func upLab(t *testing.T, cfg lab.Config, timeout time.Duration, what string) *lab.Lab {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cfg := labConfig(newPrefix(t), nodes, pods)
 	cfg.Progress = t.Output()
 	l, err := lab.Up(ctx, cfg)
 	if err != nil {
-		t.Fatalf("lab up: %v", err)
+		t.Fatalf("lab up%s: %v", what, err)
 	}
 	t.Cleanup(func() {
 		if err := l.Down(); err != nil {

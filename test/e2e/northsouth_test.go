@@ -33,21 +33,9 @@ import (
 func nsLab(t *testing.T, mode, accel string, agentArgs ...string) *lab.Lab {
 	t.Helper()
 	requirePrivileged(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
 	cfg := labConfig(newPrefix(t), labNodes, labPodsPerNode)
 	cfg.LBMode, cfg.LBAcceleration, cfg.AgentArgs = mode, accel, agentArgs
-	cfg.Progress = t.Output()
-	l, err := lab.Up(ctx, cfg)
-	if err != nil {
-		t.Fatalf("lab up (--lb-mode %s --lb-acceleration %s %v): %v", mode, accel, agentArgs, err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Errorf("lab down %s: %v", l.Prefix, err)
-		}
-	})
-	return l
+	return upLab(t, cfg, 90*time.Second, fmt.Sprintf(" (--lb-mode %s --lb-acceleration %s %v)", mode, accel, agentArgs))
 }
 
 // nsAccelerations are the lab's two north-south datapaths on the nodes'

@@ -11,7 +11,6 @@ package e2e
 // Address plan: the package comment's, k = 73.
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -30,20 +29,9 @@ import (
 func vethLab(t *testing.T, accel string, prep lab.VethPrep) *lab.Lab {
 	t.Helper()
 	requirePrivileged(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
 	cfg := labConfig(newPrefix(t), labNodes, 1)
-	cfg.LBAcceleration, cfg.Veths, cfg.Progress = accel, prep, t.Output()
-	l, err := lab.Up(ctx, cfg)
-	if err != nil {
-		t.Fatalf("lab up (--lb-acceleration %s, veths: %s): %v", accel, prep, err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Errorf("lab down %s: %v", l.Prefix, err)
-		}
-	})
-	return l
+	cfg.LBAcceleration, cfg.Veths = accel, prep
+	return upLab(t, cfg, 90*time.Second, fmt.Sprintf(" (--lb-acceleration %s, veths: %s)", accel, prep))
 }
 
 // xdpWarning is the warning of node's agent about eth0 being a veth with
