@@ -234,15 +234,12 @@ static __always_inline bool ct_has_ingress(const struct ct_entry *svc)
  * the service entry's lifetime moves, so at most once a CT second per flow;
  * the lookup also keeps the ingress entry recently used. */
 static __always_inline void ct_restore_ingress(const struct ns_pkt *p,
-					       const struct ct_entry *svc)
+					       const struct ct_entry *svc,
+					       struct ct_scratch *s)
 {
-	struct ct_scratch *s;
 	struct ct_entry *in;
 
 	if (!ct_has_ingress(svc))
-		return;
-	s = ns_scratch();
-	if (!s)
 		return;
 	ct_ingress_tuple(&s->tuple, p, svc);
 	in = bpf_map_lookup_elem(&ct, &s->tuple);
@@ -257,22 +254,21 @@ static __always_inline void ct_restore_ingress(const struct ns_pkt *p,
 
 /* ct_lookup_reply_to finds the ingress entry of a reply from a backend to
  * client:port (p is backend -> client, or -> the nat port that stands for
- * it). */
+ * it), with the key built in t (the stack, or the per-CPU scratch). */
 static __always_inline struct ct_entry *ct_lookup_reply_to(const struct ns_pkt *p,
 							   const union lb_addr *client,
-							   __be16 port)
+							   __be16 port, struct ct_tuple *t)
 {
-	struct ct_tuple t __align_stack_8;
-
-	ct_tuple_set(&t, client, &p->saddr, port, p->sport, p->proto, CT_DIR_INGRESS);
-	return bpf_map_lookup_elem(&ct, &t);
+	ct_tuple_set(t, client, &p->saddr, port, p->sport, p->proto, CT_DIR_INGRESS);
+	return bpf_map_lookup_elem(&ct, t);
 }
 
 /* ct_lookup_reply finds the ingress entry of a reply from a backend (p is
  * backend -> client). */
-static __always_inline struct ct_entry *ct_lookup_reply(const struct ns_pkt *p)
+static __always_inline struct ct_entry *ct_lookup_reply(const struct ns_pkt *p,
+							struct ct_tuple *t)
 {
-	return ct_lookup_reply_to(p, &p->daddr, p->dport);
+	return ct_lookup_reply_to(p, &p->daddr, p->dport, t);
 }
 
 #endif /* __SLUICE_CT_H */

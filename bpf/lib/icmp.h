@@ -17,13 +17,6 @@
 
 #define ICMP_ERR_HLEN 8 /* type, code, checksum, unused / mtu */
 
-/* An ICMP error and the packet it quotes. */
-struct icmp_err {
-	struct ns_pkt inner;   /* the quoted packet's tuple and offsets */
-	__u32 csum_off;        /* the ICMP checksum */
-	__u32 inner_l4_csum;   /* 0: the quoted L4 checksum is cut off or unused */
-};
-
 static __always_inline bool icmp_is_error(const struct ns_pkt *p, __u8 type)
 {
 	if (p->v6)
@@ -142,11 +135,14 @@ static __always_inline int icmp_rev_dnat(struct __ctx_buff *ctx, struct ns_pkt *
 	struct ns_pkt *q = &e->inner;
 	union lb_addr fe __align_stack_8;
 	union lb_addr backend = q->daddr;
-	struct ct_tuple t __align_stack_8;
+	struct ct_scratch *s = ns_scratch();
 	struct ct_entry *ce;
 
-	ct_tuple_set(&t, &q->saddr, &q->daddr, q->sport, q->dport, q->proto, CT_DIR_INGRESS);
-	ce = bpf_map_lookup_elem(&ct, &t);
+	if (!s)
+		return -1;
+	ct_tuple_set(&s->tuple, &q->saddr, &q->daddr, q->sport, q->dport, q->proto,
+		     CT_DIR_INGRESS);
+	ce = bpf_map_lookup_elem(&ct, &s->tuple);
 	if (!ce)
 		return 0;
 	__builtin_memcpy(fe.b, ce->nat_addr, sizeof(fe.b));
@@ -167,12 +163,15 @@ static __always_inline int icmp_rev_snat(struct __ctx_buff *ctx, struct ns_pkt *
 {
 	struct ns_pkt *q = &e->inner;
 	union lb_addr client __align_stack_8;
-	struct ct_tuple t __align_stack_8;
+	struct ct_scratch *s = ns_scratch();
 	struct nat_entry *n;
 	__be16 port;
 
-	ct_tuple_set(&t, &q->daddr, &q->saddr, q->dport, q->sport, q->proto, NAT_DIR_INGRESS);
-	n = bpf_map_lookup_elem(&snat, &t);
+	if (!s)
+		return -1;
+	ct_tuple_set(&s->tuple, &q->daddr, &q->saddr, q->dport, q->sport, q->proto,
+		     NAT_DIR_INGRESS);
+	n = bpf_map_lookup_elem(&snat, &s->tuple);
 	if (!n)
 		return 0;
 	__builtin_memcpy(client.b, n->to_addr, sizeof(client.b));
@@ -197,26 +196,29 @@ static __always_inline int icmp_to_backend(struct __ctx_buff *ctx, struct ns_pkt
 {
 	struct ns_pkt *q = &e->inner;
 	union lb_addr addr __align_stack_8;
-	struct ct_tuple t __align_stack_8;
+	struct ct_scratch *s = ns_scratch();
 	struct ct_entry *ce;
 	struct nat_entry *n;
 	__be16 port;
 
-	ct_tuple_set(&t, &q->daddr, &q->saddr, q->dport, q->sport, q->proto, CT_DIR_SERVICE);
-	ce = bpf_map_lookup_elem(&ct, &t);
+	if (!s)
+		return -1;
+	ct_tuple_set(&s->tuple, &q->daddr, &q->saddr, q->dport, q->sport, q->proto,
+		     CT_DIR_SERVICE);
+	ce = bpf_map_lookup_elem(&ct, &s->tuple);
 	if (!ce || (ce->flags & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
 		return 0;
 	*local = ce->flags & CT_F_LOCAL;
 	__builtin_memcpy(addr.b, ce->nat_addr, sizeof(addr.b));
 	port = ce->nat_port;
 	/* The client-side tuple of the masquerading, before the quote changes. */
-	ct_tuple_set(&t, &q->daddr, &addr, q->dport, port, q->proto, NAT_DIR_EGRESS);
+	ct_tuple_set(&s->tuple, &q->daddr, &addr, q->dport, port, q->proto, NAT_DIR_EGRESS);
 	if (icmp_rewrite_inner(ctx, e, false, &addr, port) ||
 	    pkt_rewrite_addr(ctx, p, true, &addr))
 		return -1;
 	if (*local)
 		return 1;
-	n = bpf_map_lookup_elem(&snat, &t);
+	n = bpf_map_lookup_elem(&snat, &s->tuple);
 	if (!n)
 		return -1;
 	__builtin_memcpy(addr.b, n->to_addr, sizeof(addr.b));

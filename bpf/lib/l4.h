@@ -49,6 +49,13 @@ struct ns_pkt {
 	__u32  l4_off;
 };
 
+/* An ICMP error and the packet it quotes (icmp.h). */
+struct icmp_err {
+	struct ns_pkt inner;   /* the quoted packet's tuple and offsets */
+	__u32 csum_off;        /* the ICMP checksum */
+	__u32 inner_l4_csum;   /* 0: the quoted L4 checksum is cut off or unused */
+};
+
 enum {
 	PARSE_OK = 0,
 	PARSE_SKIP,  /* not ours: hand to the stack */

@@ -37,23 +37,27 @@ static __always_inline int snat_source(const struct ns_config *cfg, bool v6,
 }
 
 /* snat_egress finds or allocates the mapping of p (client -> backend,
- * after DNAT) and rewrites its source to the node IP and nat port. */
+ * after DNAT) and rewrites its source to the node IP and nat port. Its keys
+ * and values are built in the per-CPU scratch: a new flow's path is the
+ * deepest the service path's frame has. */
 static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 				       const struct ns_config *cfg,
 				       const union lb_addr *frontend, __u32 hash, __u32 now)
 {
-	struct ct_tuple out __align_stack_8;
-	struct ct_tuple in __align_stack_8;
-	struct nat_entry rev = { .created = now };
-	struct nat_entry fwd = { .created = now };
-	struct nat_entry *n;
+	struct ct_scratch *s = ns_scratch();
+	struct ct_tuple *out, *in;
 	union lb_addr node __align_stack_8;
+	struct nat_entry *n;
 	__u32 min, max, port;
 	int i;
 
-	ct_tuple_set(&out, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
+	if (!s)
+		return -1;
+	out = &s->tuple;
+	in = &s->tuple2;
+	ct_tuple_set(out, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     NAT_DIR_EGRESS);
-	n = bpf_map_lookup_elem(&snat, &out);
+	n = bpf_map_lookup_elem(&snat, out);
 	if (n) {
 		__builtin_memcpy(node.b, n->to_addr, sizeof(node.b));
 		return pkt_rewrite(ctx, p, false, &node, n->to_port);
@@ -67,25 +71,29 @@ static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 		return -1;
 	port = min + hash % (max - min + 1);
 
-	__builtin_memcpy(rev.to_addr, p->saddr.b, sizeof(rev.to_addr));
-	rev.to_port = p->sport;
-	ct_tuple_set(&in, &p->daddr, &node, p->dport, 0, p->proto, NAT_DIR_INGRESS);
+	/* The reverse mapping: backend -> node:nat port gives the client. */
+	__builtin_memcpy(s->nat.to_addr, p->saddr.b, sizeof(s->nat.to_addr));
+	s->nat.to_port = p->sport;
+	s->nat.pad = 0;
+	s->nat.created = now;
+	ct_tuple_set(in, &p->daddr, &node, p->dport, 0, p->proto, NAT_DIR_INGRESS);
 	for (i = 0; i < SNAT_RETRIES; i++) {
-		in.dport = bpf_htons(port);
-		if (!bpf_map_update_elem(&snat, &in, &rev, BPF_NOEXIST))
+		in->dport = bpf_htons(port);
+		if (!bpf_map_update_elem(&snat, in, &s->nat, BPF_NOEXIST))
 			break;
 		port = port >= max ? min : port + 1;
 	}
 	if (i == SNAT_RETRIES)
 		return -1;
 
-	__builtin_memcpy(fwd.to_addr, node.b, sizeof(fwd.to_addr));
-	fwd.to_port = in.dport;
-	if (bpf_map_update_elem(&snat, &out, &fwd, BPF_ANY)) {
-		bpf_map_delete_elem(&snat, &in);
+	/* The forward mapping: gives node IP and nat port. */
+	__builtin_memcpy(s->nat.to_addr, node.b, sizeof(s->nat.to_addr));
+	s->nat.to_port = in->dport;
+	if (bpf_map_update_elem(&snat, out, &s->nat, BPF_ANY)) {
+		bpf_map_delete_elem(&snat, in);
 		return -1;
 	}
-	return pkt_rewrite(ctx, p, false, &node, fwd.to_port);
+	return pkt_rewrite(ctx, p, false, &node, s->nat.to_port);
 }
 
 /* snat_copy_source is the source address of a flow whose service entry e
@@ -127,16 +135,12 @@ static __always_inline void snat_cache(const struct ns_config *cfg, struct ct_en
  * its keys in the per-CPU scratch: the service path's frame is near the
  * 512-byte limit. */
 static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry *e,
-				    const struct ns_pkt *p)
+				    const struct ns_pkt *p, struct ct_scratch *s)
 {
 	const union lb_addr *node;
 	const struct nat_entry *n;
-	struct ct_scratch *s;
 
 	if (!(e->flags & CT_F_SNAT) || !e->snat_port)
-		return;
-	s = ns_scratch();
-	if (!s)
 		return;
 	node = snat_copy_source(cfg, e, p->v6, &p->daddr);
 	/* Both keys and the ingress value first: few values live across the
@@ -172,14 +176,13 @@ static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry
 
 /* snat_lookup_reply returns the mapping of a reply to node IP:nat port
  * (p: backend -> node IP:nat port), whose to_addr:to_port is the client,
- * or NULL when p is no such reply. */
-static __always_inline const struct nat_entry *snat_lookup_reply(const struct ns_pkt *p)
+ * or NULL when p is no such reply. The key is built in t. */
+static __always_inline const struct nat_entry *snat_lookup_reply(const struct ns_pkt *p,
+								 struct ct_tuple *t)
 {
-	struct ct_tuple in __align_stack_8;
-
-	ct_tuple_set(&in, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
+	ct_tuple_set(t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     NAT_DIR_INGRESS);
-	return bpf_map_lookup_elem(&snat, &in);
+	return bpf_map_lookup_elem(&snat, t);
 }
 
 #endif /* __SLUICE_NAT_H */

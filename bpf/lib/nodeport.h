@@ -286,10 +286,13 @@ static __always_inline int ns_send(struct __ctx_buff *ctx, const struct ns_pkt *
 static __always_inline int ns_forward(struct __ctx_buff *ctx, const struct ns_pkt *p,
 				      int how, struct ct_entry *keep, __u32 now)
 {
-	struct bpf_fib_lookup fib;
-	long rc = ns_fib(ctx, p, &p->saddr, p->sport, &p->daddr, p->dport, keep, now, &fib);
+	struct bpf_fib_lookup *fib = ns_fib_buf();
+	long rc;
 
-	return ns_send(ctx, p, how, &fib, rc);
+	if (!fib)
+		return CTX_ACT_DROP;
+	rc = ns_fib(ctx, p, &p->saddr, p->sport, &p->daddr, p->dport, keep, now, fib);
+	return ns_send(ctx, p, how, fib, rc);
 }
 
 /* ns_rev_dnat restores the frontend as the source of a reply from a
@@ -298,11 +301,14 @@ static __always_inline int ns_forward(struct __ctx_buff *ctx, const struct ns_pk
 static __always_inline int ns_rev_dnat(struct __ctx_buff *ctx, struct ns_pkt *p,
 				       const struct ns_config *cfg, __u32 now)
 {
+	struct ct_tuple t __align_stack_8;
 	union lb_addr fe __align_stack_8;
 	struct ct_entry *e;
 	__be16 port;
 
-	e = ct_lookup_reply(p);
+	/* Egress: a local backend's every reply, and this frame has room: the
+	 * key on the stack saves the scratch lookup (a helper call before 6.10). */
+	e = ct_lookup_reply(p, &t);
 	if (!e)
 		return 0;
 	ct_update(e, cfg, p, ctx_len(ctx), now, true);
@@ -356,29 +362,35 @@ static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_p
 	union lb_addr client __align_stack_8;
 	union lb_addr fe __align_stack_8;
 	const struct nat_entry *n;
-	struct bpf_fib_lookup fib;
+	struct bpf_fib_lookup *fib;
+	struct ct_scratch *s = ns_scratch();
 	struct ct_entry *e;
 	__be16 port, fe_port;
 	long rc;
 
-	n = snat_lookup_reply(p);
+	if (!s)
+		return CTX_ACT_DROP;
+	n = snat_lookup_reply(p, &s->tuple);
 	if (!n)
 		return -1;
 	__builtin_memcpy(client.b, n->to_addr, sizeof(client.b));
 	port = n->to_port;
-	e = ct_lookup_reply_to(p, &client, port);
+	e = ct_lookup_reply_to(p, &client, port, &s->tuple);
 	if (!e)
 		return CTX_ACT_DROP;
 	ct_update(e, cfg, p, ctx_len(ctx), now, true);
 	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
 	fe_port = e->nat_port;
 	/* The route of the packet it becomes, kept in the ingress entry. */
-	rc = ns_fib(ctx, p, &fe, fe_port, &client, port, e, now, &fib);
+	fib = ns_fib_buf();
+	if (!fib)
+		return CTX_ACT_DROP;
+	rc = ns_fib(ctx, p, &fe, fe_port, &client, port, e, now, fib);
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == NS_FIB_KEPT)
 		fc_record(p, NAT_DIR_INGRESS, &fe, fe_port, &client, port, e, now);
 	if (pkt_rewrite_nat(ctx, p, &client, port, &fe, fe_port))
 		return CTX_ACT_DROP;
-	return ns_send(ctx, p, FWD_ROUTE, &fib, rc);
+	return ns_send(ctx, p, FWD_ROUTE, fib, rc);
 }
 
 /* ns_cached sends p (before translation, len bytes) as the flow cache's
@@ -436,12 +448,16 @@ static __always_inline bool ns_flow_alive(const struct ct_entry *e, const struct
 static __always_inline struct ct_entry *ns_established(const struct ns_pkt *p, __u32 now,
 							const struct nat_entry **n)
 {
-	struct ct_tuple t __align_stack_8;
+	struct ct_scratch *s = ns_scratch();
+	struct ct_tuple *t;
 	struct ct_entry *e;
 
-	ct_tuple_set(&t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
+	if (!s)
+		return NULL;
+	t = &s->tuple;
+	ct_tuple_set(t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     CT_DIR_SERVICE);
-	e = bpf_map_lookup_elem(&ct, &t);
+	e = bpf_map_lookup_elem(&ct, t);
 	if (!e || ct_is_new_syn(e, p->proto, p->tcp_flags, now))
 		return NULL;
 	if (READ_ONCE(e->alive_at) != now) {
@@ -453,10 +469,10 @@ static __always_inline struct ct_entry *ns_established(const struct ns_pkt *p, _
 	if ((e->flags & (CT_F_LOCAL | CT_F_DSR)) || e->snat_port)
 		return e;
 	/* The egress mapping's key is the tuple after DNAT. */
-	__builtin_memcpy(t.daddr, e->nat_addr, sizeof(t.daddr));
-	t.dport = e->nat_port;
-	t.dir = NAT_DIR_EGRESS;
-	*n = bpf_map_lookup_elem(&snat, &t);
+	__builtin_memcpy(t->daddr, e->nat_addr, sizeof(t->daddr));
+	t->dport = e->nat_port;
+	t->dir = NAT_DIR_EGRESS;
+	*n = bpf_map_lookup_elem(&snat, t);
 	return *n ? e : NULL;
 }
 
@@ -469,8 +485,12 @@ static __always_inline int ns_hairpin_reply(struct __ctx_buff *ctx, struct ns_pk
 {
 	union lb_addr fe __align_stack_8;
 	union lb_addr pod = p->saddr;
-	struct ct_entry *e = ct_lookup_reply(p);
+	struct ct_scratch *s = ns_scratch();
+	struct ct_entry *e;
 
+	if (!s)
+		return CTX_ACT_DROP;
+	e = ct_lookup_reply(p, &s->tuple);
 	if (!e || !(e->flags & CT_F_HAIRPIN))
 		return -1;
 	ct_update(e, cfg, p, ctx_len(ctx), now, true);
@@ -499,6 +519,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	const struct nat_entry *n = NULL;
 	const struct lb_backend *be = NULL;
 	const struct lb_svc_val *svc;
+	struct ct_scratch *s;
 	__u32 now = ct_now(cfg), len = ctx_len(ctx), hash = 0, backend_id = 0;
 	__u16 rev_nat_id, kind = 0;
 	struct ct_entry *e;
@@ -514,9 +535,11 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 #endif /* SLUICE_POD_LB */
 		e = ns_established(p, now, &n);
 		if (e) {
-			if (ct_update(e, cfg, p, len, now, false)) {
-				ct_restore_ingress(p, e);
-				snat_refresh(cfg, e, p);
+			/* Once a CT second: the ingress entry and the SNAT
+			 * mapping kept with it. */
+			if (ct_update(e, cfg, p, len, now, false) && (s = ns_scratch())) {
+				ct_restore_ingress(p, e, s);
+				snat_refresh(cfg, e, p, s);
 			}
 			kind = e->flags & NS_KIND_FLAGS;
 			__builtin_memcpy(be_addr.b, e->nat_addr, sizeof(be_addr.b));
@@ -553,19 +576,18 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 
 	/* On the backend node, and for flows whose entry the fast path did
 	 * not take (a stale backend, a missing snat mapping). */
-	{
-		struct ct_tuple t __align_stack_8;
-
-		ct_tuple_set(&t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
-			     CT_DIR_SERVICE);
-		e = bpf_map_lookup_elem(&ct, &t);
-	}
+	s = ns_scratch();
+	if (!s)
+		return CTX_ACT_DROP;
+	ct_tuple_set(&s->tuple, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
+		     CT_DIR_SERVICE);
+	e = bpf_map_lookup_elem(&ct, &s->tuple);
 	if (e && !ct_is_new_syn(e, p->proto, p->tcp_flags, now)) {
 		backend_id = e->backend_id;
 		kind = e->flags & NS_KIND_FLAGS;
 		be = bpf_map_lookup_elem(&lb_backends, &backend_id);
 		if (be && ct_update(e, cfg, p, len, now, false))
-			ct_restore_ingress(p, e);
+			ct_restore_ingress(p, e, s);
 	}
 	if (!be) {
 		/* No backend: drop, as kube-proxy's REJECT stops the flow. */
@@ -627,10 +649,12 @@ translate:
 		/* An established SNAT flow (e: its service entry): its
 		 * mapping, or the entry's copy of it; both sides at once. */
 		union lb_addr node __align_stack_8;
-		struct bpf_fib_lookup fib;
+		struct bpf_fib_lookup *fib = ns_fib_buf();
 		__be16 port;
 		long rc;
 
+		if (!fib)
+			return CTX_ACT_DROP;
 		if (n) {
 			__builtin_memcpy(node.b, n->to_addr, sizeof(node.b));
 			port = n->to_port;
@@ -646,9 +670,9 @@ translate:
 		 * the client (fragmentation needed, packet too big) from the
 		 * frontend. Translated first, it would go to the stack, whose
 		 * error would be addressed to this node's nat port. */
-		rc = ns_fib(ctx, p, &node, port, &be_addr, be_port, e, now, &fib);
+		rc = ns_fib(ctx, p, &node, port, &be_addr, be_port, e, now, fib);
 		if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
-			return dsr_reply_too_big(ctx, p, fib.mtu_result);
+			return dsr_reply_too_big(ctx, p, fib->mtu_result);
 #ifndef SLUICE_POD_LB
 		/* The flow's later packets in this CT second take the cache. */
 		if (e && (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == NS_FIB_KEPT))
@@ -656,7 +680,7 @@ translate:
 #endif /* SLUICE_POD_LB */
 		if (pkt_rewrite_nat(ctx, p, &be_addr, be_port, &node, port))
 			return CTX_ACT_DROP;
-		return ns_send(ctx, p, FWD_ROUTE, &fib, rc);
+		return ns_send(ctx, p, FWD_ROUTE, fib, rc);
 	}
 	if (pkt_rewrite(ctx, p, true, &be_addr, be_port))
 		return CTX_ACT_DROP;
@@ -689,16 +713,16 @@ static __always_inline int nodeport_dsr_backend(struct __ctx_buff *ctx, struct n
  * from the client's side about a reply, for the backend. */
 static __always_inline int nodeport_icmp_ingress(struct __ctx_buff *ctx, struct ns_pkt *p)
 {
+	struct ct_scratch *s = ns_scratch();
 	bool local = false;
-	struct icmp_err e;
 	int ret = 0;
 
-	if (icmp_parse_error(ctx, p, &e) != PARSE_OK)
+	if (!s || icmp_parse_error(ctx, p, &s->icmp) != PARSE_OK)
 		return CTX_ACT_OK;
 	if (lb_is_node_addr(&p->daddr))
-		ret = icmp_rev_snat(ctx, p, &e);
+		ret = icmp_rev_snat(ctx, p, &s->icmp);
 	if (ret == 0)
-		ret = icmp_to_backend(ctx, p, &e, &local);
+		ret = icmp_to_backend(ctx, p, &s->icmp, &local);
 	if (ret == 0)
 		return CTX_ACT_OK;
 	if (ret < 0)

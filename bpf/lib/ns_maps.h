@@ -8,6 +8,7 @@
 
 #include "common.h"
 #include "ct_abi.h"
+#include "l4.h"
 
 /* Conntrack, both families: ct_tuple (CT_DIR_*) -> ct_entry. */
 struct {
@@ -82,6 +83,8 @@ struct ct_scratch {
 	struct ct_tuple tuple2;  /* snat_refresh: the ingress mapping's key */
 	struct nat_entry nat;
 	struct ns_flow flow;     /* fc_record: what a packet becomes, for fc_fill */
+	struct bpf_fib_lookup fib; /* ns_fib's question and answer, read by ns_send */
+	struct icmp_err icmp;    /* nodeport_icmp_ingress: the error being translated */
 };
 
 struct {
@@ -96,6 +99,15 @@ static __always_inline struct ct_scratch *ns_scratch(void)
 	__u32 zero = 0;
 
 	return bpf_map_lookup_elem(&ns_scratch_map, &zero);
+}
+
+/* ns_fib_buf is the scratch's FIB lookup buffer: 64 bytes the service
+ * path's frame does not hold. */
+static __always_inline struct bpf_fib_lookup *ns_fib_buf(void)
+{
+	struct ct_scratch *s = ns_scratch();
+
+	return s ? &s->fib : NULL;
 }
 
 #endif /* __SLUICE_NS_MAPS_H */

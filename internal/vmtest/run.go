@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -179,9 +180,15 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err := cmd.Start(); err != nil {
 		return res, fmt.Errorf("start %s: %w", QEMU, err)
 	}
-	defer killQEMU(cmd)
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	// One Wait, whose end every path below can see: reaped closes after it
+	// and waitErr holds its result.
+	var waitErr error
+	reaped := make(chan struct{})
+	go func() { waitErr = cmd.Wait(); close(reaped) }()
+	defer func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // its process group
+		<-reaped
+	}()
 
 	// QEMU connects to the socket at start-up.
 	connc := make(chan net.Conn, 1)
@@ -198,8 +205,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	var conn net.Conn
 	select {
 	case conn = <-connc:
-	case err := <-exited:
-		return fail(fmt.Errorf("%s exited before connecting its control port: %v", QEMU, err))
+	case <-reaped:
+		return fail(fmt.Errorf("%s exited before connecting its control port: %v", QEMU, waitErr))
 	case <-ctx.Done():
 		return fail(ctx.Err())
 	case <-time.After(30 * time.Second):
@@ -236,7 +243,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 				say("exit status %d after %.1fs (boot %.1fs, total %.1fs)", e.Code, res.Command.Seconds(), res.Boot.Seconds(), time.Since(start).Seconds())
 				// The guest powers off on the ack; give it a moment, then kill.
 				select {
-				case <-exited:
+				case <-reaped:
 				case <-time.After(5 * time.Second):
 				}
 				res.Total = time.Since(start)
@@ -250,8 +257,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 				err = errNoExit
 			}
 			return fail(fmt.Errorf("control channel: %w", err))
-		case err := <-exited:
-			return fail(fmt.Errorf("%s exited before the command finished: %v", QEMU, err))
+		case <-reaped:
+			return fail(fmt.Errorf("%s exited before the command finished: %v", QEMU, waitErr))
 		case <-boot.C:
 			return fail(fmt.Errorf("%w: the command did not start within --boot-timeout %s", ErrTimeout, cfg.BootTimeout))
 		case <-total.C:
