@@ -238,7 +238,7 @@ static __always_inline bool fc_steady(const struct ct_entry *e, __u8 proto, bool
  * A global function, so the verifier walks it once rather than at each of
  * the service path's states that reach it (inlined, it tripled
  * xdp_lb_ingress's processed instructions). Its frame adds to the service
- * path's, which is near the 512-byte limit, so it keeps few values: what
+ * path's (the stack budget: ns_maps.h), so it keeps few values: what
  * it needs is staged in the scratch, the loop reloads the staged key for
  * each way (barrier), and nothing is called under it. */
 __noinline int fc_fill(struct ct_entry *e, __u32 hash)

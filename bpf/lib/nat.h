@@ -38,8 +38,8 @@ static __always_inline int snat_source(const struct ns_config *cfg, bool v6,
 
 /* snat_egress finds or allocates the mapping of p (client -> backend,
  * after DNAT) and rewrites its source to the node IP and nat port. Its keys
- * and values are built in the per-CPU scratch: a new flow's path is the
- * deepest the service path's frame has. */
+ * and values are built in the per-CPU scratch: a new flow's path would
+ * otherwise be the deepest of the service path's frame. */
 static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 				       const struct ns_config *cfg,
 				       const union lb_addr *frontend, __u32 hash, __u32 now)
@@ -132,8 +132,9 @@ static __always_inline void snat_cache(const struct ns_config *cfg, struct ct_en
  * writes it back with the same port, so the flow keeps its source; when it
  * differs, or the port has been taken since, the copy is dropped and the
  * next packet looks the mapping up (or allocates one). Not inlined, with
- * its keys in the per-CPU scratch: the service path's frame is near the
- * 512-byte limit. */
+ * its keys in the caller's per-CPU scratch s: its values stay out of the
+ * service path's frame, and its own fits one 32-byte step of 6.1's
+ * rounding (ns_maps.h). */
 static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry *e,
 				    const struct ns_pkt *p, struct ct_scratch *s)
 {

@@ -74,17 +74,32 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ns_config SEC(".maps");
 
-/* Per-CPU scratch for entries built before a map update: the service
- * path's stack is near the 512-byte limit. Never pinned: nothing in it
- * outlives one program run. */
+/* Per-CPU scratch: what the service path builds for a map call or a
+ * helper (keys, values, the FIB question, the ICMP error it translates)
+ * lives here, not on the stack. The stack budget: the verifier adds up the
+ * frames of a BPF-to-BPF call chain and refuses more than 512 bytes, and up
+ * to 6.7 it rounds each frame up to 32 bytes (6.1 refused 464 + 40 bytes
+ * as 480 + 64 = 544). The service path and its deepest callee are held to
+ * 448 by 6.1's rule (TestPrivilegedVerifierHeadroom); its own locals are
+ * the parsed packet, a few addresses and the spills. An array lookup costs
+ * a helper call before 6.10 (inlined since), so the hot paths (a flow
+ * cache hit, tc egress) keep their few bytes on the stack.
+ *
+ * Each field serves one step at a time: tuple each lookup or update in
+ * turn, tuple2 and nat snat_egress and snat_refresh, entry the CT writes,
+ * flow fc_record to fc_fill, fib ns_fib to ns_send, icmp an ICMP error's
+ * translation. A program runs to its end on its CPU, and a redirect or
+ * transmit happens after it returns, so no other run of this object's
+ * programs writes the scratch meanwhile (tc and XDP objects have one
+ * each). Never pinned: nothing in it outlives one program run. */
 struct ct_scratch {
 	struct ct_tuple tuple;
 	struct ct_entry entry;
-	struct ct_tuple tuple2;  /* snat_refresh: the ingress mapping's key */
+	struct ct_tuple tuple2;    /* snat_refresh: the ingress mapping's key */
 	struct nat_entry nat;
-	struct ns_flow flow;     /* fc_record: what a packet becomes, for fc_fill */
+	struct ns_flow flow;       /* fc_record: what a packet becomes, for fc_fill */
 	struct bpf_fib_lookup fib; /* ns_fib's question and answer, read by ns_send */
-	struct icmp_err icmp;    /* nodeport_icmp_ingress: the error being translated */
+	struct icmp_err icmp;      /* nodeport_icmp_ingress: the error it translates */
 };
 
 struct {
@@ -102,7 +117,8 @@ static __always_inline struct ct_scratch *ns_scratch(void)
 }
 
 /* ns_fib_buf is the scratch's FIB lookup buffer: 64 bytes the service
- * path's frame does not hold. */
+ * path's frame does not hold (struct bpf_fib_lookup, whole: the helper
+ * takes its size). */
 static __always_inline struct bpf_fib_lookup *ns_fib_buf(void)
 {
 	struct ct_scratch *s = ns_scratch();
