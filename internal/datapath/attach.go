@@ -136,18 +136,26 @@ func (n *NorthSouth) DetachDevices() error {
 func (n *NorthSouth) releaseDevices(detach bool) error {
 	var errs []error
 	for _, d := range n.devices {
-		for _, l := range d.links {
-			errs = append(errs, l.release(detach))
-		}
-		if detach {
-			for _, f := range d.filters {
-				if err := netlink.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
-					errs = append(errs, fmt.Errorf("delete tc filter on %s: %w", d.Device, err))
-				}
+		errs = append(errs, d.release(detach))
+	}
+	n.devices = nil
+	return errors.Join(errs...)
+}
+
+// release closes d's links; with detach it also unpins them and deletes
+// its tc filters.
+func (d *deviceAttachment) release(detach bool) error {
+	var errs []error
+	for _, l := range d.links {
+		errs = append(errs, l.release(detach))
+	}
+	if detach {
+		for _, f := range d.filters {
+			if err := netlink.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("delete tc filter on %s: %w", d.Device, err))
 			}
 		}
 	}
-	n.devices = nil
 	return errors.Join(errs...)
 }
 

@@ -3,7 +3,6 @@ package datapath
 import (
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -218,26 +217,7 @@ func TestPrivilegedDeviceClsactFallback(t *testing.T) {
 	probetest.SkipUnless(t, probe.BTF, probe.TC)
 	d := newDeviceTest(t, "nsc0", DeviceOptions{XDP: XDPDisabled, TC: TCKindTC})
 	nl, dev := d.nl, d.dev
-	// filterProgs maps each direction's sluice filter to its program.
-	filterProgs := func() map[uint32]ebpf.ProgramID {
-		t.Helper()
-		out := map[uint32]ebpf.ProgramID{}
-		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
-			fs, err := nl.FilterList(dev, parent)
-			if err != nil {
-				t.Fatalf("list tc filters of nsc0 (parent %x): %v", parent, err)
-			}
-			for _, f := range fs {
-				if bf, ok := f.(*netlink.BpfFilter); ok && strings.HasPrefix(bf.Name, "sluice-") {
-					if !bf.DirectAction {
-						t.Errorf("filter %s: not direct-action", bf.Name)
-					}
-					out[parent] = ebpf.ProgramID(bf.Id)
-				}
-			}
-		}
-		return out
-	}
+	filterProgs := func() map[uint32]ebpf.ProgramID { return sluiceFilterProgs(t, nl, dev) }
 	want := func(step string, n *NorthSouth) {
 		t.Helper()
 		p := n.Programs()

@@ -22,7 +22,10 @@ import (
 type PodLB struct {
 	objs     tcpodObjects
 	linksDir string
-	pods     map[int][]*pinnedLink // ifindex -> ingress, egress
+	pods     map[int]*deviceAttachment // ifindex -> its tcx links, or clsact filters before 6.6
+	// tcKind TCKindTC forces the clsact fallback (tests of the pre-6.6
+	// path); "" takes tcx where the kernel has it.
+	tcKind string
 }
 
 // PodLinksDir is where the pod veths' links are pinned under a BPF root.
@@ -69,7 +72,7 @@ func LoadPodLB(opts NorthSouthOptions) (*PodLB, error) {
 	if err := checkPins(spec, opts.BPFRoot); err != nil {
 		return nil, err
 	}
-	p := &PodLB{linksDir: PodLinksDir(opts.BPFRoot), pods: map[int][]*pinnedLink{}}
+	p := &PodLB{linksDir: PodLinksDir(opts.BPFRoot), pods: map[int]*deviceAttachment{}}
 	err = spec.LoadAndAssign(&p.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.BPFRoot}})
 	if err != nil {
 		var verr *ebpf.VerifierError
@@ -92,12 +95,35 @@ func podLinkPin(dir, hook string, ifindex int) string {
 
 // AttachPod attaches both programs to the host-side veth ifindex through
 // tcx links pinned under PodLinksDir; a pinned link of an earlier agent on
-// the same device gets the new program in place. tcx needs 6.6.
+// the same device gets the new program in place. Before 6.6 (no tcx) it
+// adds clsact filters instead, as AttachDevices does: they outlive the
+// agent too, and the next agent's FilterReplace swaps the program.
 func (p *PodLB) AttachPod(ifindex int) error {
 	if _, ok := p.pods[ifindex]; ok {
 		return nil
 	}
-	var links []*pinnedLink
+	d := &deviceAttachment{DeviceAttachment: DeviceAttachment{Device: "ifindex " + strconv.Itoa(ifindex), Ifindex: ifindex}}
+	var err error
+	if p.tcKind != TCKindTC {
+		err = p.attachTCX(d)
+	}
+	if p.tcKind == TCKindTC || errors.Is(err, ebpf.ErrNotSupported) {
+		err = d.attachClsact(NorthSouthPrograms{TCIngress: p.objs.TcPodFromPod, TCEgress: p.objs.TcPodToPod})
+		if err != nil {
+			d.release(true)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("attach pod LB to ifindex %d: %w", ifindex, err)
+	}
+	p.pods[ifindex] = d
+	return nil
+}
+
+// attachTCX attaches both programs to d through pinned tcx links; it
+// returns ebpf.ErrNotSupported, having attached nothing, before 6.6.
+func (p *PodLB) attachTCX(d *deviceAttachment) error {
+	ifindex := d.Ifindex
 	for _, h := range []struct {
 		name   string
 		attach ebpf.AttachType
@@ -113,30 +139,28 @@ func (p *PodLB) AttachPod(ifindex int) error {
 		pl, err := attachPinned(podLinkPin(p.linksDir, h.name, ifindex), h.prog, onTarget, func() (link.Link, error) {
 			return link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: h.prog, Attach: h.attach})
 		})
-		if err != nil {
-			for _, l := range links {
-				l.release(true)
-			}
-			return fmt.Errorf("attach pod LB tcx %s to ifindex %d: %w", h.name, ifindex, err)
+		if errors.Is(err, ebpf.ErrNotSupported) && len(d.links) == 0 {
+			return err
 		}
-		links = append(links, pl)
+		if err != nil {
+			d.release(true)
+			return fmt.Errorf("tcx %s: %w", h.name, err)
+		}
+		d.links = append(d.links, pl)
 	}
-	p.pods[ifindex] = links
+	d.TC = TCKindTCX
 	return nil
 }
 
-// DetachPod detaches the programs from ifindex and removes the pins.
+// DetachPod detaches the programs from ifindex and removes the pins (or
+// the clsact filters).
 func (p *PodLB) DetachPod(ifindex int) error {
-	links, ok := p.pods[ifindex]
+	d, ok := p.pods[ifindex]
 	if !ok {
 		return nil
 	}
 	delete(p.pods, ifindex)
-	var errs []error
-	for _, l := range links {
-		errs = append(errs, l.release(true))
-	}
-	return errors.Join(errs...)
+	return d.release(true)
 }
 
 // Pods returns the ifindexes the programs are attached to.
@@ -159,8 +183,8 @@ func (p *PodLB) RemoveStalePods() error {
 		return fmt.Errorf("list pod links: %w", err)
 	}
 	keep := map[string]bool{}
-	for _, links := range p.pods {
-		for _, l := range links {
+	for _, d := range p.pods {
+		for _, l := range d.links {
 			keep[filepath.Base(l.path)] = true
 		}
 	}
@@ -176,16 +200,14 @@ func (p *PodLB) RemoveStalePods() error {
 	return errors.Join(errs...)
 }
 
-// Close closes the programs, maps and link descriptors; pinned links stay
-// attached for the next agent (DetachPod detaches).
+// Close closes the programs, maps and link descriptors; pinned links and
+// clsact filters stay attached for the next agent (DetachPod detaches).
 func (p *PodLB) Close() error {
 	var errs []error
-	for _, links := range p.pods {
-		for _, l := range links {
-			errs = append(errs, l.release(false))
-		}
+	for _, d := range p.pods {
+		errs = append(errs, d.release(false))
 	}
-	p.pods = map[int][]*pinnedLink{}
+	p.pods = map[int]*deviceAttachment{}
 	return errors.Join(append(errs, p.objs.Close())...)
 }
 

@@ -11,7 +11,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netlink"
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
@@ -193,17 +192,10 @@ func TestPrivilegedPodLBTranslation(t *testing.T) {
 // A pod veth gets both programs through pinned tcx links; a second agent
 // takes the links over in place, and DetachPod removes them.
 func TestPrivilegedPodLBAttach(t *testing.T) {
+	probetest.SkipUnless(t, probe.TCX) // the clsact fallback: TestPrivilegedPodLBClsactFallback
 	_, p, opts := newPodLB(t)
 	bpftest.InNewNetNS(t, func() {
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: ppTestPrefix + "h0"}, PeerName: ppTestPrefix + "p0"}
-		if err := netlink.LinkAdd(veth); err != nil {
-			t.Fatalf("add veth: %v", err)
-		}
-		l, err := netlink.LinkByName(veth.Name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		idx := l.Attrs().Index
+		idx := newPodVeth(t).Attrs().Index
 		if err := p.AttachPod(idx); err != nil {
 			t.Fatalf("AttachPod(%d): %v", idx, err)
 		}
@@ -245,7 +237,7 @@ func TestPrivilegedPodLBAttach(t *testing.T) {
 		if err := p2.AttachPod(idx); err != nil {
 			t.Fatalf("second AttachPod(%d): %v", idx, err)
 		}
-		if got := p2.pods[idx]; len(got) != 2 || !got[0].Replaced || !got[1].Replaced {
+		if got := p2.pods[idx].links; len(got) != 2 || !got[0].Replaced || !got[1].Replaced {
 			t.Errorf("second agent's AttachPod(%d): links %+v, want both taken over (Replaced)", idx, got)
 		}
 		attached("after the second agent's AttachPod", true)

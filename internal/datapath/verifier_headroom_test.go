@@ -94,11 +94,7 @@ func headroomObjects(short bool) []headroomObject {
 // lines. The figures of every program are logged (go test -v).
 func TestPrivilegedVerifierHeadroom(t *testing.T) {
 	probetest.RequireRoot(t, "loading BPF programs")
-	var uts unix.Utsname
-	if err := unix.Uname(&uts); err != nil {
-		t.Fatal(err)
-	}
-	release := unix.ByteSliceToString(uts.Release[:])
+	release := kernelRelease(t)
 	t.Logf("kernel %s; budget: stack %d of %d bytes (6.1's rule), %d of %d instructions",
 		release, verifierbudget.DefaultBudget.Stack, verifierbudget.MaxStack,
 		verifierbudget.DefaultBudget.Insns, verifierbudget.MaxInsns)
@@ -133,6 +129,16 @@ func TestPrivilegedVerifierHeadroom(t *testing.T) {
 			}
 		})
 	}
+}
+
+// kernelRelease is uname -r.
+func kernelRelease(t *testing.T) string {
+	t.Helper()
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		t.Fatal(err)
+	}
+	return unix.ByteSliceToString(uts.Release[:])
 }
 
 // headroomResult is one program's load: its report, or why it failed.
