@@ -77,8 +77,8 @@ struct {
 /* Per-CPU scratch: what the service path builds for a map call or a
  * helper (keys, values, the FIB question, the ICMP error it translates)
  * lives here, not on the stack. The stack budget: the verifier adds up the
- * frames of a BPF-to-BPF call chain and refuses more than 512 bytes, and up
- * to 6.7 it rounds each frame up to 32 bytes (6.1 refused 464 + 40 bytes
+ * frames of a BPF-to-BPF call chain and refuses more than 512 bytes, and
+ * before 6.9 it rounds each frame up to 32 bytes (6.1 refused 464 + 40 bytes
  * as 480 + 64 = 544). The service path and its deepest callee are held to
  * 448 by 6.1's rule (TestPrivilegedVerifierHeadroom); its own locals are
  * the parsed packet, a few addresses and the spills. An array lookup costs

@@ -24,9 +24,9 @@ import (
 var processedInsns = regexp.MustCompile(`processed (\d+) insns`)
 
 // The verifier's budget is 1M processed instructions. Logs every ingress
-// program's count and fails above 400K (today on 6.18: tc ~290K, xdp
-// ~330K; ~220K and ~265K before the flow cache), so a change that doubles
-// the paths the verifier walks, or brings back a helper path per packet
+// program's count and fails above 400K (today on 6.18: tc ~220K, xdp
+// ~290K; every kernel's figures: TestPrivilegedVerifierHeadroom), so a
+// change that doubles the paths the verifier walks, or brings back a helper path per packet
 // access, is caught long before an older or stricter verifier refuses the
 // program, and before the agent's start slows down.
 func TestPrivilegedNorthSouthVerifierBudget(t *testing.T) {

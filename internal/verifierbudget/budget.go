@@ -11,8 +11,8 @@
 //	                 one, and the instructions, against Budget
 //
 // Why 6.1's rule: check_max_stack_depth adds up the frames of a call chain
-// and refuses more than 512 bytes. Up to 6.7 it rounds every frame up to
-// 32 bytes, an empty one too (the interpreter's granularity); from 6.8 a
+// and refuses more than 512 bytes. Before 6.9 it rounds every frame up to
+// 32 bytes, an empty one too (the interpreter's granularity); from 6.9 a
 // JITed program's frames round to 16 and an empty one costs nothing. So a
 // program that 6.18 accepts can be refused by 6.1 (Debian 12): 464 + 40
 // bytes load on 6.18 and are 480 + 64 = 544 on 6.1.
@@ -47,7 +47,7 @@ type Budget struct {
 var DefaultBudget = Budget{Stack: MaxStack - 64, Insns: MaxInsns * 7 / 10}
 
 // Round61 is a frame's share of the combined stack on Linux 6.1 (up to
-// 6.7): rounded up to 32 bytes, at least 32.
+// 6.8): rounded up to 32 bytes, at least 32.
 func Round61(depth int) int {
 	return (max(depth, 1) + 31) &^ 31
 }
