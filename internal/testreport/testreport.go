@@ -31,6 +31,11 @@ const (
 	// RootSkip begins the message of a skip for a test that needs root, run
 	// by another user (probetest.RequireRoot).
 	RootSkip = "needs root: "
+	// GuestSkip begins the message of a skip for a test that boots a guest
+	// kernel on a machine that cannot (no QEMU, no kernel package:
+	// vmtest.GuestSkipMessage). Allowed only when Summary.ConfirmGuest
+	// confirms it.
+	GuestSkip = "guest unavailable: "
 )
 
 // SkipKind is why a test skipped, as the rule sees it.
@@ -40,6 +45,7 @@ const (
 	SkipOther   SkipKind = iota // anything else: fails the run
 	SkipFeature                 // a kernel feature the probe reports missing
 	SkipRoot                    // needs root, in a run that is not root
+	SkipGuest                   // no guest kernel can boot on this machine
 )
 
 func (k SkipKind) String() string {
@@ -48,6 +54,8 @@ func (k SkipKind) String() string {
 		return "kernel feature"
 	case SkipRoot:
 		return "needs root"
+	case SkipGuest:
+		return "no guest"
 	}
 	return "other"
 }
@@ -124,6 +132,10 @@ type Summary struct {
 	Root bool // the tests run as root: only feature skips are allowed
 	// Module is the module path, trimmed from package names (./internal/x).
 	Module string
+	// ConfirmGuest checks a GuestSkip's claim on this machine: it returns
+	// why no guest can boot here, or "" when one can (the skip is then not
+	// allowed). Nil allows no GuestSkip.
+	ConfirmGuest func(reason string) string
 
 	pkgs   map[string]*pkgRun
 	builds map[string][]string // build output by ImportPath
@@ -211,8 +223,16 @@ func (s *Summary) endTest(e Event, p *pkgRun) {
 		c.Skipped++
 		reason := skipMessage(testLines(p.output, e.Test, false))
 		kind := classify(reason)
+		allowed := kind == SkipFeature || kind == SkipRoot && !s.Root
+		if kind == SkipGuest && s.ConfirmGuest != nil {
+			if why := s.ConfirmGuest(reason); why != "" {
+				allowed = true
+			} else {
+				reason += "\n(but a guest boots on this machine: the skip hides a test that could run)"
+			}
+		}
 		s.report.Skips = append(s.report.Skips, Skip{Package: e.Package, Test: e.Test, Reason: reason,
-			Kind: kind, Allowed: kind == SkipFeature || kind == SkipRoot && !s.Root})
+			Kind: kind, Allowed: allowed})
 	}
 	if !top {
 		return
@@ -417,6 +437,8 @@ func classify(reason string) SkipKind {
 		return SkipFeature
 	case strings.HasPrefix(reason, RootSkip):
 		return SkipRoot
+	case strings.HasPrefix(reason, GuestSkip):
+		return SkipGuest
 	}
 	return SkipOther
 }
@@ -497,10 +519,14 @@ func (s *Summary) rule(root bool) string {
 }
 
 func (s *Summary) allowed(root bool) string {
-	if root {
-		return "a kernel feature the probe reports missing"
+	guest := ""
+	if s.ConfirmGuest != nil {
+		guest = ", or a guest kernel this machine cannot boot"
 	}
-	return "a missing kernel feature, or needing root (this run is not root)"
+	if root {
+		return "a kernel feature the probe reports missing" + guest
+	}
+	return "a missing kernel feature, or needing root (this run is not root)" + guest
 }
 
 func countTests(fs []Failure) int {

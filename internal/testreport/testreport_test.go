@@ -232,3 +232,48 @@ func TestSkipMessage(t *testing.T) {
 		}
 	}
 }
+
+// A skip for a guest that cannot boot stands only when ConfirmGuest
+// confirms it on this machine, and never without a confirmer.
+func TestGuestSkipConfirmed(t *testing.T) {
+	const msg = GuestSkip + `kernel "6.1": guest unavailable: no qemu-system-x86_64`
+	events := func() []Event {
+		return []Event{
+			{Action: "start", Package: "p"},
+			{Action: "run", Package: "p", Test: "TestGuest"},
+			{Action: "output", Package: "p", Test: "TestGuest", Output: "    x_test.go:9: " + msg + "\n"},
+			{Action: "output", Package: "p", Test: "TestGuest", Output: "--- SKIP: TestGuest (0.00s)\n"},
+			{Action: "skip", Package: "p", Test: "TestGuest"},
+			{Action: "pass", Package: "p"},
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		confirm func(string) string
+		allowed bool
+	}{
+		{"no confirmer", nil, false},
+		{"confirmed", func(r string) string {
+			if r != msg {
+				t.Errorf("ConfirmGuest got %q, want the skip's message %q", r, msg)
+			}
+			return "no qemu"
+		}, true},
+		{"a guest boots here", func(string) string { return "" }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out strings.Builder
+			s := &Summary{Out: &out, Root: true, ConfirmGuest: tc.confirm}
+			for _, e := range events() {
+				s.Event(e)
+			}
+			r := s.Finish()
+			if len(r.Skips) != 1 || r.Skips[0].Kind != SkipGuest || r.Skips[0].Allowed != tc.allowed {
+				t.Fatalf("skips %+v, want one guest skip, allowed %v", r.Skips, tc.allowed)
+			}
+			if r.OK() != tc.allowed {
+				t.Errorf("OK() = %v, want %v", r.OK(), tc.allowed)
+			}
+		})
+	}
+}

@@ -1,0 +1,229 @@
+package e2e
+
+// The kernel smoke (issue 18): one small lab that crosses each of sluice's
+// datapaths once, cheap enough to run on every kernel of the matrix
+// (`./scripts/kernel-matrix.sh`, docs/kernels.md) and in CI inside Debian
+// 12's 6.1 under QEMU (TestPrivilegedKernelSmokeGuest). On the host it runs
+// like any e2e test.
+//
+// Address plan: the package comment's, k = 80 (Service over node2's pod,
+// entered at node1: native XDP) and k = 81 (over node1's pod, entered at
+// node2: tc).
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/sluice-dataplane/sluice/internal/lab"
+	kprobe "github.com/sluice-dataplane/sluice/internal/probe"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
+	"github.com/sluice-dataplane/sluice/internal/vmtest/guesttest"
+)
+
+// SmokeSteps are the subtests of TestPrivilegedKernelSmoke, in order; the
+// kernel matrix reports each.
+var SmokeSteps = []string{"clusterip-tcp", "clusterip-udp", "nodeport-tc", "nodeport-xdp", "restart-keeps-connection"}
+
+// smokeGuestKernel is the guest of TestPrivilegedKernelSmokeGuest: Debian
+// 12's 6.1, the oldest kernel of the matrix and the one whose verifier
+// refused the north-south programs (docs/kernels.md).
+const smokeGuestKernel = "6.1"
+
+// The restart step's flow: one request every 100 ms on one connection,
+// long enough to span a restart under TCG (stop, programs loaded, /healthz:
+// 2-4 s on 6.1 under TCG, well under a second on the host).
+const (
+	smokeFlowRequests = 150
+	smokeFlowInterval = 100 * time.Millisecond
+)
+
+// TestPrivilegedKernelSmoke brings up 2 nodes × 1 pod, node1's agent on
+// native XDP and node2's on tc (best-effort keeps a veth on tc), and checks
+// in turn: the socket LB from node1's pod to a ClusterIP with TCP and with
+// UDP; a NodePort from the external client through node2's tc (tcx, or
+// clsact filters before 6.6) and through node1's native XDP, each to a
+// backend on the other node; and a TCP connection through node1's XDP kept
+// across a restart of node1's agent. Each step skips, naming the feature,
+// on a kernel that lacks what it needs.
+func TestPrivilegedKernelSmoke(t *testing.T) {
+	requirePrivileged(t)
+	cfg := labConfig(newPrefix(t), 2, 1)
+	cfg.NodeLBAcceleration = map[string]string{"node1": lab.AccelerationNative, "node2": lab.AccelerationBestEffort}
+	l := upLab(t, cfg, 3*time.Minute, " (node1 native XDP, node2 tc)")
+	node1, node2 := l.Nodes[0], l.Nodes[1]
+	viaXDP, viaTC := addrs{k: 80}, addrs{k: 81}
+	svcXDP := smokeService("smoke-xdp", viaXDP, node2.Name)
+	svcTC := smokeService("smoke-tc", viaTC, node1.Name)
+	apply(t, l, svcXDP, svcTC)
+	programmed(t, l, 1,
+		frontend(viaXDP.clusterV4(), svcHTTPPort, corev1.ProtocolTCP), frontend(viaXDP.clusterV4(), svcUDPPort, corev1.ProtocolUDP),
+		frontend(netip.IPv4Unspecified(), viaXDP.nodePort(), corev1.ProtocolTCP),
+		frontend(netip.IPv4Unspecified(), viaTC.nodePort(), corev1.ProtocolTCP))
+	remote := podNames(node2.Pods...)
+
+	t.Run(SmokeSteps[0], func(t *testing.T) {
+		probetest.SkipUnless(t, kprobe.SockLB...)
+		url := httpURL(viaXDP.clusterV4(), svcHTTPPort)
+		rep := probeAnswered(t, l, node1.Pods[0].Name, "http", "--url", url, "--count", "6", "--timeout", "2s")
+		if rep.OK != rep.Count {
+			t.Fatalf("GET %s from %s: %s", url, node1.Pods[0].Name, describe(rep))
+		}
+		if err := onlyFrom(rep.Backends, remote); err != nil {
+			t.Errorf("GET %s: %v", url, err)
+		}
+	})
+	t.Run(SmokeSteps[1], func(t *testing.T) {
+		probetest.SkipUnless(t, kprobe.SockLB...)
+		addr := hostPort(viaXDP.clusterV4(), svcUDPPort)
+		rep := probeAnswered(t, l, node1.Pods[0].Name, "udp", "--addr", addr, "--count", "6", "--timeout", "2s", "--new-socket-per-request")
+		if rep.OK != rep.Count {
+			t.Fatalf("UDP %s from %s: %s", addr, node1.Pods[0].Name, describe(rep))
+		}
+		if err := onlyFrom(rep.Backends, remote); err != nil {
+			t.Errorf("UDP %s: %v", addr, err)
+		}
+	})
+	t.Run(SmokeSteps[2], func(t *testing.T) {
+		probetest.SkipUnless(t, kprobe.TC)
+		d, ok := eth0(agentStatus(t, l, node2))
+		want := "tc" // clsact filters
+		if kprobe.Probe().Has(kprobe.TCX) {
+			want = "tcx"
+		}
+		if !ok || d.TC != want || d.XDP != "disabled" {
+			t.Fatalf("node2 eth0: %+v, want tc attached as %s and no XDP (best-effort on a veth)", d, want)
+		}
+		t.Logf("node2 eth0: tc attached as %s", d.TC)
+		smokeNodePort(t, l, node2, viaTC, podNames(node1.Pods...))
+	})
+	t.Run(SmokeSteps[3], func(t *testing.T) {
+		probetest.SkipUnless(t, kprobe.XDP)
+		if x := linkXDP(t, l, node1.Name, "eth0"); x == nil || x.Mode != xdpAttachedDrv {
+			t.Fatalf("XDP on node1 eth0: %+v, want a program in driver (native) mode", x)
+		}
+		smokeNodePort(t, l, node1, viaXDP, remote)
+	})
+	t.Run(SmokeSteps[4], func(t *testing.T) {
+		probetest.SkipUnless(t, kprobe.XDP)
+		smokeRestart(t, l, node1, viaXDP, remote)
+	})
+}
+
+// smokeService is a dual-stack NodePort Service of test a over the pod of
+// node.
+func smokeService(name string, a addrs, node string) *corev1.Service {
+	svc := echoService(name, a.clusterV4(), a.clusterV6())
+	svc.Spec.Type = corev1.ServiceTypeNodePort
+	svc.Spec.Selector = map[string]string{lab.LabelNode: node}
+	for i := range svc.Spec.Ports {
+		svc.Spec.Ports[i].NodePort = a.nodePort()
+	}
+	return svc
+}
+
+// smokeNodePort sends TCP (IPv4 and IPv6) and UDP from the external client
+// to entry's NodePort of a, which must be answered by the backends.
+func smokeNodePort(t *testing.T, l *lab.Lab, entry lab.Node, a addrs, backends []string) {
+	t.Helper()
+	for _, ip := range []netip.Addr{entry.IPv4, entry.IPv6} {
+		url := httpURL(ip, a.nodePort())
+		rep := probeAnswered(t, l, "client", "http", "--url", url, "--count", "6", "--timeout", "2s")
+		if rep.OK != rep.Count {
+			t.Errorf("GET %s from the client: %s", url, describe(rep))
+		} else if err := onlyFrom(rep.Backends, backends); err != nil {
+			t.Errorf("GET %s: %v", url, err)
+		}
+	}
+	addr := hostPort(entry.IPv4, a.nodePort())
+	rep := probeAnswered(t, l, "client", "udp", "--addr", addr, "--count", "6", "--timeout", "2s", "--new-socket-per-request")
+	if rep.OK != rep.Count {
+		t.Errorf("UDP %s from the client: %s", addr, describe(rep))
+	}
+}
+
+// smokeRestart keeps one TCP connection from the client through node's
+// NodePort of a (SNAT state in node's maps) talking while node's agent is
+// stopped with SIGTERM and started again: every request must be answered
+// by the one backend the flow began with, and new connections too after.
+func smokeRestart(t *testing.T, l *lab.Lab, node lab.Node, a addrs, backends []string) {
+	t.Helper()
+	addr := hostPort(node.IPv4, a.nodePort())
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	type result struct {
+		rep *lab.ProbeReport
+		end time.Time
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rep, err := l.Probe(ctx, "client", "stream", "--addr", addr, "--count", strconv.Itoa(smokeFlowRequests),
+			"--interval", smokeFlowInterval.String(), "--timeout", "3s", "--budget", "2m")
+		done <- result{rep, time.Now(), err}
+	}()
+	time.Sleep(flowStartup)
+	began := time.Now()
+	restartErr := l.RestartAgent(ctx, node.Name, syscall.SIGTERM)
+	restarted := time.Now()
+	r := <-done
+	if restartErr != nil {
+		t.Fatalf("restart the agent on %s: %v", node.Name, restartErr)
+	}
+	t.Logf("agent on %s restarted in %.1fs (stop, start, /healthz)", node.Name, restarted.Sub(began).Seconds())
+	if r.err != nil {
+		t.Fatalf("TCP stream to %s: %v", addr, r.err)
+	}
+	if r.end.Before(restarted) {
+		t.Fatalf("the TCP stream to %s ended %v before the restarted agent was healthy: it did not span the restart (make smokeFlowRequests larger)",
+			addr, restarted.Sub(r.end))
+	}
+	if r.rep.OK != smokeFlowRequests || r.rep.Count != smokeFlowRequests {
+		t.Errorf("TCP stream to %s across the restart: %s; want %d/%d answered", addr, describe(r.rep), smokeFlowRequests, smokeFlowRequests)
+	}
+	if len(r.rep.Backends) != 1 {
+		t.Errorf("TCP stream to %s across the restart: answered by %v, want one backend throughout", addr, r.rep.Backends)
+	}
+	if err := onlyFrom(r.rep.Backends, backends); err != nil {
+		t.Errorf("TCP stream to %s: %v", addr, err)
+	}
+	url := httpURL(node.IPv4, a.nodePort())
+	if rep := probe(t, l, "client", "http", "--url", url, "--count", "4", "--timeout", "2s"); rep.OK != rep.Count {
+		t.Errorf("new connections to %s after the restart: %s", url, describe(rep))
+	}
+}
+
+// TestPrivilegedKernelSmokeGuest runs TestPrivilegedKernelSmoke inside
+// Debian 12's 6.1 under QEMU (internal/vmtest/guesttest): this binary, the
+// same bin/ agents, the guest's own kernel. On a machine that cannot boot
+// a guest (no QEMU, no kernel package) it skips saying why.
+func TestPrivilegedKernelSmokeGuest(t *testing.T) {
+	requirePrivileged(t)
+	res := guesttest.Run(t, smokeGuestKernel, guesttest.Options{
+		Run:  "^TestPrivilegedKernelSmoke$",
+		Init: filepath.Join(env.binDir, "sluice"),
+		Env:  []string{"SLUICE_BIN_DIR=" + env.binDir},
+	})
+	for _, step := range SmokeSteps {
+		o, ok := res.Outcome("TestPrivilegedKernelSmoke/" + step)
+		if !ok {
+			t.Errorf("step %s did not run in the guest", step)
+			continue
+		}
+		t.Logf("%s: %s (%.1fs)%s", step, o.Action, o.Elapsed, ifReason(o.Reason))
+	}
+}
+
+func ifReason(r string) string {
+	if r == "" {
+		return ""
+	}
+	return fmt.Sprintf(": %s", r)
+}
