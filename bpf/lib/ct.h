@@ -18,6 +18,10 @@
 #include "l4.h"
 #include "ns_maps.h"
 
+/* The CT flags that say how a flow is translated. */
+#define NS_KIND_FLAGS (CT_F_LOCAL | CT_F_SNAT | CT_F_DSR | CT_F_HAIRPIN)
+
+
 /* Cilium's defaults. */
 #define CT_DEFAULT_TCP_SYN   60
 #define CT_DEFAULT_TCP_EST   21600

@@ -50,6 +50,19 @@ static __always_inline bool dsr_tunnel_endpoint(const union lb_addr *backend,
 	return true;
 }
 
+/* ns_remote_kind is how a new flow reaches a remote backend, by --lb-mode.
+ * DSR needs the backend's node in ns_tunnel; without it, SNAT. */
+static __always_inline __u16 ns_remote_kind(const struct ns_config *cfg, __u8 proto,
+					    const union lb_addr *backend)
+{
+	union lb_addr node __align_stack_8;
+
+	if (cfg->mode == NS_MODE_SNAT ||
+	    (cfg->mode == NS_MODE_HYBRID && proto != IPPROTO_TCP))
+		return CT_F_SNAT;
+	return dsr_tunnel_endpoint(backend, &node) ? CT_F_DSR : CT_F_SNAT;
+}
+
 /* dsr_encap wraps the packet of p in an outer header src -> dst and turns p
  * into the outer packet's view (for the FIB lookup). */
 static __always_inline int dsr_encap(struct __ctx_buff *ctx, struct ns_pkt *p,

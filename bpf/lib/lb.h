@@ -168,4 +168,143 @@ lb_select_backend(struct lb_svc_key *key, const struct lb_svc_val *svc,
 	return lb_select_backend_id(key, svc, hash, client, &backend_id);
 }
 
+#if defined(SLUICE_TC) || defined(SLUICE_XDP)
+/* North-south selection (tc, XDP, the per-packet pod LB): the frontends a
+ * program serves, the flow's hash and client identity, Maglev and source
+ * ranges for a new flow, and the CT entry that decides an established one.
+ * Sending is nodeport.h's. */
+#include "ct.h"
+#include "maglev.h"
+
+#ifdef SLUICE_POD_LB
+/* Pods reach every frontend, as through the socket LB. */
+#define NS_SCOPE LB_SCOPE_INT
+#define ns_svc_served(svc) true
+#else
+/* Frontends served here; a ClusterIP is for traffic from this node's pods. */
+#define NS_SVC_FLAGS (SVC_F_NODEPORT | SVC_F_EXTERNAL_IP | SVC_F_LOADBALANCER)
+#define NS_SCOPE LB_SCOPE_EXT
+#define ns_svc_served(svc) ((svc)->flags & NS_SVC_FLAGS)
+#endif /* SLUICE_POD_LB */
+
+static __always_inline __u32 ns_flow_hash(const struct ns_pkt *p)
+{
+	__u32 h = p->proto;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < 4; i++) {
+		h = lb_hash64(((__u64)h << 32) | p->saddr.w[i]);
+		h = lb_hash64(((__u64)h << 32) | p->daddr.w[i]);
+	}
+	return lb_hash64(((__u64)h << 32) | ((__u32)p->sport << 16) | p->dport);
+}
+
+#ifndef SLUICE_POD_LB
+/* ns_maglev_backend_id returns the backend of the frontend's Maglev table
+ * for a flow, so that a flow entering any node for the same frontend
+ * reaches the same backend; 0 when the frontend has no table yet (the
+ * caller then uses the slots). A function of its own: the hash's values
+ * and spills stay out of the service path's frame, and the call adds one
+ * small frame to the chain (32 bytes by 6.1's rule: ns_maps.h). */
+static __noinline __u32 ns_maglev_backend_id(const struct ns_pkt *p, __u16 rev_nat_id)
+{
+	return lb_maglev_backend(rev_nat_id,
+				 lb_maglev_flow_hash(&p->saddr, &p->daddr, p->sport,
+						     p->dport, p->proto));
+}
+
+/* ns_src_range_allowed reports whether a new flow's client lies in one of
+ * the frontend's loadBalancerSourceRanges. Not inlined, like
+ * ns_maglev_backend_id: the key lives in this small frame, not in the
+ * service path's. */
+static __noinline bool ns_src_range_allowed(const struct ns_pkt *p, __u16 rev_nat_id)
+{
+	struct lb_src_range_key key __align_stack_8 = {
+		.prefixlen  = LB_SRC_RANGE_STATIC_PREFIX + 128,
+		.rev_nat_id = rev_nat_id,
+	};
+
+	__builtin_memcpy(key.addr, p->saddr.b, sizeof(key.addr));
+	return bpf_map_lookup_elem(&lb_src_ranges, &key) != NULL;
+}
+#endif /* SLUICE_POD_LB */
+
+/* The client identity for sessionAffinity: its address. Bit 63 keeps it
+ * apart from the netns cookies the socket LB stores in lb_affinity. */
+static __always_inline __u64 ns_client_id(const struct ns_pkt *p)
+{
+	return (1ULL << 63) | ((__u64)(p->saddr.w[0] ^ p->saddr.w[1] ^ p->saddr.w[2]) << 32) |
+	       p->saddr.w[3];
+}
+
+/* ns_flow_alive: the frontend and the backend a CT service entry names are
+ * still installed. A deleted frontend loses its rev nat entry (the
+ * reconciler deletes it after the master), a deleted backend its
+ * lb_backends entry; an ID reused since names another address. Two small
+ * lookups instead of the service master, its wildcard and a slot. */
+static __always_inline bool ns_flow_alive(const struct ct_entry *e, const struct ns_pkt *p)
+{
+	const struct lb_rev_nat *rn;
+	const struct lb_backend *be;
+	__u32 backend_id = e->backend_id;
+	__u16 rev_nat_id = e->rev_nat_id;
+	union lb_addr any __align_stack_8;
+
+	rn = bpf_map_lookup_elem(&lb_rev_nat, &rev_nat_id);
+	if (!rn || rn->port != p->dport)
+		return false;
+	if (!addr_equal(&p->daddr, rn->addr)) {
+		any = p->daddr;
+		addr_to_wildcard(&any);
+		if (!addr_equal(&any, rn->addr))
+			return false;
+	}
+	be = bpf_map_lookup_elem(&lb_backends, &backend_id);
+	return be && be->port == e->nat_port && addr_equal((const union lb_addr *)e->nat_addr, be->addr);
+}
+
+/* ns_established looks up the CT service entry of p and returns it when it
+ * still decides the flow: alive, not a SYN reusing a closing tuple, and, for
+ * SNAT, with its nat port: copied into the entry (snat_port), or else its
+ * egress mapping in *n. Then the entry holds all that the translation
+ * needs, and no service, slot or backend entry is read. Whether the flow is
+ * alive is checked by the first packet in each CT second (alive_at): a
+ * deleted backend or frontend stops taking an established flow's packets
+ * within a second, as the agent's own updates land; kube-proxy leaves an
+ * established TCP flow to a deleted endpoint alone until conntrack ends it. */
+static __always_inline struct ct_entry *ns_established(const struct ns_pkt *p, __u32 now,
+							const struct nat_entry **n)
+{
+	struct ct_scratch *s = ns_scratch();
+	struct ct_tuple *t;
+	struct ct_entry *e;
+
+	/* The key in the scratch, not the stack: precisely tracked stack
+	 * slots cost the verifier ~20% more states on this path. */
+	if (!s)
+		return NULL;
+	t = &s->tuple;
+	ct_tuple_set(t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
+		     CT_DIR_SERVICE);
+	e = bpf_map_lookup_elem(&ct, t);
+	if (!e || ct_is_new_syn(e, p->proto, p->tcp_flags, now))
+		return NULL;
+	if (READ_ONCE(e->alive_at) != now) {
+		if (!ns_flow_alive(e, p))
+			return NULL;
+		WRITE_ONCE(e->alive_at, now);
+	}
+	*n = NULL;
+	if ((e->flags & (CT_F_LOCAL | CT_F_DSR)) || e->snat_port)
+		return e;
+	/* The egress mapping's key is the tuple after DNAT. */
+	__builtin_memcpy(t->daddr, e->nat_addr, sizeof(t->daddr));
+	t->dport = e->nat_port;
+	t->dir = NAT_DIR_EGRESS;
+	*n = bpf_map_lookup_elem(&snat, t);
+	return *n ? e : NULL;
+}
+#endif /* SLUICE_TC || SLUICE_XDP */
+
 #endif /* __SLUICE_LB_H */

@@ -10,6 +10,7 @@
 #ifndef __SLUICE_NAT_H
 #define __SLUICE_NAT_H
 
+#include "csum.h"
 #include "ct.h"
 
 #define SNAT_PORT_MIN_DEFAULT 32768
@@ -184,6 +185,30 @@ static __always_inline const struct nat_entry *snat_lookup_reply(const struct ns
 	ct_tuple_set(t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     NAT_DIR_INGRESS);
 	return bpf_map_lookup_elem(&snat, t);
+}
+
+/* ns_rev_dnat restores the frontend as the source of a reply from a
+ * backend (p: backend -> client). It returns 1 when p belongs to a tracked
+ * flow, 0 when not, < 0 on error. */
+static __always_inline int ns_rev_dnat(struct __ctx_buff *ctx, struct ns_pkt *p,
+				       const struct ns_config *cfg, __u32 now)
+{
+	struct ct_tuple t __align_stack_8;
+	union lb_addr fe __align_stack_8;
+	struct ct_entry *e;
+	__be16 port;
+
+	/* Egress: a local backend's every reply, and this frame has room: the
+	 * key on the stack saves the scratch lookup (a helper call before 6.10). */
+	e = ct_lookup_reply(p, &t);
+	if (!e)
+		return 0;
+	ct_update(e, cfg, p, ctx_len(ctx), now, true);
+	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
+	port = e->nat_port;
+	if (pkt_rewrite(ctx, p, false, &fe, port))
+		return -1;
+	return 1;
 }
 
 #endif /* __SLUICE_NAT_H */

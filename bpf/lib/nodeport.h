@@ -19,6 +19,11 @@
  * local pods, and never SNATs: the backend sees the pod's address, the
  * reply is reverse-DNATed on its way to the pod. No DSR, Maglev, source
  * ranges or reverse SNAT there.
+ *
+ * The parts: selection in lb.h (the frontend, a new flow's backend, the CT
+ * entry of an established one), translation in nat.h and csum.h, routing
+ * and the MTU in fib.h, DSR in dsr.h, ICMP errors in icmp.h; this file
+ * sends packets on their way and ties the paths together.
  */
 #ifndef __SLUICE_NODEPORT_H
 #define __SLUICE_NODEPORT_H
@@ -29,190 +34,18 @@
 #include "lb.h"
 #include "ct.h"
 #include "nat.h"
+#include "fib.h"
 #include "icmp.h"
 #include "dsr.h"
-#include "maglev.h"
 #ifndef SLUICE_POD_LB
 #include "flowcache.h"
 #endif /* SLUICE_POD_LB */
-
-#ifdef SLUICE_POD_LB
-/* Pods reach every frontend, as through the socket LB. */
-#define NS_SCOPE LB_SCOPE_INT
-#define ns_svc_served(svc) true
-#else
-/* Frontends served here; a ClusterIP is for traffic from this node's pods. */
-#define NS_SVC_FLAGS (SVC_F_NODEPORT | SVC_F_EXTERNAL_IP | SVC_F_LOADBALANCER)
-#define NS_SCOPE LB_SCOPE_EXT
-#define ns_svc_served(svc) ((svc)->flags & NS_SVC_FLAGS)
-#endif /* SLUICE_POD_LB */
-
-/* The CT flags that say how a flow is translated. */
-#define NS_KIND_FLAGS (CT_F_LOCAL | CT_F_SNAT | CT_F_DSR | CT_F_HAIRPIN)
-
-#define TTL_OFF      offsetof(struct iphdr, ttl)
-#define HOPLIMIT_OFF offsetof(struct ipv6hdr, hop_limit)
-
-static __always_inline __u32 ns_flow_hash(const struct ns_pkt *p)
-{
-	__u32 h = p->proto;
-	int i;
-
-#pragma unroll
-	for (i = 0; i < 4; i++) {
-		h = lb_hash64(((__u64)h << 32) | p->saddr.w[i]);
-		h = lb_hash64(((__u64)h << 32) | p->daddr.w[i]);
-	}
-	return lb_hash64(((__u64)h << 32) | ((__u32)p->sport << 16) | p->dport);
-}
-
-#ifndef SLUICE_POD_LB
-/* ns_maglev_backend_id returns the backend of the frontend's Maglev table
- * for a flow, so that a flow entering any node for the same frontend
- * reaches the same backend; 0 when the frontend has no table yet (the
- * caller then uses the slots). A function of its own: the hash's values
- * and spills stay out of the service path's frame, and the call adds one
- * small frame to the chain (32 bytes by 6.1's rule: ns_maps.h). */
-static __noinline __u32 ns_maglev_backend_id(const struct ns_pkt *p, __u16 rev_nat_id)
-{
-	return lb_maglev_backend(rev_nat_id,
-				 lb_maglev_flow_hash(&p->saddr, &p->daddr, p->sport,
-						     p->dport, p->proto));
-}
-
-/* ns_src_range_allowed reports whether a new flow's client lies in one of
- * the frontend's loadBalancerSourceRanges. Not inlined, like
- * ns_maglev_backend_id: the key lives in this small frame, not in the
- * service path's. */
-static __noinline bool ns_src_range_allowed(const struct ns_pkt *p, __u16 rev_nat_id)
-{
-	struct lb_src_range_key key __align_stack_8 = {
-		.prefixlen  = LB_SRC_RANGE_STATIC_PREFIX + 128,
-		.rev_nat_id = rev_nat_id,
-	};
-
-	__builtin_memcpy(key.addr, p->saddr.b, sizeof(key.addr));
-	return bpf_map_lookup_elem(&lb_src_ranges, &key) != NULL;
-}
-#endif /* SLUICE_POD_LB */
-
-/* The client identity for sessionAffinity: its address. Bit 63 keeps it
- * apart from the netns cookies the socket LB stores in lb_affinity. */
-static __always_inline __u64 ns_client_id(const struct ns_pkt *p)
-{
-	return (1ULL << 63) | ((__u64)(p->saddr.w[0] ^ p->saddr.w[1] ^ p->saddr.w[2]) << 32) |
-	       p->saddr.w[3];
-}
-
-/* ns_dec_ttl decrements the TTL / hop limit of a packet this program
- * forwards itself; it fails when the packet must not be forwarded. */
-static __always_inline int ns_dec_ttl(struct __ctx_buff *ctx, const struct ns_pkt *p)
-{
-	__u8 ttl;
-
-	if (p->v6) {
-		if (ctx_load_bytes(ctx, p->l3_off + HOPLIMIT_OFF, &ttl, 1) || ttl <= 1)
-			return -1;
-		ttl--;
-		return ctx_store_bytes(ctx, p->l3_off + HOPLIMIT_OFF, &ttl, 1);
-	} else {
-		__u8 word[2]; /* ttl, protocol: the checksummed 16-bit word */
-		__u16 from, to;
-
-		if (ctx_load_bytes(ctx, p->l3_off + TTL_OFF, word, 2) || word[0] <= 1)
-			return -1;
-		__builtin_memcpy(&from, word, 2);
-		word[0]--;
-		__builtin_memcpy(&to, word, 2);
-		if (ctx_store_bytes(ctx, p->l3_off + TTL_OFF, word, 1))
-			return -1;
-		return ctx_l3_csum_replace(ctx, p->l3_off + offsetof(struct iphdr, check),
-					   from, to, 2);
-	}
-}
 
 enum {
 	FWD_ROUTE, /* to another host: TTL decremented */
 	FWD_LOCAL, /* to a pod on this node */
 	FWD_ENCAP, /* in an outer header this node just made */
 };
-
-/* ns_fib_kept copies the FIB result kept in c into fib when it is from
- * this CT second and passed a packet at least as long (the MTU check). */
-static __always_inline bool ns_fib_kept(const struct ct_fib *c, struct bpf_fib_lookup *fib,
-					__u32 now)
-{
-	if (READ_ONCE(c->at) != now || !c->ifindex || fib->tot_len > c->max_len)
-		return false;
-	fib->ifindex = c->ifindex;
-	__builtin_memcpy(fib->dmac, c->dmac, ETH_ALEN);
-	__builtin_memcpy(fib->smac, c->smac, ETH_ALEN);
-	return true;
-}
-
-/* ns_fib_keep keeps a successful FIB result in c for the rest of the CT
- * second. A packet of the flow on another CPU (a flow's packets normally
- * arrive on one) may read c meanwhile: at is cleared first and set last,
- * so one that starts reading after that looks up itself, and one already
- * reading may mix two FIB answers for this flow from this second. The
- * order is the compiler's and x86's (stores seen in program order); on a
- * weakly ordered CPU (arm64) such a reader may also see the previous
- * second's fields: BPF store-release needs LLVM 20 and 6.15, a later
- * change. */
-static __always_inline void ns_fib_keep(struct ct_fib *c, const struct bpf_fib_lookup *fib,
-					__u32 now)
-{
-	WRITE_ONCE(c->at, 0);
-	barrier();
-	c->ifindex = fib->ifindex;
-	__builtin_memcpy(c->dmac, fib->dmac, ETH_ALEN);
-	__builtin_memcpy(c->smac, fib->smac, ETH_ALEN);
-	c->max_len = fib->tot_len;
-	barrier();
-	WRITE_ONCE(c->at, now);
-}
-
-/* ns_fib's answer when it took the result kept in the CT entry: a success
- * without a lookup (no BPF_FIB_LKUP_RET_* value). */
-#define NS_FIB_KEPT 0x100
-
-/* ns_fib looks up the route of p from saddr:sport to daddr:dport (p's own
- * addresses, or those it is about to be given) into fib. A routed flow
- * passes its CT entry as keep (else NULL): the FIB result is kept there and
- * its later packets in the same CT second skip the lookup, so a route or
- * neighbour change reaches an established flow within a second. */
-static __always_inline long ns_fib(struct __ctx_buff *ctx, const struct ns_pkt *p,
-				   const union lb_addr *saddr, __be16 sport,
-				   const union lb_addr *daddr, __be16 dport,
-				   struct ct_entry *keep, __u32 now,
-				   struct bpf_fib_lookup *fib)
-{
-	long rc;
-
-	__builtin_memset(fib, 0, sizeof(*fib));
-	fib->ifindex = ctx_ifindex(ctx);
-	fib->l4_protocol = p->proto;
-	fib->sport = sport;
-	fib->dport = dport;
-	fib->tot_len = ctx_len(ctx) - p->l3_off;
-	if (keep && ns_fib_kept(&keep->fib, fib, now))
-		return NS_FIB_KEPT;
-	if (p->v6) {
-		fib->family = AF_INET6;
-		__builtin_memcpy(fib->ipv6_src, saddr->b, 16);
-		__builtin_memcpy(fib->ipv6_dst, daddr->b, 16);
-	} else {
-		fib->family = AF_INET;
-		fib->ipv4_src = saddr->w[3];
-		fib->ipv4_dst = daddr->w[3];
-	}
-	rc = bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
-	if (keep && rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		fib->tot_len = ctx_len(ctx) - p->l3_off; /* the lookup may reuse it */
-		ns_fib_keep(&keep->fib, fib, now);
-	}
-	return rc;
-}
 
 /* ns_set_macs writes the next hop's and the egress device's MACs into the
  * frame. */
@@ -295,43 +128,6 @@ static __always_inline int ns_forward(struct __ctx_buff *ctx, const struct ns_pk
 	return ns_send(ctx, p, how, fib, rc);
 }
 
-/* ns_rev_dnat restores the frontend as the source of a reply from a
- * backend (p: backend -> client). It returns 1 when p belongs to a tracked
- * flow, 0 when not, < 0 on error. */
-static __always_inline int ns_rev_dnat(struct __ctx_buff *ctx, struct ns_pkt *p,
-				       const struct ns_config *cfg, __u32 now)
-{
-	struct ct_tuple t __align_stack_8;
-	union lb_addr fe __align_stack_8;
-	struct ct_entry *e;
-	__be16 port;
-
-	/* Egress: a local backend's every reply, and this frame has room: the
-	 * key on the stack saves the scratch lookup (a helper call before 6.10). */
-	e = ct_lookup_reply(p, &t);
-	if (!e)
-		return 0;
-	ct_update(e, cfg, p, ctx_len(ctx), now, true);
-	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
-	port = e->nat_port;
-	if (pkt_rewrite(ctx, p, false, &fe, port))
-		return -1;
-	return 1;
-}
-
-/* ns_remote_kind is how a new flow reaches a remote backend, by --lb-mode.
- * DSR needs the backend's node in ns_tunnel; without it, SNAT. */
-static __always_inline __u16 ns_remote_kind(const struct ns_config *cfg, __u8 proto,
-					    const union lb_addr *backend)
-{
-	union lb_addr node __align_stack_8;
-
-	if (cfg->mode == NS_MODE_SNAT ||
-	    (cfg->mode == NS_MODE_HYBRID && proto != IPPROTO_TCP))
-		return CT_F_SNAT;
-	return dsr_tunnel_endpoint(backend, &node) ? CT_F_DSR : CT_F_SNAT;
-}
-
 /* ns_dsr_forward sends p (client -> frontend, untouched) to the node of
  * backend in an outer header from this node. */
 static __always_inline int ns_dsr_forward(struct __ctx_buff *ctx, struct ns_pkt *p,
@@ -409,74 +205,6 @@ static __always_inline int ns_cached(struct __ctx_buff *ctx, struct ns_pkt *p,
 	return ns_xmit(ctx, f->fib.ifindex, f->fib.dmac, f->fib.smac);
 }
 #endif /* SLUICE_POD_LB */
-
-/* ns_flow_alive: the frontend and the backend a CT service entry names are
- * still installed. A deleted frontend loses its rev nat entry (the
- * reconciler deletes it after the master), a deleted backend its
- * lb_backends entry; an ID reused since names another address. Two small
- * lookups instead of the service master, its wildcard and a slot. */
-static __always_inline bool ns_flow_alive(const struct ct_entry *e, const struct ns_pkt *p)
-{
-	const struct lb_rev_nat *rn;
-	const struct lb_backend *be;
-	__u32 backend_id = e->backend_id;
-	__u16 rev_nat_id = e->rev_nat_id;
-	union lb_addr any __align_stack_8;
-
-	rn = bpf_map_lookup_elem(&lb_rev_nat, &rev_nat_id);
-	if (!rn || rn->port != p->dport)
-		return false;
-	if (!addr_equal(&p->daddr, rn->addr)) {
-		any = p->daddr;
-		addr_to_wildcard(&any);
-		if (!addr_equal(&any, rn->addr))
-			return false;
-	}
-	be = bpf_map_lookup_elem(&lb_backends, &backend_id);
-	return be && be->port == e->nat_port && addr_equal((const union lb_addr *)e->nat_addr, be->addr);
-}
-
-/* ns_established looks up the CT service entry of p and returns it when it
- * still decides the flow: alive, not a SYN reusing a closing tuple, and, for
- * SNAT, with its nat port: copied into the entry (snat_port), or else its
- * egress mapping in *n. Then the entry holds all that the translation
- * needs, and no service, slot or backend entry is read. Whether the flow is
- * alive is checked by the first packet in each CT second (alive_at): a
- * deleted backend or frontend stops taking an established flow's packets
- * within a second, as the agent's own updates land; kube-proxy leaves an
- * established TCP flow to a deleted endpoint alone until conntrack ends it. */
-static __always_inline struct ct_entry *ns_established(const struct ns_pkt *p, __u32 now,
-							const struct nat_entry **n)
-{
-	struct ct_scratch *s = ns_scratch();
-	struct ct_tuple *t;
-	struct ct_entry *e;
-
-	/* The key in the scratch, not the stack: precisely tracked stack
-	 * slots cost the verifier ~20% more states on this path. */
-	if (!s)
-		return NULL;
-	t = &s->tuple;
-	ct_tuple_set(t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
-		     CT_DIR_SERVICE);
-	e = bpf_map_lookup_elem(&ct, t);
-	if (!e || ct_is_new_syn(e, p->proto, p->tcp_flags, now))
-		return NULL;
-	if (READ_ONCE(e->alive_at) != now) {
-		if (!ns_flow_alive(e, p))
-			return NULL;
-		WRITE_ONCE(e->alive_at, now);
-	}
-	*n = NULL;
-	if ((e->flags & (CT_F_LOCAL | CT_F_DSR)) || e->snat_port)
-		return e;
-	/* The egress mapping's key is the tuple after DNAT. */
-	__builtin_memcpy(t->daddr, e->nat_addr, sizeof(t->daddr));
-	t->dport = e->nat_port;
-	t->dir = NAT_DIR_EGRESS;
-	*n = bpf_map_lookup_elem(&snat, t);
-	return *n ? e : NULL;
-}
 
 #ifdef SLUICE_POD_LB
 /* ns_hairpin_reply handles a pod's reply to a hairpin flow (pod:backend

@@ -1,0 +1,119 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Routing for the north-south service path: the TTL of a packet this node
+ * forwards itself, and the FIB lookup (route, neighbour, MTU) of the packet
+ * a translation is about to make, kept in the flow's CT entry for the rest
+ * of the CT second. Sending by its answer is nodeport.h's.
+ */
+#ifndef __SLUICE_FIB_H
+#define __SLUICE_FIB_H
+
+#include "ct.h"
+
+#define TTL_OFF      offsetof(struct iphdr, ttl)
+#define HOPLIMIT_OFF offsetof(struct ipv6hdr, hop_limit)
+
+/* ns_dec_ttl decrements the TTL / hop limit of a packet this program
+ * forwards itself; it fails when the packet must not be forwarded. */
+static __always_inline int ns_dec_ttl(struct __ctx_buff *ctx, const struct ns_pkt *p)
+{
+	__u8 ttl;
+
+	if (p->v6) {
+		if (ctx_load_bytes(ctx, p->l3_off + HOPLIMIT_OFF, &ttl, 1) || ttl <= 1)
+			return -1;
+		ttl--;
+		return ctx_store_bytes(ctx, p->l3_off + HOPLIMIT_OFF, &ttl, 1);
+	} else {
+		__u8 word[2]; /* ttl, protocol: the checksummed 16-bit word */
+		__u16 from, to;
+
+		if (ctx_load_bytes(ctx, p->l3_off + TTL_OFF, word, 2) || word[0] <= 1)
+			return -1;
+		__builtin_memcpy(&from, word, 2);
+		word[0]--;
+		__builtin_memcpy(&to, word, 2);
+		if (ctx_store_bytes(ctx, p->l3_off + TTL_OFF, word, 1))
+			return -1;
+		return ctx_l3_csum_replace(ctx, p->l3_off + offsetof(struct iphdr, check),
+					   from, to, 2);
+	}
+}
+
+/* ns_fib_kept copies the FIB result kept in c into fib when it is from
+ * this CT second and passed a packet at least as long (the MTU check). */
+static __always_inline bool ns_fib_kept(const struct ct_fib *c, struct bpf_fib_lookup *fib,
+					__u32 now)
+{
+	if (READ_ONCE(c->at) != now || !c->ifindex || fib->tot_len > c->max_len)
+		return false;
+	fib->ifindex = c->ifindex;
+	__builtin_memcpy(fib->dmac, c->dmac, ETH_ALEN);
+	__builtin_memcpy(fib->smac, c->smac, ETH_ALEN);
+	return true;
+}
+
+/* ns_fib_keep keeps a successful FIB result in c for the rest of the CT
+ * second. A packet of the flow on another CPU (a flow's packets normally
+ * arrive on one) may read c meanwhile: at is cleared first and set last,
+ * so one that starts reading after that looks up itself, and one already
+ * reading may mix two FIB answers for this flow from this second. The
+ * order is the compiler's and x86's (stores seen in program order); on a
+ * weakly ordered CPU (arm64) such a reader may also see the previous
+ * second's fields: BPF store-release needs LLVM 20 and 6.15, a later
+ * change. */
+static __always_inline void ns_fib_keep(struct ct_fib *c, const struct bpf_fib_lookup *fib,
+					__u32 now)
+{
+	WRITE_ONCE(c->at, 0);
+	barrier();
+	c->ifindex = fib->ifindex;
+	__builtin_memcpy(c->dmac, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(c->smac, fib->smac, ETH_ALEN);
+	c->max_len = fib->tot_len;
+	barrier();
+	WRITE_ONCE(c->at, now);
+}
+
+/* ns_fib's answer when it took the result kept in the CT entry: a success
+ * without a lookup (no BPF_FIB_LKUP_RET_* value). */
+#define NS_FIB_KEPT 0x100
+
+/* ns_fib looks up the route of p from saddr:sport to daddr:dport (p's own
+ * addresses, or those it is about to be given) into fib. A routed flow
+ * passes its CT entry as keep (else NULL): the FIB result is kept there and
+ * its later packets in the same CT second skip the lookup, so a route or
+ * neighbour change reaches an established flow within a second. */
+static __always_inline long ns_fib(struct __ctx_buff *ctx, const struct ns_pkt *p,
+				   const union lb_addr *saddr, __be16 sport,
+				   const union lb_addr *daddr, __be16 dport,
+				   struct ct_entry *keep, __u32 now,
+				   struct bpf_fib_lookup *fib)
+{
+	long rc;
+
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->ifindex = ctx_ifindex(ctx);
+	fib->l4_protocol = p->proto;
+	fib->sport = sport;
+	fib->dport = dport;
+	fib->tot_len = ctx_len(ctx) - p->l3_off;
+	if (keep && ns_fib_kept(&keep->fib, fib, now))
+		return NS_FIB_KEPT;
+	if (p->v6) {
+		fib->family = AF_INET6;
+		__builtin_memcpy(fib->ipv6_src, saddr->b, 16);
+		__builtin_memcpy(fib->ipv6_dst, daddr->b, 16);
+	} else {
+		fib->family = AF_INET;
+		fib->ipv4_src = saddr->w[3];
+		fib->ipv4_dst = daddr->w[3];
+	}
+	rc = bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
+	if (keep && rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		fib->tot_len = ctx_len(ctx) - p->l3_off; /* the lookup may reuse it */
+		ns_fib_keep(&keep->fib, fib, now);
+	}
+	return rc;
+}
+
+#endif /* __SLUICE_FIB_H */
