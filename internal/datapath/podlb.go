@@ -9,6 +9,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 	"github.com/sluice-dataplane/sluice/internal/maglev"
@@ -212,9 +214,56 @@ func (p *PodLB) Close() error {
 }
 
 // UnpinPodLinks removes every pinned pod link under bpfRoot, which detaches
-// those no process holds, and their directory.
+// those no process holds, and their directory; before 6.6 the pod LB is
+// clsact filters instead, which it deletes from every device of the
+// caller's network namespace (the node's).
 func UnpinPodLinks(bpfRoot string) error {
-	return unpinDir(PodLinksDir(bpfRoot), "pod link")
+	return errors.Join(unpinDir(PodLinksDir(bpfRoot), "pod link"), removePodClsactFilters())
+}
+
+// podProgNames are the pod LB's programs as the kernel names them (15
+// bytes at most): a clsact filter running one is the pod LB's.
+var podProgNames = map[string]bool{"tc_pod_from_pod": true, "tc_pod_to_pod": true}
+
+// removePodClsactFilters deletes the pod LB's clsact filters (AttachPod
+// before 6.6) from every device of the current network namespace. A
+// filter is the pod LB's when it sits at sluice's handle and priority and
+// runs one of its programs: the devices' north-south filters stay.
+func removePodClsactFilters() error {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return fmt.Errorf("list devices for pod LB tc filters: %w", err)
+	}
+	var errs []error
+	for _, l := range links {
+		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+			fs, err := netlink.FilterList(l, parent)
+			if err != nil { // no clsact qdisc: nothing attached there
+				continue
+			}
+			for _, f := range fs {
+				bf, ok := f.(*netlink.BpfFilter)
+				if !ok || bf.Handle != tcFilterHandle || bf.Priority != tcFilterPriority || !podFilter(bf) {
+					continue
+				}
+				if err := netlink.FilterDel(bf); err != nil && !errors.Is(err, unix.ENOENT) {
+					errs = append(errs, fmt.Errorf("delete pod LB tc filter on %s: %w", l.Attrs().Name, err))
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// podFilter tells whether a bpf filter runs one of the pod LB's programs.
+func podFilter(f *netlink.BpfFilter) bool {
+	prog, err := ebpf.NewProgramFromID(ebpf.ProgramID(f.Id))
+	if err != nil {
+		return false // gone meanwhile
+	}
+	defer prog.Close()
+	info, err := prog.Info()
+	return err == nil && podProgNames[info.Name]
 }
 
 // UnpinSocketLinks removes the socket LB's pinned cgroup links under

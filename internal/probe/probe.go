@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path"
+	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -18,30 +21,42 @@ import (
 
 // Feature names.
 const (
-	Kernel             = "kernel"
-	BTF                = "BTF"
-	CgroupConnect4     = "cgroup/connect4"
-	CgroupConnect6     = "cgroup/connect6"
-	CgroupSendmsg4     = "cgroup/sendmsg4"
-	CgroupSendmsg6     = "cgroup/sendmsg6"
-	CgroupRecvmsg4     = "cgroup/recvmsg4"
-	CgroupRecvmsg6     = "cgroup/recvmsg6"
-	CgroupGetpeername4 = "cgroup/getpeername4"
-	CgroupGetpeername6 = "cgroup/getpeername6"
-	CgroupBind4        = "cgroup/bind4"
-	CgroupBind6        = "cgroup/bind6"
-	HelperNetnsCookie  = "bpf_get_netns_cookie"
-	HelperSocketCookie = "bpf_get_socket_cookie"
-	HelperSetRetval    = "bpf_set_retval"
-	CgroupLinks        = "cgroup BPF links"
-	XDP                = "XDP"
-	TC                 = "tc"
-	TCX                = "tcx"
-	ProgRun            = "BPF_PROG_RUN"
-	HelperLoop         = "bpf_loop"
-	XDPLiveFrames      = "XDP live frames"
-	IPVS               = "IPVS"
+	Kernel              = "kernel"
+	BTF                 = "BTF"
+	CgroupConnect4      = "cgroup/connect4"
+	CgroupConnect6      = "cgroup/connect6"
+	CgroupSendmsg4      = "cgroup/sendmsg4"
+	CgroupSendmsg6      = "cgroup/sendmsg6"
+	CgroupRecvmsg4      = "cgroup/recvmsg4"
+	CgroupRecvmsg6      = "cgroup/recvmsg6"
+	CgroupGetpeername4  = "cgroup/getpeername4"
+	CgroupGetpeername6  = "cgroup/getpeername6"
+	CgroupBind4         = "cgroup/bind4"
+	CgroupBind6         = "cgroup/bind6"
+	HelperNetnsCookie   = "bpf_get_netns_cookie"
+	HelperSocketCookie  = "bpf_get_socket_cookie"
+	HelperSetRetval     = "bpf_set_retval"
+	CgroupLinks         = "cgroup BPF links"
+	XDP                 = "XDP"
+	TC                  = "tc"
+	TCX                 = "tcx"
+	ProgRun             = "BPF_PROG_RUN"
+	HelperLoop          = "bpf_loop"
+	XDPLiveFrames       = "XDP live frames"
+	IPVS                = "IPVS"
+	HelperRedirectPeer  = "bpf_redirect_peer"
+	HelperRedirectNeigh = "bpf_redirect_neigh"
+	HelperCheckMTU      = "bpf_check_mtu"
+	HelperJiffies64     = "bpf_jiffies64"
+	// MapMemoryPerEntry: a map's fdinfo memlock counts what it holds
+	// (map_mem_usage, 6.4); before, it is an estimate from max_entries.
+	MapMemoryPerEntry = "map memory per entry"
 )
+
+// NorthSouth lists the helpers the tc and XDP load balancer calls beyond
+// tc and XDP themselves: delivery to pods and nodes, the MTU check, the CT
+// clock.
+var NorthSouth = []string{TC, XDP, HelperRedirectPeer, HelperRedirectNeigh, HelperCheckMTU, HelperJiffies64}
 
 // SockLB lists what the socket-level load balancer needs.
 var SockLB = []string{
@@ -143,6 +158,11 @@ func probeAll() Features {
 		{ProgRun, "4.12", progRun},
 		{HelperLoop, "5.17", programHelper(ebpf.XDP, asm.FnLoop, "XDP")},
 		{XDPLiveFrames, "5.18", xdpLiveFrames},
+		{HelperRedirectPeer, "5.10", programHelper(ebpf.SchedCLS, asm.FnRedirectPeer, "tc")},
+		{HelperRedirectNeigh, "5.10", programHelper(ebpf.SchedCLS, asm.FnRedirectNeigh, "tc")},
+		{HelperCheckMTU, "5.12", programHelper(ebpf.SchedCLS, asm.FnCheckMtu, "tc")},
+		{HelperJiffies64, "5.5", programHelper(ebpf.SchedCLS, asm.FnJiffies64, "tc")},
+		{MapMemoryPerEntry, "6.4", mapMemoryPerEntry},
 		// A config option (CONFIG_IP_VS), not a release: no since.
 		{IPVS, "", ipvs},
 	}
@@ -303,11 +323,89 @@ func xdpLiveFrames() (string, error) {
 }
 
 // ipvs: kube-proxy's ipvs mode, one of the benchmarks' contenders, needs
-// the kernel's IPVS; it shows /proc/net/ip_vs once loaded.
+// the kernel's IPVS: loaded or built in (/proc/net/ip_vs), or a module of
+// the running kernel that modprobe can load. The probe never loads it: it
+// changes nothing in the kernel it looks at.
 func ipvs() (string, error) {
 	const path = "/proc/net/ip_vs"
-	if _, err := os.Stat(path); err != nil {
-		return "", fmt.Errorf("no %s: kube-proxy's ipvs mode (a benchmark contender) cannot run", path)
+	if _, err := os.Stat(path); err == nil {
+		return "kube-proxy's ipvs mode (" + path + ")", nil
 	}
-	return "kube-proxy's ipvs mode", nil
+	rel, err := kernelRelease()
+	if err != nil {
+		return "", err
+	}
+	mod, err := FindModule("/lib/modules/"+rel, "ip_vs")
+	if err != nil {
+		return "", fmt.Errorf("no %s and %v: kube-proxy's ipvs mode (a benchmark contender) cannot run", path, err)
+	}
+	return "kube-proxy's ipvs mode: module " + mod + " not loaded yet (modprobe ip_vs)", nil
+}
+
+// FindModule looks a module up in a kernel's modules.dep (loadable) and
+// modules.builtin, and returns its path.
+func FindModule(dir, name string) (string, error) {
+	found := func(line string) bool {
+		p, _, _ := strings.Cut(line, ":")
+		base := path.Base(p)
+		return base == name+".ko" || strings.HasPrefix(base, name+".ko.")
+	}
+	var errs []string
+	for _, f := range []string{"modules.dep", "modules.builtin"} {
+		b, err := os.ReadFile(path.Join(dir, f))
+		if err != nil {
+			errs = append(errs, err.Error())
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if found(line) {
+				p, _, _ := strings.Cut(line, ":")
+				return p, nil
+			}
+		}
+		errs = append(errs, "no "+name+" in "+path.Join(dir, f))
+	}
+	return "", errors.New(strings.Join(errs, "; "))
+}
+
+// mapMemoryPerEntry writes entries into a hash map that allocates them as
+// they come (BPF_F_NO_PREALLOC) and reads its fdinfo memlock before and
+// after: from 6.4 (map_mem_usage) it grows with them.
+func mapMemoryPerEntry() (string, error) {
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 256, MaxEntries: 1024, Flags: unix.BPF_F_NO_PREALLOC})
+	if err != nil {
+		return "", err
+	}
+	defer m.Close()
+	empty, err := fdinfoMemlock(m.FD())
+	if err != nil {
+		return "", err
+	}
+	val := make([]byte, 256)
+	for k := uint32(0); k < 256; k++ {
+		if err := m.Put(k, val); err != nil {
+			return "", err
+		}
+	}
+	full, err := fdinfoMemlock(m.FD())
+	if err != nil {
+		return "", err
+	}
+	if full <= empty {
+		return "", fmt.Errorf("memlock %d bytes before and %d after 256 entries of 260 bytes: an estimate from max_entries", empty, full)
+	}
+	return fmt.Sprintf("memlock %d -> %d bytes for 256 entries", empty, full), nil
+}
+
+func fdinfoMemlock(fd int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", fd))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "memlock:"); ok {
+			return strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no memlock in the fdinfo of map fd %d", fd)
 }
