@@ -19,6 +19,11 @@ SLUICE_K8S_BIN_DIR=$(./scripts/k8s-build.sh | tail -n 1)
 export SLUICE_K8S_BIN_DIR
 echo "==> helm (the deploy/ tests lint and render the charts with it; built once, cached)"
 ./scripts/helm-build.sh >/dev/null
+echo "==> guest kernel for the kernel smoke (Debian 12's 6.1 under QEMU; downloaded once, cached)"
+# test/e2e's TestPrivilegedKernelSmokeGuest boots it (docs/kernels.md). A
+# machine that cannot get it lets that test skip, which the summary accepts
+# only after trying again (no QEMU, or the package out of reach).
+./bin/sluice vm fetch 6.1 || echo "guest kernel 6.1 unavailable here: TestPrivilegedKernelSmokeGuest will say why"
 
 echo "==> generated BPF objects match the sources"
 ./scripts/check-generate.sh

@@ -23,7 +23,7 @@ a KVM guest boots here and TCG otherwise, with the host's filesystem shared
 read-only (writes stay in guest memory) and the package's own /lib/modules,
 and runs a command inside. docs/vmtest.md`,
 	}
-	cmd.AddCommand(vmRunCommand(), vmFetchCommand(), vmGuestInitCommand())
+	cmd.AddCommand(vmRunCommand(), vmFetchCommand(), vmMatrixCommand(), vmGuestInitCommand())
 	return cmd
 }
 

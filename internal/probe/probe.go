@@ -337,7 +337,7 @@ func ipvs() (string, error) {
 	}
 	mod, err := FindModule("/lib/modules/"+rel, "ip_vs")
 	if err != nil {
-		return "", fmt.Errorf("no %s and %v: kube-proxy's ipvs mode (a benchmark contender) cannot run", path, err)
+		return "", fmt.Errorf("no %s, and no ip_vs module (%v): kube-proxy's ipvs mode (a benchmark contender) cannot run", path, err)
 	}
 	return "kube-proxy's ipvs mode: module " + mod + " not loaded yet (modprobe ip_vs)", nil
 }
@@ -353,6 +353,10 @@ func FindModule(dir, name string) (string, error) {
 	var errs []string
 	for _, f := range []string{"modules.dep", "modules.builtin"} {
 		b, err := os.ReadFile(path.Join(dir, f))
+		if errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, "no "+path.Join(dir, f))
+			continue
+		}
 		if err != nil {
 			errs = append(errs, err.Error())
 			continue

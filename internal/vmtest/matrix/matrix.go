@@ -1,0 +1,328 @@
+// Package matrix runs sluice's kernel-facing tests on several kernels: the
+// host's and Debian kernels booted under QEMU (internal/vmtest), each test
+// package a `go test -c` binary run once per kernel, and writes the result
+// as JSON and Markdown (docs/kernels.md holds the table). `sluice vm
+// matrix` and scripts/kernel-matrix.sh drive it.
+//
+//	Build: go test -c each Suite's package (no -race: the kernels are what varies)
+//	for each kernel: host, or vmtest.GuestKernel (no QEMU / no package: the kernel is skipped, saying why)
+//	  for each suite: vmtest.RunTests (a guest boot per suite) → test2json events → outcomes
+//	Result: kernels × features (TestPrivilegedProbe's subtests) × suites × smoke steps
+//	        → matrix.json, matrix.md, the block between the markers in docs/kernels.md
+package matrix
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sluice-dataplane/sluice/internal/probe"
+	"github.com/sluice-dataplane/sluice/internal/vmtest"
+)
+
+// Host names the running kernel in Config.Kernels.
+const Host = "host"
+
+// DefaultKernels: the host's and Debian's 6.1 (Debian 12) and 6.12
+// (Debian 12 security, Debian 13-era).
+var DefaultKernels = []string{Host, "6.1", "6.12"}
+
+// Suite is one test binary's run on each kernel.
+type Suite struct {
+	Name    string   // as the table shows it
+	Package string   // ./internal/datapath
+	Args    []string // -test.run, -test.skip …
+	// Timeout bounds one kernel's run of the suite.
+	Timeout time.Duration
+}
+
+// The tests whose outcomes the table shows apart.
+const (
+	ProbeTest    = "TestPrivilegedProbe"
+	VerifierTest = "TestPrivilegedVerifierHeadroom"
+	SmokeTest    = "TestPrivilegedKernelSmoke"
+)
+
+// SmokeSteps are TestPrivilegedKernelSmoke's subtests (test/e2e).
+var SmokeSteps = []string{"clusterip-tcp", "clusterip-udp", "nodeport-tc", "nodeport-xdp", "restart-keeps-connection"}
+
+// DefaultSuites are the packages whose tests load BPF programs or touch the
+// kernel's datapath, run in full (no -short): internal/datapath holds the
+// verifier load of every object in every setting (VerifierTest) and the
+// BPF_PROG_RUN packet tests; bench's pps tests generate with XDP live
+// frames; test/e2e runs only the smoke (a lab in the guest).
+var DefaultSuites = []Suite{
+	{Name: "probe", Package: "./internal/probe", Timeout: 5 * time.Minute},
+	{Name: "datapath", Package: "./internal/datapath", Timeout: 30 * time.Minute},
+	{Name: "lbmap", Package: "./internal/lbmap", Timeout: 10 * time.Minute},
+	{Name: "maglev", Package: "./internal/maglev", Timeout: 10 * time.Minute},
+	{Name: "bench", Package: "./internal/bench", Args: []string{"-test.run", "^TestPrivilegedPPS"}, Timeout: 15 * time.Minute},
+	{Name: "smoke", Package: "./test/e2e", Args: []string{"-test.run", "^" + SmokeTest + "$"}, Timeout: 15 * time.Minute},
+}
+
+// Config is one run of the matrix.
+type Config struct {
+	Kernels []string // specs ("6.1", "latest 6.12", a release) or Host
+	Suites  []Suite
+	// Root is the module's root (where go.mod is); BinDir holds sluice and
+	// sluice-agent (./scripts/build.sh), the guests' init and the smoke's
+	// agents.
+	Root, BinDir string
+	// Accel, MemoryMiB, CPUs as in vmtest.Config.
+	Accel     string
+	MemoryMiB int
+	CPUs      int
+	// Log gets progress and each failed test's output in full.
+	Log io.Writer
+	// LockFile, when set, is flocked around each suite's run and released
+	// between them, so that other heavy jobs on a shared machine take turns.
+	LockFile string
+}
+
+// Run builds the suites and runs them on every kernel. A failed test is in
+// the result, not an error; an error means the matrix could not run
+// (build, no sluice binary).
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	start := time.Now()
+	if cfg.Log == nil {
+		cfg.Log = io.Discard
+	}
+	if len(cfg.Kernels) == 0 {
+		cfg.Kernels = DefaultKernels
+	}
+	if len(cfg.Suites) == 0 {
+		cfg.Suites = DefaultSuites
+	}
+	for _, b := range []string{"sluice", "sluice-agent"} {
+		if _, err := os.Stat(filepath.Join(cfg.BinDir, b)); err != nil {
+			return nil, fmt.Errorf("%s: %w (./scripts/build.sh builds it)", filepath.Join(cfg.BinDir, b), err)
+		}
+	}
+	tmp, err := os.MkdirTemp("", "sluice-matrix-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	bins := map[string]string{}
+	for _, s := range cfg.Suites {
+		if _, ok := bins[s.Package]; ok {
+			continue
+		}
+		out := filepath.Join(tmp, strings.ReplaceAll(strings.Trim(s.Package, "./"), "/", "-")+".test")
+		fmt.Fprintf(cfg.Log, "matrix: go test -c %s\n", s.Package)
+		cmd := exec.CommandContext(ctx, "go", "test", "-c", "-o", out, s.Package)
+		cmd.Dir = cfg.Root
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("go test -c %s: %w\n%s", s.Package, err, b)
+		}
+		bins[s.Package] = out
+	}
+	module, err := modulePath(cfg.Root)
+	if err != nil {
+		return nil, err
+	}
+
+	res := &Result{Started: start.UTC(), Suites: suiteNames(cfg.Suites)}
+	for _, spec := range cfg.Kernels {
+		kr := runKernel(ctx, cfg, spec, bins, module)
+		res.Kernels = append(res.Kernels, kr)
+		if ctx.Err() != nil {
+			return res, ctx.Err()
+		}
+	}
+	res.WallS = time.Since(start).Seconds()
+	return res, nil
+}
+
+func runKernel(ctx context.Context, cfg Config, spec string, bins map[string]string, module string) KernelResult {
+	start := time.Now()
+	kr := KernelResult{Spec: spec}
+	var k *vmtest.Kernel
+	if spec == Host {
+		kr.Release = probe.Probe()[0].Detail
+		kr.Accel = "none (the host)"
+	} else {
+		got, err := vmtest.GuestKernel(ctx, spec, func(s string) { fmt.Fprintf(cfg.Log, "matrix: %s\n", s) })
+		if err != nil {
+			kr.Skipped = err.Error()
+			if !errors.Is(err, vmtest.ErrGuestUnavailable) {
+				kr.Error = err.Error()
+			}
+			fmt.Fprintf(cfg.Log, "matrix: kernel %s skipped: %v\n", spec, err)
+			return kr
+		}
+		k = &got
+		kr.Release, kr.Package = got.Release, got.Package+" "+got.Version
+	}
+	for _, s := range cfg.Suites {
+		fmt.Fprintf(cfg.Log, "matrix: ==> %s on %s\n", s.Name, kr.Release)
+		sr := SuiteResult{Suite: s.Name, Package: s.Package}
+		unlock, err := lock(cfg.LockFile)
+		if err != nil {
+			kr.Error = err.Error()
+			return kr
+		}
+		tr, err := vmtest.RunTests(ctx, vmtest.TestRun{
+			Kernel: k, Binary: bins[s.Package], Package: module + strings.TrimPrefix(s.Package, "."),
+			Args: append(append([]string{}, s.Args...), "-test.timeout", (s.Timeout - 30*time.Second).String()),
+			Dir:  filepath.Join(cfg.Root, s.Package),
+			Env: []string{"PATH=" + os.Getenv("PATH"), "HOME=/root", "TERM=dumb", "SLUICE_BIN_DIR=" + cfg.BinDir,
+				"SLUICE_K8S_BIN_DIR=" + os.Getenv("SLUICE_K8S_BIN_DIR")},
+			Init: filepath.Join(cfg.BinDir, "sluice"), Accel: cfg.Accel, MemoryMiB: cfg.MemoryMiB, CPUs: cfg.CPUs,
+			Timeout: s.Timeout, Log: prefixed(cfg.Log, "  "), Progress: prefixed(cfg.Log, "  "),
+		})
+		unlock()
+		sr.fill(tr, err)
+		if k != nil && tr.VM.Accel.Name != "" {
+			kr.Accel, kr.AccelReason = tr.VM.Accel.Name, tr.VM.Accel.Reason
+		}
+		if sr.BootS > 0 {
+			kr.BootsS = append(kr.BootsS, sr.BootS)
+		}
+		switch s.Name {
+		case "probe":
+			kr.Features = features(tr)
+		case "smoke":
+			kr.Smoke = steps(tr)
+		}
+		if o, ok := tr.Outcome(VerifierTest); ok {
+			kr.Verifier = &o
+		}
+		fmt.Fprintf(cfg.Log, "matrix: %s on %s: %s in %.0fs\n", s.Name, kr.Release, sr.Brief(), sr.WallS)
+		kr.Suites = append(kr.Suites, sr)
+	}
+	kr.WallS = time.Since(start).Seconds()
+	return kr
+}
+
+// features reads the probe's subtests: pass has it, skip lacks it (why).
+func features(tr vmtest.TestResult) []FeatureResult {
+	var out []FeatureResult
+	for _, o := range tr.Tests {
+		name, ok := strings.CutPrefix(o.Test, ProbeTest+"/")
+		if !ok {
+			continue
+		}
+		f := FeatureResult{Name: strings.ReplaceAll(name, "_", " "), Outcome: o.Action, Reason: o.Reason}
+		// Subtest names keep a feature's "/" (cgroup/connect4) and turn
+		// its spaces into "_" (map memory per entry).
+		for _, pf := range probe.Probe() {
+			if strings.ReplaceAll(pf.Name, " ", "_") == name {
+				f.Name, f.Since = pf.Name, pf.Since
+			}
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// steps reads the smoke's subtests in SmokeSteps' order.
+func steps(tr vmtest.TestResult) []vmtest.TestOutcome {
+	var out []vmtest.TestOutcome
+	for _, s := range SmokeSteps {
+		o, ok := tr.Outcome(SmokeTest + "/" + s)
+		if !ok {
+			o = vmtest.TestOutcome{Test: SmokeTest + "/" + s, Action: "not run"}
+		}
+		out = append(out, o)
+	}
+	return out
+}
+
+func (sr *SuiteResult) fill(tr vmtest.TestResult, err error) {
+	rep := tr.Report
+	sr.ExitCode, sr.WallS = tr.ExitCode, tr.Wall.Seconds()
+	sr.BootS, sr.CommandS = tr.VM.Boot.Seconds(), tr.VM.Command.Seconds()
+	sr.Passed, sr.Failed, sr.Skipped = rep.Tests.Passed, rep.Tests.Failed, rep.Tests.Skipped
+	for _, s := range rep.Skips {
+		if strings.HasPrefix(s.Test, ProbeTest+"/") {
+			continue // the features table shows them
+		}
+		sr.Skips = append(sr.Skips, TestNote{Test: s.Test, Note: firstLine(s.Reason), Allowed: s.Allowed})
+	}
+	for _, f := range rep.Failures {
+		note := f.Reason
+		if len(f.Subtests) > 0 {
+			note = strings.TrimPrefix(note+"; subtests: "+strings.Join(f.Subtests, ", "), "; ")
+		}
+		sr.Failures = append(sr.Failures, TestNote{Test: f.Test, Note: note})
+	}
+	if err != nil {
+		sr.Error = err.Error()
+	}
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\n")
+	return l
+}
+
+func suiteNames(ss []Suite) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = s.Name
+	}
+	return out
+}
+
+// modulePath reads the module path from root/go.mod, for event package names.
+func modulePath(root string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		return "", fmt.Errorf("the matrix runs from the module's root: %w", err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(l), "module "); ok {
+			return strings.TrimSpace(rest), nil
+		}
+	}
+	return "", fmt.Errorf("%s: no module line", filepath.Join(root, "go.mod"))
+}
+
+// lock takes an exclusive flock on path ("" takes none) and returns its
+// release.
+func lock(path string) (func(), error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("matrix lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("matrix lock %s: %w", path, err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// prefixed indents every line written to w.
+func prefixed(w io.Writer, prefix string) io.Writer {
+	return &prefixWriter{w: w, prefix: prefix, bol: true}
+}
+
+type prefixWriter struct {
+	w      io.Writer
+	prefix string
+	bol    bool
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	var out []byte
+	for _, c := range b {
+		if p.bol {
+			out = append(out, p.prefix...)
+		}
+		out = append(out, c)
+		p.bol = c == '\n'
+	}
+	_, err := p.w.Write(out)
+	return len(b), err
+}
