@@ -17,7 +17,7 @@ func sample() *Result {
 			{Spec: Host, Release: "6.18.44", Accel: "none (the host)", WallS: 70,
 				Features: []FeatureResult{{Name: "tcx", Since: "6.6", Outcome: "pass"}},
 				Verifier: &vmtest.TestOutcome{Test: VerifierTest, Action: "pass", Elapsed: 5},
-				Suites: []SuiteResult{{Suite: "probe", Passed: 5}, {Suite: "datapath", Passed: 77}}},
+				Suites:   []SuiteResult{{Suite: "probe", Passed: 5}, {Suite: "datapath", Passed: 77}}},
 			{Spec: "6.1", Release: "6.1.0-56-amd64", Accel: "tcg", BootsS: []float64{9.5, 10.5}, WallS: 400,
 				Features: []FeatureResult{{Name: "tcx", Since: "6.6", Outcome: "skip",
 					Reason: "kernel feature missing: kernel 6.1 lacks tcx (added in 6.6): tcx not supported"}},
