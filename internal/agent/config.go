@@ -370,8 +370,14 @@ func checkDeviceName(name string) error {
 		return fmt.Errorf("longer than %d bytes", unix.IFNAMSIZ-1)
 	case base == "." || base == "..":
 		return errors.New("not a device name")
-	case strings.ContainsAny(base, "/:+ \t\n"):
-		return errors.New("contains '/', ':', '+' or whitespace")
+	}
+	// Bytes, not runes: the kernel's isspace takes 0xa0 for a space, and a
+	// NUL would end the name it sees early.
+	for i := 0; i < len(base); i++ {
+		switch base[i] {
+		case '/', ':', '+', ' ', '\t', '\n', '\v', '\f', '\r', 0xa0, 0:
+			return fmt.Errorf("contains %q: '/', ':', '+', whitespace and NUL are not allowed", base[i])
+		}
 	}
 	return nil
 }

@@ -2,9 +2,11 @@ package dnsscale
 
 import (
 	"fmt"
+	"math"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -108,16 +110,49 @@ func CountNodes(nodes []*corev1.Node, exclude []TaintMatch) ClusterStatus {
 		if excluded(n, exclude) {
 			continue
 		}
-		cpu := n.Status.Allocatable[corev1.ResourceCPU]
-		milli := cpu.MilliValue()
+		milli := milliCPU(n.Status.Allocatable[corev1.ResourceCPU])
 		s.TotalNodes++
-		totalMilli += milli
+		totalMilli = addCapped(totalMilli, milli)
 		if NodeSchedulable(n) {
 			s.SchedulableNodes++
-			schedMilli += milli
+			schedMilli = addCapped(schedMilli, milli)
 		}
 	}
-	s.TotalCores = (totalMilli + 999) / 1000
-	s.SchedulableCores = (schedMilli + 999) / 1000
+	s.TotalCores = wholeCores(totalMilli)
+	s.SchedulableCores = wholeCores(schedMilli)
 	return s
+}
+
+// maxMilliCPU is where int64 millicores end (9.2e15 cores).
+var maxMilliCPU = resource.NewMilliQuantity(math.MaxInt64, resource.DecimalSI)
+
+// milliCPU is an allocatable CPU quantity in millicores: 0 when negative,
+// capped at maxMilliCPU. A node writes its own status, and MilliValue of a
+// larger quantity ("9Pi") overflows to a negative count of cores, which
+// scaled the target down to its minimum.
+func milliCPU(q resource.Quantity) int64 {
+	switch {
+	case q.Sign() <= 0:
+		return 0
+	case q.Cmp(*maxMilliCPU) >= 0:
+		return math.MaxInt64
+	}
+	return q.MilliValue()
+}
+
+// addCapped adds millicores that are not negative, capped at MaxInt64.
+func addCapped(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// wholeCores rounds millicores up to whole cores.
+func wholeCores(milli int64) int64 {
+	cores := milli / 1000
+	if milli%1000 != 0 {
+		cores++
+	}
+	return cores
 }

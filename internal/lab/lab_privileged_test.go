@@ -29,7 +29,10 @@ import (
 const reexecEnv = "SLUICE_LAB_TEST_REEXEC"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(reexecEnv) == "1" {
+	// A fuzz worker is this binary started by the fuzzing coordinator,
+	// which has the variable set: it runs the fuzz target, not the lab.
+	fuzzWorker := slices.Contains(os.Args, "-test.fuzzworker")
+	if os.Getenv(reexecEnv) == "1" && !fuzzWorker {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		root := &cobra.Command{Use: "sluice", SilenceUsage: true}
 		root.AddCommand(NewCommand())

@@ -8,13 +8,16 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 )
@@ -62,6 +65,17 @@ func DecodeObjects(r io.Reader) ([]runtime.Object, error) {
 		}
 		if err := yaml.UnmarshalStrict(raw, obj); err != nil {
 			return nil, fmt.Errorf("document %d (%s): %w", doc, tm.Kind, err)
+		}
+		// Files are named after the object: a name must not be a path
+		// (nor anything the agents refuse, as they do).
+		m, _ := meta.Accessor(obj)
+		if msgs := validation.IsDNS1123Subdomain(m.GetName()); len(msgs) > 0 {
+			return nil, fmt.Errorf("document %d (%s): metadata.name %q: %s", doc, tm.Kind, m.GetName(), strings.Join(msgs, "; "))
+		}
+		if ns := m.GetNamespace(); ns != "" {
+			if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
+				return nil, fmt.Errorf("document %d (%s): metadata.namespace %q: %s", doc, tm.Kind, ns, strings.Join(msgs, "; "))
+			}
 		}
 		objs = append(objs, obj)
 	}
@@ -183,6 +197,9 @@ func applyObjects(dir string, pods []PodInfo, objs []runtime.Object) error {
 			if svc == "" {
 				return fmt.Errorf("endpointslice %s: missing label %s", o.Name, discoveryv1.LabelServiceName)
 			}
+			if o.Labels[discoveryv1.LabelManagedBy] == managedBy {
+				continue // the lab's own (a re-applied manifests file): generated again below
+			}
 			es := o.DeepCopy()
 			es.APIVersion, es.Kind = "discovery.k8s.io/v1", "EndpointSlice"
 			file := serviceFileName(es.Namespace, svc)
@@ -199,15 +216,20 @@ func applyObjects(dir string, pods []PodInfo, objs []runtime.Object) error {
 		if err := alloc.complete(s, installed[file]); err != nil {
 			return err
 		}
-		slices, err := EndpointSlices(s, pods)
+		generated, err := EndpointSlices(s, pods)
 		if err != nil {
 			return err
 		}
 		out := []runtime.Object{s}
-		for _, es := range slices {
+		for _, es := range generated {
 			out = append(out, es)
 		}
 		for _, es := range handSlices[file] {
+			// One name, two slices: the agents would take the first only.
+			if slices.ContainsFunc(generated, func(g *discoveryv1.EndpointSlice) bool { return g.Name == es.Name }) {
+				return fmt.Errorf("endpointslice %s: the lab generates a slice of that name for service %s (its selector); "+
+					"give hand-made slices to services without a selector", es.Name, s.Name)
+			}
 			out = append(out, es)
 		}
 		data, err := encodeObjects(out...)

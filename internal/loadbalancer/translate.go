@@ -500,7 +500,9 @@ func validateEndpointSlice(s *discoveryv1.EndpointSlice) error {
 }
 
 // NodePodCIDRs returns a Node's pod CIDRs (spec.podCIDRs, else spec.podCIDR);
-// unparsable ones are skipped.
+// unparsable ones are skipped. A v4-mapped IPv6 prefix is taken as IPv4, as
+// parseIP takes addresses: the tunnel map stores IPv4 v4-mapped, so
+// ::ffff:a.b.c.0/120 kept as IPv6 would be a.b.c.0/24 led to an IPv6 node.
 func NodePodCIDRs(node *corev1.Node) []netip.Prefix {
 	if node == nil {
 		return nil
@@ -512,10 +514,18 @@ func NodePodCIDRs(node *corev1.Node) []netip.Prefix {
 	var out []netip.Prefix
 	for _, c := range cidrs {
 		p, err := netip.ParsePrefix(c)
-		if err != nil || slices.Contains(out, p.Masked()) {
+		if err != nil {
 			continue
 		}
-		out = append(out, p.Masked())
+		if p.Addr().Is4In6() {
+			if p.Bits() < 96 { // wider than the mapped range: not an IPv4 CIDR
+				continue
+			}
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		if p = p.Masked(); !slices.Contains(out, p) {
+			out = append(out, p)
+		}
 	}
 	return out
 }
