@@ -159,7 +159,9 @@ func udpExchanges(fd, msgs int, peername string, send func() error) ([]exchange,
 		if err := send(); err != nil {
 			return out, err
 		}
-		n, from, err := unix.Recvfrom(fd, buf, 0)
+		var n int
+		var from unix.Sockaddr
+		err := retryEINTR(func() (err error) { n, from, err = unix.Recvfrom(fd, buf, 0); return err })
 		if err != nil {
 			return out, step("recvfrom", err)
 		}
@@ -172,8 +174,8 @@ func readLine(fd int) (string, error) {
 	var b []byte
 	buf := make([]byte, 128)
 	for len(b) < 1024 {
-		n, err := unix.Read(fd, buf)
-		if err != nil {
+		var n int
+		if err := retryEINTR(func() (err error) { n, err = unix.Read(fd, buf); return err }); err != nil {
 			return "", err
 		}
 		if n == 0 {
@@ -185,6 +187,17 @@ func readLine(fd int) (string, error) {
 		}
 	}
 	return strings.TrimSpace(string(b)), nil
+}
+
+// retryEINTR retries a blocking call a signal interrupted: with
+// SO_RCVTIMEO set the kernel does not restart it (signal(7)), and Go's
+// preemption signals reach a slow run often (seen under QEMU's TCG).
+func retryEINTR(call func() error) error {
+	for {
+		if err := call(); err != unix.EINTR {
+			return err
+		}
+	}
 }
 
 // formatSockaddr keeps v4-mapped addresses as they are ("[::ffff:a.b.c.d]:p").

@@ -429,8 +429,9 @@ func (st *swapState) run(f []string) (string, error) {
 // recvIdentity reads one datagram: "SOURCE REPLY".
 func recvIdentity(fd int) (string, error) {
 	buf := make([]byte, 256)
-	n, from, err := unix.Recvfrom(fd, buf, 0)
-	if err != nil {
+	var n int
+	var from unix.Sockaddr
+	if err := retryEINTR(func() (err error) { n, from, err = unix.Recvfrom(fd, buf, 0); return err }); err != nil {
 		return "", step("recvfrom", err)
 	}
 	return formatSockaddr(from) + " " + string(buf[:n]), nil
