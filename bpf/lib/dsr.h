@@ -174,9 +174,12 @@ static __always_inline int dsr_reply_too_big(struct __ctx_buff *ctx, const struc
 		    !(frag & bpf_htons(DSR_IP4_DF)))
 			return CTX_ACT_DROP;
 	}
+	/* The tail first: at tc cutting it ends a GSO packet's GSO state
+	 * (the error is one packet), which growing the head of a GSO packet
+	 * other than TCP is refused without. */
 	if (ctx_load_bytes(ctx, 0, eth, sizeof(eth)) ||
-	    ctx_grow_head(ctx, hlen + ICMP_ERR_HLEN) ||
-	    ctx_set_len(ctx, icmp_off + body))
+	    ctx_set_len(ctx, p->l3_off + hlen + DSR_QUOTE_L4) ||
+	    ctx_grow_head(ctx, hlen + ICMP_ERR_HLEN))
 		return CTX_ACT_DROP;
 	/* Ethernet: back to where it came from. */
 	if (ctx_store_bytes(ctx, 0, eth + ETH_ALEN, ETH_ALEN) ||

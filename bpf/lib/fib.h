@@ -39,6 +39,46 @@ static __always_inline int ns_dec_ttl(struct __ctx_buff *ctx, const struct ns_pk
 	}
 }
 
+/* ns_gso_seg_len is the L3 length of one segment of p when p is a GSO
+ * packet, else 0. At tc a packet may stand for many: merged by GRO on
+ * receive (any NIC, and a veth with GRO on whose peer sends MTU-sized
+ * frames), or built by a local stack with TSO, up to 64 KiB (more with BIG
+ * TCP). Its gso_size payload bytes a segment are cut again on the way out,
+ * by the egress device's TSO or the stack's GSO, each segment with the
+ * headers: what must fit the MTU is one segment, not the whole (Cilium
+ * leaves the FIB's tot_len 0 for this, which makes tc's helper check the
+ * device MTU GSO-aware; the segment keeps the check exact and per route).
+ * XDP sees no GSO: native XDP runs on the wire frames before GRO, and these
+ * programs are not frags-aware, so a multi-buffer frame never reaches them
+ * (ctx.h). */
+static __always_inline __u32 ns_gso_seg_len(struct __ctx_buff *ctx, const struct ns_pkt *p)
+{
+#ifdef SLUICE_TC
+	__u32 gso = ctx_field(ctx, gso_size), l4 = sizeof(struct udphdr); /* UDP GSO */
+	__u8 doff;
+
+	if (!gso)
+		return 0;
+	if (p->proto == IPPROTO_TCP) {
+		if (ctx_load_bytes(ctx, p->l4_off + TCP_DOFF_OFF, &doff, 1))
+			return 0;
+		l4 = (doff >> 4) * 4;
+	}
+	return p->l4_off - p->l3_off + l4 + gso;
+#else
+	return 0;
+#endif /* SLUICE_TC */
+}
+
+/* ns_mtu_len is the L3 length of p that the MTU applies to: one segment
+ * of a GSO packet, else the packet's own. */
+static __always_inline __u32 ns_mtu_len(struct __ctx_buff *ctx, const struct ns_pkt *p)
+{
+	__u32 seg = ns_gso_seg_len(ctx, p), len = ctx_len(ctx) - p->l3_off;
+
+	return seg && seg < len ? seg : len;
+}
+
 /* ns_fib_kept copies the FIB result kept in c into fib when it is from
  * this CT second and passed a packet at least as long (the MTU check). */
 static __always_inline bool ns_fib_kept(const struct ct_fib *c, struct bpf_fib_lookup *fib,
@@ -82,7 +122,8 @@ static __always_inline void ns_fib_keep(struct ct_fib *c, const struct bpf_fib_l
  * addresses, or those it is about to be given) into fib. A routed flow
  * passes its CT entry as keep (else NULL): the FIB result is kept there and
  * its later packets in the same CT second skip the lookup, so a route or
- * neighbour change reaches an established flow within a second. */
+ * neighbour change reaches an established flow within a second. The MTU
+ * check is the FIB's, on ns_mtu_len: a GSO packet's segments must fit. */
 static __always_inline long ns_fib(struct __ctx_buff *ctx, const struct ns_pkt *p,
 				   const union lb_addr *saddr, __be16 sport,
 				   const union lb_addr *daddr, __be16 dport,
@@ -96,7 +137,7 @@ static __always_inline long ns_fib(struct __ctx_buff *ctx, const struct ns_pkt *
 	fib->l4_protocol = p->proto;
 	fib->sport = sport;
 	fib->dport = dport;
-	fib->tot_len = ctx_len(ctx) - p->l3_off;
+	fib->tot_len = ns_mtu_len(ctx, p);
 	if (keep && ns_fib_kept(&keep->fib, fib, now))
 		return NS_FIB_KEPT;
 	if (p->v6) {
@@ -110,7 +151,7 @@ static __always_inline long ns_fib(struct __ctx_buff *ctx, const struct ns_pkt *
 	}
 	rc = bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
 	if (keep && rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		fib->tot_len = ctx_len(ctx) - p->l3_off; /* the lookup may reuse it */
+		fib->tot_len = ns_mtu_len(ctx, p); /* the lookup may reuse it */
 		ns_fib_keep(&keep->fib, fib, now);
 	}
 	return rc;

@@ -179,9 +179,10 @@ __noinline int fc_drop(struct ns_flow *f)
 	return 0;
 }
 
-/* fc_lookup returns the entry for p, l3_len bytes from its IP header on,
- * when it holds for CT second now and p is no longer than the packet its
- * FIB result passed (the MTU check); else NULL. A packet that may change
+/* fc_lookup returns the entry for p, whose length for the MTU is l3_len
+ * (ns_mtu_len: one segment of a GSO packet), when it holds for CT second
+ * now and p is no longer than the packet its FIB result passed (the MTU
+ * check); else NULL. A packet that may change
  * its flow's CT state (TCP SYN, FIN, RST) ends the entry (fc_drop). */
 static __always_inline struct ns_flow *fc_lookup(const struct ns_pkt *p, __u32 hash,
 						 __u32 now, __u32 l3_len)

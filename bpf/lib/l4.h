@@ -33,7 +33,9 @@ struct icmp4hdr {
 #define TCP_FLAG_RST 0x04
 #define TCP_FLAG_ACK 0x10
 
-/* Byte 13 of the TCP header holds the flags. */
+/* Byte 12 of the TCP header holds the data offset (header length in
+ * words, high nibble), byte 13 the flags. */
+#define TCP_DOFF_OFF  12
 #define TCP_FLAGS_OFF 13
 
 struct ns_pkt {

@@ -258,7 +258,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 
 	if (!tunnel) {
 #ifndef SLUICE_POD_LB
-		struct ns_flow *f = fc_lookup(p, fc_hash(p), now, len - p->l3_off);
+		struct ns_flow *f = fc_lookup(p, fc_hash(p), now, ns_mtu_len(ctx, p));
 
 		if (f)
 			return ns_cached(ctx, p, f, len);
