@@ -126,30 +126,63 @@ func linkInNetnsID(nsid, ifindex int) (netlink.Link, error) {
 // TxChecksumOffload reports whether dev, in the calling namespace, leaves
 // L4 checksums to (virtual) hardware.
 func TxChecksumOffload(dev string) (bool, error) {
-	on, err := ethtoolValue(dev, unix.ETHTOOL_GTXCSUM, 0)
-	if err != nil {
-		return false, fmt.Errorf("read TX checksum offload of %s: %w", dev, err)
-	}
-	return on != 0, nil
+	return txChecksum.get(dev)
 }
 
 // SetTxChecksumOffload turns TX checksum offload of dev, in the calling
 // namespace, on or off and reads it back, so that a kernel that ignores the
 // request is reported, not assumed.
 func SetTxChecksumOffload(dev string, on bool) error {
+	return txChecksum.set(dev, on)
+}
+
+// GRO reports whether dev, in the calling namespace, merges received
+// segments of a flow into GSO packets (generic receive offload).
+func GRO(dev string) (bool, error) {
+	return gro.get(dev)
+}
+
+// SetGRO turns GRO of dev, in the calling namespace, on or off and reads it
+// back. A veth merges only what its peer sent as single segments (the
+// peer's TSO off), as a NIC merges what arrives from the wire.
+func SetGRO(dev string, on bool) error {
+	return gro.set(dev, on)
+}
+
+// ethtoolFlag is a device feature read and written with a pair of
+// ETHTOOL_{G,S}* commands of struct ethtool_value.
+type ethtoolFlag struct {
+	name           string
+	getCmd, setCmd uint32
+}
+
+var (
+	txChecksum = ethtoolFlag{"TX checksum offload", unix.ETHTOOL_GTXCSUM, unix.ETHTOOL_STXCSUM}
+	gro        = ethtoolFlag{"GRO", unix.ETHTOOL_GGRO, unix.ETHTOOL_SGRO}
+)
+
+func (f ethtoolFlag) get(dev string) (bool, error) {
+	on, err := ethtoolValue(dev, f.getCmd, 0)
+	if err != nil {
+		return false, fmt.Errorf("read %s of %s: %w", f.name, dev, err)
+	}
+	return on != 0, nil
+}
+
+func (f ethtoolFlag) set(dev string, on bool) error {
 	var v uint32
 	if on {
 		v = 1
 	}
-	if _, err := ethtoolValue(dev, unix.ETHTOOL_STXCSUM, v); err != nil {
-		return fmt.Errorf("set TX checksum offload of %s to %t: %w", dev, on, err)
+	if _, err := ethtoolValue(dev, f.setCmd, v); err != nil {
+		return fmt.Errorf("set %s of %s to %t: %w", f.name, dev, on, err)
 	}
-	got, err := TxChecksumOffload(dev)
+	got, err := f.get(dev)
 	if err != nil {
 		return err
 	}
 	if got != on {
-		return fmt.Errorf("TX checksum offload of %s stays %t after setting it to %t", dev, got, on)
+		return fmt.Errorf("%s of %s stays %t after setting it to %t", f.name, dev, got, on)
 	}
 	return nil
 }

@@ -68,7 +68,9 @@ func upCommand(prefix *string) *cobra.Command {
 		"leave the nodes' eth0 peers without XDP_PASS: native XDP then loses XDP_TX frames (tests)")
 	cmd.Flags().StringVar(&cfg.Veths.Checksums, "veth-checksums", ChecksumsPeer,
 		"where TX checksum offload goes off: peer (the nodes' eth0 peers), senders (client, nodes, pods) or offload (nowhere: native XDP then forwards partial checksums)")
-	for _, f := range []string{"veth-no-peer-xdp", "veth-checksums"} {
+	cmd.Flags().BoolVar(&cfg.Veths.GRO, "veth-gro", false,
+		"GRO on at the client's, nodes' and pods' eth0, as on any NIC: the nodes receive GSO packets of up to 64 KiB")
+	for _, f := range []string{"veth-no-peer-xdp", "veth-checksums", "veth-gro"} {
 		_ = cmd.Flags().MarkHidden(f)
 	}
 	cmd.Flags().StringArrayVar(&cfg.AgentArgs, "agent-arg", nil, "extra flag for every agent (repeatable)")

@@ -42,6 +42,11 @@ type VethPrep struct {
 	// Checksums is where TX checksum offload goes off: ChecksumsPeer (the
 	// default), ChecksumsSenders or ChecksumsOffload.
 	Checksums string `json:"checksums,omitempty"`
+	// GRO turns GRO on at the eth0 of the client, every node and every
+	// pod, as on any NIC: a veth merges a flow's segments into GSO packets
+	// of up to 64 KiB when its peer sends them one by one (the fabric
+	// ports, whose TSO goes off with their TX checksum offload).
+	GRO bool `json:"gro,omitempty"`
 }
 
 // Where the lab turns TX checksum offload off (VethPrep.Checksums).
@@ -67,6 +72,9 @@ func (p VethPrep) String() string {
 	}[p.Checksums]
 	if csum == "" {
 		csum = "TX checksum offload off on the fabric ports"
+	}
+	if p.GRO {
+		csum += ", GRO on the endpoints' eth0"
 	}
 	return xdp + ", " + csum
 }
@@ -182,8 +190,15 @@ func (l *Lab) SetSendersTxChecksumOffload(on bool) error {
 }
 
 // prepareForXDP readies the lab's veths for native XDP on the nodes' eth0,
-// as l.Veths says.
+// as l.Veths says, and turns GRO on where it asks.
 func (l *Lab) prepareForXDP() error {
+	if l.Veths.GRO {
+		for _, ep := range l.endpoints() {
+			if err := inNetns(ep.Netns, func() error { return datapath.SetGRO(uplinkName, true) }); err != nil {
+				return fmt.Errorf("netns %s: %w", ep.Netns, err)
+			}
+		}
+	}
 	if !l.Veths.NoPeerXDP {
 		if err := attachXDPPass(l.FabricNetns, l.FabricPorts()); err != nil {
 			return err

@@ -175,7 +175,7 @@ func buildBinaries(dir string) error {
 
 // requirePrivileged skips without root and fails when setup failed or a
 // tool is missing (scripts/deps.sh installs them).
-func requirePrivileged(t *testing.T, tools ...string) {
+func requirePrivileged(t testing.TB, tools ...string) {
 	t.Helper()
 	if env.skip != "" {
 		probetest.RequireRoot(t, "network namespaces, cgroups and BPF programs")
@@ -195,7 +195,7 @@ func requirePrivileged(t *testing.T, tools ...string) {
 }
 
 // newPrefix returns a fresh sluice-e2<rand4>- lab prefix.
-func newPrefix(t *testing.T) string {
+func newPrefix(t testing.TB) string {
 	t.Helper()
 	return prefixBase + strings.ToLower(rand.Text()[:4]) + "-"
 }
@@ -247,7 +247,7 @@ func ownLab(t *testing.T, nodes, pods int) *lab.Lab {
 
 // upLab brings up the lab cfg describes, within timeout, for one test and
 // takes it down at its end; what names the variant in a failure.
-func upLab(t *testing.T, cfg lab.Config, timeout time.Duration, what string) *lab.Lab {
+func upLab(t testing.TB, cfg lab.Config, timeout time.Duration, what string) *lab.Lab {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -317,7 +317,7 @@ func cliStatus(l *lab.Lab, node lab.Node) (*api.Status, error) {
 
 // eventually polls cond on every node's agent until it holds on all of
 // them, or fails the test with the last reason after the timeout.
-func eventually(t *testing.T, l *lab.Lab, what string, cond func(node lab.Node, c *api.Client) error) {
+func eventually(t testing.TB, l *lab.Lab, what string, cond func(node lab.Node, c *api.Client) error) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {

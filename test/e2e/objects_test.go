@@ -166,7 +166,7 @@ func backendsOf(svcs []api.Service, fe string) ([]string, bool) {
 
 // programmed waits until every agent lists each frontend with exactly the
 // given number of distinct backends.
-func programmed(t *testing.T, l *lab.Lab, backends int, frontends ...string) {
+func programmed(t testing.TB, l *lab.Lab, backends int, frontends ...string) {
 	t.Helper()
 	eventually(t, l, fmt.Sprintf("frontends %v with %d backends", frontends, backends), func(_ lab.Node, c *api.Client) error {
 		svcs, err := c.Services(t.Context())
