@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* The bandwidth manager's socket hook: cgroup sock_ops under --cgroup-root,
+ * for the TCP sockets of the Pods in bw_addr (found by local address):
+ *
+ *   BBR (bw_enable_bbr)        congestion control bbr, set on connect() and
+ *                              on a passive socket's establishment
+ *   ECN (bw_enable_ecn)        a limited Pod's connections negotiate ECN, so
+ *                              the policer's CE marks slow them down before
+ *                              it drops
+ *   pacing (bw_enable_pacing)  a limited Pod's sockets that send are each
+ *                              capped (SO_MAX_PACING_RATE: TCP paces itself,
+ *                              fq or not, since 4.13) at the Pod's rate over
+ *                              the number of its sockets that sent in the
+ *                              last two windows of ~134 ms
+ */
+#include "edt.h"
+
+volatile const __u32 bw_enable_bbr = 0;
+volatile const __u32 bw_enable_ecn = 0;
+volatile const __u32 bw_enable_pacing = 0;
+
+/* <sys/socket.h> and <netinet/tcp.h> are not for the BPF target. */
+#define AF_INET            2
+#define AF_INET6           10
+#define SOL_SOCKET         1
+#define SO_MAX_PACING_RATE 47
+#define SOL_TCP            6
+#define TCP_CONGESTION     13
+
+/* A socket's window: 2^27 ns, about 134 ms. */
+#define BW_WINDOW_SHIFT 27
+
+/* Per-header bytes a TCP segment adds on the wire to its payload:
+ * Ethernet 14, IPv4 20 or IPv6 40, TCP 20 + 12 of timestamps. Pacing
+ * counts payload, the limit wire bytes. */
+#define BW_TCP4_OVERHEAD 66
+#define BW_TCP6_OVERHEAD 86
+
+struct bw_sock {
+	__u32 id;    /* the Pod's aggregate */
+	__u32 rate;  /* SO_MAX_PACING_RATE set, payload bytes per second */
+	__u64 epoch; /* the window it was last counted in */
+	__u32 v6;    /* its packets are IPv6 */
+	__u32 pad;
+};
+
+/* TCP socket -> its Pod's aggregate and pacing. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct bw_sock);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} bw_sock SEC(".maps");
+
+/* A context field read kept in its own branch: clang would otherwise
+ * merge the loads of local_ip4 and local_ip6[3] into one load at a computed
+ * offset, which the verifier refuses for a context pointer. */
+#define ctx_u32(x) ({ __u32 __v = (x); asm volatile("" : "+r"(__v)); __v; })
+
+/* bw_sock_pod looks the socket's local address up in bw_addr; v6 says
+ * whether its packets are IPv6 (not v4-mapped). */
+static __always_inline struct bw_addr_val *bw_sock_pod(struct bpf_sock_ops *skops, __u32 *v6)
+{
+	__u32 key[4];
+
+	if (skops->family == AF_INET) {
+		key[0] = 0;
+		key[1] = 0;
+		key[2] = bpf_htonl(0xffff);
+		key[3] = ctx_u32(skops->local_ip4);
+		*v6 = 0;
+	} else if (skops->family == AF_INET6) {
+		key[0] = ctx_u32(skops->local_ip6[0]);
+		key[1] = ctx_u32(skops->local_ip6[1]);
+		key[2] = ctx_u32(skops->local_ip6[2]);
+		key[3] = ctx_u32(skops->local_ip6[3]);
+		*v6 = !(key[0] == 0 && key[1] == 0 && key[2] == bpf_htonl(0xffff));
+	} else {
+		return NULL;
+	}
+	return bpf_map_lookup_elem(&bw_addr, key);
+}
+
+/* bw_pace caps the socket at its share of the Pod's rate; count says it
+ * is sending now. */
+static __always_inline void bw_pace(struct bpf_sock_ops *skops, struct bw_sock *s, bool count)
+{
+	struct bw_limit *lim;
+	struct bw_state *st = bw_lookup(s->id, BW_DIR_EGRESS, &lim);
+	__u64 epoch, e, n, mss, rate;
+	__u32 cur, prev, v;
+
+	if (!st)
+		return;
+	epoch = bpf_ktime_get_ns() >> BW_WINDOW_SHIFT;
+	if (count && s->epoch != epoch) {
+		s->epoch = epoch;
+		/* The first socket of a window starts its count; a race here
+		 * loses a count for one window, which the policer covers. */
+		e = READ_ONCE(st->act_epoch);
+		if (e != epoch) {
+			WRITE_ONCE(st->act_prev, e + 1 == epoch ? READ_ONCE(st->act_cur) : 0);
+			WRITE_ONCE(st->act_cur, 0);
+			WRITE_ONCE(st->act_epoch, epoch);
+		}
+		__sync_fetch_and_add(&st->act_cur, 1);
+	}
+	cur = READ_ONCE(st->act_cur);
+	prev = READ_ONCE(st->act_prev);
+	n = cur > prev ? cur : prev;
+	if (!n)
+		n = 1;
+	mss = skops->mss_cache;
+	if (!mss)
+		mss = 1448;
+	rate = lim->bps * mss / (mss + (s->v6 ? BW_TCP6_OVERHEAD : BW_TCP4_OVERHEAD)) / n;
+	if (rate >= 0xffffffffULL) /* beyond the 32-bit option: leave it unpaced */
+		return;
+	if (!rate)
+		rate = 1;
+	if (rate == s->rate)
+		return;
+	v = rate;
+	if (bpf_setsockopt(skops, SOL_SOCKET, SO_MAX_PACING_RATE, &v, sizeof(v)) == 0)
+		s->rate = v;
+}
+
+static __always_inline void bw_set_bbr(struct bpf_sock_ops *skops)
+{
+	char cc[] = "bbr";
+
+	bpf_setsockopt(skops, SOL_TCP, TCP_CONGESTION, cc, sizeof(cc));
+}
+
+/* bw_established starts tracking a limited Pod's socket. One it opened is
+ * counted as sending at once, so connections opened together start at
+ * their shares, not each at the Pod's whole rate; one it accepted counts
+ * once it sends. */
+static __always_inline void bw_established(struct bpf_sock_ops *skops, __u32 id, __u32 v6, bool active)
+{
+	struct bpf_sock *sk = skops->sk;
+	struct bw_sock *s;
+
+	if (!bw_enable_pacing || !id || !sk)
+		return;
+	s = bpf_sk_storage_get(&bw_sock, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!s)
+		return;
+	s->id = id;
+	s->v6 = v6;
+	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_RTT_CB_FLAG);
+	bw_pace(skops, s, active);
+}
+
+SEC("sockops")
+int sock_edt(struct bpf_sock_ops *skops)
+{
+	struct bw_addr_val *pod;
+	struct bpf_sock *sk;
+	struct bw_sock *s;
+	__u32 op = skops->op, v6;
+
+	switch (op) {
+	case BPF_SOCK_OPS_TCP_CONNECT_CB:
+		if (bw_enable_bbr && bw_sock_pod(skops, &v6))
+			bw_set_bbr(skops);
+		break;
+	case BPF_SOCK_OPS_NEEDS_ECN:
+		pod = bw_enable_ecn ? bw_sock_pod(skops, &v6) : NULL;
+		skops->reply = pod && pod->id ? 1 : 0;
+		break;
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
+		pod = bw_sock_pod(skops, &v6);
+		if (!pod)
+			break;
+		if (bw_enable_bbr && op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB)
+			bw_set_bbr(skops);
+		bw_established(skops, pod->id, v6, op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB);
+		break;
+	case BPF_SOCK_OPS_RTT_CB:
+		if (!bw_enable_pacing)
+			break;
+		sk = skops->sk;
+		s = sk ? bpf_sk_storage_get(&bw_sock, sk, 0, 0) : NULL;
+		if (s)
+			bw_pace(skops, s, true);
+		break;
+	}
+	return 1;
+}
+
+char __license[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,120 @@
+package bandwidth
+
+import "time"
+
+// The EDT arithmetic, as bpf/lib/edt.h does it; the BPF_PROG_RUN tests hold
+// the programs to this model.
+
+// Clock is an aggregate's clock in one direction: the departure time of its
+// last packet, in nanoseconds of CLOCK_MONOTONIC (bpf_ktime_get_ns).
+type Clock struct {
+	Last uint64
+}
+
+// Delay is how long a packet of wireBytes holds the wire at bytesPerSecond.
+func Delay(wireBytes, bytesPerSecond uint64) time.Duration {
+	if bytesPerSecond == 0 {
+		return 0
+	}
+	return time.Duration(wireBytes * uint64(time.Second) / bytesPerSecond)
+}
+
+// Depart is bw_depart: when a packet of wireBytes arriving at now, and not
+// to leave before notBefore (its skb->tstamp, or 0), departs; ok false when
+// that is dropAfter after now or later (byStart: when it starts dropAfter
+// after now or later, its own delay not counted), and then the clock does
+// not move. A packet after an idle period departs at once and the clock
+// restarts from it, as Cilium's edt_sched_departure.
+func (c *Clock) Depart(bytesPerSecond, wireBytes, now, notBefore uint64, dropAfter time.Duration, byStart bool) (departure uint64, ok bool) {
+	t := max(now, notBefore)
+	if bytesPerSecond == 0 {
+		return t, true
+	}
+	delay := uint64(Delay(wireBytes, bytesPerSecond))
+	next := c.Last + delay
+	if next <= t {
+		c.Last = t
+		return t, true
+	}
+	drop := uint64(dropAfter)
+	if byStart {
+		drop += delay
+	}
+	if next-now >= drop {
+		return 0, false
+	}
+	c.Last = next
+	return next, true
+}
+
+// Stamp is what a device's hook does with a packet (fq waits for it).
+func (c *Clock) Stamp(l Limit, wireBytes, now, notBefore uint64) (uint64, bool) {
+	return c.Depart(l.BytesPerSecond, wireBytes, now, notBefore, l.Horizon, false)
+}
+
+// Police is what a hook that cannot wait does with a packet.
+func (c *Clock) Police(l Limit, wireBytes, now uint64) (uint64, bool) {
+	return c.Depart(l.BytesPerSecond, wireBytes, now, 0, l.Burst, true)
+}
+
+// Limit is what the datapath holds one direction of an aggregate to
+// (struct bw_limit). Stamping and policing share the aggregate's clock.
+type Limit struct {
+	BytesPerSecond uint64
+	// Horizon: a stamped packet (fq waits for it) departing this long
+	// after its arrival or later is dropped.
+	Horizon time.Duration
+	// Burst: a policed packet (nothing can wait) starting this long after
+	// its arrival or later is dropped.
+	Burst time.Duration
+	// ECN: an ECN-capable packet departing this long after its arrival
+	// or later is marked CE; 0 never.
+	ECN time.Duration
+}
+
+// Defaults of the limits.
+const (
+	// DefaultHorizon is how far ahead a stamped packet may depart, as
+	// Cilium's and fq's horizon (packets beyond it are dropped).
+	DefaultHorizon = 2 * time.Second
+	// DefaultBurst is how far ahead a policed packet may depart: a burst
+	// of a few milliseconds at the rate, not a second's worth.
+	DefaultBurst = 5 * time.Millisecond
+	// DefaultECNThreshold is where the policer starts marking CE.
+	DefaultECNThreshold = time.Millisecond
+	// MinBurstBytes keeps a low rate's burst above a few full-size
+	// packets: TCP sends a GSO packet of at least two segments.
+	MinBurstBytes = 4 * 1514
+)
+
+// LimitFor is the limit of rate r: stamped packets may wait up to the
+// horizon, policed ones up to a burst of DefaultBurst (or MinBurstBytes
+// where the rate is so low that this is fewer), and either is marked CE
+// from DefaultECNThreshold (or a quarter of the burst) on.
+func LimitFor(r Rate) Limit {
+	bps := r.BytesPerSecond()
+	burst := max(DefaultBurst, Delay(MinBurstBytes, bps))
+	return Limit{BytesPerSecond: bps, Horizon: DefaultHorizon, Burst: burst, ECN: max(DefaultECNThreshold, burst/4)}
+}
+
+// Per-segment bytes TCP puts on the wire around its payload (Ethernet,
+// IPv4 or IPv6, TCP with timestamps): the limit counts wire bytes, TCP's
+// pacing its payload (BW_TCP4_OVERHEAD, BW_TCP6_OVERHEAD).
+const (
+	tcp4Overhead = 66
+	tcp6Overhead = 86
+)
+
+// PacingRate is the SO_MAX_PACING_RATE sock_edt.c gives each of sockets
+// sending sockets of a Pod limited to bytesPerSecond on the wire, with
+// segments of mss payload bytes: the Pod's rate in payload, shared.
+func PacingRate(bytesPerSecond uint64, mss, sockets uint32, v6 bool) uint64 {
+	overhead := uint64(tcp4Overhead)
+	if v6 {
+		overhead = tcp6Overhead
+	}
+	if mss == 0 {
+		mss = 1448
+	}
+	return max(bytesPerSecond*uint64(mss)/(uint64(mss)+overhead)/uint64(max(sockets, 1)), 1)
+}

@@ -1,0 +1,363 @@
+package bandwidth
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-dataplane/sluice/internal/bpftest"
+	"github.com/sluice-dataplane/sluice/internal/probe"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
+)
+
+// BPF_PROG_RUN tests of tc_edt.c against the Go model (edt.go). Rates are
+// low (1 and 2 Mbit/s: a full frame holds the wire for ~12 ms), so the
+// microseconds between two runs never catch up with a packet's departure:
+// each departure is exactly the one before plus the packet's delay.
+
+// skBuff mirrors struct __sk_buff, the context of a tc BPF_PROG_RUN; only
+// the fields BPF_PROG_RUN takes in may be set.
+type skBuff struct {
+	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTCI, VlanProto uint32
+	Priority, IngressIfindex, Ifindex, TCIndex                                  uint32
+	CB                                                                          [5]uint32
+	Hash, TCClassid, Data, DataEnd, NapiID                                      uint32
+	Family, RemoteIP4, LocalIP4                                                 uint32
+	RemoteIP6, LocalIP6                                                         [4]uint32
+	RemotePort, LocalPort, DataMeta                                             uint32
+	FlowKeys                                                                    uint64
+	Tstamp                                                                      uint64
+	WireLen, GSOSegs                                                            uint32
+	Sk                                                                          uint64
+	GSOSize                                                                     uint32
+	TstampType                                                                  uint8
+	_                                                                           [3]byte
+	Hwtstamp                                                                    uint64
+}
+
+func TestSkBuffSize(t *testing.T) {
+	if n := binary.Size(skBuff{}); n != 192 {
+		t.Fatalf("skBuff is %d bytes, struct __sk_buff 192", n)
+	}
+}
+
+// tcObjects loads tc_edt.c in mode with private maps.
+func tcObjects(t *testing.T, mode Mode) *tcedtObjects {
+	t.Helper()
+	probetest.SkipUnless(t, probe.BTF, probe.TC, probe.ProgRun)
+	spec, err := loadTcedt()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := spec.Variables["bw_mode"].Set(uint32(mode)); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinNone
+	}
+	var objs tcedtObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		t.Fatalf("load tc_edt.c: %v", err)
+	}
+	t.Cleanup(func() { objs.Close() })
+	return &objs
+}
+
+// setAggregate writes what the agent writes for aggregate id on veth
+// ifindex: the veth, a limit and a zeroed clock per direction given.
+func setAggregate(t *testing.T, objs *tcedtObjects, id uint32, ifindex int, egress, ingress Limit) {
+	t.Helper()
+	if err := objs.BwIfindex.Put(uint32(ifindex), id); err != nil {
+		t.Fatal(err)
+	}
+	for dir, l := range map[uint32]Limit{dirEgress: egress, dirIngress: ingress} {
+		if l.BytesPerSecond == 0 {
+			continue
+		}
+		key := bwKey{ID: id, Dir: dir}
+		if err := objs.BwLimits.Put(key, limitValue(l)); err != nil {
+			t.Fatal(err)
+		}
+		if err := objs.BwState.Put(key, bwState{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func state(t *testing.T, objs *tcedtObjects, id, dir uint32) bwState {
+	t.Helper()
+	var st bwState
+	if err := objs.BwState.Lookup(bwKey{ID: id, Dir: dir}, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// monotonic is bpf_ktime_get_ns's clock.
+func monotonic(t *testing.T) uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		t.Fatal(err)
+	}
+	return uint64(ts.Nano())
+}
+
+// frame is a TCP frame of total length n bytes (IPv4 unless v6) with the
+// ECN codepoint ecn (0 Not-ECT, 2 ECT(0), 3 CE).
+func frame(t *testing.T, n int, v6 bool, ecn uint8) []byte {
+	t.Helper()
+	src, dst := netip.MustParseAddrPort("198.18.1.10:40000"), netip.MustParseAddrPort("198.18.0.12:5201")
+	hdr := 14 + 20 + 20
+	if v6 {
+		src, dst = netip.MustParseAddrPort("[fd00:198:18:1::10]:40000"), netip.MustParseAddrPort("[fd00:198:18::12]:5201")
+		hdr = 14 + 40 + 20
+	}
+	b := bpftest.Packet{Src: src, Dst: dst, Proto: bpftest.TCP, Flags: bpftest.ACK, Payload: make([]byte, n-hdr)}.MustBytes()
+	if len(b) != n {
+		t.Fatalf("frame of %d bytes, want %d", len(b), n)
+	}
+	setECN(b, ecn)
+	return b
+}
+
+// setECN writes the ECN codepoint into an IPv4 or IPv6 frame (with a
+// correct IPv4 header checksum), and ecnOf reads it.
+func setECN(b []byte, ecn uint8) {
+	if b[12] == 0x08 { // IPv4
+		b[15] = b[15]&^3 | ecn
+		b[24], b[25] = 0, 0
+		var sum uint32
+		for i := 14; i < 34; i += 2 {
+			sum += uint32(b[i])<<8 | uint32(b[i+1])
+		}
+		for sum > 0xffff {
+			sum = sum&0xffff + sum>>16
+		}
+		binary.BigEndian.PutUint16(b[24:], ^uint16(sum))
+		return
+	}
+	b[15] = b[15]&^0x30 | ecn<<4
+}
+
+func ecnOf(b []byte) uint8 {
+	if b[12] == 0x08 {
+		return b[15] & 3
+	}
+	return b[15] >> 4 & 3
+}
+
+// run is one BPF_PROG_RUN of prog on b with context in; it returns the
+// verdict, the frame and the context after the program.
+func runTC(t *testing.T, prog *ebpf.Program, b []byte, in skBuff) (int32, []byte, skBuff) {
+	t.Helper()
+	var out skBuff
+	opts := &ebpf.RunOptions{Data: b, DataOut: make([]byte, len(b)+256), Context: in, ContextOut: &out}
+	ret, err := prog.Run(opts)
+	if err != nil {
+		t.Fatalf("run %s: %v", prog, err)
+	}
+	return int32(ret), opts.DataOut, out
+}
+
+const verdictNext, verdictDrop = -1, 2
+
+// TestPrivilegedEDTStamp: on a device, each packet of a limited Pod gets a
+// departure time; departures of one aggregate rise by exactly each
+// packet's wire length over the rate (the GSO segments' headers counted),
+// a departure beyond the horizon is dropped and counted without moving the
+// clock, two aggregates keep their own clocks, and another Pod's packets
+// pass untouched.
+func TestPrivilegedEDTStamp(t *testing.T) {
+	objs := tcObjects(t, ModeEDT)
+	const podA, podB, other = 7, 8, 9 // host-side veths, as the packets' ingress_ifindex
+	limA := Limit{BytesPerSecond: Rate(1_000_000).BytesPerSecond(), Horizon: 60 * time.Millisecond}
+	limB := Limit{BytesPerSecond: Rate(2_000_000).BytesPerSecond(), Horizon: DefaultHorizon}
+	setAggregate(t, objs, 1, podA, limA, Limit{})
+	setAggregate(t, objs, 2, podB, limB, Limit{})
+
+	// {veth, frame length, GSO segments}: A and B interleaved; A's
+	// seventh would depart 65.3 ms ahead, beyond its 60 ms horizon, and a
+	// small one after it still fits; a GSO packet of 3 segments counts two
+	// more copies of its 54 bytes of headers.
+	sends := []struct {
+		veth, n, segs int
+	}{
+		{podA, 1514, 0}, {podB, 1514, 0}, {podA, 600, 0}, {podA, 1514, 0}, {podB, 100, 0}, {podA, 1514, 0},
+		{podA, 1514, 0}, {podA, 1514, 0}, {podA, 1514, 0}, {podA, 64, 0}, {podB, 3000, 3}, {other, 1514, 0},
+	}
+	clocks := map[int]*Clock{}
+	lims := map[int]Limit{podA: limA, podB: limB}
+	passed := map[int]int{}
+	dropped := map[int]int{}
+	for i, s := range sends {
+		before := monotonic(t)
+		wire := uint32(s.n + max(s.segs-1, 0)*54)
+		verdict, _, out := runTC(t, objs.TcEdtDevice, frame(t, s.n, false, 0),
+			skBuff{IngressIfindex: uint32(s.veth), WireLen: wire, GSOSegs: uint32(s.segs)})
+		desc := fmt.Sprintf("packet %d (%d bytes, %d on the wire, veth %d)", i, s.n, wire, s.veth)
+		if s.veth == other {
+			if verdict != verdictNext || out.Tstamp != 0 {
+				t.Errorf("%s of an unlimited Pod: verdict %d tstamp %d, want it passed on untouched", desc, verdict, out.Tstamp)
+			}
+			continue
+		}
+		c := clocks[s.veth]
+		if c == nil {
+			// A Pod's first packet departs at once: the model's clock
+			// starts from what the program saw as now.
+			if verdict != verdictNext || out.Tstamp != 0 {
+				t.Fatalf("%s, the Pod's first: verdict %d tstamp %d, want it to leave at once", desc, verdict, out.Tstamp)
+			}
+			c = &Clock{Last: state(t, objs, uint32(map[int]int{podA: 1, podB: 2}[s.veth]), dirEgress).TLast}
+			if c.Last < before || c.Last > monotonic(t) {
+				t.Fatalf("%s: clock %d outside the run's [%d, now]", desc, c.Last, before)
+			}
+			clocks[s.veth] = c
+			passed[s.veth]++
+			continue
+		}
+		want, ok := c.Stamp(lims[s.veth], uint64(wire), before, 0)
+		switch {
+		case !ok && verdict != verdictDrop:
+			t.Errorf("%s: verdict %d tstamp %d, want a drop beyond the %v horizon", desc, verdict, out.Tstamp, lims[s.veth].Horizon)
+		case ok && (verdict != verdictNext || out.Tstamp != want):
+			t.Errorf("%s: verdict %d departs %d, want %d (the Pod's last departure + %v)", desc, verdict, out.Tstamp, want,
+				Delay(uint64(wire), lims[s.veth].BytesPerSecond))
+		}
+		if ok {
+			passed[s.veth]++
+		} else {
+			dropped[s.veth]++
+		}
+	}
+	if dropped[podA] != 1 || dropped[podB] != 0 {
+		t.Fatalf("model dropped %v, the test expects one of A's packets", dropped)
+	}
+	for veth, id := range map[int]uint32{podA: 1, podB: 2} {
+		st := state(t, objs, id, dirEgress)
+		if st.Packets != uint64(passed[veth]) || st.Drops != uint64(dropped[veth]) || st.TLast != clocks[veth].Last {
+			t.Errorf("aggregate %d: packets %d drops %d clock %d, want %d, %d, %d",
+				id, st.Packets, st.Drops, st.TLast, passed[veth], dropped[veth], clocks[veth].Last)
+		}
+	}
+}
+
+// TestPrivilegedEDTPolice: without fq, a Pod's veth polices on the same
+// clock: packets starting within the burst pass, those departing beyond
+// the ECN threshold are marked CE when ECN-capable (IPv4 with its checksum
+// fixed, IPv6), others are not touched, and one starting beyond the burst
+// is dropped.
+func TestPrivilegedEDTPolice(t *testing.T) {
+	for _, v6 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "IPv4", true: "IPv6"}[v6], func(t *testing.T) {
+			objs := tcObjects(t, ModePolice)
+			lim := Limit{BytesPerSecond: Rate(1_000_000).BytesPerSecond(), Burst: 30 * time.Millisecond, ECN: 20 * time.Millisecond}
+			setAggregate(t, objs, 1, 1, lim, Limit{}) // the Pod's veth: lo, which BPF_PROG_RUN resolves
+			// 1514-byte frames hold a 1 Mbit/s wire for 12.1 ms: they
+			// depart 0, 12.1, 24.2, 36.3, 48.4 ms ahead, starting 12.1 ms
+			// before that.
+			cases := []struct {
+				ecn          uint8
+				verdict      int32
+				wantECN      uint8
+				desc         string
+				countedMarks uint64
+			}{
+				{2, verdictNext, 2, "departs at once: unmarked", 0},
+				{2, verdictNext, 2, "12.1 ms ahead, under the 20 ms threshold: unmarked", 0},
+				{0, verdictNext, 0, "24.2 ms ahead but Not-ECT: unmarked", 0},
+				{2, verdictNext, 3, "36.3 ms ahead, ECT(0): marked CE", 1},
+				{2, verdictDrop, 2, "starting 36.3 ms ahead, beyond the 30 ms burst: dropped", 1},
+			}
+			for i, c := range cases {
+				in := frame(t, 1514, v6, c.ecn)
+				verdict, out, _ := runTC(t, objs.TcEdtFromPod, in, skBuff{Ifindex: 1})
+				if verdict != c.verdict {
+					t.Fatalf("packet %d, %s: verdict %d, want %d", i, c.desc, verdict, c.verdict)
+				}
+				if verdict == verdictDrop {
+					continue
+				}
+				out = out[:len(in)]
+				if got := ecnOf(out); got != c.wantECN {
+					t.Errorf("packet %d, %s: ECN %d, want %d", i, c.desc, got, c.wantECN)
+				}
+				if err := bpftest.CheckChecksums(out); err != nil {
+					t.Errorf("packet %d, %s: %v", i, c.desc, err)
+				}
+				if st := state(t, objs, 1, dirEgress); st.Marks != c.countedMarks {
+					t.Errorf("packet %d, %s: %d marks counted, want %d", i, c.desc, st.Marks, c.countedMarks)
+				}
+			}
+			if st := state(t, objs, 1, dirEgress); st.Packets != 4 || st.Drops != 1 || st.Bytes != 4*1514 {
+				t.Errorf("counters: packets %d bytes %d drops %d, want 4, %d, 1", st.Packets, st.Bytes, st.Drops, 4*1514)
+			}
+		})
+	}
+}
+
+// TestPrivilegedEDTIngressGSO: at the veth's ingress (the Pod's egress
+// under the policer) the stack has not counted a GSO packet's segments:
+// the program adds each extra segment's headers itself.
+func TestPrivilegedEDTIngressGSO(t *testing.T) {
+	objs := tcObjects(t, ModePolice)
+	lim := Limit{BytesPerSecond: Rate(1_000_000).BytesPerSecond(), Burst: time.Second}
+	setAggregate(t, objs, 1, 1, lim, Limit{})
+	if v, _, _ := runTC(t, objs.TcEdtFromPod, frame(t, 100, false, 0), skBuff{Ifindex: 1}); v != verdictNext {
+		t.Fatalf("first packet: verdict %d", v)
+	}
+	start := state(t, objs, 1, dirEgress).TLast
+	// 3 segments of a 3054-byte GSO packet (14+20+20 of headers each;
+	// BPF_PROG_RUN takes at most a page).
+	if v, _, _ := runTC(t, objs.TcEdtFromPod, frame(t, 3054, false, 0), skBuff{Ifindex: 1, GSOSegs: 3, GSOSize: 1000}); v != verdictNext {
+		t.Fatalf("GSO packet: verdict %d", v)
+	}
+	want := start + uint64(Delay(3054+2*54, lim.BytesPerSecond))
+	if got := state(t, objs, 1, dirEgress).TLast; got != want {
+		t.Errorf("a 3-segment GSO packet of 3054 bytes moved the clock by %v, want %v (3162 wire bytes)",
+			time.Duration(got-start), time.Duration(want-start))
+	}
+}
+
+// TestPrivilegedEDTToPod: towards a Pod, its ingress limit is policed;
+// under EDT, traffic from a limited Pod on the same node (which never
+// reaches a device) is policed on that Pod's egress clock, the one the
+// devices stamp with.
+func TestPrivilegedEDTToPod(t *testing.T) {
+	objs := tcObjects(t, ModeEDT)
+	const sender = 7
+	lim := Limit{BytesPerSecond: Rate(1_000_000).BytesPerSecond(), Horizon: DefaultHorizon, Burst: 30 * time.Millisecond}
+	setAggregate(t, objs, 1, sender, lim, Limit{})
+	setAggregate(t, objs, 2, 1, Limit{}, lim) // the receiving Pod behind lo
+
+	// The sender's device traffic stamps its clock 36 ms ahead...
+	for range 4 {
+		if v, _, _ := runTC(t, objs.TcEdtDevice, frame(t, 1514, false, 0), skBuff{IngressIfindex: sender}); v != verdictNext {
+			t.Fatalf("device: verdict %d", v)
+		}
+	}
+	// ...so its next packet to a Pod on this node, starting 36 ms ahead,
+	// is beyond the 30 ms burst of the hook that cannot wait...
+	if v, _, _ := runTC(t, objs.TcEdtToPod, frame(t, 1514, false, 0), skBuff{Ifindex: 1, IngressIfindex: sender}); v != verdictDrop {
+		t.Errorf("same-node packet of a Pod 36 ms into its rate: verdict %d, want a drop", v)
+	}
+	if st := state(t, objs, 1, dirEgress); st.Drops != 1 || st.Packets != 4 {
+		t.Errorf("sender: packets %d drops %d, want 4 and 1", st.Packets, st.Drops)
+	}
+	// ...while another sender's packets meet only the receiver's limit:
+	// four pass (starting 0, 0, 12, 24 ms ahead), the fifth (36 ms) is
+	// dropped.
+	var verdicts []int32
+	for range 5 {
+		v, _, _ := runTC(t, objs.TcEdtToPod, frame(t, 1514, false, 0), skBuff{Ifindex: 1, IngressIfindex: 3})
+		verdicts = append(verdicts, v)
+	}
+	if want := []int32{verdictNext, verdictNext, verdictNext, verdictNext, verdictDrop}; fmt.Sprint(verdicts) != fmt.Sprint(want) {
+		t.Errorf("to a Pod limited to 1 Mbit/s with a 30 ms burst: verdicts %v, want %v", verdicts, want)
+	}
+}

@@ -1,0 +1,106 @@
+package bandwidth
+
+import (
+	"testing"
+	"time"
+)
+
+func TestDelay(t *testing.T) {
+	for _, tc := range []struct {
+		bytes, bps uint64
+		want       time.Duration
+	}{
+		{1514, 125_000, 12_112 * time.Microsecond}, // 1 Mbit/s
+		{1514, 6_250_000, 242_240 * time.Nanosecond},
+		{64, 12_500_000_000, 5 * time.Nanosecond}, // 100 Gbit/s, rounded down
+		{1514, 0, 0},
+	} {
+		if got := Delay(tc.bytes, tc.bps); got != tc.want {
+			t.Errorf("Delay(%d, %d) = %v, want %v", tc.bytes, tc.bps, got, tc.want)
+		}
+	}
+}
+
+// A stamped aggregate: the first packet leaves at once, each next one its
+// own delay after the one before, a packet beyond the horizon is dropped
+// without moving the clock, and after an idle gap the clock restarts.
+func TestClockStamp(t *testing.T) {
+	l := Limit{BytesPerSecond: 125_000, Horizon: 30 * time.Millisecond} // 1 Mbit/s
+	var c Clock
+	const now = 1_000_000_000
+	steps := []struct {
+		n, now   uint64
+		want     uint64
+		ok       bool
+		lastWant uint64
+	}{
+		{1514, now, now, true, now},
+		{1514, now, now + 12_112_000, true, now + 12_112_000},
+		{1000, now, now + 20_112_000, true, now + 20_112_000},
+		{1514, now, 0, false, now + 20_112_000}, // would leave 32.2 ms ahead
+		{64, now, now + 20_624_000, true, now + 20_624_000},
+		{1514, now + 1e9, now + 1e9, true, now + 1e9}, // idle: at once
+	}
+	for i, s := range steps {
+		got, ok := c.Stamp(l, s.n, s.now, 0)
+		if got != s.want || ok != s.ok || c.Last != s.lastWant {
+			t.Errorf("step %d (%d bytes): departs %d ok %v clock %d; want %d %v %d", i, s.n, got, ok, c.Last, s.want, s.ok, s.lastWant)
+		}
+	}
+	// A packet not to leave before a later time (its own skb->tstamp).
+	c = Clock{Last: now}
+	if got, ok := c.Stamp(l, 1514, now, now+50_000_000); !ok || got != now+50_000_000 {
+		t.Errorf("notBefore 50 ms ahead: %d %v", got, ok)
+	}
+}
+
+// The policer judges a packet by its start: a big GSO packet whose start is
+// within the burst passes, though it ends beyond it.
+func TestClockPolice(t *testing.T) {
+	l := Limit{BytesPerSecond: 125_000, Burst: 10 * time.Millisecond}
+	const now = 5_000_000_000
+	c := Clock{Last: now + 9_000_000} // the wire is busy for 9 ms
+	if _, ok := c.Police(l, 64_000, now); !ok {
+		t.Error("a 64 KB packet starting 9 ms ahead (within the 10 ms burst) was dropped")
+	}
+	if _, ok := c.Police(l, 64, now); ok {
+		t.Error("a packet starting 521 ms ahead passed a 10 ms burst")
+	}
+}
+
+func TestLimitFor(t *testing.T) {
+	for _, tc := range []struct {
+		r            Rate
+		burst, ecn   time.Duration
+		bytesPerSecd uint64
+	}{
+		{50e6, DefaultBurst, 1250 * time.Microsecond, 6_250_000},
+		{1e9, DefaultBurst, 1250 * time.Microsecond, 125_000_000},
+		// 4 full frames take 48 ms at 1 Mbit/s: the burst is that.
+		{1e6, 48_448 * time.Microsecond, 12_112 * time.Microsecond, 125_000},
+	} {
+		l := LimitFor(tc.r)
+		if l.BytesPerSecond != tc.bytesPerSecd || l.Burst != tc.burst || l.ECN != tc.ecn || l.Horizon != DefaultHorizon {
+			t.Errorf("LimitFor(%s) = %+v, want %d B/s, burst %v, ECN %v, horizon %v", tc.r, l, tc.bytesPerSecd, tc.burst, tc.ecn, DefaultHorizon)
+		}
+	}
+}
+
+func TestPacingRate(t *testing.T) {
+	for _, tc := range []struct {
+		bps          uint64
+		mss, sockets uint32
+		v6           bool
+		want         uint64
+	}{
+		{6_250_000, 1448, 1, false, 5_977_542}, // 50M: payload share of 1514-byte frames
+		{6_250_000, 1448, 4, false, 1_494_385},
+		{6_250_000, 1428, 1, true, 5_894_980}, // IPv6: 1428 + 86 is a 1514-byte frame too
+		{6_250_000, 0, 0, false, 5_977_542},   // mss unknown: 1448; no socket counted: one
+		{125, 1448, 1000, false, 1},
+	} {
+		if got := PacingRate(tc.bps, tc.mss, tc.sockets, tc.v6); got != tc.want {
+			t.Errorf("PacingRate(%d, mss %d, %d sockets, v6 %v) = %d, want %d", tc.bps, tc.mss, tc.sockets, tc.v6, got, tc.want)
+		}
+	}
+}

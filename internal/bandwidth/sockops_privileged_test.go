@@ -1,0 +1,113 @@
+package bandwidth
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/sluice-dataplane/sluice/internal/probe"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
+)
+
+// TestPrivilegedSockOps runs TCP clients in a limited Pod's namespace and
+// the test's cgroup, under sock_edt.c: each sending socket is paced at the
+// Pod's rate over its sending sockets, in payload bytes; with BBR on, a
+// Pod's socket gets bbr and a socket of the node (not a Pod) keeps the
+// namespace's default and no pacing cap.
+func TestPrivilegedSockOps(t *testing.T) {
+	probetest.SkipUnless(t, probe.BTF, probe.CgroupLinks)
+	env := newPodNode(t, false)
+	cg := newCgroup(t)
+	// The namespaces' default is reno (cubic is not allowed in a namespace here), so bbr can only come from the hook.
+	for _, ns := range []*testNetns{env.pod, env.node} {
+		run(t, "ip", "netns", "exec", ns.name, "sysctl", "-qw", "net.ipv4.tcp_congestion_control=reno")
+	}
+	k := loadKernel(t, LoadOptions{BPFRoot: newBPFRoot(t), Mode: ModePolice, BBR: true, ECN: true, Pacing: true})
+	rate := Rate(8_000_000)
+	lim := Limit{BytesPerSecond: rate.BytesPerSecond(), Burst: DefaultHorizon} // pacing alone: nothing dropped
+	agg := Aggregate{ID: 3, Veth: env.lxc, Addrs: []netip.Addr{netip.MustParseAddr(podIP)}, Egress: lim}
+	if err := env.node.do(func() error { return k.Install(agg, nil) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.AttachCgroup(cg); err != nil {
+		t.Fatal(err)
+	}
+	server := sink(t, env.remote, remoteIP+":0")
+
+	t.Run("one socket", func(t *testing.T) {
+		got := runHelper(t, env.pod, cg, helperSpec{Server: server, Sockets: 1, Send: 600 * time.Millisecond})
+		want := PacingRate(lim.BytesPerSecond, 1448, 1, false)
+		s := got[0]
+		if s.PacingRate != want || s.CC != "bbr" {
+			t.Errorf("socket of a Pod limited to %s: pacing %d cc %s; want pacing %d (the rate in payload bytes), cc bbr",
+				rate, s.PacingRate, s.CC, want)
+		}
+	})
+	t.Run("two sockets share", func(t *testing.T) {
+		// The last subtest's socket counts for two windows (~134 ms each)
+		// after it stopped; these send for longer than that.
+		time.Sleep(300 * time.Millisecond)
+		got := runHelper(t, env.pod, cg, helperSpec{Server: server, Sockets: 2, Send: 800 * time.Millisecond})
+		want := PacingRate(lim.BytesPerSecond, 1448, 2, false)
+		for i, s := range got {
+			if s.PacingRate != want {
+				t.Errorf("socket %d of 2 sending: pacing %d, want %d (half the Pod's rate)", i, s.PacingRate, want)
+			}
+		}
+	})
+	t.Run("not a Pod", func(t *testing.T) {
+		got := runHelper(t, env.node, cg, helperSpec{Server: server, Sockets: 1, Send: 100 * time.Millisecond})
+		if s := got[0]; s.CC != "reno" || s.PacingRate != ^uint64(0) {
+			t.Errorf("socket of the node: cc %s pacing %d; want its namespace's reno and no pacing cap", s.CC, s.PacingRate)
+		}
+	})
+}
+
+// loadKernel loads the objects for a test and closes them at its end.
+func loadKernel(t *testing.T, opts LoadOptions) *Kernel {
+	t.Helper()
+	k, err := Load(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := k.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return k
+}
+
+// TestPrivilegedPolicerECN: a limited Pod's connections negotiate ECN
+// through the hook (the Pod's namespace would not ask), so the policer
+// marks its packets CE before it drops; without ECN it can only drop. The
+// Pod's client is not paced, so it overruns its limit.
+func TestPrivilegedPolicerECN(t *testing.T) {
+	probetest.SkipUnless(t, probe.BTF, probe.CgroupLinks, probe.TC)
+	for _, ecn := range []bool{true, false} {
+		t.Run(map[bool]string{true: "ECN", false: "no ECN"}[ecn], func(t *testing.T) {
+			env := newPodNode(t, false)
+			cg := newCgroup(t)
+			k := loadKernel(t, LoadOptions{BPFRoot: newBPFRoot(t), Mode: ModePolice, ECN: ecn})
+			lim := Limit{BytesPerSecond: Rate(8_000_000).BytesPerSecond(), Burst: 20 * time.Millisecond, ECN: time.Microsecond}
+			agg := Aggregate{ID: 1, Veth: env.lxc, Addrs: []netip.Addr{netip.MustParseAddr(podIP)}, Egress: lim}
+			if err := env.node.do(func() error { return k.Install(agg, nil) }); err != nil {
+				t.Fatal(err)
+			}
+			if err := k.AttachCgroup(cg); err != nil {
+				t.Fatal(err)
+			}
+			server := sink(t, env.remote, remoteIP+":0")
+			runHelper(t, env.pod, cg, helperSpec{Server: server, Sockets: 1, Send: 700 * time.Millisecond})
+			eg, _, err := k.Counters(1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ecn && eg.Marks == 0 || !ecn && (eg.Marks != 0 || eg.Drops == 0) {
+				t.Errorf("ECN asked %v: %d packets, %d marked CE, %d dropped; want marks with ECN, drops and no marks without",
+					ecn, eg.Packets, eg.Marks, eg.Drops)
+			}
+			t.Logf("ECN %v: %d packets passed, %d marked, %d dropped", ecn, eg.Packets, eg.Marks, eg.Drops)
+		})
+	}
+}
