@@ -80,7 +80,30 @@ func headroomObjects(short bool) []headroomObject {
 		// sluice bench pps's generator and sinks, with its defaults.
 		{"pps", func() (*ebpf.CollectionSpec, error) { return ebpf.LoadCollectionSpec("../bench/pps_bpfel.o") },
 			[]string{probe.BTF, probe.XDP, probe.TC, probe.HelperLoop}, defaults},
+		// The bandwidth manager's (internal/bandwidth): tc in both modes,
+		// the socket hook with every feature and with none.
+		{"tcedt", func() (*ebpf.CollectionSpec, error) { return ebpf.LoadCollectionSpec("../bandwidth/tcedt_bpfel.o") },
+			[]string{probe.BTF, probe.TC}, []headroomConfig{setVars("edt", "bw_mode", 1), setVars("police", "bw_mode", 2)}},
+		{"sockedt", func() (*ebpf.CollectionSpec, error) { return ebpf.LoadCollectionSpec("../bandwidth/sockedt_bpfel.o") },
+			[]string{probe.BTF, probe.CgroupLinks},
+			[]headroomConfig{setVars("bbr+ecn+pacing", "bw_enable_bbr", 1, "bw_enable_ecn", 1, "bw_enable_pacing", 1), defaults[0]}},
 	}
+}
+
+// setVars is a configuration that sets uint32 globals, name then value.
+func setVars(name string, kv ...any) headroomConfig {
+	return headroomConfig{name: name, configure: func(s *ebpf.CollectionSpec) error {
+		for i := 0; i+1 < len(kv); i += 2 {
+			v, ok := s.Variables[kv[i].(string)]
+			if !ok {
+				return fmt.Errorf("no global %s", kv[i])
+			}
+			if err := v.Set(uint32(kv[i+1].(int))); err != nil {
+				return fmt.Errorf("%s: %w", kv[i], err)
+			}
+		}
+		return nil
+	}}
 }
 
 // TestPrivilegedVerifierHeadroom loads every program of every BPF object in

@@ -3,8 +3,11 @@
 package probe
 
 import (
+	"bufio"
+	"compress/gzip"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path"
@@ -51,6 +54,9 @@ const (
 	// MapMemoryPerEntry: a map's fdinfo memlock counts what it holds
 	// (map_mem_usage, 6.4); before, it is an estimate from max_entries.
 	MapMemoryPerEntry = "map memory per entry"
+	// SchFQ: the fq qdisc, built in or a module (CONFIG_NET_SCH_FQ), which
+	// the bandwidth manager's EDT needs.
+	SchFQ = "sch_fq"
 )
 
 // NorthSouth lists the helpers the tc and XDP load balancer calls beyond
@@ -163,8 +169,10 @@ func probeAll() Features {
 		{HelperCheckMTU, "5.12", programHelper(ebpf.SchedCLS, asm.FnCheckMtu, "tc")},
 		{HelperJiffies64, "5.5", programHelper(ebpf.SchedCLS, asm.FnJiffies64, "tc")},
 		{MapMemoryPerEntry, "6.4", mapMemoryPerEntry},
-		// A config option (CONFIG_IP_VS), not a release: no since.
+		// Config options (CONFIG_IP_VS, CONFIG_NET_SCH_FQ), not releases:
+		// no since.
 		{IPVS, "", ipvs},
+		{SchFQ, "", schFQ},
 	}
 	out := make(Features, 0, len(checks))
 	for _, c := range checks {
@@ -340,6 +348,62 @@ func ipvs() (string, error) {
 		return "", fmt.Errorf("no %s, and no ip_vs module (%v): kube-proxy's ipvs mode (a benchmark contender) cannot run", path, err)
 	}
 	return "kube-proxy's ipvs mode: module " + mod + " not loaded yet (modprobe ip_vs)", nil
+}
+
+// schFQ: CONFIG_NET_SCH_FQ from the kernel's config where it can be read,
+// else the module among the running kernel's. Like ipvs, it loads nothing.
+func schFQ() (string, error) {
+	rel, err := kernelRelease()
+	if err != nil {
+		return "", err
+	}
+	for _, p := range []string{"/proc/config.gz", "/boot/config-" + rel} {
+		v, err := configOption(p, "CONFIG_NET_SCH_FQ")
+		if err != nil {
+			continue
+		}
+		switch v {
+		case "y":
+			return "built in (" + p + ")", nil
+		case "m":
+			if mod, err := FindModule("/lib/modules/"+rel, "sch_fq"); err == nil {
+				return "module " + mod, nil
+			}
+			return "", fmt.Errorf("CONFIG_NET_SCH_FQ=m (%s) but no sch_fq module in /lib/modules/%s", p, rel)
+		}
+		return "", fmt.Errorf("CONFIG_NET_SCH_FQ is not set (%s)", p)
+	}
+	mod, err := FindModule("/lib/modules/"+rel, "sch_fq")
+	if err != nil {
+		return "", fmt.Errorf("no kernel config to read and no sch_fq module: %v", err)
+	}
+	return "module " + mod, nil
+}
+
+// configOption reads one option's value (y, m, a string; "" when not set)
+// from a kernel config file, gzipped or not.
+func configOption(path, name string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	var r io.Reader = f
+	if strings.HasSuffix(path, ".gz") {
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", path, err)
+		}
+		defer zr.Close()
+		r = zr
+	}
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+"="); ok {
+			return strings.Trim(v, `"`), nil
+		}
+	}
+	return "", sc.Err()
 }
 
 // FindModule looks a module up in a kernel's modules.dep (loadable) and
