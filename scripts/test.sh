@@ -61,3 +61,12 @@ if [ "${status[0]}" -ne 0 ]; then # a failure the events did not show
 	echo "go test exited ${status[0]}; see bin/go-test.json" >&2
 	exit 1
 fi
+
+# Every native fuzz target for 60 s, two at a time on one worker each (CI's
+# two cores), after the tests pass; a crash fails the run, its input in the
+# target's testdata/fuzz/ (docs/testing.md). Not with arguments (a targeted
+# run). The long run: ./scripts/fuzz.sh -t 10m --packets 10000000.
+if [ $# -eq 0 ]; then
+	echo "==> fuzz (every target 60 s)"
+	./scripts/fuzz.sh -t 60s -j 2
+fi

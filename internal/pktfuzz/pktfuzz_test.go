@@ -1,0 +1,268 @@
+package pktfuzz
+
+import (
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-dataplane/sluice/internal/bpftest"
+	"github.com/sluice-dataplane/sluice/internal/probe"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
+)
+
+// The long run: go test ./internal/pktfuzz -run TestPrivilegedPacketFuzz
+// -pktfuzz.packets 10000000 (scripts/fuzz.sh, docs/testing.md). The
+// default is the short run every go test makes.
+var (
+	flagPackets   = flag.Uint64("pktfuzz.packets", 50000, "packets TestPrivilegedPacketFuzz sends through every program")
+	flagThreads   = flag.Int("pktfuzz.threads", runtime.GOMAXPROCS(0), "threads of TestPrivilegedPacketFuzz")
+	flagSeed      = flag.Uint64("pktfuzz.seed", 0, "seed of TestPrivilegedPacketFuzz's mutations (0: from the time, logged)")
+	flagKeepGoing = flag.Bool("pktfuzz.keep-going", false, "run every packet and report each kind of broken invariant once, with its count")
+)
+
+func newNode(tb testing.TB) *Node {
+	tb.Helper()
+	probetest.SkipUnless(tb, probe.BTF, probe.TC, probe.XDP, probe.ProgRun)
+	n, err := NewNode()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := n.Close(); err != nil {
+			tb.Error(err)
+		}
+	})
+	return n
+}
+
+// TestPrivilegedPacketFuzz sends the seeds and mutants of them (Mutate)
+// through every tc and XDP program of a node programmed from
+// testdata/node.yaml, in SNAT, DSR and hybrid mode in turn, and checks the
+// invariants of check.go on every run and every round trip. It reports the
+// rate; a broken invariant fails it with the input, output and verdict.
+func TestPrivilegedPacketFuzz(t *testing.T) {
+	n := newNode(t)
+	seed := *flagSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (-pktfuzz.seed to repeat), %d packets on %d threads", seed, *flagPackets, *flagThreads)
+	start := time.Now()
+	st, findings, err := n.Run(RunOptions{Packets: *flagPackets, Threads: *flagThreads, Seed: seed, EpochEvery: 64,
+		KeepGoing: *flagKeepGoing, Open: OpenFinding})
+	took := time.Since(start)
+	t.Logf("%d packets, %d program runs (%d rewritten), %d round trips in %v: %.0f packets/s, %.0f runs/s",
+		st.Packets, st.Runs, st.Rewritten, st.RoundTrips, took.Round(time.Millisecond),
+		float64(st.Packets)/took.Seconds(), float64(st.Runs)/took.Seconds())
+	t.Logf("verdicts: %s", verdictSummary(st))
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := false
+	for _, f := range findings {
+		if name := OpenFinding(f.First); name != "" {
+			t.Logf("open finding %s (open.go) met %d times, the first:\n%v", name, f.Count, f.First)
+			continue
+		}
+		failed = true
+		t.Errorf("%d times, the first:\n%v", f.Count, f.First)
+	}
+	if !failed && st.Packets != *flagPackets {
+		t.Fatalf("%d packets run, want %d", st.Packets, *flagPackets)
+	}
+	// Runs that only drop prove little: the seeds must reach every
+	// verdict the programs give a well-formed packet.
+	for _, p := range []string{"tc_lb_ingress", "xdp_lb_ingress", "tc_pod_from_pod"} {
+		if vs := st.Verdicts[p]; vs[Pass] == 0 || vs[Drop] == 0 || vs[Redirect]+vs[TX] == 0 {
+			t.Errorf("%s: verdicts %v: a run should pass, drop and forward packets", p, vs)
+		}
+	}
+}
+
+func verdictSummary(st Stats) string {
+	var names []string
+	for p := range st.Verdicts {
+		names = append(names, p)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, p := range names {
+		fmt.Fprintf(&b, "%s %v; ", p, st.Verdicts[p])
+	}
+	return b.String()
+}
+
+// FuzzPackets is the native fuzz target over the same node: an input is a
+// configuration byte (mode: bits 0-1, fixup: bit 2, GSO: bit 3) and frames with a two-byte length
+// before each, run in order in an epoch of their own (so that an input
+// replays the same way). Seeds: Seeds().
+func FuzzPackets(f *testing.F) {
+	for i, s := range Seeds() {
+		f.Add(fuzzInput(byte(i%len(Modes)), s.Frame))
+	}
+	n := newNode(f)
+	fz, err := n.NewFuzzer()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(fz.Close)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, v := range runInput(t, fz, data) {
+			if name := OpenFinding(v); name != "" {
+				t.Logf("open finding %s (open.go):\n%v", name, v)
+				continue
+			}
+			t.Fatal(v)
+		}
+	})
+}
+
+// runInput runs a FuzzPackets input and returns what it broke.
+func runInput(t *testing.T, fz *Fuzzer, data []byte) []*Violation {
+	if len(data) == 0 {
+		return nil
+	}
+	cfg := data[0]
+	if err := fz.Epoch(Modes[int(cfg&3)%len(Modes)]); err != nil {
+		t.Fatal(err)
+	}
+	var out []*Violation
+	for rest := data[1:]; len(rest) >= 2; {
+		l := int(binary.BigEndian.Uint16(rest))
+		frame := rest[2:min(len(rest), 2+l)]
+		rest = rest[min(len(rest), 2+l):]
+		if cfg&4 != 0 {
+			frame = append([]byte(nil), frame...)
+			fixup(frame)
+		}
+		v, err := fz.Packet(frame, cfg&8 != 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v != nil {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// TestPrivilegedOpenFindings replays the inputs of each open finding
+// (open.go, testdata/findings) and checks that they still break what they
+// broke: a finding that no longer reproduces has been fixed, and its
+// inputs belong in testdata/fuzz/FuzzPackets, replayed by every go test.
+func TestPrivilegedOpenFindings(t *testing.T) {
+	n := newNode(t)
+	fz, err := n.NewFuzzer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fz.Close)
+	files, err := filepath.Glob("testdata/findings/*")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no finding inputs in testdata/findings: %v", err)
+	}
+	for _, file := range files {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			data, err := readCorpusFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var met []string
+			for _, v := range runInput(t, fz, data) {
+				name := OpenFinding(v)
+				if name == "" {
+					t.Errorf("a violation of no open finding:\n%v", v)
+				}
+				met = append(met, name)
+				if strings.HasPrefix(filepath.Base(file), name+"-") {
+					return
+				}
+			}
+			t.Errorf("%s no longer reproduces (met %q): fixed? Move it to testdata/fuzz/FuzzPackets/ and drop its entry in open.go",
+				file, met)
+		})
+	}
+}
+
+// The conntrack map is one for the node's and the pods' programs, and its
+// key has no scope: a pod that sends with an outside client's address and
+// port rides that client's masqueraded flow (tc_pod_from_pod SNATs it, as
+// tc_lb_ingress did the client's), and a packet from outside with a pod's
+// tuple rides the pod's. The fuzzer feeds each program only the packets
+// its place in the topology sees (Program.sees), so this open finding is a
+// test of its own.
+func TestPrivilegedOpenFindingConntrackShared(t *testing.T) {
+	n := newNode(t)
+	fz, err := n.NewFuzzer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fz.Close)
+	if err := fz.Epoch(Modes[0]); err != nil {
+		t.Fatal(err)
+	}
+	prog := map[string]*Program{}
+	for _, p := range fz.progs {
+		prog[p.Name] = p
+	}
+	client, frontend := ap(ClientIP4, 46000), ap(NodeIP4, 30084)
+	var first, spoofed result
+	var errs []error
+	fz.do(func() {
+		var err error
+		first, err = fz.r.run(prog["tc_lb_ingress"], tcp(client, frontend, bpftest.SYN, 0, 64), gsoInfo{})
+		errs = append(errs, err)
+		first.out = slices.Clone(first.out)
+		spoofed, err = fz.r.run(prog["tc_pod_from_pod"], tcp(client, frontend, bpftest.ACK, 0, 64), gsoInfo{})
+		errs = append(errs, err)
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	in, out := tupleOf(parseFrame(first.out)), tupleOf(parseFrame(spoofed.out))
+	if in.src.Addr() != NodeIP4 {
+		t.Fatalf("the client's SYN was not masqueraded: %+v", in)
+	}
+	if out != in {
+		t.Errorf("the pod's packet with the client's tuple became %v -> %v, not the client's flow %v -> %v: fixed? "+
+			"Make this a test that the pod's packet is not translated as the client's", out.src, out.dst, in.src, in.dst)
+	}
+}
+
+// readCorpusFile reads a one-value []byte file of Go's fuzzing corpus.
+func readCorpusFile(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	s := strings.TrimSpace(string(b))
+	s, ok := strings.CutPrefix(s, "go test fuzz v1\n[]byte(")
+	if !ok || !strings.HasSuffix(s, ")") {
+		return nil, fmt.Errorf("%s: not a go test fuzz v1 file of one []byte", path)
+	}
+	v, err := strconv.Unquote(strings.TrimSuffix(s, ")"))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return []byte(v), nil
+}
+
+// fuzzInput makes a FuzzPackets input of one frame.
+func fuzzInput(cfg byte, frames ...[]byte) []byte {
+	in := []byte{cfg}
+	for _, f := range frames {
+		in = binary.BigEndian.AppendUint16(in, uint16(len(f)))
+		in = append(in, f...)
+	}
+	return in
+}
