@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -58,6 +60,13 @@ func FuzzAPIRequest(f *testing.F) {
 			_ = c.(*net.UnixConn).CloseWrite()
 		}()
 		answer, err := io.ReadAll(c)
+		// A server that refuses a request and hangs up before reading
+		// the rest of it leaves unread bytes in its socket: the kernel
+		// reports that to the reader as a reset, after the answer. A
+		// reset with an answer in hand is the end of that answer.
+		if errors.Is(err, syscall.ECONNRESET) && len(answer) > 0 {
+			err = nil
+		}
 		if err != nil {
 			t.Fatalf("no complete answer within 5s to %q: %v (read %q)", raw, err, answer)
 		}

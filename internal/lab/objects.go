@@ -170,7 +170,17 @@ func EndpointSlices(svc *corev1.Service, pods []PodInfo) ([]*discoveryv1.Endpoin
 		return nil, err
 	}
 	var slices []*discoveryv1.EndpointSlice
-	for _, fam := range serviceFamilies(svc) {
+	seen := map[corev1.IPFamily]bool{}
+	for i, fam := range serviceFamilies(svc) {
+		// Each family names a slice: an unknown or repeated one would
+		// write a slice the agents refuse ("web-") or one name twice.
+		if fam != corev1.IPv4Protocol && fam != corev1.IPv6Protocol {
+			return nil, fmt.Errorf("service %s: spec.ipFamilies[%d] %q is neither IPv4 nor IPv6", svc.Name, i, fam)
+		}
+		if seen[fam] {
+			return nil, fmt.Errorf("service %s: spec.ipFamilies[%d] %q is listed twice", svc.Name, i, fam)
+		}
+		seen[fam] = true
 		addrType := discoveryv1.AddressTypeIPv4
 		if fam == corev1.IPv6Protocol {
 			addrType = discoveryv1.AddressTypeIPv6
