@@ -33,8 +33,9 @@ static __always_inline int pkt_rewrite_addr(struct __ctx_buff *ctx, struct ns_pk
 		if (ctx_l3_csum_replace(ctx, p->l3_off + offsetof(struct iphdr, check),
 					from, new, sizeof(new)))
 			return -1;
-		/* ICMPv4 has no pseudo header. */
-		if (p->proto != IPPROTO_ICMP &&
+		/* ICMPv4 has no pseudo header; a later fragment no L4 header
+		 * (its datagram's checksum is in the first fragment). */
+		if (p->proto != IPPROTO_ICMP && ns_has_l4(p) &&
 		    ctx_l4_csum_replace(ctx, csum_off, from, new, flags | sizeof(new)))
 			return -1;
 	} else {
@@ -48,7 +49,7 @@ static __always_inline int pkt_rewrite_addr(struct __ctx_buff *ctx, struct ns_pk
 			return -1;
 		if (ctx_store_bytes(ctx, off, new.b, sizeof(new.b)))
 			return -1;
-		if (ctx_l4_csum_replace(ctx, csum_off, 0, diff, flags))
+		if (ns_has_l4(p) && ctx_l4_csum_replace(ctx, csum_off, 0, diff, flags))
 			return -1;
 	}
 	*cur = *to;
@@ -64,11 +65,15 @@ static __always_inline int pkt_rewrite_port(struct __ctx_buff *ctx, struct ns_pk
 
 	if (from == to)
 		return 0;
+	/* A later fragment's ports are its first fragment's, not in it. */
+	if (!ns_has_l4(p))
+		goto done;
 	if (ctx_store_bytes(ctx, p->l4_off + (dst ? 2 : 0), &to, sizeof(to)))
 		return -1;
 	if (ctx_l4_csum_replace(ctx, l4_csum_off(p), from, to,
 				l4_csum_flags(p) | sizeof(to)))
 		return -1;
+done:
 	*cur = to;
 	return 0;
 }
@@ -85,8 +90,8 @@ static __always_inline int pkt_rewrite(struct __ctx_buff *ctx, struct ns_pkt *p,
 /* pkt_rewrite_nat rewrites both sides of p at once: destination daddr:dport
  * (DNAT) and source saddr:sport (SNAT), the per-packet work of an
  * established masqueraded flow. IPv4 TCP and UDP write the four fields
- * directly and update each checksum once; anything else takes pkt_rewrite
- * for each side. */
+ * directly and update each checksum once; anything else (a later fragment
+ * too) takes pkt_rewrite for each side. */
 static __always_inline int pkt_rewrite_nat(struct __ctx_buff *ctx, struct ns_pkt *p,
 					   const union lb_addr *daddr, __be16 dport,
 					   const union lb_addr *saddr, __be16 sport)
@@ -96,7 +101,7 @@ static __always_inline int pkt_rewrite_nat(struct __ctx_buff *ctx, struct ns_pkt
 	struct iphdr *ip;
 	__be16 *l4;
 
-	if (p->v6 || (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)) {
+	if (p->v6 || (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP) || !ns_has_l4(p)) {
 		if (pkt_rewrite(ctx, p, true, daddr, dport))
 			return -1;
 		return pkt_rewrite(ctx, p, false, saddr, sport);

@@ -117,6 +117,23 @@ struct ns_flow_set {
 	struct ns_flow way[NS_FLOW_WAYS];
 };
 
+/* Key of the fragment map (frag.h): what every fragment of one datagram
+ * carries. */
+struct ns_frag_key {
+	__u8   saddr[16];
+	__u8   daddr[16];
+	__be32 id;       /* IPv6's 32-bit identification; IPv4's 16-bit ID,
+			  * zero-extended */
+	__u8   proto;
+	__u8   pad[3];
+};
+
+/* The ports of a datagram, from its first fragment. */
+struct ns_frag_ports {
+	__be16 sport;
+	__be16 dport;
+};
+
 /* DSR tunnel endpoints: a pod CIDR (LPM) -> the IP of the node that hosts
  * it, the outer destination of the IPIP / IP6IP6 header. */
 struct tunnel_key {

@@ -113,11 +113,14 @@ static __always_inline int dsr_encap(struct __ctx_buff *ctx, struct ns_pkt *p,
 
 /* The outer header must fit the device's MTU as well. A packet that no
  * longer fits is answered the way a router on the path would answer it:
- * fragmentation needed (IPv4 with DF; without DF it is dropped, as BPF
- * cannot fragment) or packet too big (IPv6), with the MTU less the outer
- * header, from the frontend the client used, out of the device it came in
- * on. The client lowers its path MTU and resends; TCP then never sends a
- * segment that does not fit. Cilium's DSR answers the same way. */
+ * fragmentation needed (IPv4) or packet too big (IPv6), with the MTU less
+ * the outer header, from the frontend the client used, out of the device
+ * it came in on. The client lowers its path MTU and resends; TCP then never
+ * sends a segment that does not fit. Cilium's DSR answers the same way.
+ * IPv4 without DF too: a router would fragment it, BPF cannot, and Linux
+ * takes the error all the same (udp_err lowers the path MTU), so a UDP
+ * client's next datagrams come in fragments that fit. A later fragment is
+ * dropped: it quotes no ports, so no client could tell what it is about. */
 #define DSR_QUOTE_L4 8 /* bytes of the L4 header quoted, all RFC 792 asks */
 #define DSR_IP4_DF   0x4000
 
@@ -153,32 +156,32 @@ struct dsr_icmp {
 
 /* dsr_reply_too_big turns p (client -> frontend, untouched) into the ICMP
  * error about it, in place: the error's IP and ICMP headers go in front of
- * p's own header, which becomes the quote, and the rest is cut off. */
+ * p's own header, which becomes the quote (with IPv6's fragment header and
+ * 8 bytes of L4 header), and the rest is cut off. */
 static __always_inline int dsr_reply_too_big(struct __ctx_buff *ctx, const struct ns_pkt *p,
 					     __u32 mtu)
 {
 	__u32 hlen = dsr_overhead(p), icmp_off = p->l3_off + hlen;
-	__u32 body = ICMP_ERR_HLEN + hlen + DSR_QUOTE_L4;
+	__u32 qhdr = p->l4_off - p->l3_off, body = ICMP_ERR_HLEN + qhdr + DSR_QUOTE_L4;
 	__u8 eth[2 * ETH_ALEN] __align_stack_8;
 	struct dsr_icmp h = {};
+	bool fh = false;
 	__s64 sum;
 
-	/* Only an IP header without options or extension headers is quoted
-	 * whole by these fixed lengths. */
-	if (p->l4_off - p->l3_off != hlen)
+	if (!ns_has_l4(p))
 		return CTX_ACT_DROP;
-	if (!p->v6) {
-		__be16 frag;
-
-		if (ctx_load_bytes(ctx, p->l3_off + offsetof(struct iphdr, frag_off), &frag, 2) ||
-		    !(frag & bpf_htons(DSR_IP4_DF)))
+	/* Only an IP header without options or extension headers (but an
+	 * IPv6 fragment header) is quoted whole by these fixed lengths. */
+	if (qhdr != hlen) {
+		if (!p->v6 || qhdr != hlen + sizeof(struct ipv6_frag))
 			return CTX_ACT_DROP;
+		fh = true;
 	}
 	/* The tail first: at tc cutting it ends a GSO packet's GSO state
 	 * (the error is one packet), which growing the head of a GSO packet
 	 * other than TCP is refused without. */
 	if (ctx_load_bytes(ctx, 0, eth, sizeof(eth)) ||
-	    ctx_set_len(ctx, p->l3_off + hlen + DSR_QUOTE_L4) ||
+	    ctx_set_len(ctx, p->l3_off + qhdr + DSR_QUOTE_L4) ||
 	    ctx_grow_head(ctx, hlen + ICMP_ERR_HLEN))
 		return CTX_ACT_DROP;
 	/* Ethernet: back to where it came from. */
@@ -210,8 +213,7 @@ static __always_inline int dsr_reply_too_big(struct __ctx_buff *ctx, const struc
 	} else {
 		struct ipv6hdr ip6 = {
 			.version = 6,
-			.payload_len = bpf_htons(ICMP_ERR_HLEN + sizeof(struct ipv6hdr) +
-						 DSR_QUOTE_L4),
+			.payload_len = bpf_htons(body),
 			.nexthdr = IPPROTO_ICMPV6,
 			.hop_limit = IPIP_TTL,
 		};
@@ -226,8 +228,12 @@ static __always_inline int dsr_reply_too_big(struct __ctx_buff *ctx, const struc
 		/* The pseudo header: addresses, upper-layer length, next header. */
 		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ip6.saddr, 32,
 				    bpf_htonl(body) + bpf_htonl(IPPROTO_ICMPV6));
-		sum = dsr_icmp_csum(ctx, icmp_off,
-				    ICMP_ERR_HLEN + sizeof(struct ipv6hdr) + DSR_QUOTE_L4, sum);
+		if (fh)
+			sum = dsr_icmp_csum(ctx, icmp_off, ICMP_ERR_HLEN + sizeof(struct ipv6hdr) +
+					    sizeof(struct ipv6_frag) + DSR_QUOTE_L4, sum);
+		else
+			sum = dsr_icmp_csum(ctx, icmp_off,
+					    ICMP_ERR_HLEN + sizeof(struct ipv6hdr) + DSR_QUOTE_L4, sum);
 	}
 	if (sum < 0)
 		return CTX_ACT_DROP;

@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 #include "ctx.h"
+#include "frag.h"
 
 /* ICMPv4 without <linux/icmp.h>: it pulls in libc's <sys/socket.h>
  * (through <linux/if.h>), which is not for the BPF target and needs the
@@ -46,10 +47,21 @@ struct ns_pkt {
 	__u8   proto;     /* L4 protocol */
 	__u8   v6;        /* IPv6, else IPv4 */
 	__u8   tcp_flags;
-	__u8   pad;
+	__u8   frag;      /* NS_FRAG_*: part of a fragmented datagram */
 	__u32  l3_off;
 	__u32  l4_off;
 };
+
+/* ns_pkt.frag (frag.h): 0 for a whole datagram. */
+#define NS_FRAG_FIRST 1 /* the first fragment, with the L4 header */
+#define NS_FRAG_LATER 2 /* a later one: no L4 header; ports from ns_frag */
+
+/* ns_has_l4: p carries its L4 header (not a later fragment), so ports and
+ * the L4 checksum are in the packet. */
+static __always_inline bool ns_has_l4(const struct ns_pkt *p)
+{
+	return p->frag != NS_FRAG_LATER;
+}
 
 /* An ICMP error and the packet it quotes (icmp.h). */
 struct icmp_err {
@@ -114,24 +126,83 @@ ports:
 	}
 }
 
+/* parse_frag parses a fragment of a TCP or UDP datagram (p->frag set):
+ * the first one's ports are kept, a later one's found (frag.h). */
+static __always_inline int parse_frag(struct __ctx_buff *ctx, struct ns_pkt *p, __be32 id)
+{
+	bool first = p->frag == NS_FRAG_FIRST;
+	int ret;
+
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return PARSE_SKIP;
+	if (first) {
+		ret = parse_l4(ctx, p, false);
+		if (ret != PARSE_OK)
+			return ret;
+	}
+	if (frag_ports(&p->saddr, &p->daddr, id, p->proto, &p->sport, &p->dport, first))
+		return PARSE_SKIP;
+	return PARSE_OK;
+}
+
+/* ipv4_len_ok: the IPv4 header ip4 of p and its total length fit the
+ * frame. A GSO packet at tc carries its whole length too; only IPv4 BIG
+ * TCP (6.3, above 64 KiB) says 0, and takes the frame's. */
+static __always_inline bool ipv4_len_ok(struct __ctx_buff *ctx, const struct ns_pkt *p,
+					const struct iphdr *ip4)
+{
+	__u32 room = ctx_len(ctx) - p->l3_off, tot = bpf_ntohs(ip4->tot_len);
+
+#ifdef SLUICE_TC
+	if (!tot && ctx_field(ctx, gso_size))
+		tot = room;
+#endif /* SLUICE_TC */
+	return tot >= ip4->ihl * 4 && tot <= room;
+}
+
 static __always_inline int parse_ipv4(struct __ctx_buff *ctx, struct ns_pkt *p, bool quoted)
 {
 	struct iphdr ip4;
 
 	if (ctx_load_bytes(ctx, p->l3_off, &ip4, sizeof(ip4)))
 		return PARSE_DROP;
+	/* The Ethernet type's word is not the header's: a frame of type IPv4
+	 * that says another version is the stack's to drop (ip_rcv). */
+	if (ip4.version != 4)
+		return PARSE_SKIP;
 	if (ip4.ihl < 5)
 		return PARSE_DROP;
-	/* Later fragments carry no ports; the stack reassembles them. */
-	if (ip4.frag_off & bpf_htons(0x3fff))
-		return PARSE_SKIP;
+	/* The lengths ip_rcv checks: the header inside the packet, the packet
+	 * inside the frame (Ethernet padding may follow it). A quoted packet
+	 * is cut short by its ICMP error: its header must be whole. */
+	if (!quoted && !ipv4_len_ok(ctx, p, &ip4))
+		return PARSE_DROP;
+	if (quoted && p->l3_off + ip4.ihl * 4 > ctx_len(ctx))
+		return PARSE_DROP;
+	/* More fragments or an offset: a fragment. An ICMP error quoting
+	 * one is left to the stack. */
+	if (ip4.frag_off & bpf_htons(0x3fff)) {
+		if (quoted)
+			return PARSE_SKIP;
+		p->frag = (ip4.frag_off & bpf_htons(0x1fff)) ? NS_FRAG_LATER : NS_FRAG_FIRST;
+	}
 	addr_from_v4(&p->saddr, ip4.saddr);
 	addr_from_v4(&p->daddr, ip4.daddr);
 	p->proto = ip4.protocol;
 	p->v6 = 0;
 	p->l4_off = p->l3_off + ip4.ihl * 4;
+	if (p->frag)
+		return parse_frag(ctx, p, ip4.id);
 	return parse_l4(ctx, p, quoted);
 }
+
+/* The IPv6 fragment header (RFC 8200 4.5). */
+struct ipv6_frag {
+	__u8   nexthdr;
+	__u8   reserved;
+	__be16 frag_off; /* offset in 8-byte units << 3, M flag in bit 0 */
+	__be32 id;
+};
 
 static __always_inline int parse_ipv6(struct __ctx_buff *ctx, struct ns_pkt *p, bool quoted)
 {
@@ -139,13 +210,30 @@ static __always_inline int parse_ipv6(struct __ctx_buff *ctx, struct ns_pkt *p, 
 
 	if (ctx_load_bytes(ctx, p->l3_off, &ip6, sizeof(ip6)))
 		return PARSE_DROP;
+	if (ip6.version != 6)
+		return PARSE_SKIP; /* ipv6_rcv's to drop */
+	/* The payload inside the frame (a jumbogram's 0 has a hop-by-hop
+	 * header, which the stack takes). A quoted packet is cut short. */
+	if (!quoted && bpf_ntohs(ip6.payload_len) + sizeof(ip6) > ctx_len(ctx) - p->l3_off)
+		return PARSE_DROP;
 	/* Extension headers are left to the stack, as Cilium's fast path does
-	 * for anything but the common case. */
+	 * for anything but the common case, and a fragment header right
+	 * after the IPv6 header. */
 	__builtin_memcpy(p->saddr.b, &ip6.saddr, 16);
 	__builtin_memcpy(p->daddr.b, &ip6.daddr, 16);
 	p->proto = ip6.nexthdr;
 	p->v6 = 1;
 	p->l4_off = p->l3_off + sizeof(ip6);
+	if (ip6.nexthdr == IPPROTO_FRAGMENT && !quoted) {
+		struct ipv6_frag fh;
+
+		if (ctx_load_bytes(ctx, p->l4_off, &fh, sizeof(fh)))
+			return PARSE_DROP;
+		p->proto = fh.nexthdr;
+		p->l4_off += sizeof(fh);
+		p->frag = (fh.frag_off & bpf_htons(0xfff8)) ? NS_FRAG_LATER : NS_FRAG_FIRST;
+		return parse_frag(ctx, p, fh.id);
+	}
 	return parse_l4(ctx, p, quoted);
 }
 

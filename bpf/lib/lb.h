@@ -22,17 +22,24 @@ static __always_inline __u32 lb_hash64(__u64 v)
 	return hash_fmix32((__u32)v ^ (__u32)(v >> 32));
 }
 
-static __always_inline bool lb_is_node_addr(const union lb_addr *a)
+static __always_inline bool lb_node_addr_has(const union lb_addr *a, __u32 want)
 {
 	__u32 *flags = bpf_map_lookup_elem(&lb_node_ips, a->b);
 
-	return flags && (*flags & LB_NODE_IP_LOCAL);
+	return flags && (*flags & want);
 }
 
-/* A NodePort answers on every address of this node and on loopback. */
+/* lb_is_node_addr: a is an address of this node. */
+static __always_inline bool lb_is_node_addr(const union lb_addr *a)
+{
+	return lb_node_addr_has(a, LB_NODE_IP_LOCAL);
+}
+
+/* A NodePort answers on loopback and on the node addresses of
+ * LB_NODEPORT_NODES (maps.h). */
 static __always_inline bool lb_is_nodeport_addr(const union lb_addr *a)
 {
-	return addr_is_loopback(a) || lb_is_node_addr(a);
+	return addr_is_loopback(a) || lb_node_addr_has(a, LB_NODEPORT_NODES);
 }
 
 static __always_inline void lb_key_init(struct lb_svc_key *key,

@@ -57,7 +57,8 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_affinity SEC(".maps");
 
-/* Node address (16 bytes, network order) -> flags; bit 0: this node. */
+/* Node address (16 bytes, network order) -> LB_NODE_IP_* flags: this
+ * node's, or another node's of the cluster. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u8[16]);
@@ -67,7 +68,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_node_ips SEC(".maps");
 
-#define LB_NODE_IP_LOCAL (1 << 0)
+#define LB_NODE_IP_LOCAL  (1 << 0) /* this node's */
+#define LB_NODE_IP_REMOTE (1 << 1) /* another node's */
+
+/* The node addresses a NodePort is served on. East-west (the socket LB,
+ * the per-packet pod LB) any node's: a pod's connection to another node's
+ * NodePort is balanced where it starts, as Cilium's socket LB does. The
+ * north-south programs set this node's alone (nodeport.h): a packet to
+ * another node's address that passes through is that node's to serve;
+ * serving it here would masquerade as that node. */
+#ifndef LB_NODEPORT_NODES
+#define LB_NODEPORT_NODES (LB_NODE_IP_LOCAL | LB_NODE_IP_REMOTE)
+#endif /* LB_NODEPORT_NODES */
 
 /* Agent configuration, one entry at index 0. */
 struct {

@@ -30,6 +30,12 @@
 
 #include <linux/if_ether.h>
 
+/* North-south serves NodePorts on this node's addresses only (maps.h);
+ * the per-packet pod LB, east-west, on any node's. */
+#ifndef SLUICE_POD_LB
+#define LB_NODEPORT_NODES LB_NODE_IP_LOCAL
+#endif /* SLUICE_POD_LB */
+
 #include "csum.h"
 #include "lb.h"
 #include "ct.h"
@@ -258,7 +264,8 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 
 	if (!tunnel) {
 #ifndef SLUICE_POD_LB
-		struct ns_flow *f = fc_lookup(p, fc_hash(p), now, ns_mtu_len(ctx, p));
+		/* A later fragment has no L4 header for the cache's rewrite. */
+		struct ns_flow *f = ns_has_l4(p) ? fc_lookup(p, fc_hash(p), now, ns_mtu_len(ctx, p)) : NULL;
 
 		if (f)
 			return ns_cached(ctx, p, f, len);
@@ -312,6 +319,11 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	ct_tuple_set(&s->tuple, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     CT_DIR_SERVICE);
 	e = bpf_map_lookup_elem(&ct, &s->tuple);
+	/* On the backend node only a local delivery: an entry of this node
+	 * as the LB node (the same tuple, sent here by a client) would send
+	 * the packet back into a tunnel. */
+	if (e && tunnel && !(e->flags & CT_F_LOCAL))
+		e = NULL;
 	if (e && !ct_is_new_syn(e, p->proto, p->tcp_flags, now)) {
 		backend_id = e->backend_id;
 		kind = e->flags & NS_KIND_FLAGS;

@@ -205,9 +205,12 @@ func dumpLB(m lbmap.Maps) (*api.BPFLB, error) {
 		v := revs[id]
 		out.RevNat = append(out.RevNat, api.BPFRevNat{ID: id, Address: addrPort(v.Addr, v.Port)})
 	}
-	slices.SortFunc(nodes, func(a, b lbmap.Addr) int { return bytes.Compare(a[:], b[:]) })
-	for _, a := range nodes {
-		out.NodeIPs = append(out.NodeIPs, a.NetIP().String())
+	for _, a := range slices.SortedFunc(maps.Keys(nodes), func(a, b lbmap.Addr) int { return bytes.Compare(a[:], b[:]) }) {
+		if nodes[a] {
+			out.NodeIPs = append(out.NodeIPs, a.NetIP().String())
+		} else {
+			out.OtherNodeIPs = append(out.OtherNodeIPs, a.NetIP().String())
+		}
 	}
 	return out, nil
 }

@@ -78,7 +78,7 @@ func openDataplane(cfg *Config) (dataplane, error) {
 	opts := datapath.NorthSouthOptions{
 		BPFRoot: cfg.BPFRoot, Sizes: sizes.LB,
 		MaglevTableSize: cfg.MaglevTableSize, MaglevSeed: cfg.MaglevSeed,
-		CTEntries: sizes.CT, NATEntries: sizes.NAT,
+		CTEntries: sizes.CT, NATEntries: sizes.NAT, FragEntries: sizes.Frag,
 		FlowCacheSets: cfg.FlowCacheSets, NoFlowCache: cfg.FlowCacheSets == 0,
 		Logf: logf,
 	}

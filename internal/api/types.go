@@ -206,7 +206,10 @@ type BPFLB struct {
 	Services []BPFService `json:"services"`
 	Backends []BPFBackend `json:"backends"`
 	RevNat   []BPFRevNat  `json:"revNat"`
-	NodeIPs  []string     `json:"nodeIPs"`
+	NodeIPs  []string     `json:"nodeIPs"` // this node's: NodePorts from outside
+	// OtherNodeIPs are the cluster's other nodes' addresses: NodePorts
+	// on them are balanced east-west only (a pod's connection).
+	OtherNodeIPs []string `json:"otherNodeIPs,omitempty"`
 }
 
 // BPFService is one lb_services entry (a master when Slot is 0).

@@ -194,6 +194,10 @@ type ICMPError struct {
 	// FromSluice: an error sluice makes itself, whose IPv4 header has ID 0
 	// and don't-fragment set (a router's test error has ID 0x4321).
 	FromSluice bool
+	// QuoteFrame, when set, is quoted instead of Quote: a frame (a
+	// Fragment) whose IP header, IPv6's fragment header included, and
+	// QuoteL4 bytes after it are quoted.
+	QuoteFrame Frame
 }
 
 // With returns a copy of e with fn applied, for expected packets.
@@ -203,23 +207,30 @@ func (e ICMPError) With(fn func(*ICMPError)) ICMPError {
 }
 
 func (e ICMPError) String() string {
-	return fmt.Sprintf("ICMP %d/%d %s -> %s quoting %s", e.Type, e.Code, e.Src, e.Dst, e.Quote)
+	var quote Frame = e.Quote
+	if e.QuoteFrame != nil {
+		quote = e.QuoteFrame
+	}
+	return fmt.Sprintf("ICMP %d/%d %s -> %s quoting %s", e.Type, e.Code, e.Src, e.Dst, quote)
 }
 
 // Bytes serializes e with correct lengths and checksums.
 func (e ICMPError) Bytes() ([]byte, error) {
-	if e.Src.Is4() != e.Dst.Is4() || e.Src.Is4() != e.Quote.Src.Addr().Is4() {
-		return nil, fmt.Errorf("%s mixes families", e)
+	var quote []byte
+	var err error
+	if e.QuoteFrame != nil {
+		quote, err = e.QuoteFrame.Bytes()
+	} else {
+		quote, err = e.Quote.Bytes()
 	}
-	quote, err := e.Quote.Bytes()
 	if err != nil {
 		return nil, err
 	}
-	quote = quote[14:]
-	l3 := 40
-	if e.Src.Is4() {
-		l3 = 20
+	if e.Src.Is4() != e.Dst.Is4() || e.Src.Is4() != frameIs4(quote) {
+		return nil, fmt.Errorf("%s mixes families", e)
 	}
+	l3 := l3HeaderLen(quote)
+	quote = quote[14:]
 	if e.QuoteL4 > 0 && l3+e.QuoteL4 < len(quote) {
 		quote = quote[:l3+e.QuoteL4]
 	}
@@ -262,20 +273,32 @@ type Encap struct {
 	SrcMAC, DstMAC net.HardwareAddr // default MACClient -> MACNode
 	Src, Dst       netip.Addr
 	Inner          Packet
+	// Frame, when set, is carried instead of Inner (a Fragment of it).
+	Frame Frame
 }
 
 func (e Encap) String() string {
-	return fmt.Sprintf("IPIP %s -> %s carrying %s", e.Src, e.Dst, e.Inner)
+	var inner Frame = e.Inner
+	if e.Frame != nil {
+		inner = e.Frame
+	}
+	return fmt.Sprintf("IPIP %s -> %s carrying %s", e.Src, e.Dst, inner)
 }
 
 // Bytes serializes e: outer TTL 64, no DF, the inner packet untouched.
 func (e Encap) Bytes() ([]byte, error) {
-	if e.Src.Is4() != e.Dst.Is4() || e.Src.Is4() != e.Inner.Src.Addr().Is4() {
-		return nil, fmt.Errorf("%s mixes families", e)
+	var inner []byte
+	var err error
+	if e.Frame != nil {
+		inner, err = e.Frame.Bytes()
+	} else {
+		inner, err = e.Inner.Bytes()
 	}
-	inner, err := e.Inner.Bytes()
 	if err != nil {
 		return nil, err
+	}
+	if e.Src.Is4() != e.Dst.Is4() || e.Src.Is4() != frameIs4(inner) {
+		return nil, fmt.Errorf("%s mixes families", e)
 	}
 	eth := ethernet(e.SrcMAC, e.DstMAC, e.Src.Is4())
 	var outer gopacket.SerializableLayer
@@ -357,6 +380,9 @@ func checkOuter(frame []byte) ([]byte, error) {
 }
 
 func checkChecksums(frame []byte) error {
+	if frag, err := checkFragment(frame); frag {
+		return err
+	}
 	var (
 		eth     layers.Ethernet
 		ip4     layers.IPv4

@@ -526,9 +526,12 @@ func writeBPFLB(w io.Writer, d *api.BPFLB) error {
 		fmt.Fprintf(tw, "%d\t%s\n", r.ID, r.Address)
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "NODE IP")
+	fmt.Fprintln(tw, "NODE IP\tNODE")
 	for _, ip := range d.NodeIPs {
-		fmt.Fprintln(tw, ip)
+		fmt.Fprintf(tw, "%s\tthis node\n", ip)
+	}
+	for _, ip := range d.OtherNodeIPs {
+		fmt.Fprintf(tw, "%s\tanother node\n", ip)
 	}
 	return tw.Flush()
 }

@@ -83,7 +83,7 @@ func sizesAt(mem uint64, fixed map[string]*ebpf.MapSpec) map[string]uint32 {
 	for name, n := range c.LB.byName() {
 		out[name] = n
 	}
-	out[lbmap.CTMapName], out[lbmap.NATMapName] = c.CT, c.NAT
+	out[lbmap.CTMapName], out[lbmap.NATMapName], out[tclbMapNsFrag] = c.CT, c.NAT, c.Frag
 	return out
 }
 
@@ -121,7 +121,7 @@ func TestPrivilegedMapMemory(t *testing.T) {
 		"lb_services": 10000 * (1 + 10), "lb_backends": 10000 * 10, "lb_rev_nat": 10000,
 		"lb_node_ips": 16, "ns_pod_ifaces": 110, "ns_tunnel": 2 * 100, "lb_src_ranges": 1000,
 		lbmap.MaglevMapName: 100, NeighbourRecordName: 100, lbmap.CTMapName: 10000, lbmap.NATMapName: 10000,
-		"lb_sock_rev": 10000, "lb_affinity": 1000,
+		"lb_sock_rev": 10000, "lb_affinity": 1000, tclbMapNsFrag: 1000,
 	}
 	mems := []uint64{1 << 30, 4 << 30, 24 << 30, 64 << 30}
 	sizes := make([]map[string]uint32, len(mems))

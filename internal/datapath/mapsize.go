@@ -53,6 +53,8 @@ type SizedMap struct {
 type ChosenSizes struct {
 	LB      MapSizes
 	CT, NAT uint32
+	// Frag sizes the fragment map (ns_frag).
+	Frag uint32
 	// Budget is MemTotal × ratio in bytes.
 	Budget uint64
 	// Maps lists each sized map in a fixed order, for the agent's log.
@@ -83,15 +85,19 @@ var sizedMaps = []sizedMap{
 	{socklbMapLbAffinity, "", 1 << 16, 1 << 16, 1 << 20, 16 + 8},
 	{lbmap.CTMapName, "bpf-ct-global-max", 1 << 18, 1 << 16, 1 << 24, 40 + 96},
 	{lbmap.NATMapName, "bpf-nat-global-max", 1 << 18, 1 << 16, 1 << 24, 40 + 24},
+	// A fragmented datagram's first-fragment ports, for as long as its
+	// fragments are on the way (milliseconds): a sixteenth of conntrack.
+	{tclbMapNsFrag, "", 1 << 14, 1 << 13, 1 << 20, 40 + 4},
 }
 
 // sizeStep rounds derived sizes down, so that the log reads well and a
 // few bytes more or less of MemTotal do not change a pinned map's size.
 const sizeStep = 1024
 
-// SizeMaps sizes the LB, conntrack and SNAT maps from the node's memory:
-// their entries' key and value bytes add up to MemTotal × Ratio, shared
-// out by each map's base, each map between its floor and its ceiling.
+// SizeMaps sizes the LB, conntrack, SNAT and fragment maps from the node's
+// memory: their entries' key and value bytes add up to MemTotal × Ratio,
+// shared out by each map's base, each map between its floor and its
+// ceiling.
 // Explicit sizes win. lb_backends is never smaller than lb_services: each
 // backend takes at least one service slot. The maps not listed here
 // (lb_rev_nat, keyed by a u16; lb_node_ips; ns_tunnel; lb_src_ranges)
@@ -135,6 +141,7 @@ func SizeMaps(in MapSizing) ChosenSizes {
 	out.LB.SockRev = entries[socklbMapLbSockRev]
 	out.LB.Affinity = entries[socklbMapLbAffinity]
 	out.CT, out.NAT = entries[lbmap.CTMapName], entries[lbmap.NATMapName]
+	out.Frag = entries[tclbMapNsFrag]
 	return out
 }
 

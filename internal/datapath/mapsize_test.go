@@ -11,10 +11,10 @@ import (
 const gib = 1 << 30
 
 // Each map's size at the default ratio. Budget = MemTotal × 0.0025; the
-// floors' key and value bytes come to 37.2 MB, so up to 14 GiB every map
+// floors' key and value bytes come to 37.6 MB, so up to 14 GiB every map
 // has its floor.
 func TestSizeMaps(t *testing.T) {
-	floors := ChosenSizes{LB: DefaultMapSizes(), CT: 65536, NAT: 65536}
+	floors := ChosenSizes{LB: DefaultMapSizes(), CT: 65536, NAT: 65536, Frag: 8192}
 	floors.LB.Services = 65536
 	for _, tt := range []struct {
 		name string
@@ -25,31 +25,31 @@ func TestSizeMaps(t *testing.T) {
 		{"4 GiB: floors", MapSizing{MemTotal: 4 * gib, Ratio: DefaultMapDynamicSizeRatio}, floors},
 		{"24 GiB: services and conntrack grow, socket and affinity keep their floors",
 			MapSizing{MemTotal: 24 * gib, Ratio: DefaultMapDynamicSizeRatio},
-			ChosenSizes{LB: MapSizes{Services: 300032, Backends: 300032, RevNat: 65536, SockRev: 262144, Affinity: 65536, NodeIPs: 1024},
-				CT: 149504, NAT: 149504}},
+			ChosenSizes{LB: MapSizes{Services: 296960, Backends: 296960, RevNat: 65536, SockRev: 262144, Affinity: 65536, NodeIPs: 1024},
+				CT: 148480, NAT: 148480, Frag: 9216}},
 		{"256 GiB: every map grows",
 			MapSizing{MemTotal: 256 * gib, Ratio: DefaultMapDynamicSizeRatio},
-			ChosenSizes{LB: MapSizes{Services: 3560448, Backends: 3560448, RevNat: 65536, SockRev: 1779712, Affinity: 444416, NodeIPs: 1024},
-				CT: 1779712, NAT: 1779712}},
+			ChosenSizes{LB: MapSizes{Services: 3534848, Backends: 3534848, RevNat: 65536, SockRev: 1767424, Affinity: 441344, NodeIPs: 1024},
+				CT: 1767424, NAT: 1767424, Frag: 109568}},
 		{"ratio 0: floors", MapSizing{MemTotal: 256 * gib}, floors},
 		{"ratio 1 on 256 GiB: ceilings",
 			MapSizing{MemTotal: 256 * gib, Ratio: 1},
 			ChosenSizes{LB: MapSizes{Services: 1 << 22, Backends: 1 << 22, RevNat: 65536, SockRev: 1 << 22, Affinity: 1 << 20, NodeIPs: 1024},
-				CT: 1 << 24, NAT: 1 << 24}},
+				CT: 1 << 24, NAT: 1 << 24, Frag: 1 << 20}},
 		{"explicit sizes win, the others are derived",
 			MapSizing{MemTotal: 24 * gib, Ratio: DefaultMapDynamicSizeRatio, Services: 1024, CT: 2048, NAT: 1 << 20},
-			ChosenSizes{LB: MapSizes{Services: 1024, Backends: 300032, RevNat: 65536, SockRev: 262144, Affinity: 65536, NodeIPs: 1024},
-				CT: 2048, NAT: 1 << 20}},
+			ChosenSizes{LB: MapSizes{Services: 1024, Backends: 296960, RevNat: 65536, SockRev: 262144, Affinity: 65536, NodeIPs: 1024},
+				CT: 2048, NAT: 1 << 20, Frag: 9216}},
 		{"explicit services above the backends' size: backends follow",
 			MapSizing{MemTotal: 1 * gib, Ratio: DefaultMapDynamicSizeRatio, Services: 1 << 20},
 			ChosenSizes{LB: MapSizes{Services: 1 << 20, Backends: 1 << 20, RevNat: 65536, SockRev: 262144, Affinity: 65536, NodeIPs: 1024},
-				CT: 65536, NAT: 65536}},
+				CT: 65536, NAT: 65536, Frag: 8192}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got := SizeMaps(tt.in)
-			if got.LB != tt.want.LB || got.CT != tt.want.CT || got.NAT != tt.want.NAT {
-				t.Errorf("SizeMaps(%+v) = %+v ct %d nat %d, want %+v ct %d nat %d",
-					tt.in, got.LB, got.CT, got.NAT, tt.want.LB, tt.want.CT, tt.want.NAT)
+			if got.LB != tt.want.LB || got.CT != tt.want.CT || got.NAT != tt.want.NAT || got.Frag != tt.want.Frag {
+				t.Errorf("SizeMaps(%+v) = %+v ct %d nat %d frag %d, want %+v ct %d nat %d frag %d",
+					tt.in, got.LB, got.CT, got.NAT, got.Frag, tt.want.LB, tt.want.CT, tt.want.NAT, tt.want.Frag)
 			}
 			if len(got.Maps) != len(sizedMaps) {
 				t.Errorf("SizeMaps(%+v) lists %d maps, want %d", tt.in, len(got.Maps), len(sizedMaps))
@@ -63,7 +63,7 @@ func TestSizeMapsSources(t *testing.T) {
 	got := SizeMaps(MapSizing{MemTotal: 24 * gib, Ratio: DefaultMapDynamicSizeRatio, CT: 4096})
 	want := map[string]string{
 		"lb_services": FromRatio, "lb_backends": FromRatio, "lb_sock_rev": FromFloor,
-		"lb_affinity": FromFloor, "ct": FromFlag, "snat": FromRatio,
+		"lb_affinity": FromFloor, "ct": FromFlag, "snat": FromRatio, "ns_frag": FromRatio,
 	}
 	for _, m := range got.Maps {
 		if want[m.Name] != m.From {

@@ -35,6 +35,8 @@ var migratableMaps = []migratable{
 	{name: socklbMapLbSockRev, refill: true},
 	{name: socklbMapLbAffinity, refill: true},
 	{name: lbmap.TunnelMapName}, // sized with lb_backends (TunnelEntries)
+	// Datagrams on their way: their ports survive a new size.
+	{name: tclbMapNsFrag},
 }
 
 // migration is a pinned map taken over by a map of a new shape. The old

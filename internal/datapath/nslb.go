@@ -27,6 +27,9 @@ type NorthSouthOptions struct {
 	// CTEntries and NATEntries size the ct and snat maps; 0 = 65536
 	// (SizeMaps derives them from memory).
 	CTEntries, NATEntries uint32
+	// FragEntries sizes the fragment map (ns_frag); 0 = 8192, the floor
+	// SizeMaps gives it.
+	FragEntries uint32
 	// MaglevTableSize and MaglevSeed are set in both objects before load
 	// (lbmap.ConfigureMaglev); every node must use the same. A zero size
 	// is maglev.DefaultTableSize.
@@ -67,7 +70,22 @@ type NorthSouthPrograms struct {
 	XDPIngress *ebpf.Program // XDP, when acceleration is on
 }
 
-const defaultNSEntries = 65536
+const (
+	defaultNSEntries   = 65536
+	defaultFragEntries = 8192
+)
+
+// mapSizes are the max_entries of every map the tc, XDP and pod objects
+// size by name: the shared LB maps', conntrack's, SNAT's, the fragment
+// map's and the DSR tunnel map's.
+func (opts NorthSouthOptions) mapSizes() map[string]uint32 {
+	sizes := opts.Sizes.withDefaults().byName()
+	sizes[lbmap.CTMapName] = orDefault(opts.CTEntries, defaultNSEntries)
+	sizes[lbmap.NATMapName] = orDefault(opts.NATEntries, defaultNSEntries)
+	sizes[tclbMapNsFrag] = orDefault(opts.FragEntries, defaultFragEntries)
+	sizes[lbmap.TunnelMapName] = TunnelEntries(opts.Sizes)
+	return sizes
+}
 
 // LoadNorthSouthSpecs returns the compiled tc and XDP objects, for tests
 // and tools that inspect their BTF.
@@ -96,10 +114,7 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 	if err != nil {
 		return nil, err
 	}
-	sizes := opts.Sizes.withDefaults().byName()
-	sizes[lbmap.CTMapName] = orDefault(opts.CTEntries, defaultNSEntries)
-	sizes[lbmap.NATMapName] = orDefault(opts.NATEntries, defaultNSEntries)
-	sizes[lbmap.TunnelMapName] = TunnelEntries(opts.Sizes)
+	sizes := opts.mapSizes()
 
 	maglevSize := orDefault(opts.MaglevTableSize, maglev.DefaultTableSize)
 	flowSets := orDefault(opts.FlowCacheSets, lbmap.DefaultFlowCacheSets)

@@ -212,8 +212,8 @@ func installPlan(t *testing.T, m lbmap.Maps) {
 		}
 		must(t, m.UpdateRevNat(s.revNat, lbmap.RevNatValue{Addr: s.addr, Port: lbmap.PortFrom(s.port)}))
 	}
-	must(t, m.UpdateNodeIP(lbmap.AddrFrom(ipNode)))
-	must(t, m.UpdateNodeIP(lbmap.AddrFrom(ipNode6)))
+	must(t, m.UpdateNodeIP(lbmap.AddrFrom(ipNode), true))
+	must(t, m.UpdateNodeIP(lbmap.AddrFrom(ipNode6), true))
 }
 
 func must(t *testing.T, err error) {

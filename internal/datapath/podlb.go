@@ -46,11 +46,7 @@ func LoadPodLB(opts NorthSouthOptions) (*PodLB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load pod LB: %w", err)
 	}
-	sizes := opts.Sizes.withDefaults().byName()
-	sizes[lbmap.CTMapName] = orDefault(opts.CTEntries, defaultNSEntries)
-	sizes[lbmap.NATMapName] = orDefault(opts.NATEntries, defaultNSEntries)
-	sizes[lbmap.TunnelMapName] = TunnelEntries(opts.Sizes)
-	for name, size := range sizes {
+	for name, size := range opts.mapSizes() {
 		if ms, ok := spec.Maps[name]; ok {
 			ms.MaxEntries = size
 		}

@@ -97,7 +97,7 @@ func newSockLBEnv(t *testing.T) *sockLBEnv {
 		e.addBackend(t, backendIDs(true, udp)[i], be, udp)
 	}
 	for _, ip := range []string{"198.18.0.11", "fd00:198:18::11"} {
-		if err := e.maps.UpdateNodeIP(lbmap.AddrFrom(netip.MustParseAddr(ip))); err != nil {
+		if err := e.maps.UpdateNodeIP(lbmap.AddrFrom(netip.MustParseAddr(ip)), true); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -28,6 +28,8 @@ const (
 	tclbMapLbSrcRanges       = "lb_src_ranges"
 	tclbMapNsConfig          = "ns_config"
 	tclbMapNsFlowCache       = "ns_flow_cache"
+	tclbMapNsFrag            = "ns_frag"
+	tclbMapNsFragScratch     = "ns_frag_scratch"
 	tclbMapNsPodIfaces       = "ns_pod_ifaces"
 	tclbMapNsScratchMap      = "ns_scratch_map"
 	tclbMapNsTunnel          = "ns_tunnel"
@@ -89,22 +91,24 @@ type tclbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tclbMapSpecs struct {
-	Ct           *ebpf.MapSpec `ebpf:"ct"`
-	LbAffinity   *ebpf.MapSpec `ebpf:"lb_affinity"`
-	LbBackends   *ebpf.MapSpec `ebpf:"lb_backends"`
-	LbConfig     *ebpf.MapSpec `ebpf:"lb_config"`
-	LbMaglev     *ebpf.MapSpec `ebpf:"lb_maglev"`
-	LbNodeIps    *ebpf.MapSpec `ebpf:"lb_node_ips"`
-	LbRevNat     *ebpf.MapSpec `ebpf:"lb_rev_nat"`
-	LbServices   *ebpf.MapSpec `ebpf:"lb_services"`
-	LbSockRev    *ebpf.MapSpec `ebpf:"lb_sock_rev"`
-	LbSrcRanges  *ebpf.MapSpec `ebpf:"lb_src_ranges"`
-	NsConfig     *ebpf.MapSpec `ebpf:"ns_config"`
-	NsFlowCache  *ebpf.MapSpec `ebpf:"ns_flow_cache"`
-	NsPodIfaces  *ebpf.MapSpec `ebpf:"ns_pod_ifaces"`
-	NsScratchMap *ebpf.MapSpec `ebpf:"ns_scratch_map"`
-	NsTunnel     *ebpf.MapSpec `ebpf:"ns_tunnel"`
-	Snat         *ebpf.MapSpec `ebpf:"snat"`
+	Ct            *ebpf.MapSpec `ebpf:"ct"`
+	LbAffinity    *ebpf.MapSpec `ebpf:"lb_affinity"`
+	LbBackends    *ebpf.MapSpec `ebpf:"lb_backends"`
+	LbConfig      *ebpf.MapSpec `ebpf:"lb_config"`
+	LbMaglev      *ebpf.MapSpec `ebpf:"lb_maglev"`
+	LbNodeIps     *ebpf.MapSpec `ebpf:"lb_node_ips"`
+	LbRevNat      *ebpf.MapSpec `ebpf:"lb_rev_nat"`
+	LbServices    *ebpf.MapSpec `ebpf:"lb_services"`
+	LbSockRev     *ebpf.MapSpec `ebpf:"lb_sock_rev"`
+	LbSrcRanges   *ebpf.MapSpec `ebpf:"lb_src_ranges"`
+	NsConfig      *ebpf.MapSpec `ebpf:"ns_config"`
+	NsFlowCache   *ebpf.MapSpec `ebpf:"ns_flow_cache"`
+	NsFrag        *ebpf.MapSpec `ebpf:"ns_frag"`
+	NsFragScratch *ebpf.MapSpec `ebpf:"ns_frag_scratch"`
+	NsPodIfaces   *ebpf.MapSpec `ebpf:"ns_pod_ifaces"`
+	NsScratchMap  *ebpf.MapSpec `ebpf:"ns_scratch_map"`
+	NsTunnel      *ebpf.MapSpec `ebpf:"ns_tunnel"`
+	Snat          *ebpf.MapSpec `ebpf:"snat"`
 }
 
 // tclbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -136,22 +140,24 @@ func (o *tclbObjects) Close() error {
 //
 // It can be passed to loadTclbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tclbMaps struct {
-	Ct           *ebpf.Map `ebpf:"ct"`
-	LbAffinity   *ebpf.Map `ebpf:"lb_affinity"`
-	LbBackends   *ebpf.Map `ebpf:"lb_backends"`
-	LbConfig     *ebpf.Map `ebpf:"lb_config"`
-	LbMaglev     *ebpf.Map `ebpf:"lb_maglev"`
-	LbNodeIps    *ebpf.Map `ebpf:"lb_node_ips"`
-	LbRevNat     *ebpf.Map `ebpf:"lb_rev_nat"`
-	LbServices   *ebpf.Map `ebpf:"lb_services"`
-	LbSockRev    *ebpf.Map `ebpf:"lb_sock_rev"`
-	LbSrcRanges  *ebpf.Map `ebpf:"lb_src_ranges"`
-	NsConfig     *ebpf.Map `ebpf:"ns_config"`
-	NsFlowCache  *ebpf.Map `ebpf:"ns_flow_cache"`
-	NsPodIfaces  *ebpf.Map `ebpf:"ns_pod_ifaces"`
-	NsScratchMap *ebpf.Map `ebpf:"ns_scratch_map"`
-	NsTunnel     *ebpf.Map `ebpf:"ns_tunnel"`
-	Snat         *ebpf.Map `ebpf:"snat"`
+	Ct            *ebpf.Map `ebpf:"ct"`
+	LbAffinity    *ebpf.Map `ebpf:"lb_affinity"`
+	LbBackends    *ebpf.Map `ebpf:"lb_backends"`
+	LbConfig      *ebpf.Map `ebpf:"lb_config"`
+	LbMaglev      *ebpf.Map `ebpf:"lb_maglev"`
+	LbNodeIps     *ebpf.Map `ebpf:"lb_node_ips"`
+	LbRevNat      *ebpf.Map `ebpf:"lb_rev_nat"`
+	LbServices    *ebpf.Map `ebpf:"lb_services"`
+	LbSockRev     *ebpf.Map `ebpf:"lb_sock_rev"`
+	LbSrcRanges   *ebpf.Map `ebpf:"lb_src_ranges"`
+	NsConfig      *ebpf.Map `ebpf:"ns_config"`
+	NsFlowCache   *ebpf.Map `ebpf:"ns_flow_cache"`
+	NsFrag        *ebpf.Map `ebpf:"ns_frag"`
+	NsFragScratch *ebpf.Map `ebpf:"ns_frag_scratch"`
+	NsPodIfaces   *ebpf.Map `ebpf:"ns_pod_ifaces"`
+	NsScratchMap  *ebpf.Map `ebpf:"ns_scratch_map"`
+	NsTunnel      *ebpf.Map `ebpf:"ns_tunnel"`
+	Snat          *ebpf.Map `ebpf:"snat"`
 }
 
 func (m *tclbMaps) Close() error {
@@ -168,6 +174,8 @@ func (m *tclbMaps) Close() error {
 		m.LbSrcRanges,
 		m.NsConfig,
 		m.NsFlowCache,
+		m.NsFrag,
+		m.NsFragScratch,
 		m.NsPodIfaces,
 		m.NsScratchMap,
 		m.NsTunnel,

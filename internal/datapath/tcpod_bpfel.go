@@ -27,6 +27,8 @@ const (
 	tcpodMapLbSockRev         = "lb_sock_rev"
 	tcpodMapLbSrcRanges       = "lb_src_ranges"
 	tcpodMapNsConfig          = "ns_config"
+	tcpodMapNsFrag            = "ns_frag"
+	tcpodMapNsFragScratch     = "ns_frag_scratch"
 	tcpodMapNsPodIfaces       = "ns_pod_ifaces"
 	tcpodMapNsScratchMap      = "ns_scratch_map"
 	tcpodMapNsTunnel          = "ns_tunnel"
@@ -87,21 +89,23 @@ type tcpodProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcpodMapSpecs struct {
-	Ct           *ebpf.MapSpec `ebpf:"ct"`
-	LbAffinity   *ebpf.MapSpec `ebpf:"lb_affinity"`
-	LbBackends   *ebpf.MapSpec `ebpf:"lb_backends"`
-	LbConfig     *ebpf.MapSpec `ebpf:"lb_config"`
-	LbMaglev     *ebpf.MapSpec `ebpf:"lb_maglev"`
-	LbNodeIps    *ebpf.MapSpec `ebpf:"lb_node_ips"`
-	LbRevNat     *ebpf.MapSpec `ebpf:"lb_rev_nat"`
-	LbServices   *ebpf.MapSpec `ebpf:"lb_services"`
-	LbSockRev    *ebpf.MapSpec `ebpf:"lb_sock_rev"`
-	LbSrcRanges  *ebpf.MapSpec `ebpf:"lb_src_ranges"`
-	NsConfig     *ebpf.MapSpec `ebpf:"ns_config"`
-	NsPodIfaces  *ebpf.MapSpec `ebpf:"ns_pod_ifaces"`
-	NsScratchMap *ebpf.MapSpec `ebpf:"ns_scratch_map"`
-	NsTunnel     *ebpf.MapSpec `ebpf:"ns_tunnel"`
-	Snat         *ebpf.MapSpec `ebpf:"snat"`
+	Ct            *ebpf.MapSpec `ebpf:"ct"`
+	LbAffinity    *ebpf.MapSpec `ebpf:"lb_affinity"`
+	LbBackends    *ebpf.MapSpec `ebpf:"lb_backends"`
+	LbConfig      *ebpf.MapSpec `ebpf:"lb_config"`
+	LbMaglev      *ebpf.MapSpec `ebpf:"lb_maglev"`
+	LbNodeIps     *ebpf.MapSpec `ebpf:"lb_node_ips"`
+	LbRevNat      *ebpf.MapSpec `ebpf:"lb_rev_nat"`
+	LbServices    *ebpf.MapSpec `ebpf:"lb_services"`
+	LbSockRev     *ebpf.MapSpec `ebpf:"lb_sock_rev"`
+	LbSrcRanges   *ebpf.MapSpec `ebpf:"lb_src_ranges"`
+	NsConfig      *ebpf.MapSpec `ebpf:"ns_config"`
+	NsFrag        *ebpf.MapSpec `ebpf:"ns_frag"`
+	NsFragScratch *ebpf.MapSpec `ebpf:"ns_frag_scratch"`
+	NsPodIfaces   *ebpf.MapSpec `ebpf:"ns_pod_ifaces"`
+	NsScratchMap  *ebpf.MapSpec `ebpf:"ns_scratch_map"`
+	NsTunnel      *ebpf.MapSpec `ebpf:"ns_tunnel"`
+	Snat          *ebpf.MapSpec `ebpf:"snat"`
 }
 
 // tcpodVariableSpecs contains global variables before they are loaded into the kernel.
@@ -132,21 +136,23 @@ func (o *tcpodObjects) Close() error {
 //
 // It can be passed to loadTcpodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcpodMaps struct {
-	Ct           *ebpf.Map `ebpf:"ct"`
-	LbAffinity   *ebpf.Map `ebpf:"lb_affinity"`
-	LbBackends   *ebpf.Map `ebpf:"lb_backends"`
-	LbConfig     *ebpf.Map `ebpf:"lb_config"`
-	LbMaglev     *ebpf.Map `ebpf:"lb_maglev"`
-	LbNodeIps    *ebpf.Map `ebpf:"lb_node_ips"`
-	LbRevNat     *ebpf.Map `ebpf:"lb_rev_nat"`
-	LbServices   *ebpf.Map `ebpf:"lb_services"`
-	LbSockRev    *ebpf.Map `ebpf:"lb_sock_rev"`
-	LbSrcRanges  *ebpf.Map `ebpf:"lb_src_ranges"`
-	NsConfig     *ebpf.Map `ebpf:"ns_config"`
-	NsPodIfaces  *ebpf.Map `ebpf:"ns_pod_ifaces"`
-	NsScratchMap *ebpf.Map `ebpf:"ns_scratch_map"`
-	NsTunnel     *ebpf.Map `ebpf:"ns_tunnel"`
-	Snat         *ebpf.Map `ebpf:"snat"`
+	Ct            *ebpf.Map `ebpf:"ct"`
+	LbAffinity    *ebpf.Map `ebpf:"lb_affinity"`
+	LbBackends    *ebpf.Map `ebpf:"lb_backends"`
+	LbConfig      *ebpf.Map `ebpf:"lb_config"`
+	LbMaglev      *ebpf.Map `ebpf:"lb_maglev"`
+	LbNodeIps     *ebpf.Map `ebpf:"lb_node_ips"`
+	LbRevNat      *ebpf.Map `ebpf:"lb_rev_nat"`
+	LbServices    *ebpf.Map `ebpf:"lb_services"`
+	LbSockRev     *ebpf.Map `ebpf:"lb_sock_rev"`
+	LbSrcRanges   *ebpf.Map `ebpf:"lb_src_ranges"`
+	NsConfig      *ebpf.Map `ebpf:"ns_config"`
+	NsFrag        *ebpf.Map `ebpf:"ns_frag"`
+	NsFragScratch *ebpf.Map `ebpf:"ns_frag_scratch"`
+	NsPodIfaces   *ebpf.Map `ebpf:"ns_pod_ifaces"`
+	NsScratchMap  *ebpf.Map `ebpf:"ns_scratch_map"`
+	NsTunnel      *ebpf.Map `ebpf:"ns_tunnel"`
+	Snat          *ebpf.Map `ebpf:"snat"`
 }
 
 func (m *tcpodMaps) Close() error {
@@ -162,6 +168,8 @@ func (m *tcpodMaps) Close() error {
 		m.LbSockRev,
 		m.LbSrcRanges,
 		m.NsConfig,
+		m.NsFrag,
+		m.NsFragScratch,
 		m.NsPodIfaces,
 		m.NsScratchMap,
 		m.NsTunnel,

@@ -16,8 +16,12 @@ const (
 	NodeIPsMapName  = "lb_node_ips"
 )
 
-// nodeIPLocal is bit 0 of an lb_node_ips value: the address is this node's.
-const nodeIPLocal uint32 = 1 << 0
+// lb_node_ips values (maps.h): the address is this node's, or another
+// node's of the cluster.
+const (
+	nodeIPLocal  uint32 = 1 << 0
+	nodeIPRemote uint32 = 1 << 1
+)
 
 // Kernel implements Maps over the load balancer's BPF maps.
 type Kernel struct {
@@ -122,8 +126,12 @@ func (m *Kernel) DeleteRevNat(id uint16) error {
 	return remove(m.revNat, RevNatMapName, id)
 }
 
-func (m *Kernel) UpdateNodeIP(a Addr) error {
-	return update(m.nodeIPs, NodeIPsMapName, a, nodeIPLocal)
+func (m *Kernel) UpdateNodeIP(a Addr, local bool) error {
+	flags := nodeIPRemote
+	if local {
+		flags = nodeIPLocal
+	}
+	return update(m.nodeIPs, NodeIPsMapName, a, flags)
 }
 
 func (m *Kernel) DeleteNodeIP(a Addr) error {
@@ -142,16 +150,14 @@ func (m *Kernel) RevNats() (map[uint16]RevNatValue, error) {
 	return dump[uint16, RevNatValue](m.revNat, RevNatMapName)
 }
 
-func (m *Kernel) NodeIPs() ([]Addr, error) {
+func (m *Kernel) NodeIPs() (map[Addr]bool, error) {
 	ips, err := dump[Addr, uint32](m.nodeIPs, NodeIPsMapName)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Addr, 0, len(ips))
+	out := make(map[Addr]bool, len(ips))
 	for a, flags := range ips {
-		if flags&nodeIPLocal != 0 {
-			out = append(out, a)
-		}
+		out[a] = flags&nodeIPLocal != 0
 	}
 	return out, nil
 }

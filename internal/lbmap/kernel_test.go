@@ -118,7 +118,9 @@ func TestPrivilegedKernelRoundtrip(t *testing.T) {
 	must("UpdateService", k.UpdateService(sk, sv))
 	must("UpdateBackend", k.UpdateBackend(7, be))
 	must("UpdateRevNat", k.UpdateRevNat(9, rn))
-	must("UpdateNodeIP", k.UpdateNodeIP(addr))
+	must("UpdateNodeIP", k.UpdateNodeIP(addr, true))
+	other := lbmap.AddrFrom(netip.MustParseAddr("198.18.0.12"))
+	must("UpdateNodeIP other", k.UpdateNodeIP(other, false))
 
 	svcs, err := k.Services()
 	must("Services", err)
@@ -137,14 +139,15 @@ func TestPrivilegedKernelRoundtrip(t *testing.T) {
 	}
 	ips, err := k.NodeIPs()
 	must("NodeIPs", err)
-	if len(ips) != 1 || ips[0] != addr {
-		t.Errorf("NodeIPs() = %v, want [%v]", ips, addr)
+	if len(ips) != 2 || !ips[addr] || ips[other] {
+		t.Errorf("NodeIPs() = %v, want {%v: true, %v: false}", ips, addr, other)
 	}
 
 	must("DeleteService", k.DeleteService(sk))
 	must("DeleteBackend", k.DeleteBackend(7))
 	must("DeleteRevNat", k.DeleteRevNat(9))
 	must("DeleteNodeIP", k.DeleteNodeIP(addr))
+	must("DeleteNodeIP other", k.DeleteNodeIP(other))
 	// Deleting what is not there is not an error: the reconciler may
 	// retry a delete after a partial failure.
 	must("DeleteService again", k.DeleteService(sk))

@@ -16,7 +16,7 @@ type Memory struct {
 	Svcs            map[ServiceKey]ServiceValue
 	Bes             map[uint32]BackendValue
 	Revs            map[uint16]RevNatValue
-	Nodes           map[Addr]struct{}
+	Nodes           map[Addr]bool // true: this node's
 	// Writes counts every update and delete, so tests can assert that an
 	// unchanged state causes no map writes.
 	Writes int
@@ -28,7 +28,7 @@ func NewMemory() *Memory {
 		Svcs:  map[ServiceKey]ServiceValue{},
 		Bes:   map[uint32]BackendValue{},
 		Revs:  map[uint16]RevNatValue{},
-		Nodes: map[Addr]struct{}{},
+		Nodes: map[Addr]bool{},
 	}
 }
 
@@ -88,11 +88,11 @@ func (m *Memory) DeleteRevNat(id uint16) error {
 	return nil
 }
 
-func (m *Memory) UpdateNodeIP(a Addr) error {
+func (m *Memory) UpdateNodeIP(a Addr, local bool) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.Writes++
-	m.Nodes[a] = struct{}{}
+	m.Nodes[a] = local
 	return nil
 }
 
@@ -122,12 +122,8 @@ func (m *Memory) RevNats() (map[uint16]RevNatValue, error) {
 	return maps.Clone(m.Revs), nil
 }
 
-func (m *Memory) NodeIPs() ([]Addr, error) {
+func (m *Memory) NodeIPs() (map[Addr]bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]Addr, 0, len(m.Nodes))
-	for a := range m.Nodes {
-		out = append(out, a)
-	}
-	return out, nil
+	return maps.Clone(m.Nodes), nil
 }

@@ -132,12 +132,14 @@ type Maps interface {
 	DeleteBackend(id uint32) error
 	UpdateRevNat(id uint16, v RevNatValue) error
 	DeleteRevNat(id uint16) error
-	UpdateNodeIP(Addr) error
+	// UpdateNodeIP writes a node address, this node's (local) or
+	// another node's.
+	UpdateNodeIP(a Addr, local bool) error
 	DeleteNodeIP(Addr) error
 
 	// Dumps, for state restore after a restart and for `sluice bpf lb list`.
 	Services() (map[ServiceKey]ServiceValue, error)
 	Backends() (map[uint32]BackendValue, error)
 	RevNats() (map[uint16]RevNatValue, error)
-	NodeIPs() ([]Addr, error)
+	NodeIPs() (map[Addr]bool, error) // address -> this node's
 }

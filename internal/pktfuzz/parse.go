@@ -21,9 +21,9 @@ type frameInfo struct {
 	// trailer): only then are checksums over the payload defined.
 	lenOK      bool
 	ttl        uint8
-	proto      uint8 // IPv4 protocol, IPv6 next header (extension headers not walked)
-	fragment   bool  // IPv4 with MF or an offset
-	laterFrag  bool  // IPv4 with an offset: no L4 header here
+	proto      uint8 // IPv4 protocol, IPv6 next header (the fragment header's; no other extension header walked)
+	fragment   bool  // IPv4 with MF or an offset, or IPv6 with a fragment header
+	laterFrag  bool  // an offset: no L4 header here
 	src, dst   netip.Addr
 	l4         int // offset of the L4 header; 0 when not there
 	sport      uint16
@@ -33,17 +33,18 @@ type frameInfo struct {
 }
 
 const (
-	ethTypeIPv4 = 0x0800
-	ethTypeIPv6 = 0x86dd
-	protoICMP   = 1
-	protoIPIP   = 4
-	protoTCP    = 6
-	protoUDP    = 17
-	protoIPv6   = 41
-	protoICMPv6 = 58
-	tcpRST      = 0x04
-	tcpSYN      = 0x02
-	tcpACK      = 0x10
+	ethTypeIPv4   = 0x0800
+	ethTypeIPv6   = 0x86dd
+	protoICMP     = 1
+	protoIPIP     = 4
+	protoTCP      = 6
+	protoUDP      = 17
+	protoIPv6     = 41
+	protoFragment = 44
+	protoICMPv6   = 58
+	tcpRST        = 0x04
+	tcpSYN        = 0x02
+	tcpACK        = 0x10
 )
 
 func parseFrame(b []byte) frameInfo {
@@ -103,7 +104,19 @@ func parseIPv6(b []byte, off int, f *frameInfo) {
 	f.ttl = b[off+7]
 	f.src = netip.AddrFrom16([16]byte(b[off+8 : off+24]))
 	f.dst = netip.AddrFrom16([16]byte(b[off+24 : off+40]))
-	parseL4(b, off+40, f)
+	l4 := off + 40
+	// A fragment header right after the fixed one, as the programs read
+	// it (l4.h): the protocol is the fragment's, the L4 header only in
+	// the first fragment.
+	if f.proto == protoFragment && len(b) >= l4+8 {
+		f.proto = b[l4]
+		f.fragment = true
+		f.laterFrag = binary.BigEndian.Uint16(b[l4+2:])&0xfff8 != 0
+		l4 += 8
+	}
+	if !f.laterFrag {
+		parseL4(b, l4, f)
+	}
 }
 
 func parseL4(b []byte, off int, f *frameInfo) {

@@ -246,8 +246,8 @@ func (r *Reconciler) restore() error {
 	if err != nil {
 		return fmt.Errorf("dump node IPs: %w", err)
 	}
-	for _, a := range nodes {
-		r.nodeIPs[a] = true
+	for a, local := range nodes {
+		r.nodeIPs[a] = local
 	}
 	if err := r.restoreMaglev(); err != nil {
 		return err
@@ -1038,16 +1038,16 @@ func (r *Reconciler) sweep() error {
 
 func (r *Reconciler) syncNodeIPs(want map[netip.Addr]bool) error {
 	var errs []error
-	for a := range want {
+	for a, local := range want {
 		k := lbmap.AddrFrom(a)
-		if r.nodeIPs[k] {
+		if have, ok := r.nodeIPs[k]; ok && have == local {
 			continue
 		}
-		if err := r.maps.UpdateNodeIP(k); err != nil {
+		if err := r.maps.UpdateNodeIP(k, local); err != nil {
 			errs = append(errs, fmt.Errorf("update node IP %s: %w", a, err))
 			continue
 		}
-		r.nodeIPs[k] = true
+		r.nodeIPs[k] = local
 	}
 	for k := range r.nodeIPs {
 		if _, ok := want[k.NetIP()]; ok {

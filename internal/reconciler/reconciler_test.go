@@ -123,8 +123,8 @@ func (r *recorder) DeleteRevNat(id uint16) error {
 	return r.record(r.Memory.DeleteRevNat(id), "rn- %d", id)
 }
 
-func (r *recorder) UpdateNodeIP(a lbmap.Addr) error {
-	return r.record(r.Memory.UpdateNodeIP(a), "node+ %s", a.NetIP())
+func (r *recorder) UpdateNodeIP(a lbmap.Addr, local bool) error {
+	return r.record(r.Memory.UpdateNodeIP(a, local), "node+ %s local=%v", a.NetIP(), local)
 }
 
 func (r *recorder) DeleteNodeIP(a lbmap.Addr) error {
@@ -219,9 +219,11 @@ func TestGoldenMapContents(t *testing.T) {
 	wantRevs := map[uint16]lbmap.RevNatValue{
 		1: revNat("198.19.200.1:443"), 2: revNat("198.19.0.10:80"), 3: revNat("0.0.0.0:30080"),
 	}
-	wantNodes := map[lbmap.Addr]struct{}{
-		lbmap.AddrFrom(netip.MustParseAddr("198.18.0.11")): {},
-		lbmap.AddrFrom(netip.MustParseAddr("198.18.0.12")): {},
+	// This node's address flagged so (north-south serves NodePorts on it
+	// alone), another node's not.
+	wantNodes := map[lbmap.Addr]bool{
+		lbmap.AddrFrom(netip.MustParseAddr("198.18.0.11")): true,
+		lbmap.AddrFrom(netip.MustParseAddr("198.18.0.12")): false,
 	}
 	if !reflect.DeepEqual(m.Svcs, wantSvcs) {
 		t.Errorf("service map:\n got %v\nwant %v", m.Svcs, wantSvcs)
@@ -727,9 +729,17 @@ func TestNodeIPs(t *testing.T) {
 		t.Errorf("node IPs written without nodesChanged (err %v)", err)
 	}
 	mustApply(t, r, st, map[types.NamespacedName]bool{})
-	want := []string{"node+ 198.18.0.12", "node- fd00:198:18::11"}
+	want := []string{"node+ 198.18.0.12 local=false", "node- fd00:198:18::11"}
 	if got := m.take(); !reflect.DeepEqual(got, want) {
 		t.Errorf("node IP writes %q, want %q", got, want)
+	}
+	// A node address that becomes this node's (or stops being) is
+	// written again with its new flag.
+	st.NodeIPs[netip.MustParseAddr("198.18.0.12")] = true
+	mustApply(t, r, st, map[types.NamespacedName]bool{})
+	want = []string{"node+ 198.18.0.12 local=true"}
+	if got := m.take(); !reflect.DeepEqual(got, want) {
+		t.Errorf("node IP writes after a flag change %q, want %q", got, want)
 	}
 }
 
