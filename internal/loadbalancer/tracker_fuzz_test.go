@@ -83,35 +83,18 @@ func FuzzTracker(f *testing.F) {
 			if g.Done() {
 				break
 			}
-			switch g.Intn(numOps) {
-			case opService:
+			op := g.Intn(numOps)
+			del := op == opDeleteService || op == opDeleteSlice || op == opDeleteNode
+			switch op {
+			case opService, opDeleteService:
 				s := g.Service()
-				k := types.NamespacedName{Namespace: s.Namespace, Name: s.Name}
-				tr.OnServiceUpdate(objs.svcs[k], s)
-				objs.svcs[k] = s
-			case opDeleteService:
-				s := g.Service()
-				k := types.NamespacedName{Namespace: s.Namespace, Name: s.Name}
-				tr.OnServiceUpdate(orElse(objs.svcs[k], s), nil)
-				delete(objs.svcs, k)
-			case opSlice:
+				event(objs.svcs, types.NamespacedName{Namespace: s.Namespace, Name: s.Name}, s, del, tr.OnServiceUpdate)
+			case opSlice, opDeleteSlice:
 				s := g.EndpointSlice()
-				k := types.NamespacedName{Namespace: s.Namespace, Name: s.Name}
-				tr.OnEndpointSliceUpdate(objs.slices[k], s)
-				objs.slices[k] = s
-			case opDeleteSlice:
-				s := g.EndpointSlice()
-				k := types.NamespacedName{Namespace: s.Namespace, Name: s.Name}
-				tr.OnEndpointSliceUpdate(orElse(objs.slices[k], s), nil)
-				delete(objs.slices, k)
-			case opNode:
+				event(objs.slices, types.NamespacedName{Namespace: s.Namespace, Name: s.Name}, s, del, tr.OnEndpointSliceUpdate)
+			case opNode, opDeleteNode:
 				n := g.Node()
-				tr.OnNodeUpdate(objs.nodes[n.Name], n)
-				objs.nodes[n.Name] = n
-			case opDeleteNode:
-				n := g.Node()
-				tr.OnNodeUpdate(orElse(objs.nodes[n.Name], n), nil)
-				delete(objs.nodes, n.Name)
+				event(objs.nodes, n.Name, n, del, tr.OnNodeUpdate)
 			case opSync:
 				sync()
 			}
@@ -144,11 +127,21 @@ func FuzzTracker(f *testing.F) {
 	})
 }
 
-func orElse[T any](a, b *T) *T {
-	if a != nil {
-		return a
+// event hands on an add or update of obj (its previous version from m), or
+// with del its delete (of the version m holds, else of obj), as an informer
+// would, and keeps m the latest version of each object.
+func event[K comparable, T any](m map[K]*T, k K, obj *T, del bool, on func(prev, cur *T)) {
+	prev := m[k]
+	if !del {
+		on(prev, obj)
+		m[k] = obj
+		return
 	}
-	return b
+	if prev == nil {
+		prev = obj
+	}
+	on(prev, nil)
+	delete(m, k)
 }
 
 // objectSet is the latest version of every object given to a Tracker.
