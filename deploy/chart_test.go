@@ -258,9 +258,8 @@ func isEmptySlice(v any) bool {
 // notExposed lists the agent flags the chart deliberately sets no value
 // for, and why. Everything else must be reachable through values.
 var notExposed = map[string]string{
-	"kubeconfig":               "in a cluster the agent uses its service account",
-	"manifests":                "in a cluster the agent watches the API server",
-	"enable-bandwidth-manager": "the agent does not implement it yet (status reports it); extraArgs can pass it",
+	"kubeconfig": "in a cluster the agent uses its service account",
+	"manifests":  "in a cluster the agent watches the API server",
 }
 
 // TestSluiceChartCoversAgentFlags fails when the agent gains a flag that
@@ -343,6 +342,7 @@ func TestSluiceChartValues(t *testing.T) {
 			cfg: func(c *agent.Config) {
 				c.SocketLB, c.AllowCgroupRoot, c.UnloadOnExit = false, false, true
 				c.MetricsAddr = "0.0.0.0:10263"
+				c.BandwidthMgr, c.BBR = true, true
 			},
 			check: func(t *testing.T, ds *appsv1.DaemonSet, objs []*unstructured.Unstructured) {
 				pod := ds.Spec.Template.Spec
@@ -359,6 +359,13 @@ func TestSluiceChartValues(t *testing.T) {
 					if o.GetKind() == "ServiceAccount" {
 						t.Errorf("serviceAccount.create=false still renders %s", objName(o))
 					}
+				}
+				// The bandwidth manager watches its node's Pods.
+				cr := convert[rbacv1.ClusterRole](t, find(t, objs, "ClusterRole", "sluice"))
+				want := append(append([]string{"/pods/list", "/pods/watch"}, agentAPIAccess...), agentEventAccess...)
+				sort.Strings(want)
+				if got := ruleAccess(t, cr.Rules); !reflect.DeepEqual(got, want) {
+					t.Errorf("ClusterRole with the bandwidth manager grants\n %v\nthe agent needs\n %v", got, want)
 				}
 				crb := convert[rbacv1.ClusterRoleBinding](t, find(t, objs, "ClusterRoleBinding", "sluice"))
 				if len(crb.Subjects) != 1 || crb.Subjects[0].Name != "sluice-agent" {

@@ -79,6 +79,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	a := newAgent(&cfg, log, src, nil, pl, features)
 	a.started = started
+	if cfg.BandwidthMgr {
+		a.bw = newBandwidthSide(cfg.NodeName) // before the source: it feeds Pods
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer a.srcWG.Wait() // after cancel: deferred calls run last-in first-out
 	defer cancel()
@@ -115,6 +118,13 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err := dp.SetConfig(lbmap.Config{HostNetnsCookie: cookie}); err != nil {
 		return fmt.Errorf("write lb_config: %w", err)
 	}
+	// The bandwidth manager's pins carry its limits over a restart; off,
+	// it takes away what an earlier agent left.
+	closeBandwidth, err := openBandwidth(&cfg, a.bw, log)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, closeBandwidth()) }()
 	a.dp = dp
 	return a.run(ctx)
 }
@@ -127,7 +137,11 @@ func newSource(cfg *Config, log *slog.Logger) (Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewKubeSource(client, host, cfg.NodeName, log), nil
+	src := NewKubeSource(client, host, cfg.NodeName, log)
+	if cfg.BandwidthMgr {
+		src.WithPods()
+	}
+	return src, nil
 }
 
 // Agent connects a source, a pipeline and a dataplane.
@@ -179,6 +193,8 @@ type Agent struct {
 	// events posts Kubernetes Events about skipped Services when an API
 	// server is the source.
 	events eventRecorder
+	// bw is the bandwidth manager (--enable-bandwidth-manager), else nil.
+	bw *bandwidthSide
 }
 
 func newAgent(cfg *Config, log *slog.Logger, src Source, dp dataplane, pl pipeline, features []api.Feature) *Agent {
@@ -264,11 +280,15 @@ func (a *Agent) run(ctx context.Context) error {
 	if err := a.startNorthSouth(); err != nil {
 		return err
 	}
+	a.startBandwidthDevices()
 	if ns, ok := a.northSouth(); ok {
 		wg.Go(func() { a.gcLoop(ctx, ns) })
 	}
-	if _, ok := a.podLB(); ok {
+	if _, ok := a.podLB(); ok || a.bw != nil {
 		wg.Go(func() { a.watchPodRoutes(ctx) })
+	}
+	if a.bw != nil && a.bw.syncDevices != nil {
+		wg.Go(func() { a.watchBandwidthDevices(ctx) })
 	}
 	if ni := a.notImplemented(); len(ni) > 0 {
 		a.log.Warn("flags accepted but not implemented yet", "flags", ni)
@@ -366,6 +386,7 @@ func (a *Agent) loop(ctx context.Context, srcDone <-chan error, first syncOutcom
 		case <-a.trigger:
 		case <-a.podTrigger:
 			a.syncPods()
+			a.bandwidthPodsChanged()
 			continue
 		case <-periodic.C:
 			full = true
@@ -418,6 +439,7 @@ func (a *Agent) syncOnce(full, retry bool) syncOutcome {
 		var skips []skip
 		skips, err = splitObjectErrors(a.afterSync(full))
 		sum.Skipped = append(sum.Skipped, skips...)
+		sum.Skipped = append(sum.Skipped, a.syncBandwidth(full, retry)...)
 	}
 	dur := time.Since(start)
 	end := time.Now()
@@ -573,8 +595,14 @@ func (a *Agent) OnNodeUpdate(prev, cur *corev1.Node) {
 }
 
 func (a *Agent) OnPodUpdate(prev, cur *corev1.Pod) {
-	if ph, ok := a.pl.(PodHandler); ok {
+	ph, ok := a.pl.(PodHandler)
+	if ok {
 		ph.OnPodUpdate(prev, cur)
+	}
+	if a.bw != nil {
+		a.bw.tracker.OnPodUpdate(prev, cur)
+	}
+	if ok || a.bw != nil {
 		a.changed()
 	}
 }
@@ -593,6 +621,8 @@ func (a *Agent) Status(context.Context) (*api.Status, error) {
 		Features:   a.features,
 		SocketLB:   api.SocketLB{Enabled: a.cfg.SocketLB, Cgroup: a.cfg.CgroupRoot, AttachPoints: points},
 		NorthSouth: a.northSouthStatus(),
+
+		BandwidthManager: a.bandwidthStatus(),
 
 		Services:  sum.Services,
 		Frontends: sum.Frontends,

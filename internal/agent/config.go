@@ -39,6 +39,7 @@ type Config struct {
 	LBAcceleration  string
 	NodePortRange   string
 	BandwidthMgr    bool
+	BBR             bool // --enable-bbr: Pods' TCP on BBR (with the bandwidth manager)
 	SocketLB        bool
 	LBMapMax        uint32 // 0: from MapSizeRatio
 	SyncPeriodMin   time.Duration
@@ -118,7 +119,10 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 		"or best-effort (driver mode where the driver allows it, else tc; a veth stays on tc: native XDP on a veth needs an XDP program "+
 		"on its peer and senders without TX checksum offload, see docs/xdp-on-veth.md)")
 	fs.StringVar(&c.NodePortRange, "node-port-range", DefaultNodePortRange, "NodePort range, MIN-MAX")
-	fs.BoolVar(&c.BandwidthMgr, "enable-bandwidth-manager", false, "enforce Pod bandwidth annotations with EDT")
+	fs.BoolVar(&c.BandwidthMgr, "enable-bandwidth-manager", false, "enforce the Pods' kubernetes.io/egress-bandwidth and ingress-bandwidth annotations: EDT with fq on --devices "+
+		"where the kernel has sch_fq, else a BPF policer on the Pods' veths with TCP paced at the source (docs/bandwidth.md)")
+	fs.BoolVar(&c.BBR, "enable-bbr", false, "TCP congestion control BBR for the Pods' connections (needs --enable-bandwidth-manager and a 5.18 kernel), "+
+		"and the server sysctls of the tuning list in the agent's network namespace")
 	fs.BoolVar(&c.SocketLB, "socket-lb", true, "load balance at the socket layer (connect, sendmsg, recvmsg, getpeername, bind)")
 	fs.Uint32Var(&c.LBMapMax, "bpf-lb-map-max", 0,
 		"entries of the service map (one per frontend and backend slot); 0: sized by --bpf-map-dynamic-size-ratio (65536 at least)")
@@ -262,6 +266,9 @@ func (c *Config) Validate() error {
 	if err := (maglev.Config{TableSize: c.MaglevTableSize}).Validate(); err != nil || c.MaglevTableSize == 0 {
 		bad("bpf-lb-maglev-table-size", c.MaglevTableSize, "want a prime from %d to %d", maglev.MinTableSize, maglev.MaxTableSize)
 	}
+	if c.BBR && !c.BandwidthMgr {
+		bad("enable-bbr", true, "needs --enable-bandwidth-manager")
+	}
 	if c.XDPGeneric && c.LBAcceleration == "disabled" {
 		bad("xdp-generic", true, "needs --lb-acceleration=native or best-effort")
 	}
@@ -307,9 +314,6 @@ func (c *Config) NotImplemented() []string {
 		if c.LBAcceleration != "disabled" {
 			out = append(out, "--lb-acceleration="+c.LBAcceleration)
 		}
-	}
-	if c.BandwidthMgr {
-		out = append(out, "--enable-bandwidth-manager")
 	}
 	return out
 }

@@ -67,7 +67,7 @@ func TestConfigValid(t *testing.T) {
 	if c.nodePortRange != [2]uint16{30000, 30100} {
 		t.Errorf("node port range = %v, want [30000 30100]", c.nodePortRange)
 	}
-	want := "--enable-bandwidth-manager" // --devices makes the north-south flags take effect
+	want := "" // --devices makes the north-south flags take effect
 	if got := strings.Join(c.NotImplemented(), " "); got != want {
 		t.Errorf("NotImplemented = %q, want %q", got, want)
 	}
@@ -160,6 +160,7 @@ func TestConfigInvalid(t *testing.T) {
 		{"ct timeout fraction", []string{"--bpf-ct-timeout-regular-tcp=1.5s"}, "--bpf-ct-timeout-regular-tcp=1.5s: want whole seconds"},
 		{"ct timeout zero", []string{"--bpf-ct-timeout-regular-any=0s"}, "--bpf-ct-timeout-regular-any=0s: want whole seconds"},
 		{"bandwidth manager syntax", []string{"--enable-bandwidth-manager=sometimes"}, `invalid argument "sometimes" for "--enable-bandwidth-manager"`},
+		{"bbr without the bandwidth manager", []string{"--enable-bbr"}, "--enable-bbr=true: needs --enable-bandwidth-manager"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append(append([]string{}, base...), tc.args...)

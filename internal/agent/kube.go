@@ -34,6 +34,7 @@ type KubeSource struct {
 	nodeName string
 	host     string
 	log      *slog.Logger
+	pods     bool // also this node's Pods (WithPods)
 
 	mu        sync.Mutex
 	informers map[string]cache.SharedIndexInformer // by kind, once running
@@ -46,6 +47,13 @@ type KubeSource struct {
 // NewKubeSource returns a source reading from client.
 func NewKubeSource(client kubernetes.Interface, host, nodeName string, log *slog.Logger) *KubeSource {
 	return &KubeSource{client: client, host: host, nodeName: nodeName, log: log}
+}
+
+// WithPods makes the source follow this node's Pods too (spec.nodeName
+// field selector), for handlers that use them (the bandwidth manager).
+func (s *KubeSource) WithPods() *KubeSource {
+	s.pods = true
+	return s
 }
 
 // KubeClient builds a clientset from a kubeconfig file, or from the
@@ -111,6 +119,13 @@ func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
 		kindEndpointSlice: svcFactory.Discovery().V1().EndpointSlices().Informer(),
 		kindNode:          nodeFactory.Core().V1().Nodes().Informer(),
 	}
+	// Only this node's Pods: a node agent never needs the others'.
+	podFactory := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "spec.nodeName=" + s.nodeName }))
+	ph, podHandler := h.(PodHandler)
+	if s.pods && podHandler {
+		inf[kindPod] = podFactory.Core().V1().Pods().Informer()
+	}
 	for kind, i := range inf {
 		if err := i.SetWatchErrorHandler(func(_ *cache.Reflector, err error) { s.listFailed(kind, err) }); err != nil {
 			return fmt.Errorf("%s informer: %w", kind, err)
@@ -123,6 +138,8 @@ func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
 			_, err = i.AddEventHandler(eventHandler(h.OnEndpointSliceUpdate))
 		case kindNode:
 			_, err = i.AddEventHandler(eventHandler(h.OnNodeUpdate))
+		case kindPod:
+			_, err = i.AddEventHandler(eventHandler(ph.OnPodUpdate))
 		}
 		if err != nil {
 			return fmt.Errorf("add %s event handler: %w", kind, err)
@@ -134,11 +151,16 @@ func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
 
 	svcFactory.Start(ctx.Done())
 	nodeFactory.Start(ctx.Done())
+	podFactory.Start(ctx.Done()) // starts nothing unless the Pod informer was made
 	defer svcFactory.Shutdown()
 	defer nodeFactory.Shutdown()
+	defer podFactory.Shutdown()
 
-	if !cache.WaitForCacheSync(ctx.Done(),
-		inf[kindService].HasSynced, inf[kindEndpointSlice].HasSynced, inf[kindNode].HasSynced) {
+	hasSynced := []cache.InformerSynced{inf[kindService].HasSynced, inf[kindEndpointSlice].HasSynced, inf[kindNode].HasSynced}
+	if i, ok := inf[kindPod]; ok {
+		hasSynced = append(hasSynced, i.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), hasSynced...) {
 		return nil // ctx done
 	}
 	s.mu.Lock()

@@ -56,6 +56,8 @@ type metrics struct {
 	gcFailures prometheus.Counter
 
 	dsrFallback prometheus.Gauge // backends DSR cannot place (dsr.go)
+
+	bandwidthPods *prometheus.GaugeVec // limited and badly annotated Pods (bandwidth.go)
 }
 
 // latencyBuckets span 100µs (one change) to 30s (a cold start at scale).
@@ -132,13 +134,14 @@ func newMetrics(src Source, dp func() dataplane) *metrics {
 	m.skipped = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: metricsNamespace, Name: "skipped_objects",
 		Help: "Objects, or values of them (a frontend), the last sync left out of the maps, by reason " +
-			"(invalid, conflict, map-full, unprogrammable, write-failed, neighbour, pod-device, dsr-tunnel).",
+			"(invalid, conflict, map-full, unprogrammable, write-failed, neighbour, pod-device, dsr-tunnel, bandwidth-annotation, bandwidth).",
 	}, []string{"reason"})
 	for _, r := range skipReasons {
 		m.skipped.WithLabelValues(r) // present at 0, so that alerts see the series
 	}
 	m.dsrFallback = newDSRFallbackGauge()
-	m.reg.MustRegister(m.ctEntries, m.gcDeleted, m.gcRuns, m.gcFailures, m.skipped, m.dsrFallback)
+	m.bandwidthPods = newBandwidthPodsGauge()
+	m.reg.MustRegister(m.ctEntries, m.gcDeleted, m.gcRuns, m.gcFailures, m.skipped, m.dsrFallback, m.bandwidthPods)
 	m.reg.MustRegister(m.syncDuration, m.syncs, m.syncFailures, m.services, m.frontends, m.backends,
 		m.objectErrors, m.programming, m.changeToMap, m.lastSync, m.lastQueued, m.initialList, m.initialSync, &scrapeCollector{src: src, dp: dp},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -41,11 +41,15 @@ const (
 	skipNeighbour      = "neighbour"      // the next hop towards a node could not be kept resolved
 	skipPodDevice      = "pod-device"     // a local backend's veth could not be found or marked
 	skipDSRTunnel      = "dsr-tunnel"     // where DSR sends a backend could not be written
+	// A Pod's bandwidth annotation is bad (it stays unlimited), or its
+	// limit could not be installed yet (its veth not found).
+	skipBandwidthAnnotation = "bandwidth-annotation"
+	skipBandwidth           = "bandwidth"
 )
 
 // skipReasons lists every reason, for the metric's series.
 var skipReasons = []string{skipInvalid, skipConflict, skipMapFull, skipUnprogrammable, skipWriteFailed,
-	skipNeighbour, skipPodDevice, skipDSRTunnel}
+	skipNeighbour, skipPodDevice, skipDSRTunnel, skipBandwidthAnnotation, skipBandwidth}
 
 // skip is one object, or one value of it (a frontend), left out of the
 // maps. Skips are reported once per change (log, status, a metric, an

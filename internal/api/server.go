@@ -49,6 +49,15 @@ func Handler(p Provider) http.Handler {
 		v, err := p.BPFNAT(r.Context())
 		reply(w, v, err)
 	})
+	mux.HandleFunc("GET "+PathBPFBandwidth, func(w http.ResponseWriter, r *http.Request) {
+		bp, ok := p.(BandwidthProvider)
+		if !ok {
+			reply(w, nil, errNoBandwidth)
+			return
+		}
+		v, err := bp.BPFBandwidth(r.Context())
+		reply(w, v, err)
+	})
 	return mux
 }
 

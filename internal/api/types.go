@@ -34,6 +34,8 @@ type Status struct {
 	// NorthSouth is the tc/XDP load balancer on --devices; nil from an
 	// agent before it.
 	NorthSouth *NorthSouth `json:"northSouth,omitempty"`
+	// BandwidthManager is nil from an agent before it.
+	BandwidthManager *BandwidthManager `json:"bandwidthManager,omitempty"`
 
 	Services  int `json:"services"`  // Service objects with at least one frontend
 	Frontends int `json:"frontends"` // frontends (address, port, protocol)

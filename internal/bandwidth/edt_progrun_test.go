@@ -175,13 +175,17 @@ const verdictNext, verdictDrop = -1, 2
 func TestPrivilegedEDTStamp(t *testing.T) {
 	objs := tcObjects(t, ModeEDT)
 	const podA, podB, other = 7, 8, 9 // host-side veths, as the packets' ingress_ifindex
-	limA := Limit{BytesPerSecond: Rate(1_000_000).BytesPerSecond(), Horizon: 60 * time.Millisecond}
-	limB := Limit{BytesPerSecond: Rate(2_000_000).BytesPerSecond(), Horizon: DefaultHorizon}
+	// Slow rates: a packet's departure is the Pod's last one plus a
+	// second or so, far beyond the time a run takes on a loaded machine
+	// (the model predicts from the time before the run; at 1 Mbit/s a
+	// run that took 6 ms under -race left at once instead).
+	limA := Limit{BytesPerSecond: Rate(10_000).BytesPerSecond(), Horizon: 6 * time.Second}
+	limB := Limit{BytesPerSecond: Rate(20_000).BytesPerSecond(), Horizon: DefaultHorizon}
 	setAggregate(t, objs, 1, podA, limA, Limit{})
 	setAggregate(t, objs, 2, podB, limB, Limit{})
 
 	// {veth, frame length, GSO segments}: A and B interleaved; A's
-	// seventh would depart 65.3 ms ahead, beyond its 60 ms horizon, and a
+	// seventh would depart 6.53 s ahead, beyond its 6 s horizon, and a
 	// small one after it still fits; a GSO packet of 3 segments counts two
 	// more copies of its 54 bytes of headers.
 	sends := []struct {

@@ -161,7 +161,7 @@ func bpfCommand() *cobra.Command {
 			return writeBPFNAT(cmd.OutOrStdout(), d)
 		},
 	})
-	cmd.AddCommand(ct, nat)
+	cmd.AddCommand(ct, nat, bpfBandwidthCommand(&o))
 	return cmd
 }
 
@@ -334,6 +334,7 @@ func writeStatus(w io.Writer, st *api.Status) error {
 	}
 
 	writeNorthSouth(tw, line, st.NorthSouth)
+	writeBandwidthManager(line, st.BandwidthManager)
 
 	line("Services", "%d services, %d frontends, %d backends", st.Services, st.Frontends, st.Backends)
 	if len(st.Maps) > 0 {

@@ -65,6 +65,9 @@ Checks a JSON schema cannot express; each failure names the value.
 {{- if and (ne .Values.lbAcceleration "disabled") (not .Values.devices) -}}
 {{- fail (printf "lbAcceleration=%s: needs devices (XDP attaches to them)" .Values.lbAcceleration) -}}
 {{- end -}}
+{{- if and .Values.bandwidthManager.bbr (not .Values.bandwidthManager.enabled) -}}
+{{- fail "bandwidthManager.bbr=true: needs bandwidthManager.enabled" -}}
+{{- end -}}
 {{- if and .Values.k8sServicePort (not .Values.k8sServiceHost) -}}
 {{- fail (printf "k8sServicePort=%v: set k8sServiceHost too" .Values.k8sServicePort) -}}
 {{- end -}}
@@ -92,6 +95,8 @@ bpf-nat-global-max: {{ .Values.bpf.natMapMax | int64 | toString | quote }}
 bpf-root: {{ .Values.bpf.root | quote }}
 cgroup-root: {{ include "sluice.cgroupMountPath" . | quote }}
 devices: {{ join "," .Values.devices | quote }}
+enable-bandwidth-manager: {{ .Values.bandwidthManager.enabled | quote }}
+enable-bbr: {{ .Values.bandwidthManager.bbr | quote }}
 healthz-bind-address: {{ include "sluice.hostPort" (list .Values.healthz.bindAddress .Values.healthz.port) | quote }}
 k8s-sync-timeout: {{ .Values.k8sSyncTimeout | quote }}
 lb-acceleration: {{ .Values.lbAcceleration | quote }}

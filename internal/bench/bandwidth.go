@@ -1,0 +1,523 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/sluice-dataplane/sluice/internal/bandwidth"
+	"github.com/sluice-dataplane/sluice/internal/datapath"
+)
+
+// The bandwidth benchmark: a Pod's limit held by each mechanism in turn,
+// measured with iperf3 between namespaces (docs/bandwidth.md).
+//
+//	pod   eth0 198.18.1.10/24 ── lxc0 198.18.1.1/24  node  eth0 198.18.0.11/24 ── eth0 198.18.0.12/24  remote
+//	      (limited; iperf3 client,     (limiters on lxc0, or            (iperf3 server)
+//	       in the bench's cgroup)       on eth0 for EDT)
+//
+// Egress runs send pod → remote, ingress runs (-R) remote → pod.
+var (
+	bwPodIP    = netip.MustParseAddr("198.18.1.10")
+	bwLxcIP    = netip.MustParseAddr("198.18.1.1")
+	bwNodeIP   = netip.MustParseAddr("198.18.0.11")
+	bwRemoteIP = netip.MustParseAddr("198.18.0.12")
+)
+
+// BWPrefix names the benchmark's namespaces, cgroup and pin directory.
+const BWPrefix = "sluice-bw-"
+
+// Bandwidth contenders: how the Pod's limit is held.
+const (
+	BWNone          = "none"            // no limit: the path's ceiling
+	BWPolice        = "police"          // BPF policer on lxc0, drops only
+	BWPoliceECN     = "police-ecn"      // ... marking CE before it drops, ECN negotiated by sock_ops
+	BWPacePolice    = "pace-police"     // TCP paced at the source (sock_ops), the policer dropping
+	BWPacePoliceECN = "pace-police-ecn" // ... and marking CE before it drops
+	BWPace          = "pace"            // TCP pacing alone (the policer's burst 2 s, never reached)
+	BWEDT           = "edt-fq"          // EDT stamps on the node's eth0 with fq (needs sch_fq)
+	BWTBFCNI        = "tbf-cni"         // TBF as the bandwidth CNI plugin sets it (burst 2^31 bits)
+	BWTBF           = "tbf"             // TBF with a burst of 5 ms
+	BWHTB           = "htb"             // HTB with its default burst
+)
+
+// BWContenders are all, in the order they run.
+var BWContenders = []string{BWNone, BWPolice, BWPoliceECN, BWPace, BWPacePolice, BWPacePoliceECN, BWEDT, BWTBFCNI, BWTBF, BWHTB}
+
+// BandwidthConfig configures RunBandwidth.
+type BandwidthConfig struct {
+	Rates      []bandwidth.Rate
+	Contenders []string
+	Flows      []int    // TCP streams per run
+	CCs        []string // TCP congestion controls
+	UDP        bool
+	Ingress    bool // also limit and measure the Pod's ingress (iperf3 -R)
+	Duration   time.Duration
+	Progress   io.Writer
+}
+
+// BandwidthRow is one iperf3 run.
+type BandwidthRow struct {
+	Contender string `json:"contender"`
+	Direction string `json:"direction"` // egress or ingress
+	Rate      string `json:"rate"`
+	RateBits  uint64 `json:"rate_bits"`
+	Proto     string `json:"proto"`
+	CC        string `json:"cc,omitempty"`
+	Flows     int    `json:"flows"`
+	// Goodput is what iperf3's receiver counted, bits/s of payload.
+	Goodput float64 `json:"goodput_bps"`
+	// Wire is Goodput with the headers each segment carries on the wire
+	// (what a limit counts): payload × (MSS + 66) / MSS for TCP.
+	Wire float64 `json:"wire_bps"`
+	// Ratio is Wire / the rate.
+	Ratio   float64 `json:"ratio"`
+	Retrans int     `json:"retransmits"`
+	LostPct float64 `json:"udp_lost_percent"`
+	// Drops and Marks are the BPF limiter's, for its contenders.
+	Drops   uint64 `json:"drops"`
+	Marks   uint64 `json:"marks"`
+	Skipped string `json:"skipped,omitempty"`
+}
+
+// BandwidthReport is a whole run.
+type BandwidthReport struct {
+	Kernel string         `json:"kernel"`
+	Start  time.Time      `json:"start"`
+	Rows   []BandwidthRow `json:"rows"`
+}
+
+// bwBench is the topology of one run.
+type bwBench struct {
+	id               string
+	pod, node, remot *netNS
+	lxc, eth0        int // ifindexes in node
+	cgroup           string
+	cgroupFD         *os.File
+	bpfRoot          string
+	server           *exec.Cmd
+	progress         io.Writer
+}
+
+func (b *bwBench) logf(format string, args ...any) {
+	if b.progress != nil {
+		fmt.Fprintf(b.progress, format+"\n", args...)
+	}
+}
+
+// RunBandwidth measures each contender at each rate, flows and congestion
+// control, one run each.
+func RunBandwidth(ctx context.Context, cfg BandwidthConfig) (_ *BandwidthReport, err error) {
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		return nil, errors.New("iperf3 not found: run scripts/deps.sh")
+	}
+	b, err := newBWBench(cfg.Progress)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, b.close()) }()
+	rep := &BandwidthReport{Kernel: kernelRelease(), Start: time.Now()}
+	fqErr := bandwidth.ProbeFQ()
+	dirs := []string{"egress"}
+	if cfg.Ingress {
+		dirs = append(dirs, "ingress")
+	}
+	for _, rate := range cfg.Rates {
+		for _, dir := range dirs {
+			for _, c := range cfg.Contenders {
+				rows := b.runs(cfg, c, dir, rate)
+				if skip := bwSkip(c, dir, fqErr); skip != "" {
+					for i := range rows {
+						rows[i].Skipped = skip
+					}
+					rep.Rows = append(rep.Rows, rows...)
+					continue
+				}
+				undo, counters, err := b.limit(c, dir, rate)
+				if err != nil {
+					return rep, fmt.Errorf("%s %s at %s: %w", c, dir, rate, err)
+				}
+				for i := range rows {
+					if ctx.Err() != nil {
+						return rep, errors.Join(ctx.Err(), undo())
+					}
+					before := counters()
+					if err := b.iperf(ctx, &rows[i], cfg.Duration); err != nil {
+						return rep, errors.Join(err, undo())
+					}
+					after := counters()
+					rows[i].Drops, rows[i].Marks = after.Drops-before.Drops, after.Marks-before.Marks
+					b.logf("%-16s %-7s %5s %-5s %-5s P%-2d  %7.2f Mbit/s wire  %.3f  retr %d  lost %.1f%%  drops %d  marks %d",
+						c, dir, rate, rows[i].Proto, rows[i].CC, rows[i].Flows, rows[i].Wire/1e6, rows[i].Ratio,
+						rows[i].Retrans, rows[i].LostPct, rows[i].Drops, rows[i].Marks)
+				}
+				rep.Rows = append(rep.Rows, rows...)
+				if err := undo(); err != nil {
+					return rep, fmt.Errorf("remove %s: %w", c, err)
+				}
+			}
+		}
+	}
+	return rep, nil
+}
+
+// bwSkip is why a contender cannot run here, empty when it can.
+func bwSkip(c, dir string, fqErr error) string {
+	switch {
+	case c == BWEDT && fqErr != nil:
+		return "kernel lacks sch_fq: " + fqErr.Error()
+	case dir == "ingress" && (c == BWPace || c == BWPacePolice || c == BWPacePoliceECN || c == BWEDT):
+		return "egress only: it works at the sender or on the device"
+	}
+	return ""
+}
+
+func (b *bwBench) runs(cfg BandwidthConfig, c, dir string, rate bandwidth.Rate) []BandwidthRow {
+	base := BandwidthRow{Contender: c, Direction: dir, Rate: rate.String(), RateBits: uint64(rate)}
+	var out []BandwidthRow
+	for _, cc := range cfg.CCs {
+		for _, n := range cfg.Flows {
+			r := base
+			r.Proto, r.CC, r.Flows = "tcp", cc, n
+			out = append(out, r)
+		}
+	}
+	if cfg.UDP {
+		r := base
+		r.Proto, r.Flows = "udp", 1
+		out = append(out, r)
+	}
+	return out
+}
+
+func kernelRelease() string {
+	var uts syscall.Utsname
+	if err := syscall.Uname(&uts); err != nil {
+		return ""
+	}
+	var b strings.Builder
+	for _, c := range uts.Release {
+		if c == 0 {
+			break
+		}
+		b.WriteByte(byte(c))
+	}
+	return b.String()
+}
+
+// newBWBench builds the namespaces, links, routes and the cgroup, and
+// starts the iperf3 server.
+func newBWBench(progress io.Writer) (b *bwBench, err error) {
+	id := BWPrefix + strconv.Itoa(os.Getpid())
+	b = &bwBench{id: id, progress: progress}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, b.close())
+			b = nil
+		}
+	}()
+	for _, n := range []struct {
+		into **netNS
+		name string
+	}{{&b.pod, id + "-pod"}, {&b.node, id + "-node"}, {&b.remot, id + "-remote"}} {
+		if *n.into, err = newNetNS(n.name); err != nil {
+			return nil, err
+		}
+	}
+	cmds := [][]string{
+		{"ip", "-n", b.node.name, "link", "add", "lxc0", "type", "veth", "peer", "name", "eth0", "netns", b.pod.name},
+		{"ip", "-n", b.node.name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", b.remot.name},
+		{"ip", "-n", b.pod.name, "addr", "add", bwPodIP.String() + "/24", "dev", "eth0"},
+		{"ip", "-n", b.pod.name, "link", "set", "eth0", "up"},
+		{"ip", "-n", b.pod.name, "route", "add", "default", "via", bwLxcIP.String()},
+		{"ip", "-n", b.node.name, "addr", "add", bwLxcIP.String() + "/24", "dev", "lxc0"},
+		{"ip", "-n", b.node.name, "addr", "add", bwNodeIP.String() + "/24", "dev", "eth0"},
+		{"ip", "-n", b.node.name, "link", "set", "lxc0", "up"},
+		{"ip", "-n", b.node.name, "link", "set", "eth0", "up"},
+		{"ip", "netns", "exec", b.node.name, "sysctl", "-qw", "net.ipv4.ip_forward=1"},
+		{"ip", "-n", b.remot.name, "addr", "add", bwRemoteIP.String() + "/24", "dev", "eth0"},
+		{"ip", "-n", b.remot.name, "link", "set", "eth0", "up"},
+		{"ip", "-n", b.remot.name, "route", "add", "198.18.1.0/24", "via", bwNodeIP.String()},
+	}
+	for _, c := range cmds {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("%s: %v: %s", strings.Join(c, " "), err, out)
+		}
+	}
+	if err := b.node.do(func() error {
+		for _, d := range []struct {
+			name string
+			into *int
+		}{{"lxc0", &b.lxc}, {"eth0", &b.eth0}} {
+			l, err := netlink.LinkByName(d.name)
+			if err != nil {
+				return err
+			}
+			*d.into = l.Attrs().Index
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	root, err := datapath.Cgroup2Mount()
+	if err != nil {
+		return nil, err
+	}
+	b.cgroup = filepath.Join(root, id)
+	if err := os.Mkdir(b.cgroup, 0o755); err != nil {
+		return nil, fmt.Errorf("create cgroup: %w", err)
+	}
+	if b.cgroupFD, err = os.Open(b.cgroup); err != nil {
+		return nil, err
+	}
+	b.bpfRoot = filepath.Join("/sys/fs/bpf", id)
+	b.server = exec.Command("ip", "netns", "exec", b.remot.name, "iperf3", "-s", "-B", bwRemoteIP.String())
+	if err := b.server.Start(); err != nil {
+		return nil, fmt.Errorf("start iperf3 server: %w", err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	return b, nil
+}
+
+func (b *bwBench) close() error {
+	var errs []error
+	if b.server != nil && b.server.Process != nil {
+		_ = b.server.Process.Kill()
+		_ = b.server.Wait()
+	}
+	for _, n := range []*netNS{b.pod, b.node, b.remot} {
+		if n == nil {
+			continue
+		}
+		n.handle.Close()
+		if err := netns.DeleteNamed(n.name); err != nil {
+			errs = append(errs, fmt.Errorf("delete netns %s: %w", n.name, err))
+		}
+	}
+	if b.cgroupFD != nil {
+		b.cgroupFD.Close()
+	}
+	if b.cgroup != "" {
+		// The iperf3 clients have exited; the cgroup is empty.
+		if err := os.Remove(b.cgroup); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove cgroup: %w", err))
+		}
+	}
+	if b.bpfRoot != "" {
+		errs = append(errs, os.RemoveAll(b.bpfRoot))
+	}
+	return errors.Join(errs...)
+}
+
+// limit installs contender c on direction dir at rate; undo removes it,
+// counters reads the BPF limiter's counters (zero for the others).
+func (b *bwBench) limit(c, dir string, rate bandwidth.Rate) (undo func() error, counters func() bandwidth.Counters, err error) {
+	none := func() bandwidth.Counters { return bandwidth.Counters{} }
+	nothing := func() error { return nil }
+	ingress := dir == "ingress"
+	bits := strconv.FormatUint(uint64(rate), 10)
+	switch c {
+	case BWNone:
+		return nothing, none, nil
+	case BWTBFCNI, BWTBF, BWHTB:
+		return b.limitQdisc(c, ingress, rate, bits)
+	}
+	opts := bandwidth.LoadOptions{BPFRoot: b.bpfRoot, Mode: bandwidth.ModePolice}
+	lim := bandwidth.LimitFor(rate)
+	switch c {
+	case BWPolice:
+		lim.ECN = 0
+	case BWPoliceECN:
+		opts.ECN = true
+	case BWPace:
+		opts.Pacing = true
+		lim.Burst, lim.ECN = bandwidth.DefaultHorizon, 0
+	case BWPacePolice:
+		opts.Pacing = true
+		lim.ECN = 0
+	case BWPacePoliceECN:
+		opts.ECN, opts.Pacing = true, true
+	case BWEDT:
+		opts.Mode = bandwidth.ModeEDT
+		opts.ECN, opts.Pacing = true, true
+	default:
+		return nil, nil, fmt.Errorf("unknown contender %q", c)
+	}
+	var k *bandwidth.Kernel
+	agg := bandwidth.Aggregate{ID: 1, Veth: b.lxc, Addrs: []netip.Addr{bwPodIP}}
+	if ingress {
+		agg.Ingress = lim
+	} else {
+		agg.Egress = lim
+	}
+	err = b.node.do(func() error {
+		if k, err = bandwidth.Load(opts); err != nil {
+			return err
+		}
+		if err := k.Install(agg, nil); err != nil {
+			return err
+		}
+		if c == BWEDT {
+			if _, err := k.SyncDevices([]datapath.Device{{Name: "eth0", Ifindex: b.eth0}}); err != nil {
+				return err
+			}
+		}
+		return k.AttachCgroup(b.cgroup)
+	})
+	if err != nil {
+		if k != nil {
+			k.Close()
+		}
+		return nil, nil, errors.Join(err, bandwidth.Unload(b.bpfRoot))
+	}
+	counters = func() bandwidth.Counters {
+		e, i, _ := k.Counters(1)
+		if ingress {
+			return i
+		}
+		return e
+	}
+	undo = func() error {
+		return b.node.do(func() error {
+			return errors.Join(k.Remove(agg), k.Close(), bandwidth.Unload(b.bpfRoot))
+		})
+	}
+	return undo, counters, nil
+}
+
+// limitQdisc is the token-bucket contenders: on lxc0's egress for the
+// Pod's ingress; for its egress, lxc0's ingress redirected to an ifb
+// device whose egress holds the qdisc, as the bandwidth CNI plugin does.
+func (b *bwBench) limitQdisc(c string, ingress bool, rate bandwidth.Rate, bits string) (func() error, func() bandwidth.Counters, error) {
+	dev := "lxc0"
+	var cmds [][]string
+	tc := func(args ...string) []string {
+		return append([]string{"ip", "netns", "exec", b.node.name, "tc"}, args...)
+	}
+	if !ingress {
+		dev = "ifb0"
+		cmds = append(cmds,
+			[]string{"ip", "-n", b.node.name, "link", "add", "ifb0", "type", "ifb"},
+			[]string{"ip", "-n", b.node.name, "link", "set", "ifb0", "up"},
+			tc("qdisc", "add", "dev", "lxc0", "handle", "ffff:", "ingress"),
+			tc("filter", "add", "dev", "lxc0", "parent", "ffff:", "protocol", "all", "u32", "match", "u32", "0", "0",
+				"action", "mirred", "egress", "redirect", "dev", "ifb0"))
+	}
+	bytesPerSec := rate.BytesPerSecond()
+	switch c {
+	case BWTBFCNI:
+		// The kubelet passes a burst of math.MaxInt32 bits; the plugin
+		// sets latency 25 ms, limit = rate × latency + burst.
+		burst := uint64(1<<31-1) / 8
+		limit := bytesPerSec*25/1000 + burst
+		cmds = append(cmds, tc("qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate", bits+"bit",
+			"burst", strconv.FormatUint(burst, 10), "limit", strconv.FormatUint(limit, 10)))
+	case BWTBF:
+		burst := max(bytesPerSec*5/1000, 2*1514)
+		cmds = append(cmds, tc("qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate", bits+"bit",
+			"burst", strconv.FormatUint(burst, 10), "latency", "25ms"))
+	case BWHTB:
+		cmds = append(cmds,
+			tc("qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1"),
+			tc("class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", bits+"bit", "ceil", bits+"bit"))
+	}
+	for _, c := range cmds {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			return nil, nil, fmt.Errorf("%s: %v: %s", strings.Join(c, " "), err, out)
+		}
+	}
+	undo := func() error {
+		var errs []error
+		for _, c := range [][]string{tc("qdisc", "del", "dev", dev, "root")} {
+			if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %v: %s", strings.Join(c, " "), err, out))
+			}
+		}
+		if !ingress {
+			for _, c := range [][]string{tc("qdisc", "del", "dev", "lxc0", "ingress"), {"ip", "-n", b.node.name, "link", "del", "ifb0"}} {
+				if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+					errs = append(errs, fmt.Errorf("%s: %v: %s", strings.Join(c, " "), err, out))
+				}
+			}
+		}
+		return errors.Join(errs...)
+	}
+	return undo, func() bandwidth.Counters { return bandwidth.Counters{} }, nil
+}
+
+// iperf3Result is the part of iperf3 -J's output the benchmark reads.
+type iperf3Result struct {
+	Start struct {
+		TCPMSS int `json:"tcp_mss_default"`
+	} `json:"start"`
+	End struct {
+		SumSent struct {
+			Retransmits int `json:"retransmits"`
+		} `json:"sum_sent"`
+		SumReceived struct {
+			BitsPerSecond float64 `json:"bits_per_second"`
+		} `json:"sum_received"`
+		Sum struct {
+			BitsPerSecond float64 `json:"bits_per_second"`
+			LostPercent   float64 `json:"lost_percent"`
+		} `json:"sum"`
+	} `json:"end"`
+	Error string `json:"error"`
+}
+
+// udpPayload keeps UDP datagrams within one 1500-byte packet.
+const udpPayload = 1400
+
+// iperf runs one iperf3 client in the pod, in the bench's cgroup, and
+// fills r from its report.
+func (b *bwBench) iperf(ctx context.Context, r *BandwidthRow, d time.Duration) error {
+	args := []string{"netns", "exec", b.pod.name, "iperf3", "-c", bwRemoteIP.String(), "-J",
+		"-t", strconv.Itoa(int(d / time.Second)), "-O", "1", "-P", strconv.Itoa(r.Flows)}
+	if r.Direction == "ingress" {
+		args = append(args, "-R")
+	}
+	if r.Proto == "udp" {
+		args = append(args, "-u", "-l", strconv.Itoa(udpPayload), "-b", strconv.FormatUint(2*r.RateBits, 10))
+	} else {
+		args = append(args, "-C", r.CC)
+	}
+	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(b.cgroupFD.Fd())}
+	out, err := cmd.Output()
+	var res iperf3Result
+	if jerr := json.Unmarshal(out, &res); jerr != nil {
+		return fmt.Errorf("iperf3 %s: %v (%v)", strings.Join(args[3:], " "), err, jerr)
+	}
+	if res.Error != "" {
+		return fmt.Errorf("iperf3 %s: %s", strings.Join(args[3:], " "), res.Error)
+	}
+	if r.Proto == "udp" {
+		r.Goodput, r.LostPct = res.End.SumReceived.BitsPerSecond, res.End.Sum.LostPercent
+		// Ethernet 14 + IPv4 20 + UDP 8 per datagram.
+		r.Wire = r.Goodput * float64(udpPayload+42) / udpPayload
+	} else {
+		mss := res.Start.TCPMSS
+		if mss == 0 {
+			mss = 1448
+		}
+		r.Goodput, r.Retrans = res.End.SumReceived.BitsPerSecond, res.End.SumSent.Retransmits
+		r.Wire = r.Goodput * float64(mss+66) / float64(mss)
+	}
+	r.Ratio = r.Wire / float64(r.RateBits)
+	return nil
+}
