@@ -24,6 +24,10 @@
 #endif /* READ_ONCE */
 #ifndef barrier
 #define barrier() asm volatile("" ::: "memory")
+/* barrier_var makes var opaque to the compiler: arithmetic on it is not
+ * folded into what it was computed from (data_end - data + n would become
+ * pointer arithmetic on data_end, which the verifier refuses). */
+#define barrier_var(var) asm volatile("" : "+r"(var))
 #endif /* barrier */
 #ifndef WRITE_ONCE
 #define WRITE_ONCE(x, v) (*(volatile typeof(x) *)&(x) = (v))

@@ -6,6 +6,19 @@
 
 #include "l4.h"
 
+#ifndef BPF_F_IPV6
+#define BPF_F_IPV6 (1ULL << 7) /* bpf_l4_csum_replace, 6.16 */
+#endif /* BPF_F_IPV6 */
+
+/* BPF_F_IPV6 where bpf_l4_csum_replace takes it (6.16), set at load from
+ * the probe; 0 before. A change of an IPv6 address in the pseudo header
+ * leaves the packet's sum unchanged (the L4 checksum's change cancels it),
+ * and without the flag the helper also moves skb->csum of a
+ * CHECKSUM_COMPLETE packet (a NIC's receive checksum): the stack then
+ * finds it wrong, logs "hw csum failure" and checks in software. The
+ * flag's first user was Cilium's IPv6 reverse SNAT. */
+volatile const __u32 csum_v6_flag = 0;
+
 static __always_inline __u64 l4_csum_flags(const struct ns_pkt *p)
 {
 	/* A UDP checksum of 0 means "none" and must stay 0; a computed 0 is
@@ -49,7 +62,7 @@ static __always_inline int pkt_rewrite_addr(struct __ctx_buff *ctx, struct ns_pk
 			return -1;
 		if (ctx_store_bytes(ctx, off, new.b, sizeof(new.b)))
 			return -1;
-		if (ns_has_l4(p) && ctx_l4_csum_replace(ctx, csum_off, 0, diff, flags))
+		if (ns_has_l4(p) && ctx_l4_csum_replace(ctx, csum_off, 0, diff, flags | csum_v6_flag))
 			return -1;
 	}
 	*cur = *to;

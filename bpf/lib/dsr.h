@@ -63,6 +63,8 @@ static __always_inline __u16 ns_remote_kind(const struct ns_config *cfg, __u8 pr
 	return dsr_tunnel_endpoint(backend, &node) ? CT_F_DSR : CT_F_SNAT;
 }
 
+#define DSR_IP4_DF 0x4000 /* IPv4 don't fragment, host order */
+
 /* dsr_encap wraps the packet of p in an outer header src -> dst and turns p
  * into the outer packet's view (for the FIB lookup). */
 static __always_inline int dsr_encap(struct __ctx_buff *ctx, struct ns_pkt *p,
@@ -80,11 +82,23 @@ static __always_inline int dsr_encap(struct __ctx_buff *ctx, struct ns_pkt *p,
 			.saddr = src->w[3],
 			.daddr = dst->w[3],
 		};
+		__be16 frag;
 		__u8 tos;
 
-		if (ctx_load_bytes(ctx, p->l3_off + 1, &tos, 1))
+		if (ctx_load_bytes(ctx, p->l3_off + 1, &tos, 1) ||
+		    ctx_load_bytes(ctx, p->l3_off + offsetof(struct iphdr, frag_off), &frag, 2))
 			return -1;
 		ip4.tos = tos;
+		/* DF as the inner packet says, as Linux's IPIP tunnels do with
+		 * path MTU discovery: a router on the way answers the client's
+		 * DF packets (to this node, which is what the stack learns
+		 * from). Without DF the outer packet may be fragmented, so it
+		 * needs an ID of its own (RFC 6864: ID 0 only for atomic
+		 * datagrams). */
+		if (frag & bpf_htons(DSR_IP4_DF))
+			ip4.frag_off = bpf_htons(DSR_IP4_DF);
+		else
+			ip4.id = (__be16)bpf_get_prandom_u32();
 		ip4.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&ip4, sizeof(ip4), 0));
 		if (ctx_push_l3(ctx, sizeof(ip4), false) ||
 		    ctx_store_bytes(ctx, p->l3_off, &ip4, sizeof(ip4)))
@@ -122,7 +136,6 @@ static __always_inline int dsr_encap(struct __ctx_buff *ctx, struct ns_pkt *p,
  * client's next datagrams come in fragments that fit. A later fragment is
  * dropped: it quotes no ports, so no client could tell what it is about. */
 #define DSR_QUOTE_L4 8 /* bytes of the L4 header quoted, all RFC 792 asks */
-#define DSR_IP4_DF   0x4000
 
 static __always_inline __u32 dsr_overhead(const struct ns_pkt *p)
 {
@@ -130,7 +143,8 @@ static __always_inline __u32 dsr_overhead(const struct ns_pkt *p)
 }
 
 /* dsr_mtu returns the MTU the client must use when p plus the outer header
- * exceeds the device's MTU, else 0. */
+ * exceeds the MTU of the device p came in on, else 0: the guess when the
+ * FIB does not know the tunnel's route (ns_dsr_forward). */
 static __always_inline __u32 dsr_mtu(struct __ctx_buff *ctx, const struct ns_pkt *p)
 {
 	__u32 mtu = 0;

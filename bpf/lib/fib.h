@@ -114,6 +114,40 @@ static __always_inline void ns_fib_keep(struct ct_fib *c, const struct bpf_fib_l
 	WRITE_ONCE(c->at, now);
 }
 
+/* ns_fib_addrs sets the family and addresses of a FIB question. */
+static __always_inline void ns_fib_addrs(struct bpf_fib_lookup *fib, bool v6,
+					 const union lb_addr *saddr, const union lb_addr *daddr)
+{
+	if (v6) {
+		fib->family = AF_INET6;
+		__builtin_memcpy(fib->ipv6_src, saddr->b, 16);
+		__builtin_memcpy(fib->ipv6_dst, daddr->b, 16);
+	} else {
+		fib->family = AF_INET;
+		fib->ipv4_src = saddr->w[3];
+		fib->ipv4_dst = daddr->w[3];
+	}
+}
+
+/* ns_fib_tunnel looks up the route of the tunnel packet p is about to
+ * become (saddr -> daddr, protocol proto, hlen bytes of outer header),
+ * before it is made: the MTU checked is the route's egress device's, on
+ * one segment of a GSO packet plus the outer header. */
+static __always_inline long ns_fib_tunnel(struct __ctx_buff *ctx, const struct ns_pkt *p,
+					  const union lb_addr *saddr, const union lb_addr *daddr,
+					  __u8 proto, __u32 hlen, struct bpf_fib_lookup *fib)
+{
+	__u32 len = ns_mtu_len(ctx, p);
+
+	barrier_var(len);
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->ifindex = ctx_ifindex(ctx);
+	fib->l4_protocol = proto;
+	fib->tot_len = len + hlen;
+	ns_fib_addrs(fib, p->v6, saddr, daddr);
+	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
+}
+
 /* ns_fib's answer when it took the result kept in the CT entry: a success
  * without a lookup (no BPF_FIB_LKUP_RET_* value). */
 #define NS_FIB_KEPT 0x100
@@ -140,15 +174,7 @@ static __always_inline long ns_fib(struct __ctx_buff *ctx, const struct ns_pkt *
 	fib->tot_len = ns_mtu_len(ctx, p);
 	if (keep && ns_fib_kept(&keep->fib, fib, now))
 		return NS_FIB_KEPT;
-	if (p->v6) {
-		fib->family = AF_INET6;
-		__builtin_memcpy(fib->ipv6_src, saddr->b, 16);
-		__builtin_memcpy(fib->ipv6_dst, daddr->b, 16);
-	} else {
-		fib->family = AF_INET;
-		fib->ipv4_src = saddr->w[3];
-		fib->ipv4_dst = daddr->w[3];
-	}
+	ns_fib_addrs(fib, p->v6, saddr, daddr);
 	rc = bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
 	if (keep && rc == BPF_FIB_LKUP_RET_SUCCESS) {
 		fib->tot_len = ns_mtu_len(ctx, p); /* the lookup may reuse it */

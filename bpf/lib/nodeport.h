@@ -135,22 +135,33 @@ static __always_inline int ns_forward(struct __ctx_buff *ctx, const struct ns_pk
 }
 
 /* ns_dsr_forward sends p (client -> frontend, untouched) to the node of
- * backend in an outer header from this node. */
+ * backend in an outer header from this node. The outer packet's route is
+ * asked first: a packet that would not fit its egress device's MTU with
+ * the outer header is answered (dsr_reply_too_big), whichever device it
+ * came in on. When the FIB knows no route (the stack will route it), the
+ * device it came in on is the guess. */
 static __always_inline int ns_dsr_forward(struct __ctx_buff *ctx, struct ns_pkt *p,
 					  const struct ns_config *cfg,
 					  const union lb_addr *backend)
 {
 	union lb_addr node __align_stack_8;
 	union lb_addr src __align_stack_8;
-	__u32 mtu = dsr_mtu(ctx, p);
+	struct bpf_fib_lookup *fib = ns_fib_buf();
+	__u32 hlen = dsr_overhead(p), mtu;
+	long rc;
 
-	if (mtu)
-		return dsr_reply_too_big(ctx, p, mtu);
-	if (!dsr_tunnel_endpoint(backend, &node) ||
-	    snat_source(cfg, p->v6, &p->daddr, &src) ||
-	    dsr_encap(ctx, p, &src, &node))
+	if (!fib || !dsr_tunnel_endpoint(backend, &node) ||
+	    snat_source(cfg, p->v6, &p->daddr, &src))
 		return CTX_ACT_DROP;
-	return ns_forward(ctx, p, FWD_ENCAP, NULL, 0);
+	rc = ns_fib_tunnel(ctx, p, &src, &node, p->v6 ? IPPROTO_IPV6 : IPPROTO_IPIP, hlen, fib);
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
+		return fib->mtu_result > hlen ? dsr_reply_too_big(ctx, p, fib->mtu_result - hlen) :
+						CTX_ACT_DROP;
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH && (mtu = dsr_mtu(ctx, p)))
+		return dsr_reply_too_big(ctx, p, mtu);
+	if (dsr_encap(ctx, p, &src, &node))
+		return CTX_ACT_DROP;
+	return ns_send(ctx, p, FWD_ENCAP, fib, rc);
 }
 
 #ifndef SLUICE_POD_LB
@@ -445,7 +456,11 @@ static __always_inline int nodeport_dsr_backend(struct __ctx_buff *ctx, struct n
 
 	if (dsr_decap(ctx, p, &lb_node) != PARSE_OK)
 		return CTX_ACT_DROP;
-	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+	/* Only what a DSR LB node sends: TCP, and UDP unless hybrid mode
+	 * (which masquerades UDP). nodeport_lb then takes only a frontend of
+	 * a Service with a local backend. */
+	if (p->proto != IPPROTO_TCP &&
+	    (p->proto != IPPROTO_UDP || cfg->mode == NS_MODE_HYBRID))
 		return CTX_ACT_DROP;
 	return nodeport_lb(ctx, p, cfg, &lb_node);
 }
@@ -491,8 +506,12 @@ static __always_inline int nodeport_ingress(struct __ctx_buff *ctx)
 #ifndef SLUICE_POD_LB
 	if (p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6)
 		return nodeport_icmp_ingress(ctx, &p);
+	/* DSR tunnels only in a DSR mode and from the cluster's nodes: in
+	 * SNAT mode no node sends one, and anyone who can spoof a node's
+	 * address would reach the pods through it. The stack has the rest. */
 	if (dsr_is_tunnel(&p))
-		return dsr_from_node(&p) ? nodeport_dsr_backend(ctx, &p, cfg) : CTX_ACT_OK;
+		return cfg->mode != NS_MODE_SNAT && dsr_from_node(&p) ?
+		       nodeport_dsr_backend(ctx, &p, cfg) : CTX_ACT_OK;
 #endif /* SLUICE_POD_LB */
 	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
 		return CTX_ACT_OK;

@@ -193,6 +193,8 @@ type Agent struct {
 	// events posts Kubernetes Events about skipped Services when an API
 	// server is the source.
 	events eventRecorder
+	// snatPorts is the nat port range last written (status).
+	snatPorts string
 	// bw is the bandwidth manager (--enable-bandwidth-manager), else nil.
 	bw *bandwidthSide
 }

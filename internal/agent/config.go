@@ -335,12 +335,91 @@ func (c *Config) SlogLevel() slog.Level {
 // one backend address and port share them.
 const minSNATPorts = 1024
 
-// SNATPortRange is the range the datapath takes nat ports from for
-// masqueraded flows: above the NodePort range, and never below 32768 (as
-// Cilium does), so that a reply to a nat port is never mistaken for a
-// packet to a NodePort.
-func SNATPortRange(nodePorts [2]uint16) [2]uint16 {
-	return [2]uint16{max(32768, nodePorts[1]+1), 65535}
+// SNATPorts is the range the datapath takes nat ports from for
+// masqueraded flows (SNATPortRange).
+type SNATPorts struct {
+	Range [2]uint16
+	// Ephemeral is the node's ip_local_port_range, which Range keeps out
+	// of when at least minSNATPorts ports are left outside it; Overlap
+	// says they were not and Range overlaps it.
+	Ephemeral [2]uint16
+	Overlap   bool
+	// EphemeralUnknown says why ip_local_port_range could not be read
+	// (Linux's default was assumed).
+	EphemeralUnknown string
+}
+
+func (p SNATPorts) String() string {
+	s := fmt.Sprintf("%d-%d", p.Range[0], p.Range[1])
+	if p.Overlap {
+		return s + fmt.Sprintf(" (overlaps ip_local_port_range %d-%d)", p.Ephemeral[0], p.Ephemeral[1])
+	}
+	return s + fmt.Sprintf(" (outside ip_local_port_range %d-%d)", p.Ephemeral[0], p.Ephemeral[1])
+}
+
+// SNATPortRange chooses the nat ports of masqueraded flows: above the
+// NodePort range and never below 32768 (as Cilium does), so that a reply
+// to a nat port is never mistaken for a packet to a NodePort; and outside
+// the node's ephemeral ports (ip_local_port_range, 32768-60999 by
+// default: nat ports 61000-65535), which the node's own connections take:
+// a masqueraded flow and a host socket holding the same address and port
+// toward the same peer would have their replies mixed up (the datapath
+// takes the host socket's for the flow's). The largest piece outside the
+// ephemeral range wins; when none has minSNATPorts ports, the range
+// overlaps it and Overlap says so (narrow ip_local_port_range, or put the
+// range into ip_local_reserved_ports).
+func SNATPortRange(nodePorts, ephemeral [2]uint16) SNATPorts {
+	lo := max(32768, uint32(nodePorts[1])+1)
+	out := SNATPorts{Range: [2]uint16{uint16(min(lo, 65535)), 65535}, Ephemeral: ephemeral}
+	e0, e1 := uint32(ephemeral[0]), uint32(ephemeral[1])
+	if e1 < lo || e0 > 65535 || e0 > e1 {
+		return out // no overlap to avoid
+	}
+	var pieces [][2]uint32 // below and above the ephemeral ports
+	if e0 > lo {
+		pieces = append(pieces, [2]uint32{lo, e0 - 1})
+	}
+	if e1 < 65535 {
+		pieces = append(pieces, [2]uint32{max(lo, e1+1), 65535})
+	}
+	var best [2]uint32
+	size := uint32(0)
+	for _, p := range pieces {
+		if n := p[1] - p[0] + 1; n > size {
+			best, size = p, n
+		}
+	}
+	if size < minSNATPorts {
+		out.Overlap = true
+		return out
+	}
+	out.Range = [2]uint16{uint16(best[0]), uint16(best[1])}
+	return out
+}
+
+// DefaultEphemeralPorts is Linux's default ip_local_port_range.
+var DefaultEphemeralPorts = [2]uint16{32768, 60999}
+
+// EphemeralPorts reads ip_local_port_range of the network namespace this
+// process is in (procSys: /proc/sys).
+func EphemeralPorts(procSys string) ([2]uint16, error) {
+	b, err := os.ReadFile(filepath.Join(procSys, "net/ipv4/ip_local_port_range"))
+	if err != nil {
+		return [2]uint16{}, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return [2]uint16{}, fmt.Errorf("ip_local_port_range %q: want two ports", strings.TrimSpace(string(b)))
+	}
+	var r [2]uint16
+	for i, s := range f {
+		v, err := strconv.ParseUint(s, 10, 16)
+		if err != nil {
+			return [2]uint16{}, fmt.Errorf("ip_local_port_range %q: %w", strings.TrimSpace(string(b)), err)
+		}
+		r[i] = uint16(v)
+	}
+	return r, nil
 }
 
 // ParsePortRange parses "MIN-MAX" (or a single port).

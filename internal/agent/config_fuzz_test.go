@@ -78,7 +78,7 @@ func checkFlagErrors(t *testing.T, fs *pflag.FlagSet, err error) {
 func checkValidConfig(t *testing.T, c *Config) {
 	t.Helper()
 	np := c.nodePortRange
-	snat := SNATPortRange(np)
+	snat := SNATPortRange(np, DefaultEphemeralPorts).Range
 	if np[0] == 0 || np[0] > np[1] || snat[0] <= np[1] || snat[0] < 32768 || int(snat[1])-int(snat[0])+1 < minSNATPorts {
 		t.Errorf("--node-port-range=%q: node ports %v and SNAT ports %v", c.NodePortRange, np, snat)
 	}

@@ -211,18 +211,50 @@ func TestParsePortRange(t *testing.T) {
 	}
 }
 
-// The nat ports lie above the NodePort range and never below 32768.
+// The nat ports lie above the NodePort range, never below 32768, and
+// outside the node's ephemeral ports while at least 1024 are left there.
 func TestSNATPortRange(t *testing.T) {
 	for _, c := range []struct {
-		nodePorts, want [2]uint16
+		name                 string
+		nodePorts, ephemeral [2]uint16
+		want                 [2]uint16
+		overlap              bool
 	}{
-		{[2]uint16{30000, 32767}, [2]uint16{32768, 65535}}, // the default
-		{[2]uint16{1000, 2000}, [2]uint16{32768, 65535}},
-		{[2]uint16{30000, 40000}, [2]uint16{40001, 65535}},
-		{[2]uint16{60000, 64511}, [2]uint16{64512, 65535}},
+		{"defaults", [2]uint16{30000, 32767}, DefaultEphemeralPorts, [2]uint16{61000, 65535}, false},
+		{"low node ports", [2]uint16{1000, 2000}, DefaultEphemeralPorts, [2]uint16{61000, 65535}, false},
+		{"node ports into the ephemeral range", [2]uint16{30000, 40000}, DefaultEphemeralPorts, [2]uint16{61000, 65535}, false},
+		{"node ports past the ephemeral range", [2]uint16{60000, 62000}, DefaultEphemeralPorts, [2]uint16{62001, 65535}, false},
+		{"a narrowed ephemeral range", [2]uint16{30000, 32767}, [2]uint16{50000, 60999}, [2]uint16{32768, 49999}, false},
+		{"the larger piece wins", [2]uint16{30000, 32767}, [2]uint16{40000, 50000}, [2]uint16{50001, 65535}, false},
+		{"ephemeral below", [2]uint16{30000, 32767}, [2]uint16{1024, 32000}, [2]uint16{32768, 65535}, false},
+		{"ephemeral to the top", [2]uint16{30000, 32767}, [2]uint16{32768, 65535}, [2]uint16{32768, 65535}, true},
+		{"too few left", [2]uint16{30000, 32767}, [2]uint16{33000, 65000}, [2]uint16{32768, 65535}, true},
+		{"just enough left", [2]uint16{60000, 64511}, [2]uint16{32768, 60999}, [2]uint16{64512, 65535}, false},
 	} {
-		if got := SNATPortRange(c.nodePorts); got != c.want {
-			t.Errorf("SNATPortRange(%v) = %v, want %v", c.nodePorts, got, c.want)
+		got := SNATPortRange(c.nodePorts, c.ephemeral)
+		if got.Range != c.want || got.Overlap != c.overlap {
+			t.Errorf("%s: SNATPortRange(%v, %v) = %v overlap %v, want %v overlap %v",
+				c.name, c.nodePorts, c.ephemeral, got.Range, got.Overlap, c.want, c.overlap)
 		}
+	}
+}
+
+func TestEphemeralPorts(t *testing.T) {
+	dir := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(dir, "net/ipv4"), 0o755))
+	file := filepath.Join(dir, "net/ipv4/ip_local_port_range")
+	must(os.WriteFile(file, []byte("32768\t60999\n"), 0o644))
+	if got, err := EphemeralPorts(dir); err != nil || got != [2]uint16{32768, 60999} {
+		t.Errorf("EphemeralPorts = %v, %v", got, err)
+	}
+	must(os.WriteFile(file, []byte("nope\n"), 0o644))
+	if _, err := EphemeralPorts(dir); err == nil || !strings.Contains(err.Error(), "ip_local_port_range") {
+		t.Errorf("a bad file: %v, want an error naming ip_local_port_range", err)
 	}
 }

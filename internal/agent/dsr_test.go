@@ -34,14 +34,14 @@ type nsMemDataplane struct {
 	capacity int
 }
 
-func (d *nsMemDataplane) NorthSouthLoaded() bool                 { return true }
-func (d *nsMemDataplane) AttachDevices() ([]api.Device, error)   { return nil, nil }
-func (d *nsMemDataplane) SetNodeConfig([]netip.Addr) error       { return nil }
-func (d *nsMemDataplane) SyncPodIfaces([]netip.Addr, bool) error { return nil }
-func (d *nsMemDataplane) SyncNeighbors([]netip.Addr) error       { return nil }
-func (d *nsMemDataplane) CollectGarbage() (gcResult, error)      { return gcResult{}, nil }
-func (d *nsMemDataplane) DumpCT() (*api.BPFCT, error)            { return &api.BPFCT{}, nil }
-func (d *nsMemDataplane) DumpNAT() (*api.BPFNAT, error)          { return &api.BPFNAT{}, nil }
+func (d *nsMemDataplane) NorthSouthLoaded() bool                        { return true }
+func (d *nsMemDataplane) AttachDevices() ([]api.Device, error)          { return nil, nil }
+func (d *nsMemDataplane) SetNodeConfig([]netip.Addr) (SNATPorts, error) { return SNATPorts{}, nil }
+func (d *nsMemDataplane) SyncPodIfaces([]netip.Addr, bool) error        { return nil }
+func (d *nsMemDataplane) SyncNeighbors([]netip.Addr) error              { return nil }
+func (d *nsMemDataplane) CollectGarbage() (gcResult, error)             { return gcResult{}, nil }
+func (d *nsMemDataplane) DumpCT() (*api.BPFCT, error)                   { return &api.BPFCT{}, nil }
+func (d *nsMemDataplane) DumpNAT() (*api.BPFNAT, error)                 { return &api.BPFNAT{}, nil }
 
 // SyncTunnels applies the changes the way nodeDataplane does, with a map
 // of its own.

@@ -20,8 +20,9 @@ type northSouthDataplane interface {
 	NorthSouthLoaded() bool
 	// AttachDevices attaches tc (and XDP per --lb-acceleration) to --devices.
 	AttachDevices() ([]api.Device, error)
-	// SetNodeConfig writes mode, SNAT sources and CT timeouts.
-	SetNodeConfig(nodeIPs []netip.Addr) error
+	// SetNodeConfig writes mode, SNAT sources, nat ports and CT
+	// timeouts; it returns the nat ports chosen.
+	SetNodeConfig(nodeIPs []netip.Addr) (SNATPorts, error)
 	// SyncPodIfaces marks the host-side veths of local backends.
 	SyncPodIfaces(addrs []netip.Addr, full bool) error
 	// SyncTunnels writes where DSR sends each remote backend: the entries
@@ -120,13 +121,36 @@ func (a *Agent) applyNodeConfig(ns northSouthDataplane) error {
 	ips := slices.Clone(a.nodeIPs)
 	a.nodeIPsDirty = false
 	a.mu.Unlock()
-	if err := ns.SetNodeConfig(ips); err != nil {
+	ports, err := ns.SetNodeConfig(ips)
+	if err != nil {
 		a.mu.Lock()
 		a.nodeIPsDirty = true
 		a.mu.Unlock()
 		return fmt.Errorf("write north-south config: %w", err)
 	}
+	a.mu.Lock()
+	a.snatPorts = ports.String()
+	a.mu.Unlock()
+	a.reportSNATPorts(ports)
 	return nil
+}
+
+// reportSNATPorts warns when the nat ports overlap the node's ephemeral
+// ports (a host connection and a masqueraded flow may then take the same
+// port toward the same peer) or when those could not be read.
+func (a *Agent) reportSNATPorts(p SNATPorts) {
+	switch {
+	case p.EphemeralUnknown != "":
+		a.warn("snat-ports", api.Warning{Subsystem: "north-south",
+			Message: fmt.Sprintf("could not read ip_local_port_range (%s); nat ports %s assume Linux's default", p.EphemeralUnknown, p),
+			Fix:     "check /proc/sys/net/ipv4/ip_local_port_range in the agent's network namespace"})
+	case p.Overlap:
+		a.warn("snat-ports", api.Warning{Subsystem: "north-south",
+			Message: fmt.Sprintf("nat ports %s: fewer than %d ports are left above --node-port-range outside the node's ephemeral ports, so a masqueraded flow and a connection of the node's own may take the same port toward the same peer and mix up their replies", p, minSNATPorts),
+			Fix:     "narrow net.ipv4.ip_local_port_range (e.g. 32768 49999), or lower --node-port-range's maximum"})
+	default:
+		a.unwarn("snat-ports")
+	}
 }
 
 // afterSync keeps the tc/XDP side in step with a successful sync: the node
@@ -228,6 +252,7 @@ func (a *Agent) northSouthStatus() *api.NorthSouth {
 		st.DSRTunnels, st.DSRSNATFallback, st.DSRSNATFallbackExamples = d.entries, d.fallback.Backends, d.fallback.Examples
 	}
 	st.PerPacket, st.PodDevices = perPacket, pods
+	st.SNATPorts = a.snatPorts
 	return &st
 }
 

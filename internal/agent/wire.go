@@ -305,11 +305,18 @@ func resolveDevices(names []string) ([]datapath.Device, error) {
 // SetNodeConfig writes the tc/XDP configuration: the mode, the node's
 // addresses as SNAT sources, the nat ports (above the NodePort range) and
 // the conntrack timeouts.
-func (d *nodeDataplane) SetNodeConfig(nodeIPs []netip.Addr) error {
-	snatPorts := SNATPortRange(d.cfg.nodePortRange)
+func (d *nodeDataplane) SetNodeConfig(nodeIPs []netip.Addr) (SNATPorts, error) {
+	eph, ephErr := EphemeralPorts("/proc/sys")
+	if ephErr != nil {
+		eph = DefaultEphemeralPorts
+	}
+	snatPorts := SNATPortRange(d.cfg.nodePortRange, eph)
+	if ephErr != nil {
+		snatPorts.EphemeralUnknown = ephErr.Error()
+	}
 	c := lbmap.NSConfig{
-		SNATPortMin:     snatPorts[0],
-		SNATPortMax:     snatPorts[1],
+		SNATPortMin:     snatPorts.Range[0],
+		SNATPortMax:     snatPorts.Range[1],
 		Mode:            map[string]uint32{"snat": lbmap.ModeSNAT, "dsr": lbmap.ModeDSR, "hybrid": lbmap.ModeHybrid}[d.cfg.LBMode],
 		TCPSynTimeout:   uint32(d.cfg.CTTimeoutSYN / time.Second),
 		TCPEstTimeout:   uint32(d.cfg.CTTimeoutTCP / time.Second),
@@ -325,7 +332,7 @@ func (d *nodeDataplane) SetNodeConfig(nodeIPs []netip.Addr) error {
 			c.SNATAddr6, have6 = lbmap.AddrFrom(ip), true
 		}
 	}
-	return d.ns.SetConfig(c)
+	return snatPorts, d.ns.SetConfig(c)
 }
 
 // SyncNeighbors keeps a managed neighbour entry (NTF_EXT_MANAGED, 5.16+)

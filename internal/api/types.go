@@ -248,10 +248,13 @@ type NorthSouth struct {
 	MaglevTableSize uint32 `json:"maglevTableSize,omitempty"`
 	// FlowCacheSets is the size of each CPU's flow cache, in sets of
 	// FlowCacheWays entries; 0: off (--bpf-lb-flow-cache-sets).
-	FlowCacheSets uint32   `json:"flowCacheSets"`
-	FlowCacheWays uint32   `json:"flowCacheWays,omitempty"`
-	Acceleration  string   `json:"acceleration,omitempty"` // --lb-acceleration
-	Devices       []Device `json:"devices,omitempty"`
+	FlowCacheSets uint32 `json:"flowCacheSets"`
+	FlowCacheWays uint32 `json:"flowCacheWays,omitempty"`
+	// SNATPorts is the nat port range of masqueraded flows and how it
+	// sits against the node's ephemeral ports.
+	SNATPorts    string   `json:"snatPorts,omitempty"`
+	Acceleration string   `json:"acceleration,omitempty"` // --lb-acceleration
+	Devices      []Device `json:"devices,omitempty"`
 	// PodDevices are the local pods' host-side veths with the per-packet
 	// LB (--socket-lb=false).
 	PodDevices []PodDevice `json:"podDevices,omitempty"`

@@ -6,9 +6,11 @@ package bpftest
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
@@ -285,7 +287,9 @@ func (e Encap) String() string {
 	return fmt.Sprintf("IPIP %s -> %s carrying %s", e.Src, e.Dst, inner)
 }
 
-// Bytes serializes e: outer TTL 64, no DF, the inner packet untouched.
+// Bytes serializes e: outer TTL 64, DF when an IPv4 inner packet has it
+// (ID 0, an atomic datagram), the inner packet untouched. Without DF the
+// outer ID is the program's pick (MatchOuterID).
 func (e Encap) Bytes() ([]byte, error) {
 	var inner []byte
 	var err error
@@ -303,8 +307,12 @@ func (e Encap) Bytes() ([]byte, error) {
 	eth := ethernet(e.SrcMAC, e.DstMAC, e.Src.Is4())
 	var outer gopacket.SerializableLayer
 	if e.Src.Is4() {
-		outer = &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolIPv4,
+		ip4 := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolIPv4,
 			SrcIP: e.Src.AsSlice(), DstIP: e.Dst.AsSlice()}
+		if len(inner) >= 14+20 && inner[14+6]&0x40 != 0 {
+			ip4.Flags = layers.IPv4DontFragment
+		}
+		outer = ip4
 	} else {
 		outer = &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolIPv6,
 			SrcIP: e.Src.AsSlice(), DstIP: e.Dst.AsSlice()}
@@ -316,6 +324,35 @@ func (e Encap) Bytes() ([]byte, error) {
 		return nil, fmt.Errorf("serialize %s: %w", e, err)
 	}
 	return buf.Bytes(), nil
+}
+
+// MatchOuterID returns want with the outer IPv4 ID of got when want is an
+// IPIP frame without DF, whose ID the program picks (RFC 6864: a datagram
+// that may be fragmented needs one of its own); it errs when got's is 0
+// there. Any other want comes back as it is.
+func MatchOuterID(got, want []byte) ([]byte, error) {
+	const l3 = 14
+	if len(want) < l3+20 || len(got) < l3+20 || !frameIs4(want) || !frameIs4(got) ||
+		want[l3+9] != byte(layers.IPProtocolIPv4) || got[l3+9] != byte(layers.IPProtocolIPv4) ||
+		want[l3+6]&0x40 != 0 {
+		return want, nil
+	}
+	id := got[l3+4 : l3+6]
+	if id[0] == 0 && id[1] == 0 {
+		return want, fmt.Errorf("IPIP outer header without DF has ID 0 (RFC 6864: only an atomic datagram may)")
+	}
+	out := slices.Clone(want)
+	copy(out[l3+4:l3+6], id)
+	out[l3+10], out[l3+11] = 0, 0
+	sum := uint32(0)
+	for i := l3; i < l3+20; i += 2 {
+		sum += uint32(out[i])<<8 | uint32(out[i+1])
+	}
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(out[l3+10:], ^uint16(sum))
+	return out, nil
 }
 
 // CheckChecksums recomputes the IP and TCP/UDP/ICMP checksums of frame with

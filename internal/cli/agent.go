@@ -228,6 +228,9 @@ func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns 
 	}
 	line("NorthSouth", "Enabled\t[%s]", strings.Join(devs, ", "))
 	line("  Mode", "%s", strings.ToUpper(ns.Mode))
+	if ns.SNATPorts != "" {
+		line("  NAT ports", "%s", ns.SNATPorts)
+	}
 	if ns.Mode == "dsr" || ns.Mode == "hybrid" {
 		fb := "every remote backend's node is known"
 		if ns.DSRSNATFallback > 0 {

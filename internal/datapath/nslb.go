@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 	"github.com/sluice-dataplane/sluice/internal/maglev"
+	"github.com/sluice-dataplane/sluice/internal/probe"
 )
 
 // NorthSouthOptions configure LoadNorthSouth.
@@ -99,6 +100,26 @@ func LoadNorthSouthSpecs() (tc, xdp *ebpf.CollectionSpec, err error) {
 	return tc, xdp, nil
 }
 
+// csumV6FlagVar is csum.h's csum_v6_flag.
+const csumV6FlagVar = "csum_v6_flag"
+
+// configureChecksums sets csum.h's csum_v6_flag to BPF_F_IPV6 where the
+// kernel's bpf_l4_csum_replace takes it (probe.L4CsumIPv6, 6.16): IPv6
+// NAT then keeps skb->csum of CHECKSUM_COMPLETE packets right.
+func configureChecksums(spec *ebpf.CollectionSpec) error {
+	vs, ok := spec.Variables[csumV6FlagVar]
+	if !ok {
+		return fmt.Errorf("no variable %s in the object", csumV6FlagVar)
+	}
+	if !probe.Probe().Has(probe.L4CsumIPv6) {
+		return nil
+	}
+	if err := vs.Set(uint32(probe.BPFFlagIPv6)); err != nil {
+		return fmt.Errorf("set %s: %w", csumV6FlagVar, err)
+	}
+	return nil
+}
+
 // LoadNorthSouth loads the tc and XDP programs. Every map is pinned by name
 // under opts.BPFRoot: maps already there (from the socket LB or an earlier
 // agent) are reused, so state survives a restart; the XDP object then
@@ -126,6 +147,9 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 			return nil, fmt.Errorf("load north-south LB: %w", err)
 		}
 		if err := lbmap.ConfigureFlowCache(spec, flowSets); err != nil {
+			return nil, fmt.Errorf("load north-south LB: %w", err)
+		}
+		if err := configureChecksums(spec); err != nil {
 			return nil, fmt.Errorf("load north-south LB: %w", err)
 		}
 	}

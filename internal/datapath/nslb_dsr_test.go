@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/probe"
 )
 
 // DSR tunnels of the address plan: node 2 (198.18.0.12, fd00:198:18::12)
@@ -276,5 +277,98 @@ func TestPrivilegedNorthSouthTunnelEntries(t *testing.T) {
 	}
 	if _, err := n.SetTunnels(batch[:1], []netip.Addr{ipNode2v6}); err == nil {
 		t.Errorf("SetTunnels(%s -> %s): no error for two families", batch[0], ipNode2v6)
+	}
+}
+
+// The DSR tunnel's MTU is its route's egress device's, not the device the
+// packet came in on: with node 2 behind sluice-ns-fwd0 at MTU 1400 and the
+// packet coming in on lo (1500), a packet that fits lo but not fwd0 with
+// the outer header is answered with fwd0's MTU less the header; one that
+// fits goes out of fwd0 in the tunnel. An IPv4 packet without DF gets an
+// outer header without DF and with an ID (MatchOuterID).
+func TestPrivilegedNorthSouthDSREgressMTU(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		fwd0 := setupFIB(t)
+		lo, err := netlink.LinkByName("lo")
+		must(t, err)
+		must(t, netlink.LinkSetMTU(lo, 1500))
+		dev, err := netlink.LinkByIndex(fwd0)
+		must(t, err)
+		const mtu = 1400
+		must(t, netlink.LinkSetMTU(dev, mtu))
+		setMode(t, n, lbmap.ModeDSR)
+		reply := map[string]verdict{"tc": vRedirect, "xdp": vTX}[kind.name]
+		sized := func(p bpftest.Packet, l3 int) bpftest.Packet {
+			return p.With(func(p *bpftest.Packet) { p.Payload = make([]byte, l3-20-20) })
+		}
+		in := sized(tcpSyn(client(48200), apLBTCP), mtu-20+1)
+		runPacket(t, kind, prog, "too big for the egress device", in, reply, bpftest.ICMPError{
+			SrcMAC: bpftest.MACNode, DstMAC: bpftest.MACClient, Src: in.Dst.Addr(), Dst: in.Src.Addr(),
+			Type: bpftest.ICMPDestUnreach, Code: bpftest.ICMPFragNeeded, MTU: mtu - 20,
+			Quote: in, QuoteL4: 8, FromSluice: true,
+		})
+		// Fits: out of fwd0 to node 2's MAC, from this node's.
+		for _, p := range []bpftest.Packet{
+			sized(tcpSyn(client(48201), apLBTCP), mtu-20),
+			sized(tcpSyn(client(48202), apLBTCP), mtu-20).With(func(p *bpftest.Packet) { p.MayFragment = true }),
+		} {
+			res, err := bpftest.Run(prog, p.MustBytes())
+			must(t, err)
+			want := bpftest.Encap{SrcMAC: bpftest.MACNode, DstMAC: macRemoteNode, Src: ipNode, Dst: ipNode2, Inner: p}
+			if kind.name == "tc" {
+				// redirect_neigh fills in the MACs on the way out.
+				want.SrcMAC, want.DstMAC = bpftest.MACClient, bpftest.MACNode
+			}
+			checkResult(t, kind, "fits the egress device", p, res, vRedirect, want)
+		}
+	})
+}
+
+// A backend node decapsulates a DSR tunnel only in a DSR mode, and only
+// what a DSR LB node sends: in SNAT mode a tunnel from a node goes to the
+// stack untouched; in hybrid mode (UDP masqueraded) a tunnelled UDP
+// datagram is dropped; a tunnelled packet to a pod directly (no frontend)
+// is dropped.
+func TestPrivilegedNorthSouthDSRDecapOnlyDSR(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		tcpIn := bpftest.Encap{Src: ipNode2, Dst: ipNode, Inner: tcpSyn(client(49100), netip.AddrPortFrom(ipNode2, 30080))}
+		udpIn := bpftest.Encap{Src: ipNode2, Dst: ipNode, Inner: udpPkt(client(49101), apExtIP)}
+		setMode(t, n, lbmap.ModeSNAT)
+		runPacket(t, kind, prog, "snat mode: TCP in a tunnel", tcpIn, vPass, tcpIn)
+		runPacket(t, kind, prog, "snat mode: UDP in a tunnel", udpIn, vPass, udpIn)
+
+		drop := func(name string, in bpftest.Frame) {
+			t.Helper()
+			res, err := bpftest.Run(prog, bpftest.Must(in))
+			must(t, err)
+			if got := kind.verdicts[res.Verdict]; got != vDrop {
+				t.Errorf("%s: verdict %s, want drop", name, got)
+			}
+		}
+		setMode(t, n, lbmap.ModeHybrid)
+		drop("hybrid mode: UDP in a tunnel", udpIn)
+		runPacket(t, kind, prog, "hybrid mode: TCP in a tunnel: decap + DNAT", tcpIn, vPass,
+			tcpIn.Inner.With(func(p *bpftest.Packet) { p.Dst = apLocal }))
+		setMode(t, n, lbmap.ModeDSR)
+		drop("dsr mode: a pod in a tunnel", bpftest.Encap{Src: ipNode2, Dst: ipNode, Inner: tcpSyn(client(49102), apLocal)})
+	})
+}
+
+// IPv6 address rewrites pass BPF_F_IPV6 to bpf_l4_csum_replace where the
+// kernel takes it (6.16; probe.L4CsumIPv6), so that a CHECKSUM_COMPLETE
+// packet's skb->csum stays right; before, the flag would make the helper
+// fail, so it is 0. No veth or BPF_PROG_RUN packet is CHECKSUM_COMPLETE
+// (a NIC's receive checksum), so the test reads what the loaded tc object
+// was given; the IPv6 translation tests check the checksums it makes.
+func TestPrivilegedNorthSouthCsumIPv6Flag(t *testing.T) {
+	n := newNorthSouth(t)
+	var got uint32
+	must(t, n.tc.CsumV6Flag.Get(&got))
+	want := uint32(0)
+	if probe.Probe().Has(probe.L4CsumIPv6) {
+		want = probe.BPFFlagIPv6
+	}
+	if got != want {
+		t.Errorf("csum_v6_flag = %#x, want %#x (probe: %v)", got, want, probe.Probe().Has(probe.L4CsumIPv6))
 	}
 }

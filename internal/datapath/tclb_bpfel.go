@@ -36,6 +36,7 @@ const (
 	tclbMapSnat              = "snat"
 	tclbProgTcLbEgress       = "tc_lb_egress"
 	tclbProgTcLbIngress      = "tc_lb_ingress"
+	tclbVarCsumV6Flag        = "csum_v6_flag"
 	tclbVarFcSetBits         = "fc_set_bits"
 	tclbVarLbMaglevHashSeed  = "lb_maglev_hash_seed"
 	tclbVarLbMaglevTableSize = "lb_maglev_table_size"
@@ -115,6 +116,7 @@ type tclbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tclbVariableSpecs struct {
+	CsumV6Flag        *ebpf.VariableSpec `ebpf:"csum_v6_flag"`
 	FcSetBits         *ebpf.VariableSpec `ebpf:"fc_set_bits"`
 	LbMaglevHashSeed  *ebpf.VariableSpec `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.VariableSpec `ebpf:"lb_maglev_table_size"`
@@ -187,6 +189,7 @@ func (m *tclbMaps) Close() error {
 //
 // It can be passed to loadTclbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tclbVariables struct {
+	CsumV6Flag        *ebpf.Variable `ebpf:"csum_v6_flag"`
 	FcSetBits         *ebpf.Variable `ebpf:"fc_set_bits"`
 	LbMaglevHashSeed  *ebpf.Variable `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.Variable `ebpf:"lb_maglev_table_size"`

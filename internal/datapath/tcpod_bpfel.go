@@ -35,6 +35,7 @@ const (
 	tcpodMapSnat              = "snat"
 	tcpodProgTcPodFromPod     = "tc_pod_from_pod"
 	tcpodProgTcPodToPod       = "tc_pod_to_pod"
+	tcpodVarCsumV6Flag        = "csum_v6_flag"
 	tcpodVarLbMaglevHashSeed  = "lb_maglev_hash_seed"
 	tcpodVarLbMaglevTableSize = "lb_maglev_table_size"
 )
@@ -112,6 +113,7 @@ type tcpodMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcpodVariableSpecs struct {
+	CsumV6Flag        *ebpf.VariableSpec `ebpf:"csum_v6_flag"`
 	LbMaglevHashSeed  *ebpf.VariableSpec `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.VariableSpec `ebpf:"lb_maglev_table_size"`
 }
@@ -181,6 +183,7 @@ func (m *tcpodMaps) Close() error {
 //
 // It can be passed to loadTcpodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcpodVariables struct {
+	CsumV6Flag        *ebpf.Variable `ebpf:"csum_v6_flag"`
 	LbMaglevHashSeed  *ebpf.Variable `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.Variable `ebpf:"lb_maglev_table_size"`
 }

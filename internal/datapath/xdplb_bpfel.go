@@ -36,6 +36,7 @@ const (
 	xdplbMapSnat              = "snat"
 	xdplbProgXdpCtClock       = "xdp_ct_clock"
 	xdplbProgXdpLbIngress     = "xdp_lb_ingress"
+	xdplbVarCsumV6Flag        = "csum_v6_flag"
 	xdplbVarFcSetBits         = "fc_set_bits"
 	xdplbVarLbMaglevHashSeed  = "lb_maglev_hash_seed"
 	xdplbVarLbMaglevTableSize = "lb_maglev_table_size"
@@ -115,6 +116,7 @@ type xdplbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdplbVariableSpecs struct {
+	CsumV6Flag        *ebpf.VariableSpec `ebpf:"csum_v6_flag"`
 	FcSetBits         *ebpf.VariableSpec `ebpf:"fc_set_bits"`
 	LbMaglevHashSeed  *ebpf.VariableSpec `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.VariableSpec `ebpf:"lb_maglev_table_size"`
@@ -187,6 +189,7 @@ func (m *xdplbMaps) Close() error {
 //
 // It can be passed to loadXdplbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdplbVariables struct {
+	CsumV6Flag        *ebpf.Variable `ebpf:"csum_v6_flag"`
 	FcSetBits         *ebpf.Variable `ebpf:"fc_set_bits"`
 	LbMaglevHashSeed  *ebpf.Variable `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.Variable `ebpf:"lb_maglev_table_size"`

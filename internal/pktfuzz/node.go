@@ -205,9 +205,10 @@ func decodeObjects(data []byte) ([]k8sruntime.Object, error) {
 	}
 }
 
-// snatPorts are the agent's for --node-port-range 30000-32767
-// (agent.SNATPortRange: above the NodePorts, from 32768).
-var snatPorts = [2]uint16{32768, 65535}
+// snatPorts are the agent's for --node-port-range 30000-32767 and Linux's
+// default ephemeral ports (agent.SNATPortRange: above the NodePorts and
+// the ephemeral ports).
+var snatPorts = [2]uint16{61000, 65535}
 
 // SetMode sets the forwarding mode (lbmap.ModeSNAT, ModeDSR, ModeHybrid)
 // and the CT clock (seconds), keeping the rest of the node's config: the

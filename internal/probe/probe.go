@@ -57,6 +57,10 @@ const (
 	// SchFQ: the fq qdisc, built in or a module (CONFIG_NET_SCH_FQ), which
 	// the bandwidth manager's EDT needs.
 	SchFQ = "sch_fq"
+	// L4CsumIPv6: bpf_l4_csum_replace takes BPF_F_IPV6 (6.16), which
+	// keeps skb->csum right when an IPv6 address in the pseudo header
+	// changes on a CHECKSUM_COMPLETE packet (a NIC's receive checksum).
+	L4CsumIPv6 = "bpf_l4_csum_replace BPF_F_IPV6"
 )
 
 // NorthSouth lists the helpers the tc and XDP load balancer calls beyond
@@ -169,6 +173,7 @@ func probeAll() Features {
 		{HelperCheckMTU, "5.12", programHelper(ebpf.SchedCLS, asm.FnCheckMtu, "tc")},
 		{HelperJiffies64, "5.5", programHelper(ebpf.SchedCLS, asm.FnJiffies64, "tc")},
 		{MapMemoryPerEntry, "6.4", mapMemoryPerEntry},
+		{L4CsumIPv6, "6.16", l4CsumIPv6},
 		// Config options (CONFIG_IP_VS, CONFIG_NET_SCH_FQ), not releases:
 		// no since.
 		{IPVS, "", ipvs},
@@ -312,6 +317,37 @@ func progRun() (string, error) {
 		return "", fmt.Errorf("XDP test run returned %d, want 2", ret)
 	}
 	return "XDP", nil
+}
+
+// BPFFlagIPv6 is BPF_F_IPV6 of bpf_l4_csum_replace (6.16).
+const BPFFlagIPv6 = 1 << 7
+
+// l4CsumIPv6 runs a tc program that calls bpf_l4_csum_replace with
+// BPF_F_IPV6 on a test packet and returns the helper's answer: a kernel
+// without the flag refuses it (-EINVAL).
+func l4CsumIPv6() (string, error) {
+	const pseudoHdr = 1 << 4
+	insns := asm.Instructions{
+		asm.Mov.Imm(asm.R2, 14+40+16), // a 16-bit field in the test frame
+		asm.Mov.Imm(asm.R3, 0),
+		asm.Mov.Imm(asm.R4, 0),
+		asm.Mov.Imm(asm.R5, BPFFlagIPv6|pseudoHdr),
+		asm.FnL4CsumReplace.Call(),
+		asm.Return(),
+	}
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, Instructions: insns, License: "GPL"})
+	if err != nil {
+		return "", fmt.Errorf("load a tc program: %w", err)
+	}
+	defer prog.Close()
+	ret, err := prog.Run(&ebpf.RunOptions{Data: make([]byte, 14+40+20)})
+	if err != nil {
+		return "", fmt.Errorf("run it: %w", err)
+	}
+	if int32(ret) != 0 {
+		return "", fmt.Errorf("the helper refused the flag (%d): IPv6 NAT on CHECKSUM_COMPLETE packets leaves skb->csum stale", int32(ret))
+	}
+	return "tc", nil
 }
 
 // xdpLiveFrames runs an XDP program that drops its frame in live frames
