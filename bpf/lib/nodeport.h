@@ -487,13 +487,29 @@ static __always_inline int nodeport_icmp_ingress(struct __ctx_buff *ctx, struct 
 	return ns_forward(ctx, p, local ? FWD_LOCAL : FWD_ROUTE, NULL, 0);
 }
 
+/* ns_vlan_tagged: at tc, the frame carries a VLAN tag (in the skb's
+ * metadata: the stack takes the tag off before tc runs, and puts it back on
+ * after tc egress). Such a frame belongs to that VLAN's device, where these
+ * programs see it untagged when --devices names it (eth0.100); on the
+ * parent device it is the stack's, which hands it to the VLAN device.
+ * XDP sees the tag in the frame and parse_pkt leaves it to the stack:
+ * native XDP runs on the parent only, a VLAN device has generic XDP. */
+static __always_inline bool ns_vlan_tagged(struct __ctx_buff *ctx)
+{
+#if defined(SLUICE_TC) && !defined(SLUICE_POD_LB)
+	return ctx_field(ctx, vlan_present);
+#else
+	return false;
+#endif
+}
+
 /* nodeport_ingress runs on every packet entering an external device. */
 static __always_inline int nodeport_ingress(struct __ctx_buff *ctx)
 {
 	const struct ns_config *cfg = ns_cfg();
 	struct ns_pkt p;
 
-	if (!cfg || ctx_linearize(ctx))
+	if (!cfg || ns_vlan_tagged(ctx) || ctx_linearize(ctx))
 		return CTX_ACT_OK;
 	switch (parse_pkt(ctx, &p)) {
 	case PARSE_OK:
@@ -526,7 +542,7 @@ static __always_inline int nodeport_egress(struct __ctx_buff *ctx)
 	const struct ns_config *cfg = ns_cfg();
 	struct ns_pkt p;
 
-	if (!cfg || ctx_linearize(ctx) || parse_pkt(ctx, &p) != PARSE_OK)
+	if (!cfg || ns_vlan_tagged(ctx) || ctx_linearize(ctx) || parse_pkt(ctx, &p) != PARSE_OK)
 		return CTX_ACT_OK;
 	if (p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6) {
 		struct icmp_err e;

@@ -1,8 +1,10 @@
 package datapath
 
 import (
+	"bytes"
 	"maps"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -371,4 +373,27 @@ func TestPrivilegedNorthSouthCsumIPv6Flag(t *testing.T) {
 	if got != want {
 		t.Errorf("csum_v6_flag = %#x, want %#x (probe: %v)", got, want, probe.Probe().Has(probe.L4CsumIPv6))
 	}
+}
+
+// A frame with a VLAN tag is the VLAN device's: XDP sees the tag in the
+// frame, and tc on a parent device in the skb's metadata (the stack takes
+// it off before tc; BPF_PROG_RUN cannot set that, so here it is in the
+// frame as XDP sees it). Either way the frame goes to the stack untouched,
+// which hands it to the VLAN device: --devices names that one
+// (docs/troubleshooting.md).
+func TestPrivilegedNorthSouthVLANTagged(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		for _, tpid := range []uint16{0x8100, 0x88a8} {
+			in := bpftest.Must(tcpSyn(client(49300), netip.AddrPortFrom(ipNode, 30080)))
+			tagged := append(append(slices.Clone(in[:12]), byte(tpid>>8), byte(tpid), 0x00, 0x64), in[12:]...)
+			res, err := bpftest.Run(prog, tagged)
+			must(t, err)
+			if got := kind.verdicts[res.Verdict]; got != vPass || !bytes.Equal(res.Frame, tagged) {
+				t.Errorf("tag %#04x: verdict %s, frame changed %v; want it passed untouched", tpid, got, !bytes.Equal(res.Frame, tagged))
+			}
+		}
+		if _, ok := ctEntry(t, n, client(49300), netip.AddrPortFrom(ipNode, 30080), bpftest.TCP, lbmap.CTDirService); ok {
+			t.Errorf("a tagged frame made a conntrack entry")
+		}
+	})
 }

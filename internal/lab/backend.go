@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"time"
 )
 
@@ -75,11 +77,41 @@ func RunBackend(ctx context.Context, cfg BackendConfig) error {
 func serveUDPEcho(pc net.PacketConn, reply []byte) error {
 	buf := make([]byte, 64<<10)
 	for {
-		_, addr, err := pc.ReadFrom(buf)
+		n, addr, err := pc.ReadFrom(buf)
 		if err != nil {
 			return err
 		}
 		// A lost reply is the client's timeout to report, not ours.
-		_, _ = pc.WriteTo(reply, addr)
+		_, _ = pc.WriteTo(udpEchoReply(reply, buf[:n]), addr)
 	}
+}
+
+// udpSizePrefix starts a datagram that asks for a reply of a given size:
+// "sluice-size=N;" (the probe's --reply-size). The reply is then the pod's
+// name, a newline and padding to N bytes: a datagram larger than the MTU
+// comes back in fragments.
+const udpSizePrefix = "sluice-size="
+
+// maxUDPReply bounds a requested reply (an IPv6 UDP datagram's payload).
+const maxUDPReply = 65000
+
+// udpEchoReply is the reply to req: name, or name padded to the size req
+// asks for.
+func udpEchoReply(name, req []byte) []byte {
+	rest, ok := bytes.CutPrefix(req, []byte(udpSizePrefix))
+	if !ok {
+		return name
+	}
+	num, _, ok := bytes.Cut(rest, []byte(";"))
+	size, err := strconv.Atoi(string(num))
+	if !ok || err != nil || size <= len(name)+1 || size > maxUDPReply {
+		return name
+	}
+	out := make([]byte, size)
+	copy(out, name)
+	out[len(name)] = '\n'
+	for i := len(name) + 1; i < size; i++ {
+		out[i] = 'x'
+	}
+	return out
 }

@@ -248,6 +248,8 @@ func probeCommand() *cobra.Command {
 		case "udp":
 			f.BoolVar(&cfg.NewSocketPerRequest, "new-socket-per-request", false, "a new socket per datagram")
 			f.BoolVar(&cfg.V4Mapped, "v4-mapped", false, "send to an IPv4 target from an IPv6 socket")
+			f.IntVar(&cfg.Size, "size", 0, "pad each datagram to this many bytes (above the MTU: sent in fragments)")
+			f.IntVar(&cfg.ReplySize, "reply-size", 0, "ask the echo backend for replies of this many bytes, and check their size")
 		case "tcp":
 			f.BoolVar(&cfg.V4Mapped, "v4-mapped", false, "connect to an IPv4 target from an IPv6 socket")
 		}

@@ -328,3 +328,32 @@ func TestPercentile(t *testing.T) {
 		t.Errorf("Percentile(nil, 50) = %v, want 0", got)
 	}
 }
+
+// The echo backend pads its UDP reply to the size a probe asks for, and
+// answers anything else with the pod's name alone.
+func TestUDPEchoReply(t *testing.T) {
+	name := []byte("node2-pod1")
+	for _, c := range []struct {
+		req  string
+		want int // reply length; 0: the name alone
+	}{
+		{"sluice-probe", 0},
+		{string(udpProbePayload(4000, 4000)), 4000},
+		{"sluice-size=60000;", 60000},
+		{"sluice-size=70000;", 0}, // above maxUDPReply
+		{"sluice-size=5;", 0},     // shorter than the name
+		{"sluice-size=abc;", 0},
+		{"sluice-size=100", 0}, // no ';'
+	} {
+		got := udpEchoReply(name, []byte(c.req))
+		switch {
+		case c.want == 0 && string(got) != string(name):
+			t.Errorf("%.30q: reply %.30q, want the name", c.req, got)
+		case c.want > 0 && (len(got) != c.want || !strings.HasPrefix(string(got), string(name)+"\n")):
+			t.Errorf("%.30q: reply of %d bytes starting %.20q, want %d starting with the name and a newline", c.req, len(got), got, c.want)
+		}
+	}
+	if p := udpProbePayload(4000, 0); len(p) != 4000 || !strings.HasPrefix(string(p), "sluice-probe") {
+		t.Errorf("udpProbePayload(4000, 0): %d bytes %.20q", len(p), p)
+	}
+}

@@ -2,6 +2,7 @@ package lab
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -102,6 +103,10 @@ type ProbeConfig struct {
 	// probe of Count requests spans about Count × Interval (a flow that
 	// outlives an agent restart).
 	Interval time.Duration
+	// Size pads each UDP datagram to this many bytes, and ReplySize asks
+	// the echo backend for replies of this many (0: the pod name alone):
+	// above the MTU they travel in fragments (udp).
+	Size, ReplySize int
 	// SourcePort fixes the client port (http, udp, tcp), so that repeated
 	// requests are one flow for the load balancer's hash. TCP sockets then
 	// close with RST (SO_LINGER 0): no TIME_WAIT blocks the next connect
@@ -130,6 +135,12 @@ func (c *ProbeConfig) validate() error {
 	}
 	if c.SourcePort < 0 || c.SourcePort > 65535 {
 		return fmt.Errorf("probe: source port %d: want 0..65535", c.SourcePort)
+	}
+	if c.Size < 0 || c.Size > maxUDPReply {
+		return fmt.Errorf("probe: size %d: want 0..%d", c.Size, maxUDPReply)
+	}
+	if c.ReplySize < 0 || c.ReplySize > maxUDPReply {
+		return fmt.Errorf("probe: reply size %d: want 0..%d", c.ReplySize, maxUDPReply)
 	}
 	return nil
 }
@@ -479,8 +490,8 @@ func ProbeUDP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
 		}
 	}
 	defer closeFD()
-	buf := make([]byte, 2048)
-	payload := []byte("sluice-probe")
+	buf := make([]byte, maxUDPReply+1)
+	payload := udpProbePayload(cfg.Size, cfg.ReplySize)
 	for i := 0; i < cfg.Count; i++ {
 		if ctx.Err() != nil {
 			rec.r.Truncated = true
@@ -505,9 +516,12 @@ func ProbeUDP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
 			rec.fail(fmt.Errorf("sendto %s: %w", addrOfSockaddr(sa), err))
 		} else if n, from, err := recvfrom(fd, buf, start.Add(cfg.Timeout)); err != nil {
 			rec.fail(fmt.Errorf("recvfrom after sendto %s: %w", addrOfSockaddr(sa), err))
+		} else if cfg.ReplySize > 0 && n != cfg.ReplySize {
+			rec.fail(&probeError{kind: "bad-reply", msg: fmt.Sprintf("reply from %s of %d bytes, want %d", addrOfSockaddr(from), n, cfg.ReplySize)})
 		} else {
 			rec.ok(time.Since(start))
-			rec.r.Backends[string(buf[:n])]++
+			name, _, _ := bytes.Cut(buf[:n], []byte("\n"))
+			rec.r.Backends[string(name)]++
 			rec.r.Peers[addrOfSockaddr(from)]++
 		}
 		if !cfg.pace(ctx, i) {
@@ -516,6 +530,19 @@ func ProbeUDP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
 		}
 	}
 	return rec.done(), nil
+}
+
+// udpProbePayload is a probe datagram of size bytes (at least its text),
+// asking for a reply of replySize bytes when that is set.
+func udpProbePayload(size, replySize int) []byte {
+	p := []byte("sluice-probe")
+	if replySize > 0 {
+		p = fmt.Appendf(nil, "%s%d;sluice-probe", udpSizePrefix, replySize)
+	}
+	for len(p) < size {
+		p = append(p, 'x')
+	}
+	return p
 }
 
 // ProbeTCP connects, records getpeername(), and closes.
