@@ -9,6 +9,14 @@
  *                   used (a wildcard NodePort's rev NAT entry cannot).
  * State and lifetime follow the packets seen on each entry; the agent
  * deletes dead entries (lifetime in the past), LRU eviction is the backstop.
+ *
+ * Two tables (ns_maps.h): a flow's entries are written to ct_new, flagged
+ * CT_F_NEW, and move to ct when the flow is established (ct_ready, then
+ * ct_promote in nat.h, which moves its SNAT mappings too): TCP when the
+ * client completes the handshake (ACK without SYN after the first packet),
+ * anything else when the client sends in a later CT second than the one it
+ * started in. Lookups try ct first, so an established flow's packets cost
+ * one lookup; a flood of new flows churns ct_new alone.
  * The clock is jiffies turned into seconds, so the lifetime changes - and
  * the entry is written - at most once a second per flow.
  */
@@ -160,10 +168,35 @@ static __always_inline void ct_ingress_tuple(struct ct_tuple *t, const struct ns
 		     p->sport, svc->nat_port, p->proto, CT_DIR_INGRESS);
 }
 
+/* ct_put writes e under key t into its table: ct_new for a new flow's. */
+static __always_inline int ct_put(const struct ct_tuple *t, const struct ct_entry *e,
+				  __u64 uflags)
+{
+	if (e->flags & CT_F_NEW)
+		return bpf_map_update_elem(&ct_new, t, e, uflags);
+	return bpf_map_update_elem(&ct, t, e, uflags);
+}
+
+/* ct_ready: the new flow of service entry e (CT_F_NEW) is established,
+ * after the client's packet at CT second now was accounted (ct_update):
+ * TCP once the client ACKs without SYN after its first packet (a spoofed
+ * SYN or ACK is one packet), and not closing; anything else once the
+ * client sends in a later second than the first. */
+static __always_inline bool ct_ready(const struct ct_entry *e, __u8 proto, __u32 now)
+{
+	if (!(e->flags & CT_F_NEW))
+		return false;
+	if (proto == IPPROTO_TCP)
+		return (e->flags & (CT_F_ESTABLISHED | CT_F_CLOSING)) == CT_F_ESTABLISHED &&
+		       e->packets > 1;
+	return now != e->created;
+}
+
 /* ct_write_ingress writes the ingress entry of flow p (before DNAT) under
  * the key in s->tuple (ct_ingress_tuple) from its service entry, held in
- * s->entry (which it turns into the ingress entry), with the update flags
- * uflags. The ingress entry counts replies only (rx_*). */
+ * s->entry (which it turns into the ingress entry, in the service entry's
+ * table), with the update flags uflags. The ingress entry counts replies
+ * only (rx_*). */
 static __always_inline int ct_write_ingress(struct ct_scratch *s, const struct ns_pkt *p,
 					    __u64 uflags)
 {
@@ -178,13 +211,14 @@ static __always_inline int ct_write_ingress(struct ct_scratch *s, const struct n
 	__builtin_memset(&e->fib, 0, sizeof(e->fib));
 	__builtin_memcpy(e->nat_addr, p->daddr.b, sizeof(e->nat_addr));
 	e->nat_port = p->dport;
-	return bpf_map_update_elem(&ct, &s->tuple, e, uflags);
+	return ct_put(&s->tuple, e, uflags);
 }
 
-/* ct_create_flow writes both entries of a new translated flow: the service
- * entry for the client's tuple (p, before DNAT) and the ingress entry for
- * the tuple after DNAT to be_addr:be_port. kind is CT_F_LOCAL, CT_F_SNAT
- * or CT_F_DSR (with CT_F_LOCAL on the backend node). */
+/* ct_create_flow writes both entries of a new translated flow into ct_new:
+ * the service entry for the client's tuple (p, before DNAT) and the
+ * ingress entry for the tuple after DNAT to be_addr:be_port. kind is
+ * CT_F_LOCAL, CT_F_SNAT or CT_F_DSR (with CT_F_LOCAL on the backend
+ * node). */
 static __always_inline int ct_create_flow(const struct ns_config *cfg,
 					  const struct ns_pkt *p, __u32 len, __u32 now,
 					  const union lb_addr *be_addr, __be16 be_port,
@@ -207,12 +241,12 @@ static __always_inline int ct_create_flow(const struct ns_config *cfg,
 	e->backend_id = backend_id;
 	e->packets = 1;
 	e->bytes = len;
-	e->flags = ct_next_flags(kind, p->proto, p->tcp_flags, false);
+	e->flags = ct_next_flags(kind, p->proto, p->tcp_flags, false) | CT_F_NEW;
 	e->lifetime = now + ct_timeout(cfg, p->proto, e->flags);
 	__builtin_memcpy(e->nat_addr, be_addr->b, sizeof(e->nat_addr));
 	ct_tuple_set(t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     CT_DIR_SERVICE);
-	err = bpf_map_update_elem(&ct, t, e, BPF_ANY);
+	err = bpf_map_update_elem(&ct_new, t, e, BPF_ANY);
 	/* DSR on the LB node: replies bypass it. */
 	if (err || (kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
 		return err;
@@ -246,7 +280,7 @@ static __always_inline void ct_restore_ingress(const struct ns_pkt *p,
 	if (!ct_has_ingress(svc))
 		return;
 	ct_ingress_tuple(&s->tuple, p, svc);
-	in = bpf_map_lookup_elem(&ct, &s->tuple);
+	in = ct_lookup(&s->tuple);
 	if (in) {
 		if (in->lifetime < svc->lifetime)
 			WRITE_ONCE(in->lifetime, svc->lifetime);
@@ -254,6 +288,25 @@ static __always_inline void ct_restore_ingress(const struct ns_pkt *p,
 	}
 	__builtin_memcpy(&s->entry, svc, sizeof(s->entry));
 	ct_write_ingress(s, p, BPF_NOEXIST);
+}
+
+/* ct_delete_flow deletes the entries in ct of the flow of p (before DNAT)
+ * whose service entry e is: an earlier flow on the tuple that a new one
+ * replaces. A global function, verified once, off the hot path. */
+__noinline int ct_delete_flow(const struct ns_pkt *p, const struct ct_entry *e)
+{
+	struct ct_scratch *s = ns_scratch();
+
+	if (!s || !p || !e)
+		return 0;
+	if (ct_has_ingress(e)) {
+		ct_ingress_tuple(&s->tuple2, p, e);
+		bpf_map_delete_elem(&ct, &s->tuple2);
+	}
+	ct_tuple_set(&s->tuple2, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
+		     CT_DIR_SERVICE);
+	bpf_map_delete_elem(&ct, &s->tuple2);
+	return 0;
 }
 
 /* ct_lookup_reply_to finds the ingress entry of a reply from a backend to
@@ -264,7 +317,7 @@ static __always_inline struct ct_entry *ct_lookup_reply_to(const struct ns_pkt *
 							   __be16 port, struct ct_tuple *t)
 {
 	ct_tuple_set(t, client, &p->saddr, port, p->sport, p->proto, CT_DIR_INGRESS);
-	return bpf_map_lookup_elem(&ct, t);
+	return ct_lookup(t);
 }
 
 /* ct_lookup_reply finds the ingress entry of a reply from a backend (p is

@@ -32,6 +32,8 @@
 				   * source rewritten to the frontend */
 #define CT_F_SNAT_FE     (1 << 8) /* snat_port's source address is the frontend (a
 				   * node IP), not ns_config's snat_addr */
+#define CT_F_NEW         (1 << 9) /* a new flow's, in ct_new (ct.h): not yet
+				   * established; cleared when it moves to ct */
 
 /* ns_config.mode, --lb-mode. */
 #define NS_MODE_SNAT   0

@@ -154,7 +154,7 @@ static __always_inline void fc_flush(struct ns_flow *f, struct ct_tuple *t)
 	} else {
 		__builtin_memcpy(t, &f->key, sizeof(*t));
 	}
-	e = bpf_map_lookup_elem(&ct, t);
+	e = ct_lookup(t);
 	fc_give(e, f);
 }
 
@@ -222,6 +222,10 @@ static __always_inline bool fc_steady(const struct ct_entry *e, __u8 proto, bool
 {
 	__u16 flags = e->flags;
 
+	/* A new flow (CT_F_NEW) may be cached too: an entry holds for one CT
+	 * second, and the first packet of the next goes through conntrack,
+	 * which moves the flow to ct once established (ct_ready): a UDP flow
+	 * then, a TCP flow at the ACK that made it cacheable at all. */
 	if (flags & CT_F_CLOSING)
 		return false;
 	if (reply)

@@ -142,7 +142,7 @@ static __always_inline int icmp_rev_dnat(struct __ctx_buff *ctx, struct ns_pkt *
 		return -1;
 	ct_tuple_set(&s->tuple, &q->saddr, &q->daddr, q->sport, q->dport, q->proto,
 		     CT_DIR_INGRESS);
-	ce = bpf_map_lookup_elem(&ct, &s->tuple);
+	ce = ct_lookup(&s->tuple);
 	if (!ce)
 		return 0;
 	__builtin_memcpy(fe.b, ce->nat_addr, sizeof(fe.b));
@@ -171,7 +171,7 @@ static __always_inline int icmp_rev_snat(struct __ctx_buff *ctx, struct ns_pkt *
 		return -1;
 	ct_tuple_set(&s->tuple, &q->daddr, &q->saddr, q->dport, q->sport, q->proto,
 		     NAT_DIR_INGRESS);
-	n = bpf_map_lookup_elem(&snat, &s->tuple);
+	n = snat_lookup(&s->tuple);
 	if (!n)
 		return 0;
 	__builtin_memcpy(client.b, n->to_addr, sizeof(client.b));
@@ -205,7 +205,7 @@ static __always_inline int icmp_to_backend(struct __ctx_buff *ctx, struct ns_pkt
 		return -1;
 	ct_tuple_set(&s->tuple, &q->daddr, &q->saddr, q->dport, q->sport, q->proto,
 		     CT_DIR_SERVICE);
-	ce = bpf_map_lookup_elem(&ct, &s->tuple);
+	ce = ct_lookup(&s->tuple);
 	if (!ce || (ce->flags & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
 		return 0;
 	*local = ce->flags & CT_F_LOCAL;
@@ -218,7 +218,7 @@ static __always_inline int icmp_to_backend(struct __ctx_buff *ctx, struct ns_pkt
 		return -1;
 	if (*local)
 		return 1;
-	n = bpf_map_lookup_elem(&snat, &s->tuple);
+	n = snat_lookup(&s->tuple);
 	if (!n)
 		return -1;
 	__builtin_memcpy(addr.b, n->to_addr, sizeof(addr.b));

@@ -294,7 +294,7 @@ static __always_inline struct ct_entry *ns_established(const struct ns_pkt *p, _
 	t = &s->tuple;
 	ct_tuple_set(t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     CT_DIR_SERVICE);
-	e = bpf_map_lookup_elem(&ct, t);
+	e = ct_lookup(t);
 	if (!e || ct_is_new_syn(e, p->proto, p->tcp_flags, now))
 		return NULL;
 	if (READ_ONCE(e->alive_at) != now) {
@@ -309,7 +309,7 @@ static __always_inline struct ct_entry *ns_established(const struct ns_pkt *p, _
 	__builtin_memcpy(t->daddr, e->nat_addr, sizeof(t->daddr));
 	t->dport = e->nat_port;
 	t->dir = NAT_DIR_EGRESS;
-	*n = bpf_map_lookup_elem(&snat, t);
+	*n = snat_lookup(t);
 	return *n ? e : NULL;
 }
 #endif /* SLUICE_TC || SLUICE_XDP */

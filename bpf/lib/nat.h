@@ -6,6 +6,9 @@
  *   NAT_DIR_INGRESS  backend:bport -> node:nat port gives  client:cport
  * The nat port starts at a hash of the flow in [snat_port_min,
  * snat_port_max] and moves on while the ingress tuple is taken (bounded).
+ * A new flow's mappings are in snat_new and move to snat with its
+ * conntrack entries (ct_promote); a port is taken when either table holds
+ * its ingress tuple.
  */
 #ifndef __SLUICE_NAT_H
 #define __SLUICE_NAT_H
@@ -37,13 +40,39 @@ static __always_inline int snat_source(const struct ns_config *cfg, bool v6,
 	return addr_is_any(out) ? -1 : 0;
 }
 
+/* snat_put writes a mapping into the table of its flow (fresh: snat_new). */
+static __always_inline int snat_put(const struct ct_tuple *t, const struct nat_entry *n,
+				    bool fresh, __u64 uflags)
+{
+	if (fresh)
+		return bpf_map_update_elem(&snat_new, t, n, uflags);
+	return bpf_map_update_elem(&snat, t, n, uflags);
+}
+
+/* snat_claim takes the ingress tuple t for a mapping in the table of its
+ * flow (fresh: snat_new), unless either table has it: 0 when taken. */
+static __always_inline int snat_claim(const struct ct_tuple *t, const struct nat_entry *n,
+				      bool fresh)
+{
+	if (fresh) {
+		if (bpf_map_lookup_elem(&snat, t))
+			return -1;
+		return bpf_map_update_elem(&snat_new, t, n, BPF_NOEXIST);
+	}
+	if (bpf_map_lookup_elem(&snat_new, t))
+		return -1;
+	return bpf_map_update_elem(&snat, t, n, BPF_NOEXIST);
+}
+
 /* snat_egress finds or allocates the mapping of p (client -> backend,
- * after DNAT) and rewrites its source to the node IP and nat port. Its keys
- * and values are built in the per-CPU scratch: a new flow's path would
- * otherwise be the deepest of the service path's frame. */
+ * after DNAT) and rewrites its source to the node IP and nat port; a new
+ * mapping goes into the table of the flow's CT entry (fresh: a new flow's,
+ * snat_new). Its keys and values are built in the per-CPU scratch: a new
+ * flow's path would otherwise be the deepest of the service path's frame. */
 static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 				       const struct ns_config *cfg,
-				       const union lb_addr *frontend, __u32 hash, __u32 now)
+				       const union lb_addr *frontend, __u32 hash, __u32 now,
+				       bool fresh)
 {
 	struct ct_scratch *s = ns_scratch();
 	struct ct_tuple *out, *in;
@@ -58,7 +87,7 @@ static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 	in = &s->tuple2;
 	ct_tuple_set(out, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     NAT_DIR_EGRESS);
-	n = bpf_map_lookup_elem(&snat, out);
+	n = snat_lookup(out);
 	if (n) {
 		__builtin_memcpy(node.b, n->to_addr, sizeof(node.b));
 		return pkt_rewrite(ctx, p, false, &node, n->to_port);
@@ -80,7 +109,7 @@ static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 	ct_tuple_set(in, &p->daddr, &node, p->dport, 0, p->proto, NAT_DIR_INGRESS);
 	for (i = 0; i < SNAT_RETRIES; i++) {
 		in->dport = bpf_htons(port);
-		if (!bpf_map_update_elem(&snat, in, &s->nat, BPF_NOEXIST))
+		if (!snat_claim(in, &s->nat, fresh))
 			break;
 		port = port >= max ? min : port + 1;
 	}
@@ -90,8 +119,11 @@ static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 	/* The forward mapping: gives node IP and nat port. */
 	__builtin_memcpy(s->nat.to_addr, node.b, sizeof(s->nat.to_addr));
 	s->nat.to_port = in->dport;
-	if (bpf_map_update_elem(&snat, out, &s->nat, BPF_ANY)) {
-		bpf_map_delete_elem(&snat, in);
+	if (snat_put(out, &s->nat, fresh, BPF_ANY)) {
+		if (fresh)
+			bpf_map_delete_elem(&snat_new, in);
+		else
+			bpf_map_delete_elem(&snat, in);
 		return -1;
 	}
 	return pkt_rewrite(ctx, p, false, &node, s->nat.to_port);
@@ -141,6 +173,7 @@ static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry
 {
 	const union lb_addr *node;
 	const struct nat_entry *n;
+	bool fresh;
 
 	if (!(e->flags & CT_F_SNAT) || !e->snat_port)
 		return;
@@ -156,15 +189,16 @@ static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry
 	s->nat.pad = 0;
 	s->nat.created = e->created;
 
-	n = bpf_map_lookup_elem(&snat, &s->tuple);
+	n = snat_lookup(&s->tuple);
 	if (n) {
 		if (n->to_port != e->snat_port ||
 		    !addr_equal((const union lb_addr *)s->tuple2.daddr, n->to_addr))
 			WRITE_ONCE(e->snat_port, 0);
 		return;
 	}
-	if (bpf_map_update_elem(&snat, &s->tuple2, &s->nat, BPF_NOEXIST)) {
-		n = bpf_map_lookup_elem(&snat, &s->tuple2);
+	fresh = e->flags & CT_F_NEW;
+	if (snat_claim(&s->tuple2, &s->nat, fresh)) {
+		n = snat_lookup(&s->tuple2);
 		if (!n || n->to_port != p->sport || !addr_equal(&p->saddr, n->to_addr)) {
 			WRITE_ONCE(e->snat_port, 0); /* the port went to another flow */
 			return;
@@ -172,8 +206,95 @@ static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry
 	}
 	__builtin_memcpy(s->nat.to_addr, s->tuple2.daddr, sizeof(s->nat.to_addr));
 	s->nat.to_port = e->snat_port;
-	if (bpf_map_update_elem(&snat, &s->tuple, &s->nat, BPF_ANY))
+	if (snat_put(&s->tuple, &s->nat, fresh, BPF_ANY))
 		WRITE_ONCE(e->snat_port, 0);
+}
+
+/* ct_move moves the entry under key t from ct_new to ct, with CT_F_NEW
+ * cleared, staged in s->entry. Written first, deleted after: a packet in
+ * between finds it in ct, or in both. */
+static __always_inline int ct_move(const struct ct_tuple *t, struct ct_scratch *s)
+{
+	struct ct_entry *e = bpf_map_lookup_elem(&ct_new, t);
+
+	if (!e)
+		return -1;
+	__builtin_memcpy(&s->entry, e, sizeof(s->entry));
+	s->entry.flags &= ~CT_F_NEW;
+	if (bpf_map_update_elem(&ct, t, &s->entry, BPF_ANY))
+		return -1;
+	bpf_map_delete_elem(&ct_new, t);
+	return 0;
+}
+
+/* snat_move moves the mapping under key t from snat_new to snat, and
+ * returns a copy in s->nat. */
+static __always_inline int snat_move(const struct ct_tuple *t, struct ct_scratch *s)
+{
+	struct nat_entry *n = bpf_map_lookup_elem(&snat_new, t);
+
+	if (!n)
+		return -1;
+	__builtin_memcpy(&s->nat, n, sizeof(s->nat));
+	if (bpf_map_update_elem(&snat, t, &s->nat, BPF_ANY))
+		return -1;
+	bpf_map_delete_elem(&snat_new, t);
+	return 0;
+}
+
+/* ct_promote moves the flow of p (the client's packet, before DNAT) from
+ * the new flows' tables to the established ones (ct.h): both CT entries
+ * and, for SNAT, both mappings. It returns 0 when the service entry moved,
+ * its key left in the scratch's tuple, else -1 (the flow stays new, tried
+ * again by its next packet). Whatever piece is missing (evicted from
+ * ct_new) comes back as for an established flow (ct_restore_ingress,
+ * snat_refresh). A global function, verified once: the service path calls
+ * it from two places, and its keys and values live in the scratch. */
+__noinline int ct_promote(const struct ns_pkt *p)
+{
+	struct ct_scratch *s;
+	__u32 zero = 0;
+
+	s = bpf_map_lookup_elem(&ns_scratch_map, &zero);
+	if (!s || !p)
+		return -1;
+	ct_tuple_set(&s->tuple, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
+		     CT_DIR_SERVICE);
+	if (ct_move(&s->tuple, s))
+		return -1;
+	/* s->entry is the service entry now. Its SNAT mappings first: the
+	 * egress one (client -> backend) gives the ingress one's key. */
+	if (s->entry.flags & CT_F_SNAT) {
+		ct_tuple_set(&s->tuple2, &p->saddr, (const union lb_addr *)s->entry.nat_addr,
+			     p->sport, s->entry.nat_port, p->proto, NAT_DIR_EGRESS);
+		if (!snat_move(&s->tuple2, s)) {
+			ct_tuple_set(&s->tuple2, (const union lb_addr *)s->entry.nat_addr,
+				     (const union lb_addr *)s->nat.to_addr, s->entry.nat_port,
+				     s->nat.to_port, p->proto, NAT_DIR_INGRESS);
+			snat_move(&s->tuple2, s);
+		}
+	}
+	if (ct_has_ingress(&s->entry)) {
+		ct_ingress_tuple(&s->tuple2, p, &s->entry);
+		ct_move(&s->tuple2, s);
+	}
+	return 0;
+}
+
+/* ct_promote_if_ready moves the new flow of p whose service entry e this
+ * packet established (ct_ready) to the established flows' tables, and
+ * returns the entry's new place (e when it stays). */
+static __always_inline struct ct_entry *ct_promote_if_ready(const struct ns_pkt *p,
+							    struct ct_entry *e, __u32 now)
+{
+	struct ct_scratch *s;
+	struct ct_entry *moved;
+
+	if (!ct_ready(e, p->proto, now) || ct_promote(p))
+		return e;
+	s = ns_scratch();
+	moved = s ? bpf_map_lookup_elem(&ct, &s->tuple) : NULL;
+	return moved ? moved : e;
 }
 
 /* snat_lookup_reply returns the mapping of a reply to node IP:nat port
@@ -184,7 +305,7 @@ static __always_inline const struct nat_entry *snat_lookup_reply(const struct ns
 {
 	ct_tuple_set(t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     NAT_DIR_INGRESS);
-	return bpf_map_lookup_elem(&snat, t);
+	return snat_lookup(t);
 }
 
 /* ns_rev_dnat restores the frontend as the source of a reply from a

@@ -289,6 +289,9 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 				ct_restore_ingress(p, e, s);
 				snat_refresh(cfg, e, p, s);
 			}
+			/* A new flow that this packet established moves to
+			 * the established flows' tables. */
+			e = ct_promote_if_ready(p, e, now);
 			kind = e->flags & NS_KIND_FLAGS;
 			__builtin_memcpy(be_addr.b, e->nat_addr, sizeof(be_addr.b));
 			be_port = e->nat_port;
@@ -329,7 +332,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		return CTX_ACT_DROP;
 	ct_tuple_set(&s->tuple, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     CT_DIR_SERVICE);
-	e = bpf_map_lookup_elem(&ct, &s->tuple);
+	e = ct_lookup(&s->tuple);
 	/* On the backend node only a local delivery: an entry of this node
 	 * as the LB node (the same tuple, sent here by a client) would send
 	 * the packet back into a tunnel. */
@@ -341,7 +344,14 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		be = bpf_map_lookup_elem(&lb_backends, &backend_id);
 		if (be && ct_update(e, cfg, p, len, now, false))
 			ct_restore_ingress(p, e, s);
+		if (be)
+			e = ct_promote_if_ready(p, e, now);
 	}
+	/* An earlier flow's entry in ct (dead, a SYN reusing a closing tuple,
+	 * its backend gone) gives way to the new flow made below: found
+	 * first, it would hide it. */
+	if (!be && e && !(e->flags & CT_F_NEW))
+		ct_delete_flow(p, e);
 	if (!be) {
 		/* No backend: drop, as kube-proxy's REJECT stops the flow. */
 		if (svc->count == 0)
@@ -443,7 +453,9 @@ translate:
 #endif /* SLUICE_POD_LB */
 	if (kind & CT_F_LOCAL)
 		return ns_forward(ctx, p, FWD_LOCAL, NULL, 0);
-	if (snat_egress(ctx, p, cfg, &frontend, hash, now))
+	/* A new mapping goes with its flow: a new flow's (e replaced by
+	 * ct_create_flow, or still new) into snat_new. */
+	if (snat_egress(ctx, p, cfg, &frontend, hash, now, !e || (e->flags & CT_F_NEW)))
 		return CTX_ACT_DROP;
 	return ns_forward(ctx, p, FWD_ROUTE, e, now);
 }

@@ -29,6 +29,51 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } snat SEC(".maps");
 
+/* The new flows' conntrack and SNAT mappings, as ct and snat: a flow is
+ * written here first (CT_F_NEW) and moves to ct and snat once established
+ * (ct.h). An LRU map evicts by age alone: in one table, a flood of spoofed
+ * SYNs would evict the entries of connections idle for a few seconds
+ * (connection pools, websockets) and reset them. Here the flood churns
+ * these two tables only, and an established flow is never evicted by a new
+ * one, as the kernel's conntrack evicts unreplied entries first
+ * (early_drop). A legitimate new flow must complete its handshake before
+ * the flood pushes it out: at 2 Mpps of SYNs a 64Ki-entry table keeps one
+ * for about 16 ms. max_entries is set at load (the agent sizes them from
+ * memory, a quarter of ct and snat). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_tuple);
+	__type(value, struct ct_entry);
+	__uint(max_entries, 16384);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ct_new SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_tuple);
+	__type(value, struct nat_entry);
+	__uint(max_entries, 16384);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} snat_new SEC(".maps");
+
+/* ct_lookup finds the entry under key t: an established flow's in ct (one
+ * lookup for the common case), else a new flow's in ct_new (CT_F_NEW). */
+static __always_inline struct ct_entry *ct_lookup(const struct ct_tuple *t)
+{
+	struct ct_entry *e = bpf_map_lookup_elem(&ct, t);
+
+	return e ? e : bpf_map_lookup_elem(&ct_new, t);
+}
+
+/* snat_lookup finds the mapping under key t: an established flow's in
+ * snat, else a new flow's in snat_new. */
+static __always_inline struct nat_entry *snat_lookup(const struct ct_tuple *t)
+{
+	struct nat_entry *n = bpf_map_lookup_elem(&snat, t);
+
+	return n ? n : bpf_map_lookup_elem(&snat_new, t);
+}
+
 /* Host-side ifindex of each local pod's veth -> 1: a local backend behind
  * one of these is reached with bpf_redirect_peer, anything else through
  * the stack (redirect_peer drops on devices without a peer). */

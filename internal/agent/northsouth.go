@@ -309,6 +309,7 @@ func natTable(now uint32, recs []lbmap.NATRecord) *api.BPFNAT {
 			Direction: dirString(r.Key.Dir),
 			To:        addrPort(r.Entry.ToAddr, r.Entry.ToPort),
 			Age:       int64(now) - int64(r.Entry.Created),
+			New:       r.New,
 		})
 	}
 	slices.SortFunc(out.Entries, func(x, y api.NATEntry) int {

@@ -335,4 +335,6 @@ type NATEntry struct {
 	Direction string `json:"direction"` // nat-egress, nat-ingress
 	To        string `json:"to"`        // addr:port the tuple translates to
 	Age       int64  `json:"age"`       // seconds since creation
+	// New: a new flow's mapping (snat_new), until the flow is established.
+	New bool `json:"new,omitempty"`
 }

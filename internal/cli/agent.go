@@ -191,9 +191,13 @@ func writeBPFCT(w io.Writer, d *api.BPFCT) error {
 // writeBPFNAT prints one row per SNAT mapping.
 func writeBPFNAT(w io.Writer, d *api.BPFNAT) error {
 	tw := newTable(w)
-	fmt.Fprintln(tw, "TUPLE\tDIRECTION\tTRANSLATED TO\tAGE")
+	fmt.Fprintln(tw, "TUPLE\tDIRECTION\tTRANSLATED TO\tAGE\tFLOW")
 	for _, e := range d.Entries {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%ds\n", e.Tuple, e.Direction, e.To, e.Age)
+		flow := "established"
+		if e.New {
+			flow = "new"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%ds\t%s\n", e.Tuple, e.Direction, e.To, e.Age, flow)
 	}
 	return tw.Flush()
 }

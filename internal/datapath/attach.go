@@ -339,7 +339,7 @@ func (n *NorthSouth) MapFill() []MapFill {
 	for _, x := range []struct {
 		name string
 		m    *ebpf.Map
-	}{{tclbMapCt, m.Ct}, {tclbMapSnat, m.Snat}, {tclbMapLbMaglev, m.LbMaglev},
+	}{{tclbMapCt, m.Ct}, {tclbMapSnat, m.Snat}, {tclbMapCtNew, m.CtNew}, {tclbMapSnatNew, m.SnatNew}, {tclbMapLbMaglev, m.LbMaglev},
 		{tclbMapNsTunnel, m.NsTunnel}, {tclbMapLbSrcRanges, m.LbSrcRanges}} {
 		out = append(out, MapFill{Name: x.name, Entries: countEntries(x.m), Max: int(x.m.MaxEntries())})
 	}

@@ -84,6 +84,7 @@ func sizesAt(mem uint64, fixed map[string]*ebpf.MapSpec) map[string]uint32 {
 		out[name] = n
 	}
 	out[lbmap.CTMapName], out[lbmap.NATMapName], out[tclbMapNsFrag] = c.CT, c.NAT, c.Frag
+	out[lbmap.CTNewMapName], out[lbmap.NATNewMapName] = NewFlowEntries(c.CT), NewFlowEntries(c.NAT)
 	return out
 }
 

@@ -30,6 +30,8 @@ type migratable struct {
 var migratableMaps = []migratable{
 	{name: lbmap.CTMapName, grow: true, refill: true},
 	{name: lbmap.NATMapName, grow: true, refill: true},
+	{name: lbmap.CTNewMapName, grow: true, refill: true},
+	{name: lbmap.NATNewMapName, grow: true, refill: true},
 	{name: socklbMapLbServices},
 	{name: socklbMapLbBackends},
 	{name: socklbMapLbSockRev, refill: true},

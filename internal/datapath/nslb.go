@@ -31,6 +31,9 @@ type NorthSouthOptions struct {
 	// FragEntries sizes the fragment map (ns_frag); 0 = 8192, the floor
 	// SizeMaps gives it.
 	FragEntries uint32
+	// CTNewEntries and NATNewEntries size the new flows' tables (ct_new,
+	// snat_new); 0 = NewFlowEntries of the ct and snat sizes.
+	CTNewEntries, NATNewEntries uint32
 	// MaglevTableSize and MaglevSeed are set in both objects before load
 	// (lbmap.ConfigureMaglev); every node must use the same. A zero size
 	// is maglev.DefaultTableSize.
@@ -83,9 +86,19 @@ func (opts NorthSouthOptions) mapSizes() map[string]uint32 {
 	sizes := opts.Sizes.withDefaults().byName()
 	sizes[lbmap.CTMapName] = orDefault(opts.CTEntries, defaultNSEntries)
 	sizes[lbmap.NATMapName] = orDefault(opts.NATEntries, defaultNSEntries)
+	sizes[lbmap.CTNewMapName] = orDefault(opts.CTNewEntries, NewFlowEntries(sizes[lbmap.CTMapName]))
+	sizes[lbmap.NATNewMapName] = orDefault(opts.NATNewEntries, NewFlowEntries(sizes[lbmap.NATMapName]))
 	sizes[tclbMapNsFrag] = orDefault(opts.FragEntries, defaultFragEntries)
 	sizes[lbmap.TunnelMapName] = TunnelEntries(opts.Sizes)
 	return sizes
+}
+
+// NewFlowEntries is the size of a new flows' table (ct_new, snat_new) for
+// an established flows' table of n entries: a quarter, at least 16384. The
+// new flows' table need only hold each new flow until it is established
+// (a round trip); under a flood it is what churns.
+func NewFlowEntries(n uint32) uint32 {
+	return max(n/4, 16384)
 }
 
 // LoadNorthSouthSpecs returns the compiled tc and XDP objects, for tests
@@ -213,8 +226,8 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 	}
 	m := &n.tc.tclbMaps
 	n.lb = lbmap.NewKernel(m.LbServices, m.LbBackends, m.LbRevNat, m.LbNodeIps)
-	n.ct = lbmap.NewCT(m.Ct, n.tc.NsFlowCache, n.xdp.NsFlowCache)
-	n.nat = lbmap.NewNAT(m.Snat)
+	n.ct = lbmap.NewCT(m.Ct, m.CtNew, n.tc.NsFlowCache, n.xdp.NsFlowCache)
+	n.nat = lbmap.NewNAT(m.Snat, m.SnatNew)
 	return n, nil
 }
 

@@ -79,6 +79,7 @@ func TestPrivilegedNorthSouthConntrackTCP(t *testing.T) {
 			est   = lbmap.CTFlagEstablished
 			fin   = lbmap.CTFlagClosing
 			reply = lbmap.CTFlagSeenReply
+			fresh = lbmap.CTFlagNew // in ct_new until the handshake completes
 		)
 		pkt := func(flags uint8) bpftest.Packet {
 			return bpftest.Packet{Src: c, Dst: apNodePort, Proto: bpftest.TCP, Flags: flags}
@@ -92,13 +93,13 @@ func TestPrivilegedNorthSouthConntrackTCP(t *testing.T) {
 		}
 		send("SYN", bpftest.SYN)
 		svc := checkCT(t, n, "SYN", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
-			ctWant{local | syn, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 1, 0})
+			ctWant{local | syn | fresh, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 1, 0})
 		if svc.BackendID != 1 || svc.RevNatID != 1 || svc.NATAddr.NetIP() != apLocal.Addr() || svc.NATPort.Host() != apLocal.Port() {
 			t.Errorf("SYN: service entry backend %d rev NAT %d to %s:%d, want 1, 1, %s",
 				svc.BackendID, svc.RevNatID, svc.NATAddr.NetIP(), svc.NATPort.Host(), apLocal)
 		}
 		in := checkCT(t, n, "SYN", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
-			ctWant{local | syn, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 0, 0})
+			ctWant{local | syn | fresh, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 0, 0})
 		if in.NATAddr.NetIP() != ipNode || in.NATPort.Host() != apNodePort.Port() {
 			t.Errorf("SYN: ingress entry restores %s:%d, want the frontend the client used, %s",
 				in.NATAddr.NetIP(), in.NATPort.Host(), apNodePort)
@@ -110,11 +111,15 @@ func TestPrivilegedNorthSouthConntrackTCP(t *testing.T) {
 		runPacket(t, tcpKind, egress, "SYN-ACK", synAck, vPass,
 			synAck.With(func(p *bpftest.Packet) { p.Src = apNodePort }))
 		checkCT(t, n, "SYN-ACK", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
-			ctWant{local | syn | reply, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 0, 1})
+			ctWant{local | syn | reply | fresh, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 0, 1})
 
+		// The client's ACK establishes the flow: both entries move to
+		// ct (no NEW flag), each counting what it counted.
 		send("ACK", bpftest.ACK)
 		checkCT(t, n, "ACK", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
 			ctWant{local | syn | est, ctNow + lbmap.DefaultTCPEstTimeout, ctNow, 2, 0})
+		checkCT(t, n, "ACK", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
+			ctWant{local | syn | reply, ctNow + lbmap.DefaultTCPEstTimeout, ctNow, 0, 1})
 
 		// Same second: the lifetime stays; later: it moves on.
 		send("data, same second", bpftest.ACK|bpftest.PSH)
@@ -132,7 +137,7 @@ func TestPrivilegedNorthSouthConntrackTCP(t *testing.T) {
 		setClock(t, n, uint64(later))
 		send("SYN after close", bpftest.SYN)
 		checkCT(t, n, "SYN after close", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
-			ctWant{local | syn, later + lbmap.DefaultTCPSynTimeout, later, 1, 0})
+			ctWant{local | syn | fresh, later + lbmap.DefaultTCPSynTimeout, later, 1, 0})
 	})
 }
 
@@ -148,14 +153,15 @@ func TestPrivilegedNorthSouthConntrackUDPAndGC(t *testing.T) {
 		in := bpftest.Packet{Src: c, Dst: apExtIP, Proto: bpftest.UDP, Payload: []byte("q")}
 		runPacket(t, kind, prog, step, in, vPass, in.With(func(p *bpftest.Packet) { p.Dst = apLocal }))
 	}
-	local := lbmap.CTFlagLocal
+	local, fresh := lbmap.CTFlagLocal, lbmap.CTFlagNew
 	bpftest.InNewNetNS(t, func() {
 		send("first", a)
 		checkCT(t, n, "first", a, apExtIP, bpftest.UDP, lbmap.CTDirService,
-			ctWant{local, ctNow + lbmap.DefaultUDPTimeout, ctNow, 1, 0})
+			ctWant{local | fresh, ctNow + lbmap.DefaultUDPTimeout, ctNow, 1, 0})
 
 		setClock(t, n, ctNow+30)
 		send("b", b)
+		// A later second: established, moved to ct.
 		send("within timeout", a)
 		checkCT(t, n, "within timeout", a, apExtIP, bpftest.UDP, lbmap.CTDirService,
 			ctWant{local, ctNow + 30 + lbmap.DefaultUDPTimeout, ctNow, 2, 0})
@@ -163,8 +169,9 @@ func TestPrivilegedNorthSouthConntrackUDPAndGC(t *testing.T) {
 		expired := uint32(ctNow + 30 + lbmap.DefaultUDPTimeout + 1)
 		setClock(t, n, uint64(expired))
 		send("after timeout", a)
+		// A new flow, which replaces the dead one in ct.
 		checkCT(t, n, "after timeout", a, apExtIP, bpftest.UDP, lbmap.CTDirService,
-			ctWant{local, expired + lbmap.DefaultUDPTimeout, expired, 1, 0})
+			ctWant{local | fresh, expired + lbmap.DefaultUDPTimeout, expired, 1, 0})
 
 		// b's two entries are dead at expired, a's are alive.
 		now, err := n.CTNow()
@@ -375,9 +382,15 @@ func TestPrivilegedNorthSouthSNATCopy(t *testing.T) {
 				}
 				return e
 			}
+			// The first packet a second earlier: the second one
+			// establishes the flow (a UDP flow's later second, a TCP
+			// flow's ACK), which moves its entries and mappings to ct
+			// and snat.
+			setClock(t, n, ctNow-1)
 			if _, err := bpftest.Run(prog, tc.in.MustBytes()); err != nil {
 				t.Fatal(err)
 			}
+			setClock(t, n, ctNow)
 			port := natPort(t, n, tc.in.Src, tc.backend, tc.in.Proto)
 			send("second packet, from the mapping", port)
 			if e := svcEntry(); e.SNATPort.Host() != port || e.Flags&lbmap.CTFlagSNATFE != 0 {

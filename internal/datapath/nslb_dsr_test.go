@@ -134,7 +134,7 @@ func TestPrivilegedNorthSouthDSRBackend(t *testing.T) {
 			in := bpftest.Encap{Src: tc.outer, Dst: node, Inner: tc.inner}
 			runPacket(t, kind, prog, tc.name+": decap + DNAT", in, vPass,
 				tc.inner.With(func(p *bpftest.Packet) { p.Dst = tc.local }))
-			want := ctWant{lbmap.CTFlagLocal | lbmap.CTFlagDSR, ctNow + lbmap.DefaultUDPTimeout, ctNow, 1, 0}
+			want := ctWant{lbmap.CTFlagLocal | lbmap.CTFlagDSR | lbmap.CTFlagNew, ctNow + lbmap.DefaultUDPTimeout, ctNow, 1, 0}
 			reply := bpftest.Packet{Src: tc.local, Dst: tc.inner.Src, Proto: tc.inner.Proto,
 				SrcMAC: bpftest.MACNode, DstMAC: bpftest.MACClient}
 			if tc.inner.Proto == bpftest.TCP {

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"os"
@@ -66,13 +67,18 @@ func cacheEntry(t *testing.T, m *ebpf.Map, src, dst netip.AddrPort, proto, dir u
 	return lbmap.FlowCacheEntry{}, false
 }
 
-// rawCT returns the ct entry under key as the map holds it, without what
-// the flow caches hold for it (CT.Dump adds that).
+// rawCT returns the conntrack entry under key as ct (an established flow's)
+// or ct_new (a new flow's) holds it, without what the flow caches hold for
+// it (CT.Dump adds that).
 func rawCT(t *testing.T, n *NorthSouth, src, dst netip.AddrPort, proto, dir uint8) lbmap.CTEntry {
 	t.Helper()
 	key := tuple(src, dst, proto, dir)
 	var e lbmap.CTEntry
-	if err := n.tc.Ct.Lookup(&key, &e); err != nil {
+	err := n.tc.Ct.Lookup(&key, &e)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		err = n.tc.CtNew.Lookup(&key, &e)
+	}
+	if err != nil {
 		t.Fatalf("ct entry %s: %v", key, err)
 	}
 	return e

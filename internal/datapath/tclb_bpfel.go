@@ -17,6 +17,7 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	tclbMapCt                = "ct"
+	tclbMapCtNew             = "ct_new"
 	tclbMapLbAffinity        = "lb_affinity"
 	tclbMapLbBackends        = "lb_backends"
 	tclbMapLbConfig          = "lb_config"
@@ -34,6 +35,7 @@ const (
 	tclbMapNsScratchMap      = "ns_scratch_map"
 	tclbMapNsTunnel          = "ns_tunnel"
 	tclbMapSnat              = "snat"
+	tclbMapSnatNew           = "snat_new"
 	tclbProgTcLbEgress       = "tc_lb_egress"
 	tclbProgTcLbIngress      = "tc_lb_ingress"
 	tclbVarCsumV6Flag        = "csum_v6_flag"
@@ -93,6 +95,7 @@ type tclbProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type tclbMapSpecs struct {
 	Ct            *ebpf.MapSpec `ebpf:"ct"`
+	CtNew         *ebpf.MapSpec `ebpf:"ct_new"`
 	LbAffinity    *ebpf.MapSpec `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.MapSpec `ebpf:"lb_backends"`
 	LbConfig      *ebpf.MapSpec `ebpf:"lb_config"`
@@ -110,6 +113,7 @@ type tclbMapSpecs struct {
 	NsScratchMap  *ebpf.MapSpec `ebpf:"ns_scratch_map"`
 	NsTunnel      *ebpf.MapSpec `ebpf:"ns_tunnel"`
 	Snat          *ebpf.MapSpec `ebpf:"snat"`
+	SnatNew       *ebpf.MapSpec `ebpf:"snat_new"`
 }
 
 // tclbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -143,6 +147,7 @@ func (o *tclbObjects) Close() error {
 // It can be passed to loadTclbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tclbMaps struct {
 	Ct            *ebpf.Map `ebpf:"ct"`
+	CtNew         *ebpf.Map `ebpf:"ct_new"`
 	LbAffinity    *ebpf.Map `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.Map `ebpf:"lb_backends"`
 	LbConfig      *ebpf.Map `ebpf:"lb_config"`
@@ -160,11 +165,13 @@ type tclbMaps struct {
 	NsScratchMap  *ebpf.Map `ebpf:"ns_scratch_map"`
 	NsTunnel      *ebpf.Map `ebpf:"ns_tunnel"`
 	Snat          *ebpf.Map `ebpf:"snat"`
+	SnatNew       *ebpf.Map `ebpf:"snat_new"`
 }
 
 func (m *tclbMaps) Close() error {
 	return _TclbClose(
 		m.Ct,
+		m.CtNew,
 		m.LbAffinity,
 		m.LbBackends,
 		m.LbConfig,
@@ -182,6 +189,7 @@ func (m *tclbMaps) Close() error {
 		m.NsScratchMap,
 		m.NsTunnel,
 		m.Snat,
+		m.SnatNew,
 	)
 }
 

@@ -17,6 +17,7 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	tcpodMapCt                = "ct"
+	tcpodMapCtNew             = "ct_new"
 	tcpodMapLbAffinity        = "lb_affinity"
 	tcpodMapLbBackends        = "lb_backends"
 	tcpodMapLbConfig          = "lb_config"
@@ -33,6 +34,7 @@ const (
 	tcpodMapNsScratchMap      = "ns_scratch_map"
 	tcpodMapNsTunnel          = "ns_tunnel"
 	tcpodMapSnat              = "snat"
+	tcpodMapSnatNew           = "snat_new"
 	tcpodProgTcPodFromPod     = "tc_pod_from_pod"
 	tcpodProgTcPodToPod       = "tc_pod_to_pod"
 	tcpodVarCsumV6Flag        = "csum_v6_flag"
@@ -91,6 +93,7 @@ type tcpodProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcpodMapSpecs struct {
 	Ct            *ebpf.MapSpec `ebpf:"ct"`
+	CtNew         *ebpf.MapSpec `ebpf:"ct_new"`
 	LbAffinity    *ebpf.MapSpec `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.MapSpec `ebpf:"lb_backends"`
 	LbConfig      *ebpf.MapSpec `ebpf:"lb_config"`
@@ -107,6 +110,7 @@ type tcpodMapSpecs struct {
 	NsScratchMap  *ebpf.MapSpec `ebpf:"ns_scratch_map"`
 	NsTunnel      *ebpf.MapSpec `ebpf:"ns_tunnel"`
 	Snat          *ebpf.MapSpec `ebpf:"snat"`
+	SnatNew       *ebpf.MapSpec `ebpf:"snat_new"`
 }
 
 // tcpodVariableSpecs contains global variables before they are loaded into the kernel.
@@ -139,6 +143,7 @@ func (o *tcpodObjects) Close() error {
 // It can be passed to loadTcpodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcpodMaps struct {
 	Ct            *ebpf.Map `ebpf:"ct"`
+	CtNew         *ebpf.Map `ebpf:"ct_new"`
 	LbAffinity    *ebpf.Map `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.Map `ebpf:"lb_backends"`
 	LbConfig      *ebpf.Map `ebpf:"lb_config"`
@@ -155,11 +160,13 @@ type tcpodMaps struct {
 	NsScratchMap  *ebpf.Map `ebpf:"ns_scratch_map"`
 	NsTunnel      *ebpf.Map `ebpf:"ns_tunnel"`
 	Snat          *ebpf.Map `ebpf:"snat"`
+	SnatNew       *ebpf.Map `ebpf:"snat_new"`
 }
 
 func (m *tcpodMaps) Close() error {
 	return _TcpodClose(
 		m.Ct,
+		m.CtNew,
 		m.LbAffinity,
 		m.LbBackends,
 		m.LbConfig,
@@ -176,6 +183,7 @@ func (m *tcpodMaps) Close() error {
 		m.NsScratchMap,
 		m.NsTunnel,
 		m.Snat,
+		m.SnatNew,
 	)
 }
 

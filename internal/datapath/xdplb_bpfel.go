@@ -17,6 +17,7 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	xdplbMapCt                = "ct"
+	xdplbMapCtNew             = "ct_new"
 	xdplbMapLbAffinity        = "lb_affinity"
 	xdplbMapLbBackends        = "lb_backends"
 	xdplbMapLbConfig          = "lb_config"
@@ -34,6 +35,7 @@ const (
 	xdplbMapNsScratchMap      = "ns_scratch_map"
 	xdplbMapNsTunnel          = "ns_tunnel"
 	xdplbMapSnat              = "snat"
+	xdplbMapSnatNew           = "snat_new"
 	xdplbProgXdpCtClock       = "xdp_ct_clock"
 	xdplbProgXdpLbIngress     = "xdp_lb_ingress"
 	xdplbVarCsumV6Flag        = "csum_v6_flag"
@@ -93,6 +95,7 @@ type xdplbProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdplbMapSpecs struct {
 	Ct            *ebpf.MapSpec `ebpf:"ct"`
+	CtNew         *ebpf.MapSpec `ebpf:"ct_new"`
 	LbAffinity    *ebpf.MapSpec `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.MapSpec `ebpf:"lb_backends"`
 	LbConfig      *ebpf.MapSpec `ebpf:"lb_config"`
@@ -110,6 +113,7 @@ type xdplbMapSpecs struct {
 	NsScratchMap  *ebpf.MapSpec `ebpf:"ns_scratch_map"`
 	NsTunnel      *ebpf.MapSpec `ebpf:"ns_tunnel"`
 	Snat          *ebpf.MapSpec `ebpf:"snat"`
+	SnatNew       *ebpf.MapSpec `ebpf:"snat_new"`
 }
 
 // xdplbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -143,6 +147,7 @@ func (o *xdplbObjects) Close() error {
 // It can be passed to loadXdplbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdplbMaps struct {
 	Ct            *ebpf.Map `ebpf:"ct"`
+	CtNew         *ebpf.Map `ebpf:"ct_new"`
 	LbAffinity    *ebpf.Map `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.Map `ebpf:"lb_backends"`
 	LbConfig      *ebpf.Map `ebpf:"lb_config"`
@@ -160,11 +165,13 @@ type xdplbMaps struct {
 	NsScratchMap  *ebpf.Map `ebpf:"ns_scratch_map"`
 	NsTunnel      *ebpf.Map `ebpf:"ns_tunnel"`
 	Snat          *ebpf.Map `ebpf:"snat"`
+	SnatNew       *ebpf.Map `ebpf:"snat_new"`
 }
 
 func (m *xdplbMaps) Close() error {
 	return _XdplbClose(
 		m.Ct,
+		m.CtNew,
 		m.LbAffinity,
 		m.LbBackends,
 		m.LbConfig,
@@ -182,6 +189,7 @@ func (m *xdplbMaps) Close() error {
 		m.NsScratchMap,
 		m.NsTunnel,
 		m.Snat,
+		m.SnatNew,
 	)
 }
 

@@ -10,8 +10,12 @@ import (
 
 // Names of the north-south maps (bpf/lib/ns_maps.h), as pinned.
 const (
-	CTMapName        = "ct"
-	NATMapName       = "snat"
+	CTMapName  = "ct"
+	NATMapName = "snat"
+	// CTNewMapName and NATNewMapName hold new flows until they are
+	// established (bpf/lib/ct.h): a flood of new flows churns these alone.
+	CTNewMapName     = "ct_new"
+	NATNewMapName    = "snat_new"
 	NSConfigMapName  = "ns_config"
 	PodIfacesMapName = "ns_pod_ifaces"
 	TunnelMapName    = "ns_tunnel"
@@ -36,6 +40,7 @@ const (
 	CTFlagDSR         uint16 = 1 << 6
 	CTFlagHairpin     uint16 = 1 << 7 // per-packet LB: a pod to its own Service
 	CTFlagSNATFE      uint16 = 1 << 8 // SNATPort's source address is the frontend
+	CTFlagNew         uint16 = 1 << 9 // a new flow's, in ct_new: not yet established
 )
 
 // Load balancing modes for remote backends (NS_MODE_*), --lb-mode.
@@ -129,7 +134,7 @@ func CTFlagsString(f uint16) string {
 	}{
 		{CTFlagSYN, "SYN"}, {CTFlagEstablished, "ESTABLISHED"}, {CTFlagClosing, "CLOSING"},
 		{CTFlagSeenReply, "SEEN_REPLY"}, {CTFlagLocal, "LOCAL"}, {CTFlagSNAT, "SNAT"}, {CTFlagDSR, "DSR"},
-		{CTFlagHairpin, "HAIRPIN"}, {CTFlagSNATFE, "SNAT_FE"},
+		{CTFlagHairpin, "HAIRPIN"}, {CTFlagSNATFE, "SNAT_FE"}, {CTFlagNew, "NEW"},
 	}
 	var out []string
 	for _, n := range names {
@@ -144,18 +149,19 @@ func CTFlagsString(f uint16) string {
 	return strings.Join(out, "|")
 }
 
-// CT reads and collects the conntrack map.
+// CT reads and collects the conntrack maps: ct, the established flows,
+// and ct_new, the new ones (their entries flagged CTFlagNew).
 type CT struct {
-	m *ebpf.Map
+	m, fresh *ebpf.Map
 	// flowCaches hold counters of established flows that their CT
 	// entries have not counted yet (FlowCacheMapName).
 	flowCaches []*ebpf.Map
 }
 
-// NewCT wraps a loaded ct map and the flow caches of the programs that use
-// it; the caller keeps ownership.
-func NewCT(m *ebpf.Map, flowCaches ...*ebpf.Map) *CT {
-	return &CT{m: m, flowCaches: flowCaches}
+// NewCT wraps the loaded ct and ct_new maps and the flow caches of the
+// programs that use them; the caller keeps ownership.
+func NewCT(m, fresh *ebpf.Map, flowCaches ...*ebpf.Map) *CT {
+	return &CT{m: m, fresh: fresh, flowCaches: flowCaches}
 }
 
 // CTRecord is one conntrack entry.
@@ -164,11 +170,12 @@ type CTRecord struct {
 	Entry CTEntry
 }
 
-// Dump returns every entry, its counters including what the flow caches
-// hold for it (the packets of its current CT second, or of a flow that
-// stopped sending since). The map is an LRU that changes while it is read:
-// the result is a snapshot at best, and a counter may lag by what a flow
-// cache gave its CT entry between the two reads.
+// Dump returns every entry of both tables, its counters including what
+// the flow caches hold for it (the packets of its current CT second, or of
+// a flow that stopped sending since). The maps are LRUs that change while
+// they are read: the result is a snapshot at best, a counter may lag by
+// what a flow cache gave its CT entry between the two reads, and a flow
+// that moved to ct meanwhile may be in neither or both.
 func (c *CT) Dump() ([]CTRecord, error) {
 	recs, err := c.dump()
 	if err != nil {
@@ -182,14 +189,20 @@ func (c *CT) Dump() ([]CTRecord, error) {
 	return recs, nil
 }
 
-// Len returns how many entries the map holds (no flow cache read).
+// Len returns how many entries both tables hold (no flow cache read).
 func (c *CT) Len() (int, error) {
 	recs, err := c.dump()
 	return len(recs), err
 }
 
 func (c *CT) dump() ([]CTRecord, error) {
-	return records(c.m, CTMapName, func(k CTTuple, v CTEntry) CTRecord { return CTRecord{k, v} })
+	rec := func(k CTTuple, v CTEntry) CTRecord { return CTRecord{k, v} }
+	recs, err := records(c.m, CTMapName, rec)
+	if err != nil || c.fresh == nil {
+		return recs, err
+	}
+	fresh, err := records(c.fresh, CTNewMapName, rec)
+	return append(recs, fresh...), err
 }
 
 // records dumps m into a slice of what rec makes of each entry.
@@ -205,7 +218,8 @@ func records[K comparable, V, R any](m *ebpf.Map, name string, rec func(K, V) R)
 	return out, nil
 }
 
-// GC deletes the entries dead at CT clock now and returns how many went.
+// GC deletes the entries dead at CT clock now from both tables and returns
+// how many went.
 func (c *CT) GC(now uint32) (int, error) {
 	recs, err := c.dump()
 	if err != nil {
@@ -216,12 +230,16 @@ func (c *CT) GC(now uint32) (int, error) {
 		if r.Entry.Alive(now) {
 			continue
 		}
-		err := c.m.Delete(&r.Key)
+		m, name := c.m, CTMapName
+		if r.Entry.Flags&CTFlagNew != 0 {
+			m, name = c.fresh, CTNewMapName
+		}
+		err := m.Delete(&r.Key)
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			continue
 		}
 		if err != nil {
-			return n, fmt.Errorf("gc %s: delete %s: %w", CTMapName, r.Key, err)
+			return n, fmt.Errorf("gc %s: delete %s: %w", name, r.Key, err)
 		}
 		n++
 	}

@@ -21,25 +21,33 @@ func (e NATEntry) String() string {
 	return fmt.Sprintf("-> %s", addrPort(e.ToAddr, e.ToPort))
 }
 
-// NAT reads the SNAT map.
+// NAT reads the SNAT maps: snat, the established flows' mappings, and
+// snat_new, the new flows'.
 type NAT struct {
-	m *ebpf.Map
+	m, fresh *ebpf.Map
 }
 
-// NewNAT wraps a loaded snat map; the caller keeps ownership.
-func NewNAT(m *ebpf.Map) *NAT {
-	return &NAT{m: m}
+// NewNAT wraps the loaded snat and snat_new maps; the caller keeps
+// ownership.
+func NewNAT(m, fresh *ebpf.Map) *NAT {
+	return &NAT{m: m, fresh: fresh}
 }
 
-// NATRecord is one SNAT mapping direction.
+// NATRecord is one SNAT mapping direction; New: a new flow's (snat_new).
 type NATRecord struct {
 	Key   CTTuple
 	Entry NATEntry
+	New   bool
 }
 
-// Dump returns every mapping, a snapshot of an LRU map.
+// Dump returns every mapping of both tables, a snapshot of LRU maps.
 func (n *NAT) Dump() ([]NATRecord, error) {
-	return records(n.m, NATMapName, func(k CTTuple, v NATEntry) NATRecord { return NATRecord{k, v} })
+	recs, err := records(n.m, NATMapName, func(k CTTuple, v NATEntry) NATRecord { return NATRecord{k, v, false} })
+	if err != nil || n.fresh == nil {
+		return recs, err
+	}
+	fresh, err := records(n.fresh, NATNewMapName, func(k CTTuple, v NATEntry) NATRecord { return NATRecord{k, v, true} })
+	return append(recs, fresh...), err
 }
 
 // TunnelKey mirrors struct tunnel_key: a pod CIDR in LPM trie form.
@@ -75,7 +83,8 @@ func (k TunnelKey) Prefix() netip.Prefix {
 
 // GC deletes the mappings of flows conntrack no longer tracks: a mapping
 // client -> backend lives as long as the CT_DIR_INGRESS entry of that
-// tuple. Run it after CT.GC. It returns how many entries went.
+// tuple, in either table. Run it after CT.GC. It returns how many entries
+// went.
 func (n *NAT) GC(ct *CT) (int, error) {
 	flows, err := ct.dump()
 	if err != nil {
@@ -102,12 +111,16 @@ func (n *NAT) GC(ct *CT) (int, error) {
 		if live[flow] {
 			continue
 		}
-		err := n.m.Delete(&r.Key)
+		m, name := n.m, NATMapName
+		if r.New {
+			m, name = n.fresh, NATNewMapName
+		}
+		err := m.Delete(&r.Key)
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			continue
 		}
 		if err != nil {
-			return deleted, fmt.Errorf("gc %s: delete %s: %w", NATMapName, r.Key, err)
+			return deleted, fmt.Errorf("gc %s: delete %s: %w", name, r.Key, err)
 		}
 		deleted++
 	}

@@ -1,0 +1,197 @@
+package datapath
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/sluice-dataplane/sluice/internal/bpftest"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
+)
+
+// tableOf says where a conntrack entry (nat: an SNAT mapping) is: "ct" or
+// "ct_new" ("snat" or "snat_new"), "" when in neither.
+func tableOf(t *testing.T, n *NorthSouth, key lbmap.CTTuple, nat bool) string {
+	t.Helper()
+	type table struct {
+		name string
+		m    *ebpf.Map
+	}
+	tables := []table{{"ct", n.tc.Ct}, {"ct_new", n.tc.CtNew}}
+	var value any = new(lbmap.CTEntry)
+	if nat {
+		tables = []table{{"snat", n.tc.Snat}, {"snat_new", n.tc.SnatNew}}
+		value = new(lbmap.NATEntry)
+	}
+	var found []string
+	for _, tb := range tables {
+		if err := tb.m.Lookup(&key, value); err == nil {
+			found = append(found, tb.name)
+		}
+	}
+	return strings.Join(found, "+")
+}
+
+// masqueradedFlow is a client's TCP or UDP flow through the LoadBalancer
+// IP to the remote backend, masqueraded from this node.
+type masqueradedFlow struct {
+	c, fe, be netip.AddrPort
+	proto     uint8
+}
+
+func (f masqueradedFlow) keys(natPort uint16) (svc, in, egress, ingress lbmap.CTTuple) {
+	svc = tuple(f.c, f.fe, f.proto, lbmap.CTDirService)
+	in = tuple(f.c, f.be, f.proto, lbmap.CTDirIngress)
+	egress = tuple(f.c, f.be, f.proto, lbmap.NATDirEgress)
+	ingress = tuple(f.be, netip.AddrPortFrom(ipNode, natPort), f.proto, lbmap.NATDirIngress)
+	return
+}
+
+// A new flow lives in ct_new and snat_new until it is established, then
+// moves to ct and snat with everything it had: TCP at the client's ACK
+// after the handshake (not at the backend's SYN-ACK), UDP when the client
+// sends in a later CT second; a lone ACK of an unknown flow (a flow picked
+// up mid-stream, or a spoofed one) is new until its second packet.
+func TestPrivilegedNorthSouthNewFlows(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		where := func(step string, f masqueradedFlow, natPort uint16, wantCT, wantNAT string) {
+			t.Helper()
+			svc, in, eg, ing := f.keys(natPort)
+			for _, k := range []struct {
+				what string
+				key  lbmap.CTTuple
+				nat  bool
+				want string
+			}{{"service entry", svc, false, wantCT}, {"ingress entry", in, false, wantCT},
+				{"egress mapping", eg, true, wantNAT}, {"ingress mapping", ing, true, wantNAT}} {
+				if got := tableOf(t, n, k.key, k.nat); got != k.want {
+					t.Errorf("%s: %s %s in %q, want %q", step, k.what, k.key, got, k.want)
+				}
+			}
+		}
+		tcp := masqueradedFlow{client(45100), apLBTCP, apRemote, bpftest.TCP}
+		pkt := func(f masqueradedFlow, flags uint8) bpftest.Packet {
+			return bpftest.Packet{Src: f.c, Dst: f.fe, Proto: f.proto, Flags: flags, Payload: []byte("x")}
+		}
+		run := func(p bpftest.Packet) {
+			t.Helper()
+			if _, err := bpftest.Run(prog, p.MustBytes()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		run(pkt(tcp, bpftest.SYN))
+		port := natPort(t, n, tcp.c, tcp.be, tcp.proto)
+		where("TCP SYN", tcp, port, "ct_new", "snat_new")
+		synAck := bpftest.Packet{Src: tcp.be, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP, Flags: bpftest.SYN | bpftest.ACK}
+		runPacket(t, kind, prog, "SYN-ACK", synAck, vPass, synAck.With(func(p *bpftest.Packet) { p.Src, p.Dst = tcp.fe, tcp.c }))
+		where("TCP SYN-ACK", tcp, port, "ct_new", "snat_new")
+		run(pkt(tcp, bpftest.ACK))
+		where("TCP ACK", tcp, port, "ct", "snat")
+		runPacket(t, kind, prog, "data after the move", pkt(tcp, bpftest.ACK|bpftest.PSH), vPass,
+			pkt(tcp, bpftest.ACK|bpftest.PSH).With(func(p *bpftest.Packet) { p.Src, p.Dst = netip.AddrPortFrom(ipNode, port), tcp.be }))
+		svc, _ := ctEntry(t, n, tcp.c, tcp.fe, tcp.proto, lbmap.CTDirService)
+		in, _ := ctEntry(t, n, tcp.c, tcp.be, tcp.proto, lbmap.CTDirIngress)
+		if svc.Packets != 3 || in.RxPackets != 1 || svc.Flags&lbmap.CTFlagNew != 0 {
+			t.Errorf("after the move: service entry %d packets, flags %s; ingress entry %d replies; want 3, no NEW, 1",
+				svc.Packets, lbmap.CTFlagsString(svc.Flags), in.RxPackets)
+		}
+
+		udp := masqueradedFlow{client(45101), apLBUDP, apRemoteU, bpftest.UDP}
+		run(pkt(udp, 0))
+		run(pkt(udp, 0))
+		uport := natPort(t, n, udp.c, udp.be, udp.proto)
+		where("UDP, two datagrams in one CT second", udp, uport, "ct_new", "snat_new")
+		setClock(t, n, ctNow+1)
+		run(pkt(udp, 0))
+		where("UDP, a later second", udp, uport, "ct", "snat")
+
+		lone := masqueradedFlow{client(45102), apLBTCP, apRemote, bpftest.TCP}
+		run(pkt(lone, bpftest.ACK))
+		lport := natPort(t, n, lone.c, lone.be, lone.proto)
+		where("a lone ACK", lone, lport, "ct_new", "snat_new")
+		run(pkt(lone, bpftest.ACK))
+		where("its second packet", lone, lport, "ct", "snat")
+	})
+}
+
+// A flood of spoofed SYNs, five times what ct holds, churns ct_new and
+// snat_new alone: 50 established masqueraded TCP flows, idle through the
+// flood, keep their entries and nat ports, their next packets and replies
+// are translated as before, and a new client's connection goes through
+// after it. With one table an LRU evicts by age alone: the idle flows'
+// entries went first and their next packets took new nat ports (a reset
+// at the backend).
+func TestPrivilegedNorthSouthSYNFlood(t *testing.T) {
+	const established, flood = 50, 5000
+	for _, kind := range ingressKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			n := newNorthSouthWith(t, func(o *NorthSouthOptions) {
+				o.CTEntries, o.NATEntries = 1024, 1024
+				o.CTNewEntries, o.NATNewEntries = 512, 512
+			})
+			prog := kind.prog(n)
+			bpftest.InNewNetNS(t, func() {
+				flows := make([]masqueradedFlow, established)
+				ports := make([]uint16, established)
+				for i := range flows {
+					f := masqueradedFlow{client(uint16(46000 + i)), apLBTCP, apRemote, bpftest.TCP}
+					for _, flags := range []uint8{bpftest.SYN, bpftest.ACK} {
+						in := bpftest.Packet{Src: f.c, Dst: f.fe, Proto: bpftest.TCP, Flags: flags}
+						if _, err := bpftest.Run(prog, in.MustBytes()); err != nil {
+							t.Fatal(err)
+						}
+					}
+					flows[i], ports[i] = f, natPort(t, n, f.c, f.be, f.proto)
+				}
+				spoofed := netip.MustParseAddr("203.0.113.0")
+				for i := range flood {
+					src := netip.AddrPortFrom(spoofed.Next(), uint16(1024+i))
+					spoofed = spoofed.Next()
+					if spoofed == netip.MustParseAddr("203.0.113.250") {
+						spoofed = netip.MustParseAddr("203.0.113.0")
+					}
+					syn := bpftest.Packet{Src: src, Dst: apLBTCP, Proto: bpftest.TCP, Flags: bpftest.SYN}
+					if _, err := bpftest.Run(prog, syn.MustBytes()); err != nil {
+						t.Fatal(err)
+					}
+				}
+				setClock(t, n, ctNow+5) // idle for seconds
+				for i, f := range flows {
+					data := bpftest.Packet{Src: f.c, Dst: f.fe, Proto: bpftest.TCP, Flags: bpftest.ACK | bpftest.PSH, Payload: []byte("req")}
+					runPacket(t, kind, prog, fmt.Sprintf("flow %d after the flood", i), data, vPass,
+						data.With(func(p *bpftest.Packet) { p.Src, p.Dst = netip.AddrPortFrom(ipNode, ports[i]), f.be }))
+					reply := bpftest.Packet{Src: f.be, Dst: netip.AddrPortFrom(ipNode, ports[i]), Proto: bpftest.TCP, Flags: bpftest.ACK, Payload: []byte("resp")}
+					runPacket(t, kind, prog, fmt.Sprintf("flow %d's reply after the flood", i), reply, vPass,
+						reply.With(func(p *bpftest.Packet) { p.Src, p.Dst = f.fe, f.c }))
+					if t.Failed() {
+						t.Fatalf("established flow %d of %d lost its state to %d spoofed SYNs", i, established, flood)
+					}
+				}
+				// A new client after the flood: handshake, then data.
+				f := masqueradedFlow{client(47000), apLBTCP, apRemote, bpftest.TCP}
+				syn := bpftest.Packet{Src: f.c, Dst: f.fe, Proto: bpftest.TCP, Flags: bpftest.SYN}
+				if _, err := bpftest.Run(prog, syn.MustBytes()); err != nil {
+					t.Fatal(err)
+				}
+				port := natPort(t, n, f.c, f.be, f.proto)
+				ack := syn.With(func(p *bpftest.Packet) { p.Flags = bpftest.ACK })
+				runPacket(t, kind, prog, "a new client's ACK", ack, vPass,
+					ack.With(func(p *bpftest.Packet) { p.Src, p.Dst = netip.AddrPortFrom(ipNode, port), f.be }))
+				recs, err := n.CT().Dump()
+				must(t, err)
+				fresh := 0
+				for _, r := range recs {
+					if r.Entry.Flags&lbmap.CTFlagNew != 0 {
+						fresh++
+					}
+				}
+				if fresh > 512 {
+					t.Errorf("%d entries flagged new, more than ct_new holds (512)", fresh)
+				}
+			})
+		})
+	}
+}
