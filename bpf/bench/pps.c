@@ -12,8 +12,14 @@
  *   tc_pps_restore    program under test (pps_target[0]): lets BPF_PROG_RUN
  *                     repeat a program that rewrites the packet, since the
  *                     kernel does not reset the data between repeats
+ *                     (with gen_syn: every frame a TCP SYN of a new flow, the
+ *                     source address and port counting up: --new-flows)
  *   xdp_pps_sink      counts packets per CPU and drops them
  *   xdp_pps_sink_to   the same for frames to the forwarding's next hop only
+ *   xdp_pps_fwd       the forwarding ceiling: a bare XDP forwarder that
+ *                     rewrites addresses and the port the way the node's
+ *                     translation would (checksums updated), with no lookup
+ *                     at all, and sends with XDP_TX (or redirect)
  *   xdp_pps_pass      XDP_PASS: gives a veth NAPI, so that frames sent to
  *                     it by XDP_TX or redirect are received; with
  *   tc_pps_pass       TC_ACT_OK, the tail-call targets that measure the
@@ -36,6 +42,21 @@
 volatile const __u8 pps_tmpl[PPS_HDR_LEN] __attribute__((aligned(8)));
 volatile const __u16 base_sport = 10000;
 volatile const __u32 flows = 1;
+
+/* --new-flows: every frame a TCP SYN (Ethernet + IPv4 + TCP, no options)
+ * from the template syn_tmpl (checksums for packet 0), whose source port
+ * counts up from 1024 over 32768 ports and then the address from syn_saddr
+ * (host order) over a /16: 2^31 flows before one repeats. Port first, as a
+ * spoofed flood's ports spread: a kernel masquerading every flow to one
+ * backend keeps each one's port then, instead of searching for a free one
+ * each time. */
+#define PPS_SYN_LEN   54
+#define PPS_SADDR_OFF 26
+#define PPS_ICSUM_OFF 24
+#define PPS_TCSUM_OFF 50
+volatile const __u8 gen_syn;
+volatile const __u8 syn_tmpl[56] __attribute__((aligned(8)));
+volatile const __u32 syn_saddr;
 
 /* Per-CPU packet sequence of the generator (source port choice). */
 struct {
@@ -110,6 +131,60 @@ static __always_inline void pps_next_header(__u8 *hdr)
 	__builtin_memcpy(hdr + PPS_UCSUM_OFF, &csum, 2);
 }
 
+/* csum_move folds into a checksum (network order) the change of a 16-bit
+ * word from old to new (RFC 1624: HC' = ~(~HC + ~m + m')). */
+static __always_inline __u16 csum_move(__u16 csum, __u16 old, __u16 new)
+{
+	__u32 sum = (__u16)~csum + (__u16)~old + new;
+
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return ~sum;
+}
+
+/* csum_move32 is csum_move for a 32-bit field, word by word. */
+static __always_inline __u16 csum_move32(__u16 csum, __u32 old, __u32 new)
+{
+	csum = csum_move(csum, old >> 16, new >> 16);
+	return csum_move(csum, old & 0xffff, new & 0xffff);
+}
+
+/* pps_next_syn fills hdr from syn_tmpl with the next new flow's source
+ * address and port, both checksums adjusted for them. */
+static __always_inline void pps_next_syn(__u8 *hdr)
+{
+	const volatile __u64 *src = (const volatile __u64 *)syn_tmpl;
+	__u64 *dst = __builtin_assume_aligned(hdr, 8);
+	__u32 key = 0, *seq, n = 0, saddr, old_saddr;
+	__u16 sport, old_sport, icsum, tcsum;
+	int i;
+
+	seq = bpf_map_lookup_elem(&pps_seq, &key);
+	if (seq) {
+		n = *seq;
+		*seq = n + 1;
+	}
+#pragma unroll
+	for (i = 0; i < PPS_SYN_LEN / 8; i++)
+		dst[i] = src[i];
+	*(__u32 *)&dst[i] = *(const volatile __u32 *)&src[i];
+	*((__u16 *)&dst[i] + 2) = *((const volatile __u16 *)&src[i] + 2);
+	if (n == 0)
+		return;
+	saddr = bpf_htonl(syn_saddr + ((n >> 15) & 0xffff));
+	sport = bpf_htons(1024 + (n & 0x7fff));
+	__builtin_memcpy(&old_saddr, hdr + PPS_SADDR_OFF, 4);
+	__builtin_memcpy(&old_sport, hdr + PPS_SPORT_OFF, 2);
+	__builtin_memcpy(&icsum, hdr + PPS_ICSUM_OFF, 2);
+	__builtin_memcpy(&tcsum, hdr + PPS_TCSUM_OFF, 2);
+	icsum = csum_move32(icsum, old_saddr, saddr);
+	tcsum = csum_move(csum_move32(tcsum, old_saddr, saddr), old_sport, sport);
+	__builtin_memcpy(hdr + PPS_SADDR_OFF, &saddr, 4);
+	__builtin_memcpy(hdr + PPS_SPORT_OFF, &sport, 2);
+	__builtin_memcpy(hdr + PPS_ICSUM_OFF, &icsum, 2);
+	__builtin_memcpy(hdr + PPS_TCSUM_OFF, &tcsum, 2);
+}
+
 /* xdp_write_header rewrites the frame's headers; a frame from the live
  * frames page pool may hold what the device under test made of it. */
 static __always_inline int xdp_write_header(struct xdp_md *ctx)
@@ -117,6 +192,12 @@ static __always_inline int xdp_write_header(struct xdp_md *ctx)
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 
+	if (gen_syn) {
+		if (data + 56 > data_end)
+			return -1;
+		pps_next_syn(data);
+		return 0;
+	}
 	if (data + PPS_HDR_LEN > data_end)
 		return -1;
 	pps_next_header(data);
@@ -279,11 +360,17 @@ int xdp_pps_restore(struct xdp_md *ctx)
 SEC("tc")
 int tc_pps_restore(struct __sk_buff *skb)
 {
-	__u8 hdr[PPS_HDR_LEN] __attribute__((aligned(8)));
+	__u8 hdr[56] __attribute__((aligned(8)));
 
-	pps_next_header(hdr);
-	if (bpf_skb_store_bytes(skb, 0, hdr, PPS_HDR_LEN, 0))
-		return TC_ACT_SHOT;
+	if (gen_syn) {
+		pps_next_syn(hdr);
+		if (bpf_skb_store_bytes(skb, 0, hdr, PPS_SYN_LEN, 0))
+			return TC_ACT_SHOT;
+	} else {
+		pps_next_header(hdr);
+		if (bpf_skb_store_bytes(skb, 0, hdr, PPS_HDR_LEN, 0))
+			return TC_ACT_SHOT;
+	}
 	bpf_tail_call(skb, &pps_tc_target, 0);
 	return TC_ACT_SHOT;
 }
@@ -325,6 +412,8 @@ volatile const __u16 backend_port;
 /* The node's addresses a masqueraded packet may come from: the NodePort's
  * (sluice) and the egress device's (the kernel's MASQUERADE). */
 volatile const __u32 node_addrs[2];
+/* The benchmark's L4 protocol: UDP, or TCP with --new-flows. */
+volatile const __u8 l4_proto = 17;
 
 /* xdp_pps_sink_to counts only the frames the node forwarded and
  * translated: to next_hop_mac, IPv4 UDP from node_addrs (masqueraded) to
@@ -350,12 +439,72 @@ int xdp_pps_sink_to(struct xdp_md *ctx)
 	__builtin_memcpy(&daddr, pkt + 30, 4);
 	__builtin_memcpy(&dport, pkt + 36, 2);
 	/* 0x45: IPv4 without options, as the generator writes it. */
-	if (proto != bpf_htons(0x0800) || pkt[14] != 0x45 || pkt[23] != 17 /* UDP */ ||
+	if (proto != bpf_htons(0x0800) || pkt[14] != 0x45 || pkt[23] != l4_proto ||
 	    (saddr != node_addrs[0] && saddr != node_addrs[1]) ||
 	    daddr != backend_addr || dport != backend_port)
 		return XDP_DROP;
 	pps_count_frame();
 	return XDP_DROP;
+}
+
+/* The forwarder's rewrite: the MACs of the next hop and of the egress
+ * device, the node's address as source (as masquerading gives it), the
+ * backend's address and port as destination; fwd_ifindex 0 sends back out
+ * the device (XDP_TX), else redirects there. */
+volatile const __u8 fwd_dmac[6] __attribute__((aligned(4)));
+volatile const __u8 fwd_smac[6] __attribute__((aligned(4)));
+volatile const __u32 fwd_saddr;
+volatile const __u32 fwd_daddr;
+volatile const __u16 fwd_dport;
+volatile const __u32 fwd_ifindex;
+
+/* xdp_pps_fwd is the forwarding ceiling: what a translating XDP forwarder
+ * costs at the least on this path: the same rewrite as the node's DNAT and
+ * SNAT (addresses, destination port, both checksums updated), without any
+ * map lookup, state or route. IPv4 without options, UDP or TCP. */
+SEC("xdp")
+int xdp_pps_fwd(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u8 *pkt = data;
+	__u32 saddr, daddr, nsaddr = fwd_saddr, ndaddr = fwd_daddr;
+	__u16 icsum, l4csum, dport, ndport = fwd_dport;
+	__u32 l4csum_off;
+
+	if (data + 56 > data_end || pkt[14] != 0x45)
+		return XDP_PASS;
+	if (pkt[23] == 17)
+		l4csum_off = 40;
+	else if (pkt[23] == 6)
+		l4csum_off = 50;
+	else
+		return XDP_PASS;
+	__builtin_memcpy(&saddr, pkt + 26, 4);
+	__builtin_memcpy(&daddr, pkt + 30, 4);
+	__builtin_memcpy(&dport, pkt + 36, 2);
+	__builtin_memcpy(&icsum, pkt + PPS_ICSUM_OFF, 2);
+	__builtin_memcpy(&l4csum, pkt + l4csum_off, 2);
+	icsum = csum_move32(csum_move32(icsum, saddr, nsaddr), daddr, ndaddr);
+	if (l4csum || pkt[23] == 6) {
+		l4csum = csum_move32(csum_move32(l4csum, saddr, nsaddr), daddr, ndaddr);
+		l4csum = csum_move(l4csum, dport, ndport);
+		if (!l4csum && pkt[23] == 17)
+			l4csum = 0xffff;
+	}
+	/* Volatile loads: the loader sets these after compilation. */
+	*(__u32 *)pkt = *(const volatile __u32 *)fwd_dmac;
+	*(__u16 *)(pkt + 4) = *(const volatile __u16 *)(fwd_dmac + 4);
+	*(__u32 *)(pkt + 6) = *(const volatile __u32 *)fwd_smac;
+	*(__u16 *)(pkt + 10) = *(const volatile __u16 *)(fwd_smac + 4);
+	__builtin_memcpy(pkt + 26, &nsaddr, 4);
+	__builtin_memcpy(pkt + 30, &ndaddr, 4);
+	__builtin_memcpy(pkt + 36, &ndport, 2);
+	__builtin_memcpy(pkt + PPS_ICSUM_OFF, &icsum, 2);
+	__builtin_memcpy(pkt + l4csum_off, &l4csum, 2);
+	if (fwd_ifindex)
+		return bpf_redirect(fwd_ifindex, 0);
+	return XDP_TX;
 }
 
 SEC("xdp")

@@ -26,6 +26,16 @@ static __always_inline const union lb_addr *snat_conf_addr(const struct ns_confi
 	return (const union lb_addr *)(v6 ? cfg->snat_addr6 : cfg->snat_addr4);
 }
 
+/* snat_is_nat_port: port (network order) is in the nat port range, where
+ * the replies of masqueraded flows come to. */
+static __always_inline bool snat_is_nat_port(const struct ns_config *cfg, __be16 port)
+{
+	__u32 p = bpf_ntohs(port);
+
+	return p >= or_default(cfg->snat_port_min, SNAT_PORT_MIN_DEFAULT) &&
+	       p <= or_default(cfg->snat_port_max, SNAT_PORT_MAX_DEFAULT);
+}
+
 /* snat_source is the node address a flow to a remote backend leaves with:
  * the frontend itself when it is a node IP (NodePort), else the configured
  * one of the family. */

@@ -304,7 +304,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 #else
 		/* A reply to a nat port: it has no service entry, as nat
 		 * ports lie outside the NodePort range. */
-		if (lb_is_node_addr(&p->daddr)) {
+		if (snat_is_nat_port(cfg, p->dport) && lb_is_node_addr(&p->daddr)) {
 			ret = nodeport_rev_snat(ctx, p, cfg, now);
 			if (ret >= 0)
 				return ret;
@@ -332,7 +332,8 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		return CTX_ACT_DROP;
 	ct_tuple_set(&s->tuple, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     CT_DIR_SERVICE);
-	e = ct_lookup(&s->tuple);
+	/* A new flow's first packet: ns_established found nothing. */
+	e = !tunnel && s->ct_absent ? NULL : ct_lookup(&s->tuple);
 	/* On the backend node only a local delivery: an entry of this node
 	 * as the LB node (the same tuple, sent here by a client) would send
 	 * the packet back into a tunnel. */

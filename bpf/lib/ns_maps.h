@@ -145,6 +145,8 @@ struct ct_scratch {
 	struct ns_flow flow;       /* fc_record: what a packet becomes, for fc_fill */
 	struct bpf_fib_lookup fib; /* ns_fib's question and answer, read by ns_send */
 	struct icmp_err icmp;      /* nodeport_icmp_ingress: the error it translates */
+	__u32 ct_absent;           /* ns_established found no entry: the service
+				    * path need not look again */
 };
 
 struct {

@@ -5,6 +5,7 @@ package bench
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -52,6 +53,11 @@ type PPSConfig struct {
 	// behind eth0; XDP_TX, tc redirects to eth0's egress) or
 	// TopologyTwoNIC (the backend behind a second device: bpf_redirect).
 	Topology string
+	// NewFlows makes every packet a TCP SYN of a new flow (the source
+	// address and port count up over 2^31 flows): each one takes the
+	// contender's new-flow path, a conntrack entry and an SNAT mapping
+	// made and, under the load, evicted. Flows is then unused.
+	NewFlows bool
 	// Contenders to run (Contender*); empty: all.
 	Contenders []string
 	// Progress gets one line per step; nil discards them.
@@ -59,7 +65,7 @@ type PPSConfig struct {
 }
 
 // AllContenders in the order they run.
-var AllContenders = []string{ContenderXDP, ContenderTC, ContenderNFTables, ContenderIPTables}
+var AllContenders = []string{ContenderForwarder, ContenderXDP, ContenderTC, ContenderNFTables, ContenderIPTables}
 
 // DefaultPPSConfig is what `sluice bench pps` runs without flags.
 func DefaultPPSConfig() PPSConfig {
@@ -77,6 +83,8 @@ func (c PPSConfig) Validate() error {
 		return fmt.Errorf("flows %d: want 1 to 50000 (the SNAT port range)", c.Flows)
 	case c.FrameLen < minFrameLen || c.FrameLen > 1514:
 		return fmt.Errorf("frame length %d: want %d to 1514", c.FrameLen, minFrameLen)
+	case c.NewFlows && c.FrameLen < minSYNFrameLen:
+		return fmt.Errorf("frame length %d: want at least %d with --new-flows (Ethernet, IPv4 and TCP headers, padded)", c.FrameLen, minSYNFrameLen)
 	case c.ProgRepeat < 1:
 		return fmt.Errorf("prog repeat %d: want at least 1", c.ProgRepeat)
 	case c.NodeCPU < -1 || c.NodeCPU >= runtime.NumCPU():
@@ -94,8 +102,18 @@ func (c PPSConfig) Validate() error {
 	return nil
 }
 
-// minFrameLen is the Ethernet, IPv4 and UDP headers the generator writes.
-const minFrameLen = 42
+// minFrameLen is the Ethernet, IPv4 and UDP headers the generator writes;
+// minSYNFrameLen the room it writes a SYN's headers in (54 bytes, rounded
+// up to its 8-byte copy).
+const (
+	minFrameLen    = 42
+	minSYNFrameLen = 56
+)
+
+// synSources is the first source of --new-flows: the generator counts up
+// over a /16 from here (100.64.0.0/10, shared address space: never a lab
+// address), and over 32768 source ports from 1024.
+var synSources = netip.MustParseAddr("100.64.0.0")
 
 const (
 	baseSport = 10000
@@ -160,7 +178,7 @@ func RunPPS(ctx context.Context, cfg PPSConfig) (_ *PPSReport, err error) {
 	}
 	p := &pps{cfg: cfg, frames: map[string]uint64{}, drops: map[string]uint64{},
 		nodeNs: map[string][]float64{}, nodeBusy: map[string][]float64{}, report: &PPSReport{
-			Started: time.Now(), CPUs: runtime.NumCPU(), FrameLen: cfg.FrameLen, Flows: cfg.Flows,
+			Started: time.Now(), CPUs: runtime.NumCPU(), FrameLen: cfg.FrameLen, Flows: cfg.Flows, NewFlows: cfg.NewFlows,
 			Duration: cfg.Duration, Repeats: cfg.Repeats,
 			Topology: topologyDesc[cfg.Topology], TopologyKind: cfg.Topology,
 		}}
@@ -241,14 +259,20 @@ func removePins(root string) error {
 }
 
 // benchPacket is the generator's frame: the client to the NodePort, UDP,
-// source port baseSport (the generator varies it per flow).
-func benchPacket(frameLen int) ([]byte, error) {
+// source port baseSport (the generator varies it per flow); with newFlows
+// a TCP SYN from synSources:1024, the first of the flows it counts up.
+func benchPacket(frameLen int, newFlows bool) ([]byte, error) {
 	pkt := bpftest.Packet{
 		SrcMAC: macGen, DstMAC: macEth0,
 		Src:     netip.AddrPortFrom(ipClient, baseSport),
 		Dst:     netip.AddrPortFrom(ipNode, nodePort),
 		Proto:   bpftest.UDP,
 		Payload: make([]byte, frameLen-minFrameLen),
+	}
+	if newFlows {
+		pkt.Src = netip.AddrPortFrom(synSources, 1024)
+		pkt.Proto, pkt.Flags = bpftest.TCP, bpftest.SYN
+		pkt.Payload = make([]byte, frameLen-minFrameLen-12)
 	}
 	frame, err := pkt.Bytes()
 	if err != nil {
@@ -261,7 +285,7 @@ func benchPacket(frameLen int) ([]byte, error) {
 }
 
 func (p *pps) setup() error {
-	frame, err := benchPacket(p.cfg.FrameLen)
+	frame, err := benchPacket(p.cfg.FrameLen, p.cfg.NewFlows)
 	if err != nil {
 		return err
 	}
@@ -281,15 +305,30 @@ func (p *pps) setup() error {
 	}
 	var tmpl [minFrameLen]byte
 	copy(tmpl[:], frame)
+	var synTmpl [minSYNFrameLen]byte
+	genSyn, l4 := uint8(0), uint8(bpftest.UDP)
+	if p.cfg.NewFlows {
+		copy(synTmpl[:], frame)
+		genSyn, l4 = 1, bpftest.TCP
+	}
+	fwdSMAC, fwdIfindex := macEth0, uint32(0) // one NIC: back out eth0, XDP_TX
+	if p.cfg.Topology == TopologyTwoNIC {
+		fwdSMAC, fwdIfindex = macEth1, uint32(p.topo.eth1)
+	}
 	consts := map[string]any{
 		// The generator.
 		"pps_tmpl": tmpl, "base_sport": uint16(baseSport), "flows": uint32(p.cfg.Flows),
+		"gen_syn": genSyn, "syn_tmpl": synTmpl, "syn_saddr": binary.BigEndian.Uint32(synSources.AsSlice()),
 		"node_cpu": uint32(max(p.cfg.NodeCPU, 0)),
 		"window":   uint32(genWindow), "batch": uint32(genBatch),
 		"wait_ns": uint64(genWait), "stall_ns": uint64(genStall),
 		// What the sink counts: forwarded and translated packets.
 		"next_hop_mac": [6]byte(p.topo.nextHop), "backend_addr": ipBackend.As4(),
 		"backend_port": lbmap.PortFrom(backendPort), "node_addrs": [2][4]byte{ipNode.As4(), p.topo.masq.As4()},
+		"l4_proto": l4,
+		// The forwarding ceiling's rewrite.
+		"fwd_dmac": [6]byte(p.topo.nextHop), "fwd_smac": [6]byte(fwdSMAC), "fwd_saddr": ipNode.As4(),
+		"fwd_daddr": ipBackend.As4(), "fwd_dport": lbmap.PortFrom(backendPort), "fwd_ifindex": fwdIfindex,
 	}
 	for name, v := range consts {
 		if err := spec.Variables[name].Set(v); err != nil {
@@ -308,15 +347,21 @@ func (p *pps) setup() error {
 	}
 	p.bpfRoot = filepath.Join(bpfFS, p.topo.id)
 	p.progress("loading the north-south LB (pins under %s)", p.bpfRoot)
+	// Room for every flow's entries; with new flows the agent's floors,
+	// which the flows churn through.
+	ctEntries := 4 * uint32(p.cfg.Flows+1024)
+	if p.cfg.NewFlows {
+		ctEntries = 1 << 16
+	}
 	p.ns, err = datapath.LoadNorthSouth(datapath.NorthSouthOptions{BPFRoot: p.bpfRoot,
-		CTEntries: 4 * uint32(p.cfg.Flows+1024), NATEntries: 4 * uint32(p.cfg.Flows+1024)})
+		CTEntries: ctEntries, NATEntries: ctEntries})
 	if err != nil {
 		return err
 	}
 	if err := p.ns.SetConfig(lbmap.NSConfig{SNATAddr4: lbmap.AddrFrom(ipNode), Mode: lbmap.ModeSNAT}); err != nil {
 		return err
 	}
-	p.progress("installing NodePort *:%d/UDP -> remote backend %s:%d (snat)", nodePort, ipBackend, backendPort)
+	p.progress("installing NodePort *:%d/UDP and /TCP -> remote backend %s:%d (snat)", nodePort, ipBackend, backendPort)
 	return installService(p.ns.Maps())
 }
 
@@ -336,6 +381,12 @@ func installService(m lbmap.Maps) error {
 			Frontend:  lb.Frontend{Addr: netip.IPv4Unspecified(), Port: nodePort, Proto: lb.UDP},
 			Backends:  []lb.Backend{{Addr: ipBackend, Port: backendPort, Proto: lb.UDP, NodeName: Prefix + "backend-node"}},
 			Algorithm: lb.AlgorithmRandom,
+		}, {
+			Name:      lb.ServiceName{NamespacedName: name},
+			Type:      lb.NodePort,
+			Frontend:  lb.Frontend{Addr: netip.IPv4Unspecified(), Port: nodePort, Proto: lb.TCP},
+			Backends:  []lb.Backend{{Addr: ipBackend, Port: backendPort, Proto: lb.TCP, NodeName: Prefix + "backend-node"}},
+			Algorithm: lb.AlgorithmRandom,
 		}}},
 		NodeIPs: map[netip.Addr]bool{ipNode: true},
 	}
@@ -353,6 +404,7 @@ type contender struct {
 }
 
 var contenders = []contender{
+	{ContenderForwarder, "forwarding ceiling: a bare XDP program on eth0 that rewrites addresses and port as the translation does (checksums updated), no lookup, no state, ", attachForwarder},
 	{ContenderXDP, "sluice xdp_lb_ingress, native XDP on eth0: flow cache (conntrack once a CT second), DNAT+SNAT, ", attachXDP},
 	{ContenderTC, "sluice tc_lb_ingress, tcx ingress on eth0 (XDP_PASS for NAPI): flow cache (conntrack once a CT second), DNAT+SNAT, ", attachTC},
 	{ContenderNFTables, "kernel forwarding, nftables DNAT + masquerade, conntrack (reference; XDP_PASS for NAPI)", attachNFT},
@@ -362,8 +414,10 @@ var contenders = []contender{
 // desc is c's description in topology kind: how sluice's programs send.
 func (c contender) desc(kind string) string {
 	switch {
-	case c.name == ContenderXDP && kind == TopologyOneNIC:
+	case (c.name == ContenderXDP || c.name == ContenderForwarder) && kind == TopologyOneNIC:
 		return c.descr + "XDP_TX"
+	case c.name == ContenderForwarder:
+		return c.descr + "bpf_redirect to eth1"
 	case c.name == ContenderTC && kind == TopologyOneNIC:
 		return c.descr + "bpf_redirect to eth0's egress"
 	case c.name == ContenderXDP || c.name == ContenderTC:
@@ -538,6 +592,14 @@ func (p *pps) pinEth0NAPI() error {
 	return err
 }
 
+func attachForwarder(p *pps) (func() error, error) {
+	l, err := p.attachOnEth0(p.helpers.XdpPpsFwd)
+	if err != nil {
+		return nil, err
+	}
+	return l.Close, nil
+}
+
 func attachXDP(p *pps) (func() error, error) {
 	l, err := p.attachOnEth0(p.ns.Programs().XDPIngress)
 	if err != nil {
@@ -563,23 +625,34 @@ func attachTC(p *pps) (func() error, error) {
 	return func() error { return errors.Join(tcx.Close(), napi.Close()) }, nil
 }
 
-// The kernel reference: what kube-proxy programs for a NodePort, reduced
-// to the one rule pair (DNAT in prerouting, masquerade in postrouting).
-var nftRules = fmt.Sprintf(`table ip sluice_pps {
-	chain pre { type nat hook prerouting priority dstnat; ip daddr %s udp dport %d dnat to %s:%d; }
-	chain post { type nat hook postrouting priority srcnat; ip daddr %s udp dport %d masquerade; }
+// proto is the benchmark's L4 protocol as the firewalls name it.
+func (p *pps) proto() string {
+	if p.cfg.NewFlows {
+		return "tcp"
+	}
+	return "udp"
 }
-`, ipNode, nodePort, ipBackend, backendPort, ipBackend, backendPort)
+
+// nftRules is the kernel reference: what kube-proxy programs for a
+// NodePort, reduced to the one rule pair (DNAT in prerouting, masquerade
+// in postrouting), for proto.
+func nftRules(proto string) string {
+	return fmt.Sprintf(`table ip sluice_pps {
+	chain pre { type nat hook prerouting priority dstnat; ip daddr %s %s dport %d dnat to %s:%d; }
+	chain post { type nat hook postrouting priority srcnat; ip daddr %s %s dport %d masquerade; }
+}
+`, ipNode, proto, nodePort, ipBackend, backendPort, ipBackend, proto, backendPort)
+}
 
 func attachNFT(p *pps) (func() error, error) {
-	return p.attachFirewall(func() error { return p.topo.node.exec(nftRules, "nft", "-f", "-") },
+	return p.attachFirewall(func() error { return p.topo.node.exec(nftRules(p.proto()), "nft", "-f", "-") },
 		func() error { return p.topo.node.exec("", "nft", "delete", "table", "ip", "sluice_pps") })
 }
 
 func attachIPT(p *pps) (func() error, error) {
-	dnat := []string{"-t", "nat", "PREROUTING", "-d", ipNode.String(), "-p", "udp", "--dport", fmt.Sprint(nodePort),
+	dnat := []string{"-t", "nat", "PREROUTING", "-d", ipNode.String(), "-p", p.proto(), "--dport", fmt.Sprint(nodePort),
 		"-j", "DNAT", "--to-destination", fmt.Sprintf("%s:%d", ipBackend, backendPort)}
-	masq := []string{"-t", "nat", "POSTROUTING", "-d", ipBackend.String(), "-p", "udp", "--dport", fmt.Sprint(backendPort), "-j", "MASQUERADE"}
+	masq := []string{"-t", "nat", "POSTROUTING", "-d", ipBackend.String(), "-p", p.proto(), "--dport", fmt.Sprint(backendPort), "-j", "MASQUERADE"}
 	// The namespace's own lock file: the host's is not ours to hold.
 	lock := filepath.Join(os.TempDir(), p.topo.id+".xtables.lock")
 	ipt := func(op string, rule []string) error {
@@ -594,7 +667,15 @@ func attachIPT(p *pps) (func() error, error) {
 		})
 }
 
+// attachFirewall puts XDP_PASS on eth0 and adds the rules; detaching
+// deletes them. The node namespace's conntrack table is flushed first and
+// last: the kernel contenders share it, and with --new-flows one's half-open
+// entries would hold the other's NAT ports.
 func (p *pps) attachFirewall(add, del func() error) (func() error, error) {
+	flush := func() error { return p.topo.node.exec("", "conntrack", "-F") }
+	if err := flush(); err != nil {
+		return nil, fmt.Errorf("flush conntrack (scripts/deps.sh installs conntrack): %w", err)
+	}
 	napi, err := p.attachOnEth0(p.helpers.XdpPpsPass)
 	if err != nil {
 		return nil, err
@@ -603,7 +684,7 @@ func (p *pps) attachFirewall(add, del func() error) (func() error, error) {
 		napi.Close()
 		return nil, err
 	}
-	return func() error { return errors.Join(del(), napi.Close()) }, nil
+	return func() error { return errors.Join(del(), napi.Close(), flush()) }, nil
 }
 
 // skbCtx is struct __sk_buff up to ifindex, the context tc_lb_ingress is

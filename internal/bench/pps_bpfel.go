@@ -24,6 +24,7 @@ const (
 	ppsMapPpsXdpTarget   = "pps_xdp_target"
 	ppsProgTcPpsPass     = "tc_pps_pass"
 	ppsProgTcPpsRestore  = "tc_pps_restore"
+	ppsProgXdpPpsFwd     = "xdp_pps_fwd"
 	ppsProgXdpPpsGen     = "xdp_pps_gen"
 	ppsProgXdpPpsGenWin  = "xdp_pps_gen_win"
 	ppsProgXdpPpsPass    = "xdp_pps_pass"
@@ -35,11 +36,21 @@ const (
 	ppsVarBaseSport      = "base_sport"
 	ppsVarBatch          = "batch"
 	ppsVarFlows          = "flows"
+	ppsVarFwdDaddr       = "fwd_daddr"
+	ppsVarFwdDmac        = "fwd_dmac"
+	ppsVarFwdDport       = "fwd_dport"
+	ppsVarFwdIfindex     = "fwd_ifindex"
+	ppsVarFwdSaddr       = "fwd_saddr"
+	ppsVarFwdSmac        = "fwd_smac"
+	ppsVarGenSyn         = "gen_syn"
+	ppsVarL4Proto        = "l4_proto"
 	ppsVarNextHopMac     = "next_hop_mac"
 	ppsVarNodeAddrs      = "node_addrs"
 	ppsVarNodeCpu        = "node_cpu"
 	ppsVarPpsTmpl        = "pps_tmpl"
 	ppsVarStallNs        = "stall_ns"
+	ppsVarSynSaddr       = "syn_saddr"
+	ppsVarSynTmpl        = "syn_tmpl"
 	ppsVarWaitNs         = "wait_ns"
 	ppsVarWindow         = "window"
 )
@@ -88,6 +99,7 @@ type ppsSpecs struct {
 type ppsProgramSpecs struct {
 	TcPpsPass     *ebpf.ProgramSpec `ebpf:"tc_pps_pass"`
 	TcPpsRestore  *ebpf.ProgramSpec `ebpf:"tc_pps_restore"`
+	XdpPpsFwd     *ebpf.ProgramSpec `ebpf:"xdp_pps_fwd"`
 	XdpPpsGen     *ebpf.ProgramSpec `ebpf:"xdp_pps_gen"`
 	XdpPpsGenWin  *ebpf.ProgramSpec `ebpf:"xdp_pps_gen_win"`
 	XdpPpsPass    *ebpf.ProgramSpec `ebpf:"xdp_pps_pass"`
@@ -117,11 +129,21 @@ type ppsVariableSpecs struct {
 	BaseSport   *ebpf.VariableSpec `ebpf:"base_sport"`
 	Batch       *ebpf.VariableSpec `ebpf:"batch"`
 	Flows       *ebpf.VariableSpec `ebpf:"flows"`
+	FwdDaddr    *ebpf.VariableSpec `ebpf:"fwd_daddr"`
+	FwdDmac     *ebpf.VariableSpec `ebpf:"fwd_dmac"`
+	FwdDport    *ebpf.VariableSpec `ebpf:"fwd_dport"`
+	FwdIfindex  *ebpf.VariableSpec `ebpf:"fwd_ifindex"`
+	FwdSaddr    *ebpf.VariableSpec `ebpf:"fwd_saddr"`
+	FwdSmac     *ebpf.VariableSpec `ebpf:"fwd_smac"`
+	GenSyn      *ebpf.VariableSpec `ebpf:"gen_syn"`
+	L4Proto     *ebpf.VariableSpec `ebpf:"l4_proto"`
 	NextHopMac  *ebpf.VariableSpec `ebpf:"next_hop_mac"`
 	NodeAddrs   *ebpf.VariableSpec `ebpf:"node_addrs"`
 	NodeCpu     *ebpf.VariableSpec `ebpf:"node_cpu"`
 	PpsTmpl     *ebpf.VariableSpec `ebpf:"pps_tmpl"`
 	StallNs     *ebpf.VariableSpec `ebpf:"stall_ns"`
+	SynSaddr    *ebpf.VariableSpec `ebpf:"syn_saddr"`
+	SynTmpl     *ebpf.VariableSpec `ebpf:"syn_tmpl"`
 	WaitNs      *ebpf.VariableSpec `ebpf:"wait_ns"`
 	Window      *ebpf.VariableSpec `ebpf:"window"`
 }
@@ -174,11 +196,21 @@ type ppsVariables struct {
 	BaseSport   *ebpf.Variable `ebpf:"base_sport"`
 	Batch       *ebpf.Variable `ebpf:"batch"`
 	Flows       *ebpf.Variable `ebpf:"flows"`
+	FwdDaddr    *ebpf.Variable `ebpf:"fwd_daddr"`
+	FwdDmac     *ebpf.Variable `ebpf:"fwd_dmac"`
+	FwdDport    *ebpf.Variable `ebpf:"fwd_dport"`
+	FwdIfindex  *ebpf.Variable `ebpf:"fwd_ifindex"`
+	FwdSaddr    *ebpf.Variable `ebpf:"fwd_saddr"`
+	FwdSmac     *ebpf.Variable `ebpf:"fwd_smac"`
+	GenSyn      *ebpf.Variable `ebpf:"gen_syn"`
+	L4Proto     *ebpf.Variable `ebpf:"l4_proto"`
 	NextHopMac  *ebpf.Variable `ebpf:"next_hop_mac"`
 	NodeAddrs   *ebpf.Variable `ebpf:"node_addrs"`
 	NodeCpu     *ebpf.Variable `ebpf:"node_cpu"`
 	PpsTmpl     *ebpf.Variable `ebpf:"pps_tmpl"`
 	StallNs     *ebpf.Variable `ebpf:"stall_ns"`
+	SynSaddr    *ebpf.Variable `ebpf:"syn_saddr"`
+	SynTmpl     *ebpf.Variable `ebpf:"syn_tmpl"`
 	WaitNs      *ebpf.Variable `ebpf:"wait_ns"`
 	Window      *ebpf.Variable `ebpf:"window"`
 }
@@ -189,6 +221,7 @@ type ppsVariables struct {
 type ppsPrograms struct {
 	TcPpsPass     *ebpf.Program `ebpf:"tc_pps_pass"`
 	TcPpsRestore  *ebpf.Program `ebpf:"tc_pps_restore"`
+	XdpPpsFwd     *ebpf.Program `ebpf:"xdp_pps_fwd"`
 	XdpPpsGen     *ebpf.Program `ebpf:"xdp_pps_gen"`
 	XdpPpsGenWin  *ebpf.Program `ebpf:"xdp_pps_gen_win"`
 	XdpPpsPass    *ebpf.Program `ebpf:"xdp_pps_pass"`
@@ -201,6 +234,7 @@ func (p *ppsPrograms) Close() error {
 	return _PpsClose(
 		p.TcPpsPass,
 		p.TcPpsRestore,
+		p.XdpPpsFwd,
 		p.XdpPpsGen,
 		p.XdpPpsGenWin,
 		p.XdpPpsPass,

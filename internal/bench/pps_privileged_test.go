@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/binary"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -13,6 +14,9 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
@@ -28,8 +32,9 @@ import (
 // anything is.
 func TestPrivilegedPPSSmoke(t *testing.T) {
 	probetest.SkipUnless(t, append([]string{probe.BTF, probe.TC, probe.TCX}, probe.BenchPPS...)...)
+	t.Run("one-nic/new flows", func(t *testing.T) { ppsSmoke(t, TopologyOneNIC, -1, true) })
 	for _, topo := range Topologies {
-		t.Run(topo+"/shared CPU", func(t *testing.T) { ppsSmoke(t, topo, -1) })
+		t.Run(topo+"/shared CPU", func(t *testing.T) { ppsSmoke(t, topo, -1, false) })
 		t.Run(topo+"/node CPU", func(t *testing.T) {
 			if runtime.NumCPU() < 2 {
 				// One CPU: the node cannot have one of its own, and the
@@ -41,7 +46,7 @@ func TestPrivilegedPPSSmoke(t *testing.T) {
 				}
 				return
 			}
-			ppsSmoke(t, topo, 0)
+			ppsSmoke(t, topo, 0, false)
 		})
 	}
 }
@@ -115,6 +120,124 @@ func TestPrivilegedPPSSinkCountsForwarded(t *testing.T) {
 	}
 }
 
+// loadHelpers loads the helper object with consts set.
+func loadHelpers(t *testing.T, consts map[string]any) *ppsObjects {
+	t.Helper()
+	probetest.SkipUnless(t, probe.BTF, probe.XDP, probe.ProgRun, probe.HelperLoop)
+	spec, err := loadPps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, v := range consts {
+		if err := spec.Variables[name].Set(v); err != nil {
+			t.Fatalf("set %s: %v", name, err)
+		}
+	}
+	var objs ppsObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { objs.Close() })
+	return &objs
+}
+
+// TestPrivilegedPPSForwarder: the forwarding ceiling rewrites a UDP and a
+// TCP frame as the node's translation does (the next hop's and eth0's
+// MACs, the node's address as source, the backend's address and port as
+// destination) with both checksums right, and sends it back out.
+func TestPrivilegedPPSForwarder(t *testing.T) {
+	objs := loadHelpers(t, map[string]any{"fwd_dmac": [6]byte(macNode2), "fwd_smac": [6]byte(macEth0),
+		"fwd_saddr": ipNode.As4(), "fwd_daddr": ipBackend.As4(), "fwd_dport": lbmap.PortFrom(backendPort), "fwd_ifindex": uint32(0)})
+	for _, in := range []bpftest.Packet{
+		{SrcMAC: macGen, DstMAC: macEth0, Src: netip.AddrPortFrom(ipClient, baseSport), Dst: netip.AddrPortFrom(ipNode, nodePort),
+			Proto: bpftest.UDP, Payload: make([]byte, 18)},
+		{SrcMAC: macGen, DstMAC: macEth0, Src: netip.AddrPortFrom(synSources, 1024), Dst: netip.AddrPortFrom(ipNode, nodePort),
+			Proto: bpftest.TCP, Flags: bpftest.SYN, Payload: make([]byte, 6)},
+	} {
+		frame := in.MustBytes()
+		want := in.With(func(p *bpftest.Packet) {
+			p.SrcMAC, p.DstMAC = macEth0, macNode2
+			p.Src, p.Dst = netip.AddrPortFrom(ipNode, p.Src.Port()), netip.AddrPortFrom(ipBackend, backendPort)
+		})
+		opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame))}
+		ret, err := objs.XdpPpsFwd.Run(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ret != 3 { // XDP_TX
+			t.Errorf("%s: verdict %d, want XDP_TX", in, ret)
+		}
+		if err := bpftest.CheckChecksums(opts.DataOut); err != nil {
+			t.Errorf("%s: %v", in, err)
+		}
+		if w := want.MustBytes(); string(opts.DataOut) != string(w) {
+			t.Errorf("%s: output\n%s\nwant\n%s", in, bpftest.Describe(opts.DataOut), bpftest.Describe(w))
+		}
+	}
+}
+
+// TestPrivilegedPPSSYNGenerator: with --new-flows the generator writes a
+// TCP SYN of a new flow each time, the source port counting over 32768
+// ports and then the address, both checksums right for each.
+func TestPrivilegedPPSSYNGenerator(t *testing.T) {
+	frame, err := benchPacket(60, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tmpl [minSYNFrameLen]byte
+	copy(tmpl[:], frame)
+	objs := loadHelpers(t, map[string]any{"gen_syn": uint8(1), "syn_tmpl": tmpl,
+		"syn_saddr": binary.BigEndian.Uint32(synSources.AsSlice())})
+	// The sequence is per CPU, as the generator runs pinned to one.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var was, cpu unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &was); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.SchedSetaffinity(0, &was)
+	cpu.Set(0)
+	if err := unix.SchedSetaffinity(0, &cpu); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[netip.AddrPort]bool{}
+	for n := 0; n < 32772; n++ {
+		if n == 4 {
+			// The middle of the ports is the same arithmetic: on to
+			// their end.
+			seq := make([]uint32, ebpf.MustPossibleCPU())
+			for i := range seq {
+				seq[i] = 32765
+			}
+			if err := objs.PpsSeq.Update(uint32(0), seq, ebpf.UpdateAny); err != nil {
+				t.Fatal(err)
+			}
+			n = 32765
+		}
+		opts := &ebpf.RunOptions{Data: make([]byte, 60), DataOut: make([]byte, 60)}
+		if _, err := objs.XdpPpsGen.Run(opts); err != nil {
+			t.Fatal(err)
+		}
+		if err := bpftest.CheckChecksums(opts.DataOut); err != nil {
+			t.Fatalf("frame %d: %v\n%s", n, err, bpftest.Describe(opts.DataOut))
+		}
+		pkt := gopacket.NewPacket(opts.DataOut, layers.LayerTypeEthernet, gopacket.Default)
+		ip, _ := pkt.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+		tcp, _ := pkt.Layer(layers.LayerTypeTCP).(*layers.TCP)
+		if ip == nil || tcp == nil || !tcp.SYN || tcp.ACK || !ip.DstIP.Equal(ipNode.AsSlice()) || tcp.DstPort != nodePort {
+			t.Fatalf("frame %d: want a SYN to the NodePort\n%s", n, bpftest.Describe(opts.DataOut))
+		}
+		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip.SrcIP.To4())), uint16(tcp.SrcPort))
+		if seen[src] {
+			t.Fatalf("frame %d: source %s again", n, src)
+		}
+		seen[src] = true
+		if n == 32768 && src != netip.AddrPortFrom(synSources.Next(), 1024) {
+			t.Errorf("frame 32768: source %s, want %s:1024 (the ports done, the next address)", src, synSources.Next())
+		}
+	}
+}
+
 func sinkTotal(t *testing.T, m *ebpf.Map) uint64 {
 	t.Helper()
 	var perCPU []uint64
@@ -128,9 +251,9 @@ func sinkTotal(t *testing.T, m *ebpf.Map) uint64 {
 	return n
 }
 
-func ppsSmoke(t *testing.T, topo string, nodeCPU int) {
+func ppsSmoke(t *testing.T, topo string, nodeCPU int, newFlows bool) {
 	cfg := DefaultPPSConfig()
-	cfg.Topology = topo
+	cfg.Topology, cfg.NewFlows = topo, newFlows
 	// 100,000 repeats per ns/packet sample (~20 ms): a program of ~150 ns
 	// stands well above the noise of the helper-alone sample subtracted.
 	cfg.Duration, cfg.Repeats, cfg.Flows, cfg.ProgRepeat, cfg.NodeCPU = 50*time.Millisecond, 1, 16, 100_000, nodeCPU

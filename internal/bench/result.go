@@ -45,6 +45,10 @@ const (
 	// ContenderCeiling is the generator alone, the rate no contender can
 	// exceed here.
 	ContenderCeiling = "generator-ceiling"
+	// ContenderForwarder is the forwarding ceiling: a bare XDP program
+	// that rewrites the packet as the translation does and sends it, with
+	// no lookup or state; how close sluice's XDP path comes to it.
+	ContenderForwarder = "xdp-forwarder"
 )
 
 // RateRow is the forwarding rate of one contender.
@@ -107,11 +111,13 @@ func (r Ratio) Met() bool { return r.Skipped == "" && r.Value >= r.Target }
 
 // PPSReport is the result of one `sluice bench pps` run.
 type PPSReport struct {
-	Started  time.Time     `json:"started"`
-	Kernel   string        `json:"kernel"`
-	CPUs     int           `json:"cpus"`
-	FrameLen int           `json:"frame_len"`
-	Flows    int           `json:"flows"`
+	Started  time.Time `json:"started"`
+	Kernel   string    `json:"kernel"`
+	CPUs     int       `json:"cpus"`
+	FrameLen int       `json:"frame_len"`
+	Flows    int       `json:"flows"`
+	// NewFlows: every packet a TCP SYN of a new flow (--new-flows).
+	NewFlows bool          `json:"new_flows,omitempty"`
 	Duration time.Duration `json:"duration_ns"`
 	Repeats  int           `json:"repeats"`
 	// NodeCPU is the CPU of the node's receive work; nil when it shares
@@ -127,14 +133,27 @@ type PPSReport struct {
 	Ratios       []Ratio   `json:"ratios"`
 }
 
-// ratioTargets are the brief's targets (section 5).
-var ratioTargets = []struct {
+// ratioTarget is a ratio the report computes, with the brief's target
+// (section 5); 0: none.
+type ratioTarget struct {
 	num, den string
 	target   float64
-}{
+}
+
+// ratioTargets are the ratios of established flows.
+var ratioTargets = []ratioTarget{
 	{ContenderXDP, ContenderTC, 3},
 	{ContenderXDP, ContenderNFTables, 4},
 	{ContenderXDP, ContenderIPTables, 4},
+	{ContenderXDP, ContenderForwarder, 0.8},
+}
+
+// newFlowTargets are the ratios of --new-flows: a SYN per packet.
+var newFlowTargets = []ratioTarget{
+	{ContenderXDP, ContenderIPTables, 3},
+	{ContenderXDP, ContenderNFTables, 3},
+	{ContenderXDP, ContenderTC, 0},
+	{ContenderXDP, ContenderForwarder, 0},
 }
 
 // ComputeNodeCost fills NodeNs of every measured rate row from the
@@ -162,8 +181,12 @@ func (r *PPSReport) ComputeRatios() {
 		rows[row.Contender] = row
 	}
 	r.Ratios = nil
+	targets := ratioTargets
+	if r.NewFlows {
+		targets = newFlowTargets
+	}
 	for _, basis := range []string{BasisRate, BasisNodeCost} {
-		for _, t := range ratioTargets {
+		for _, t := range targets {
 			ratio := Ratio{Name: t.num + " / " + t.den, Basis: basis, Target: t.target}
 			num, okNum := rows[t.num]
 			den, okDen := rows[t.den]
@@ -260,14 +283,17 @@ func (ra Ratio) cells() []string {
 	if ra.Bound > 0 {
 		bound = fmt.Sprintf("%.2f×", ra.Bound)
 	}
+	target, met := "-", "-"
+	if ra.Target > 0 {
+		target, met = fmt.Sprintf("≥ %g×", ra.Target), "no"
+		if ra.Met() {
+			met = "yes"
+		}
+	}
 	if ra.Skipped != "" {
-		return []string{ra.Basis, "skipped: " + ra.Skipped, fmt.Sprintf("≥ %g×", ra.Target), "", bound}
+		return []string{ra.Basis, "skipped: " + ra.Skipped, target, "", bound}
 	}
-	met := "no"
-	if ra.Met() {
-		met = "yes"
-	}
-	return []string{ra.Basis, fmt.Sprintf("%.2f×", ra.Value), fmt.Sprintf("≥ %g×", ra.Target), met, bound}
+	return []string{ra.Basis, fmt.Sprintf("%.2f×", ra.Value), target, met, bound}
 }
 
 // table is one table of the report: a header and rows of cells.
@@ -311,8 +337,11 @@ func (r *PPSReport) WriteTable(w io.Writer) {
 // WriteMarkdown writes the report as Markdown tables.
 func (r *PPSReport) WriteMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "# sluice bench pps, %s\n\n", r.Started.UTC().Format(time.RFC3339))
-	fmt.Fprintf(w, "Kernel %s, %d CPUs; %d-byte UDP frames (no FCS), %d flows; %d repeats of %s.\n\n",
-		r.Kernel, r.CPUs, r.FrameLen, r.Flows, r.Repeats, r.Duration)
+	traffic := fmt.Sprintf("%d-byte UDP frames (no FCS), %d flows", r.FrameLen, r.Flows)
+	if r.NewFlows {
+		traffic = fmt.Sprintf("%d-byte TCP SYN frames (no FCS), every one a new flow (--new-flows)", r.FrameLen)
+	}
+	fmt.Fprintf(w, "Kernel %s, %d CPUs; %s; %d repeats of %s.\n\n", r.Kernel, r.CPUs, traffic, r.Repeats, r.Duration)
 	fmt.Fprintf(w, "Topology: %s\n\n", r.Topology)
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "- %s\n", n)

@@ -145,6 +145,7 @@ Markdown and a bar chart (PNG) under --out. Needs root.`,
 	f.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of one measurement")
 	f.IntVar(&cfg.Repeats, "repeats", cfg.Repeats, "measurements per contender (min/median/max)")
 	f.IntVar(&cfg.Flows, "flows", cfg.Flows, "UDP flows (source ports) the generator cycles through")
+	f.BoolVar(&cfg.NewFlows, "new-flows", false, "every packet a TCP SYN of a new flow (a new 5-tuple each): the contenders' new-flow path, conntrack entries made and evicted")
 	f.IntVar(&cfg.FrameLen, "frame-len", cfg.FrameLen, "Ethernet frame length without FCS")
 	f.IntVar(&cfg.ProgRepeat, "prog-repeat", cfg.ProgRepeat, "BPF_PROG_RUN repeat count of one ns/packet sample")
 	f.IntVar(&cfg.NodeCPU, "node-cpu", cfg.NodeCPU, "CPU for the node's receive work: eth0's NAPI in a thread pinned there (-1: the generator's CPU, the last one)")
