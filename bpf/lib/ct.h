@@ -246,6 +246,7 @@ static __always_inline int ct_create_flow(const struct ns_config *cfg,
 	__builtin_memcpy(e->nat_addr, be_addr->b, sizeof(e->nat_addr));
 	ct_tuple_set(t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     CT_DIR_SERVICE);
+	__builtin_memcpy(&s->svc_key, t, sizeof(s->svc_key));
 	err = bpf_map_update_elem(&ct_new, t, e, BPF_ANY);
 	/* DSR on the LB node: replies bypass it. */
 	if (err || (kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)

@@ -4,8 +4,10 @@
  * A mapping is two snat entries written together:
  *   NAT_DIR_EGRESS   client:cport -> backend:bport  gives  node IP:nat port
  *   NAT_DIR_INGRESS  backend:bport -> node:nat port gives  client:cport
- * The nat port starts at a hash of the flow in [snat_port_min,
- * snat_port_max] and moves on while the ingress tuple is taken (bounded).
+ * The nat port is a hash of the flow in [snat_port_min, snat_port_max],
+ * hashed again while the ingress tuple is taken (bounded): random probes,
+ * not the next port, which in a range half full of a flood's ports finds
+ * long runs of taken ones (linear probing's clusters).
  * A new flow's mappings are in snat_new and move to snat with its
  * conntrack entries (ct_promote); a port is taken when either table holds
  * its ingress tuple.
@@ -109,7 +111,8 @@ static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 	max = or_default(cfg->snat_port_max, SNAT_PORT_MAX_DEFAULT);
 	if (max < min)
 		return -1;
-	port = min + hash % (max - min + 1);
+	max = max - min + 1; /* the range's size from here on */
+	port = min + hash % max;
 
 	/* The reverse mapping: backend -> node:nat port gives the client. */
 	__builtin_memcpy(s->nat.to_addr, p->saddr.b, sizeof(s->nat.to_addr));
@@ -121,7 +124,8 @@ static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 		in->dport = bpf_htons(port);
 		if (!snat_claim(in, &s->nat, fresh))
 			break;
-		port = port >= max ? min : port + 1;
+		hash = hash_fmix32(hash + 0x9e3779b9);
+		port = min + hash % max;
 	}
 	if (i == SNAT_RETRIES)
 		return -1;
@@ -167,6 +171,28 @@ static __always_inline void snat_cache(const struct ns_config *cfg, struct ct_en
 	if (flags != e->flags)
 		WRITE_ONCE(e->flags, flags);
 	WRITE_ONCE(e->snat_port, n->to_port);
+}
+
+/* ct_note_snat copies the mapping snat_egress just made for a new flow
+ * (in the scratch's nat) into the flow's service entry (the scratch's
+ * svc_key, from ct_create_flow), as snat_cache does for an established
+ * flow: under a flood, the new flows' mappings may be evicted before the
+ * client completes its handshake, and the copy keeps the flow's nat port
+ * (its next packets translate with it, snat_refresh writes the mappings
+ * back). frontend is the flow's, v6 its family. A global function, off
+ * the established flows' path. */
+__noinline int ct_note_snat(const union lb_addr *frontend, __u32 v6)
+{
+	struct ct_scratch *s = ns_scratch();
+	const struct ns_config *cfg = ns_cfg();
+	struct ct_entry *e;
+
+	if (!s || !cfg || !frontend)
+		return 0;
+	e = bpf_map_lookup_elem(&ct_new, &s->svc_key);
+	if (e)
+		snat_cache(cfg, e, v6, frontend, &s->nat);
+	return 0;
 }
 
 /* snat_refresh checks, once a CT second, the mapping that the service

@@ -455,9 +455,12 @@ translate:
 	if (kind & CT_F_LOCAL)
 		return ns_forward(ctx, p, FWD_LOCAL, NULL, 0);
 	/* A new mapping goes with its flow: a new flow's (e replaced by
-	 * ct_create_flow, or still new) into snat_new. */
+	 * ct_create_flow, or still new) into snat_new, its nat port copied
+	 * into the new service entry. */
 	if (snat_egress(ctx, p, cfg, &frontend, hash, now, !e || (e->flags & CT_F_NEW)))
 		return CTX_ACT_DROP;
+	if (!e)
+		ct_note_snat(&frontend, p->v6);
 	return ns_forward(ctx, p, FWD_ROUTE, e, now);
 }
 

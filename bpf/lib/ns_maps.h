@@ -147,6 +147,7 @@ struct ct_scratch {
 	struct icmp_err icmp;      /* nodeport_icmp_ingress: the error it translates */
 	__u32 ct_absent;           /* ns_established found no entry: the service
 				    * path need not look again */
+	struct ct_tuple svc_key;   /* ct_create_flow: the new flow's service entry */
 };
 
 struct {

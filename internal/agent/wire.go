@@ -76,10 +76,16 @@ func openDataplane(cfg *Config) (dataplane, error) {
 	if len(cfg.Devices) == 0 && cfg.SocketLB {
 		return d, nil
 	}
+	eph, err := EphemeralPorts("/proc/sys")
+	if err != nil {
+		eph = DefaultEphemeralPorts
+	}
+	natPorts := SNATPortRange(cfg.nodePortRange, eph).Range
 	opts := datapath.NorthSouthOptions{
 		BPFRoot: cfg.BPFRoot, Sizes: sizes.LB,
 		MaglevTableSize: cfg.MaglevTableSize, MaglevSeed: cfg.MaglevSeed,
 		CTEntries: sizes.CT, NATEntries: sizes.NAT, FragEntries: sizes.Frag,
+		NATNewEntries: datapath.NewNATEntries(sizes.NAT, int(natPorts[1])-int(natPorts[0])+1),
 		FlowCacheSets: cfg.FlowCacheSets, NoFlowCache: cfg.FlowCacheSets == 0,
 		Logf: logf,
 	}

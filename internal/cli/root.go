@@ -16,7 +16,9 @@ func NewRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(agentCommands()...) // status, service, bpf: agent.go
-	root.AddCommand(lab.NewCommand())   // lab: internal/lab
+	labCmd := lab.NewCommand()          // lab: internal/lab
+	labCmd.AddCommand(labFloodCommand())
+	root.AddCommand(labCmd)
 	root.AddCommand(benchCommand())
 	root.AddCommand(dnsCommand())
 	root.AddCommand(vmCommand()) // vm: internal/vmtest

@@ -195,3 +195,35 @@ func TestPrivilegedNorthSouthSYNFlood(t *testing.T) {
 		})
 	}
 }
+
+// A new flow's mappings evicted from snat_new before the client completes
+// its handshake (a flood churns that table) do not change its nat port:
+// the service entry keeps a copy from the start (ct_note_snat), the ACK
+// translates with it, and the mappings come back with it and move to snat
+// with the flow.
+func TestPrivilegedNorthSouthNewFlowMappingEvicted(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		f := masqueradedFlow{client(45200), apLBTCP, apRemote, bpftest.TCP}
+		syn := bpftest.Packet{Src: f.c, Dst: f.fe, Proto: bpftest.TCP, Flags: bpftest.SYN}
+		if _, err := bpftest.Run(prog, syn.MustBytes()); err != nil {
+			t.Fatal(err)
+		}
+		port := natPort(t, n, f.c, f.be, f.proto)
+		if svc, _ := ctEntry(t, n, f.c, f.fe, f.proto, lbmap.CTDirService); svc.SNATPort.Host() != port {
+			t.Errorf("after the SYN: service entry's copy %d, want the nat port %d", svc.SNATPort.Host(), port)
+		}
+		_, _, eg, ing := f.keys(port)
+		must(t, n.tc.SnatNew.Delete(&eg))
+		must(t, n.tc.SnatNew.Delete(&ing))
+		ack := syn.With(func(p *bpftest.Packet) { p.Flags = bpftest.ACK })
+		runPacket(t, kind, prog, "ACK after the mappings went", ack, vPass,
+			ack.With(func(p *bpftest.Packet) { p.Src, p.Dst = netip.AddrPortFrom(ipNode, port), f.be }))
+		for _, k := range []lbmap.CTTuple{eg, ing} {
+			if got := tableOf(t, n, k, true); got != "snat" {
+				t.Errorf("mapping %s in %q after the ACK, want snat", k, got)
+			}
+		}
+		reply := bpftest.Packet{Src: f.be, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP, Flags: bpftest.ACK, Payload: []byte("r")}
+		runPacket(t, kind, prog, "reply after the ACK", reply, vPass, reply.With(func(p *bpftest.Packet) { p.Src, p.Dst = f.fe, f.c }))
+	})
+}

@@ -214,7 +214,7 @@ func probeCommand() *cobra.Command {
 		{"http", "url", "URL to GET (repeatable: used round-robin)", ProbeHTTP},
 		{"udp", "addr", "IP:PORT to send to (repeatable)", ProbeUDP},
 		{"tcp", "addr", "IP:PORT to connect to (repeatable)", ProbeTCP},
-		{"stream", "addr", "IP:PORT of an echo backend or Service: one connection, Count requests", ProbeStream},
+		{"stream", "addr", "IP:PORT of an echo backend or Service: one connection (or --connections), Count requests each", ProbeStream},
 	} {
 		var cfg ProbeConfig
 		var output string
@@ -252,6 +252,8 @@ func probeCommand() *cobra.Command {
 			f.IntVar(&cfg.ReplySize, "reply-size", 0, "ask the echo backend for replies of this many bytes, and check their size")
 		case "tcp":
 			f.BoolVar(&cfg.V4Mapped, "v4-mapped", false, "connect to an IPv4 target from an IPv6 socket")
+		case "stream":
+			f.IntVar(&cfg.Connections, "connections", 1, "connections kept at once, each making --count requests at --interval")
 		}
 		cmd.AddCommand(sub)
 	}

@@ -1,8 +1,11 @@
 package lab
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"runtime"
 
 	"github.com/cilium/ebpf"
@@ -217,3 +220,70 @@ func (l *Lab) prepareForXDP() error {
 	}
 	return nil
 }
+
+// AddTrafficSource adds a namespace of its own on the fabric, for a
+// traffic generator that sends frames from XDP itself (XDP_TX with live
+// frames): an attacker beside the external client, so that its bursts
+// overflow no queue the client's own traffic takes. Its uplink has no
+// address (the generator writes whole frames) and its fabric port has
+// XDP_PASS, without which a veth does not deliver such frames. It returns
+// the namespace and what removes it; a later lab up or down removes it too
+// (it has the lab's prefix).
+func (l *Lab) AddTrafficSource(ctx context.Context) (string, func() error, error) {
+	// One per process: two floods at once each have their own.
+	id := os.Getpid() % 100000
+	ns := fmt.Sprintf("%ssource-%d", newNames(l.Prefix).prefix, id)
+	floodPortName := fmt.Sprintf("src%d", id)
+	if err := addNetns(ctx, ns); err != nil {
+		return "", nil, err
+	}
+	remove := func() error { return deleteNetns(ns) }
+	err := ipBatch(ctx, l.FabricNetns, []string{
+		fmt.Sprintf("link add %s type veth peer name %s netns %s", floodPortName, uplinkName, ns),
+		fmt.Sprintf("link set %s master %s up", floodPortName, bridgeName),
+	})
+	if err == nil {
+		err = ipBatch(ctx, ns, []string{"link set lo up", "link set " + uplinkName + " up"})
+	}
+	if err == nil {
+		err = attachXDPPass(l.FabricNetns, []string{floodPortName})
+	}
+	if err != nil {
+		return "", nil, errors.Join(err, remove())
+	}
+	return ns, remove, nil
+}
+
+// LinkMAC returns the MAC address of dev in the lab namespace ns.
+func LinkMAC(ns, dev string) (net.HardwareAddr, error) {
+	var mac net.HardwareAddr
+	err := inNetns(ns, func() error {
+		link, err := netlink.LinkByName(dev)
+		if err != nil {
+			return fmt.Errorf("netns %s: %s: %w", ns, dev, err)
+		}
+		mac = link.Attrs().HardwareAddr
+		return nil
+	})
+	return mac, err
+}
+
+// LinkIndex returns the ifindex of dev in the lab namespace ns.
+func LinkIndex(ns, dev string) (int, error) {
+	var idx int
+	err := inNetns(ns, func() error {
+		link, err := netlink.LinkByName(dev)
+		if err != nil {
+			return fmt.Errorf("netns %s: %s: %w", ns, dev, err)
+		}
+		idx = link.Attrs().Index
+		return nil
+	})
+	return idx, err
+}
+
+// InNetns runs fn on an OS thread in the lab namespace ns (see inNetns).
+func InNetns(ns string, fn func() error) error { return inNetns(ns, fn) }
+
+// UplinkName is the name of every lab endpoint's link to the fabric.
+const UplinkName = uplinkName

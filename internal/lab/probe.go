@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 
@@ -103,6 +104,10 @@ type ProbeConfig struct {
 	// probe of Count requests spans about Count × Interval (a flow that
 	// outlives an agent restart).
 	Interval time.Duration
+	// Connections is how many connections a stream probe keeps, each
+	// making Count requests at Interval (0 or 1: one): a pool of
+	// long-lived, mostly idle connections.
+	Connections int
 	// Size pads each UDP datagram to this many bytes, and ReplySize asks
 	// the echo backend for replies of this many (0: the pod name alone):
 	// above the MTU they travel in fragments (udp).
@@ -135,6 +140,9 @@ func (c *ProbeConfig) validate() error {
 	}
 	if c.SourcePort < 0 || c.SourcePort > 65535 {
 		return fmt.Errorf("probe: source port %d: want 0..65535", c.SourcePort)
+	}
+	if c.Connections < 0 || c.Connections > 10000 {
+		return fmt.Errorf("probe: connections %d: want 0..10000", c.Connections)
 	}
 	if c.Size < 0 || c.Size > maxUDPReply {
 		return fmt.Errorf("probe: size %d: want 0..%d", c.Size, maxUDPReply)
@@ -609,41 +617,61 @@ func ProbeStream(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Budget)
 	defer cancel()
 	rec := newRecorder("stream", cfg)
+	var mu sync.Mutex // rec, for the connections' goroutines
+	var wg sync.WaitGroup
+	for range max(cfg.Connections, 1) {
+		wg.Go(func() { streamConn(ctx, cfg, targets[0].String(), rec, &mu) })
+	}
+	wg.Wait()
+	return rec.done(), nil
+}
+
+// streamConn makes one connection of a stream probe and its Count
+// requests, recording each under mu.
+func streamConn(ctx context.Context, cfg ProbeConfig, target string, rec *recorder, mu *sync.Mutex) {
+	record := func(fn func()) {
+		mu.Lock()
+		defer mu.Unlock()
+		fn()
+	}
 	dialer := &net.Dialer{Timeout: cfg.Timeout}
 	if cfg.SourcePort != 0 {
 		dialer.LocalAddr = &net.TCPAddr{Port: cfg.SourcePort}
 		dialer.Control = fixedPortControl
 	}
-	target := targets[0].String()
 	conn, err := dialer.DialContext(ctx, "tcp", target)
-	if err != nil { // no request attempted: Count stays 0
-		rec.fail(fmt.Errorf("connect %s: %w", target, err))
-		return rec.done(), nil
+	if err != nil { // no request attempted: Count stays as it is
+		record(func() { rec.fail(fmt.Errorf("connect %s: %w", target, err)) })
+		return
 	}
 	defer conn.Close()
 	br := bufio.NewReader(conn)
 	for i := 0; i < cfg.Count; i++ {
 		if ctx.Err() != nil {
-			rec.r.Truncated = true
-			break
+			record(func() { rec.r.Truncated = true })
+			return
 		}
-		rec.r.Count++
 		start := time.Now()
 		reply, err := streamGet(conn, br, target, start.Add(cfg.Timeout))
+		record(func() {
+			rec.r.Count++
+			if err != nil {
+				rec.fail(fmt.Errorf("request %d of the stream to %s (from %s): %w", i+1, target, conn.LocalAddr(), err))
+				return
+			}
+			rec.ok(time.Since(start))
+			rec.r.Backends[reply.Pod]++
+			rec.r.Clients[hostOf(reply.Client)]++
+			rec.r.Peers[conn.RemoteAddr().String()]++
+		})
 		if err != nil {
-			rec.fail(fmt.Errorf("request %d of the stream to %s (from %s): %w", i+1, target, conn.LocalAddr(), err))
-			break
+			return
 		}
-		rec.ok(time.Since(start))
-		rec.r.Backends[reply.Pod]++
-		rec.r.Clients[hostOf(reply.Client)]++
-		rec.r.Peers[conn.RemoteAddr().String()]++
 		if !cfg.pace(ctx, i) {
-			rec.r.Truncated = i < cfg.Count-1
-			break
+			record(func() { rec.r.Truncated = i < cfg.Count-1 })
+			return
 		}
 	}
-	return rec.done(), nil
 }
 
 // streamGet sends one keep-alive GET on conn and reads the echo reply.
