@@ -177,18 +177,22 @@ static __always_inline int ct_put(const struct ct_tuple *t, const struct ct_entr
 	return bpf_map_update_elem(&ct, t, e, uflags);
 }
 
-/* ct_ready: the new flow of service entry e (CT_F_NEW) is established,
- * after the client's packet at CT second now was accounted (ct_update):
- * TCP once the client ACKs without SYN after its first packet (a spoofed
- * SYN or ACK is one packet), and not closing; anything else once the
- * client sends in a later second than the first. */
+/* ct_ready: the new flow of service entry e (CT_F_NEW) may be
+ * established, after the client's packet at CT second now was accounted
+ * (ct_update): TCP once the client ACKs without SYN after its SYN, and is
+ * not closing (a flow picked up mid-stream, without a SYN, at its third
+ * packet); anything else once the client sends in a later second than the
+ * first. ct_promote also wants the backend's reply seen, where replies
+ * cross this node: a blind sender's packets earn none (or a RST). Where
+ * they do not (DSR seen from the LB node), TCP waits for a third packet. */
 static __always_inline bool ct_ready(const struct ct_entry *e, __u8 proto, __u32 now)
 {
 	if (!(e->flags & CT_F_NEW))
 		return false;
 	if (proto == IPPROTO_TCP)
 		return (e->flags & (CT_F_ESTABLISHED | CT_F_CLOSING)) == CT_F_ESTABLISHED &&
-		       e->packets > 1;
+		       e->packets > ((e->flags & CT_F_SYN) &&
+				     (e->flags & (CT_F_DSR | CT_F_LOCAL)) != CT_F_DSR ? 1 : 2);
 	return now != e->created;
 }
 

@@ -28,14 +28,17 @@ static __always_inline const union lb_addr *snat_conf_addr(const struct ns_confi
 	return (const union lb_addr *)(v6 ? cfg->snat_addr6 : cfg->snat_addr4);
 }
 
-/* snat_is_nat_port: port (network order) is in the nat port range, where
- * the replies of masqueraded flows come to. */
+/* snat_is_nat_port: port (network order) may be a nat port, where the
+ * replies of masqueraded flows come to. The bound never moves up with the
+ * range: mappings outlive the agent and a change of the range (an upgrade,
+ * a new ip_local_port_range), so a port a flow took under an earlier range
+ * (32768-65535 before) keeps its replies. Below it lie the NodePorts and
+ * the well-known ports, which need no snat lookup. */
 static __always_inline bool snat_is_nat_port(const struct ns_config *cfg, __be16 port)
 {
-	__u32 p = bpf_ntohs(port);
+	__u32 min = or_default(cfg->snat_port_min, SNAT_PORT_MIN_DEFAULT);
 
-	return p >= or_default(cfg->snat_port_min, SNAT_PORT_MIN_DEFAULT) &&
-	       p <= or_default(cfg->snat_port_max, SNAT_PORT_MAX_DEFAULT);
+	return bpf_ntohs(port) >= (min < SNAT_PORT_MIN_DEFAULT ? min : SNAT_PORT_MIN_DEFAULT);
 }
 
 /* snat_source is the node address a flow to a remote backend leaves with:
@@ -76,6 +79,39 @@ static __always_inline int snat_claim(const struct ct_tuple *t, const struct nat
 	return bpf_map_update_elem(&snat, t, n, BPF_NOEXIST);
 }
 
+/* snat_reuse checks the egress mapping of p (client -> backend, after
+ * DNAT) found under s->tuple and copied into s->nat: its ingress mapping
+ * (what the replies need; the two are evicted apart) must give p's client,
+ * and is written back into the flow's table (fresh: snat_new) when it is
+ * gone. 0 leaves the egress mapping in s->nat; -1 when the port went to
+ * another flow meanwhile: the stale mapping is deleted, for a new one. */
+static __noinline int snat_reuse(const struct ns_pkt *p, struct ct_scratch *s, bool fresh)
+{
+	const struct nat_entry *n;
+
+	if (!p || !s)
+		return -1;
+	ct_tuple_set(&s->tuple2, &p->daddr, (const union lb_addr *)s->nat.to_addr, p->dport,
+		     s->nat.to_port, p->proto, NAT_DIR_INGRESS);
+	n = snat_lookup(&s->tuple2);
+	if (n) {
+		if (n->to_port == p->sport && addr_equal(&p->saddr, n->to_addr))
+			return 0;
+	} else {
+		__builtin_memcpy(s->nat.to_addr, p->saddr.b, sizeof(s->nat.to_addr));
+		s->nat.to_port = p->sport;
+		if (!snat_claim(&s->tuple2, &s->nat, fresh)) {
+			/* Back to the egress mapping: its key's node and port. */
+			__builtin_memcpy(s->nat.to_addr, s->tuple2.daddr, sizeof(s->nat.to_addr));
+			s->nat.to_port = s->tuple2.dport;
+			return 0;
+		}
+	}
+	bpf_map_delete_elem(&snat, &s->tuple);
+	bpf_map_delete_elem(&snat_new, &s->tuple);
+	return -1;
+}
+
 /* snat_egress finds or allocates the mapping of p (client -> backend,
  * after DNAT) and rewrites its source to the node IP and nat port; a new
  * mapping goes into the table of the flow's CT entry (fresh: a new flow's,
@@ -101,8 +137,12 @@ static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 		     NAT_DIR_EGRESS);
 	n = snat_lookup(out);
 	if (n) {
-		__builtin_memcpy(node.b, n->to_addr, sizeof(node.b));
-		return pkt_rewrite(ctx, p, false, &node, n->to_port);
+		/* The scratch's nat is the flow's mapping for ct_note_snat. */
+		__builtin_memcpy(&s->nat, n, sizeof(s->nat));
+		if (!snat_reuse(p, s, fresh)) {
+			__builtin_memcpy(node.b, s->nat.to_addr, sizeof(node.b));
+			return pkt_rewrite(ctx, p, false, &node, s->nat.to_port);
+		}
 	}
 
 	if (snat_source(cfg, p->v6, frontend, &node))
@@ -225,14 +265,21 @@ static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry
 	s->nat.pad = 0;
 	s->nat.created = e->created;
 
+	fresh = e->flags & CT_F_NEW;
 	n = snat_lookup(&s->tuple);
 	if (n) {
 		if (n->to_port != e->snat_port ||
-		    !addr_equal((const union lb_addr *)s->tuple2.daddr, n->to_addr))
+		    !addr_equal((const union lb_addr *)s->tuple2.daddr, n->to_addr)) {
 			WRITE_ONCE(e->snat_port, 0);
+			return;
+		}
+		/* The ingress mapping may have been evicted alone. */
+		n = snat_lookup(&s->tuple2);
+		if (n ? n->to_port != p->sport || !addr_equal(&p->saddr, n->to_addr) :
+			snat_claim(&s->tuple2, &s->nat, fresh))
+			WRITE_ONCE(e->snat_port, 0); /* the port went to another flow */
 		return;
 	}
-	fresh = e->flags & CT_F_NEW;
 	if (snat_claim(&s->tuple2, &s->nat, fresh)) {
 		n = snat_lookup(&s->tuple2);
 		if (!n || n->to_port != p->sport || !addr_equal(&p->saddr, n->to_addr)) {
@@ -288,6 +335,7 @@ static __always_inline int snat_move(const struct ct_tuple *t, struct ct_scratch
  * it from two places, and its keys and values live in the scratch. */
 __noinline int ct_promote(const struct ns_pkt *p)
 {
+	const struct ct_entry *e;
 	struct ct_scratch *s;
 	__u32 zero = 0;
 
@@ -296,6 +344,16 @@ __noinline int ct_promote(const struct ns_pkt *p)
 		return -1;
 	ct_tuple_set(&s->tuple, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     CT_DIR_SERVICE);
+	/* Not before the backend answered, where its replies cross here. */
+	e = bpf_map_lookup_elem(&ct_new, &s->tuple);
+	if (!e)
+		return -1;
+	if (ct_has_ingress(e)) {
+		ct_ingress_tuple(&s->tuple2, p, e);
+		e = ct_lookup(&s->tuple2);
+		if (!e || (e->flags & (CT_F_SEEN_REPLY | CT_F_CLOSING)) != CT_F_SEEN_REPLY)
+			return -1;
+	}
 	if (ct_move(&s->tuple, s))
 		return -1;
 	/* s->entry is the service entry now. Its SNAT mappings first: the
@@ -303,13 +361,24 @@ __noinline int ct_promote(const struct ns_pkt *p)
 	if (s->entry.flags & CT_F_SNAT) {
 		ct_tuple_set(&s->tuple2, &p->saddr, (const union lb_addr *)s->entry.nat_addr,
 			     p->sport, s->entry.nat_port, p->proto, NAT_DIR_EGRESS);
-		if (!snat_move(&s->tuple2, s)) {
-			ct_tuple_set(&s->tuple2, (const union lb_addr *)s->entry.nat_addr,
-				     (const union lb_addr *)s->nat.to_addr, s->entry.nat_port,
-				     s->nat.to_port, p->proto, NAT_DIR_INGRESS);
-			snat_move(&s->tuple2, s);
+		if (snat_move(&s->tuple2, s)) {
+			/* The egress mapping is gone: the entry's copy of it
+			 * gives the ingress mapping's key. */
+			const struct ns_config *cfg = ns_cfg();
+
+			if (!cfg || !s->entry.snat_port)
+				goto ingress;
+			__builtin_memcpy(s->nat.to_addr,
+					 snat_copy_source(cfg, &s->entry, p->v6, &p->daddr)->b,
+					 sizeof(s->nat.to_addr));
+			s->nat.to_port = s->entry.snat_port;
 		}
+		ct_tuple_set(&s->tuple2, (const union lb_addr *)s->entry.nat_addr,
+			     (const union lb_addr *)s->nat.to_addr, s->entry.nat_port,
+			     s->nat.to_port, p->proto, NAT_DIR_INGRESS);
+		snat_move(&s->tuple2, s);
 	}
+ingress:
 	if (ct_has_ingress(&s->entry)) {
 		ct_ingress_tuple(&s->tuple2, p, &s->entry);
 		ct_move(&s->tuple2, s);
@@ -317,20 +386,23 @@ __noinline int ct_promote(const struct ns_pkt *p)
 	return 0;
 }
 
-/* ct_promote_if_ready moves the new flow of p whose service entry e this
+/* ct_promote_if_ready moves the new flow of p whose service entry *e this
  * packet established (ct_ready) to the established flows' tables, and
- * returns the entry's new place (e when it stays). */
-static __always_inline struct ct_entry *ct_promote_if_ready(const struct ns_pkt *p,
-							    struct ct_entry *e, __u32 now)
+ * points *e to the entry's new place: true when it moved (the flow's
+ * snat_new pointers are stale then). */
+static __always_inline bool ct_promote_if_ready(const struct ns_pkt *p, struct ct_entry **e,
+						__u32 now)
 {
 	struct ct_scratch *s;
 	struct ct_entry *moved;
 
-	if (!ct_ready(e, p->proto, now) || ct_promote(p))
-		return e;
+	if (!ct_ready(*e, p->proto, now) || ct_promote(p))
+		return false;
 	s = ns_scratch();
 	moved = s ? bpf_map_lookup_elem(&ct, &s->tuple) : NULL;
-	return moved ? moved : e;
+	if (moved)
+		*e = moved;
+	return true;
 }
 
 /* snat_lookup_reply returns the mapping of a reply to node IP:nat port

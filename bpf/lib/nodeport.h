@@ -199,7 +199,9 @@ static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_p
 	if (!fib)
 		return CTX_ACT_DROP;
 	rc = ns_fib(ctx, p, &fe, fe_port, &client, port, e, now, fib);
-	if (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == NS_FIB_KEPT)
+	/* Not a SYN-ACK: a SYN flood's would fill the cache. */
+	if ((rc == BPF_FIB_LKUP_RET_SUCCESS || rc == NS_FIB_KEPT) &&
+	    !(p->tcp_flags & TCP_FLAG_SYN))
 		fc_record(p, NAT_DIR_INGRESS, &fe, fe_port, &client, port, e, now);
 	if (pkt_rewrite_nat(ctx, p, &client, port, &fe, fe_port))
 		return CTX_ACT_DROP;
@@ -291,7 +293,8 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 			}
 			/* A new flow that this packet established moves to
 			 * the established flows' tables. */
-			e = ct_promote_if_ready(p, e, now);
+			if (ct_promote_if_ready(p, &e, now))
+				n = NULL; /* moved: n may be freed, and reused */
 			kind = e->flags & NS_KIND_FLAGS;
 			__builtin_memcpy(be_addr.b, e->nat_addr, sizeof(be_addr.b));
 			be_port = e->nat_port;
@@ -346,7 +349,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		if (be && ct_update(e, cfg, p, len, now, false))
 			ct_restore_ingress(p, e, s);
 		if (be)
-			e = ct_promote_if_ready(p, e, now);
+			ct_promote_if_ready(p, &e, now);
 	}
 	/* An earlier flow's entry in ct (dead, a SYN reusing a closing tuple,
 	 * its backend gone) gives way to the new flow made below: found
@@ -457,7 +460,8 @@ translate:
 	/* A new mapping goes with its flow: a new flow's (e replaced by
 	 * ct_create_flow, or still new) into snat_new, its nat port copied
 	 * into the new service entry. */
-	if (snat_egress(ctx, p, cfg, &frontend, hash, now, !e || (e->flags & CT_F_NEW)))
+	if (snat_egress(ctx, p, cfg, &frontend, hash ? hash : ns_flow_hash(p), now,
+			!e || (e->flags & CT_F_NEW)))
 		return CTX_ACT_DROP;
 	if (!e)
 		ct_note_snat(&frontend, p->v6);
@@ -513,7 +517,8 @@ static __always_inline int nodeport_icmp_ingress(struct __ctx_buff *ctx, struct 
 static __always_inline bool ns_vlan_tagged(struct __ctx_buff *ctx)
 {
 #if defined(SLUICE_TC) && !defined(SLUICE_POD_LB)
-	return ctx_field(ctx, vlan_present);
+	/* A priority tag (VLAN ID 0) is the parent device's: 802.1p. */
+	return ctx_field(ctx, vlan_present) && (ctx_field(ctx, vlan_tci) & 0x0fff);
 #else
 	return false;
 #endif

@@ -718,7 +718,7 @@ func (d *nodeDataplane) CollectGarbage() (gcResult, error) {
 	if r.ctDeleted, err = d.ns.CT().GC(now); err != nil {
 		return r, err
 	}
-	if r.natDeleted, err = d.ns.NAT().GC(d.ns.CT()); err != nil {
+	if r.natDeleted, err = d.ns.NAT().GC(d.ns.CT(), now); err != nil {
 		return r, err
 	}
 	r.ctEntries, err = d.ns.CT().Len()

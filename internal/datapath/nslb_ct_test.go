@@ -161,7 +161,10 @@ func TestPrivilegedNorthSouthConntrackUDPAndGC(t *testing.T) {
 
 		setClock(t, n, ctNow+30)
 		send("b", b)
-		// A later second: established, moved to ct.
+		// A later second after a reply: established, moved to ct.
+		reply := bpftest.Packet{Src: apLocal, Dst: a, Proto: bpftest.UDP, Payload: []byte("r")}
+		runPacket(t, attachKind{"tc egress", nil, kind.verdicts}, n.Programs().TCEgress, "reply", reply, vPass,
+			reply.With(func(p *bpftest.Packet) { p.Src = apExtIP }))
 		send("within timeout", a)
 		checkCT(t, n, "within timeout", a, apExtIP, bpftest.UDP, lbmap.CTDirService,
 			ctWant{local, ctNow + 30 + lbmap.DefaultUDPTimeout, ctNow, 2, 0})
@@ -278,7 +281,7 @@ func TestPrivilegedNorthSouthNATGC(t *testing.T) {
 		if _, err := n.CT().GC(uint32(later)); err != nil {
 			t.Fatal(err)
 		}
-		deleted, err := n.NAT().GC(n.CT())
+		deleted, err := n.NAT().GC(n.CT(), uint32(later))
 		if err != nil || deleted != 2 {
 			t.Errorf("NAT GC deleted %d (%v), want the 2 entries of %s", deleted, err, old)
 		}
@@ -319,8 +322,8 @@ func TestPrivilegedNorthSouthConntrackIngressKept(t *testing.T) {
 			runPacket(t, tcpKind, egress, step, reply, vPass, reply.With(func(p *bpftest.Packet) { p.Src = apNodePort }))
 		}
 		send("SYN", bpftest.SYN)
-		send("ACK", bpftest.ACK)
 		replyTranslated("reply")
+		send("ACK", bpftest.ACK)
 
 		inKey := lbmap.CTTuple{SAddr: lbmap.AddrFrom(c.Addr()), DAddr: lbmap.AddrFrom(apLocal.Addr()),
 			SPort: lbmap.PortFrom(c.Port()), DPort: lbmap.PortFrom(apLocal.Port()), Proto: bpftest.TCP, Dir: lbmap.CTDirIngress}
@@ -390,8 +393,13 @@ func TestPrivilegedNorthSouthSNATCopy(t *testing.T) {
 			if _, err := bpftest.Run(prog, tc.in.MustBytes()); err != nil {
 				t.Fatal(err)
 			}
-			setClock(t, n, ctNow)
 			port := natPort(t, n, tc.in.Src, tc.backend, tc.in.Proto)
+			first := bpftest.Packet{Src: tc.backend, Dst: netip.AddrPortFrom(tc.node, port), Proto: tc.in.Proto,
+				Flags: synAckIfTCP(tc.in.Proto), Payload: []byte("reply")}
+			if _, err := bpftest.Run(prog, first.MustBytes()); err != nil {
+				t.Fatal(err)
+			}
+			setClock(t, n, ctNow)
 			send("second packet, from the mapping", port)
 			if e := svcEntry(); e.SNATPort.Host() != port || e.Flags&lbmap.CTFlagSNATFE != 0 {
 				t.Errorf("%s: service entry's copy: port %d, flags %s; want %d from the configured address",

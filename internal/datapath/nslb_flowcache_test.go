@@ -133,6 +133,13 @@ func testFlowCache(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Prog
 	if _, ok := cacheEntry(t, cache, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); ok {
 		t.Errorf("SYN: a cache entry for a flow not yet established")
 	}
+	synAck := bpftest.Packet{Src: apRemote, Dst: node, Proto: bpftest.TCP, Flags: bpftest.SYN | bpftest.ACK, TTL: 64}
+	if _, err := bpftest.Run(prog, synAck.MustBytes()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := cacheEntry(t, cache, apRemote, node, bpftest.TCP, lbmap.NATDirIngress); ok {
+		t.Errorf("SYN-ACK: a cache entry for it (a SYN flood's would fill the cache)")
+	}
 	// The ACK establishes the flow, looks the route up (tc leaves the
 	// MACs to redirect_neigh after a lookup) and fills the entry.
 	send("ACK", ack, vRedirect, ack.With(func(p *bpftest.Packet) {
@@ -200,11 +207,11 @@ func testFlowCache(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Prog
 		re.DAddr.NetIP() != ipClient || re.DPort.Host() != c.Port() || re.SAddr.NetIP() != apLBTCP.Addr() {
 		t.Errorf("reply cache entry %v (found %v), want 1 packet to %s from %s", re, ok, c, apLBTCP)
 	}
-	if raw := rawCT(t, n, c, apRemote, bpftest.TCP, lbmap.CTDirIngress); raw.RxPackets != 1 {
-		t.Errorf("CT ingress entry counts %d replies, want 1", raw.RxPackets)
+	if raw := rawCT(t, n, c, apRemote, bpftest.TCP, lbmap.CTDirIngress); raw.RxPackets != 2 {
+		t.Errorf("CT ingress entry counts %d replies, want 2 (the SYN-ACK and one reply)", raw.RxPackets)
 	}
-	if got, _ := ctEntry(t, n, c, apRemote, bpftest.TCP, lbmap.CTDirIngress); got.RxPackets != 2 || got.RxBytes != 2*size(reply) {
-		t.Errorf("dump: ingress entry %d replies, %d bytes; want 2, %d", got.RxPackets, got.RxBytes, 2*size(reply))
+	if got, _ := ctEntry(t, n, c, apRemote, bpftest.TCP, lbmap.CTDirIngress); got.RxPackets != 3 || got.RxBytes != size(synAck)+2*size(reply) {
+		t.Errorf("dump: ingress entry %d replies, %d bytes; want 3, %d", got.RxPackets, got.RxBytes, size(synAck)+2*size(reply))
 	}
 
 	// In the same second the cache decides alone: with the flow's CT
@@ -246,8 +253,8 @@ func testFlowCache(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Prog
 	if re, _ := cacheEntry(t, cache, apRemote, node, bpftest.TCP, lbmap.NATDirIngress); re.FIB.At != 0 || re.Packets != 0 {
 		t.Errorf("after the backend's RST: reply entry at %d with %d packets, want ended and counted", re.FIB.At, re.Packets)
 	}
-	if raw := rawCT(t, n, c, apRemote, bpftest.TCP, lbmap.CTDirIngress); raw.RxPackets != 3 {
-		t.Errorf("after the backend's RST: CT ingress entry counts %d replies, want 3", raw.RxPackets)
+	if raw := rawCT(t, n, c, apRemote, bpftest.TCP, lbmap.CTDirIngress); raw.RxPackets != 4 {
+		t.Errorf("after the backend's RST: CT ingress entry counts %d replies, want 4", raw.RxPackets)
 	}
 }
 

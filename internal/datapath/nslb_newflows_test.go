@@ -53,8 +53,9 @@ func (f masqueradedFlow) keys(natPort uint16) (svc, in, egress, ingress lbmap.CT
 // A new flow lives in ct_new and snat_new until it is established, then
 // moves to ct and snat with everything it had: TCP at the client's ACK
 // after the handshake (not at the backend's SYN-ACK), UDP when the client
-// sends in a later CT second; a lone ACK of an unknown flow (a flow picked
-// up mid-stream, or a spoofed one) is new until its second packet.
+// sends in a later CT second after a reply; never before the backend
+// answered, so a blind sender's SYN and ACK stay new; a lone ACK of an
+// unknown flow (picked up mid-stream) at its third packet after a reply.
 func TestPrivilegedNorthSouthNewFlows(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
 		where := func(step string, f masqueradedFlow, natPort uint16, wantCT, wantNAT string) {
@@ -99,6 +100,10 @@ func TestPrivilegedNorthSouthNewFlows(t *testing.T) {
 				svc.Packets, lbmap.CTFlagsString(svc.Flags), in.RxPackets)
 		}
 
+		reply := func(f masqueradedFlow, port uint16, flags uint8) {
+			t.Helper()
+			run(bpftest.Packet{Src: f.be, Dst: netip.AddrPortFrom(ipNode, port), Proto: f.proto, Flags: flags, Payload: []byte("r")})
+		}
 		udp := masqueradedFlow{client(45101), apLBUDP, apRemoteU, bpftest.UDP}
 		run(pkt(udp, 0))
 		run(pkt(udp, 0))
@@ -106,14 +111,27 @@ func TestPrivilegedNorthSouthNewFlows(t *testing.T) {
 		where("UDP, two datagrams in one CT second", udp, uport, "ct_new", "snat_new")
 		setClock(t, n, ctNow+1)
 		run(pkt(udp, 0))
-		where("UDP, a later second", udp, uport, "ct", "snat")
+		where("UDP, a later second, no reply yet", udp, uport, "ct_new", "snat_new")
+		reply(udp, uport, 0)
+		run(pkt(udp, 0))
+		where("UDP, after a reply", udp, uport, "ct", "snat")
+		setClock(t, n, ctNow)
+
+		blind := masqueradedFlow{client(45103), apLBTCP, apRemote, bpftest.TCP}
+		run(pkt(blind, bpftest.SYN))
+		run(pkt(blind, bpftest.ACK))
+		run(pkt(blind, bpftest.ACK))
+		where("a blind SYN and ACKs", blind, natPort(t, n, blind.c, blind.be, blind.proto), "ct_new", "snat_new")
 
 		lone := masqueradedFlow{client(45102), apLBTCP, apRemote, bpftest.TCP}
 		run(pkt(lone, bpftest.ACK))
 		lport := natPort(t, n, lone.c, lone.be, lone.proto)
 		where("a lone ACK", lone, lport, "ct_new", "snat_new")
 		run(pkt(lone, bpftest.ACK))
-		where("its second packet", lone, lport, "ct", "snat")
+		reply(lone, lport, bpftest.ACK)
+		where("its second packet and a reply", lone, lport, "ct_new", "snat_new")
+		run(pkt(lone, bpftest.ACK))
+		where("its third packet", lone, lport, "ct", "snat")
 	})
 }
 
@@ -138,13 +156,7 @@ func TestPrivilegedNorthSouthSYNFlood(t *testing.T) {
 				ports := make([]uint16, established)
 				for i := range flows {
 					f := masqueradedFlow{client(uint16(46000 + i)), apLBTCP, apRemote, bpftest.TCP}
-					for _, flags := range []uint8{bpftest.SYN, bpftest.ACK} {
-						in := bpftest.Packet{Src: f.c, Dst: f.fe, Proto: bpftest.TCP, Flags: flags}
-						if _, err := bpftest.Run(prog, in.MustBytes()); err != nil {
-							t.Fatal(err)
-						}
-					}
-					flows[i], ports[i] = f, natPort(t, n, f.c, f.be, f.proto)
+					flows[i], ports[i] = f, handshake(t, n, prog, f)
 				}
 				spoofed := netip.MustParseAddr("203.0.113.0")
 				for i := range flood {
@@ -177,6 +189,8 @@ func TestPrivilegedNorthSouthSYNFlood(t *testing.T) {
 					t.Fatal(err)
 				}
 				port := natPort(t, n, f.c, f.be, f.proto)
+				synAck := bpftest.Packet{Src: f.be, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP, Flags: bpftest.SYN | bpftest.ACK}
+				runPacket(t, kind, prog, "a new client's SYN-ACK", synAck, vPass, synAck.With(func(p *bpftest.Packet) { p.Src, p.Dst = f.fe, f.c }))
 				ack := syn.With(func(p *bpftest.Packet) { p.Flags = bpftest.ACK })
 				runPacket(t, kind, prog, "a new client's ACK", ack, vPass,
 					ack.With(func(p *bpftest.Packet) { p.Src, p.Dst = netip.AddrPortFrom(ipNode, port), f.be }))
@@ -213,6 +227,8 @@ func TestPrivilegedNorthSouthNewFlowMappingEvicted(t *testing.T) {
 			t.Errorf("after the SYN: service entry's copy %d, want the nat port %d", svc.SNATPort.Host(), port)
 		}
 		_, _, eg, ing := f.keys(port)
+		synAck := bpftest.Packet{Src: f.be, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP, Flags: bpftest.SYN | bpftest.ACK}
+		runPacket(t, kind, prog, "SYN-ACK", synAck, vPass, synAck.With(func(p *bpftest.Packet) { p.Src, p.Dst = f.fe, f.c }))
 		must(t, n.tc.SnatNew.Delete(&eg))
 		must(t, n.tc.SnatNew.Delete(&ing))
 		ack := syn.With(func(p *bpftest.Packet) { p.Flags = bpftest.ACK })
@@ -225,5 +241,99 @@ func TestPrivilegedNorthSouthNewFlowMappingEvicted(t *testing.T) {
 		}
 		reply := bpftest.Packet{Src: f.be, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP, Flags: bpftest.ACK, Payload: []byte("r")}
 		runPacket(t, kind, prog, "reply after the ACK", reply, vPass, reply.With(func(p *bpftest.Packet) { p.Src, p.Dst = f.fe, f.c }))
+	})
+}
+
+// handshake runs f's SYN, the backend's SYN-ACK and the client's ACK
+// through prog, which establishes the flow, and returns its nat port.
+func handshake(t *testing.T, n *NorthSouth, prog *ebpf.Program, f masqueradedFlow) uint16 {
+	t.Helper()
+	run := func(p bpftest.Packet) {
+		t.Helper()
+		if _, err := bpftest.Run(prog, p.MustBytes()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(bpftest.Packet{Src: f.c, Dst: f.fe, Proto: f.proto, Flags: bpftest.SYN})
+	port := natPort(t, n, f.c, f.be, f.proto)
+	run(bpftest.Packet{Src: f.be, Dst: netip.AddrPortFrom(ipNode, port), Proto: f.proto, Flags: bpftest.SYN | bpftest.ACK})
+	run(bpftest.Packet{Src: f.c, Dst: f.fe, Proto: f.proto, Flags: bpftest.ACK})
+	return port
+}
+
+// A new flow whose egress mapping is still there (a UDP client reusing its
+// tuple after its conntrack entries died, before the GC took the mapping)
+// keeps that mapping's port: the copy in its new service entry is that
+// port, not the one the previous new flow on the CPU was given.
+func TestPrivilegedNorthSouthNewFlowReusesMapping(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		onOneCPU(t, func() {
+			b := masqueradedFlow{client(45300), apLBUDP, apRemoteU, bpftest.UDP}
+			a := masqueradedFlow{client(45301), apLBUDP, apRemoteU, bpftest.UDP}
+			dgram := func(f masqueradedFlow) bpftest.Packet {
+				return bpftest.Packet{Src: f.c, Dst: f.fe, Proto: f.proto, Payload: []byte("q")}
+			}
+			masq := func(f masqueradedFlow, port uint16) bpftest.Packet {
+				return dgram(f).With(func(p *bpftest.Packet) { p.Src, p.Dst = netip.AddrPortFrom(ipNode, port), f.be })
+			}
+			run := func(p bpftest.Packet) {
+				t.Helper()
+				if _, err := bpftest.Run(prog, p.MustBytes()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			run(dgram(b))
+			portB := natPort(t, n, b.c, b.be, b.proto)
+			// b's conntrack entries go, its mappings stay.
+			svc, in, _, _ := b.keys(portB)
+			must(t, n.tc.CtNew.Delete(&svc))
+			must(t, n.tc.CtNew.Delete(&in))
+			run(dgram(a))
+			portA := natPort(t, n, a.c, a.be, a.proto)
+			runPacket(t, kind, prog, "b again", dgram(b), vPass, masq(b, portB))
+			if e, _ := ctEntry(t, n, b.c, b.fe, b.proto, lbmap.CTDirService); e.SNATPort.Host() != portB {
+				t.Errorf("b's new service entry copies port %d, want its mapping's %d (a has %d)", e.SNATPort.Host(), portB, portA)
+			}
+			runPacket(t, kind, prog, "b's next datagram", dgram(b), vPass, masq(b, portB))
+		})
+	})
+}
+
+// Replies to a port taken under an earlier nat port range (an upgrade, a
+// new ip_local_port_range) are still translated: the range only says where
+// new ports come from.
+func TestPrivilegedNorthSouthNATRangeChange(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		f := masqueradedFlow{client(45400), apLBTCP, apRemote, bpftest.TCP}
+		port := handshake(t, n, prog, f)
+		must(t, n.SetConfig(lbmap.NSConfig{
+			SNATAddr4: lbmap.AddrFrom(ipNode), SNATAddr6: lbmap.AddrFrom(ipNode6), HZ: 250,
+			ClockOverride: ctNow, SNATPortMin: snatMax + 1, SNATPortMax: snatMax + 1000,
+		}))
+		reply := bpftest.Packet{Src: f.be, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP, Flags: bpftest.ACK, Payload: []byte("r")}
+		runPacket(t, kind, prog, "reply after the range moved", reply, vPass, reply.With(func(p *bpftest.Packet) { p.Src, p.Dst = f.fe, f.c }))
+	})
+}
+
+// An established flow whose ingress mapping was evicted alone (the two
+// halves of a mapping are separate LRU entries) gets it back from its next
+// packet in a later CT second, so its replies are translated again.
+func TestPrivilegedNorthSouthIngressMappingRestored(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		f := masqueradedFlow{client(45500), apLBTCP, apRemote, bpftest.TCP}
+		port := handshake(t, n, prog, f)
+		_, _, _, ing := f.keys(port)
+		if got := tableOf(t, n, ing, true); got != "snat" {
+			t.Fatalf("ingress mapping in %q after the handshake, want snat", got)
+		}
+		must(t, n.tc.Snat.Delete(&ing))
+		setClock(t, n, ctNow+2)
+		data := bpftest.Packet{Src: f.c, Dst: f.fe, Proto: bpftest.TCP, Flags: bpftest.ACK | bpftest.PSH, Payload: []byte("q")}
+		runPacket(t, kind, prog, "data 2 s later", data, vPass, data.With(func(p *bpftest.Packet) { p.Src, p.Dst = netip.AddrPortFrom(ipNode, port), f.be }))
+		if got := tableOf(t, n, ing, true); got != "snat" {
+			t.Errorf("ingress mapping in %q after the next packet, want snat", got)
+		}
+		reply := bpftest.Packet{Src: f.be, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP, Flags: bpftest.ACK, Payload: []byte("r")}
+		runPacket(t, kind, prog, "reply", reply, vPass, reply.With(func(p *bpftest.Packet) { p.Src, p.Dst = f.fe, f.c }))
 	})
 }

@@ -375,3 +375,11 @@ func ackIfTCP(proto uint8) uint8 {
 	}
 	return 0
 }
+
+// synAckIfTCP is the flags of a backend's first reply.
+func synAckIfTCP(proto uint8) uint8 {
+	if proto == bpftest.TCP {
+		return bpftest.SYN | bpftest.ACK
+	}
+	return 0
+}

@@ -195,14 +195,21 @@ func (c *CT) Len() (int, error) {
 	return len(recs), err
 }
 
+// dump reads ct_new before ct: entries only move from ct_new to ct, and
+// the datapath writes ct before it deletes from ct_new, so an entry moving
+// meanwhile is in one of the two dumps at least (NAT.GC relies on it).
 func (c *CT) dump() ([]CTRecord, error) {
 	rec := func(k CTTuple, v CTEntry) CTRecord { return CTRecord{k, v} }
-	recs, err := records(c.m, CTMapName, rec)
-	if err != nil || c.fresh == nil {
-		return recs, err
+	var recs []CTRecord
+	if c.fresh != nil {
+		fresh, err := records(c.fresh, CTNewMapName, rec)
+		if err != nil {
+			return nil, err
+		}
+		recs = fresh
 	}
-	fresh, err := records(c.fresh, CTNewMapName, rec)
-	return append(recs, fresh...), err
+	established, err := records(c.m, CTMapName, rec)
+	return append(recs, established...), err
 }
 
 // records dumps m into a slice of what rec makes of each entry.

@@ -83,9 +83,11 @@ func (k TunnelKey) Prefix() netip.Prefix {
 
 // GC deletes the mappings of flows conntrack no longer tracks: a mapping
 // client -> backend lives as long as the CT_DIR_INGRESS entry of that
-// tuple, in either table. Run it after CT.GC. It returns how many entries
-// went.
-func (n *NAT) GC(ct *CT) (int, error) {
+// tuple, in either table. Run it after CT.GC, with the CT clock now: a
+// mapping made in the last two CT seconds is kept, as its flow's entries
+// may have been written after the dump of conntrack. It returns how many
+// entries went.
+func (n *NAT) GC(ct *CT, now uint32) (int, error) {
 	flows, err := ct.dump()
 	if err != nil {
 		return 0, err
@@ -108,7 +110,7 @@ func (n *NAT) GC(ct *CT) (int, error) {
 			flow = CTTuple{SAddr: r.Entry.ToAddr, SPort: r.Entry.ToPort, DAddr: r.Key.SAddr, DPort: r.Key.SPort, Proto: r.Key.Proto}
 		}
 		flow.Dir = CTDirIngress
-		if live[flow] {
+		if live[flow] || r.Entry.Created+1 >= now {
 			continue
 		}
 		m, name := n.m, NATMapName

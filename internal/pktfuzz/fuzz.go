@@ -133,7 +133,7 @@ func (fz *Fuzzer) Epoch(mode uint32) error {
 		if _, err := ct.GC(uint32(c.now)); err != nil {
 			return fmt.Errorf("conntrack GC: %w", err)
 		}
-		if _, err := nat.GC(ct); err != nil {
+		if _, err := nat.GC(ct, uint32(c.now)); err != nil {
 			return fmt.Errorf("SNAT GC: %w", err)
 		}
 		c.now = clockStart
