@@ -6,9 +6,11 @@
  *                   a limited Pod's veth; fq there holds them till then
  *   tc_edt_from_pod ingress of a Pod's host-side veth (no fq): police the
  *                   Pod's egress
- *   tc_edt_to_pod   egress of a Pod's host-side veth: police the Pod's
- *                   ingress and, under EDT, traffic from a limited Pod on
- *                   this node, which never reaches a device
+ *   tc_edt_to_pod   egress of a Pod's host-side veth: the Pod's ingress,
+ *                   stamped for fq on the veth under EDT, counted under
+ *                   TBF there without fq (ingress.go: a policer takes TCP
+ *                   far below the rate); under EDT, police traffic from a
+ *                   limited Pod on this node, which never reaches a device
  */
 #include "edt.h"
 
@@ -52,7 +54,9 @@ int tc_edt_to_pod(struct __sk_buff *ctx)
 	id = bw_aggregate(ctx->ifindex);
 	if (!id)
 		return BW_NEXT;
-	return bw_police(ctx, id, BW_DIR_INGRESS, len);
+	if (bw_mode == BW_MODE_EDT)
+		return bw_stamp(ctx, id, BW_DIR_INGRESS, len);
+	return bw_count(id, BW_DIR_INGRESS, len);
 }
 
 char __license[] SEC("license") = "Dual BSD/GPL";

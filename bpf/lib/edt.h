@@ -304,6 +304,18 @@ static __always_inline int bw_stamp(struct __sk_buff *ctx, __u32 id, __u32 dir, 
 	return BW_NEXT;
 }
 
+/* bw_count counts a packet of aggregate id in direction dir that a qdisc
+ * holds to the rate (TBF on a veth). */
+static __always_inline int bw_count(__u32 id, __u32 dir, __u64 len)
+{
+	struct bw_limit *lim;
+	struct bw_state *st = bw_lookup(id, dir, &lim);
+
+	if (st)
+		bw_count_pass(st, len);
+	return BW_NEXT;
+}
+
 /* bw_aggregate is the aggregate of the Pod behind host-side veth ifindex,
  * 0 when it has none. */
 static __always_inline __u32 bw_aggregate(__u32 ifindex)

@@ -328,7 +328,7 @@ func Unload(bpfRoot string) error {
 		it := m.Iterate()
 		for it.Next(&ifindex, &id) {
 			if l, err := netlink.LinkByIndex(int(ifindex)); err == nil {
-				errs = append(errs, deleteFirstFilter(l))
+				errs = append(errs, deleteFirstFilter(l), removeIngressQdisc(int(ifindex)))
 			}
 		}
 		m.Close()

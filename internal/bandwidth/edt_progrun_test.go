@@ -328,15 +328,18 @@ func TestPrivilegedEDTIngressGSO(t *testing.T) {
 	}
 }
 
-// TestPrivilegedEDTToPod: towards a Pod, its ingress limit is policed;
-// under EDT, traffic from a limited Pod on the same node (which never
-// reaches a device) is policed on that Pod's egress clock, the one the
-// devices stamp with.
+// TestPrivilegedEDTToPod: towards a Pod, its ingress is stamped under EDT
+// (fq on the veth waits) on the ingress clock, beyond the ingress horizon
+// dropped, and counted without fq (TBF on the veth holds it, nothing is
+// dropped here); under EDT, traffic from a limited Pod on the same node
+// (which never reaches a device) is policed on that Pod's egress clock,
+// the one the devices stamp with.
 func TestPrivilegedEDTToPod(t *testing.T) {
 	objs := tcObjects(t, ModeEDT)
 	const sender = 7
-	lim := Limit{BytesPerSecond: Rate(1_000_000).BytesPerSecond(), Horizon: DefaultHorizon, Burst: 30 * time.Millisecond}
-	setAggregate(t, objs, 1, sender, lim, Limit{})
+	egress := Limit{BytesPerSecond: Rate(1_000_000).BytesPerSecond(), Horizon: DefaultHorizon, Burst: 30 * time.Millisecond}
+	lim := Limit{BytesPerSecond: Rate(1_000_000).BytesPerSecond(), Horizon: 30 * time.Millisecond, Burst: 30 * time.Millisecond}
+	setAggregate(t, objs, 1, sender, egress, Limit{})
 	setAggregate(t, objs, 2, 1, Limit{}, lim) // the receiving Pod behind lo
 
 	// The sender's device traffic stamps its clock 36 ms ahead...
@@ -353,15 +356,38 @@ func TestPrivilegedEDTToPod(t *testing.T) {
 	if st := state(t, objs, 1, dirEgress); st.Drops != 1 || st.Packets != 4 {
 		t.Errorf("sender: packets %d drops %d, want 4 and 1", st.Packets, st.Drops)
 	}
-	// ...while another sender's packets meet only the receiver's limit:
-	// four pass (starting 0, 0, 12, 24 ms ahead), the fifth (36 ms) is
-	// dropped.
+	// ...while another sender's packets meet only the receiver's ingress
+	// clock: stamped 0, 12 and 24 ms ahead (1514 wire bytes at 1 Mbit/s),
+	// the fourth, 36 ms ahead, beyond the 30 ms horizon, dropped.
 	var verdicts []int32
-	for range 5 {
-		v, _, _ := runTC(t, objs.TcEdtToPod, frame(t, 1514, false, 0), skBuff{Ifindex: 1, IngressIfindex: 3})
+	var stamps []time.Duration
+	for range 4 {
+		now := monotonic(t)
+		v, _, out := runTC(t, objs.TcEdtToPod, frame(t, 1514, false, 0), skBuff{Ifindex: 1, IngressIfindex: 3})
 		verdicts = append(verdicts, v)
+		if v == verdictNext && out.Tstamp > now {
+			stamps = append(stamps, time.Duration(out.Tstamp-now).Round(2*time.Millisecond))
+		}
 	}
-	if want := []int32{verdictNext, verdictNext, verdictNext, verdictNext, verdictDrop}; fmt.Sprint(verdicts) != fmt.Sprint(want) {
-		t.Errorf("to a Pod limited to 1 Mbit/s with a 30 ms burst: verdicts %v, want %v", verdicts, want)
+	if want := []int32{verdictNext, verdictNext, verdictNext, verdictDrop}; fmt.Sprint(verdicts) != fmt.Sprint(want) {
+		t.Errorf("to a Pod limited to 1 Mbit/s with a 30 ms horizon: verdicts %v, want %v", verdicts, want)
+	}
+	if st := state(t, objs, 2, dirIngress); st.Drops != 1 || st.Packets != 3 {
+		t.Errorf("receiver: packets %d drops %d, want 3 and 1", st.Packets, st.Drops)
+	}
+	if len(stamps) < 2 || stamps[len(stamps)-1]-stamps[len(stamps)-2] != 12*time.Millisecond {
+		t.Errorf("stamps ahead of now %v, want 12 ms apart", stamps)
+	}
+
+	// Without fq: counted, never dropped or stamped here.
+	police := tcObjects(t, ModePolice)
+	setAggregate(t, police, 2, 1, Limit{}, lim)
+	for i := range 5 {
+		if v, _, out := runTC(t, police.TcEdtToPod, frame(t, 1514, false, 0), skBuff{Ifindex: 1, IngressIfindex: 3}); v != verdictNext || out.Tstamp != 0 {
+			t.Errorf("police mode, packet %d to the Pod: verdict %d tstamp %d, want passed unstamped (TBF on the veth holds it)", i, v, out.Tstamp)
+		}
+	}
+	if st := state(t, police, 2, dirIngress); st.Packets != 5 || st.Drops != 0 {
+		t.Errorf("police mode receiver: packets %d drops %d, want 5 and 0", st.Packets, st.Drops)
 	}
 }

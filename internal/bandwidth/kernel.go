@@ -274,9 +274,12 @@ func (k *Kernel) Install(a Aggregate, old *Aggregate) error {
 		}
 	}
 	if !a.Limited() {
-		return k.detachVeth(a.Veth)
+		return errors.Join(k.detachVeth(a.Veth), k.syncIngressQdisc(a.Veth, Limit{}))
 	}
-	return k.attachVeth(a.Veth)
+	if err := k.attachVeth(a.Veth); err != nil {
+		return err
+	}
+	return k.syncIngressQdisc(a.Veth, a.Ingress)
 }
 
 func deleteIfPresent(m *ebpf.Map, key any) error {
@@ -289,7 +292,7 @@ func deleteIfPresent(m *ebpf.Map, key any) error {
 // Remove implements Datapath: the veth lets go first, then the entries.
 func (k *Kernel) Remove(a Aggregate) error {
 	m := &k.tc.tcedtMaps
-	errs := []error{k.detachVeth(a.Veth)}
+	errs := []error{k.detachVeth(a.Veth), removeIngressQdisc(a.Veth)}
 	if id, err := lookupID(m.BwIfindex, uint32(a.Veth)); err == nil && id == a.ID {
 		errs = append(errs, deleteIfPresent(m.BwIfindex, uint32(a.Veth)))
 	}
@@ -490,7 +493,18 @@ func (k *Kernel) Counters(id uint32) (egress, ingress Counters, err error) {
 	if egress, err = read(dirEgress); err != nil {
 		return
 	}
-	ingress, err = read(dirIngress)
+	if ingress, err = read(dirIngress); err != nil {
+		return
+	}
+	// The ingress qdisc's drops (TBF's, or fq's beyond its flow limit).
+	var veth, vid uint32
+	it := k.tc.BwIfindex.Iterate()
+	for it.Next(&veth, &vid) {
+		if vid == id {
+			ingress.Drops += qdiscDrops(int(veth))
+			break
+		}
+	}
 	return
 }
 

@@ -123,6 +123,14 @@ func limitOf(r Rate) Limit {
 	return LimitFor(r)
 }
 
+// ingressLimitOf is limitOf for the ingress direction.
+func ingressLimitOf(r Rate) Limit {
+	if r == 0 {
+		return Limit{}
+	}
+	return IngressLimitFor(r)
+}
+
 // Sync installs the Pods' limits and removes those of Pods that are gone
 // or no longer limited. It returns the Pods it could not limit as asked;
 // its error is a failure to remove what is no longer wanted.
@@ -208,7 +216,7 @@ func (m *Manager) desired(p Pod) (Aggregate, *Problem) {
 	}
 	addrs := slices.Clone(p.IPs)
 	slices.SortFunc(addrs, netip.Addr.Compare)
-	a := Aggregate{Veth: veth, Addrs: addrs, Egress: limitOf(p.Limits.Egress), Ingress: limitOf(p.Limits.Ingress)}
+	a := Aggregate{Veth: veth, Addrs: addrs, Egress: limitOf(p.Limits.Egress), Ingress: ingressLimitOf(p.Limits.Ingress)}
 	id, ok := m.byPod[p.Name]
 	if !ok {
 		id = m.claimRestored(a)

@@ -137,8 +137,8 @@ func TestManagerAnnotations(t *testing.T) {
 		t.Fatalf("problems %v after the fixes", problemMap(probs))
 	}
 	aggs = mem.Aggregates()
-	if len(aggs) != 3 || aggs[1].Egress != LimitFor(100e6) || aggs[2].Veth != 11 || aggs[2].Ingress != LimitFor(10e6) ||
-		aggs[3].Veth != 12 || aggs[3].Ingress != LimitFor(1e9) || aggs[3].Egress != (Limit{}) {
+	if len(aggs) != 3 || aggs[1].Egress != LimitFor(100e6) || aggs[2].Veth != 11 || aggs[2].Ingress != IngressLimitFor(10e6) ||
+		aggs[3].Veth != 12 || aggs[3].Ingress != IngressLimitFor(1e9) || aggs[3].Egress != (Limit{}) {
 		t.Fatalf("installed %+v, want a at 100M (same id), b 20M/10M, c ingress 1G", aggs)
 	}
 

@@ -30,7 +30,7 @@ and UDP echo backend in every pod.`,
 	_ = cmd.PersistentFlags().MarkHidden("prefix")
 	p := &prefix
 	cmd.AddCommand(upCommand(p), downCommand(p), statusCommand(p), execCommand(p),
-		applyCommand(p, true), applyCommand(p, false), demoCommand(p), backendCommand(), probeCommand())
+		applyCommand(p, true), applyCommand(p, false), annotateCommand(p), demoCommand(p), backendCommand(), probeCommand())
 	return cmd
 }
 
@@ -73,6 +73,8 @@ func upCommand(prefix *string) *cobra.Command {
 	for _, f := range []string{"veth-no-peer-xdp", "veth-checksums", "veth-gro"} {
 		_ = cmd.Flags().MarkHidden(f)
 	}
+	cmd.Flags().BoolVar(&cfg.BandwidthManager, "bandwidth-manager", false,
+		"agents with --enable-bandwidth-manager: pods' kubernetes.io/egress-bandwidth and ingress-bandwidth annotations (lab annotate) are enforced")
 	cmd.Flags().StringArrayVar(&cfg.AgentArgs, "agent-arg", nil, "extra flag for every agent (repeatable)")
 	return cmd
 }
@@ -180,6 +182,26 @@ func applyCommand(prefix *string, apply bool) *cobra.Command {
 	}
 	cmd.Flags().StringVarP(&file, "filename", "f", "", "YAML file of Services")
 	return cmd
+}
+
+func annotateCommand(prefix *string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "annotate POD KEY=VALUE... | KEY-...",
+		Short: "Set or remove annotations of a lab pod's Pod object, as kubectl annotate does (e.g. kubernetes.io/egress-bandwidth=50M)",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			l, err := Load(*prefix)
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			set, remove, err := ParseAnnotations(args[1:])
+			if err != nil {
+				return err
+			}
+			return l.Annotate(cmd.Context(), args[0], set, remove)
+		},
+	}
 }
 
 func backendCommand() *cobra.Command {

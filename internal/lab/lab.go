@@ -78,6 +78,10 @@ type Config struct {
 	// Veths is how the lab readies its veths for native XDP on the nodes'
 	// eth0; the zero value is what native XDP on a veth needs (fabric.go).
 	Veths VethPrep
+	// BandwidthManager runs every agent with --enable-bandwidth-manager:
+	// the pods' kubernetes.io/egress-bandwidth and ingress-bandwidth
+	// annotations (lab annotate) are enforced.
+	BandwidthManager bool
 	// AgentArgs are extra flags for every agent, after the lab's own.
 	AgentArgs []string
 	// Exe is a binary with the `lab backend` and `lab probe` subcommands;
@@ -233,6 +237,9 @@ type Pod struct {
 	Node string `json:"node"`
 	PID  int    `json:"pid"`
 	Log  string `json:"log"`
+	// Annotations are the Pod object's (lab annotate): the bandwidth
+	// annotations, for one.
+	Annotations map[string]string `json:"annotations,omitempty"`
 }
 
 // Agent is a node's sluice-agent process.
@@ -647,7 +654,7 @@ func (l *Lab) nodeInfos() []NodeInfo {
 func (l *Lab) podInfos() []PodInfo {
 	var out []PodInfo
 	for _, p := range l.Pods() {
-		out = append(out, PodInfo{Name: p.Name, Node: p.Node, IPv4: p.IPv4, IPv6: p.IPv6})
+		out = append(out, PodInfo{Name: p.Name, Node: p.Node, IPv4: p.IPv4, IPv6: p.IPv6, Annotations: p.Annotations})
 	}
 	return out
 }

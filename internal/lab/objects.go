@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"maps"
 	"fmt"
 	"net/netip"
 	"sort"
@@ -36,6 +37,8 @@ type PodInfo struct {
 	Node string     `json:"node"`
 	IPv4 netip.Addr `json:"ipv4"`
 	IPv6 netip.Addr `json:"ipv6"`
+	// Annotations of the Pod object (lab annotate).
+	Annotations map[string]string `json:"annotations,omitempty"`
 }
 
 // NodeInfo is what the manifests need to know about one lab node.
@@ -89,10 +92,11 @@ func podObject(p PodInfo, node NodeInfo) *corev1.Pod {
 	return &corev1.Pod{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      p.Name,
-			Namespace: labNamespace,
-			UID:       types.UID("sluice-lab-pod-" + p.Name),
-			Labels:    podLabels(p),
+			Name:        p.Name,
+			Namespace:   labNamespace,
+			UID:         types.UID("sluice-lab-pod-" + p.Name),
+			Labels:      podLabels(p),
+			Annotations: maps.Clone(p.Annotations),
 		},
 		Spec: corev1.PodSpec{
 			NodeName: p.Node,

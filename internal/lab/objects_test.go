@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -355,5 +356,18 @@ func TestUDPEchoReply(t *testing.T) {
 	}
 	if p := udpProbePayload(4000, 0); len(p) != 4000 || !strings.HasPrefix(string(p), "sluice-probe") {
 		t.Errorf("udpProbePayload(4000, 0): %d bytes %.20q", len(p), p)
+	}
+}
+
+func TestParseAnnotations(t *testing.T) {
+	set, remove, err := ParseAnnotations([]string{"kubernetes.io/egress-bandwidth=50M", "a=", "kubernetes.io/ingress-bandwidth-"})
+	if err != nil || set["kubernetes.io/egress-bandwidth"] != "50M" || set["a"] != "" || len(set) != 2 ||
+		len(remove) != 1 || remove[0] != "kubernetes.io/ingress-bandwidth" {
+		t.Errorf("ParseAnnotations = %v, %v, %v", set, remove, err)
+	}
+	for _, bad := range []string{"novalue", "bad key=1", "-", "a/b/c=1"} {
+		if _, _, err := ParseAnnotations([]string{bad}); err == nil || !strings.Contains(err.Error(), strconv.Quote(bad)) {
+			t.Errorf("ParseAnnotations(%q): %v, want an error naming it", bad, err)
+		}
 	}
 }

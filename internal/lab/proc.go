@@ -182,6 +182,9 @@ func (l *Lab) startAgents(ctx context.Context, cfg Config) error {
 			// Where kube-proxy serves its metrics too: one address per node.
 			"--metrics-addr", MetricsAddr,
 		)
+		if cfg.BandwidthManager {
+			a.Args = append(a.Args, "--enable-bandwidth-manager")
+		}
 		a.Args = append(a.Args, cfg.AgentArgs...)
 		pid, err := l.startDaemon(n.Name, a.Log, a.Args...)
 		if err != nil {

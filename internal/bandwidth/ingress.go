@@ -1,0 +1,138 @@
+package bandwidth
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/vishvananda/netlink"
+)
+
+// A Pod's ingress is held on the egress of its host-side veth, the last
+// place its packets queue on this node. Nothing there can make a remote
+// sender wait but a queue: a policer, which drops what comes faster than
+// the rate, takes TCP to a quarter or half of it (the GRO-merged packets
+// of a remote sender arrive tens of milliseconds of the rate at once;
+// docs/bandwidth.md has the measurements). So the veth gets a qdisc:
+//
+//	EDT (sch_fq)  fq; tc_edt_to_pod stamps each packet from the Pod's
+//	              ingress clock (drops beyond the ingress horizon, marks
+//	              CE from the ECN threshold) and fq holds it till then
+//	no sch_fq     TBF at the rate, a bucket of 5 ms and a queue of 25 ms
+//	              (the bandwidth CNI plugin's latency, with a burst that is
+//	              a burst and not 2^31 bits); tc_edt_to_pod only counts
+//
+// The qdisc is ours by its handle (51ce:), set when the limit is and
+// only when what is there differs, and deleted with the limit (the veth
+// then has its default, noqueue, again).
+
+// DefaultIngressHorizon is how far ahead a Pod's ingress is stamped before
+// packets are dropped. Unlike a local sender, which TCP Small Queues holds
+// back, a remote sender fills whatever waits: the horizon is the queue's
+// delay bound, as TBF's latency is.
+const DefaultIngressHorizon = 25 * time.Millisecond
+
+// TBF's settings for a Pod's ingress without sch_fq.
+const (
+	tbfBurst   = 5 * time.Millisecond
+	tbfLatency = 25 * time.Millisecond
+	// tbfMinBurst keeps the bucket above two full frames at low rates.
+	tbfMinBurst = 2 * 1514
+)
+
+// IngressLimitFor is the limit of a Pod's ingress at rate r: LimitFor with
+// the ingress horizon.
+func IngressLimitFor(r Rate) Limit {
+	l := LimitFor(r)
+	l.Horizon = DefaultIngressHorizon
+	return l
+}
+
+// ingressQdisc is the root qdisc veth ifindex needs for the ingress limit
+// lim under mode: nil when the limit is none.
+func ingressQdisc(mode Mode, ifindex int, lim Limit) netlink.Qdisc {
+	if lim.BytesPerSecond == 0 {
+		return nil
+	}
+	attrs := netlink.QdiscAttrs{LinkIndex: ifindex, Parent: netlink.HANDLE_ROOT, Handle: netlink.MakeHandle(qdiscMajor, 0)}
+	if mode == ModeEDT {
+		fq := newFq(ifindex, netlink.HANDLE_ROOT)
+		fq.QdiscAttrs = attrs
+		fq.Horizon = uint32(lim.Horizon / time.Microsecond)
+		return fq
+	}
+	bps := lim.BytesPerSecond
+	burst := max(bps*uint64(tbfBurst)/uint64(time.Second), tbfMinBurst)
+	limit := bps*uint64(tbfLatency)/uint64(time.Second) + burst
+	return &netlink.Tbf{QdiscAttrs: attrs, Rate: bps, Buffer: netlink.Xmittime(bps, uint32(burst)), Limit: uint32(min(limit, 1<<31))}
+}
+
+// sameQdisc reports whether the root qdisc have already is what want asks.
+func sameQdisc(have, want netlink.Qdisc) bool {
+	if have == nil || !isOurs(have) || have.Type() != want.Type() {
+		return false
+	}
+	switch w := want.(type) {
+	case *netlink.Tbf:
+		h := have.(*netlink.Tbf)
+		return h.Rate == w.Rate && h.Limit == w.Limit && h.Buffer == w.Buffer
+	case *netlink.Fq:
+		return have.(*netlink.Fq).Horizon == w.Horizon
+	}
+	return false
+}
+
+// syncIngressQdisc makes the root qdisc of veth ifindex what the ingress
+// limit lim needs: replaced only when it differs, deleted (when ours) for
+// no limit.
+func (k *Kernel) syncIngressQdisc(ifindex int, lim Limit) error {
+	have, err := rootQdisc(ifindex)
+	if err != nil {
+		return err
+	}
+	want := ingressQdisc(k.opts.Mode, ifindex, lim)
+	if want == nil {
+		return deleteOurQdisc(ifindex, have)
+	}
+	if sameQdisc(have, want) {
+		return nil
+	}
+	if err := netlink.QdiscReplace(want); err != nil {
+		return fmt.Errorf("veth %d: set %s as the root qdisc for the Pod's ingress limit: %w", ifindex, want.Type(), err)
+	}
+	return nil
+}
+
+// deleteOurQdisc deletes root, veth ifindex's root qdisc, when it is ours.
+func deleteOurQdisc(ifindex int, root netlink.Qdisc) error {
+	if !isOurs(root) {
+		return nil
+	}
+	if err := netlink.QdiscDel(root); err != nil {
+		return fmt.Errorf("veth %d: delete the ingress limit's %s: %w", ifindex, root.Type(), err)
+	}
+	return nil
+}
+
+// removeIngressQdisc deletes our root qdisc from veth ifindex; a veth that
+// is gone (its Pod deleted) is fine.
+func removeIngressQdisc(ifindex int) error {
+	root, err := rootQdisc(ifindex)
+	var notFound netlink.LinkNotFoundError
+	if errors.As(err, &notFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return deleteOurQdisc(ifindex, root)
+}
+
+// qdiscDrops is what the root qdisc of veth ifindex dropped, when ours.
+func qdiscDrops(ifindex int) uint64 {
+	root, err := rootQdisc(ifindex)
+	if err != nil || !isOurs(root) || root.Attrs().Statistics == nil || root.Attrs().Statistics.Queue == nil {
+		return 0
+	}
+	return uint64(root.Attrs().Statistics.Queue.Drops)
+}
