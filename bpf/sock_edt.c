@@ -10,8 +10,13 @@
  *   pacing (bw_enable_pacing)  a limited Pod's sockets that send are each
  *                              capped (SO_MAX_PACING_RATE: TCP paces itself,
  *                              fq or not, since 4.13) at the Pod's rate over
- *                              the number of its sockets that sent in the
- *                              last two windows of ~134 ms
+ *                              the number of its sockets that sent at least
+ *                              half their share in one of the last two
+ *                              windows of ~134 ms: a socket that sends little
+ *                              (requests next to a bulk transfer) takes no
+ *                              share from the ones that fill theirs, which
+ *                              share the rate less what the thin ones sent
+ *                              (else the policer would drop the requests)
  */
 #include "edt.h"
 
@@ -39,9 +44,10 @@ volatile const __u32 bw_enable_pacing = 0;
 struct bw_sock {
 	__u32 id;    /* the Pod's aggregate */
 	__u32 rate;  /* SO_MAX_PACING_RATE set, payload bytes per second */
-	__u64 epoch; /* the window it was last counted in */
+	__u64 epoch; /* the window it was last looked at in */
 	__u32 v6;    /* its packets are IPv6 */
-	__u32 pad;
+	__u32 segs;  /* data_segs_out then */
+	__u64 acked; /* bytes_acked then */
 };
 
 /* TCP socket -> its Pod's aggregate and pacing. */
@@ -88,33 +94,55 @@ static __always_inline void bw_pace(struct bpf_sock_ops *skops, struct bw_sock *
 {
 	struct bw_limit *lim;
 	struct bw_state *st = bw_lookup(s->id, BW_DIR_EGRESS, &lim);
-	__u64 epoch, e, n, mss, rate;
-	__u32 cur, prev, v;
+	__u64 epoch, e, n, mss, rate, acked, sent, half, thin, w, ovh;
+	__u32 cur, prev, v, segs;
 
 	if (!st)
 		return;
 	epoch = bpf_ktime_get_ns() >> BW_WINDOW_SHIFT;
+	ovh = s->v6 ? BW_TCP6_OVERHEAD : BW_TCP4_OVERHEAD;
 	if (count && s->epoch != epoch) {
+		/* What it sent per window since it was last looked at; one
+		 * that has no rate yet (just opened) counts at once. */
+		acked = skops->bytes_acked;
+		segs = skops->data_segs_out;
+		w = s->epoch && epoch > s->epoch ? epoch - s->epoch : 1;
+		sent = (acked - s->acked) / w;
+		half = ((__u64)s->rate << BW_WINDOW_SHIFT) / NSEC_PER_SEC / 2;
+		thin = sent + (__u64)(segs - s->segs) * ovh / w;
 		s->epoch = epoch;
+		s->acked = acked;
+		s->segs = segs;
 		/* The first socket of a window starts its count; a race here
 		 * loses a count for one window, which the policer covers. */
 		e = READ_ONCE(st->act_epoch);
 		if (e != epoch) {
 			WRITE_ONCE(st->act_prev, e + 1 == epoch ? READ_ONCE(st->act_cur) : 0);
+			WRITE_ONCE(st->thin_prev, e + 1 == epoch ? READ_ONCE(st->thin_cur) : 0);
 			WRITE_ONCE(st->act_cur, 0);
+			WRITE_ONCE(st->thin_cur, 0);
 			WRITE_ONCE(st->act_epoch, epoch);
 		}
-		__sync_fetch_and_add(&st->act_cur, 1);
+		if (!s->rate || sent >= half)
+			__sync_fetch_and_add(&st->act_cur, 1);
+		else
+			__sync_fetch_and_add(&st->thin_cur, thin);
 	}
 	cur = READ_ONCE(st->act_cur);
 	prev = READ_ONCE(st->act_prev);
 	n = cur > prev ? cur : prev;
 	if (!n)
 		n = 1;
+	/* The rate the thin sockets leave, wire bytes per second: at least
+	 * a quarter of the Pod's. */
+	thin = READ_ONCE(st->thin_cur);
+	e = READ_ONCE(st->thin_prev);
+	thin = ((thin > e ? thin : e) * NSEC_PER_SEC) >> BW_WINDOW_SHIFT;
+	rate = lim->bps - (thin < lim->bps / 4 * 3 ? thin : lim->bps / 4 * 3);
 	mss = skops->mss_cache;
 	if (!mss)
 		mss = 1448;
-	rate = lim->bps * mss / (mss + (s->v6 ? BW_TCP6_OVERHEAD : BW_TCP4_OVERHEAD)) / n;
+	rate = rate * mss / (mss + ovh) / n;
 	if (rate >= 0xffffffffULL) /* beyond the 32-bit option: leave it unpaced */
 		return;
 	if (!rate)

@@ -16,6 +16,9 @@
 
 /* BW_MODE_EDT or BW_MODE_POLICE, set at load. */
 volatile const __u32 bw_mode = BW_MODE_POLICE;
+/* The benchmark's policer contenders only: police the Pod's ingress here,
+ * with no qdisc on the veth (what the agent chose against, ingress.go). */
+volatile const __u32 bw_ingress_police = 0;
 
 SEC("tc")
 int tc_edt_device(struct __sk_buff *ctx)
@@ -54,6 +57,8 @@ int tc_edt_to_pod(struct __sk_buff *ctx)
 	id = bw_aggregate(ctx->ifindex);
 	if (!id)
 		return BW_NEXT;
+	if (bw_ingress_police)
+		return bw_police(ctx, id, BW_DIR_INGRESS, len);
 	if (bw_mode == BW_MODE_EDT)
 		return bw_stamp(ctx, id, BW_DIR_INGRESS, len);
 	return bw_count(id, BW_DIR_INGRESS, len);

@@ -84,8 +84,10 @@ struct bw_state {
 	__u64 drops;     /* beyond drop_ns */
 	__u64 marks;     /* marked CE */
 	__u64 act_epoch; /* sockets: the window act_cur counts */
-	__u32 act_cur;   /* sockets that sent in window act_epoch */
+	__u32 act_cur;   /* sockets that sent half their share or more in window act_epoch */
 	__u32 act_prev;  /* ... in the window before it */
+	__u64 thin_cur;  /* wire bytes per window the other (thin) sockets sent, as of act_epoch */
+	__u64 thin_prev; /* ... in the window before it */
 };
 
 /* A Pod's address, for its sockets. */
@@ -258,6 +260,11 @@ static __always_inline void bw_count_pass(struct bw_state *st, __u64 len)
 	__sync_fetch_and_add(&st->bytes, len);
 }
 
+/* Policed packets of at most BW_SMALL_LEN wire bytes are dropped only
+ * BW_SMALL_BURST times later than the burst (bw_police). */
+#define BW_SMALL_LEN   256
+#define BW_SMALL_BURST 4
+
 /* bw_police passes or drops a packet of aggregate id in direction dir at a
  * hook where it cannot wait, marking it CE on the way when it departs late. */
 static __always_inline int bw_police(struct __sk_buff *ctx, __u32 id, __u32 dir, __u64 len)
@@ -269,7 +276,10 @@ static __always_inline int bw_police(struct __sk_buff *ctx, __u32 id, __u32 dir,
 	if (!st)
 		return BW_NEXT;
 	now = bpf_ktime_get_ns();
-	t = bw_depart(st, lim, len, now, 0, lim->burst_ns, true);
+	/* A small packet (an ACK, a request) gets BW_SMALL_BURST times the
+	 * burst: it carries little of the rate and much of the latency, and
+	 * one dropped costs its flow a retransmission timeout. */
+	t = bw_depart(st, lim, len, now, 0, len <= BW_SMALL_LEN ? lim->burst_ns * BW_SMALL_BURST : lim->burst_ns, true);
 	if (!t) {
 		__sync_fetch_and_add(&st->drops, 1);
 		return BW_DROP;

@@ -52,10 +52,23 @@ func (c *Clock) Stamp(l Limit, wireBytes, now, notBefore uint64) (uint64, bool) 
 	return c.Depart(l.BytesPerSecond, wireBytes, now, notBefore, l.Horizon, false)
 }
 
-// Police is what a hook that cannot wait does with a packet.
+// Police is what a hook that cannot wait does with a packet. A small one
+// (SmallLen wire bytes or fewer: an ACK, a request) may start SmallBurst
+// times the burst ahead: it carries little of the rate and much of the
+// latency, and a drop costs its flow a retransmission timeout.
 func (c *Clock) Police(l Limit, wireBytes, now uint64) (uint64, bool) {
-	return c.Depart(l.BytesPerSecond, wireBytes, now, 0, l.Burst, true)
+	burst := l.Burst
+	if wireBytes <= SmallLen {
+		burst *= SmallBurst
+	}
+	return c.Depart(l.BytesPerSecond, wireBytes, now, 0, burst, true)
 }
+
+// SmallLen and SmallBurst: BW_SMALL_LEN and BW_SMALL_BURST.
+const (
+	SmallLen   = 256
+	SmallBurst = 4
+)
 
 // Limit is what the datapath holds one direction of an aggregate to
 // (struct bw_limit). Stamping and policing share the aggregate's clock.

@@ -240,6 +240,9 @@ type helperSpec struct {
 	Server  string        // host:port
 	Sockets int           // concurrent connections
 	Send    time.Duration // how long each sends
+	// Thin more connections each send 64 bytes every 10 ms meanwhile
+	// (requests next to a bulk transfer); their results follow.
+	Thin int
 }
 
 type helperSocket struct {
@@ -259,10 +262,10 @@ func TestHelperProcessSockClient(t *testing.T) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	out := make([]helperSocket, spec.Sockets)
+	out := make([]helperSocket, spec.Sockets+spec.Thin)
 	var wg sync.WaitGroup
 	for i := range out {
-		wg.Go(func() { out[i] = helperConn(spec) })
+		wg.Go(func() { out[i] = helperConn(spec, i >= spec.Sockets) })
 	}
 	wg.Wait()
 	b, _ := json.Marshal(out)
@@ -270,7 +273,7 @@ func TestHelperProcessSockClient(t *testing.T) {
 	os.Exit(0)
 }
 
-func helperConn(spec helperSpec) (r helperSocket) {
+func helperConn(spec helperSpec, thin bool) (r helperSocket) {
 	runtime.LockOSThread() // the thread stays in the namespace; the process exits
 	f, err := os.Open(spec.Netns)
 	if err == nil {
@@ -286,12 +289,19 @@ func helperConn(spec helperSpec) (r helperSocket) {
 	}
 	defer c.Close()
 	buf := make([]byte, 64<<10)
-	c.SetWriteDeadline(time.Now().Add(spec.Send))
-	for {
+	if thin {
+		buf = buf[:64]
+	}
+	end := time.Now().Add(spec.Send)
+	c.SetWriteDeadline(end)
+	for time.Now().Before(end) {
 		n, err := c.Write(buf)
 		r.Sent += int64(n)
 		if err != nil {
 			break
+		}
+		if thin {
+			time.Sleep(10 * time.Millisecond)
 		}
 	}
 	raw, err := c.(*net.TCPConn).SyscallConn()

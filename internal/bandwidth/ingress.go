@@ -90,6 +90,9 @@ func (k *Kernel) syncIngressQdisc(ifindex int, lim Limit) error {
 	if err != nil {
 		return err
 	}
+	if k.opts.IngressPolicer {
+		lim = Limit{}
+	}
 	want := ingressQdisc(k.opts.Mode, ifindex, lim)
 	if want == nil {
 		return deleteOurQdisc(ifindex, have)

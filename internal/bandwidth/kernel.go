@@ -37,6 +37,7 @@ type (
 	bwState struct {
 		TLast, Packets, Bytes, Drops, Marks, ActEpoch uint64
 		ActCur, ActPrev                               uint32
+		ThinCur, ThinPrev                             uint64
 	}
 	bwAddrVal struct {
 		ID    uint32
@@ -75,6 +76,9 @@ type LoadOptions struct {
 	// TCKind TCKindTC forces clsact filters where tcx exists (tests of the
 	// pre-6.6 path); "" takes tcx where the kernel has it.
 	TCKind string
+	// IngressPolicer polices a Pod's ingress on its veth instead of
+	// queueing it there (ingress.go): for the benchmark's contenders only.
+	IngressPolicer bool
 }
 
 // Kernel is the bandwidth manager's BPF datapath: tc_edt.c on Pods' veths
@@ -107,6 +111,9 @@ func Load(opts LoadOptions) (*Kernel, error) {
 	}
 	if err := tcSpec.Variables["bw_mode"].Set(mode); err != nil {
 		return nil, fmt.Errorf("load bandwidth manager: bw_mode: %w", err)
+	}
+	if err := tcSpec.Variables["bw_ingress_police"].Set(boolU32(opts.IngressPolicer)); err != nil {
+		return nil, fmt.Errorf("load bandwidth manager: bw_ingress_police: %w", err)
 	}
 	sockSpec, err := loadSockedt()
 	if err != nil {

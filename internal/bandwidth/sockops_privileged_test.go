@@ -55,6 +55,17 @@ func TestPrivilegedSockOps(t *testing.T) {
 			}
 		}
 	})
+	t.Run("a thin socket takes no share", func(t *testing.T) {
+		time.Sleep(300 * time.Millisecond)
+		got := runHelper(t, env.pod, cg, helperSpec{Server: server, Sockets: 1, Thin: 1, Send: 2 * time.Second})
+		// The thin one sends 100 × (64 + 66) wire bytes a second; the
+		// bulk one gets the rest, not half.
+		const thinWire = 100 * (64 + 66)
+		lo, hi := PacingRate(lim.BytesPerSecond-2*thinWire, 1448, 1, false), PacingRate(lim.BytesPerSecond, 1448, 1, false)
+		if p := got[0].PacingRate; p < lo || p >= hi {
+			t.Errorf("bulk socket next to one sending 64 bytes every 10 ms: pacing %d, want the Pod's rate less the thin one's, in [%d, %d)", p, lo, hi)
+		}
+	})
 	t.Run("not a Pod", func(t *testing.T) {
 		got := runHelper(t, env.node, cg, helperSpec{Server: server, Sockets: 1, Send: 100 * time.Millisecond})
 		if s := got[0]; s.CC != "reno" || s.PacingRate != ^uint64(0) {

@@ -16,14 +16,15 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	tcedtMapBwAddr        = "bw_addr"
-	tcedtMapBwIfindex     = "bw_ifindex"
-	tcedtMapBwLimits      = "bw_limits"
-	tcedtMapBwState       = "bw_state"
-	tcedtProgTcEdtDevice  = "tc_edt_device"
-	tcedtProgTcEdtFromPod = "tc_edt_from_pod"
-	tcedtProgTcEdtToPod   = "tc_edt_to_pod"
-	tcedtVarBwMode        = "bw_mode"
+	tcedtMapBwAddr          = "bw_addr"
+	tcedtMapBwIfindex       = "bw_ifindex"
+	tcedtMapBwLimits        = "bw_limits"
+	tcedtMapBwState         = "bw_state"
+	tcedtProgTcEdtDevice    = "tc_edt_device"
+	tcedtProgTcEdtFromPod   = "tc_edt_from_pod"
+	tcedtProgTcEdtToPod     = "tc_edt_to_pod"
+	tcedtVarBwIngressPolice = "bw_ingress_police"
+	tcedtVarBwMode          = "bw_mode"
 )
 
 // loadTcedt returns the embedded CollectionSpec for tcedt.
@@ -87,7 +88,8 @@ type tcedtMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcedtVariableSpecs struct {
-	BwMode *ebpf.VariableSpec `ebpf:"bw_mode"`
+	BwIngressPolice *ebpf.VariableSpec `ebpf:"bw_ingress_police"`
+	BwMode          *ebpf.VariableSpec `ebpf:"bw_mode"`
 }
 
 // tcedtObjects contains all objects after they have been loaded into the kernel.
@@ -129,7 +131,8 @@ func (m *tcedtMaps) Close() error {
 //
 // It can be passed to loadTcedtObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcedtVariables struct {
-	BwMode *ebpf.Variable `ebpf:"bw_mode"`
+	BwIngressPolice *ebpf.Variable `ebpf:"bw_ingress_police"`
+	BwMode          *ebpf.Variable `ebpf:"bw_mode"`
 }
 
 // tcedtPrograms contains all programs after they have been loaded into the kernel.

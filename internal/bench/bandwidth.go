@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -43,19 +44,25 @@ const BWPrefix = "sluice-bw-"
 // Bandwidth contenders: how the Pod's limit is held.
 const (
 	BWNone          = "none"            // no limit: the path's ceiling
-	BWPolice        = "police"          // BPF policer on lxc0, drops only
+	BWSluice        = "sluice"          // what the bandwidth manager picks on this kernel (edt-fq, or the fallback)
+	BWPolice        = "police"          // BPF policer on lxc0 (either direction), drops only
 	BWPoliceECN     = "police-ecn"      // ... marking CE before it drops, ECN negotiated by sock_ops
 	BWPacePolice    = "pace-police"     // TCP paced at the source (sock_ops), the policer dropping
 	BWPacePoliceECN = "pace-police-ecn" // ... and marking CE before it drops
 	BWPace          = "pace"            // TCP pacing alone (the policer's burst 2 s, never reached)
-	BWEDT           = "edt-fq"          // EDT stamps on the node's eth0 with fq (needs sch_fq)
+	BWEDT           = "edt-fq"          // EDT stamps, fq waits: egress on the node's eth0, ingress on lxc0 (needs sch_fq)
 	BWTBFCNI        = "tbf-cni"         // TBF as the bandwidth CNI plugin sets it (burst 2^31 bits)
 	BWTBF           = "tbf"             // TBF with a burst of 5 ms
 	BWHTB           = "htb"             // HTB with its default burst
 )
 
 // BWContenders are all, in the order they run.
-var BWContenders = []string{BWNone, BWPolice, BWPoliceECN, BWPace, BWPacePolice, BWPacePoliceECN, BWEDT, BWTBFCNI, BWTBF, BWHTB}
+var BWContenders = []string{BWNone, BWSluice, BWPolice, BWPoliceECN, BWPace, BWPacePolice, BWPacePoliceECN, BWEDT, BWTBFCNI, BWTBF, BWHTB}
+
+// BWDefaultContenders are what `sluice bench bandwidth` runs unless told:
+// the path's ceiling, sluice, its two mechanisms, the policer Cilium's
+// ingress uses, and the token buckets users have today.
+var BWDefaultContenders = []string{BWNone, BWSluice, BWEDT, BWPacePoliceECN, BWPolice, BWTBFCNI, BWHTB}
 
 // BandwidthConfig configures RunBandwidth.
 type BandwidthConfig struct {
@@ -65,8 +72,11 @@ type BandwidthConfig struct {
 	CCs        []string // TCP congestion controls
 	UDP        bool
 	Ingress    bool // also limit and measure the Pod's ingress (iperf3 -R)
-	Duration   time.Duration
-	Progress   io.Writer
+	// Latency also measures request/response latency (sockperf) under a
+	// bulk stream that saturates the limit, at each rate.
+	Latency  bool
+	Duration time.Duration
+	Progress io.Writer
 }
 
 // BandwidthRow is one iperf3 run.
@@ -95,9 +105,12 @@ type BandwidthRow struct {
 
 // BandwidthReport is a whole run.
 type BandwidthReport struct {
-	Kernel string         `json:"kernel"`
-	Start  time.Time      `json:"start"`
-	Rows   []BandwidthRow `json:"rows"`
+	Kernel string `json:"kernel"`
+	Start  time.Time `json:"start"`
+	// Sluice is the mechanism the sluice contender stands for here.
+	Sluice  string         `json:"sluice"`
+	Rows    []BandwidthRow `json:"rows"`
+	Latency []LatencyRow   `json:"latency,omitempty"`
 }
 
 // bwBench is the topology of one run.
@@ -108,8 +121,9 @@ type bwBench struct {
 	cgroup           string
 	cgroupFD         *os.File
 	bpfRoot          string
-	server           *exec.Cmd
+	server, sockperf *exec.Cmd
 	progress         io.Writer
+	fqErr            error // nil where sch_fq works
 }
 
 func (b *bwBench) logf(format string, args ...any) {
@@ -124,26 +138,41 @@ func RunBandwidth(ctx context.Context, cfg BandwidthConfig) (_ *BandwidthReport,
 	if _, err := exec.LookPath("iperf3"); err != nil {
 		return nil, errors.New("iperf3 not found: run scripts/deps.sh")
 	}
+	for _, c := range cfg.Contenders {
+		if !slices.Contains(BWContenders, c) {
+			return nil, fmt.Errorf("unknown contender %q: want one of %s", c, strings.Join(BWContenders, ", "))
+		}
+	}
 	b, err := newBWBench(cfg.Progress)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, b.close()) }()
 	rep := &BandwidthReport{Kernel: kernelRelease(), Start: time.Now()}
-	fqErr := bandwidth.ProbeFQ()
+	b.fqErr = bandwidth.ProbeFQ()
+	rep.Sluice = "EDT with fq (edt-fq)"
+	if b.fqErr != nil {
+		rep.Sluice = "the fallback without sch_fq: egress pace-police-ecn, ingress TBF on the Pod's veth"
+	}
 	dirs := []string{"egress"}
 	if cfg.Ingress {
 		dirs = append(dirs, "ingress")
 	}
-	for _, rate := range cfg.Rates {
+	for ri, rate := range cfg.Rates {
 		for _, dir := range dirs {
 			for _, c := range cfg.Contenders {
+				if c == BWNone && ri > 0 {
+					continue // the ceiling is the same at every rate
+				}
 				rows := b.runs(cfg, c, dir, rate)
-				if skip := bwSkip(c, dir, fqErr); skip != "" {
+				if skip := bwSkip(c, dir, b.fqErr); skip != "" {
 					for i := range rows {
 						rows[i].Skipped = skip
 					}
 					rep.Rows = append(rep.Rows, rows...)
+					if cfg.Latency {
+						rep.Latency = append(rep.Latency, LatencyRow{Contender: c, Direction: dir, Rate: rate.String(), RateBits: uint64(rate), Skipped: skip})
+					}
 					continue
 				}
 				undo, counters, err := b.limit(c, dir, rate)
@@ -165,6 +194,15 @@ func RunBandwidth(ctx context.Context, cfg BandwidthConfig) (_ *BandwidthReport,
 						rows[i].Retrans, rows[i].LostPct, rows[i].Drops, rows[i].Marks)
 				}
 				rep.Rows = append(rep.Rows, rows...)
+				if cfg.Latency {
+					lr := LatencyRow{Contender: c, Direction: dir, Rate: rate.String(), RateBits: uint64(rate)}
+					if err := b.latency(ctx, &lr, cfg); err != nil {
+						return rep, errors.Join(err, undo())
+					}
+					b.logf("%-16s %-7s %5s latency under load  p50 %8.0f µs  p95 %8.0f µs  p99 %8.0f µs  (%d samples, bulk %.2f Mbit/s)",
+						c, dir, rate, lr.P50, lr.P95, lr.P99, lr.Samples, lr.BulkWire/1e6)
+					rep.Latency = append(rep.Latency, lr)
+				}
 				if err := undo(); err != nil {
 					return rep, fmt.Errorf("remove %s: %w", c, err)
 				}
@@ -179,8 +217,8 @@ func bwSkip(c, dir string, fqErr error) string {
 	switch {
 	case c == BWEDT && fqErr != nil:
 		return "kernel lacks sch_fq: " + fqErr.Error()
-	case dir == "ingress" && (c == BWPace || c == BWPacePolice || c == BWPacePoliceECN || c == BWEDT):
-		return "egress only: it works at the sender or on the device"
+	case dir == "ingress" && (c == BWPace || c == BWPacePolice || c == BWPacePoliceECN):
+		return "egress only: pacing works at the Pod's sockets, which send its egress"
 	}
 	return ""
 }
@@ -288,15 +326,23 @@ func newBWBench(progress io.Writer) (b *bwBench, err error) {
 	if err := b.server.Start(); err != nil {
 		return nil, fmt.Errorf("start iperf3 server: %w", err)
 	}
+	if _, err := exec.LookPath("sockperf"); err == nil {
+		b.sockperf = exec.Command("ip", "netns", "exec", b.remot.name, "sockperf", "sr", "--tcp", "-i", bwRemoteIP.String(), "-p", strconv.Itoa(bwSockperfPort))
+		if err := b.sockperf.Start(); err != nil {
+			return nil, fmt.Errorf("start sockperf server: %w", err)
+		}
+	}
 	time.Sleep(300 * time.Millisecond)
 	return b, nil
 }
 
 func (b *bwBench) close() error {
 	var errs []error
-	if b.server != nil && b.server.Process != nil {
-		_ = b.server.Process.Kill()
-		_ = b.server.Wait()
+	for _, srv := range []*exec.Cmd{b.server, b.sockperf} {
+		if srv != nil && srv.Process != nil {
+			_ = srv.Process.Kill()
+			_ = srv.Wait()
+		}
 	}
 	for _, n := range []*netNS{b.pod, b.node, b.remot} {
 		if n == nil {
@@ -337,11 +383,23 @@ func (b *bwBench) limit(c, dir string, rate bandwidth.Rate) (undo func() error, 
 	}
 	opts := bandwidth.LoadOptions{BPFRoot: b.bpfRoot, Mode: bandwidth.ModePolice}
 	lim := bandwidth.LimitFor(rate)
+	if ingress {
+		lim = bandwidth.IngressLimitFor(rate)
+	}
+	if c == BWSluice {
+		// As the agent decides (bandwidth.Decide, with --devices set).
+		c = BWPacePoliceECN
+		if b.fqErr == nil {
+			c = BWEDT
+		}
+	}
 	switch c {
 	case BWPolice:
 		lim.ECN = 0
+		opts.IngressPolicer = true
 	case BWPoliceECN:
 		opts.ECN = true
+		opts.IngressPolicer = true
 	case BWPace:
 		opts.Pacing = true
 		lim.Burst, lim.ECN = bandwidth.DefaultHorizon, 0
@@ -370,7 +428,7 @@ func (b *bwBench) limit(c, dir string, rate bandwidth.Rate) (undo func() error, 
 		if err := k.Install(agg, nil); err != nil {
 			return err
 		}
-		if c == BWEDT {
+		if c == BWEDT && !ingress {
 			if _, err := k.SyncDevices([]datapath.Device{{Name: "eth0", Ifindex: b.eth0}}); err != nil {
 				return err
 			}

@@ -1,0 +1,148 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// bwSockperfPort is the sockperf server's TCP port on the remote host.
+const bwSockperfPort = 11111
+
+// LatencyRow is request/response latency from the limited Pod while a
+// bulk TCP stream of the Pod saturates its limit in the same direction:
+// sockperf ping-pong over TCP, 64-byte messages, 100 a second, round trips
+// in microseconds.
+type LatencyRow struct {
+	Contender string `json:"contender"`
+	Direction string `json:"direction"`
+	Rate      string `json:"rate"`
+	RateBits  uint64 `json:"rate_bits"`
+	Samples   int    `json:"samples"`
+	P50       float64 `json:"p50_us"`
+	P95       float64 `json:"p95_us"`
+	P99       float64 `json:"p99_us"`
+	Max       float64 `json:"max_us"`
+	// BulkWire is the bulk stream's wire rate meanwhile, bits/s.
+	BulkWire float64 `json:"bulk_wire_bps"`
+	Skipped  string  `json:"skipped,omitempty"`
+}
+
+// latency runs the bulk stream (iperf3, one stream of the first congestion
+// control) for cfg.Duration and, from a second into it, sockperf
+// ping-pong until a second before its end.
+func (b *bwBench) latency(ctx context.Context, r *LatencyRow, cfg BandwidthConfig) error {
+	if b.sockperf == nil {
+		r.Skipped = "sockperf not found: run scripts/deps.sh"
+		return nil
+	}
+	d := max(cfg.Duration, 4*time.Second)
+	bulk := BandwidthRow{Direction: r.Direction, Proto: "tcp", CC: "cubic", Flows: 1, RateBits: r.RateBits}
+	if len(cfg.CCs) > 0 {
+		bulk.CC = cfg.CCs[0]
+	}
+	bulkErr := make(chan error, 1)
+	go func() { bulkErr <- b.iperf(ctx, &bulk, d) }()
+	select {
+	case err := <-bulkErr:
+		return fmt.Errorf("bulk stream under the latency probe: %w", errors.Join(err, errors.New("ended before the probe started")))
+	case <-time.After(time.Second):
+	}
+	rtts, perr := b.sockperfRTTs(ctx, d-2*time.Second)
+	if err := <-bulkErr; err != nil {
+		return fmt.Errorf("bulk stream under the latency probe: %w", err)
+	}
+	if perr != nil {
+		return perr
+	}
+	r.BulkWire = bulk.Wire
+	r.Samples = len(rtts)
+	if len(rtts) == 0 {
+		return errors.New("sockperf: no round trips measured")
+	}
+	slices.Sort(rtts)
+	r.P50, r.P95, r.P99, r.Max = percentile(rtts, 50), percentile(rtts, 95), percentile(rtts, 99), rtts[len(rtts)-1]
+	return nil
+}
+
+// sockperfRTTs runs sockperf ping-pong from the Pod (in the bench's
+// cgroup) for d and returns every round trip, µs, from its full log.
+func (b *bwBench) sockperfRTTs(ctx context.Context, d time.Duration) ([]float64, error) {
+	dir, err := os.MkdirTemp("", "sluice-bw-sockperf-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	logPath := filepath.Join(dir, "rtt.csv")
+	secs := strconv.Itoa(max(int(d/time.Second), 1))
+	args := []string{"netns", "exec", b.pod.name, "sockperf", "ping-pong", "--tcp", "-i", bwRemoteIP.String(),
+		"-p", strconv.Itoa(bwSockperfPort), "-t", secs, "--mps", "100", "-m", "64", "--full-rtt", "--full-log", logPath}
+	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(b.cgroupFD.Fd())}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("sockperf %s: %v: %s", strings.Join(args[3:], " "), err, lastLines(out, 3))
+	}
+	f, err := os.Open(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("sockperf full log: %w", err)
+	}
+	defer f.Close()
+	return parseSockperfLog(f)
+}
+
+// parseSockperfLog reads the rtt column of sockperf's --full-log CSV
+// ("packet, txTime(sec), rxTime(sec), rtt(usec)" and a row per message).
+func parseSockperfLog(f *os.File) ([]float64, error) {
+	var rtts []float64
+	in := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case strings.HasPrefix(line, "packet,"):
+			in = true
+			continue
+		case !in:
+			continue
+		case strings.HasPrefix(line, "---"):
+			in = false
+			continue
+		}
+		cols := strings.Split(line, ",")
+		if len(cols) != 4 {
+			return nil, fmt.Errorf("sockperf full log: %q: want 4 columns", line)
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(cols[3]), 64)
+		if err != nil {
+			return nil, fmt.Errorf("sockperf full log: %q: %w", line, err)
+		}
+		rtts = append(rtts, v)
+	}
+	return rtts, sc.Err()
+}
+
+// percentile is the p-th percentile (nearest rank) of sorted.
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func lastLines(b []byte, n int) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
+}

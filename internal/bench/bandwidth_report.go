@@ -1,0 +1,278 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// The bandwidth report: the accuracy table (each contender's wire rate over
+// the limit, per rate and direction, a column per kind of run), the
+// latency table, and a plot of each.
+
+// bwRun names a kind of iperf3 run: "TCP cubic ×8", "UDP".
+func (r BandwidthRow) run() string {
+	if r.Proto == "udp" {
+		return "UDP"
+	}
+	return fmt.Sprintf("TCP %s ×%d", r.CC, r.Flows)
+}
+
+// WriteFiles writes bandwidth-<time>.json and .md under dir, and the plots
+// bandwidth-<time>-accuracy.png and -latency.png, and returns their paths.
+func (r *BandwidthReport) WriteFiles(dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create %s: %w", dir, err)
+	}
+	base := filepath.Join(dir, "bandwidth-"+r.Start.UTC().Format("20060102-150405"))
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encode report: %w", err)
+	}
+	var md strings.Builder
+	r.WriteMarkdown(&md)
+	paths := []string{base + ".json", base + ".md"}
+	for i, data := range [][]byte{append(js, '\n'), []byte(md.String())} {
+		if err := os.WriteFile(paths[i], data, 0o644); err != nil {
+			return nil, fmt.Errorf("write %s: %w", paths[i], err)
+		}
+	}
+	for _, p := range []struct {
+		path string
+		draw func(string) (bool, error)
+	}{{base + "-accuracy.png", r.accuracyPlot}, {base + "-latency.png", r.latencyPlot}} {
+		drawn, err := p.draw(p.path)
+		if err != nil {
+			return paths, err
+		}
+		if drawn {
+			paths = append(paths, p.path)
+		}
+	}
+	return paths, nil
+}
+
+// runs are the kinds of run in the report, in the order first met.
+func (r *BandwidthReport) runs() []string {
+	var out []string
+	for _, row := range r.Rows {
+		if !slices.Contains(out, row.run()) {
+			out = append(out, row.run())
+		}
+	}
+	return out
+}
+
+// WriteMarkdown writes the report's tables.
+func (r *BandwidthReport) WriteMarkdown(w io.Writer) {
+	fmt.Fprintf(w, "# sluice bench bandwidth, %s\n\n", r.Start.UTC().Format(time.RFC3339))
+	fmt.Fprintf(w, "Kernel %s. The `sluice` contender is what the bandwidth manager uses here: %s.\n\n", r.Kernel, r.Sluice)
+	fmt.Fprintf(w, "## Accuracy: wire rate / limit\n\n")
+	fmt.Fprintf(w, "iperf3 from (egress) or to (ingress) the limited Pod; the wire rate counts every segment's headers, as a limit does. `none` is the path without a limit (Mbit/s).\n\n")
+	runs := r.runs()
+	fmt.Fprintf(w, "| direction | limit | contender | %s |\n|---|---|---|%s\n", strings.Join(runs, " | "), strings.Repeat("---:|", len(runs)))
+	type key struct{ dir, rate, contender string }
+	var keys []key
+	cells := map[key]map[string]string{}
+	for _, row := range r.Rows {
+		k := key{row.Direction, row.Rate, row.Contender}
+		if cells[k] == nil {
+			keys = append(keys, k)
+			cells[k] = map[string]string{}
+		}
+		switch {
+		case row.Skipped != "":
+			cells[k][row.run()] = "skipped"
+		case row.Contender == BWNone:
+			cells[k][row.run()] = fmt.Sprintf("%.0f", row.Wire/1e6)
+		default:
+			c := fmt.Sprintf("%.3f", row.Ratio)
+			if row.Proto == "tcp" && row.Retrans > 0 {
+				c += fmt.Sprintf(" (%d retr)", row.Retrans)
+			}
+			if row.Proto == "udp" {
+				c += fmt.Sprintf(" (%.1f%% lost)", row.LostPct)
+			}
+			cells[k][row.run()] = c
+		}
+	}
+	skips := map[string]string{}
+	for _, row := range r.Rows {
+		if row.Skipped != "" {
+			skips[row.Contender+" "+row.Direction] = row.Skipped
+		}
+	}
+	for _, k := range keys {
+		var cs []string
+		for _, run := range runs {
+			cs = append(cs, cells[k][run])
+		}
+		rate := k.rate
+		if k.contender == BWNone {
+			rate = "-"
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", k.dir, rate, k.contender, strings.Join(cs, " | "))
+	}
+	if len(skips) > 0 {
+		fmt.Fprintln(w)
+		for _, k := range slices.Sorted(maps.Keys(skips)) {
+			fmt.Fprintf(w, "- %s skipped: %s\n", k, skips[k])
+		}
+	}
+	if len(r.Latency) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n## Latency under load\n\nsockperf ping-pong over TCP from the limited Pod (64-byte messages, 100 a second) while one iperf3 stream of the Pod saturates the limit in the same direction; round trips in ms. The last column is p99 against `tbf-cni`'s (the bandwidth CNI plugin's TBF) at the same limit and direction: how many times lower.\n\n")
+	fmt.Fprintf(w, "| direction | limit | contender | p50 | p95 | p99 | max | bulk Mbit/s | p99 vs tbf-cni |\n|---|---|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, l := range r.Latency {
+		if l.Skipped != "" {
+			fmt.Fprintf(w, "| %s | %s | %s | skipped: %s | | | | | |\n", l.Direction, l.Rate, l.Contender, l.Skipped)
+			continue
+		}
+		vs := "-"
+		if base := r.latencyOf(BWTBFCNI, l.Direction, l.Rate); base != nil && l.P99 > 0 && l.Contender != BWTBFCNI {
+			vs = fmt.Sprintf("%.1f×", base.P99/l.P99)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %s |\n", l.Direction, l.Rate, l.Contender,
+			l.P50/1e3, l.P95/1e3, l.P99/1e3, l.Max/1e3, l.BulkWire/1e6, vs)
+	}
+}
+
+// latencyOf is the measured latency row of contender at dir and rate.
+func (r *BandwidthReport) latencyOf(contender, dir, rate string) *LatencyRow {
+	for i, l := range r.Latency {
+		if l.Contender == contender && l.Direction == dir && l.Rate == rate && l.Skipped == "" {
+			return &r.Latency[i]
+		}
+	}
+	return nil
+}
+
+// groupedBars draws groups of bars (a colour per group, a bar per x
+// name), each labelled with its value, and saves a PNG; false when there
+// is nothing to draw.
+func groupedBars(path, title, ylabel string, names []string, groups []string, values [][]float64, format string) (drawn bool, err error) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			err = fmt.Errorf("plot %s: %v", path, rec)
+		}
+	}()
+	if len(names) == 0 || len(groups) == 0 {
+		return false, nil
+	}
+	p := plot.New()
+	p.Title.Text = title
+	p.Y.Label.Text = ylabel
+	p.Y.Min = 0
+	p.Add(plotter.NewGrid())
+	w := vg.Points(min(60, 360/float64(len(groups)*len(names)+1)*4))
+	for g, group := range groups {
+		bars, err := plotter.NewBarChart(plotter.Values(values[g]), w)
+		if err != nil {
+			return false, fmt.Errorf("plot %s: %w", path, err)
+		}
+		bars.Color = plotutil.Color(g)
+		bars.Offset = w * vg.Length(float64(g)-float64(len(groups)-1)/2)
+		p.Add(bars)
+		p.Legend.Add(group, bars)
+		var labels plotter.XYLabels
+		for i, v := range values[g] {
+			if v == 0 {
+				continue
+			}
+			labels.XYs = append(labels.XYs, plotter.XY{X: float64(i), Y: v})
+			labels.Labels = append(labels.Labels, fmt.Sprintf(format, v))
+		}
+		if len(labels.XYs) > 0 {
+			lbl, err := plotter.NewLabels(labels)
+			if err != nil {
+				return false, fmt.Errorf("plot %s: %w", path, err)
+			}
+			for i := range lbl.TextStyle {
+				lbl.TextStyle[i].XAlign = -0.5
+				lbl.TextStyle[i].YAlign = 0
+				lbl.Offset.X = bars.Offset
+			}
+			p.Add(lbl)
+		}
+	}
+	p.Legend.Top = true
+	p.NominalX(names...)
+	if err := p.Save(10*vg.Inch, 5*vg.Inch, path); err != nil {
+		return false, fmt.Errorf("save plot %s: %w", path, err)
+	}
+	return true, nil
+}
+
+// accuracyPlot: per direction and contender, the median over the TCP runs
+// of wire rate / limit, a bar per rate.
+func (r *BandwidthReport) accuracyPlot(path string) (bool, error) {
+	var names, rates []string
+	for _, row := range r.Rows {
+		if row.Skipped != "" || row.Contender == BWNone || row.Proto != "tcp" {
+			continue
+		}
+		n := row.Contender + " " + row.Direction
+		if !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+		if !slices.Contains(rates, row.Rate) {
+			rates = append(rates, row.Rate)
+		}
+	}
+	values := make([][]float64, len(rates))
+	for g, rate := range rates {
+		values[g] = make([]float64, len(names))
+		for i, n := range names {
+			var ratios []float64
+			for _, row := range r.Rows {
+				if row.Skipped == "" && row.Proto == "tcp" && row.Rate == rate && row.Contender+" "+row.Direction == n {
+					ratios = append(ratios, row.Ratio)
+				}
+			}
+			values[g][i] = Summarize(ratios).Median
+		}
+	}
+	return groupedBars(path, fmt.Sprintf("Pod bandwidth limits: TCP wire rate / limit, median over runs (kernel %s)", r.Kernel),
+		"wire rate / limit", names, rates, values, "%.2f")
+}
+
+// latencyPlot: p99 round trip under load per contender and direction, a
+// bar per rate.
+func (r *BandwidthReport) latencyPlot(path string) (bool, error) {
+	var names, rates []string
+	for _, l := range r.Latency {
+		if l.Skipped != "" {
+			continue
+		}
+		n := l.Contender + " " + l.Direction
+		if !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+		if !slices.Contains(rates, l.Rate) {
+			rates = append(rates, l.Rate)
+		}
+	}
+	values := make([][]float64, len(rates))
+	for g, rate := range rates {
+		values[g] = make([]float64, len(names))
+		for _, l := range r.Latency {
+			if i := slices.Index(names, l.Contender+" "+l.Direction); i >= 0 && l.Rate == rate && l.Skipped == "" {
+				values[g][i] = l.P99 / 1e3
+			}
+		}
+	}
+	return groupedBars(path, fmt.Sprintf("p99 request/response under a saturating stream (kernel %s)", r.Kernel),
+		"p99 round trip, ms", names, rates, values, "%.1f")
+}
