@@ -93,7 +93,7 @@ func TestAgentBandwidthAnnotations(t *testing.T) {
 		t.Fatal(err)
 	}
 	bm := st.BandwidthManager
-	if bm == nil || bm.Line != "BPF policer with TCP pacing (kernel lacks sch_fq) [Pod veths]" || bm.Pods != 1 || bm.Invalid != 1 {
+	if bm == nil || bm.Line != "TCP pacing with a BPF policer, TBF for ingress (kernel lacks sch_fq) [Pod veths]" || bm.Pods != 1 || bm.Invalid != 1 {
 		t.Errorf("BandwidthManager status %+v", bm)
 	}
 	skips := map[string]string{}

@@ -21,7 +21,7 @@ const (
 // Mechanism names, as `sluice status` shows them.
 const (
 	MechanismEDT    = "EDT with BPF"
-	MechanismPolice = "BPF policer with TCP pacing"
+	MechanismPolice = "TCP pacing with a BPF policer, TBF for ingress"
 )
 
 // Facts are what the decision needs to know about the kernel.

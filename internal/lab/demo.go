@@ -71,8 +71,29 @@ type DemoResult struct {
 	// NorthSouth compares the external client's requests to a NodePort
 	// through native XDP (node1) and through tc (node2).
 	NorthSouth []DemoNorthSouthRow `json:"northSouth,omitempty"`
-	Error      string              `json:"error,omitempty"`
+	// Bandwidth is a Pod limited by its annotation next to one that is
+	// not, each sending to a pod of the other node.
+	Bandwidth []DemoBandwidthRow `json:"bandwidth,omitempty"`
+	Error     string             `json:"error,omitempty"`
 }
+
+// DemoBandwidthRow is one Pod's iperf3 stream in the bandwidth step.
+type DemoBandwidthRow struct {
+	Pod        string  `json:"pod"`
+	Annotation string  `json:"annotation"` // "" for none
+	Mechanism  string  `json:"mechanism"`  // the node's BandwidthManager line
+	Goodput    float64 `json:"goodputBitsPerSecond"`
+	Wire       float64 `json:"wireBitsPerSecond"`
+}
+
+// The bandwidth step: demoLimitedPod annotated demoLimit, demoFreePod not,
+// each sending to demoBWServer.
+const (
+	demoLimitedPod = "node1-pod2"
+	demoFreePod    = "node1-pod3"
+	demoBWServer   = "node2-pod2"
+	demoLimit      = "50M"
+)
 
 // DemoNorthSouthRow compares a NodePort through XDP with one through tc,
 // both forwarding to a backend on the other node.
@@ -183,7 +204,8 @@ func RunDemo(ctx context.Context, prefix string, cfg DemoConfig) (err error) {
 	// best-effort, which keeps a veth on tc.
 	l, err := Up(ctx, Config{Prefix: prefix, Nodes: res.Nodes, PodsPerNode: res.PodsPerNode,
 		Dataplane: cfg.Dataplane, AgentBin: cfg.AgentBin, Progress: out,
-		LBAcceleration: AccelerationBestEffort, NodeLBAcceleration: map[string]string{demoXDPNode: AccelerationNative}})
+		LBAcceleration: AccelerationBestEffort, NodeLBAcceleration: map[string]string{demoXDPNode: AccelerationNative},
+		BandwidthManager: cfg.Dataplane == DataplaneSluice})
 	if err != nil {
 		return err
 	}
@@ -299,7 +321,101 @@ func RunDemo(ctx context.Context, prefix string, cfg DemoConfig) (err error) {
 			RatioP50: p50, RatioP99: p99})
 	}
 	printComparison(out, "XDP", "tc", rows)
+	if res.Bandwidth, err = demoBandwidth(ctx, l, out); err != nil {
+		return fmt.Errorf("bandwidth, %w", err)
+	}
 	return nil
+}
+
+// demoBandwidth annotates demoLimitedPod with an egress limit and runs an
+// iperf3 stream from it and from its unlimited neighbour to a pod of the
+// other node.
+func demoBandwidth(ctx context.Context, l *Lab, out io.Writer) ([]DemoBandwidthRow, error) {
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		fmt.Fprintln(out, "==> bandwidth: skipped, iperf3 not found (scripts/deps.sh installs it)")
+		return nil, nil
+	}
+	server, _ := l.Pod(demoBWServer)
+	fmt.Fprintf(out, "==> bandwidth manager: %s annotated kubernetes.io/egress-bandwidth=%s, %s not; iperf3 from each to %s\n",
+		demoLimitedPod, demoLimit, demoFreePod, demoBWServer)
+	if err := l.Annotate(ctx, demoLimitedPod, map[string]string{"kubernetes.io/egress-bandwidth": demoLimit}, nil); err != nil {
+		return nil, err
+	}
+	srv := l.Command(ctx, demoBWServer, "iperf3", "-s")
+	if err := srv.Start(); err != nil {
+		return nil, fmt.Errorf("iperf3 server in %s: %w", demoBWServer, err)
+	}
+	defer func() {
+		_ = srv.Process.Kill()
+		_ = srv.Wait()
+	}()
+	node1, _ := l.Node("node1")
+	mech := ""
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := api.NewClient(node1.Agent.Socket).Status(ctx)
+		if err == nil && st.BandwidthManager != nil && st.BandwidthManager.Pods > 0 {
+			mech = st.BandwidthManager.Line
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("node1's agent did not install %s's limit within 20 s (status: %v)", demoLimitedPod, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	fmt.Fprintf(out, "    node1 BandwidthManager: %s\n", mech)
+	var rows []DemoBandwidthRow
+	for _, pod := range []string{demoLimitedPod, demoFreePod} {
+		row := DemoBandwidthRow{Pod: pod, Mechanism: mech}
+		if pod == demoLimitedPod {
+			row.Annotation = demoLimit
+		}
+		var err error
+		if row.Goodput, row.Wire, err = iperf3Stream(ctx, l, pod, server.IPv4.String()); err != nil {
+			return rows, err
+		}
+		limit := "none"
+		if row.Annotation != "" {
+			limit = row.Annotation
+		}
+		fmt.Fprintf(out, "    %-12s limit %-5s %8.2f Mbit/s goodput, %8.2f Mbit/s on the wire\n", pod, limit, row.Goodput/1e6, row.Wire/1e6)
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+// iperf3Stream runs a 5-second iperf3 TCP stream from pod to server and
+// returns the receiver's goodput and the wire rate it stands for (every
+// segment's headers, as a limit counts), bits/s.
+func iperf3Stream(ctx context.Context, l *Lab, pod, server string) (goodput, wire float64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var res struct {
+		Start struct {
+			TCPMSS int `json:"tcp_mss_default"`
+		} `json:"start"`
+		End struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+		Error string `json:"error"`
+	}
+	for attempt := 1; ; attempt++ {
+		out, err := l.Command(ctx, pod, "iperf3", "-c", server, "-J", "-t", "5", "-O", "1").Output()
+		if jerr := json.Unmarshal(out, &res); err == nil && jerr == nil && res.Error == "" {
+			break
+		} else if attempt >= 5 || !bytes.Contains(out, []byte("unable to connect")) && !bytes.Contains(out, []byte("busy")) {
+			return 0, 0, fmt.Errorf("iperf3 from %s to %s: %v %v %s", pod, server, err, jerr, res.Error)
+		}
+		time.Sleep(500 * time.Millisecond) // the server starting, or still with the last client
+	}
+	mss := res.Start.TCPMSS
+	if mss == 0 {
+		mss = 1448
+	}
+	goodput = res.End.SumReceived.BitsPerSecond
+	return goodput, goodput * float64(mss+66) / float64(mss), nil
 }
 
 // modeComparison is one `lab demo latency` run: its first target is

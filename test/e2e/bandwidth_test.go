@@ -4,6 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -13,6 +17,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/bandwidth"
 	"github.com/sluice-dataplane/sluice/internal/lab"
+	"github.com/sluice-dataplane/sluice/internal/vmtest/guesttest"
 )
 
 // Limits of the bandwidth test: low enough that a loaded 2-core machine
@@ -56,11 +61,31 @@ func TestPrivilegedBandwidthManager(t *testing.T) {
 		t.Fatalf("status of %s: bandwidth manager %+v, want enabled", node1.Name, st.BandwidthManager)
 	}
 	t.Logf("%s: BandwidthManager: %s", node1.Name, st.BandwidthManager.Line)
+	// The mechanism is the kernel's best: EDT where sch_fq works.
+	fqErr := bandwidth.ProbeFQ()
+	if os.Getenv(bwWantEDTEnv) != "" && fqErr != nil {
+		t.Fatalf("this kernel should have sch_fq (%s is set): %v", bwWantEDTEnv, fqErr)
+	}
+	wantMech, wantIngress := bandwidth.MechanismEDT, "fq"
+	if fqErr != nil {
+		wantMech, wantIngress = bandwidth.MechanismPolice, "tbf"
+	}
+	if st.BandwidthManager.Mechanism != wantMech {
+		t.Errorf("status: mechanism %q, want %q (sch_fq: %v)", st.BandwidthManager.Mechanism, wantMech, fqErr)
+	}
+	if fqErr == nil {
+		if q := rootQdiscs(t, l, node1.Name); q["eth0"] != "fq" && q["eth0"] != "mq" {
+			t.Errorf("%s eth0: root qdisc %q (51ce:), want the bandwidth manager's fq (or mq with fq)", node1.Name, q["eth0"])
+		}
+	}
 
 	annotate(t, l, limited.Name, map[string]string{bandwidth.EgressAnnotation: bwEgress, bandwidth.IngressAnnotation: bwIngress})
 	waitBandwidth(t, l, node1, "the limits of "+limited.Name, func(b *api.BPFBandwidth) bool {
 		return hasLimit(b, limited.Name, "egress", bwEgress) && hasLimit(b, limited.Name, "ingress", bwIngress)
 	})
+	if q := rootQdiscs(t, l, node1.Name); !slices.Contains(slices.Collect(maps.Values(q)), wantIngress) {
+		t.Errorf("%s: the bandwidth manager's root qdiscs %v, want %s on %s's veth for its ingress", node1.Name, q, wantIngress, limited.Name)
+	}
 	checkLimited := func(step string) {
 		t.Helper()
 		held(t, step+", egress of "+limited.Name, iperf(t, l, limited.Name, server.IPv4.String(), false), bwEgress)
@@ -120,6 +145,56 @@ func TestPrivilegedBandwidthManager(t *testing.T) {
 	})
 	unlimited(t, "egress of "+limited.Name+" after its annotation went", iperf(t, l, limited.Name, server.IPv4.String(), false))
 	unlimited(t, "ingress of "+limited.Name+" after its annotation went", iperf(t, l, limited.Name, server.IPv4.String(), true))
+}
+
+// bwWantEDTEnv, set, makes TestPrivilegedBandwidthManager fail where sch_fq
+// does not work (TestPrivilegedBandwidthManagerEDTGuest sets it).
+const bwWantEDTEnv = "SLUICE_TEST_WANT_EDT"
+
+// bwGuestKernel has sch_fq (as a module): the guest of the EDT path.
+const bwGuestKernel = "6.12"
+
+// TestPrivilegedBandwidthManagerEDTGuest runs TestPrivilegedBandwidthManager
+// inside Debian's 6.12 under QEMU, which has sch_fq: EDT stamps on the
+// devices with fq there, fq with stamps on the Pods' veths for ingress.
+func TestPrivilegedBandwidthManagerEDTGuest(t *testing.T) {
+	requirePrivileged(t, "iperf3")
+	res := guesttest.Run(t, bwGuestKernel, guesttest.Options{
+		Run:  "^TestPrivilegedBandwidthManager$",
+		Init: filepath.Join(env.binDir, "sluice"),
+		Env:  []string{"SLUICE_BIN_DIR=" + env.binDir, bwWantEDTEnv + "=1"},
+	})
+	if o, ok := res.Outcome("TestPrivilegedBandwidthManager"); !ok || o.Action != "pass" {
+		t.Errorf("TestPrivilegedBandwidthManager in the %s guest: %+v (ran: %v)", bwGuestKernel, o, ok)
+	}
+}
+
+// rootQdiscs are the bandwidth manager's root qdiscs (handle 51ce:) in
+// node's namespace: device → kind.
+func rootQdiscs(t *testing.T, l *lab.Lab, node string) map[string]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	out, err := l.Command(ctx, node, "tc", "-j", "qdisc", "show").Output()
+	if err != nil {
+		t.Fatalf("tc qdisc show in %s: %v", node, err)
+	}
+	var qs []struct {
+		Kind   string `json:"kind"`
+		Handle string `json:"handle"`
+		Dev    string `json:"dev"`
+		Root   bool   `json:"root"`
+	}
+	if err := json.Unmarshal(out, &qs); err != nil {
+		t.Fatalf("tc -j qdisc show in %s: %v", node, err)
+	}
+	got := map[string]string{}
+	for _, q := range qs {
+		if q.Root && q.Handle == "51ce:" {
+			got[q.Dev] = q.Kind
+		}
+	}
+	return got
 }
 
 func annotate(t *testing.T, l *lab.Lab, pod string, set map[string]string, remove ...string) {

@@ -165,5 +165,15 @@ func TestPrivilegedDemo(t *testing.T) {
 	if !strings.Contains(string(out), "p50 XDP/tc") {
 		t.Errorf("demo output lacks the north-south table:\n%s", out)
 	}
+	// The bandwidth step: the 50M Pod held to it, its neighbour not.
+	if len(res.Bandwidth) != 2 || res.Bandwidth[0].Annotation != "50M" || res.Bandwidth[1].Annotation != "" {
+		t.Fatalf("demo bandwidth rows %+v, want the 50M Pod and its unlimited neighbour\n%s", res.Bandwidth, out)
+	}
+	if w := res.Bandwidth[0].Wire; w < 0.7*50e6 || w > 1.1*50e6 {
+		t.Errorf("demo: %s annotated 50M sent %.2f Mbit/s on the wire", res.Bandwidth[0].Pod, w/1e6)
+	}
+	if w := res.Bandwidth[1].Wire; w < 5*50e6 {
+		t.Errorf("demo: unlimited %s sent %.2f Mbit/s, want far above the neighbour's 50M", res.Bandwidth[1].Pod, w/1e6)
+	}
 	t.Logf("demo output:\n%s", out)
 }
