@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -18,6 +19,11 @@ func main() {
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "Error:", err)
+		// An error that carries its exit status (tune check: 3).
+		var coded interface{ ExitCode() int }
+		if errors.As(err, &coded) {
+			os.Exit(coded.ExitCode())
+		}
 		os.Exit(1)
 	}
 }

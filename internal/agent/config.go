@@ -120,7 +120,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 		"on its peer and senders without TX checksum offload, see docs/xdp-on-veth.md)")
 	fs.StringVar(&c.NodePortRange, "node-port-range", DefaultNodePortRange, "NodePort range, MIN-MAX")
 	fs.BoolVar(&c.BandwidthMgr, "enable-bandwidth-manager", false, "enforce the Pods' kubernetes.io/egress-bandwidth and ingress-bandwidth annotations: EDT with fq on --devices "+
-		"where the kernel has sch_fq, else a BPF policer on the Pods' veths with TCP paced at the source (docs/bandwidth.md)")
+		"where the kernel has sch_fq, else TCP paced at the source with a BPF policer on the Pods' veths, and TBF on them for ingress (docs/bandwidth.md)")
 	fs.BoolVar(&c.BBR, "enable-bbr", false, "TCP congestion control BBR for the Pods' connections (needs --enable-bandwidth-manager and a 5.18 kernel), "+
 		"and the server sysctls of the tuning list in the agent's network namespace")
 	fs.BoolVar(&c.SocketLB, "socket-lb", true, "load balance at the socket layer (connect, sendmsg, recvmsg, getpeername, bind)")

@@ -105,7 +105,7 @@ type BandwidthRow struct {
 
 // BandwidthReport is a whole run.
 type BandwidthReport struct {
-	Kernel string `json:"kernel"`
+	Kernel string    `json:"kernel"`
 	Start  time.Time `json:"start"`
 	// Sluice is the mechanism the sluice contender stands for here.
 	Sluice  string         `json:"sluice"`

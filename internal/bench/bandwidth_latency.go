@@ -24,11 +24,11 @@ const bwSockperfPort = 11111
 // sockperf ping-pong over TCP, 64-byte messages, 100 a second, round trips
 // in microseconds.
 type LatencyRow struct {
-	Contender string `json:"contender"`
-	Direction string `json:"direction"`
-	Rate      string `json:"rate"`
-	RateBits  uint64 `json:"rate_bits"`
-	Samples   int    `json:"samples"`
+	Contender string  `json:"contender"`
+	Direction string  `json:"direction"`
+	Rate      string  `json:"rate"`
+	RateBits  uint64  `json:"rate_bits"`
+	Samples   int     `json:"samples"`
 	P50       float64 `json:"p50_us"`
 	P95       float64 `json:"p95_us"`
 	P99       float64 `json:"p99_us"`

@@ -20,7 +20,7 @@ func benchCommand() *cobra.Command {
 		Use:   "bench",
 		Short: "Benchmarks: every contender in one run, min/median/max over repeats",
 	}
-	cmd.AddCommand(benchPPSCommand(), benchScaleCommand(), benchBandwidthCommand())
+	cmd.AddCommand(benchPPSCommand(), benchScaleCommand(), benchBandwidthCommand(), benchQperfCommand())
 	return cmd
 }
 

@@ -21,6 +21,7 @@ func NewRoot() *cobra.Command {
 	root.AddCommand(labCmd)
 	root.AddCommand(benchCommand())
 	root.AddCommand(dnsCommand())
+	root.AddCommand(tuneCommand())
 	root.AddCommand(vmCommand()) // vm: internal/vmtest
 	return root
 }

@@ -8,11 +8,14 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/sluice-dataplane/sluice/internal/tune"
 )
 
 // NewCommand returns the `lab` command tree.
@@ -30,7 +33,7 @@ and UDP echo backend in every pod.`,
 	_ = cmd.PersistentFlags().MarkHidden("prefix")
 	p := &prefix
 	cmd.AddCommand(upCommand(p), downCommand(p), statusCommand(p), execCommand(p),
-		applyCommand(p, true), applyCommand(p, false), annotateCommand(p), demoCommand(p), backendCommand(), probeCommand())
+		applyCommand(p, true), applyCommand(p, false), annotateCommand(p), demoCommand(p), backendCommand(), probeCommand(), tuneCommand(p))
 	return cmd
 }
 
@@ -335,4 +338,38 @@ func (l *Lab) Probe(ctx context.Context, target, kind string, args ...string) (*
 		return nil, fmt.Errorf("probe %s from %s: decode %q: %w", kind, target, out, err)
 	}
 	return &rep, nil
+}
+
+// tuneCommand is `sluice lab tune`: sluice tune over the lab's node
+// namespaces and agents, with the lab's Pod CIDRs, the state file in the
+// lab's run directory.
+func tuneCommand(prefix *string) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "tune",
+		Short: "sluice tune check|apply|revert on the lab's node namespaces only (docs/tuning.md)",
+	}
+	scope := func() (tune.Scope, string, error) {
+		l, err := Load(*prefix)
+		if err != nil {
+			return tune.Scope{}, "", err
+		}
+		defer l.Close()
+		return l.TuneScope(), filepath.Join(l.RunDir, "tune-state.json"), nil
+	}
+	cmd.AddCommand(tune.Commands(scope, nil)...)
+	return cmd
+}
+
+// TuneScope is the lab's nodes for sluice tune: their namespaces, their
+// agents and the Pod CIDRs.
+func (l *Lab) TuneScope() tune.Scope {
+	var s tune.Scope
+	for _, n := range l.Nodes {
+		s.Netns = append(s.Netns, n.Netns)
+		if n.Agent != nil {
+			s.Agents = append(s.Agents, n.Agent.Socket)
+		}
+		s.PodCIDRs = append(s.PodCIDRs, PodCIDRv4(n.Index), PodCIDRv6(n.Index))
+	}
+	return s
 }

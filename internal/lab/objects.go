@@ -1,8 +1,8 @@
 package lab
 
 import (
-	"maps"
 	"fmt"
+	"maps"
 	"net/netip"
 	"sort"
 	"strings"

@@ -416,6 +416,26 @@ func schFQ() (string, error) {
 	return "module " + mod, nil
 }
 
+// KernelConfig reads option name (CONFIG_...) of the running kernel's
+// config: its value ("y", "m", a string; "" when not set) and the file it
+// came from (/proc/config.gz, else /boot/config-<release>); an error when
+// neither can be read.
+func KernelConfig(name string) (value, source string, err error) {
+	rel, err := kernelRelease()
+	if err != nil {
+		return "", "", err
+	}
+	var errs []error
+	for _, p := range []string{"/proc/config.gz", "/boot/config-" + rel} {
+		v, err := configOption(p, name)
+		if err == nil {
+			return v, p, nil
+		}
+		errs = append(errs, err)
+	}
+	return "", "", fmt.Errorf("no kernel config to read (/proc/config.gz, /boot/config-%s): %w", rel, errors.Join(errs...))
+}
+
 // configOption reads one option's value (y, m, a string; "" when not set)
 // from a kernel config file, gzipped or not.
 func configOption(path, name string) (string, error) {

@@ -1,0 +1,562 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/sluice-dataplane/sluice/internal/lab"
+	"github.com/sluice-dataplane/sluice/internal/tune"
+)
+
+// The qperf benchmark (the tuning guide's method, seed 003): qperf between
+// two nodes of a lab, host network, Pod to Pod by IP and Pod to Service
+// VIP, untuned and tuned (`lab tune apply`, reverted by the benchmark), with
+// each dataplane in turn; sockperf ping-pong for the percentiles qperf's
+// means hide.
+//
+//	node1 ──── fabric ──── node2          host: node1 → node2's IP
+//	  pod1 (qperf client)    pod1 (server) pod-ip: pod1 → pod1's IP
+//	                                       service: pod1 → the qperf Service's VIP
+
+// Ports of the qperf Service: qperf's listen (control) port and its data
+// port (-ip), and sockperf's.
+const (
+	qperfListenPort = 19765
+	qperfDataPort   = 19766
+	qperfSockperf   = 19767
+)
+
+// qperfVIP is the qperf Service's ClusterIP (the lab's Service range).
+var qperfVIP = netip.MustParseAddr("198.19.0.50")
+
+// Paths of the qperf rows.
+const (
+	QperfHost    = "host"
+	QperfPodIP   = "pod-ip"
+	QperfService = "service"
+)
+
+// QperfConfig configures RunQperf.
+type QperfConfig struct {
+	Dataplanes []string
+	Tests      []string // qperf tests: tcp_lat tcp_bw udp_lat udp_bw
+	Sizes      []string // message sizes, as qperf takes them: 1, 1K, 64K
+	Duration   time.Duration
+	Runs       int
+	Tuned      bool // also the tuned rows (lab tune apply, reverted)
+	Profile    string
+	Prefix     string
+	Exe        string // sluice
+	AgentBin   string
+	Progress   io.Writer
+}
+
+// QperfRow is one figure over the runs.
+type QperfRow struct {
+	Dataplane string    `json:"dataplane"`
+	Path      string    `json:"path"`
+	Tuning    string    `json:"tuning"` // untuned or tuned
+	Test      string    `json:"test"`   // tcp_lat ... or sockperf
+	MsgSize   string    `json:"msg_size"`
+	Metric    string    `json:"metric"` // latency, bw, send_bw, recv_bw, p50, p99
+	Unit      string    `json:"unit"`   // ns or bits/sec
+	Values    []float64 `json:"values"`
+	Mean      float64   `json:"mean"`
+	Min       float64   `json:"min"`
+	Max       float64   `json:"max"`
+}
+
+// QperfReport is a whole run.
+type QperfReport struct {
+	Kernel  string            `json:"kernel"`
+	Start   time.Time         `json:"start"`
+	Config  QperfConfig       `json:"config"`
+	Rows    []QperfRow        `json:"rows"`
+	Skipped map[string]string `json:"skipped,omitempty"` // dataplane → why
+	Tuning  []string          `json:"tuning,omitempty"`  // what lab tune apply changed
+}
+
+// Validate checks the configuration.
+func (c QperfConfig) Validate() error {
+	if c.Runs < 1 {
+		return fmt.Errorf("--runs %d: want 1 or more", c.Runs)
+	}
+	if c.Duration < time.Second {
+		return fmt.Errorf("--duration %v: want 1s or more", c.Duration)
+	}
+	for _, t := range c.Tests {
+		if !slices.Contains([]string{"tcp_lat", "tcp_bw", "udp_lat", "udp_bw"}, t) {
+			return fmt.Errorf("--tests: %q: want tcp_lat, tcp_bw, udp_lat or udp_bw", t)
+		}
+	}
+	for _, s := range c.Sizes {
+		if _, err := parseQperfSize(s); err != nil {
+			return err
+		}
+	}
+	for _, d := range c.Dataplanes {
+		if !slices.Contains(lab.Dataplanes, d) || d == lab.DataplaneNone {
+			return fmt.Errorf("--dataplanes: %q: want one of %s", d, strings.Join(lab.Dataplanes, ", "))
+		}
+	}
+	return nil
+}
+
+// parseQperfSize checks a message size as qperf reads it (bytes, or K,
+// M with kib/mib meaning).
+func parseQperfSize(s string) (int, error) {
+	mult := 1
+	num := s
+	switch {
+	case strings.HasSuffix(s, "K"):
+		mult, num = 1024, strings.TrimSuffix(s, "K")
+	case strings.HasSuffix(s, "M"):
+		mult, num = 1<<20, strings.TrimSuffix(s, "M")
+	}
+	n, err := strconv.Atoi(num)
+	if err != nil || n < 1 || n*mult > 1<<26 {
+		return 0, fmt.Errorf("--sizes: %q: want a size such as 1, 1K or 64K", s)
+	}
+	return n * mult, nil
+}
+
+func (c QperfConfig) step(format string, args ...any) {
+	if c.Progress != nil {
+		fmt.Fprintf(c.Progress, "[qperf %s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+	}
+}
+
+// RunQperf runs every dataplane in turn on a lab of its own.
+func RunQperf(ctx context.Context, cfg QperfConfig) (*QperfReport, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	for _, tool := range []string{"qperf", "sockperf"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("%s not found: run scripts/deps.sh", tool)
+		}
+	}
+	rep := &QperfReport{Kernel: kernelRelease(), Start: time.Now().UTC(), Config: cfg, Skipped: map[string]string{}}
+	for _, d := range cfg.Dataplanes {
+		if err := runQperfDataplane(ctx, cfg, d, rep); err != nil {
+			if errors.Is(err, lab.ErrDataplaneUnavailable) {
+				rep.Skipped[d] = err.Error()
+				cfg.step("%s skipped: %v", d, err)
+				continue
+			}
+			return rep, fmt.Errorf("%s: %w", d, err)
+		}
+	}
+	return rep, nil
+}
+
+func runQperfDataplane(ctx context.Context, cfg QperfConfig, d string, rep *QperfReport) (err error) {
+	cfg.step("%s: lab up (2 nodes × 1 pod)", d)
+	l, err := lab.Up(ctx, lab.Config{Prefix: cfg.Prefix, Nodes: 2, PodsPerNode: 1, Dataplane: d, Exe: cfg.Exe, AgentBin: cfg.AgentBin,
+		Progress: indent{cfg.Progress}})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cfg.step("%s: lab down", d)
+		err = errors.Join(err, l.Down())
+	}()
+	node1, node2 := l.Nodes[0], l.Nodes[1]
+	client, server := node1.Pods[0], node2.Pods[0]
+	if err := l.Apply(qperfService(server.Name)); err != nil {
+		return err
+	}
+	// Servers: qperf and sockperf in the server pod and on node2 (host row).
+	for _, where := range []string{server.Name, node2.Name} {
+		stop, err := startServers(l, where)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	targets := []struct{ path, from, to string }{
+		{QperfHost, node1.Name, node2.IPv4.String()},
+		{QperfPodIP, client.Name, server.IPv4.String()},
+		{QperfService, client.Name, qperfVIP.String()},
+	}
+	if err := waitQperf(ctx, l, client.Name, qperfVIP.String()); err != nil {
+		return fmt.Errorf("the qperf Service %s never answered: %w", qperfVIP, err)
+	}
+	tunings := []string{"untuned"}
+	if cfg.Tuned {
+		tunings = append(tunings, "tuned")
+	}
+	for _, tuning := range tunings {
+		var state string
+		if tuning == "tuned" {
+			state = filepath.Join(l.RunDir, "qperf-tune-state.json")
+			changes, err := qperfTune(ctx, l, cfg.Profile, state)
+			if err != nil {
+				return err
+			}
+			cfg.step("%s: lab tune apply: %d changes", d, len(changes))
+			if len(rep.Tuning) == 0 {
+				for _, c := range changes {
+					rep.Tuning = append(rep.Tuning, c.String())
+				}
+			}
+		}
+		rows := map[string]*QperfRow{}
+		var order []string
+		add := func(path, test, size, metric, unit string, v float64) {
+			k := strings.Join([]string{path, test, size, metric}, "|")
+			r, ok := rows[k]
+			if !ok {
+				r = &QperfRow{Dataplane: d, Path: path, Tuning: tuning, Test: test, MsgSize: size, Metric: metric, Unit: unit}
+				rows[k] = r
+				order = append(order, k)
+			}
+			r.Values = append(r.Values, v)
+		}
+		for run := 1; run <= cfg.Runs; run++ {
+			for _, tg := range targets {
+				for _, size := range cfg.Sizes {
+					cfg.step("%s %s run %d/%d: %s, message size %s", d, tuning, run, cfg.Runs, tg.path, size)
+					res, err := runQperf(ctx, l, tg.from, tg.to, size, cfg.Tests, cfg.Duration)
+					if err != nil {
+						return fmt.Errorf("%s %s: %w", tg.path, size, err)
+					}
+					for _, m := range res {
+						add(tg.path, m.test, size, m.metric, m.unit, m.value)
+					}
+				}
+				p50, p99, err := sockperfPercentiles(ctx, l, tg.from, tg.to, cfg.Duration)
+				if err != nil {
+					return fmt.Errorf("%s sockperf: %w", tg.path, err)
+				}
+				add(tg.path, "sockperf", "64", "p50", "ns", p50)
+				add(tg.path, "sockperf", "64", "p99", "ns", p99)
+			}
+		}
+		for _, k := range order {
+			r := rows[k]
+			s := Summarize(r.Values)
+			r.Min, r.Max = s.Min, s.Max
+			for _, v := range r.Values {
+				r.Mean += v / float64(len(r.Values))
+			}
+			rep.Rows = append(rep.Rows, *r)
+		}
+		if state != "" {
+			if _, err := tune.Revert(state); err != nil {
+				return fmt.Errorf("lab tune revert: %w", err)
+			}
+			cfg.step("%s: lab tune reverted", d)
+		}
+	}
+	return nil
+}
+
+// qperfTune is `lab tune apply` for the lab l.
+func qperfTune(ctx context.Context, l *lab.Lab, profile, state string) ([]tune.Change, error) {
+	scope := l.TuneScope()
+	scope.Profile = profile
+	items, err := tune.Check(ctx, scope)
+	if err != nil {
+		return nil, err
+	}
+	pending, err := tune.Pending(items, nil)
+	if err != nil {
+		return nil, err
+	}
+	return tune.Apply(pending, state)
+}
+
+// qperfService is the Service over the server pod: qperf's two ports and
+// sockperf's, TCP and UDP.
+func qperfService(pod string) *corev1.Service {
+	var ports []corev1.ServicePort
+	for _, p := range []int32{qperfListenPort, qperfDataPort, qperfSockperf} {
+		for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
+			ports = append(ports, corev1.ServicePort{Name: strings.ToLower(string(proto)) + "-" + strconv.Itoa(int(p)),
+				Port: p, TargetPort: intstr.FromInt32(p), Protocol: proto})
+		}
+	}
+	return &corev1.Service{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: metav1.ObjectMeta{Name: "qperf", Namespace: "default"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: qperfVIP.String(), ClusterIPs: []string{qperfVIP.String()},
+			Selector: map[string]string{lab.LabelPod: pod}, Ports: ports},
+	}
+}
+
+// startServers runs qperf's and sockperf's servers in a lab namespace.
+func startServers(l *lab.Lab, where string) (stop func(), err error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cmds := []*exec.Cmd{
+		l.Command(ctx, where, "qperf", "-lp", strconv.Itoa(qperfListenPort)),
+		l.Command(ctx, where, "sockperf", "sr", "--tcp", "-p", strconv.Itoa(qperfSockperf)),
+	}
+	for _, c := range cmds {
+		if err := c.Start(); err != nil {
+			cancel()
+			return nil, fmt.Errorf("%s in %s: %w", c.Args[0], where, err)
+		}
+	}
+	return func() {
+		cancel()
+		for _, c := range cmds {
+			_ = c.Wait()
+		}
+	}, nil
+}
+
+// waitQperf waits until qperf from from answers at to (the Service is
+// programmed).
+func waitQperf(ctx context.Context, l *lab.Lab, from, to string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	var last error
+	for time.Now().Before(deadline) {
+		if _, err := runQperf(ctx, l, from, to, "1", []string{"tcp_lat"}, time.Second); err == nil {
+			return nil
+		} else {
+			last = err
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return last
+}
+
+// qperfMeasure is one figure qperf printed.
+type qperfMeasure struct {
+	test, metric, unit string
+	value              float64
+}
+
+// runQperf runs one qperf client: the tests at one message size.
+func runQperf(ctx context.Context, l *lab.Lab, from, to, size string, tests []string, d time.Duration) ([]qperfMeasure, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(len(tests))*(d+10*time.Second))
+	defer cancel()
+	args := append([]string{"qperf", "-lp", strconv.Itoa(qperfListenPort), "-ip", strconv.Itoa(qperfDataPort),
+		"-t", strconv.Itoa(int(d / time.Second)), to, "-ub", "-uu", "-m", size, "-vu"}, tests...)
+	out, err := l.Command(ctx, from, args...).CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, lastLines(out, 3))
+	}
+	ms, err := parseQperf(string(out))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", strings.Join(args, " "), err)
+	}
+	return ms, nil
+}
+
+// parseQperf reads qperf's "test:" blocks of "name = value unit" lines:
+// latency (ns) and the bandwidths (bits/sec, with -ub -uu).
+func parseQperf(out string) ([]qperfMeasure, error) {
+	var ms []qperfMeasure
+	test := ""
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		line := sc.Text()
+		if t, ok := strings.CutSuffix(strings.TrimSpace(line), ":"); ok && !strings.HasPrefix(line, " ") {
+			test = t
+			continue
+		}
+		name, rest, ok := strings.Cut(line, "=")
+		name = strings.TrimSpace(name)
+		if !ok || test == "" || !slices.Contains([]string{"latency", "bw", "send_bw", "recv_bw"}, name) {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) < 2 {
+			return nil, fmt.Errorf("qperf: %q: want a value and a unit", line)
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			return nil, fmt.Errorf("qperf: %q: %w", line, err)
+		}
+		ms = append(ms, qperfMeasure{test: test, metric: name, unit: f[1], value: v})
+	}
+	if len(ms) == 0 {
+		return nil, fmt.Errorf("qperf printed no results: %s", strings.TrimSpace(out))
+	}
+	return ms, nil
+}
+
+// sockperfPercentiles runs sockperf ping-pong (TCP, 64 bytes) and returns
+// p50 and p99 round trips in ns.
+func sockperfPercentiles(ctx context.Context, l *lab.Lab, from, to string, d time.Duration) (p50, p99 float64, err error) {
+	dir, err := os.MkdirTemp("", "sluice-qperf-sockperf-")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer os.RemoveAll(dir)
+	logPath := filepath.Join(dir, "rtt.csv")
+	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+	defer cancel()
+	args := []string{"sockperf", "ping-pong", "--tcp", "-i", to, "-p", strconv.Itoa(qperfSockperf), "-t", strconv.Itoa(int(d / time.Second)),
+		"-m", "64", "--full-rtt", "--full-log", logPath}
+	if out, err := l.Command(ctx, from, args...).CombinedOutput(); err != nil {
+		return 0, 0, fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, lastLines(out, 3))
+	}
+	f, err := os.Open(logPath)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	rtts, err := parseSockperfLog(f)
+	if err != nil || len(rtts) == 0 {
+		return 0, 0, errors.Join(err, errors.New("sockperf: no round trips"))
+	}
+	slices.Sort(rtts)
+	return percentile(rtts, 50) * 1e3, percentile(rtts, 99) * 1e3, nil
+}
+
+// mean of the row of the report matching the fields, or 0.
+func (r *QperfReport) mean(d, path, tuning, test, size, metric string) float64 {
+	for _, row := range r.Rows {
+		if row.Dataplane == d && row.Path == path && row.Tuning == tuning && row.Test == test && row.MsgSize == size && row.Metric == metric {
+			return row.Mean
+		}
+	}
+	return 0
+}
+
+// WriteFiles writes qperf-<time>.json, .md and a plot.
+func (r *QperfReport) WriteFiles(dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	base := filepath.Join(dir, "qperf-"+r.Start.Format("20060102-150405"))
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	var md strings.Builder
+	r.WriteMarkdown(&md)
+	paths := []string{base + ".json", base + ".md"}
+	for i, data := range [][]byte{append(js, '\n'), []byte(md.String())} {
+		if err := os.WriteFile(paths[i], data, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	drawn, err := r.plot(base + ".png")
+	if err != nil {
+		return paths, err
+	}
+	if drawn {
+		paths = append(paths, base+".png")
+	}
+	return paths, nil
+}
+
+// WriteMarkdown writes the tables: latency and bandwidth per row, then the
+// targets.
+func (r *QperfReport) WriteMarkdown(w io.Writer) {
+	fmt.Fprintf(w, "# sluice bench qperf, %s\n\n", r.Start.Format(time.RFC3339))
+	fmt.Fprintf(w, "Kernel %s; qperf %ds per test, %d runs (mean, min–max); sockperf ping-pong TCP 64 B for p50/p99. Rows: host network node to node, Pod to Pod by IP, Pod to the Service VIP; tuned = `sluice lab tune apply --profile %s` (reverted after).\n\n",
+		r.Kernel, int(r.Config.Duration/time.Second), r.Config.Runs, r.Config.Profile)
+	for d, why := range r.Skipped {
+		fmt.Fprintf(w, "- %s skipped: %s\n", d, why)
+	}
+	fmt.Fprintf(w, "\n| dataplane | path | tuning | test | size | mean | min | max | unit |\n|---|---|---|---|---:|---:|---:|---:|---|\n")
+	for _, row := range r.Rows {
+		fmt.Fprintf(w, "| %s | %s | %s | %s %s | %s | %s | %s | %s | %s |\n", row.Dataplane, row.Path, row.Tuning, row.Test, row.Metric,
+			row.MsgSize, human(row.Mean, row.Unit), human(row.Min, row.Unit), human(row.Max, row.Unit), humanUnit(row.Unit))
+	}
+	fmt.Fprintf(w, "\n## Targets\n\nPod to Service latency over Pod to Pod IP latency (target ≤ 1.03), and tuned over untuned (latency: ≤ 1, bandwidth: ≥ 1):\n\n")
+	fmt.Fprintf(w, "| dataplane | tuning | test | size | service / pod-ip |\n|---|---|---|---:|---:|\n")
+	for _, d := range r.Config.Dataplanes {
+		for _, row := range r.Rows {
+			if row.Dataplane != d || row.Path != QperfPodIP || !isLatency(row) {
+				continue
+			}
+			svc := r.mean(d, QperfService, row.Tuning, row.Test, row.MsgSize, row.Metric)
+			if svc > 0 && row.Mean > 0 {
+				fmt.Fprintf(w, "| %s | %s | %s %s | %s | %.3f |\n", d, row.Tuning, row.Test, row.Metric, row.MsgSize, svc/row.Mean)
+			}
+		}
+	}
+	if !r.Config.Tuned {
+		return
+	}
+	fmt.Fprintf(w, "\n| dataplane | path | test | size | tuned / untuned |\n|---|---|---|---:|---:|\n")
+	for _, row := range r.Rows {
+		if row.Tuning != "untuned" {
+			continue
+		}
+		tuned := r.mean(row.Dataplane, row.Path, "tuned", row.Test, row.MsgSize, row.Metric)
+		if tuned > 0 && row.Mean > 0 {
+			fmt.Fprintf(w, "| %s | %s | %s %s | %s | %.3f |\n", row.Dataplane, row.Path, row.Test, row.Metric, row.MsgSize, tuned/row.Mean)
+		}
+	}
+	if len(r.Tuning) > 0 {
+		fmt.Fprintf(w, "\nWhat `lab tune apply` changed:\n\n")
+		for _, c := range r.Tuning {
+			fmt.Fprintf(w, "- %s\n", c)
+		}
+	}
+}
+
+func isLatency(row QperfRow) bool {
+	return row.Unit == "ns"
+}
+
+func human(v float64, unit string) string {
+	switch unit {
+	case "ns":
+		return fmt.Sprintf("%.1f", v/1e3)
+	case "bits/sec":
+		return fmt.Sprintf("%.1f", v/1e6)
+	}
+	return fmt.Sprintf("%g", v)
+}
+
+func humanUnit(unit string) string {
+	switch unit {
+	case "ns":
+		return "µs"
+	case "bits/sec":
+		return "Mbit/s"
+	}
+	return unit
+}
+
+// plot draws tcp_lat at the first size per path, a bar per dataplane and
+// tuning.
+func (r *QperfReport) plot(path string) (bool, error) {
+	if len(r.Config.Sizes) == 0 {
+		return false, nil
+	}
+	size := r.Config.Sizes[0]
+	paths := []string{QperfHost, QperfPodIP, QperfService}
+	var groups []string
+	var values [][]float64
+	for _, d := range r.Config.Dataplanes {
+		for _, tuning := range []string{"untuned", "tuned"} {
+			vals := make([]float64, len(paths))
+			any := false
+			for i, p := range paths {
+				vals[i] = r.mean(d, p, tuning, "tcp_lat", size, "latency") / 1e3
+				any = any || vals[i] > 0
+			}
+			if any {
+				groups = append(groups, d+" "+tuning)
+				values = append(values, vals)
+			}
+		}
+	}
+	return groupedBars(path, fmt.Sprintf("qperf tcp_lat, %s-byte messages, mean of %d runs (kernel %s)", size, r.Config.Runs, r.Kernel),
+		"latency, µs", paths, groups, values, "%.1f")
+}
