@@ -4,9 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
+	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluice-dataplane/sluice/internal/dnsecho"
 	"github.com/sluice-dataplane/sluice/internal/dnsscale"
 )
 
@@ -14,9 +18,57 @@ import (
 func dnsCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dns",
-		Short: "Cluster DNS tools: the autoscaler's replica calculator",
+		Short: "Cluster DNS tools: the autoscaler's replica calculator, the DNS echo server",
 	}
-	cmd.AddCommand(dnsReplicasCommand())
+	cmd.AddCommand(dnsReplicasCommand(), dnsEchoCommand())
+	return cmd
+}
+
+// dnsEchoCommand is `sluice dns echo`: the multi-core DNS study's echo
+// server (internal/dnsecho).
+func dnsEchoCommand() *cobra.Command {
+	c := dnsecho.Config{Processes: 1, Threads: 1, Model: dnsecho.ModelBlocking}
+	var listen, cpus string
+	cmd := &cobra.Command{
+		Use:   "echo",
+		Short: "DNS echo server: answers every query with itself, QR and RA set; processes, threads, I/O model, SO_REUSEPORT, CPU pinning",
+		Long: `Answers any DNS query by sending it back with QR and RA set, as the
+multi-core DNS study's server does, to measure what each way of serving
+costs (sluice bench dns). --processes N runs N processes (this one and N-1
+re-executed children), each with --threads M OS threads; each thread runs
+the --model loop on a raw socket with its own system calls, never Go's
+netpoller: blocking (recvfrom/sendto), select, poll, epoll (readiness, then
+recvfrom until EAGAIN) or recvmmsg (up to 64 datagrams per call, answers
+in one sendmmsg). --reuseport gives every thread its own socket, else all
+share one. --cpus pins thread t of process p to the (p*M+t)-th CPU of the
+list. Datagrams shorter than a header, or responses, are dropped and
+counted. On SIGINT or SIGTERM it prints the counters of all processes as
+JSON: answered, dropped, errors.`,
+		Example: `  sluice dns echo --listen 0.0.0.0:5353 --processes 2 --model epoll --reuseport --cpus 0,1`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ap, err := netip.ParseAddrPort(listen)
+			if err != nil {
+				return fmt.Errorf("--listen %q: want ADDR:PORT ([::]:53 for IPv6 and IPv4): %w", listen, err)
+			}
+			c.Listen = ap
+			if c.CPUs, err = dnsecho.ParseCPUs(cpus); err != nil {
+				return err
+			}
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			return dnsecho.Run(cmd.Context(), c, exe, os.Args[1:], cmd.OutOrStdout())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", "0.0.0.0:53", "address and port ([::]:53 takes IPv6 and IPv4)")
+	f.IntVar(&c.Processes, "processes", c.Processes, "processes")
+	f.IntVar(&c.Threads, "threads", c.Threads, "threads per process")
+	f.StringVar(&c.Model, "model", c.Model, "I/O model: "+strings.Join(dnsecho.Models, ", "))
+	f.BoolVar(&c.ReusePort, "reuseport", false, "a socket per thread (SO_REUSEPORT) instead of one shared")
+	f.StringVar(&cpus, "cpus", "", "CPUs to pin threads to, round robin: 0,2,4-7")
 	return cmd
 }
 
