@@ -34,7 +34,7 @@ const (
 	// holds no limit a user would accept).
 	bwUnder = 0.70
 	// An unlimited Pod runs at least this many times the limits.
-	bwFree = 5
+	bwFree = 4
 )
 
 // TestPrivilegedBandwidthManager runs the bandwidth manager in the lab

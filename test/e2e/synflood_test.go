@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -59,12 +60,17 @@ func TestPrivilegedSYNFloodKeepsConnections(t *testing.T) {
 		pool := l.Command(ctx, "client", l.Exe, "lab", "probe", "stream", "--addr", hostPort(node1.IPv4, a.nodePort()),
 			"--connections", fmt.Sprint(conns), "--count", "100", "--interval", interval.String(), "--timeout", "5s",
 			"--budget", "90s", "-o", "json")
-		stderr := &strings.Builder{}
-		pool.Stderr = stderr
+		stderr, stdout := &strings.Builder{}, &bytes.Buffer{}
+		pool.Stderr, pool.Stdout = stderr, stdout
+		// Started here, not in the goroutine: the test signals the
+		// process later and must see it started.
+		if err := pool.Start(); err != nil {
+			t.Fatalf("starting the connection pool: %v", err)
+		}
 		done := make(chan result, 1)
 		go func() {
-			out, err := pool.Output()
-			done <- result{out, err}
+			err := pool.Wait()
+			done <- result{stdout.Bytes(), err}
 		}()
 		pools, stderrs, cmds = append(pools, done), append(stderrs, stderr), append(cmds, pool)
 	}
