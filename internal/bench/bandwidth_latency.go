@@ -36,6 +36,9 @@ type LatencyRow struct {
 	// BulkWire is the bulk stream's wire rate meanwhile, bits/s.
 	BulkWire float64 `json:"bulk_wire_bps"`
 	Skipped  string  `json:"skipped,omitempty"`
+	// Starved: not one round trip completed while the probe ran; the
+	// percentiles hold the probe's length, a lower bound.
+	Starved bool `json:"starved,omitempty"`
 }
 
 // latency runs the bulk stream (iperf3, one stream of the first congestion
@@ -58,7 +61,8 @@ func (b *bwBench) latency(ctx context.Context, r *LatencyRow, cfg BandwidthConfi
 		return fmt.Errorf("bulk stream under the latency probe: %w", errors.Join(err, errors.New("ended before the probe started")))
 	case <-time.After(time.Second):
 	}
-	rtts, perr := b.sockperfRTTs(ctx, d-2*time.Second)
+	window := d - 2*time.Second
+	rtts, perr := b.sockperfRTTs(ctx, window)
 	if err := <-bulkErr; err != nil {
 		return fmt.Errorf("bulk stream under the latency probe: %w", err)
 	}
@@ -68,7 +72,12 @@ func (b *bwBench) latency(ctx context.Context, r *LatencyRow, cfg BandwidthConfi
 	r.BulkWire = bulk.Wire
 	r.Samples = len(rtts)
 	if len(rtts) == 0 {
-		return errors.New("sockperf: no round trips measured")
+		// Every request waited behind the bulk stream for longer than
+		// the probe ran: a result (a queue of seconds), not an error.
+		r.Starved = true
+		us := float64(window.Microseconds())
+		r.P50, r.P95, r.P99, r.Max = us, us, us, us
+		return nil
 	}
 	slices.Sort(rtts)
 	r.P50, r.P95, r.P99, r.Max = percentile(rtts, 50), percentile(rtts, 95), percentile(rtts, 99), rtts[len(rtts)-1]

@@ -1,12 +1,9 @@
 package bench
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -32,21 +29,9 @@ func (r BandwidthRow) run() string {
 // WriteFiles writes bandwidth-<time>.json and .md under dir, and the plots
 // bandwidth-<time>-accuracy.png and -latency.png, and returns their paths.
 func (r *BandwidthReport) WriteFiles(dir string) ([]string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("create %s: %w", dir, err)
-	}
-	base := filepath.Join(dir, "bandwidth-"+r.Start.UTC().Format("20060102-150405"))
-	js, err := json.MarshalIndent(r, "", "  ")
+	base, paths, err := writeReport(dir, "bandwidth", r.Start, r)
 	if err != nil {
-		return nil, fmt.Errorf("encode report: %w", err)
-	}
-	var md strings.Builder
-	r.WriteMarkdown(&md)
-	paths := []string{base + ".json", base + ".md"}
-	for i, data := range [][]byte{append(js, '\n'), []byte(md.String())} {
-		if err := os.WriteFile(paths[i], data, 0o644); err != nil {
-			return nil, fmt.Errorf("write %s: %w", paths[i], err)
-		}
+		return nil, err
 	}
 	for _, p := range []struct {
 		path string
@@ -140,9 +125,18 @@ func (r *BandwidthReport) WriteMarkdown(w io.Writer) {
 			fmt.Fprintf(w, "| %s | %s | %s | skipped: %s | | | | | |\n", l.Direction, l.Rate, l.Contender, l.Skipped)
 			continue
 		}
+		if l.Starved {
+			v := fmt.Sprintf("> %.0f", l.P99/1e3)
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %.2f | no round trip completed |\n", l.Direction, l.Rate, l.Contender,
+				v, v, v, v, l.BulkWire/1e6)
+			continue
+		}
 		vs := "-"
 		if base := r.latencyOf(BWTBFCNI, l.Direction, l.Rate); base != nil && l.P99 > 0 && l.Contender != BWTBFCNI {
 			vs = fmt.Sprintf("%.1f×", base.P99/l.P99)
+			if base.Starved {
+				vs = "> " + vs // the base's figure is a lower bound
+			}
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %s |\n", l.Direction, l.Rate, l.Contender,
 			l.P50/1e3, l.P95/1e3, l.P99/1e3, l.Max/1e3, l.BulkWire/1e6, vs)

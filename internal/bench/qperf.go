@@ -3,7 +3,6 @@ package bench
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -153,15 +152,9 @@ func RunQperf(ctx context.Context, cfg QperfConfig) (*QperfReport, error) {
 		}
 	}
 	rep := &QperfReport{Kernel: kernelRelease(), Start: time.Now().UTC(), Config: cfg, Skipped: map[string]string{}}
-	for _, d := range cfg.Dataplanes {
-		if err := runQperfDataplane(ctx, cfg, d, rep); err != nil {
-			if errors.Is(err, lab.ErrDataplaneUnavailable) {
-				rep.Skipped[d] = err.Error()
-				cfg.step("%s skipped: %v", d, err)
-				continue
-			}
-			return rep, fmt.Errorf("%s: %w", d, err)
-		}
+	err := eachDataplane(cfg.Dataplanes, rep.Skipped, cfg.step, func(d string) error { return runQperfDataplane(ctx, cfg, d, rep) })
+	if err != nil {
+		return rep, err
 	}
 	return rep, nil
 }
@@ -435,21 +428,9 @@ func (r *QperfReport) mean(d, path, tuning, test, size, metric string) float64 {
 
 // WriteFiles writes qperf-<time>.json, .md and a plot.
 func (r *QperfReport) WriteFiles(dir string) ([]string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	base := filepath.Join(dir, "qperf-"+r.Start.Format("20060102-150405"))
-	js, err := json.MarshalIndent(r, "", "  ")
+	base, paths, err := writeReport(dir, "qperf", r.Start, r)
 	if err != nil {
 		return nil, err
-	}
-	var md strings.Builder
-	r.WriteMarkdown(&md)
-	paths := []string{base + ".json", base + ".md"}
-	for i, data := range [][]byte{append(js, '\n'), []byte(md.String())} {
-		if err := os.WriteFile(paths[i], data, 0o644); err != nil {
-			return nil, err
-		}
 	}
 	drawn, err := r.plot(base + ".png")
 	if err != nil {

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
 // Stats summarises the samples of one measurement over the repeats.
@@ -352,4 +355,48 @@ func (r *PPSReport) WriteMarkdown(w io.Writer) {
 			fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
 		}
 	}
+}
+
+// markdownReport is a report that writes itself as Markdown.
+type markdownReport interface {
+	WriteMarkdown(w io.Writer)
+}
+
+// writeReport writes r as <dir>/<name>-<start>.json and .md and returns
+// the base path (for the plots) and the two paths.
+func writeReport(dir, name string, start time.Time, r markdownReport) (string, []string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", nil, fmt.Errorf("create %s: %w", dir, err)
+	}
+	base := filepath.Join(dir, name+"-"+start.UTC().Format("20060102-150405"))
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return "", nil, fmt.Errorf("encode report: %w", err)
+	}
+	var md strings.Builder
+	r.WriteMarkdown(&md)
+	paths := []string{base + ".json", base + ".md"}
+	for i, data := range [][]byte{append(js, '\n'), []byte(md.String())} {
+		if err := os.WriteFile(paths[i], data, 0o644); err != nil {
+			return "", nil, fmt.Errorf("write %s: %w", paths[i], err)
+		}
+	}
+	return base, paths, nil
+}
+
+// eachDataplane runs fn for every dataplane in turn; one this machine
+// cannot run (lab.ErrDataplaneUnavailable) is recorded in skipped and the
+// others go on.
+func eachDataplane(dataplanes []string, skipped map[string]string, step func(string, ...any), fn func(string) error) error {
+	for _, d := range dataplanes {
+		if err := fn(d); err != nil {
+			if errors.Is(err, lab.ErrDataplaneUnavailable) {
+				skipped[d] = err.Error()
+				step("%s skipped: %v", d, err)
+				continue
+			}
+			return fmt.Errorf("%s: %w", d, err)
+		}
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"strings"
 	"time"
@@ -20,7 +21,7 @@ func benchCommand() *cobra.Command {
 		Use:   "bench",
 		Short: "Benchmarks: every contender in one run, min/median/max over repeats",
 	}
-	cmd.AddCommand(benchPPSCommand(), benchScaleCommand(), benchBandwidthCommand(), benchQperfCommand())
+	cmd.AddCommand(benchPPSCommand(), benchScaleCommand(), benchBandwidthCommand(), benchQperfCommand(), benchDNSCommand())
 	return cmd
 }
 
@@ -154,4 +155,23 @@ Markdown and a bar chart (PNG) under --out. Needs root.`,
 	f.StringVar(&out, "out", "results/pps", "directory for the JSON, Markdown and PNG results")
 	f.StringVarP(&output, "output", "o", "table", "stdout format: table or json")
 	return cmd
+}
+
+// benchReport is a benchmark's report: Markdown to stdout, files under a
+// directory.
+type benchReport interface {
+	WriteMarkdown(w io.Writer)
+	WriteFiles(dir string) ([]string, error)
+}
+
+// writeBenchReport prints the report, writes its files under out and
+// names them; runErr (what stopped the run early, if anything) comes
+// back with any write error.
+func writeBenchReport(cmd *cobra.Command, report benchReport, runErr error, out string) error {
+	report.WriteMarkdown(cmd.OutOrStdout())
+	paths, err := report.WriteFiles(out)
+	for _, p := range paths {
+		fmt.Fprintf(cmd.OutOrStdout(), "written: %s\n", p)
+	}
+	return errors.Join(runErr, err)
 }

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -57,12 +56,7 @@ iperf3 and sockperf (scripts/deps.sh). The defaults take about 20 minutes.`,
 			if report == nil {
 				return runErr
 			}
-			report.WriteMarkdown(cmd.OutOrStdout())
-			paths, err := report.WriteFiles(out)
-			for _, p := range paths {
-				fmt.Fprintf(cmd.OutOrStdout(), "written: %s\n", p)
-			}
-			return errors.Join(runErr, err)
+			return writeBenchReport(cmd, report, runErr, out)
 		},
 	}
 	f := cmd.Flags()

@@ -1,8 +1,6 @@
 package cli
 
 import (
-	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -53,12 +51,7 @@ is reported as skipped. Needs root, qperf and sockperf (scripts/deps.sh).`,
 			if report == nil {
 				return runErr
 			}
-			report.WriteMarkdown(cmd.OutOrStdout())
-			paths, err := report.WriteFiles(out)
-			for _, p := range paths {
-				fmt.Fprintf(cmd.OutOrStdout(), "written: %s\n", p)
-			}
-			return errors.Join(runErr, err)
+			return writeBenchReport(cmd, report, runErr, out)
 		},
 	}
 	f := cmd.Flags()

@@ -69,6 +69,7 @@ JSON: answered, dropped, errors.`,
 	f.StringVar(&c.Model, "model", c.Model, "I/O model: "+strings.Join(dnsecho.Models, ", "))
 	f.BoolVar(&c.ReusePort, "reuseport", false, "a socket per thread (SO_REUSEPORT) instead of one shared")
 	f.StringVar(&cpus, "cpus", "", "CPUs to pin threads to, round robin: 0,2,4-7")
+	f.IntVar(&c.Buffer, "buffer", 0, "socket receive and send buffers, bytes (the study: 16777216; 0: the kernel's default)")
 	return cmd
 }
 

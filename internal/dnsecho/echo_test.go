@@ -15,6 +15,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
 
 func query(id uint16) []byte {
@@ -246,4 +250,32 @@ func TestRunProcesses(t *testing.T) {
 
 func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// SetBuffers takes the socket past net.core.rmem_max as root (the study's
+// 16 MiB), and leaves the default for 0.
+func TestPrivilegedSetBuffers(t *testing.T) {
+	probetest.RequireRoot(t, "SO_RCVBUFFORCE needs CAP_NET_ADMIN")
+	fd, err := Listen(netip.MustParseAddrPort("127.0.0.1:0"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	before, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF)
+	if err := SetBuffers(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF); got != before {
+		t.Errorf("SetBuffers(0) changed SO_RCVBUF %d -> %d", before, got)
+	}
+	const want = 16 << 20
+	if err := SetBuffers(fd, want); err != nil {
+		t.Fatal(err)
+	}
+	for _, opt := range []int{unix.SO_RCVBUF, unix.SO_SNDBUF} {
+		// The kernel reports twice what was set (its bookkeeping share).
+		if got, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, opt); got < want {
+			t.Errorf("socket option %d: %d bytes, want at least %d", opt, got, want)
+		}
+	}
 }

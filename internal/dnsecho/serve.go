@@ -75,6 +75,23 @@ func Listen(addr netip.AddrPort, reusePort bool) (int, error) {
 	return fd, nil
 }
 
+// SetBuffers sets a socket's receive and send buffers to bytes: with
+// SO_RCVBUFFORCE and SO_SNDBUFFORCE (CAP_NET_ADMIN) past the sysctl
+// maxima, else within them. 0 leaves the defaults.
+func SetBuffers(fd, bytes int) error {
+	if bytes == 0 {
+		return nil
+	}
+	for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, o[0], bytes); err != nil {
+			if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, o[1], bytes); err != nil {
+				return fmt.Errorf("socket buffers of %d bytes: %w", bytes, err)
+			}
+		}
+	}
+	return nil
+}
+
 // thread is one serving thread's state.
 type thread struct {
 	fd       int
@@ -135,6 +152,9 @@ func (t *thread) setup(c Config, index int) error {
 			return err
 		}
 		t.fd = fd
+		if err := SetBuffers(fd, c.Buffer); err != nil {
+			return err
+		}
 	}
 	if len(c.CPUs) > 0 {
 		var set unix.CPUSet
@@ -349,6 +369,10 @@ func Run(ctx context.Context, c Config, exe string, args []string, out io.Writer
 	default:
 		var err error
 		if fd, err = Listen(c.Listen, false); err != nil {
+			return err
+		}
+		if err := SetBuffers(fd, c.Buffer); err != nil {
+			unix.Close(fd)
 			return err
 		}
 	}

@@ -76,6 +76,8 @@ func upCommand(prefix *string) *cobra.Command {
 	for _, f := range []string{"veth-no-peer-xdp", "veth-checksums", "veth-gro"} {
 		_ = cmd.Flags().MarkHidden(f)
 	}
+	cmd.Flags().IntVar(&cfg.ClusterDNS, "cluster-dns", 0,
+		"CoreDNS replicas behind the kube-dns Service ("+ClusterDNSIPv4.String()+"), pods' resolv.conf pointing at it (scripts/coredns-build.sh builds CoreDNS)")
 	cmd.Flags().BoolVar(&cfg.BandwidthManager, "bandwidth-manager", false,
 		"agents with --enable-bandwidth-manager: pods' kubernetes.io/egress-bandwidth and ingress-bandwidth annotations (lab annotate) are enforced")
 	cmd.Flags().StringArrayVar(&cfg.AgentArgs, "agent-arg", nil, "extra flag for every agent (repeatable)")
@@ -146,7 +148,8 @@ func execCommand(prefix *string) *cobra.Command {
 				return err
 			}
 			defer l.Close()
-			c := l.Command(cmd.Context(), args[0], args[1:]...)
+			// A pod of a lab with cluster DNS sees its resolv.conf.
+			c := l.Command(cmd.Context(), args[0], l.WithResolvConf(args[0], args[1:])...)
 			c.Stdin, c.Stdout, c.Stderr = os.Stdin, os.Stdout, os.Stderr
 			err = c.Run()
 			var exitErr *exec.ExitError
@@ -240,6 +243,7 @@ func probeCommand() *cobra.Command {
 		{"udp", "addr", "IP:PORT to send to (repeatable)", ProbeUDP},
 		{"tcp", "addr", "IP:PORT to connect to (repeatable)", ProbeTCP},
 		{"stream", "addr", "IP:PORT of an echo backend or Service: one connection (or --connections), Count requests each", ProbeStream},
+		{"dns", "addr", "IP:PORT of a DNS server or Service: lookups as glibc makes them (A and AAAA at once from a new socket)", ProbeDNS},
 	} {
 		var cfg ProbeConfig
 		var output string
@@ -279,6 +283,9 @@ func probeCommand() *cobra.Command {
 			f.BoolVar(&cfg.V4Mapped, "v4-mapped", false, "connect to an IPv4 target from an IPv6 socket")
 		case "stream":
 			f.IntVar(&cfg.Connections, "connections", 1, "connections kept at once, each making --count requests at --interval")
+		case "dns":
+			f.StringVar(&cfg.Name, "name", "kubernetes.default.svc.cluster.local", "name to look up")
+			f.IntVar(&cfg.Connections, "clients", 1, "clients looking up at once (--count lookups in all)")
 		}
 		cmd.AddCommand(sub)
 	}

@@ -84,6 +84,10 @@ type Config struct {
 	BandwidthManager bool
 	// AgentArgs are extra flags for every agent, after the lab's own.
 	AgentArgs []string
+	// ClusterDNS runs this many CoreDNS replicas in the lab's pods behind
+	// the kube-dns Service, and gives every pod a resolv.conf pointing at
+	// it (clusterdns.go); 0: none.
+	ClusterDNS int
 	// Exe is a binary with the `lab backend` and `lab probe` subcommands;
 	// default: this executable.
 	Exe string
@@ -103,6 +107,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.PodsPerNode < 0 || c.PodsPerNode > MaxPodsPerNode {
 		return fmt.Errorf("pods per node %d: want 0..%d", c.PodsPerNode, MaxPodsPerNode)
+	}
+	if c.ClusterDNS < 0 || c.ClusterDNS > c.Nodes*c.PodsPerNode {
+		return fmt.Errorf("cluster DNS replicas %d: want 0..%d (one per pod at most)", c.ClusterDNS, c.Nodes*c.PodsPerNode)
 	}
 	if c.Dataplane == "" {
 		c.Dataplane = DataplaneSluice
@@ -203,6 +210,8 @@ type State struct {
 	Client       Endpoint  `json:"client"`
 	Nodes        []Node    `json:"nodes"`
 	Created      time.Time `json:"created"`
+	// ClusterDNS is CoreDNS behind kube-dns, when the lab runs it.
+	ClusterDNS *ClusterDNS `json:"clusterDNS,omitempty"`
 }
 
 // Endpoint is a namespace of the lab that runs processes: a node, a pod or
@@ -240,6 +249,9 @@ type Pod struct {
 	// Annotations are the Pod object's (lab annotate): the bandwidth
 	// annotations, for one.
 	Annotations map[string]string `json:"annotations,omitempty"`
+	// Labels are added to the lab's own: k8s-app: kube-dns where a
+	// CoreDNS replica runs.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // Agent is a node's sluice-agent process.
@@ -339,6 +351,16 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 		}
 		l.Nodes = append(l.Nodes, node)
 	}
+	if cfg.ClusterDNS > 0 {
+		l.ClusterDNS = &ClusterDNS{VIP: ClusterDNSIPv4, Replicas: dnsReplicaPods(cfg.Nodes, cfg.ClusterDNS)}
+		for ni := range l.Nodes {
+			for pi := range l.Nodes[ni].Pods {
+				if p := &l.Nodes[ni].Pods[pi]; slices.Contains(l.ClusterDNS.Replicas, p.Name) {
+					p.Labels = map[string]string{LabelDNS: labelDNSValue}
+				}
+			}
+		}
+	}
 	for _, dir := range []string{l.RunDir, l.ManifestsDir, filepath.Join(l.RunDir, "pods")} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("create %s: %w", dir, err)
@@ -417,6 +439,12 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 	l.step("starting echo backends in %d pods", cfg.Nodes*cfg.PodsPerNode)
 	if err := l.startBackends(ctx); err != nil {
 		return err
+	}
+	if l.ClusterDNS != nil {
+		l.step("starting cluster DNS: CoreDNS in %s behind %s %s", strings.Join(l.ClusterDNS.Replicas, ", "), ClusterDNSName, l.ClusterDNS.VIP)
+		if err := l.startClusterDNS(ctx); err != nil {
+			return err
+		}
 	}
 	switch {
 	case cfg.Dataplane == DataplaneSluice:
@@ -605,6 +633,9 @@ func Cleanup(prefix string) error {
 		}
 	}
 
+	if err := removeResolvConfs(nm.prefix); err != nil {
+		errs = append(errs, fmt.Errorf("remove the pods' resolv.conf under %s: %w", etcNetns, err))
+	}
 	if err := os.RemoveAll(nm.bpfRoot()); err != nil {
 		errs = append(errs, fmt.Errorf("remove pins %s: %w", nm.bpfRoot(), err))
 	}
@@ -654,7 +685,7 @@ func (l *Lab) nodeInfos() []NodeInfo {
 func (l *Lab) podInfos() []PodInfo {
 	var out []PodInfo
 	for _, p := range l.Pods() {
-		out = append(out, PodInfo{Name: p.Name, Node: p.Node, IPv4: p.IPv4, IPv6: p.IPv6, Annotations: p.Annotations})
+		out = append(out, PodInfo{Name: p.Name, Node: p.Node, IPv4: p.IPv4, IPv6: p.IPv6, Annotations: p.Annotations, Labels: p.Labels})
 	}
 	return out
 }
@@ -720,7 +751,10 @@ func (l *Lab) Apply(objs ...runtime.Object) error {
 	if l.ControlPlane == ControlPlaneReal {
 		return l.applyAPI(objs)
 	}
-	return applyObjects(l.ManifestsDir, l.podInfos(), objs)
+	if err := applyObjects(l.ManifestsDir, l.podInfos(), objs); err != nil {
+		return err
+	}
+	return l.syncHosts()
 }
 
 // Delete removes Services (and their EndpointSlices) from the manifests or
@@ -729,7 +763,10 @@ func (l *Lab) Delete(objs ...runtime.Object) error {
 	if l.ControlPlane == ControlPlaneReal {
 		return l.deleteAPI(objs)
 	}
-	return deleteObjects(l.ManifestsDir, objs)
+	if err := deleteObjects(l.ManifestsDir, objs); err != nil {
+		return err
+	}
+	return l.syncHosts()
 }
 
 // ApplyFile applies the Services in a YAML file.

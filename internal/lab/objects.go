@@ -39,6 +39,9 @@ type PodInfo struct {
 	IPv6 netip.Addr `json:"ipv6"`
 	// Annotations of the Pod object (lab annotate).
 	Annotations map[string]string `json:"annotations,omitempty"`
+	// Labels are added to the lab's own (k8s-app: kube-dns on the pods
+	// of cluster DNS).
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // NodeInfo is what the manifests need to know about one lab node.
@@ -83,7 +86,12 @@ var echoPorts = []corev1.ContainerPort{
 }
 
 func podLabels(p PodInfo) map[string]string {
-	return map[string]string{LabelApp: "echo", LabelPod: p.Name, LabelNode: p.Node}
+	out := maps.Clone(p.Labels)
+	if out == nil {
+		out = map[string]string{}
+	}
+	out[LabelApp], out[LabelPod], out[LabelNode] = "echo", p.Name, p.Node
+	return out
 }
 
 // podObject is the Pod of one echo backend, Running and Ready, on a node

@@ -112,6 +112,8 @@ type ProbeConfig struct {
 	// the echo backend for replies of this many (0: the pod name alone):
 	// above the MTU they travel in fragments (udp).
 	Size, ReplySize int
+	// Name is what a dns probe looks up.
+	Name string
 	// SourcePort fixes the client port (http, udp, tcp), so that repeated
 	// requests are one flow for the load balancer's hash. TCP sockets then
 	// close with RST (SO_LINGER 0): no TIME_WAIT blocks the next connect

@@ -28,6 +28,21 @@ type Status struct {
 	CgroupRoot     string       `json:"cgroupRoot"`
 	Client         Endpoint     `json:"client"`
 	Nodes          []NodeStatus `json:"nodes"`
+	// ClusterDNS is CoreDNS behind kube-dns, each replica asked directly
+	// and the Service asked from a pod.
+	ClusterDNS *ClusterDNSStatus `json:"clusterDNS,omitempty"`
+}
+
+// ClusterDNSStatus is the cluster DNS and whether it answers.
+type ClusterDNSStatus struct {
+	ClusterDNS
+	// Replicas answering a query for kube-dns directly, and the errors of
+	// those that do not.
+	Answering int               `json:"answering"`
+	Errors    map[string]string `json:"errors,omitempty"`
+	// ServiceError is what a query to the Service from a pod got ("":
+	// answered).
+	ServiceError string `json:"serviceError,omitempty"`
 }
 
 // APIServerStatus is the real control plane and whether it answers.
@@ -81,6 +96,31 @@ func (l *Lab) Status(ctx context.Context) Status {
 		CgroupRoot: l.CgroupRoot, Client: l.Client}
 	if st.ControlPlane == "" {
 		st.ControlPlane = ControlPlaneManifests // state of an older lab
+	}
+	if d := l.ClusterDNS; d != nil {
+		cs := &ClusterDNSStatus{ClusterDNS: *d, Errors: map[string]string{}}
+		name := ClusterDNSName + "." + labNamespace + ".svc." + ClusterDomain
+		for _, r := range d.Replicas {
+			p, _ := l.Pod(r)
+			if _, err := QueryA(ctx, p.Netns, netip.AddrPortFrom(p.IPv4, 53), name); err != nil {
+				cs.Errors[r] = err.Error()
+			} else {
+				cs.Answering++
+			}
+		}
+		// Through the Service: from a pod's namespace and cgroup, where
+		// the dataplane's socket load balancing applies.
+		if pods := l.Pods(); len(pods) > 0 {
+			r, err := l.Probe(ctx, pods[len(pods)-1].Name, "dns", "--addr", netip.AddrPortFrom(d.VIP, 53).String(), "--name", name,
+				"--count", "1", "--timeout", "1s")
+			switch {
+			case err != nil:
+				cs.ServiceError = err.Error()
+			case r.OK != r.Count:
+				cs.ServiceError = r.FirstError
+			}
+		}
+		st.ClusterDNS = cs
 	}
 	if l.APIServer != nil {
 		as := &APIServerStatus{APIServer: *l.APIServer}
@@ -149,6 +189,19 @@ func (st Status) Print(w io.Writer, asJSON bool) error {
 			accel += " (" + strings.Join(own, ", ") + ")"
 		}
 		fmt.Fprintf(w, "North-south: lb-mode %s, lb-acceleration %s on %s\n", st.LBMode, accel, strings.Join(st.Devices, ","))
+	}
+	if d := st.ClusterDNS; d != nil {
+		svc := "answers"
+		if d.ServiceError != "" {
+			svc = "NOT ANSWERING: " + d.ServiceError
+		}
+		fmt.Fprintf(w, "Cluster DNS: %s, %d replicas (%d answering: %s) behind %s %s, UDP and TCP 53: %s\n", d.Version, len(d.Replicas),
+			d.Answering, strings.Join(d.Replicas, ", "), ClusterDNSName, d.VIP, svc)
+		for _, r := range d.Replicas {
+			if e := d.Errors[r]; e != "" {
+				fmt.Fprintf(w, "  CoreDNS in %s: %s\n", r, e)
+			}
+		}
 	}
 	if st.Veths.Checksums != "" { // state of an older lab: not recorded
 		fmt.Fprintf(w, "Veths: %s\n", st.Veths)

@@ -43,9 +43,17 @@ func topology(nm names, nodes, podsPerNode int, controlPlane bool) []batch {
 
 	out := []batch{fabric}
 	if controlPlane {
-		// Like the client: the fabric subnet only, no route anywhere else.
+		// The fabric subnet, and the pods through their nodes: a
+		// cluster's control plane reaches its pods (webhooks, exec), and
+		// pods reach the apiserver (CoreDNS's kubernetes plugin). Nothing
+		// beyond.
 		cp := batch{netns: nm.cpNetns(), cmds: []string{"link set lo up"}}
 		cp.cmds = append(cp.cmds, uplink(ControlPlaneIPv4, ControlPlaneIPv6)...)
+		for n := 1; n <= nodes; n++ {
+			cp.cmds = append(cp.cmds,
+				fmt.Sprintf("route add %s via %s dev %s", PodCIDRv4(n), NodeIPv4(n), uplinkName),
+				fmt.Sprintf("route add %s via %s dev %s", PodCIDRv6(n), NodeIPv6(n), uplinkName))
+		}
 		out = append(out, cp)
 	}
 	client := batch{netns: nm.clientNetns(), cmds: []string{"link set lo up"}}
