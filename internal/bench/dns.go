@@ -3,7 +3,6 @@ package bench
 import (
 	"bufio"
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -102,7 +101,7 @@ type DNSRow struct {
 	// errors during the runs: queries dropped at the server's socket.
 	RcvbufErrors int64     `json:"rcvbuf_errors"`
 	NetRxShare   []float64 `json:"net_rx_share"`
-	NetRxCPU     string    `json:"net_rx_cpu"` // the CPUs that handled 90% of NET_RX
+	NetRxCPU     string    `json:"net_rx_cpu"` // NET_RX share per CPU: "0:55% 1:45%"
 	ServerError  string    `json:"server_error,omitempty"`
 }
 
@@ -593,8 +592,8 @@ func addDelta(sum, before, after []uint64) []uint64 {
 	return sum
 }
 
-// shares turns counts per CPU into fractions, and names the CPUs that
-// took 90% of them, busiest first.
+// shares turns counts per CPU into fractions, and says them per CPU:
+// "0:55% 1:45%".
 func shares(counts []uint64) ([]float64, string) {
 	var total uint64
 	for _, c := range counts {
@@ -604,20 +603,10 @@ func shares(counts []uint64) ([]float64, string) {
 		return nil, ""
 	}
 	fr := make([]float64, len(counts))
-	order := make([]int, len(counts))
+	parts := make([]string, len(counts))
 	for i, c := range counts {
 		fr[i] = float64(c) / float64(total)
-		order[i] = i
+		parts[i] = fmt.Sprintf("%d:%.0f%%", i, 100*fr[i])
 	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(counts[b], counts[a]) })
-	var names []string
-	acc := 0.0
-	for _, i := range order {
-		if acc >= 0.9 {
-			break
-		}
-		acc += fr[i]
-		names = append(names, strconv.Itoa(i))
-	}
-	return fr, strings.Join(names, ",")
+	return fr, strings.Join(parts, " ")
 }

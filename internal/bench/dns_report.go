@@ -68,14 +68,14 @@ func (r *DNSReport) WriteMarkdown(w io.Writer) {
 	}
 	fmt.Fprintf(w, "Kernel %s, CPUs %s; `sluice dns echo` in node1's pod, dnsperf %s (`-c %d -q %d -l %d`, %s) in node2's pod, by Pod IP; %d runs per point (QPS min, mean, max). "+
 		"Socket buffers %s. Lost: queries dnsperf got no answer to; dropped at the socket: the server namespace's UDP RcvbufErrors. "+
-		"NET_RX: the CPUs that handled 90%% of the receive softirqs during the runs (the veth's stand-in for the NIC queue's IRQ).\n",
+		"NET_RX: each CPU's share of the receive softirqs during the runs (the veth's stand-in for the NIC queue's IRQ).\n",
 		r.Kernel, joinInts(c.CPUs), r.Dnsperf, c.Clients, c.Outstanding, int(c.Duration/time.Second), client, c.Runs, bufferText(c.Buffer))
 	for _, sweep := range DNSSweeps {
 		rows := r.sweep(sweep)
 		if len(rows) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "\n## %s\n\n| point | QPS min | QPS mean | QPS max | latency avg µs | latency max µs | lost | dropped at the socket | NET_RX CPUs |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n",
+		fmt.Fprintf(w, "\n## %s\n\n| point | QPS min | QPS mean | QPS max | latency avg µs | latency max µs | lost | dropped at the socket | NET_RX per CPU |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n",
 			dnsSweepTitles[sweep])
 		for _, row := range rows {
 			fmt.Fprintf(w, "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %d | %d | %s |\n", row.Label, row.Min, row.Mean, row.Max,

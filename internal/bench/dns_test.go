@@ -102,12 +102,9 @@ func TestDNSPoints(t *testing.T) {
 }
 
 func TestShares(t *testing.T) {
-	fr, busiest := shares([]uint64{5, 95})
-	if len(fr) != 2 || math.Abs(fr[1]-0.95) > 1e-9 || busiest != "1" {
-		t.Errorf("shares(5, 95) = %v %q, want [0.05 0.95] \"1\"", fr, busiest)
-	}
-	if _, busiest := shares([]uint64{50, 50}); busiest != "0,1" {
-		t.Errorf("shares(50, 50): busiest %q, want 0,1", busiest)
+	fr, said := shares([]uint64{5, 95})
+	if len(fr) != 2 || math.Abs(fr[1]-0.95) > 1e-9 || said != "0:5% 1:95%" {
+		t.Errorf("shares(5, 95) = %v %q, want [0.05 0.95] \"0:5%% 1:95%%\"", fr, said)
 	}
 	if fr, busiest := shares([]uint64{0, 0}); fr != nil || busiest != "" {
 		t.Errorf("shares(0, 0) = %v %q, want nothing", fr, busiest)
@@ -121,7 +118,7 @@ func TestDNSReportFiles(t *testing.T) {
 		r.Rows = append(r.Rows, DNSRow{DNSPoint: DNSPoint{Sweep: DNSSweepProcesses, Label: plural(n, "process", "processes"), Processes: n},
 			QPS: []float64{float64(n) * 1000, float64(n) * 1200}, Min: float64(n) * 1000, Mean: float64(n) * 1100, Max: float64(n) * 1200})
 	}
-	r.Rows = append(r.Rows, DNSRow{DNSPoint: DNSPoint{Sweep: DNSSweepPin, Label: "CPU 0", Processes: 1}, Min: 900, Mean: 950, Max: 1000, NetRxCPU: "1"})
+	r.Rows = append(r.Rows, DNSRow{DNSPoint: DNSPoint{Sweep: DNSSweepPin, Label: "CPU 0", Processes: 1}, Min: 900, Mean: 950, Max: 1000, NetRxCPU: "0:10% 1:90%"})
 	paths, err := r.WriteFiles(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -75,4 +76,55 @@ func TestPrivilegedBenchDNS(t *testing.T) {
 	var md strings.Builder
 	rep.WriteMarkdown(&md)
 	t.Logf("\n%s", md.String())
+}
+
+// TestPrivilegedBenchDNSThroughService runs a short `sluice bench dns
+// --through-service`: CoreDNS behind kube-dns with the real apiserver,
+// sluice and kube-proxy iptables, 1 and 2 replicas serving. Each serving
+// replica gets lookups through the VIP (and only those), dnsperf's
+// queries are answered, no glibc-shaped A/AAAA query through sluice goes
+// unanswered, and a replica deletion is measured for both.
+func TestPrivilegedBenchDNSThroughService(t *testing.T) {
+	requirePrivileged(t, "dnsperf")
+	if _, err := lab.CoreDNSBinary(); err != nil {
+		t.Fatalf("CoreDNS: %v", err)
+	}
+	cfg := bench.DNSServiceConfig{
+		Dataplanes: []string{lab.DataplaneSluice, lab.DataplaneKubeProxyIPTables}, Replicas: []int{1, 2},
+		Duration: 2 * time.Second, Runs: 1, Clients: 8, Outstanding: 100, Lookups: 200, Resolvers: 8, Timeout: 2 * time.Second,
+		Prefix: newPrefix(t), Exe: filepath.Join(env.binDir, "sluice"), AgentBin: filepath.Join(env.binDir, "sluice-agent"),
+		Progress: t.Output(),
+	}
+	rep, err := bench.RunDNSService(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Skipped) > 0 {
+		t.Fatalf("skipped: %v (the tests run with kube-proxy built: SLUICE_K8S_BIN_DIR)", rep.Skipped)
+	}
+	if len(rep.Rows) != 4 || len(rep.Deletions) != 2 {
+		t.Fatalf("%d rows and %d deletions, want 4 and 2", len(rep.Rows), len(rep.Deletions))
+	}
+	for _, r := range rep.Rows {
+		what := fmt.Sprintf("%s with %d replicas", r.Dataplane, r.Replicas)
+		if r.Mean <= 0 || r.Lost*100 > r.Sent {
+			t.Errorf("%s: %.0f queries/s, %d of %d lost: want answers, under 1%% lost", what, r.Mean, r.Lost, r.Sent)
+		}
+		if len(r.Backends) != r.Replicas {
+			t.Errorf("%s: lookups answered by %v, want each of the %d serving replicas", what, r.Backends, r.Replicas)
+		}
+		if r.Dataplane == lab.DataplaneSluice && r.Unanswered > 0 {
+			t.Errorf("%s: %d of %d A/AAAA queries unanswered, want none", what, r.Unanswered, r.Queries)
+		}
+	}
+	for _, d := range rep.Deletions {
+		t.Logf("%s: replica %s deleted while looking up: %d of %d queries unanswered", d.Dataplane, d.Deleted, d.Unanswered, d.Queries)
+	}
+	paths, err := rep.WriteFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(paths) != 3 {
+		t.Errorf("written %v, want JSON, Markdown and a plot", paths)
+	}
 }
