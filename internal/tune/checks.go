@@ -171,6 +171,21 @@ func conntrackBypass(e *env) Item {
 		it.State, it.Applied = "notrack for Pod to Pod traffic ("+notrackTable+")", true
 		return it
 	}
+	// Where conntrack tracks nothing (no netfilter rule uses it: sluice
+	// alone), a notrack table would only add a hook to every packet.
+	var tracking []string
+	for _, ns := range missing {
+		if v, ok, err := readSysctl(ns, "net.netfilter.nf_conntrack_count"); err != nil || !ok || v != "0" {
+			tracking = append(tracking, ns)
+		}
+	}
+	if len(tracking) == 0 {
+		it.Possible = false
+		it.State = "conntrack tracks nothing in " + strings.Join(names(missing), ", ") + " (no netfilter rule uses it)"
+		it.Why = "nothing to bypass: a notrack table would only add a hook to every packet"
+		return it
+	}
+	missing = tracking
 	it.State = "Pod to Pod traffic is tracked in " + strings.Join(names(missing), ", ")
 	if len(e.scope.PodCIDRs) == 0 {
 		it.Why = "give the native-routing CIDRs (--pod-cidr)"

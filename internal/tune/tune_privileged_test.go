@@ -104,6 +104,30 @@ func TestPrivilegedApplyRevert(t *testing.T) {
 		t.Fatalf("veth: %v: %s", err, out)
 	}
 	scope := Scope{Netns: []string{a, b}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24"), netip.MustParsePrefix("fd00:198:18:1::/64")}}
+	// Nothing to bypass where conntrack tracks nothing: a fresh namespace.
+	idle, err := Check(context.Background(), Scope{Netns: []string{a}, PodCIDRs: scope.PodCIDRs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range idle {
+		if it.ID == "conntrack-bypass" && (it.Possible || len(it.Changes) > 0 || !strings.Contains(it.State, "tracks nothing")) {
+			t.Errorf("conntrack-bypass where conntrack tracks nothing: possible %v, changes %v, state %q; want nothing to do", it.Possible, it.Changes, it.State)
+		}
+	}
+	// Conntrack in use in both, as kube-proxy's rules put it.
+	for _, ns := range []string{a, b} {
+		ruleset := "table inet sluice_test_ct {\n\tchain out {\n\t\ttype filter hook output priority 0; policy accept;\n\t\tct state new accept\n\t}\n}\n"
+		cmd := exec.Command("ip", "netns", "exec", ns, "nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(ruleset)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("conntrack rule in %s: %v: %s", ns, err, out)
+		}
+		for _, c := range [][]string{{"ip", "-n", ns, "link", "set", "lo", "up"}, {"ip", "netns", "exec", ns, "bash", "-c", "echo x > /dev/udp/127.0.0.1/9"}} {
+			if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v: %s", strings.Join(c, " "), err, out)
+			}
+		}
+	}
 	before := takeSnapshot(t, []string{a, b})
 	machine := takeSnapshot(t, []string{""})
 
