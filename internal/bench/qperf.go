@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -176,19 +177,38 @@ func runQperfDataplane(ctx context.Context, cfg QperfConfig, d string, rep *Qper
 		return err
 	}
 	// Servers: qperf and sockperf in the server pod and on node2 (host row).
-	for _, where := range []string{server.Name, node2.Name} {
+	stops := map[string]func(){}
+	defer func() {
+		for _, stop := range stops {
+			stop()
+		}
+	}()
+	start := func(where string) error {
+		if stop := stops[where]; stop != nil {
+			stop()
+		}
 		stop, err := startServers(l, where)
 		if err != nil {
 			return err
 		}
-		defer stop()
+		stops[where] = stop
+		return nil
+	}
+	for _, where := range []string{server.Name, node2.Name} {
+		if err := start(where); err != nil {
+			return err
+		}
 	}
 	targets := []struct{ path, from, to string }{
 		{QperfHost, node1.Name, node2.IPv4.String()},
 		{QperfPodIP, client.Name, server.IPv4.String()},
 		{QperfService, client.Name, qperfVIP.String()},
 	}
-	if err := waitQperf(ctx, l, client.Name, qperfVIP.String()); err != nil {
+	// Until the dataplane has the Service, a test can reach the server on
+	// one port and not the other (kube-proxy rejects a Service without
+	// endpoints), which leaves qperf's server waiting for that test for
+	// good: it is restarted after each failed try.
+	if err := waitQperf(ctx, l, client.Name, qperfVIP.String(), func() error { return start(server.Name) }); err != nil {
 		return fmt.Errorf("the qperf Service %s never answered: %w", qperfVIP, err)
 	}
 	tunings := []string{"untuned"}
@@ -302,6 +322,12 @@ func startServers(l *lab.Lab, where string) (stop func(), err error) {
 		l.Command(ctx, where, "sockperf", "sr", "--tcp", "-p", strconv.Itoa(qperfSockperf)),
 	}
 	for _, c := range cmds {
+		// qperf's server forks a process per test, which keeps the
+		// listening socket: the whole process group goes.
+		if c.SysProcAttr != nil {
+			c.SysProcAttr.Setpgid = true
+			c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
+		}
 		if err := c.Start(); err != nil {
 			cancel()
 			return nil, fmt.Errorf("%s in %s: %w", c.Args[0], where, err)
@@ -317,14 +343,19 @@ func startServers(l *lab.Lab, where string) (stop func(), err error) {
 
 // waitQperf waits until qperf from from answers at to (the Service is
 // programmed).
-func waitQperf(ctx context.Context, l *lab.Lab, from, to string) error {
+func waitQperf(ctx context.Context, l *lab.Lab, from, to string, restart func() error) error {
 	deadline := time.Now().Add(30 * time.Second)
 	var last error
 	for time.Now().Before(deadline) {
-		if _, err := runQperf(ctx, l, from, to, "1", []string{"tcp_lat"}, time.Second); err == nil {
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := runQperf(tctx, l, from, to, "1", []string{"tcp_lat"}, time.Second)
+		cancel()
+		if err == nil {
 			return nil
-		} else {
-			last = err
+		}
+		last = err
+		if err := restart(); err != nil {
+			return err
 		}
 		time.Sleep(500 * time.Millisecond)
 	}

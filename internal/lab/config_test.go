@@ -70,3 +70,25 @@ func TestConfigNodeAccelerationAndVeths(t *testing.T) {
 		})
 	}
 }
+
+// Cluster DNS: replicas bounded by the pods, and a Service VIP needs a
+// dataplane.
+func TestConfigClusterDNS(t *testing.T) {
+	for _, tt := range []struct {
+		dataplane string
+		replicas  int
+		wantErr   string
+	}{
+		{DataplaneSluice, 4, ""},
+		{DataplaneSluice, 5, "want 0..4"},
+		{DataplaneSluice, -1, "want 0..4"},
+		{DataplaneNone, 1, "needs a dataplane"},
+		{DataplaneNone, 0, ""},
+	} {
+		c := Config{Nodes: 2, PodsPerNode: 2, Dataplane: tt.dataplane, ClusterDNS: tt.replicas}
+		err := c.setDefaults()
+		if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+			t.Errorf("dataplane %s, %d replicas: %v, want %q", tt.dataplane, tt.replicas, err, tt.wantErr)
+		}
+	}
+}

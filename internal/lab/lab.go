@@ -117,6 +117,9 @@ func (c *Config) setDefaults() error {
 	if !slices.Contains(Dataplanes, c.Dataplane) {
 		return fmt.Errorf("dataplane %q: want one of %s", c.Dataplane, strings.Join(Dataplanes, ", "))
 	}
+	if c.ClusterDNS > 0 && c.Dataplane == DataplaneNone {
+		return fmt.Errorf("cluster DNS needs a dataplane for the %s Service's VIP: dataplane %s balances no Service", ClusterDNSName, DataplaneNone)
+	}
 	switch c.ControlPlane {
 	case "":
 		c.ControlPlane = ControlPlaneManifests
