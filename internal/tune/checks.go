@@ -66,7 +66,7 @@ func kubeProxyReplacement(e *env) Item {
 
 // kubeProxyRules reports whether kube-proxy's chains are in a namespace.
 func kubeProxyRules(ns string) bool {
-	for _, args := range [][]string{{"iptables-save", "-t", "nat"}, {"nft", "list", "tables"}} {
+	for _, args := range [][]string{{"iptables-save", "-t", "nat"}, {"iptables-legacy-save", "-t", "nat"}, {"nft", "list", "tables"}} {
 		cmd := exec.Command(args[0], args[1:]...)
 		if ns != "" {
 			cmd = exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
@@ -169,6 +169,22 @@ func conntrackBypass(e *env) Item {
 	}
 	if len(missing) == 0 {
 		it.State, it.Applied = "notrack for Pod to Pod traffic ("+notrackTable+")", true
+		return it
+	}
+	// kube-proxy's Service NAT needs conntrack on the reply's Pod to Pod
+	// leg (the un-DNAT of a reply from the backend's Pod IP): notrack
+	// there breaks every Service. Cilium's bypass is for kube-proxy
+	// replacement only, and so is this.
+	var kp []string
+	for _, ns := range missing {
+		if kubeProxyRules(ns) {
+			kp = append(kp, ns)
+		}
+	}
+	if len(kp) > 0 {
+		it.Possible = false
+		it.State = "kube-proxy's rules in " + strings.Join(names(kp), ", ")
+		it.Why = "kube-proxy's Service NAT needs conntrack for the replies between Pods: replace kube-proxy first (full kube-proxy replacement)"
 		return it
 	}
 	// Where conntrack tracks nothing (no netfilter rule uses it: sluice

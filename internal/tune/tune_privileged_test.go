@@ -210,3 +210,34 @@ func gsoOf(l netlink.Link) any {
 	}
 	return l.Attrs().GSOMaxSize
 }
+
+// With kube-proxy's chains in a namespace the conntrack bypass is not
+// offered: its Service NAT un-DNATs a backend's reply through conntrack,
+// and notrack between Pods would break every Service.
+func TestPrivilegedConntrackBypassKubeProxy(t *testing.T) {
+	probetest.RequireRoot(t, "network namespaces")
+	ns := fmt.Sprintf("sluice-tune-kp-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s", ns, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	for _, c := range [][]string{
+		{"ip", "-n", ns, "link", "set", "lo", "up"},
+		{"ip", "netns", "exec", ns, "iptables", "-t", "nat", "-N", "KUBE-SERVICES"},
+		{"ip", "netns", "exec", ns, "iptables", "-t", "nat", "-A", "OUTPUT", "-j", "KUBE-SERVICES"},
+		{"ip", "netns", "exec", ns, "bash", "-c", "echo x > /dev/udp/127.0.0.1/9"},
+	} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v: %s", strings.Join(c, " "), err, out)
+		}
+	}
+	items, err := Check(context.Background(), Scope{Netns: []string{ns}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range items {
+		if it.ID == "conntrack-bypass" && (it.Possible || len(it.Changes) > 0 || !strings.Contains(it.Why, "kube-proxy")) {
+			t.Errorf("conntrack-bypass next to kube-proxy: possible %v, changes %v, why %q; want it refused, naming kube-proxy", it.Possible, it.Changes, it.Why)
+		}
+	}
+}
