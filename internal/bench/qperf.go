@@ -199,7 +199,7 @@ func runQperfDataplane(ctx context.Context, cfg QperfConfig, d string, rep *Qper
 			return err
 		}
 	}
-	targets := []struct{ path, from, to string }{
+	targets := []qperfTarget{
 		{QperfHost, node1.Name, node2.IPv4.String()},
 		{QperfPodIP, client.Name, server.IPv4.String()},
 		{QperfService, client.Name, qperfVIP.String()},
@@ -215,55 +215,56 @@ func runQperfDataplane(ctx context.Context, cfg QperfConfig, d string, rep *Qper
 	if cfg.Tuned {
 		tunings = append(tunings, "tuned")
 	}
-	for _, tuning := range tunings {
-		var state string
-		if tuning == "tuned" {
-			state = filepath.Join(l.RunDir, "qperf-tune-state.json")
-			changes, err := qperfTune(ctx, l, cfg.Profile, state)
+	rows := map[string]*QperfRow{}
+	var order []string
+	add := func(tuning, path, test, size, metric, unit string, v float64) {
+		k := strings.Join([]string{tuning, path, test, size, metric}, "|")
+		r, ok := rows[k]
+		if !ok {
+			r = &QperfRow{Dataplane: d, Path: path, Tuning: tuning, Test: test, MsgSize: size, Metric: metric, Unit: unit}
+			rows[k] = r
+			order = append(order, k)
+		}
+		r.Values = append(r.Values, v)
+	}
+	// Untuned and tuned alternate run by run (applied before each tuned
+	// run, reverted after), so that a drift of the machine over the
+	// benchmark falls on both alike.
+	state := filepath.Join(l.RunDir, "qperf-tune-state.json")
+	for run := 1; run <= cfg.Runs; run++ {
+		for _, tuning := range tunings {
+			if tuning == "tuned" {
+				changes, err := qperfTune(ctx, l, cfg.Profile, state)
+				if err != nil {
+					return err
+				}
+				if len(rep.Tuning) == 0 {
+					cfg.step("%s: lab tune apply: %d changes", d, len(changes))
+					for _, c := range changes {
+						rep.Tuning = append(rep.Tuning, c.String())
+					}
+				}
+			}
+			err := qperfRun(ctx, cfg, l, targets, func(path, test, size, metric, unit string, v float64) {
+				add(tuning, path, test, size, metric, unit, v)
+			}, fmt.Sprintf("%s %s run %d/%d", d, tuning, run, cfg.Runs))
+			if tuning == "tuned" {
+				if _, rerr := tune.Revert(state); rerr != nil {
+					return errors.Join(err, fmt.Errorf("lab tune revert: %w", rerr))
+				}
+			}
 			if err != nil {
 				return err
 			}
-			cfg.step("%s: lab tune apply: %d changes", d, len(changes))
-			if len(rep.Tuning) == 0 {
-				for _, c := range changes {
-					rep.Tuning = append(rep.Tuning, c.String())
-				}
-			}
 		}
-		rows := map[string]*QperfRow{}
-		var order []string
-		add := func(path, test, size, metric, unit string, v float64) {
-			k := strings.Join([]string{path, test, size, metric}, "|")
-			r, ok := rows[k]
-			if !ok {
-				r = &QperfRow{Dataplane: d, Path: path, Tuning: tuning, Test: test, MsgSize: size, Metric: metric, Unit: unit}
-				rows[k] = r
-				order = append(order, k)
-			}
-			r.Values = append(r.Values, v)
-		}
-		for run := 1; run <= cfg.Runs; run++ {
-			for _, tg := range targets {
-				for _, size := range cfg.Sizes {
-					cfg.step("%s %s run %d/%d: %s, message size %s", d, tuning, run, cfg.Runs, tg.path, size)
-					res, err := runQperf(ctx, l, tg.from, tg.to, size, cfg.Tests, cfg.Duration)
-					if err != nil {
-						return fmt.Errorf("%s %s: %w", tg.path, size, err)
-					}
-					for _, m := range res {
-						add(tg.path, m.test, size, m.metric, m.unit, m.value)
-					}
-				}
-				p50, p99, err := sockperfPercentiles(ctx, l, tg.from, tg.to, cfg.Duration)
-				if err != nil {
-					return fmt.Errorf("%s sockperf: %w", tg.path, err)
-				}
-				add(tg.path, "sockperf", "64", "p50", "ns", p50)
-				add(tg.path, "sockperf", "64", "p99", "ns", p99)
-			}
-		}
+	}
+	// Rows in the report's order: untuned, then tuned.
+	for _, tuning := range tunings {
 		for _, k := range order {
 			r := rows[k]
+			if r.Tuning != tuning {
+				continue
+			}
 			s := Summarize(r.Values)
 			r.Min, r.Max = s.Min, s.Max
 			for _, v := range r.Values {
@@ -271,12 +272,33 @@ func runQperfDataplane(ctx context.Context, cfg QperfConfig, d string, rep *Qper
 			}
 			rep.Rows = append(rep.Rows, *r)
 		}
-		if state != "" {
-			if _, err := tune.Revert(state); err != nil {
-				return fmt.Errorf("lab tune revert: %w", err)
+	}
+	return nil
+}
+
+// qperfTarget is a row's path: from where to which address.
+type qperfTarget struct{ path, from, to string }
+
+// qperfRun is one run over the targets: qperf at each size, then
+// sockperf's percentiles.
+func qperfRun(ctx context.Context, cfg QperfConfig, l *lab.Lab, targets []qperfTarget, add func(path, test, size, metric, unit string, v float64), what string) error {
+	for _, tg := range targets {
+		for _, size := range cfg.Sizes {
+			cfg.step("%s: %s, message size %s", what, tg.path, size)
+			res, err := runQperf(ctx, l, tg.from, tg.to, size, cfg.Tests, cfg.Duration)
+			if err != nil {
+				return fmt.Errorf("%s %s: %w", tg.path, size, err)
 			}
-			cfg.step("%s: lab tune reverted", d)
+			for _, m := range res {
+				add(tg.path, m.test, size, m.metric, m.unit, m.value)
+			}
 		}
+		p50, p99, err := sockperfPercentiles(ctx, l, tg.from, tg.to, cfg.Duration)
+		if err != nil {
+			return fmt.Errorf("%s sockperf: %w", tg.path, err)
+		}
+		add(tg.path, "sockperf", "64", "p50", "ns", p50)
+		add(tg.path, "sockperf", "64", "p99", "ns", p99)
 	}
 	return nil
 }
@@ -477,7 +499,7 @@ func (r *QperfReport) WriteFiles(dir string) ([]string, error) {
 // targets.
 func (r *QperfReport) WriteMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "# sluice bench qperf, %s\n\n", r.Start.Format(time.RFC3339))
-	fmt.Fprintf(w, "Kernel %s; qperf %ds per test, %d runs (mean, min–max); sockperf ping-pong TCP 64 B for p50/p99. Rows: host network node to node, Pod to Pod by IP, Pod to the Service VIP; tuned = `sluice lab tune apply --profile %s` (reverted after).\n\n",
+	fmt.Fprintf(w, "Kernel %s; qperf %ds per test, %d runs (mean, min–max); sockperf ping-pong TCP 64 B for p50/p99. Rows: host network node to node, Pod to Pod by IP, Pod to the Service VIP; tuned = `sluice lab tune apply --profile %s`, applied before each tuned run and reverted after it; untuned and tuned runs alternate.\n\n",
 		r.Kernel, int(r.Config.Duration/time.Second), r.Config.Runs, r.Config.Profile)
 	for d, why := range r.Skipped {
 		fmt.Fprintf(w, "- %s skipped: %s\n", d, why)
