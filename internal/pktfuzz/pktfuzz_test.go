@@ -156,6 +156,9 @@ func runInput(t *testing.T, fz *Fuzzer, data []byte) []*Violation {
 	return out
 }
 
+// findingReplays bounds the replays of an open finding's inputs.
+const findingReplays = 5
+
 // TestPrivilegedOpenFindings replays the inputs of each open finding
 // (open.go, testdata/findings) and checks that they still break what they
 // broke: a finding that no longer reproduces has been fixed, and its
@@ -177,15 +180,22 @@ func TestPrivilegedOpenFindings(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// The NAT port search starts at a random port, so whether two
+			// flows meet on one mapping can vary from replay to replay
+			// (about 1 in 10 did not, under the race detector): a
+			// finding still reproduces if any of a few replays, each in
+			// an epoch of its own, breaks it.
 			var met []string
-			for _, v := range runInput(t, fz, data) {
-				name := OpenFinding(v)
-				if name == "" {
-					t.Errorf("a violation of no open finding:\n%v", v)
-				}
-				met = append(met, name)
-				if strings.HasPrefix(filepath.Base(file), name+"-") {
-					return
+			for range findingReplays {
+				for _, v := range runInput(t, fz, data) {
+					name := OpenFinding(v)
+					if name == "" {
+						t.Errorf("a violation of no open finding:\n%v", v)
+					}
+					met = append(met, name)
+					if strings.HasPrefix(filepath.Base(file), name+"-") {
+						return
+					}
 				}
 			}
 			t.Errorf("%s no longer reproduces (met %q): fixed? Move it to testdata/fuzz/FuzzPackets/ and drop its entry in open.go",

