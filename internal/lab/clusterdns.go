@@ -207,7 +207,7 @@ func (l *Lab) startClusterDNS(ctx context.Context) error {
 			return err
 		}
 	}
-	d.PIDs, d.Serving = map[string]int{}, slices.Clone(d.Replicas)
+	d.PIDs = map[string]int{}
 	for _, name := range d.Replicas {
 		log := filepath.Join(dir, name+".log")
 		pid, err := l.startDaemon(name, log, bin, "-conf", filepath.Join(dir, "Corefile-"+name), "-dns.port", "53")
@@ -250,20 +250,22 @@ func (l *Lab) SetClusterDNSServing(n int) error {
 	if n < 0 || n > len(d.Replicas) {
 		return fmt.Errorf("%d serving replicas: the lab runs %d", n, len(d.Replicas))
 	}
+	// The labels follow Serving (dnsLabels): the pods themselves are not
+	// written, so that others may read them meanwhile.
 	d.Serving = slices.Clone(d.Replicas[:n])
-	for ni := range l.Nodes {
-		for pi := range l.Nodes[ni].Pods {
-			p := &l.Nodes[ni].Pods[pi]
-			delete(p.Labels, LabelDNS)
-			if slices.Contains(d.Serving, p.Name) {
-				p.Labels = map[string]string{LabelDNS: labelDNSValue}
-			}
-		}
-	}
 	if err := l.save(); err != nil {
 		return err
 	}
 	return l.Apply(kubeDNSService(d.VIP))
+}
+
+// dnsLabels are the labels a pod carries for cluster DNS: k8s-app:
+// kube-dns on the replicas behind the Service.
+func (l *Lab) dnsLabels(pod string) map[string]string {
+	if d := l.ClusterDNS; d != nil && slices.Contains(d.Serving, pod) {
+		return map[string]string{LabelDNS: labelDNSValue}
+	}
+	return nil
 }
 
 // syncHosts rewrites manifests mode's hosts file from the Services.

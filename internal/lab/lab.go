@@ -252,9 +252,6 @@ type Pod struct {
 	// Annotations are the Pod object's (lab annotate): the bandwidth
 	// annotations, for one.
 	Annotations map[string]string `json:"annotations,omitempty"`
-	// Labels are added to the lab's own: k8s-app: kube-dns where a
-	// CoreDNS replica runs.
-	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // Agent is a node's sluice-agent process.
@@ -355,14 +352,8 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 		l.Nodes = append(l.Nodes, node)
 	}
 	if cfg.ClusterDNS > 0 {
-		l.ClusterDNS = &ClusterDNS{VIP: ClusterDNSIPv4, Replicas: dnsReplicaPods(cfg.Nodes, cfg.ClusterDNS)}
-		for ni := range l.Nodes {
-			for pi := range l.Nodes[ni].Pods {
-				if p := &l.Nodes[ni].Pods[pi]; slices.Contains(l.ClusterDNS.Replicas, p.Name) {
-					p.Labels = map[string]string{LabelDNS: labelDNSValue}
-				}
-			}
-		}
+		replicas := dnsReplicaPods(cfg.Nodes, cfg.ClusterDNS)
+		l.ClusterDNS = &ClusterDNS{VIP: ClusterDNSIPv4, Replicas: replicas, Serving: slices.Clone(replicas)}
 	}
 	for _, dir := range []string{l.RunDir, l.ManifestsDir, filepath.Join(l.RunDir, "pods")} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -688,7 +679,7 @@ func (l *Lab) nodeInfos() []NodeInfo {
 func (l *Lab) podInfos() []PodInfo {
 	var out []PodInfo
 	for _, p := range l.Pods() {
-		out = append(out, PodInfo{Name: p.Name, Node: p.Node, IPv4: p.IPv4, IPv6: p.IPv6, Annotations: p.Annotations, Labels: p.Labels})
+		out = append(out, PodInfo{Name: p.Name, Node: p.Node, IPv4: p.IPv4, IPv6: p.IPv6, Annotations: p.Annotations, Labels: l.dnsLabels(p.Name)})
 	}
 	return out
 }
