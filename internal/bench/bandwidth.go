@@ -259,6 +259,7 @@ func kernelRelease() string {
 // newBWBench builds the namespaces, links, routes and the cgroup, and
 // starts the iperf3 server.
 func newBWBench(progress io.Writer) (b *bwBench, err error) {
+	removeStaleBW() // an earlier run killed before its teardown
 	id := BWPrefix + strconv.Itoa(os.Getpid())
 	b = &bwBench{id: id, progress: progress}
 	defer func() {
@@ -578,4 +579,23 @@ func (b *bwBench) iperf(ctx context.Context, r *BandwidthRow, d time.Duration) e
 	}
 	r.Ratio = r.Wire / float64(r.RateBits)
 	return nil
+}
+
+// removeStaleBW removes the pins and namespaces of bandwidth benches whose
+// process is gone (sluice-bw-<pid>, killed before their teardown).
+func removeStaleBW() {
+	pins, _ := filepath.Glob("/sys/fs/bpf/" + BWPrefix + "*")
+	nss, _ := filepath.Glob("/run/netns/" + BWPrefix + "*")
+	for _, p := range append(pins, nss...) {
+		rest := strings.TrimPrefix(filepath.Base(p), BWPrefix)
+		pid, err := strconv.Atoi(strings.SplitN(rest, "-", 2)[0])
+		if err != nil || pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
+			continue
+		}
+		if strings.HasPrefix(p, "/run/netns/") {
+			_ = exec.Command("ip", "netns", "del", filepath.Base(p)).Run()
+		} else {
+			_ = os.RemoveAll(p)
+		}
+	}
 }
