@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/quantity"
 )
 
 // Kinds a manifest directory may hold, in the order changes are delivered:
@@ -347,6 +348,10 @@ func decodeManifests(data []byte) ([]runtime.Object, error) {
 }
 
 func decodeObject(raw []byte) ([]runtime.Object, error) {
+	// Decoding a Node's or Pod's quantities would hang on some exponents.
+	if err := quantity.Check(raw); err != nil {
+		return nil, err
+	}
 	obj, gvk, err := strictDecoder.Decode(raw, nil, nil)
 	switch {
 	case err == nil:

@@ -177,6 +177,11 @@ items:
 		{name: "wrong type", in: "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {ports: [{port: http}]}\n", wantErr: "document 1:"},
 		{name: "namespaced Node", in: "apiVersion: v1\nkind: Node\nmetadata: {name: node2, namespace: x}\n", wantErr: "cluster-scoped"},
 		{name: "second document bad", in: svcWeb + "---\nkind: Service\n", wantErr: "document 2:"},
+		// apimachinery's ParseQuantity never returns on these exponents.
+		{name: "Node quantity that hangs the decoder", in: "apiVersion: v1\nkind: Node\nmetadata: {name: n}\nstatus: {allocatable: {cpu: 92233720E68547077580}}\n",
+			wantErr: `document 1: quantity "92233720E68547077580": exponent longer than 6 digits`},
+		{name: "Pod quantity that hangs the decoder in JSON", in: `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"spec":{"containers":[{"name":"c","resources":{"limits":{"cpu":"1e-2000000000"}}}]}}`,
+			wantErr: `quantity "1e-2000000000"`},
 		{name: "bad List item", in: "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Secret, metadata: {name: s}}\n", wantErr: "List item 1: kind Secret is not supported"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/sluice-dataplane/sluice/internal/quantity"
 	"k8s.io/apimachinery/pkg/api/resource"
 )
 
@@ -40,8 +41,12 @@ var (
 // resource.Quantity in bits per second ("50M" is 50,000,000; "1G"; "500k";
 // "10Mi" is 10,485,760), fractions rounded up to a whole bit.
 func ParseRate(s string) (Rate, error) {
-	q, err := resource.ParseQuantity(strings.TrimSpace(s))
-	if err != nil {
+	q, err := quantity.Parse(strings.TrimSpace(s))
+	var ee *quantity.ExponentError
+	switch {
+	case errors.As(err, &ee):
+		return 0, fmt.Errorf("%q: exponent out of range", s)
+	case err != nil:
 		return 0, fmt.Errorf("%q is not a quantity of bits per second (like 50M, 1G or 500k)", s)
 	}
 	switch {

@@ -31,6 +31,9 @@ func TestParseRate(t *testing.T) {
 		{"0", 0, "below 1k"},
 		{"100001M", 0, `"100001M" is above 100G bit/s`},
 		{"1E", 0, "above 100G"},
+		// ParseQuantity never returns on these (kubernetes#141203).
+		{"1e-2000000000", 0, `"1e-2000000000": exponent out of range`},
+		{"92233720E68547077580", 0, "exponent out of range"},
 	} {
 		got, err := ParseRate(tc.in)
 		switch {

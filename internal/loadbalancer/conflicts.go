@@ -41,16 +41,13 @@ func (c claimants) remove(f Frontend, name types.NamespacedName) {
 }
 
 // olderThan orders Services for conflicts: earlier creationTimestamp first,
-// then namespace/name.
+// then namespace/name. The timestamp is that of the version whose
+// translation the Service holds: a Service deleted and created again with
+// a spec that does not translate keeps its last good frontends and their
+// age, or it would win them from a Service that was never asked to give
+// them up.
 func (t *Tracker) olderThan(a, b types.NamespacedName) int {
-	var ta, tb int64
-	if s := t.services[a]; s != nil {
-		ta = s.CreationTimestamp.UnixNano()
-	}
-	if s := t.services[b]; s != nil {
-		tb = s.CreationTimestamp.UnixNano()
-	}
-	return cmp.Or(cmp.Compare(ta, tb), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	return cmp.Or(cmp.Compare(t.created[a], t.created[b]), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 }
 
 // winner is the Service that holds frontend f.
@@ -58,9 +55,9 @@ func (t *Tracker) winner(f Frontend) types.NamespacedName {
 	return slices.MinFunc(t.claims[f], t.olderThan)
 }
 
-// setTranslation records name's whole translation and returns the
-// frontends whose claimants changed.
-func (t *Tracker) setTranslation(name types.NamespacedName, lbs []LBService) []Frontend {
+// setTranslation records name's whole translation, of the version created
+// at created (Unix ns), and returns the frontends whose claimants changed.
+func (t *Tracker) setTranslation(name types.NamespacedName, lbs []LBService, created int64) []Frontend {
 	var touched []Frontend
 	for _, l := range t.translated[name] {
 		t.claims.remove(l.Frontend, name)
@@ -72,8 +69,10 @@ func (t *Tracker) setTranslation(name types.NamespacedName, lbs []LBService) []F
 	}
 	if len(lbs) == 0 {
 		delete(t.translated, name)
+		delete(t.created, name)
 	} else {
 		t.translated[name] = lbs
+		t.created[name] = created
 	}
 	return touched
 }

@@ -107,3 +107,38 @@ func TestTrackerConflictTieBreak(t *testing.T) {
 		t.Errorf("a has conflicts: %+v", st.Conflicts[nn("a")])
 	}
 }
+
+// A holder deleted and created again between two Syncs arrives as one
+// update with a new creationTimestamp. If the new spec does not translate,
+// the Service keeps its last good frontends, and with them the age they
+// were won with; once a new version translates, its own age counts.
+func TestTrackerConflictRecreatedInvalid(t *testing.T) {
+	tr := NewTracker(Options{NodeName: "node-1"})
+	old := named("old", ip(1), createdAt(100), externalIP("198.19.200.1"))
+	tr.OnServiceUpdate(nil, old)
+	tr.OnServiceUpdate(nil, named("young", ip(2), createdAt(200), externalIP("198.19.200.1")))
+	tr.Sync()
+	const lost = "default/young: 198.19.200.1:80/TCP ExternalIP held by default/old"
+
+	bad := named("old", createdAt(300), externalIP("198.19.200.1"), func(s *corev1.Service) {
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = "198.19.0.999", nil
+	})
+	tr.OnServiceUpdate(old, bad)
+	st, _, _ := tr.Sync()
+	if _, ok := st.Errors[ServiceObject("default", "old")]; !ok {
+		t.Fatalf("the recreated Service's bad clusterIP is not reported: %v", st.Errors)
+	}
+	if got := conflictSummary(st); !reflect.DeepEqual(got, []string{lost}) {
+		t.Errorf("after a recreation that does not translate: conflicts %q, want %q", got, []string{lost})
+	}
+	if !slices.Contains(stateSummary(st), "ExternalIP 198.19.200.1:80/TCP default/old:http -> ") {
+		t.Errorf("the last good holder lost its frontend: %q", stateSummary(st))
+	}
+
+	tr.OnServiceUpdate(bad, named("old", ip(1), createdAt(300), externalIP("198.19.200.1")))
+	st, _, _ = tr.Sync()
+	want := []string{"default/old: 198.19.200.1:80/TCP ExternalIP held by default/young"}
+	if got := conflictSummary(st); !reflect.DeepEqual(got, want) {
+		t.Errorf("after a recreation that translates: conflicts %q, want %q", got, want)
+	}
+}

@@ -48,6 +48,7 @@ type Tracker struct {
 	// translated is each Service's whole translation, before conflicts;
 	// claims indexes it by frontend.
 	translated map[types.NamespacedName][]LBService
+	created    map[types.NamespacedName]int64 // creationTimestamp of translated's version
 	claims     claimants
 	state      *State
 }
@@ -64,6 +65,7 @@ func NewTracker(opts Options) *Tracker {
 		slicesOf:      map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice{},
 		nodes:         map[string]nodeInfo{},
 		translated:    map[types.NamespacedName][]LBService{},
+		created:       map[types.NamespacedName]int64{},
 		claims:        claimants{},
 		state: &State{
 			Services:  map[types.NamespacedName][]LBService{},
@@ -219,7 +221,9 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 func (t *Tracker) translate(name types.NamespacedName) []Frontend {
 	key := ServiceObject(name.Namespace, name.Name)
 	var lbs []LBService
+	var created int64
 	if svc := t.services[name]; svc != nil {
+		created = svc.CreationTimestamp.UnixNano()
 		own := make([]*discoveryv1.EndpointSlice, 0, len(t.slicesOf[name]))
 		for _, s := range t.slicesOf[name] {
 			own = append(own, s)
@@ -231,7 +235,7 @@ func (t *Tracker) translate(name types.NamespacedName) []Frontend {
 		}
 	}
 	delete(t.state.Errors, key)
-	return t.setTranslation(name, lbs)
+	return t.setTranslation(name, lbs, created)
 }
 
 // nodeInfo is what the load balancer needs of a Node.
