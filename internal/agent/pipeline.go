@@ -35,6 +35,7 @@ type pipeline interface {
 const (
 	skipInvalid        = "invalid"        // refused by the model; its last good version stays
 	skipConflict       = "conflict"       // the frontend is held by an older Service
+	skipUnsupported    = "unsupported"    // a port sluice does not proxy (SCTP)
 	skipMapFull        = "map-full"       // a BPF map had no room
 	skipUnprogrammable = "unprogrammable" // a value the maps cannot hold (more backends than slots)
 	skipWriteFailed    = "write-failed"   // a map write failed otherwise
@@ -48,7 +49,7 @@ const (
 )
 
 // skipReasons lists every reason, for the metric's series.
-var skipReasons = []string{skipInvalid, skipConflict, skipMapFull, skipUnprogrammable, skipWriteFailed,
+var skipReasons = []string{skipInvalid, skipConflict, skipUnsupported, skipMapFull, skipUnprogrammable, skipWriteFailed,
 	skipNeighbour, skipPodDevice, skipDSRTunnel, skipBandwidthAnnotation, skipBandwidth}
 
 // skip is one object, or one value of it (a frontend), left out of the

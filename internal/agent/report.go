@@ -245,6 +245,8 @@ func eventReason(reason string) string {
 		return "FrontendConflict"
 	case skipInvalid:
 		return "InvalidService"
+	case skipUnsupported:
+		return "UnsupportedProtocol"
 	case skipMapFull:
 		return "BPFMapFull"
 	case skipUnprogrammable:

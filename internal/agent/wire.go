@@ -873,7 +873,8 @@ func (p *modelPipeline) RetryFailed() {
 }
 
 // modelSkips lists what the model refused: invalid objects (their last
-// good version stays) and frontends held by an older Service.
+// good version stays), ports sluice does not proxy and frontends held by
+// an older Service.
 func modelSkips(st *loadbalancer.State) []skip {
 	var out []skip
 	for obj, msg := range st.Errors {
@@ -883,6 +884,14 @@ func modelSkips(st *loadbalancer.State) []skip {
 			s.Service = types.NamespacedName{Namespace: ns, Name: name}
 		}
 		out = append(out, s)
+	}
+	for name, us := range st.Unsupported {
+		for _, u := range us {
+			out = append(out, skip{
+				Object: loadbalancer.ServiceObject(name.Namespace, name.Name), Value: u.Field + " " + u.Value,
+				Reason: skipUnsupported, Service: name, Port: u.Port, Message: u.Reason,
+			})
+		}
 	}
 	for name, cs := range st.Conflicts {
 		for _, c := range cs {

@@ -144,7 +144,8 @@ type MapFill struct {
 
 // Skipped is one object, or one value of it, the agent left out of the
 // maps, and why. Reasons: invalid (refused; its last good version stays),
-// conflict (the frontend is held by an older Service), map-full,
+// conflict (the frontend is held by an older Service), unsupported (an
+// SCTP port; the other ports are programmed), map-full,
 // unprogrammable, write-failed, neighbour, pod-device, dsr-tunnel.
 type Skipped struct {
 	Object  string    `json:"object"`          // "Service default/web"

@@ -1,6 +1,8 @@
 package healthcheck
 
 import (
+	"slices"
+
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
@@ -30,7 +32,9 @@ func LocalServices(st *loadbalancer.State, nodeName string) map[types.Namespaced
 		}
 		local := map[string]bool{}
 		for i := range lbs {
-			for _, b := range lbs[i].Backends {
+			// The Local list too: topology hints may keep a local endpoint
+			// out of the Cluster list.
+			for _, b := range slices.Concat(lbs[i].Backends, lbs[i].LocalBackends) {
 				if nodeName == "" || b.NodeName != nodeName || b.Terminating {
 					continue
 				}

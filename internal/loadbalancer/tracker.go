@@ -27,6 +27,9 @@ type State struct {
 	// Conflicts are, per Service, the frontends it asks for that an older
 	// Service holds: they are left out of Services.
 	Conflicts map[types.NamespacedName][]Conflict
+	// Unsupported are, per Service, the ports sluice does not proxy (SCTP):
+	// the Service's other ports are programmed.
+	Unsupported map[types.NamespacedName][]UnsupportedPort
 }
 
 // Tracker records Service, EndpointSlice and Node changes as informer
@@ -68,11 +71,12 @@ func NewTracker(opts Options) *Tracker {
 		created:       map[types.NamespacedName]int64{},
 		claims:        claimants{},
 		state: &State{
-			Services:  map[types.NamespacedName][]LBService{},
-			NodeIPs:   map[netip.Addr]bool{},
-			Tunnels:   map[netip.Prefix]netip.Addr{},
-			Errors:    map[string]string{},
-			Conflicts: map[types.NamespacedName][]Conflict{},
+			Services:    map[types.NamespacedName][]LBService{},
+			NodeIPs:     map[netip.Addr]bool{},
+			Tunnels:     map[netip.Prefix]netip.Addr{},
+			Errors:      map[string]string{},
+			Conflicts:   map[types.NamespacedName][]Conflict{},
+			Unsupported: map[types.NamespacedName][]UnsupportedPort{},
 		},
 	}
 }
@@ -180,6 +184,34 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 	}
 	clear(t.pendingSlices)
 
+	if len(t.pendingNodes) > 0 {
+		for name, node := range t.pendingNodes {
+			if node == nil {
+				delete(t.nodes, name)
+			} else {
+				t.nodes[name] = nodeInfo{addrs: NodeAddresses(node), podCIDRs: NodePodCIDRs(node)}
+			}
+			if name != t.opts.NodeName {
+				continue
+			}
+			// This node's zone chooses among topology-hinted endpoints:
+			// a new zone translates every Service again, as kube-proxy's
+			// full sync on a label change.
+			zone := ""
+			if node != nil {
+				zone = node.Labels[corev1.LabelTopologyZone]
+			}
+			if zone != t.opts.Zone {
+				t.opts.Zone = zone
+				for svc := range t.services {
+					dirty[svc] = true
+				}
+			}
+		}
+		clear(t.pendingNodes)
+		nodesChanged = t.rebuildNodeIPs()
+	}
+
 	changed = map[types.NamespacedName]bool{}
 	delete(dirty, types.NamespacedName{}) // slices without a Service label
 	// Translate, then settle who holds each frontend the translations
@@ -200,17 +232,6 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 		}
 	}
 
-	if len(t.pendingNodes) > 0 {
-		for name, node := range t.pendingNodes {
-			if node == nil {
-				delete(t.nodes, name)
-			} else {
-				t.nodes[name] = nodeInfo{addrs: NodeAddresses(node), podCIDRs: NodePodCIDRs(node)}
-			}
-		}
-		clear(t.pendingNodes)
-		nodesChanged = t.rebuildNodeIPs()
-	}
 	t.tunnelIndex().setServices(t.state, changed)
 	return t.state, changed, nodesChanged
 }
@@ -235,6 +256,11 @@ func (t *Tracker) translate(name types.NamespacedName) []Frontend {
 		}
 	}
 	delete(t.state.Errors, key)
+	if u := unsupportedPorts(t.services[name]); len(u) > 0 {
+		t.state.Unsupported[name] = u
+	} else {
+		delete(t.state.Unsupported, name)
+	}
 	return t.setTranslation(name, lbs, created)
 }
 

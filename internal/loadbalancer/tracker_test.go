@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -401,5 +402,76 @@ func TestTrackerConcurrent(t *testing.T) {
 		if len(lbss) != 1 || len(lbss[0].Backends) != 1 {
 			t.Errorf("%s: %q, want one frontend with one backend", name, summary(lbss))
 		}
+	}
+}
+
+// This node's zone label decides which hinted endpoints it uses: setting,
+// changing or removing the label translates every Service again; another
+// node's label changes nothing.
+func TestTrackerZoneLabel(t *testing.T) {
+	tr := NewTracker(Options{NodeName: "node-1"})
+	tr.OnServiceUpdate(nil, service())
+	tr.OnEndpointSliceUpdate(nil, sliceFor("web", "web-1",
+		endpoint{addr: "198.18.1.5", node: "node-1", zones: []string{"zone-a"}},
+		endpoint{addr: "198.18.2.5", node: "node-2", zones: []string{"zone-b"}}))
+	zoned := func(name, zone string) *corev1.Node {
+		n := node(name, "198.18.0.1"+name[len(name)-1:])
+		if zone != "" {
+			n.Labels = map[string]string{corev1.LabelTopologyZone: zone}
+		}
+		return n
+	}
+	const all = "ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080 198.18.2.5:8080"
+	for _, step := range []struct {
+		name        string
+		node        *corev1.Node
+		want        string
+		wantChanged []string
+	}{
+		{"no label: all", zoned("node-1", ""), all, []string{"default/web"}},
+		{"zone-a", zoned("node-1", "zone-a"), "ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080", []string{"default/web"}},
+		{"another node's label", zoned("node-2", "zone-a"), "ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080", nil},
+		{"zone-b", zoned("node-1", "zone-b"), "ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.2.5:8080", []string{"default/web"}},
+		{"label removed", zoned("node-1", ""), all, []string{"default/web"}},
+	} {
+		tr.OnNodeUpdate(nil, step.node)
+		st, changed, _ := tr.Sync()
+		if got := stateSummary(st); !slices.Equal(got, []string{step.want}) {
+			t.Errorf("%s: state %q, want %q", step.name, got, step.want)
+		}
+		if got := changedNames(changed); !slices.Equal(got, step.wantChanged) {
+			t.Errorf("%s: changed %q, want %q", step.name, got, step.wantChanged)
+		}
+	}
+}
+
+// An SCTP port is reported, the Service's other ports programmed; the
+// report goes with the port.
+func TestTrackerUnsupportedSCTP(t *testing.T) {
+	tr := NewTracker(Options{NodeName: "node-1"})
+	withSCTP := service(func(s *corev1.Service) {
+		s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "sig", Port: 3868, Protocol: corev1.ProtocolSCTP})
+	})
+	tr.OnServiceUpdate(nil, withSCTP)
+	st, _, _ := tr.Sync()
+	if got := stateSummary(st); !slices.Equal(got, []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> "}) {
+		t.Errorf("state %q: want the TCP port programmed", got)
+	}
+	u := st.Unsupported[types.NamespacedName{Namespace: "default", Name: "web"}]
+	if len(u) != 1 || u[0].Field != "spec.ports[1]" || u[0].Port != "sig" || u[0].Value != "3868/SCTP" || !strings.Contains(u[0].Reason, "SCTP is not supported") {
+		t.Errorf("Unsupported = %+v, want spec.ports[1] sig 3868/SCTP", u)
+	}
+	if len(st.Errors) != 0 {
+		t.Errorf("an SCTP port is not an invalid Service: Errors %v", st.Errors)
+	}
+	tr.OnServiceUpdate(withSCTP, service())
+	if st, _, _ = tr.Sync(); len(st.Unsupported) != 0 {
+		t.Errorf("SCTP port removed, still reported: %+v", st.Unsupported)
+	}
+	tr.OnServiceUpdate(nil, withSCTP)
+	tr.Sync()
+	tr.OnServiceUpdate(withSCTP, nil)
+	if st, _, _ = tr.Sync(); len(st.Unsupported) != 0 {
+		t.Errorf("Service deleted, still reported: %+v", st.Unsupported)
 	}
 }

@@ -3,6 +3,7 @@ package loadbalancer
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -43,6 +44,10 @@ type Options struct {
 	// AnnotationLBAlgorithm annotation (--lb-algorithm); empty means
 	// AlgorithmRandom.
 	Algorithm Algorithm
+	// Zone is this node's topology.kubernetes.io/zone label: endpoints
+	// hinted for it are preferred as kube-proxy does. The Tracker fills it
+	// from the node's Node object.
+	Zone string
 }
 
 // ParseAlgorithm parses an --lb-algorithm value or annotation.
@@ -73,6 +78,36 @@ func (e *FieldError) Error() string {
 	return fmt.Sprintf("%s: %s %q: %s", e.Object, e.Field, e.Value, e.Reason)
 }
 
+// UnsupportedPort is a Service port sluice does not proxy.
+type UnsupportedPort struct {
+	Field  string // spec.ports[1]
+	Port   string // the ServicePort name, may be empty
+	Value  string // 80/SCTP
+	Reason string
+}
+
+// unsupportedPorts lists the SCTP ports of a Service Translate proxies
+// (kube-proxy proxies SCTP; sluice's datapath has no SCTP path).
+func unsupportedPorts(svc *corev1.Service) []UnsupportedPort {
+	if svc == nil || svc.Spec.Type == corev1.ServiceTypeExternalName || svc.Spec.ClusterIP == corev1.ClusterIPNone {
+		return nil
+	}
+	if _, ok := svc.Labels[LabelServiceProxyName]; ok {
+		return nil
+	}
+	var out []UnsupportedPort
+	for i, sp := range svc.Spec.Ports {
+		if sp.Protocol == corev1.ProtocolSCTP {
+			out = append(out, UnsupportedPort{
+				Field: "spec.ports[" + strconv.Itoa(i) + "]", Port: sp.Name,
+				Value:  strconv.Itoa(int(sp.Port)) + "/SCTP",
+				Reason: "SCTP is not supported by sluice: this port is not proxied (kube-proxy would); the Service's other ports are",
+			})
+		}
+	}
+	return out
+}
+
 // ServiceObject names a Service as State.Errors keys it.
 func ServiceObject(namespace, name string) string { return "Service " + namespace + "/" + name }
 
@@ -85,7 +120,8 @@ func EndpointSliceObject(namespace, name string) string {
 // frontend (address, port, protocol). Slices of other Services may be passed;
 // they are ignored. Services that are not ours to proxy (headless,
 // ExternalName, no ClusterIP allocated yet, another service-proxy-name) give
-// no LBServices and no error, as in kube-proxy. SCTP ports are skipped.
+// no LBServices and no error, as in kube-proxy. SCTP ports are skipped; the
+// Tracker reports them in State.Unsupported.
 func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, opts Options) ([]LBService, error) {
 	if svc == nil {
 		return nil, fmt.Errorf("translate: nil Service")
@@ -182,15 +218,15 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, opts 
 		}
 
 		name := ServiceName{NamespacedName: common.Name.NamespacedName, Port: sp.Name}
-		backends := map[bool][]Backend{} // by IPv6
-		backendsFor := func(a netip.Addr) []Backend {
+		eps := map[bool][]candidate{} // by IPv6
+		endpointsFor := func(a netip.Addr) []candidate {
 			v6 := a.Is6()
-			bs, ok := backends[v6]
+			c, ok := eps[v6]
 			if !ok {
-				bs = selectBackends(own, v6, sp.Name, proto)
-				backends[v6] = bs
+				c = endpoints(own, v6, sp.Name, proto)
+				eps[v6] = c
 			}
-			return bs
+			return c
 		}
 		add := func(t FrontendType, addr netip.Addr, port uint16) {
 			fe := Frontend{Addr: addr, Port: port, Proto: proto}
@@ -202,14 +238,25 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, opts 
 			lbs.Name = name
 			lbs.Type = t
 			lbs.Frontend = fe
-			lbs.Backends = backendsFor(addr)
+			lbs.Backends = clusterBackends(endpointsFor(addr), opts.Zone)
 			if t == ClusterIP {
 				lbs.ExternalTrafficLocal = false
 			} else {
 				lbs.InternalTrafficLocal = false
 			}
-			if t != LoadBalancer {
-				lbs.SourceRanges = nil
+			if lbs.ExternalTrafficLocal || lbs.InternalTrafficLocal {
+				lbs.LocalBackends = localBackends(endpointsFor(addr), opts.NodeName)
+			}
+			// Source ranges guard LoadBalancer IPs only, per family as
+			// kube-proxy's proxier of each family sees them: a family
+			// without ranges is open, not closed.
+			lbs.SourceRanges = nil
+			if t == LoadBalancer {
+				for _, p := range common.SourceRanges {
+					if p.Addr().Is4() == addr.Is4() {
+						lbs.SourceRanges = append(lbs.SourceRanges, p)
+					}
+				}
 			}
 			out = append(out, lbs)
 		}
@@ -375,20 +422,24 @@ func unspecified(of netip.Addr) netip.Addr {
 	return netip.IPv6Unspecified()
 }
 
-// selectBackends returns the endpoints of one family and Service port: the
-// ready ones, or when none is ready the serving-terminating ones, each
-// address:port once, sorted.
-func selectBackends(own []*discoveryv1.EndpointSlice, v6 bool, portName string, proto Proto) []Backend {
+// candidate is one endpoint of one family and Service port.
+type candidate struct {
+	b       Backend
+	ready   bool
+	zones   []string // hints.forZones
+	hasHint bool     // hints.forZones is not empty
+}
+
+// endpoints returns the usable endpoints of one family and Service port,
+// as kube-proxy reads them: the ready ones and the serving-terminating
+// ones (a nil Ready or Serving counts as true), each address:port once,
+// sorted; only addresses[0] counts.
+func endpoints(own []*discoveryv1.EndpointSlice, v6 bool, portName string, proto Proto) []candidate {
 	want := discoveryv1.AddressTypeIPv4
 	if v6 {
 		want = discoveryv1.AddressTypeIPv6
 	}
-	type candidate struct {
-		b     Backend
-		ready bool
-	}
 	found := map[netip.AddrPort]candidate{}
-	anyReady := false
 	for _, s := range own {
 		if s.AddressType != want {
 			continue
@@ -408,30 +459,81 @@ func selectBackends(own []*discoveryv1.EndpointSlice, v6 bool, portName string, 
 				continue
 			}
 			addr, _ := parseIP(ep.Addresses[0]) // validated
-			b := Backend{Addr: addr, Port: port, Proto: proto, Terminating: !ready}
+			c := candidate{b: Backend{Addr: addr, Port: port, Proto: proto, Terminating: !ready}, ready: ready}
 			if ep.NodeName != nil {
-				b.NodeName = *ep.NodeName
+				c.b.NodeName = *ep.NodeName
 			}
 			if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
-				b.PodName = ep.TargetRef.Name
+				c.b.PodName = ep.TargetRef.Name
+			}
+			if ep.Hints != nil && len(ep.Hints.ForZones) > 0 {
+				c.hasHint = true
+				for _, z := range ep.Hints.ForZones {
+					c.zones = append(c.zones, z.Name)
+				}
 			}
 			// The same endpoint may sit in two slices while the controller
 			// moves it; the ready copy wins.
-			if prev, dup := found[b.AddrPort()]; dup && (prev.ready || !ready) {
+			if prev, dup := found[c.b.AddrPort()]; dup && (prev.ready || !ready) {
 				continue
 			}
-			found[b.AddrPort()] = candidate{b, ready}
-			anyReady = anyReady || ready
+			found[c.b.AddrPort()] = c
 		}
 	}
-	var out []Backend
-	for _, c := range found {
-		if c.ready == anyReady {
-			out = append(out, c.b)
+	out := slices.Collect(maps.Values(found))
+	slices.SortFunc(out, func(a, b candidate) int { return a.b.AddrPort().Compare(b.b.AddrPort()) })
+	return out
+}
+
+// clusterBackends is kube-proxy's Cluster list (CategorizeEndpoints): the
+// ready endpoints, narrowed to those hinted for zone when every ready
+// endpoint has a zone hint and at least one names zone; when none is
+// ready, every serving-terminating endpoint, without topology.
+func clusterBackends(eps []candidate, zone string) []Backend {
+	var ready, terminating []Backend
+	allHinted, anyMine := true, false
+	for _, c := range eps {
+		if !c.ready {
+			terminating = append(terminating, c.b)
+			continue
+		}
+		ready = append(ready, c.b)
+		allHinted = allHinted && c.hasHint
+		anyMine = anyMine || (zone != "" && slices.Contains(c.zones, zone))
+	}
+	if len(ready) == 0 {
+		return slices.Clip(terminating)
+	}
+	if !allHinted || !anyMine {
+		return slices.Clip(ready)
+	}
+	var mine []Backend
+	for _, c := range eps {
+		if c.ready && slices.Contains(c.zones, zone) {
+			mine = append(mine, c.b)
 		}
 	}
-	slices.SortFunc(out, func(a, b Backend) int { return a.AddrPort().Compare(b.AddrPort()) })
-	return slices.Clip(out)
+	return slices.Clip(mine)
+}
+
+// localBackends is kube-proxy's Local list: this node's ready endpoints,
+// or when it has none its serving-terminating ones (KEP-1669, decided
+// apart from the Cluster list), never another node's, never by topology.
+func localBackends(eps []candidate, nodeName string) []Backend {
+	var ready, terminating []Backend
+	for _, c := range eps {
+		switch {
+		case nodeName == "" || c.b.NodeName != nodeName:
+		case c.ready:
+			ready = append(ready, c.b)
+		default:
+			terminating = append(terminating, c.b)
+		}
+	}
+	if len(ready) > 0 {
+		return slices.Clip(ready)
+	}
+	return slices.Clip(terminating)
 }
 
 // slicePort finds the slice port for a Service port by name and protocol.

@@ -50,6 +50,7 @@ func nodePort(s *corev1.Service) {
 type endpoint struct {
 	addr, node, pod          string
 	ready, serving, terminat *bool
+	zones                    []string // hints.forZones
 }
 
 func ready(addr, node string) endpoint { return endpoint{addr: addr, node: node} }
@@ -79,25 +80,38 @@ func epSlice(name string, family discoveryv1.AddressType, eps ...endpoint) *disc
 		if e.pod != "" {
 			ep.TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: e.pod}
 		}
+		if e.zones != nil {
+			ep.Hints = &discoveryv1.EndpointHints{}
+			for _, z := range e.zones {
+				ep.Hints.ForZones = append(ep.Hints.ForZones, discoveryv1.ForZone{Name: z})
+			}
+		}
 		s.Endpoints = append(s.Endpoints, ep)
 	}
 	return s
 }
 
 // summary renders LBServices one line each, for compact expectations:
-// "TYPE FRONTEND NAME -> BACKENDS [flags]"; a terminating backend ends in "~".
+// "TYPE FRONTEND NAME -> BACKENDS [flags]"; a terminating backend ends in
+// "~"; "local=[...]" is the Local list when there is one.
 func summary(lbss []LBService) []string {
-	var out []string
-	for _, l := range lbss {
-		var bs []string
-		for _, b := range l.Backends {
+	list := func(bs []Backend) string {
+		var out []string
+		for _, b := range bs {
 			s := b.AddrPort().String()
 			if b.Terminating {
 				s += "~"
 			}
-			bs = append(bs, s)
+			out = append(out, s)
 		}
-		line := fmt.Sprintf("%s %s %s -> %s", l.Type, l.Frontend, l.Name, strings.Join(bs, " "))
+		return strings.Join(out, " ")
+	}
+	var out []string
+	for _, l := range lbss {
+		line := fmt.Sprintf("%s %s %s -> %s", l.Type, l.Frontend, l.Name, list(l.Backends))
+		if l.LocalBackends != nil || l.ExternalTrafficLocal || l.InternalTrafficLocal {
+			line += " local=[" + list(l.LocalBackends) + "]"
+		}
 		if l.ExternalTrafficLocal {
 			line += " etp-local"
 		}
@@ -279,6 +293,24 @@ func TestTranslate(t *testing.T) {
 			},
 		},
 		{
+			// kube-proxy's proxier of each family sees only its family's
+			// ranges; a family with none is open to every source.
+			name: "LoadBalancer dual-stack: source ranges per family, a family without ranges is open",
+			svc: service(func(s *corev1.Service) {
+				s.Spec.Type = corev1.ServiceTypeLoadBalancer
+				s.Spec.AllocateLoadBalancerNodePorts = ptr(false)
+				s.Spec.ClusterIPs = []string{"198.19.0.10", "fd00:198:19::10"}
+				s.Spec.LoadBalancerSourceRanges = []string{"203.0.113.0/24"}
+				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.19.200.1"}, {IP: "fd00:198:19:c8::1"}}
+			}),
+			want: []string{
+				"ClusterIP 198.19.0.10:80/TCP default/web:http -> ",
+				"ClusterIP [fd00:198:19::10]:80/TCP default/web:http -> ",
+				"LoadBalancer 198.19.200.1:80/TCP default/web:http ->  src=203.0.113.0/24",
+				"LoadBalancer [fd00:198:19:c8::1]:80/TCP default/web:http -> ",
+			},
+		},
+		{
 			name: "LoadBalancer without node ports",
 			svc: service(func(s *corev1.Service) {
 				s.Spec.Type = corev1.ServiceTypeLoadBalancer
@@ -406,10 +438,93 @@ func TestTranslate(t *testing.T) {
 				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.19.200.1"}}
 			}),
 			want: []string{
-				"ClusterIP 198.19.0.10:80/TCP default/web:http ->  itp-local hc=32000",
-				"NodePort 0.0.0.0:30080/TCP default/web:http ->  etp-local hc=32000",
-				"ExternalIP 198.19.200.8:80/TCP default/web:http ->  etp-local hc=32000",
-				"LoadBalancer 198.19.200.1:80/TCP default/web:http ->  etp-local hc=32000",
+				"ClusterIP 198.19.0.10:80/TCP default/web:http ->  local=[] itp-local hc=32000",
+				"NodePort 0.0.0.0:30080/TCP default/web:http ->  local=[] etp-local hc=32000",
+				"ExternalIP 198.19.200.8:80/TCP default/web:http ->  local=[] etp-local hc=32000",
+				"LoadBalancer 198.19.200.1:80/TCP default/web:http ->  local=[] etp-local hc=32000",
+			},
+		},
+		{
+			// KEP-1669: the Local list falls back to the node's own
+			// serving-terminating endpoints while other nodes still have
+			// ready ones; the Cluster list keeps the ready ones.
+			name: "Local list: this node's terminating endpoints when it has no ready one",
+			svc: service(nodePort, func(s *corev1.Service) {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+				s.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicyLocal)
+			}),
+			slices: web(terminating("198.18.1.5", "node-1"), ready("198.18.2.5", "node-2"), terminating("198.18.2.6", "node-2")),
+			opts:   Options{NodeName: "node-1"},
+			want: []string{
+				"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.2.5:8080 local=[198.18.1.5:8080~] itp-local",
+				"NodePort 0.0.0.0:30080/TCP default/web:http -> 198.18.2.5:8080 local=[198.18.1.5:8080~] etp-local",
+			},
+		},
+		{
+			name: "Local list: a ready local endpoint is preferred to a terminating one, remote ones never used",
+			svc: service(func(s *corev1.Service) {
+				s.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicyLocal)
+			}),
+			slices: web(terminating("198.18.1.5", "node-1"), ready("198.18.1.6", "node-1"), ready("198.18.2.5", "node-2")),
+			opts:   Options{NodeName: "node-1"},
+			want:   []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.6:8080 198.18.2.5:8080 local=[198.18.1.6:8080] itp-local"},
+		},
+		{
+			name: "Local list: no node name, nothing is local",
+			svc: service(func(s *corev1.Service) {
+				s.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicyLocal)
+			}),
+			slices: web(ready("198.18.1.6", "node-1")),
+			want:   []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.6:8080 local=[] itp-local"},
+		},
+		{
+			name: "topology: every ready endpoint hinted, some for this zone: only those",
+			svc:  service(),
+			slices: web(
+				endpoint{addr: "198.18.1.5", node: "node-1", zones: []string{"zone-a"}},
+				endpoint{addr: "198.18.2.5", node: "node-2", zones: []string{"zone-b"}},
+				endpoint{addr: "198.18.2.6", node: "node-2", zones: []string{"zone-b", "zone-a"}},
+				terminating("198.18.3.5", "node-3"), // no hint: terminating ones do not count
+			),
+			opts: Options{NodeName: "node-1", Zone: "zone-a"},
+			want: []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080 198.18.2.6:8080"},
+		},
+		{
+			name: "topology: one ready endpoint without a hint turns it off",
+			svc:  service(),
+			slices: web(
+				endpoint{addr: "198.18.1.5", node: "node-1", zones: []string{"zone-a"}},
+				endpoint{addr: "198.18.2.5", node: "node-2"},
+			),
+			opts: Options{NodeName: "node-1", Zone: "zone-a"},
+			want: []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080 198.18.2.5:8080"},
+		},
+		{
+			name: "topology: none hinted for this zone, or no zone label: all ready endpoints",
+			svc:  service(func(s *corev1.Service) { s.Spec.ClusterIPs = []string{"198.19.0.10", "fd00:198:19::10"} }),
+			slices: []*discoveryv1.EndpointSlice{
+				epSlice("web-1", v4, endpoint{addr: "198.18.1.5", zones: []string{"zone-b"}}, endpoint{addr: "198.18.2.5", zones: []string{"zone-c"}}),
+				epSlice("web-2", v6, endpoint{addr: "fd00:198:18:1::5", zones: []string{"zone-a"}}, endpoint{addr: "fd00:198:18:2::5", zones: []string{"zone-b"}}),
+			},
+			opts: Options{Zone: "zone-a"},
+			want: []string{
+				"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080 198.18.2.5:8080",
+				"ClusterIP [fd00:198:19::10]:80/TCP default/web:http -> [fd00:198:18:1::5]:8080",
+			},
+		},
+		{
+			name: "topology: the Local list and the terminating fallback ignore hints",
+			svc: service(nodePort, func(s *corev1.Service) {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			}),
+			slices: web(
+				endpoint{addr: "198.18.1.5", node: "node-1", zones: []string{"zone-b"}},
+				endpoint{addr: "198.18.2.5", node: "node-2", zones: []string{"zone-a"}},
+			),
+			opts: Options{NodeName: "node-1", Zone: "zone-a"},
+			want: []string{
+				"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.2.5:8080",
+				"NodePort 0.0.0.0:30080/TCP default/web:http -> 198.18.2.5:8080 local=[198.18.1.5:8080] etp-local",
 			},
 		},
 		{

@@ -95,9 +95,17 @@ type LBService struct {
 	Name     ServiceName
 	Type     FrontendType
 	Frontend Frontend
-	// Backends are those the cluster may use for this frontend: the ready
-	// ones, or when none is ready the serving-terminating ones.
+	// Backends are those the cluster may use for this frontend, kube-proxy's
+	// Cluster list: the ready ones (those hinted for this node's zone when
+	// topology hints apply), or when none is ready the serving-terminating
+	// ones.
 	Backends []Backend
+	// LocalBackends are those a Local traffic policy uses on this node,
+	// kube-proxy's Local list: the node's ready ones, else its
+	// serving-terminating ones. Set only on a frontend the policy governs
+	// (the ClusterIP under internalTrafficPolicy: Local, the others under
+	// externalTrafficPolicy: Local).
+	LocalBackends []Backend
 
 	ExternalTrafficLocal bool // externalTrafficPolicy: Local (NodePort, ExternalIP, LoadBalancer)
 	InternalTrafficLocal bool // internalTrafficPolicy: Local

@@ -657,22 +657,16 @@ func (r *Reconciler) syncFrontend(fe *frontend, lbs *loadbalancer.LBService) (er
 }
 
 // scopeBackends returns the backends of the EXT scope (traffic entering the
-// node) and of the INT scope (traffic from this node) as this node sees them.
+// node) and of the INT scope (traffic from this node): the Service's Local
+// list where a Local traffic policy governs the scope, else its Cluster
+// list.
 func (r *Reconciler) scopeBackends(lbs *loadbalancer.LBService) (ext, in []loadbalancer.Backend) {
-	var local []loadbalancer.Backend
-	if lbs.ExternalTrafficLocal || lbs.InternalTrafficLocal {
-		for _, b := range lbs.Backends {
-			if r.isLocal(b) {
-				local = append(local, b)
-			}
-		}
-	}
 	ext, in = lbs.Backends, lbs.Backends
 	if lbs.ExternalTrafficLocal && lbs.Type != loadbalancer.ClusterIP {
-		ext = local
+		ext = lbs.LocalBackends
 	}
 	if lbs.InternalTrafficLocal {
-		in = local
+		in = lbs.LocalBackends
 	}
 	return ext, in
 }

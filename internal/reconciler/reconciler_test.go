@@ -45,9 +45,20 @@ func svc(name types.NamespacedName, t lb.FrontendType, frontend string, backends
 	}
 }
 
+// state builds a State of svcs. A frontend under a Local policy without
+// LocalBackends gets those of its Backends on thisNode, as Translate gives
+// them when every backend is ready.
 func state(svcs ...lb.LBService) *lb.State {
 	st := &lb.State{Services: map[types.NamespacedName][]lb.LBService{}, NodeIPs: map[netip.Addr]bool{}}
 	for _, s := range svcs {
+		if (s.InternalTrafficLocal || (s.ExternalTrafficLocal && s.Type != lb.ClusterIP)) && s.LocalBackends == nil {
+			s.LocalBackends = []lb.Backend{}
+			for _, b := range s.Backends {
+				if b.NodeName == thisNode {
+					s.LocalBackends = append(s.LocalBackends, b)
+				}
+			}
+		}
 		st.Services[s.Name.NamespacedName] = append(st.Services[s.Name.NamespacedName], s)
 	}
 	return st

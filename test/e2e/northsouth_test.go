@@ -293,8 +293,13 @@ func testLoadBalancerSourceRanges(t *testing.T, accel string) {
 	in.Spec.LoadBalancerSourceRanges = []string{netip.PrefixFrom(lab.ClientIPv4, 32).String(), netip.PrefixFrom(lab.ClientIPv6, 128).String()}
 	out := nsService("ns-src-denied", denied, map[string]string{lab.LabelNode: node1.Name})
 	out.Spec.LoadBalancerSourceRanges = []string{"203.0.113.0/24", "2001:db8::/32"} // documentation ranges: never the client
-	apply(t, l, in, out)
-	programmed(t, l, len(node1.Pods), append(nsFrontends(allowed), nsFrontends(denied)...)...)
+	// Ranges of one family only: that family is filtered, the other open,
+	// as kube-proxy's proxier per family does.
+	v4only := addrs{k: 65}
+	half := nsService("ns-src-v4-only", v4only, map[string]string{lab.LabelNode: node1.Name})
+	half.Spec.LoadBalancerSourceRanges = []string{"203.0.113.0/24"}
+	apply(t, l, in, out, half)
+	programmed(t, l, len(node1.Pods), slices.Concat(nsFrontends(allowed), nsFrontends(denied), nsFrontends(v4only))...)
 
 	for _, tt := range []struct {
 		name   string
@@ -306,6 +311,8 @@ func testLoadBalancerSourceRanges(t *testing.T, accel string) {
 		{"client inside the ranges, IPv6", in, allowed.lbV6(), true},
 		{"client outside the ranges, IPv4", out, denied.lbV4(), false},
 		{"client outside the ranges, IPv6", out, denied.lbV6(), false},
+		{"IPv4 ranges only: IPv4 client outside them", half, v4only.lbV4(), false},
+		{"IPv4 ranges only: IPv6 is not filtered", half, v4only.lbV6(), true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			url := httpURL(tt.ip, svcHTTPPort)

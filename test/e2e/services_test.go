@@ -553,3 +553,45 @@ func TestPrivilegedNoBackendsRefusedAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestPrivilegedLocalTerminatingFallback walks a rolling update of an
+// internalTrafficPolicy: Local Service on node1 while node2 keeps a ready
+// endpoint: when node1's only endpoint is terminating (still serving) and
+// its successor is not ready yet, node1's clients use the terminating one
+// (KEP-1669, kube-proxy's Local list), never node2's, and no request fails
+// in any step.
+func TestPrivilegedLocalTerminatingFallback(t *testing.T) {
+	l := sharedLab(t)
+	a := addrs{k: 14}
+	svc := echoService("e2e-local-rollout", a.clusterV4())
+	svc.Spec.Selector = nil // endpoints by hand
+	local := corev1.ServiceInternalTrafficPolicyLocal
+	svc.Spec.InternalTrafficPolicy = &local
+	n1, n2 := l.Nodes[0], l.Nodes[1]
+	fe := frontend(a.clusterV4(), svcHTTPPort, corev1.ProtocolTCP)
+	url := httpURL(a.clusterV4(), svcHTTPPort)
+	be := func(p lab.Pod) string { return hostPort(p.IPv4, lab.EchoHTTPPort) + "/TCP" }
+	old, next, remote := n1.Pods[0], n1.Pods[1], n2.Pods[0]
+	otherNode := endpoint{pod: remote, ready: true, serving: true}
+
+	for _, step := range []struct {
+		name string
+		eps  []endpoint
+		want lab.Pod // node1's clients' only backend
+	}{
+		{"old ready", []endpoint{{pod: old, ready: true, serving: true}, otherNode}, old},
+		{"old terminating, new not ready", []endpoint{
+			{pod: old, serving: true, terminating: true}, {pod: next}, otherNode}, old},
+		{"new ready, old terminating", []endpoint{
+			{pod: old, serving: true, terminating: true}, {pod: next, ready: true, serving: true}, otherNode}, next},
+		{"old gone", []endpoint{{pod: next, ready: true, serving: true}, otherNode}, next},
+	} {
+		applyWithSlices(t, l, svc, slice(svc.Name, "1", step.eps...))
+		waitLocal(t, l, n1, fe, []string{be(step.want)})
+		waitLocal(t, l, n2, fe, []string{be(remote)})
+		rep := probe(t, l, n1.Name, "http", "--url", url, "--count", "20", "--timeout", "1s")
+		if rep.OK != rep.Count || rep.Backends[step.want.Name] != rep.Count {
+			t.Errorf("%s: from %s: %s; want every request answered by %s", step.name, n1.Name, describe(rep), step.want.Name)
+		}
+	}
+}
