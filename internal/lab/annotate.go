@@ -7,6 +7,7 @@ import (
 	"maps"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -16,17 +17,32 @@ import (
 // ParseAnnotations reads kubectl annotate's arguments: KEY=VALUE sets,
 // KEY- removes. A key must be a qualified name, as the apiserver requires.
 func ParseAnnotations(args []string) (set map[string]string, remove []string, err error) {
+	return parseKeyValues("annotation", args, nil)
+}
+
+// ParseLabels reads kubectl label's arguments, as ParseAnnotations; a
+// value must also be a valid label value.
+func ParseLabels(args []string) (set map[string]string, remove []string, err error) {
+	return parseKeyValues("label", args, validation.IsValidLabelValue)
+}
+
+func parseKeyValues(kind string, args []string, checkValue func(string) []string) (set map[string]string, remove []string, err error) {
 	set = map[string]string{}
 	for _, a := range args {
 		key, value, isSet := strings.Cut(a, "=")
 		if !isSet {
 			if !strings.HasSuffix(a, "-") {
-				return nil, nil, fmt.Errorf("annotation %q: want KEY=VALUE or KEY-", a)
+				return nil, nil, fmt.Errorf("%s %q: want KEY=VALUE or KEY-", kind, a)
 			}
 			key = strings.TrimSuffix(a, "-")
 		}
 		if errs := validation.IsQualifiedName(key); len(errs) > 0 {
-			return nil, nil, fmt.Errorf("annotation %q: key %q: %s", a, key, strings.Join(errs, "; "))
+			return nil, nil, fmt.Errorf("%s %q: key %q: %s", kind, a, key, strings.Join(errs, "; "))
+		}
+		if isSet && checkValue != nil {
+			if errs := checkValue(value); len(errs) > 0 {
+				return nil, nil, fmt.Errorf("%s %q: value %q: %s", kind, a, value, strings.Join(errs, "; "))
+			}
 		}
 		if isSet {
 			set[key] = value
@@ -35,6 +51,75 @@ func ParseAnnotations(args []string) (set map[string]string, remove []string, er
 		}
 	}
 	return set, remove, nil
+}
+
+// applyKeyValues returns m with set and remove applied, nil when empty.
+func applyKeyValues(m, set map[string]string, remove []string) map[string]string {
+	next := maps.Clone(m)
+	if next == nil {
+		next = map[string]string{}
+	}
+	maps.Copy(next, set)
+	for _, k := range remove {
+		delete(next, k)
+	}
+	if len(next) == 0 {
+		return nil
+	}
+	return next
+}
+
+// mergePatch is a JSON merge patch of metadata.<field>: set, and remove
+// as nulls.
+func mergePatch(field string, set map[string]string, remove []string) ([]byte, error) {
+	m := map[string]any{}
+	for k, v := range set {
+		m[k] = v
+	}
+	for _, k := range remove {
+		m[k] = nil
+	}
+	return json.Marshal(map[string]any{"metadata": map[string]any{field: m}})
+}
+
+// Label sets and removes labels of a lab node's Node object, where the
+// agents read it (kubectl label node): topology.kubernetes.io/zone, for
+// one, which decides the node's topology-hinted endpoints.
+func (l *Lab) Label(ctx context.Context, node string, set map[string]string, remove []string) error {
+	var n *Node
+	for i := range l.Nodes {
+		if l.Nodes[i].Name == node {
+			n = &l.Nodes[i]
+		}
+	}
+	if n == nil {
+		return fmt.Errorf("label: no node %q in lab %s", node, l.Prefix)
+	}
+	for k := range set {
+		if k == corev1.LabelHostname || k == corev1.LabelOSStable {
+			return fmt.Errorf("label %s: %s is set by the lab", node, k)
+		}
+	}
+	if l.ControlPlane == ControlPlaneReal {
+		cs, err := l.KubeClient()
+		if err != nil {
+			return err
+		}
+		patch, err := mergePatch("labels", set, remove)
+		if err != nil {
+			return err
+		}
+		if _, err := cs.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("label %s: %w", node, err)
+		}
+	}
+	n.Labels = applyKeyValues(n.Labels, set, remove)
+	if l.ControlPlane != ControlPlaneReal {
+		if err := writeClusterObjects(l.ManifestsDir, l.nodeInfos(), l.podInfos()); err != nil {
+			return fmt.Errorf("label %s: %w", node, err)
+		}
+	}
+	return l.save()
 }
 
 // Annotate sets and removes annotations of the lab pod named pod's Pod
@@ -52,17 +137,7 @@ func (l *Lab) Annotate(ctx context.Context, pod string, set map[string]string, r
 	if p == nil {
 		return fmt.Errorf("annotate: no pod %q in lab %s", pod, l.Prefix)
 	}
-	next := maps.Clone(p.Annotations)
-	if next == nil {
-		next = map[string]string{}
-	}
-	maps.Copy(next, set)
-	for _, k := range remove {
-		delete(next, k)
-	}
-	if len(next) == 0 {
-		next = nil
-	}
+	next := applyKeyValues(p.Annotations, set, remove)
 	if l.ControlPlane == ControlPlaneReal {
 		if err := l.patchPodAnnotations(ctx, pod, set, remove); err != nil {
 			return err
@@ -84,14 +159,7 @@ func (l *Lab) patchPodAnnotations(ctx context.Context, pod string, set map[strin
 	if err != nil {
 		return err
 	}
-	ann := map[string]any{}
-	for k, v := range set {
-		ann[k] = v
-	}
-	for _, k := range remove {
-		ann[k] = nil
-	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": ann}})
+	patch, err := mergePatch("annotations", set, remove)
 	if err != nil {
 		return err
 	}

@@ -33,7 +33,7 @@ and UDP echo backend in every pod.`,
 	_ = cmd.PersistentFlags().MarkHidden("prefix")
 	p := &prefix
 	cmd.AddCommand(upCommand(p), downCommand(p), statusCommand(p), execCommand(p),
-		applyCommand(p, true), applyCommand(p, false), annotateCommand(p), demoCommand(p), backendCommand(), probeCommand(), tuneCommand(p))
+		applyCommand(p, true), applyCommand(p, false), annotateCommand(p), labelCommand(p), demoCommand(p), backendCommand(), probeCommand(), tuneCommand(p))
 	return cmd
 }
 
@@ -191,21 +191,37 @@ func applyCommand(prefix *string, apply bool) *cobra.Command {
 }
 
 func annotateCommand(prefix *string) *cobra.Command {
+	return keyValueCommand(prefix, "annotate POD KEY=VALUE... | KEY-...",
+		"Set or remove annotations of a lab pod's Pod object, as kubectl annotate does (e.g. kubernetes.io/egress-bandwidth=50M)",
+		ParseAnnotations, (*Lab).Annotate)
+}
+
+func labelCommand(prefix *string) *cobra.Command {
+	return keyValueCommand(prefix, "label NODE KEY=VALUE... | KEY-...",
+		"Set or remove labels of a lab node's Node object, as kubectl label node does (e.g. topology.kubernetes.io/zone=zone-a)",
+		ParseLabels, (*Lab).Label)
+}
+
+// keyValueCommand is a kubectl annotate / label look-alike on one lab
+// object.
+func keyValueCommand(prefix *string, use, short string,
+	parse func([]string) (map[string]string, []string, error),
+	apply func(*Lab, context.Context, string, map[string]string, []string) error) *cobra.Command {
 	return &cobra.Command{
-		Use:   "annotate POD KEY=VALUE... | KEY-...",
-		Short: "Set or remove annotations of a lab pod's Pod object, as kubectl annotate does (e.g. kubernetes.io/egress-bandwidth=50M)",
+		Use:   use,
+		Short: short,
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			set, remove, err := parse(args[1:])
+			if err != nil {
+				return err
+			}
 			l, err := Load(*prefix)
 			if err != nil {
 				return err
 			}
 			defer l.Close()
-			set, remove, err := ParseAnnotations(args[1:])
-			if err != nil {
-				return err
-			}
-			return l.Annotate(cmd.Context(), args[0], set, remove)
+			return apply(l, cmd.Context(), args[0], set, remove)
 		},
 	}
 }

@@ -241,6 +241,9 @@ type Node struct {
 	// the node's namespace ("" with DataplaneNone).
 	MetricsAddr string `json:"metricsAddr,omitempty"`
 	Pods        []Pod  `json:"pods"`
+	// Labels are the Node object's beyond the lab's own (lab label):
+	// topology.kubernetes.io/zone, for one.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // Pod is one lab pod with its echo backend.
@@ -671,7 +674,7 @@ func (l *Lab) nodeInfos() []NodeInfo {
 	var out []NodeInfo
 	for _, n := range l.Nodes {
 		out = append(out, NodeInfo{Name: n.Name, IPv4: n.IPv4, IPv6: n.IPv6,
-			PodCIDRs: []netip.Prefix{PodCIDRv4(n.Index), PodCIDRv6(n.Index)}})
+			PodCIDRs: []netip.Prefix{PodCIDRv4(n.Index), PodCIDRv6(n.Index)}, Labels: n.Labels})
 	}
 	return out
 }

@@ -51,6 +51,8 @@ type NodeInfo struct {
 	IPv6 netip.Addr `json:"ipv6"`
 	// PodCIDRs of the node, IPv4 first.
 	PodCIDRs []netip.Prefix `json:"podCIDRs"`
+	// Labels besides the lab's own (lab label).
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // nodeObject is the Node a kubelet would register: Ready, with both
@@ -60,12 +62,17 @@ func nodeObject(n NodeInfo) *corev1.Node {
 	for i, c := range n.PodCIDRs {
 		cidrs[i] = c.String()
 	}
+	labels := maps.Clone(n.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[corev1.LabelHostname], labels[corev1.LabelOSStable] = n.Name, "linux"
 	return &corev1.Node{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Node"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name:   n.Name,
 			UID:    types.UID("sluice-lab-node-" + n.Name),
-			Labels: map[string]string{"kubernetes.io/hostname": n.Name, "kubernetes.io/os": "linux"},
+			Labels: labels,
 		},
 		Spec: corev1.NodeSpec{PodCIDR: cidrs[0], PodCIDRs: cidrs},
 		Status: corev1.NodeStatus{

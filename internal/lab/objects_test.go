@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -369,5 +370,26 @@ func TestParseAnnotations(t *testing.T) {
 		if _, _, err := ParseAnnotations([]string{bad}); err == nil || !strings.Contains(err.Error(), strconv.Quote(bad)) {
 			t.Errorf("ParseAnnotations(%q): %v, want an error naming it", bad, err)
 		}
+	}
+}
+
+func TestParseLabels(t *testing.T) {
+	set, remove, err := ParseLabels([]string{"topology.kubernetes.io/zone=zone-a", "tier-"})
+	if err != nil || set["topology.kubernetes.io/zone"] != "zone-a" || len(set) != 1 || len(remove) != 1 || remove[0] != "tier" {
+		t.Errorf("ParseLabels = %v, %v, %v", set, remove, err)
+	}
+	// A label value is stricter than an annotation's.
+	for _, bad := range []string{"zone=a b", "zone=" + strings.Repeat("x", 64), "bad key=1"} {
+		if _, _, err := ParseLabels([]string{bad}); err == nil || !strings.Contains(err.Error(), strconv.Quote(bad)) {
+			t.Errorf("ParseLabels(%q): %v, want an error naming it", bad, err)
+		}
+	}
+}
+
+func TestNodeObjectLabels(t *testing.T) {
+	n := nodeObject(NodeInfo{Name: "node1", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")},
+		Labels: map[string]string{corev1.LabelTopologyZone: "zone-a"}})
+	if n.Labels[corev1.LabelTopologyZone] != "zone-a" || n.Labels[corev1.LabelHostname] != "node1" {
+		t.Errorf("Node labels %v: want the zone and the lab's own", n.Labels)
 	}
 }

@@ -110,6 +110,7 @@ func applyWithSlices(t *testing.T, l *lab.Lab, s *corev1.Service, ess ...*discov
 type endpoint struct {
 	pod                         lab.Pod
 	ready, serving, terminating bool
+	zone                        string // hints.forZones, when set
 }
 
 // slice is a hand-written IPv4 EndpointSlice of a selector-less Service.
@@ -126,12 +127,16 @@ func slice(svc, name string, eps ...endpoint) *discoveryv1.EndpointSlice {
 		},
 	}
 	for _, e := range eps {
-		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
+		ep := discoveryv1.Endpoint{
 			Addresses:  []string{e.pod.IPv4.String()},
 			Conditions: discoveryv1.EndpointConditions{Ready: &e.ready, Serving: &e.serving, Terminating: &e.terminating},
 			NodeName:   ptr(e.pod.Node),
 			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: e.pod.Name},
-		})
+		}
+		if e.zone != "" {
+			ep.Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: e.zone}}}
+		}
+		es.Endpoints = append(es.Endpoints, ep)
 	}
 	return es
 }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -594,4 +595,82 @@ func TestPrivilegedLocalTerminatingFallback(t *testing.T) {
 			t.Errorf("%s: from %s: %s; want every request answered by %s", step.name, n1.Name, describe(rep), step.want.Name)
 		}
 	}
+}
+
+// TestPrivilegedTopologyHints labels the lab's nodes with zones and gives
+// a Service's endpoints zone hints, as the EndpointSlice controller does
+// for trafficDistribution: PreferClose: each node's clients reach only
+// their zone's endpoints while every endpoint is hinted, and every
+// endpoint once one is not (kube-proxy's rule).
+func TestPrivilegedTopologyHints(t *testing.T) {
+	l := sharedLab(t)
+	n1, n2 := l.Nodes[0], l.Nodes[1]
+	for _, z := range []struct {
+		node lab.Node
+		zone string
+	}{{n1, "zone-a"}, {n2, "zone-b"}} {
+		if err := l.Label(t.Context(), z.node.Name, map[string]string{corev1.LabelTopologyZone: z.zone}, nil); err != nil {
+			t.Fatalf("label %s: %v", z.node.Name, err)
+		}
+		t.Cleanup(func() {
+			if err := l.Label(context.Background(), z.node.Name, nil, []string{corev1.LabelTopologyZone}); err != nil {
+				t.Errorf("unlabel %s: %v", z.node.Name, err)
+			}
+		})
+	}
+	a := addrs{k: 15}
+	svc := echoService("e2e-topology", a.clusterV4())
+	svc.Spec.Selector = nil // endpoints by hand
+	fe := frontend(a.clusterV4(), svcHTTPPort, corev1.ProtocolTCP)
+	url := httpURL(a.clusterV4(), svcHTTPPort)
+	be := func(p lab.Pod) string { return hostPort(p.IPv4, lab.EchoHTTPPort) + "/TCP" }
+
+	check := func(step string, want map[string][]lab.Pod) {
+		t.Helper()
+		for _, n := range []lab.Node{n1, n2} {
+			var bes []string
+			for _, p := range want[n.Name] {
+				bes = append(bes, be(p))
+			}
+			waitBackendsOn(t, l, n, fe, bes)
+			rep := probe(t, l, n.Name, "http", "--url", url, "--count", "20", "--timeout", "1s")
+			if rep.OK != rep.Count {
+				t.Errorf("%s: from %s: %s", step, n.Name, describe(rep))
+			}
+			if err := onlyFrom(rep.Backends, podNames(want[n.Name]...)); err != nil {
+				t.Errorf("%s: from %s: %v", step, n.Name, err)
+			}
+		}
+	}
+	hinted := []endpoint{
+		{pod: n1.Pods[0], ready: true, serving: true, zone: "zone-a"},
+		{pod: n2.Pods[0], ready: true, serving: true, zone: "zone-b"},
+	}
+	applyWithSlices(t, l, svc, slice(svc.Name, "1", hinted...))
+	check("every endpoint hinted", map[string][]lab.Pod{n1.Name: {n1.Pods[0]}, n2.Name: {n2.Pods[0]}})
+
+	unhinted := append(slices.Clone(hinted), endpoint{pod: n2.Pods[1], ready: true, serving: true})
+	applyWithSlices(t, l, svc, slice(svc.Name, "1", unhinted...))
+	all := []lab.Pod{n1.Pods[0], n2.Pods[0], n2.Pods[1]}
+	check("one endpoint without a hint", map[string][]lab.Pod{n1.Name: all, n2.Name: all})
+}
+
+// waitBackendsOn waits until node's agent lists the frontend with exactly
+// the backends want (addr:port/PROTO), in any scope.
+func waitBackendsOn(t *testing.T, l *lab.Lab, node lab.Node, fe string, want []string) {
+	t.Helper()
+	slices.Sort(want)
+	eventually(t, l, fmt.Sprintf("%s on %s with backends %v", fe, node.Name, want), func(n lab.Node, c *api.Client) error {
+		if n.Name != node.Name {
+			return nil
+		}
+		svcs, err := c.Services(t.Context())
+		if err != nil {
+			return err
+		}
+		if got, _ := backendsOf(svcs, fe); !slices.Equal(got, want) {
+			return fmt.Errorf("backends %v", got)
+		}
+		return nil
+	})
 }
