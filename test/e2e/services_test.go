@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
@@ -378,8 +379,22 @@ func TestPrivilegedInternalTrafficPolicyLocal(t *testing.T) {
 // exactly the backends want: its internal scope.
 func waitLocal(t *testing.T, l *lab.Lab, node lab.Node, fe string, want []string) {
 	t.Helper()
+	waitBackends(t, l, node, fe, api.ScopeInternal, want)
+}
+
+// waitBackendsOn waits until node's agent lists the frontend with exactly
+// the backends want (addr:port/PROTO), in any scope.
+func waitBackendsOn(t *testing.T, l *lab.Lab, node lab.Node, fe string, want []string) {
+	t.Helper()
+	waitBackends(t, l, node, fe, "", want)
+}
+
+// waitBackends waits until node's agent lists fe with exactly the distinct
+// backends want in scope ("" for any).
+func waitBackends(t *testing.T, l *lab.Lab, node lab.Node, fe, scope string, want []string) {
+	t.Helper()
 	slices.Sort(want)
-	eventually(t, l, fmt.Sprintf("%s on %s with internal backends %v", fe, node.Name, want), func(n lab.Node, c *api.Client) error {
+	eventually(t, l, fmt.Sprintf("%s on %s with %s backends %v", fe, node.Name, cmp.Or(scope, "any"), want), func(n lab.Node, c *api.Client) error {
 		if n.Name != node.Name {
 			return nil
 		}
@@ -389,18 +404,18 @@ func waitLocal(t *testing.T, l *lab.Lab, node lab.Node, fe string, want []string
 		}
 		var got []string
 		for _, s := range svcs {
-			if s.Frontend != fe {
+			if s.Frontend != fe || s.Skipped != "" {
 				continue
 			}
 			for _, b := range s.Backends {
-				if b.Scope == api.ScopeInternal {
+				if (scope == "" || b.Scope == scope) && !slices.Contains(got, b.Address) {
 					got = append(got, b.Address)
 				}
 			}
 		}
 		slices.Sort(got)
 		if !slices.Equal(got, want) {
-			return fmt.Errorf("internal backends %v", got)
+			return fmt.Errorf("%s backends %v", cmp.Or(scope, "any"), got)
 		}
 		return nil
 	})
@@ -653,24 +668,4 @@ func TestPrivilegedTopologyHints(t *testing.T) {
 	applyWithSlices(t, l, svc, slice(svc.Name, "1", unhinted...))
 	all := []lab.Pod{n1.Pods[0], n2.Pods[0], n2.Pods[1]}
 	check("one endpoint without a hint", map[string][]lab.Pod{n1.Name: all, n2.Name: all})
-}
-
-// waitBackendsOn waits until node's agent lists the frontend with exactly
-// the backends want (addr:port/PROTO), in any scope.
-func waitBackendsOn(t *testing.T, l *lab.Lab, node lab.Node, fe string, want []string) {
-	t.Helper()
-	slices.Sort(want)
-	eventually(t, l, fmt.Sprintf("%s on %s with backends %v", fe, node.Name, want), func(n lab.Node, c *api.Client) error {
-		if n.Name != node.Name {
-			return nil
-		}
-		svcs, err := c.Services(t.Context())
-		if err != nil {
-			return err
-		}
-		if got, _ := backendsOf(svcs, fe); !slices.Equal(got, want) {
-			return fmt.Errorf("backends %v", got)
-		}
-		return nil
-	})
 }
