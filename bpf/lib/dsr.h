@@ -4,13 +4,18 @@
  *   LB node       client -> frontend, untouched, in an outer header
  *                 node IP -> the backend's node (ns_tunnel: the backend's
  *                 host prefix, else its pod CIDR; neither: SNAT instead)
- *   backend node  decapsulates, load-balances the inner packet to one of
- *                 its local backends (DNAT + CT), and the reply leaves
- *                 through tc egress with the frontend as source, straight
- *                 to the client.
+ *                 that names the backend the LB node chose
+ *   backend node  decapsulates, delivers the inner packet to that backend
+ *                 (DNAT + CT), and the reply leaves through tc egress with
+ *                 the frontend as source, straight to the client.
  *
- * The inner packet keeps the service address, so the backend node needs
- * no state from the LB node. The outer header costs 20 (40) bytes of MTU.
+ * The inner packet keeps the service address; the chosen backend's address
+ * and port ride in the outer header: an IPv4 option (8 bytes), an IPv6
+ * destination options header (24 bytes), both of the experimental type of
+ * RFC 4727. So Maglev's and ClientIP affinity's choice holds across nodes
+ * whatever the number of backends. The outer header costs 28 (64) bytes
+ * of MTU. A packet without the option (an LB node of an older sluice) gets
+ * one of the node's local backends, as before.
  */
 #ifndef __SLUICE_DSR_H
 #define __SLUICE_DSR_H
@@ -21,6 +26,11 @@
 
 #define IPIP_TTL 64
 #define DSR_LOCAL_PROBES 32
+
+#ifndef IPPROTO_DSTOPTS
+#define IPPROTO_DSTOPTS 60
+#endif /* IPPROTO_DSTOPTS */
+
 
 #ifndef IPPROTO_IPIP
 #define IPPROTO_IPIP 4
@@ -65,30 +75,36 @@ static __always_inline __u16 ns_remote_kind(const struct ns_config *cfg, __u8 pr
 
 #define DSR_IP4_DF 0x4000 /* IPv4 don't fragment, host order */
 
-/* dsr_encap wraps the packet of p in an outer header src -> dst and turns p
- * into the outer packet's view (for the FIB lookup). */
+/* dsr_encap wraps the packet of p in an outer header src -> dst naming
+ * backend:port and turns p into the outer packet's view (for the FIB
+ * lookup). The header is built in the scratch, off the stack. */
 static __always_inline int dsr_encap(struct __ctx_buff *ctx, struct ns_pkt *p,
-				     const union lb_addr *src, const union lb_addr *dst)
+				     const union lb_addr *src, const union lb_addr *dst,
+				     const union lb_addr *backend, __be16 port)
 {
+	struct ct_scratch *s = ns_scratch();
 	__u32 inner_len = ctx_len(ctx) - p->l3_off;
 
+	if (!s)
+		return -1;
 	if (!p->v6) {
-		struct iphdr ip4 = {
-			.version = 4,
-			.ihl = 5,
-			.tot_len = bpf_htons(inner_len + sizeof(struct iphdr)),
-			.ttl = IPIP_TTL,
-			.protocol = IPPROTO_IPIP,
-			.saddr = src->w[3],
-			.daddr = dst->w[3],
-		};
+		struct iphdr *ip4 = &s->dsr.h4.ip;
+		struct dsr_opt4 *o = &s->dsr.h4.opt;
 		__be16 frag;
 		__u8 tos;
 
 		if (ctx_load_bytes(ctx, p->l3_off + 1, &tos, 1) ||
 		    ctx_load_bytes(ctx, p->l3_off + offsetof(struct iphdr, frag_off), &frag, 2))
 			return -1;
-		ip4.tos = tos;
+		__builtin_memset(&s->dsr.h4, 0, sizeof(s->dsr.h4));
+		ip4->version = 4;
+		ip4->ihl = sizeof(s->dsr.h4) / 4;
+		ip4->tos = tos;
+		ip4->tot_len = bpf_htons(inner_len + sizeof(s->dsr.h4));
+		ip4->ttl = IPIP_TTL;
+		ip4->protocol = IPPROTO_IPIP;
+		ip4->saddr = src->w[3];
+		ip4->daddr = dst->w[3];
 		/* DF as the inner packet says, as Linux's IPIP tunnels do with
 		 * path MTU discovery: a router on the way answers the client's
 		 * DF packets (to this node, which is what the stack learns
@@ -96,26 +112,39 @@ static __always_inline int dsr_encap(struct __ctx_buff *ctx, struct ns_pkt *p,
 		 * needs an ID of its own (RFC 6864: ID 0 only for atomic
 		 * datagrams). */
 		if (frag & bpf_htons(DSR_IP4_DF))
-			ip4.frag_off = bpf_htons(DSR_IP4_DF);
+			ip4->frag_off = bpf_htons(DSR_IP4_DF);
 		else
-			ip4.id = (__be16)bpf_get_prandom_u32();
-		ip4.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&ip4, sizeof(ip4), 0));
-		if (ctx_push_l3(ctx, sizeof(ip4), false) ||
-		    ctx_store_bytes(ctx, p->l3_off, &ip4, sizeof(ip4)))
+			ip4->id = (__be16)bpf_get_prandom_u32();
+		o->type = DSR_OPT4_TYPE;
+		o->len = sizeof(*o);
+		o->port = port;
+		o->addr = backend->w[3];
+		ip4->check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&s->dsr.h4,
+						     sizeof(s->dsr.h4), 0));
+		if (ctx_push_l3(ctx, sizeof(s->dsr.h4), false) ||
+		    ctx_store_bytes(ctx, p->l3_off, &s->dsr.h4, sizeof(s->dsr.h4)))
 			return -1;
 		p->proto = IPPROTO_IPIP;
 	} else {
-		struct ipv6hdr ip6 = {
-			.version = 6,
-			.payload_len = bpf_htons(inner_len),
-			.nexthdr = IPPROTO_IPV6,
-			.hop_limit = IPIP_TTL,
-		};
+		struct ipv6hdr *ip6 = &s->dsr.h6.ip;
+		struct dsr_opt6 *o = &s->dsr.h6.opt;
 
-		__builtin_memcpy(&ip6.saddr, src->b, 16);
-		__builtin_memcpy(&ip6.daddr, dst->b, 16);
-		if (ctx_push_l3(ctx, sizeof(ip6), true) ||
-		    ctx_store_bytes(ctx, p->l3_off, &ip6, sizeof(ip6)))
+		__builtin_memset(&s->dsr.h6, 0, sizeof(s->dsr.h6));
+		ip6->version = 6;
+		ip6->payload_len = bpf_htons(inner_len + sizeof(*o));
+		ip6->nexthdr = IPPROTO_DSTOPTS;
+		ip6->hop_limit = IPIP_TTL;
+		__builtin_memcpy(&ip6->saddr, src->b, 16);
+		__builtin_memcpy(&ip6->daddr, dst->b, 16);
+		o->nexthdr = IPPROTO_IPV6;
+		o->hdrlen = sizeof(*o) / 8 - 1;
+		o->type = DSR_OPT6_TYPE;
+		o->len = sizeof(o->port) + sizeof(o->addr);
+		o->port = port;
+		__builtin_memcpy(o->addr, backend->b, 16);
+		o->pad_type = 1;
+		if (ctx_push_l3(ctx, sizeof(s->dsr.h6), true) ||
+		    ctx_store_bytes(ctx, p->l3_off, &s->dsr.h6, sizeof(s->dsr.h6)))
 			return -1;
 		p->proto = IPPROTO_IPV6;
 	}
@@ -137,9 +166,16 @@ static __always_inline int dsr_encap(struct __ctx_buff *ctx, struct ns_pkt *p,
  * dropped: it quotes no ports, so no client could tell what it is about. */
 #define DSR_QUOTE_L4 8 /* bytes of the L4 header quoted, all RFC 792 asks */
 
-static __always_inline __u32 dsr_overhead(const struct ns_pkt *p)
+static __always_inline __u32 dsr_ip_hlen(const struct ns_pkt *p)
 {
 	return p->v6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr);
+}
+
+/* dsr_overhead is what the outer header adds, the backend's option too. */
+static __always_inline __u32 dsr_overhead(const struct ns_pkt *p)
+{
+	return p->v6 ? sizeof(struct ipv6hdr) + sizeof(struct dsr_opt6) :
+		       sizeof(struct iphdr) + sizeof(struct dsr_opt4);
 }
 
 /* dsr_mtu returns the MTU the client must use when p plus the outer header
@@ -175,7 +211,7 @@ struct dsr_icmp {
 static __always_inline int dsr_reply_too_big(struct __ctx_buff *ctx, const struct ns_pkt *p,
 					     __u32 mtu)
 {
-	__u32 hlen = dsr_overhead(p), icmp_off = p->l3_off + hlen;
+	__u32 hlen = dsr_ip_hlen(p), icmp_off = p->l3_off + hlen;
 	__u32 qhdr = p->l4_off - p->l3_off, body = ICMP_ERR_HLEN + qhdr + DSR_QUOTE_L4;
 	__u8 eth[2 * ETH_ALEN] __align_stack_8;
 	struct dsr_icmp h = {};
@@ -274,24 +310,104 @@ static __always_inline bool dsr_from_node(const struct ns_pkt *p)
 	return val && addr_equal(&p->saddr, val->node_addr);
 }
 
-/* dsr_is_tunnel: p is an IPIP / IP6IP6 packet to this node. */
+/* dsr_is_tunnel: p is an IPIP / IP6IP6 packet to this node (parse_ipv6
+ * takes the destination options of the IPv6 one). */
 static __always_inline bool dsr_is_tunnel(const struct ns_pkt *p)
 {
 	return p->proto == (p->v6 ? IPPROTO_IPV6 : IPPROTO_IPIP) &&
 	       lb_is_node_addr(&p->daddr);
 }
 
-/* dsr_decap strips the outer header of p and parses the inner packet into
- * p; outer returns the sender (the LB node). */
-static __always_inline int dsr_decap(struct __ctx_buff *ctx, struct ns_pkt *p,
-				     union lb_addr *outer)
+/* dsr_backend reads the backend the LB node named in the outer header of
+ * p, if it did. */
+static __always_inline void dsr_backend(struct __ctx_buff *ctx, const struct ns_pkt *p,
+					struct dsr_info *d)
 {
 	__u32 len = p->l4_off - p->l3_off;
+	struct ct_scratch *s = ns_scratch();
 
-	*outer = p->saddr;
-	if (ctx_pop_l3(ctx, len))
-		return PARSE_DROP;
-	return parse_pkt(ctx, p);
+	if (!s)
+		return;
+	if (!p->v6) {
+		struct dsr_opt4 *o = &s->dsr.h4.opt;
+
+		if (len != sizeof(s->dsr.h4) ||
+		    ctx_load_bytes(ctx, p->l3_off + sizeof(struct iphdr), o, sizeof(*o)) ||
+		    o->type != DSR_OPT4_TYPE || o->len != sizeof(*o))
+			return;
+		addr_from_v4(&d->backend, o->addr);
+		d->port = o->port;
+	} else {
+		struct dsr_opt6 *o = &s->dsr.h6.opt;
+
+		if (len != sizeof(s->dsr.h6) ||
+		    ctx_load_bytes(ctx, p->l3_off + sizeof(struct ipv6hdr), o, sizeof(*o)) ||
+		    o->type != DSR_OPT6_TYPE || o->len != sizeof(o->port) + sizeof(o->addr))
+			return;
+		__builtin_memcpy(d->backend.b, o->addr, sizeof(o->addr));
+		d->port = o->port;
+	}
+	d->has_backend = true;
+}
+
+/* dsr_decap strips the outer header of p and parses the inner packet into
+ * p; it returns the scratch's dsr_info: the sender (the LB node) and the
+ * backend it chose, or NULL. */
+static __always_inline struct dsr_info *dsr_decap(struct __ctx_buff *ctx, struct ns_pkt *p)
+{
+	__u32 len = p->l4_off - p->l3_off;
+	struct ct_scratch *s = ns_scratch();
+	struct dsr_info *d;
+
+	if (!s)
+		return NULL;
+	d = &s->dsr.info;
+	__builtin_memset(d, 0, sizeof(*d));
+	d->node = p->saddr;
+	dsr_backend(ctx, p, d);
+	if (ctx_pop_l3(ctx, len) || parse_pkt(ctx, p) != PARSE_OK)
+		return NULL;
+	return d;
+}
+
+/* dsr_find_slot is dsr_find_named's loop body: slot i + 1 of the scratch's
+ * key; *data, the backend ID, is set when the slot holds the named
+ * backend on this node. Values only come back out of the loop (for the
+ * verifier), the rest lives in the scratch. */
+static long dsr_find_slot(__u32 i, void *data)
+{
+	struct ct_scratch *s = ns_scratch();
+	const struct lb_backend *be;
+	__u32 id = 0;
+
+	if (!s)
+		return 1;
+	be = lb_backend_of_slot(&s->dsr.key, (__u16)(i + 1), &id);
+	if (!be || be->port != s->dsr.info.port || !addr_equal(&s->dsr.info.backend, be->addr))
+		return 0;
+	if (be->flags & BE_F_LOCAL)
+		*(__u32 *)data = id;
+	return 1;
+}
+
+/* dsr_find_named finds, among the service's slots, the backend the LB
+ * node named (d, the scratch's): every slot once (bpf_loop), for the
+ * flow's first packet only. NULL when it is not there or not on this node
+ * (it left the Service, or the nodes disagree for a moment). */
+static __always_inline const struct lb_backend *
+dsr_find_named(const struct lb_svc_key *key, const struct lb_svc_val *svc, __u32 *backend_id)
+{
+	struct ct_scratch *s = ns_scratch();
+	__u32 id = 0;
+
+	if (!s)
+		return NULL;
+	s->dsr.key = *key;
+	bpf_loop(svc->count, dsr_find_slot, &id, 0);
+	if (!id)
+		return NULL;
+	*backend_id = id;
+	return bpf_map_lookup_elem(&lb_backends, &id);
 }
 
 /* dsr_select_local picks a local backend of the service for a flow the LB

@@ -224,6 +224,19 @@ static __always_inline int parse_ipv6(struct __ctx_buff *ctx, struct ns_pkt *p, 
 	p->proto = ip6.nexthdr;
 	p->v6 = 1;
 	p->l4_off = p->l3_off + sizeof(ip6);
+	/* A DSR tunnel's destination options (dsr.h), and only that: the
+	 * header that names the backend, then the inner IPv6 packet. */
+	if (ip6.nexthdr == 60 /* IPPROTO_DSTOPTS */ && !quoted) {
+		__u8 dh[2]; /* next header, length in 8 bytes less the first 8 */
+
+		if (ctx_load_bytes(ctx, p->l4_off, dh, sizeof(dh)))
+			return PARSE_DROP;
+		if (dh[0] != IPPROTO_IPV6)
+			return PARSE_SKIP;
+		p->proto = IPPROTO_IPV6;
+		p->l4_off += (dh[1] + 1) * 8;
+		return PARSE_OK;
+	}
 	if (ip6.nexthdr == IPPROTO_FRAGMENT && !quoted) {
 		struct ipv6_frag fh;
 

@@ -142,7 +142,7 @@ static __always_inline int ns_forward(struct __ctx_buff *ctx, const struct ns_pk
  * device it came in on is the guess. */
 static __always_inline int ns_dsr_forward(struct __ctx_buff *ctx, struct ns_pkt *p,
 					  const struct ns_config *cfg,
-					  const union lb_addr *backend)
+					  const union lb_addr *backend, __be16 port)
 {
 	union lb_addr node __align_stack_8;
 	union lb_addr src __align_stack_8;
@@ -159,7 +159,7 @@ static __always_inline int ns_dsr_forward(struct __ctx_buff *ctx, struct ns_pkt 
 						CTX_ACT_DROP;
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH && (mtu = dsr_mtu(ctx, p)))
 		return dsr_reply_too_big(ctx, p, mtu);
-	if (dsr_encap(ctx, p, &src, &node))
+	if (dsr_encap(ctx, p, &src, &node, backend, port))
 		return CTX_ACT_DROP;
 	return ns_send(ctx, p, FWD_ENCAP, fib, rc);
 }
@@ -260,7 +260,7 @@ static __always_inline int ns_hairpin_reply(struct __ctx_buff *ctx, struct ns_pk
  * one) gives the backend, how to reach it and the source to use. */
 static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 				       const struct ns_config *cfg,
-				       const union lb_addr *tunnel)
+				       const struct dsr_info *tunnel)
 {
 	struct lb_svc_key key __align_stack_8;
 	union lb_addr frontend __align_stack_8;
@@ -317,7 +317,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 
 	lb_key_init(&key, &p->daddr, p->dport, p->proto);
 	svc = lb_lookup_service(&key, NS_SCOPE);
-	if (!svc && tunnel && addr_equal(&p->daddr, tunnel->b)) {
+	if (!svc && tunnel && addr_equal(&p->daddr, tunnel->node.b)) {
 		frontend = p->daddr;
 		addr_to_wildcard(&frontend);
 		lb_key_init(&key, &frontend, p->dport, p->proto);
@@ -365,7 +365,9 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		 * it was created. */
 		if ((svc->flags & SVC_F_SRC_RANGES) && !ns_src_range_allowed(p, rev_nat_id))
 			return CTX_ACT_DROP;
-		if (tunnel)
+		if (tunnel && tunnel->has_backend)
+			be = dsr_find_named(&key, svc, &backend_id);
+		if (!be && tunnel)
 			be = dsr_select_local(&key, svc, hash, &backend_id);
 		else if ((svc->flags & (SVC_F_MAGLEV | SVC_F_AFFINITY)) == SVC_F_MAGLEV &&
 			 (backend_id = ns_maglev_backend_id(p, rev_nat_id)))
@@ -410,7 +412,7 @@ translate:
 	if (addr_is_v4(&be_addr) == p->v6)
 		return CTX_ACT_DROP;
 	if ((kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
-		return ns_dsr_forward(ctx, p, cfg, &be_addr);
+		return ns_dsr_forward(ctx, p, cfg, &be_addr, be_port);
 	frontend = p->daddr;
 	if (!(kind & CT_F_LOCAL) && (n || (e && e->snat_port))) {
 		/* An established SNAT flow (e: its service entry): its
@@ -472,9 +474,9 @@ translate:
 static __always_inline int nodeport_dsr_backend(struct __ctx_buff *ctx, struct ns_pkt *p,
 						const struct ns_config *cfg)
 {
-	union lb_addr lb_node __align_stack_8;
+	struct dsr_info *d = dsr_decap(ctx, p);
 
-	if (dsr_decap(ctx, p, &lb_node) != PARSE_OK)
+	if (!d)
 		return CTX_ACT_DROP;
 	/* Only what a DSR LB node sends: TCP, and UDP unless hybrid mode
 	 * (which masquerades UDP). nodeport_lb then takes only a frontend of
@@ -482,7 +484,7 @@ static __always_inline int nodeport_dsr_backend(struct __ctx_buff *ctx, struct n
 	if (p->proto != IPPROTO_TCP &&
 	    (p->proto != IPPROTO_UDP || cfg->mode == NS_MODE_HYBRID))
 		return CTX_ACT_DROP;
-	return nodeport_lb(ctx, p, cfg, &lb_node);
+	return nodeport_lb(ctx, p, cfg, d);
 }
 
 /* nodeport_icmp_ingress translates an ICMP error about a tracked flow:

@@ -137,6 +137,60 @@ struct {
  * transmit happens after it returns, so no other run of this object's
  * programs writes the scratch meanwhile (tc and XDP objects have one
  * each). Never pinned: nothing in it outlives one program run. */
+/* RFC 4727's experimental option types: IPv4 copied to fragments (number
+ * 30); IPv6 skipped by a node that does not know it, not changed en
+ * route. */
+#define DSR_OPT4_TYPE 0x9e
+#define DSR_OPT6_TYPE 0x1e
+
+/* The backend in the outer IPv4 header: an option of 8 bytes. */
+struct dsr_opt4 {
+	__u8   type;
+	__u8   len;
+	__be16 port;
+	__be32 addr;
+};
+
+/* The backend after the outer IPv6 header: a destination options header
+ * of 24 bytes, the option and a PadN of 2. */
+struct dsr_opt6 {
+	__u8   nexthdr;
+	__u8   hdrlen; /* in 8 bytes, less the first 8 */
+	__u8   type;
+	__u8   len;
+	__be16 port;
+	__u8   addr[16];
+	__u8   pad_type; /* PadN */
+	__u8   pad_len;
+};
+
+/* dsr_info is what a DSR packet brings the backend node: the LB node (the
+ * outer source) and the backend it chose, when it says. */
+struct dsr_info {
+	union lb_addr node;
+	union lb_addr backend;
+	__be16 port;
+	bool   has_backend;
+};
+
+/* dsr_scratch is DSR's room off the stack: the outer header dsr_encap
+ * builds, and on the backend node what the packet said and the service
+ * key dsr_find_named walks. */
+struct dsr_scratch {
+	union {
+		struct {
+			struct iphdr    ip;
+			struct dsr_opt4 opt;
+		} h4;
+		struct {
+			struct ipv6hdr  ip;
+			struct dsr_opt6 opt;
+		} h6;
+	};
+	struct dsr_info   info;
+	struct lb_svc_key key;
+};
+
 struct ct_scratch {
 	struct ct_tuple tuple;
 	struct ct_entry entry;
@@ -148,6 +202,7 @@ struct ct_scratch {
 	__u32 ct_absent;           /* ns_established found no entry: the service
 				    * path need not look again */
 	struct ct_tuple svc_key;   /* ct_create_flow: the new flow's service entry */
+	struct dsr_scratch dsr;
 };
 
 struct {

@@ -274,7 +274,11 @@ func (e ICMPError) Bytes() ([]byte, error) {
 type Encap struct {
 	SrcMAC, DstMAC net.HardwareAddr // default MACClient -> MACNode
 	Src, Dst       netip.Addr
-	Inner          Packet
+	// Backend is the backend the LB node chose, named in the outer
+	// header (an IPv4 option, an IPv6 destination options header); the
+	// zero value names none, as an older LB node sends.
+	Backend netip.AddrPort
+	Inner   Packet
 	// Frame, when set, is carried instead of Inner (a Fragment of it).
 	Frame Frame
 }
@@ -306,24 +310,56 @@ func (e Encap) Bytes() ([]byte, error) {
 	}
 	eth := ethernet(e.SrcMAC, e.DstMAC, e.Src.Is4())
 	var outer gopacket.SerializableLayer
+	payload := inner[14:]
 	if e.Src.Is4() {
 		ip4 := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolIPv4,
 			SrcIP: e.Src.AsSlice(), DstIP: e.Dst.AsSlice()}
 		if len(inner) >= 14+20 && inner[14+6]&0x40 != 0 {
 			ip4.Flags = layers.IPv4DontFragment
 		}
+		if e.Backend.IsValid() {
+			ip4.Options = []layers.IPv4Option{DSROption4(e.Backend)}
+		}
 		outer = ip4
 	} else {
-		outer = &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolIPv6,
+		ip6 := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolIPv6,
 			SrcIP: e.Src.AsSlice(), DstIP: e.Dst.AsSlice()}
+		if e.Backend.IsValid() {
+			ip6.NextHeader = layers.IPProtocolIPv6Destination
+			payload = append(DSROptions6(e.Backend), payload...)
+		}
+		outer = ip6
 	}
 	buf := gopacket.NewSerializeBuffer()
 	err = gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
-		eth, outer, gopacket.Payload(inner[14:]))
+		eth, outer, gopacket.Payload(payload))
 	if err != nil {
 		return nil, fmt.Errorf("serialize %s: %w", e, err)
 	}
 	return buf.Bytes(), nil
+}
+
+// The experimental option types of RFC 4727 DSR names the backend with
+// (bpf/lib/dsr.h).
+const (
+	DSROpt4Type = 0x9e
+	DSROpt6Type = 0x1e
+)
+
+// DSROption4 is the IPv4 option that names backend: port, then address.
+func DSROption4(backend netip.AddrPort) layers.IPv4Option {
+	data := binary.BigEndian.AppendUint16(nil, backend.Port())
+	data = append(data, backend.Addr().AsSlice()...)
+	return layers.IPv4Option{OptionType: DSROpt4Type, OptionLength: 8, OptionData: data}
+}
+
+// DSROptions6 is the destination options header (next header IPv6) that
+// names backend: the option (port, then address) and a PadN of 2 bytes.
+func DSROptions6(backend netip.AddrPort) []byte {
+	h := []byte{byte(layers.IPProtocolIPv6), 2, DSROpt6Type, 18}
+	h = binary.BigEndian.AppendUint16(h, backend.Port())
+	h = append(h, backend.Addr().AsSlice()...)
+	return append(h, 1, 0)
 }
 
 // MatchOuterID returns want with the outer IPv4 ID of got when want is an
@@ -345,7 +381,8 @@ func MatchOuterID(got, want []byte) ([]byte, error) {
 	copy(out[l3+4:l3+6], id)
 	out[l3+10], out[l3+11] = 0, 0
 	sum := uint32(0)
-	for i := l3; i < l3+20; i += 2 {
+	hlen := int(out[l3]&0x0f) * 4 // with the DSR option
+	for i := l3; i < l3+hlen && i+1 < len(out); i += 2 {
 		sum += uint32(out[i])<<8 | uint32(out[i+1])
 	}
 	for sum>>16 != 0 {
@@ -381,9 +418,9 @@ func checkOuter(frame []byte) ([]byte, error) {
 		return nil, fmt.Errorf("decode: %w", err)
 	}
 	var (
-		outer     gopacket.SerializableLayer
-		innerType layers.EthernetType
-		rest      []byte
+		outer       gopacket.SerializableLayer
+		innerType   layers.EthernetType
+		rest, whole []byte // the inner packet; all after the outer header
 	)
 	switch {
 	case eth.EthernetType == layers.EthernetTypeIPv4:
@@ -393,20 +430,24 @@ func checkOuter(frame []byte) ([]byte, error) {
 		if ip4.Protocol != layers.IPProtocolIPv4 {
 			return nil, nil
 		}
-		outer, innerType, rest = &ip4, layers.EthernetTypeIPv4, ip4.Payload
+		outer, innerType, rest, whole = &ip4, layers.EthernetTypeIPv4, ip4.Payload, ip4.Payload
 	case eth.EthernetType == layers.EthernetTypeIPv6:
 		if err := ip6.DecodeFromBytes(eth.Payload, gopacket.NilDecodeFeedback); err != nil {
 			return nil, fmt.Errorf("decode: %w", err)
 		}
-		if ip6.NextHeader != layers.IPProtocolIPv6 {
+		rest = ip6.Payload
+		if ip6.NextHeader == layers.IPProtocolIPv6Destination && len(rest) >= 8 &&
+			rest[0] == byte(layers.IPProtocolIPv6) && len(rest) >= (int(rest[1])+1)*8 {
+			rest = rest[(int(rest[1])+1)*8:]
+		} else if ip6.NextHeader != layers.IPProtocolIPv6 {
 			return nil, nil
 		}
-		outer, innerType, rest = &ip6, layers.EthernetTypeIPv6, ip6.Payload
+		outer, innerType, whole = &ip6, layers.EthernetTypeIPv6, ip6.Payload
 	default:
 		return nil, nil
 	}
 	buf := gopacket.NewSerializeBuffer()
-	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{ComputeChecksums: true}, outer, gopacket.Payload(rest)); err != nil {
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{ComputeChecksums: true}, outer, gopacket.Payload(whole)); err != nil {
 		return nil, fmt.Errorf("re-serialize outer header: %w", err)
 	}
 	if !bytes.Equal(buf.Bytes(), eth.Payload) {

@@ -62,7 +62,7 @@ func TestPrivilegedNorthSouthDSRFallbackSNAT(t *testing.T) {
 			must(t, n.SetTunnel(host, tc.tunnel))
 			placed := tc.pkt(uint16(47000 + 2*i + 1))
 			runPacket(t, kind, prog, tc.name+", backend placed: DSR", placed, vPass,
-				bpftest.Encap{Src: tc.node, Dst: tc.tunnel, Inner: placed})
+				bpftest.Encap{Src: tc.node, Dst: tc.tunnel, Backend: tc.backend, Inner: placed})
 		}
 	})
 }
@@ -79,18 +79,19 @@ func TestPrivilegedNorthSouthDSRHostPrefix(t *testing.T) {
 			name       string
 			in         bpftest.Packet
 			node, dest netip.Addr
+			backend    netip.AddrPort
 		}{
-			{"IPv4", tcpSyn(client(47100), apLBTCP), ipNode, ipNode3},
-			{"IPv6", tcpSyn(client6(47101), apLBTCP6), ipNode6, ipNode3v6},
+			{"IPv4", tcpSyn(client(47100), apLBTCP), ipNode, ipNode3, apRemote},
+			{"IPv6", tcpSyn(client6(47101), apLBTCP6), ipNode6, ipNode3v6, apRemote6},
 		} {
 			runPacket(t, kind, prog, tc.name+": host prefix over pod CIDR", tc.in, vPass,
-				bpftest.Encap{Src: tc.node, Dst: tc.dest, Inner: tc.in})
+				bpftest.Encap{Src: tc.node, Dst: tc.dest, Backend: tc.backend, Inner: tc.in})
 		}
 		// Without its host prefix, node 2's pod CIDR places it again.
 		must(t, n.DeleteTunnel(netip.PrefixFrom(apRemote.Addr(), 32)))
 		in := tcpSyn(client(47102), apLBTCP)
 		runPacket(t, kind, prog, "pod CIDR without a host prefix", in, vPass,
-			bpftest.Encap{Src: ipNode, Dst: ipNode2, Inner: in})
+			bpftest.Encap{Src: ipNode, Dst: ipNode2, Backend: apRemote, Inner: in})
 
 		fromBackend := bpftest.Encap{Src: apRemote6.Addr(), Dst: ipNode6,
 			Inner: tcpSyn(client6(47103), netip.AddrPortFrom(ipNode2v6, 30080))}

@@ -2,12 +2,15 @@ package datapath
 
 import (
 	"bytes"
+	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
 	"github.com/vishvananda/netlink"
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
@@ -86,14 +89,14 @@ func TestPrivilegedNorthSouthDSREncap(t *testing.T) {
 				}))
 				continue
 			}
-			checkResult(t, kind, tc.name, tc.in, res, vPass, bpftest.Encap{Src: tc.node, Dst: tc.tunnelTo, Inner: tc.in})
+			checkResult(t, kind, tc.name, tc.in, res, vPass, bpftest.Encap{Src: tc.node, Dst: tc.tunnelTo, Backend: tc.backend, Inner: tc.in})
 			// Replies bypass this node: no reverse state.
 			if _, ok := ctEntry(t, n, tc.in.Src, tc.backend, tc.in.Proto, lbmap.CTDirIngress); ok {
 				t.Errorf("%s: DSR flow has an ingress ct entry", tc.name)
 			}
 			next := tc.in.With(func(p *bpftest.Packet) { p.Flags = ackIfTCP(p.Proto) })
 			runPacket(t, kind, prog, tc.name+": next packet", next, vPass,
-				bpftest.Encap{Src: tc.node, Dst: tc.tunnelTo, Inner: next})
+				bpftest.Encap{Src: tc.node, Dst: tc.tunnelTo, Backend: tc.backend, Inner: next})
 		}
 
 		// DSR without a tunnel endpoint for the backend: SNAT.
@@ -170,6 +173,13 @@ func TestPrivilegedNorthSouthDSRBackend(t *testing.T) {
 // is dropped) or packet too big (IPv6), carrying the MTU less the outer
 // header, from the frontend, back out of the device it came in on. One
 // that fits to the byte is encapsulated.
+// What DSR's outer header adds: the IP header and the option naming the
+// backend (an IPv4 option of 8 bytes; IPv6 destination options of 24).
+const (
+	dsrOverhead4 = 20 + 8
+	dsrOverhead6 = 40 + 24
+)
+
 func TestPrivilegedNorthSouthDSRTooBig(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
 		// BPF_PROG_RUN's device is this namespace's loopback.
@@ -199,10 +209,11 @@ func TestPrivilegedNorthSouthDSRTooBig(t *testing.T) {
 			code     uint8
 			wantMTU  uint16
 			tunnelTo netip.Addr
+			backend  netip.AddrPort
 		}{
-			{"IPv4 TCP", sized(tcpSyn(client(48100), apLBTCP), mtu-20+1), bpftest.ICMPDestUnreach, bpftest.ICMPFragNeeded, mtu - 20, ipNode2},
-			{"IPv4 UDP", sized(udpPkt(client(48101), apLBUDP), mtu), bpftest.ICMPDestUnreach, bpftest.ICMPFragNeeded, mtu - 20, ipNode2},
-			{"IPv6 TCP", sized(tcpSyn(client6(48102), apLBTCP6), mtu-40+1), bpftest.ICMPv6PacketTooBig, 0, mtu - 40, ipNode2v6},
+			{"IPv4 TCP", sized(tcpSyn(client(48100), apLBTCP), mtu-dsrOverhead4+1), bpftest.ICMPDestUnreach, bpftest.ICMPFragNeeded, mtu - dsrOverhead4, ipNode2, apRemote},
+			{"IPv4 UDP", sized(udpPkt(client(48101), apLBUDP), mtu), bpftest.ICMPDestUnreach, bpftest.ICMPFragNeeded, mtu - dsrOverhead4, ipNode2, apRemoteU},
+			{"IPv6 TCP", sized(tcpSyn(client6(48102), apLBTCP6), mtu-dsrOverhead6+1), bpftest.ICMPv6PacketTooBig, 0, mtu - dsrOverhead6, ipNode2v6, apRemote6},
 		} {
 			want := bpftest.ICMPError{
 				SrcMAC: bpftest.MACNode, DstMAC: bpftest.MACClient,
@@ -219,7 +230,7 @@ func TestPrivilegedNorthSouthDSRTooBig(t *testing.T) {
 				node = ipNode6
 			}
 			runPacket(t, kind, prog, tc.name+": fits", fits, vPass,
-				bpftest.Encap{Src: node, Dst: tc.tunnelTo, Inner: fits})
+				bpftest.Encap{Src: node, Dst: tc.tunnelTo, Backend: tc.backend, Inner: fits})
 		}
 
 		// IPv4 without DF: a router would fragment it, BPF cannot, so it
@@ -229,7 +240,7 @@ func TestPrivilegedNorthSouthDSRTooBig(t *testing.T) {
 		runPacket(t, kind, prog, "IPv4 without DF: too big", in, reply, bpftest.ICMPError{
 			SrcMAC: bpftest.MACNode, DstMAC: bpftest.MACClient,
 			Src: in.Dst.Addr(), Dst: in.Src.Addr(), Type: bpftest.ICMPDestUnreach, Code: bpftest.ICMPFragNeeded,
-			MTU: mtu - 20, Quote: in, QuoteL4: 8, FromSluice: true,
+			MTU: mtu - dsrOverhead4, Quote: in, QuoteL4: 8, FromSluice: true,
 		})
 	})
 }
@@ -303,20 +314,20 @@ func TestPrivilegedNorthSouthDSREgressMTU(t *testing.T) {
 		sized := func(p bpftest.Packet, l3 int) bpftest.Packet {
 			return p.With(func(p *bpftest.Packet) { p.Payload = make([]byte, l3-20-20) })
 		}
-		in := sized(tcpSyn(client(48200), apLBTCP), mtu-20+1)
+		in := sized(tcpSyn(client(48200), apLBTCP), mtu-dsrOverhead4+1)
 		runPacket(t, kind, prog, "too big for the egress device", in, reply, bpftest.ICMPError{
 			SrcMAC: bpftest.MACNode, DstMAC: bpftest.MACClient, Src: in.Dst.Addr(), Dst: in.Src.Addr(),
-			Type: bpftest.ICMPDestUnreach, Code: bpftest.ICMPFragNeeded, MTU: mtu - 20,
+			Type: bpftest.ICMPDestUnreach, Code: bpftest.ICMPFragNeeded, MTU: mtu - dsrOverhead4,
 			Quote: in, QuoteL4: 8, FromSluice: true,
 		})
 		// Fits: out of fwd0 to node 2's MAC, from this node's.
 		for _, p := range []bpftest.Packet{
-			sized(tcpSyn(client(48201), apLBTCP), mtu-20),
-			sized(tcpSyn(client(48202), apLBTCP), mtu-20).With(func(p *bpftest.Packet) { p.MayFragment = true }),
+			sized(tcpSyn(client(48201), apLBTCP), mtu-dsrOverhead4),
+			sized(tcpSyn(client(48202), apLBTCP), mtu-dsrOverhead4).With(func(p *bpftest.Packet) { p.MayFragment = true }),
 		} {
 			res, err := bpftest.Run(prog, p.MustBytes())
 			must(t, err)
-			want := bpftest.Encap{SrcMAC: bpftest.MACNode, DstMAC: macRemoteNode, Src: ipNode, Dst: ipNode2, Inner: p}
+			want := bpftest.Encap{SrcMAC: bpftest.MACNode, DstMAC: macRemoteNode, Src: ipNode, Dst: ipNode2, Backend: apRemote, Inner: p}
 			if kind.name == "tc" {
 				// redirect_neigh fills in the MACs on the way out.
 				want.SrcMAC, want.DstMAC = bpftest.MACClient, bpftest.MACNode
@@ -396,4 +407,97 @@ func TestPrivilegedNorthSouthVLANTagged(t *testing.T) {
 			t.Errorf("a tagged frame made a conntrack entry")
 		}
 	})
+}
+
+// The LB node names its choice in the outer header; the backend node
+// delivers to exactly that backend, whichever of 100 slots (over two
+// nodes) holds it: Maglev's and affinity's choice holds across nodes.
+// A backend that is not on this node, or no name (an older LB node),
+// gets one of the local backends.
+func TestPrivilegedNorthSouthDSRNamedBackend(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		setMode(t, n, lbmap.ModeDSR)
+		m := n.Maps()
+		type service struct {
+			fe           netip.AddrPort
+			local, other []netip.AddrPort
+		}
+		install := func(fe netip.AddrPort, revNat uint16, firstID uint32, local, remote func(i int) netip.Addr) service {
+			const slots = 100
+			s := service{fe: fe}
+			key := lbmap.ServiceKey{Addr: lbmap.AddrFrom(fe.Addr()), Port: lbmap.PortFrom(fe.Port()), Proto: bpftest.TCP, Scope: lbmap.ScopeExternal}
+			must(t, m.UpdateService(key, lbmap.ServiceValue{Count: slots, RevNatID: revNat, Flags: lbmap.SvcFlagExternalIP}))
+			for i := range slots {
+				// Interleaved: even slots on node 2, odd ones here.
+				ap, flags := netip.AddrPortFrom(remote(i), 8080), uint8(0)
+				if i%2 == 1 {
+					ap, flags = netip.AddrPortFrom(local(i), 8080), lbmap.BackendFlagLocal
+					s.local = append(s.local, ap)
+				} else {
+					s.other = append(s.other, ap)
+				}
+				id := firstID + uint32(i)
+				must(t, m.UpdateBackend(id, lbmap.BackendValue{Addr: lbmap.AddrFrom(ap.Addr()), Port: lbmap.PortFrom(ap.Port()), Proto: bpftest.TCP, Flags: flags}))
+				key.Slot = uint16(i + 1)
+				must(t, m.UpdateService(key, lbmap.ServiceValue{BackendID: id, RevNatID: revNat}))
+			}
+			must(t, m.UpdateRevNat(revNat, lbmap.RevNatValue{Addr: lbmap.AddrFrom(fe.Addr()), Port: lbmap.PortFrom(fe.Port())}))
+			return s
+		}
+		v4 := install(netip.MustParseAddrPort("198.19.200.50:80"), 50, 100,
+			func(i int) netip.Addr { return netip.AddrFrom4([4]byte{198, 18, 1, byte(100 + i)}) },
+			func(i int) netip.Addr { return netip.AddrFrom4([4]byte{198, 18, 2, byte(100 + i)}) })
+		v6 := install(netip.MustParseAddrPort("[fd00:198:19:c8::50]:80"), 51, 300,
+			func(i int) netip.Addr { return netip.MustParseAddr(fmt.Sprintf("fd00:198:18:1::%x", 0x100+i)) },
+			func(i int) netip.Addr { return netip.MustParseAddr(fmt.Sprintf("fd00:198:18:2::%x", 0x100+i)) })
+
+		port := uint16(49200)
+		send := func(s service, named netip.AddrPort) (bpftest.Packet, bpftest.Result) {
+			port++
+			src, lb, node := client(port), ipNode2, ipNode
+			if s.fe.Addr().Is6() {
+				src, lb, node = client6(port), ipNode2v6, ipNode6
+			}
+			inner := tcpSyn(src, s.fe)
+			res, err := bpftest.Run(prog, bpftest.Must(bpftest.Encap{Src: lb, Dst: node, Backend: named, Inner: inner}))
+			must(t, err)
+			return inner, res
+		}
+		for _, s := range []service{v4, v6} {
+			// Every local backend, the last slots (far past any probe
+			// window) included.
+			for _, named := range s.local {
+				inner, res := send(s, named)
+				checkResult(t, kind, fmt.Sprintf("named %s", named), inner, res, vPass,
+					inner.With(func(p *bpftest.Packet) { p.Dst = named }))
+			}
+			// A backend on another node, and no name: one of the local ones.
+			for _, named := range []netip.AddrPort{s.other[0], {}} {
+				inner, res := send(s, named)
+				if got := frameDst(res.Frame); kind.verdicts[res.Verdict] != vPass || !slices.Contains(s.local, got) {
+					t.Errorf("%s named %v: verdict %d, to %v; want a local backend", inner, named, res.Verdict, got)
+				}
+			}
+		}
+	})
+}
+
+// frameDst is the destination address and TCP/UDP port of an Ethernet
+// frame, the zero value when it has none.
+func frameDst(frame []byte) netip.AddrPort {
+	pk := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.Default)
+	var addr netip.Addr
+	switch ip := pk.NetworkLayer().(type) {
+	case *layers.IPv4:
+		addr, _ = netip.AddrFromSlice(ip.DstIP.To4())
+	case *layers.IPv6:
+		addr, _ = netip.AddrFromSlice(ip.DstIP)
+	}
+	switch l4 := pk.TransportLayer().(type) {
+	case *layers.TCP:
+		return netip.AddrPortFrom(addr, uint16(l4.DstPort))
+	case *layers.UDP:
+		return netip.AddrPortFrom(addr, uint16(l4.DstPort))
+	}
+	return netip.AddrPort{}
 }

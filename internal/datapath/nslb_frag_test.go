@@ -131,13 +131,14 @@ func TestPrivilegedNorthSouthFragmentsDSR(t *testing.T) {
 			frontend netip.AddrPort
 			node     netip.Addr // this node, the tunnel's source
 			node2    netip.Addr // the remote backend's node
+			backend  netip.AddrPort
 		}{
-			{"IPv4", client(47000), apLBUDP, ipNode, ipNode2},
-			{"IPv6", client6(47000), apLBUDP6, ipNode6, ipNode2v6},
+			{"IPv4", client(47000), apLBUDP, ipNode, ipNode2, apRemoteU},
+			{"IPv6", client6(47000), apLBUDP6, ipNode6, ipNode2v6, apRemoteU6},
 		} {
 			in := fragments(t, bigUDP(tc.client, tc.frontend), 0x1234)
 			tunnel := func(f bpftest.Fragment) bpftest.Frame {
-				return bpftest.Encap{Src: tc.node, Dst: tc.node2, Frame: f}
+				return bpftest.Encap{Src: tc.node, Dst: tc.node2, Backend: tc.backend, Frame: f}
 			}
 			runFragments(t, kind, prog, tc.name+": LB node, into the tunnel", in, []int{0, 1, 2}, vPass, tunnel)
 			runFragments(t, kind, prog, tc.name+": LB node, reordered", fragments(t, bigUDP(tc.client, tc.frontend), 0x2000),
@@ -194,8 +195,8 @@ func TestPrivilegedNorthSouthFragmentsDSRTooBig(t *testing.T) {
 			code     uint8
 			mtu      uint16
 		}{
-			{"IPv4", client(47200), apLBUDP, bpftest.ICMPDestUnreach, bpftest.ICMPFragNeeded, 1480},
-			{"IPv6", client6(47200), apLBUDP6, bpftest.ICMPv6PacketTooBig, 0, 1460},
+			{"IPv4", client(47200), apLBUDP, bpftest.ICMPDestUnreach, bpftest.ICMPFragNeeded, 1500 - dsrOverhead4},
+			{"IPv6", client6(47200), apLBUDP6, bpftest.ICMPv6PacketTooBig, 0, 1500 - dsrOverhead6},
 		} {
 			in := fragments(t, bigUDP(tc.client, tc.frontend), 0x1234)
 			runPacket(t, kind, prog, tc.name+": first fragment too big", in[0], reply, bpftest.ICMPError{
