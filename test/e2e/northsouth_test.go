@@ -526,3 +526,61 @@ func TestPrivilegedMaglevSameBackendViaAnyNode(t *testing.T) {
 		}
 	}
 }
+
+// TestPrivilegedDSRManyBackends runs a Maglev LoadBalancer Service of 100
+// backends over the lab's two nodes in DSR mode: every flow is answered
+// (the backend node delivers to the backend the LB node chose, which the
+// outer header names, not one it picks among a few slots), and one flow,
+// fixed by the client's source port, lands on the same backend whichever
+// node it enters through.
+func TestPrivilegedDSRManyBackends(t *testing.T) {
+	requirePrivileged(t)
+	const perNode = 50
+	cfg := labConfig(newPrefix(t), 2, perNode)
+	cfg.LBMode, cfg.LBAcceleration = lab.LBModeDSR, lab.AccelerationBestEffort
+	l := upLab(t, cfg, 5*time.Minute, " (--lb-mode dsr, 100 pods)")
+	a := addrs{k: 68}
+	svc := nsService("ns-dsr-many", a, map[string]string{lab.LabelApp: "echo"})
+	svc.Annotations = map[string]string{loadbalancer.AnnotationLBAlgorithm: "maglev"}
+	apply(t, l, svc)
+	programmed(t, l, 2*perNode, nsFrontends(a)...)
+	t.Cleanup(func() {
+		if err := l.RouteExternalVia(context.Background(), l.Nodes[0].Name); err != nil {
+			t.Errorf("restore the client's route: %v", err)
+		}
+	})
+
+	const flows = 40
+	landed := map[string]map[int]string{} // entry node → client port → backend
+	for _, entry := range l.Nodes {
+		if err := l.RouteExternalVia(t.Context(), entry.Name); err != nil {
+			t.Fatalf("route the LoadBalancer range via %s: %v", entry.Name, err)
+		}
+		landed[entry.Name] = map[int]string{}
+		for i := range flows {
+			port := 42000 + i
+			rep := probe(t, l, "client", "http", "--url", httpURL(a.lbV4(), svcHTTPPort), "--count", "1",
+				"--timeout", "2s", "--source-port", fmt.Sprint(port))
+			if rep.OK != 1 || len(rep.Backends) != 1 {
+				t.Errorf("flow from client port %d via %s: %s", port, entry.Name, describe(rep))
+				continue
+			}
+			for b := range rep.Backends {
+				landed[entry.Name][port] = b
+			}
+		}
+	}
+	spread := map[string]bool{}
+	for port, b1 := range landed[l.Nodes[0].Name] {
+		spread[b1] = true
+		if b2, ok := landed[l.Nodes[1].Name][port]; ok && b1 != b2 {
+			t.Errorf("Maglev over DSR: the flow from client port %d landed on %s via %s but on %s via %s",
+				port, b1, l.Nodes[0].Name, b2, l.Nodes[1].Name)
+		}
+	}
+	// 40 flows over 100 backends: far more than a handful of them, or
+	// the choice is not the LB node's.
+	if len(spread) < 15 {
+		t.Errorf("40 flows reached only %d backends: %v", len(spread), spread)
+	}
+}
