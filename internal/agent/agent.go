@@ -289,6 +289,9 @@ func (a *Agent) run(ctx context.Context) error {
 	if _, ok := a.podLB(); ok || a.bw != nil {
 		wg.Go(func() { a.watchPodRoutes(ctx) })
 	}
+	if set, ok := a.pl.(localAddressSetter); ok && (a.cfg.nodePortAll || len(a.cfg.nodePortCIDRs) > 0) {
+		wg.Go(func() { a.watchLocalAddresses(ctx, set) })
+	}
 	if a.bw != nil && a.bw.syncDevices != nil {
 		wg.Go(func() { a.watchBandwidthDevices(ctx) })
 	}

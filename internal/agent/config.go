@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -38,14 +39,18 @@ type Config struct {
 	LBMode          string
 	LBAcceleration  string
 	NodePortRange   string
-	BandwidthMgr    bool
-	BBR             bool // --enable-bbr: Pods' TCP on BBR (with the bandwidth manager)
-	SocketLB        bool
-	LBMapMax        uint32 // 0: from MapSizeRatio
-	SyncPeriodMin   time.Duration
-	SyncPeriod      time.Duration
-	SyncTimeout     time.Duration // the source's initial list
-	LogLevel        string
+	// NodePortAddresses narrows the local addresses NodePorts answer on
+	// (--nodeport-addresses): CIDRs, or "primary" for the Node's
+	// InternalIPs only; empty is every local address.
+	NodePortAddresses []string
+	BandwidthMgr      bool
+	BBR               bool // --enable-bbr: Pods' TCP on BBR (with the bandwidth manager)
+	SocketLB          bool
+	LBMapMax          uint32 // 0: from MapSizeRatio
+	SyncPeriodMin     time.Duration
+	SyncPeriod        time.Duration
+	SyncTimeout       time.Duration // the source's initial list
+	LogLevel          string
 
 	// North-south (tc/XDP) datapath, on --devices.
 	MaglevTableSize uint32
@@ -69,6 +74,8 @@ type Config struct {
 
 	// Derived by Validate.
 	nodePortRange [2]uint16
+	nodePortCIDRs []netip.Prefix // nil: every local address
+	nodePortAll   bool           // no --nodeport-addresses
 	inCluster     bool
 }
 
@@ -119,6 +126,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 		"or best-effort (driver mode where the driver allows it, else tc; a veth stays on tc: native XDP on a veth needs an XDP program "+
 		"on its peer and senders without TX checksum offload, see docs/xdp-on-veth.md)")
 	fs.StringVar(&c.NodePortRange, "node-port-range", DefaultNodePortRange, "NodePort range, MIN-MAX")
+	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", nil, "the local addresses NodePorts answer on besides the Node's InternalIPs, "+
+		"as kube-proxy's flag: CIDRs (comma separated), or primary (the InternalIPs only); default every local address but loopback and link-local")
 	fs.BoolVar(&c.BandwidthMgr, "enable-bandwidth-manager", false, "enforce the Pods' kubernetes.io/egress-bandwidth and ingress-bandwidth annotations: EDT with fq on --devices "+
 		"where the kernel has sch_fq, else TCP paced at the source with a BPF policer on the Pods' veths, and TBF on them for ingress (docs/bandwidth.md)")
 	fs.BoolVar(&c.BBR, "enable-bbr", false, "TCP congestion control BBR for the Pods' connections (needs --enable-bandwidth-manager and a 5.18 kernel), "+
@@ -236,6 +245,21 @@ func (c *Config) Validate() error {
 	checkEnum("lb-acceleration", c.LBAcceleration, "disabled", "native", "best-effort")
 	checkEnum("log-level", c.LogLevel, "debug", "info", "warn", "error")
 
+	c.nodePortCIDRs, c.nodePortAll = nil, len(c.NodePortAddresses) == 0
+	for _, v := range c.NodePortAddresses {
+		if v == "primary" {
+			if len(c.NodePortAddresses) > 1 {
+				bad("nodeport-addresses", strings.Join(c.NodePortAddresses, ","), "primary stands alone")
+			}
+			continue
+		}
+		p, err := netip.ParsePrefix(strings.TrimSpace(v))
+		if err != nil {
+			bad("nodeport-addresses", quoteEmpty(v), "want a CIDR (192.0.2.0/24) or primary")
+			continue
+		}
+		c.nodePortCIDRs = append(c.nodePortCIDRs, p.Masked())
+	}
 	if r, err := ParsePortRange(c.NodePortRange); err != nil {
 		bad("node-port-range", quoteEmpty(c.NodePortRange), "%v", err)
 	} else if uint32(r[1]) > 65535-minSNATPorts {

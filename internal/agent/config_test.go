@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -127,6 +129,8 @@ func TestConfigInvalid(t *testing.T) {
 		{"devices slash", []string{"--devices=eth0,a/b"}, "--devices=a/b:"},
 		{"devices long", []string{"--devices=abcdefghijklmnopq"}, "--devices=abcdefghijklmnopq: longer than 15 bytes"},
 		{"devices empty", []string{"--devices=eth0,,eth1"}, `--devices="": empty device name`},
+		{"nodeport-addresses not a CIDR", []string{"--nodeport-addresses=10.0.0.0/8,10.1.2.3"}, "--nodeport-addresses=10.1.2.3: want a CIDR"},
+		{"nodeport-addresses primary and CIDRs", []string{"--nodeport-addresses=primary,10.0.0.0/8"}, "primary stands alone"},
 		{"lb-algorithm", []string{"--lb-algorithm=roundrobin"}, "--lb-algorithm=roundrobin: want one of random, maglev"},
 		{"lb-mode", []string{"--lb-mode=dnat"}, "--lb-mode=dnat: want one of snat, dsr, hybrid"},
 		{"lb-acceleration", []string{"--lb-acceleration=generic"}, "--lb-acceleration=generic: want one of disabled, native, best-effort"},
@@ -256,5 +260,41 @@ func TestEphemeralPorts(t *testing.T) {
 	must(os.WriteFile(file, []byte("nope\n"), 0o644))
 	if _, err := EphemeralPorts(dir); err == nil || !strings.Contains(err.Error(), "ip_local_port_range") {
 		t.Errorf("a bad file: %v, want an error naming ip_local_port_range", err)
+	}
+}
+
+// --nodeport-addresses: every local address but loopback and link-local by
+// default, those inside the CIDRs, or none besides the InternalIPs with
+// primary.
+func TestConfigNodePortAddresses(t *testing.T) {
+	fakeCgroup(t)
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	dir := t.TempDir()
+	addrs := []string{"198.18.0.11", "10.1.2.3", "fd00:198:18::11", "127.0.0.1", "::1", "fe80::1", "169.254.1.1", "::ffff:10.1.2.4"}
+	for _, tc := range []struct {
+		flag string
+		want []string
+	}{
+		{"", []string{"198.18.0.11", "10.1.2.3", "fd00:198:18::11", "::ffff:10.1.2.4"}},
+		{"--nodeport-addresses=10.0.0.0/8,fd00::/8", []string{"10.1.2.3", "fd00:198:18::11", "::ffff:10.1.2.4"}},
+		{"--nodeport-addresses=primary", nil},
+	} {
+		args := []string{"--node-name=node1", "--manifests=" + dir, "--cgroup-root=/sys/fs/cgroup/unified/sluice-ag-x"}
+		if tc.flag != "" {
+			args = append(args, tc.flag)
+		}
+		c, err := parse(t, args...)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.flag, err)
+		}
+		var got []string
+		for _, a := range addrs {
+			if c.nodePortAddress(netip.MustParseAddr(a)) {
+				got = append(got, a)
+			}
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%q: NodePort addresses %v, want %v", tc.flag, got, tc.want)
+		}
 	}
 }

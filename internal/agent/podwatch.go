@@ -34,30 +34,43 @@ func (a *Agent) podLB() (podLBDataplane, bool) {
 // per-packet LB before its first connection instead of at the next sync.
 // A lost subscription is renewed; the periodic sync stays the safety net.
 func (a *Agent) watchPodRoutes(ctx context.Context) {
+	a.netlinkWatch(ctx, "pod-routes", api.Warning{Subsystem: "pods", Message: "pod route watch failed, renewed with backoff",
+		Fix: "new pods get the per-packet LB at the next sync instead of at once"},
+		func(done <-chan struct{}, onErr func(error)) (func(failed <-chan error) error, error) {
+			updates := make(chan netlink.RouteUpdate, 64)
+			err := netlink.RouteSubscribeWithOptions(updates, done, netlink.RouteSubscribeOptions{ErrorCallback: onErr})
+			return func(failed <-chan error) error { return a.podRouteEvents(ctx, updates, failed) }, err
+		})
+}
+
+// netlinkWatch runs a netlink subscription until ctx ends: subscribe
+// starts it (its ErrorCallback is onErr) and returns the loop that reads
+// its events until the subscription fails. A failure is warned about
+// once per change (w, with the error) and the subscription renewed with
+// backoff.
+func (a *Agent) netlinkWatch(ctx context.Context, key string, w api.Warning,
+	subscribe func(done <-chan struct{}, onErr func(error)) (func(failed <-chan error) error, error)) {
 	bo := backoff{base: retryInterval, max: maxRetryInterval}
 	for ctx.Err() == nil {
-		updates := make(chan netlink.RouteUpdate, 64)
 		done := make(chan struct{})
 		failed := make(chan error, 1)
-		err := netlink.RouteSubscribeWithOptions(updates, done, netlink.RouteSubscribeOptions{
-			ErrorCallback: func(err error) {
-				select {
-				case failed <- err:
-				default:
-				}
-			},
+		run, err := subscribe(done, func(err error) {
+			select {
+			case failed <- err:
+			default:
+			}
 		})
 		if err == nil {
-			a.unwarn("pod-routes")
-			if err = a.podRouteEvents(ctx, updates, failed); err == nil {
+			a.unwarn(key)
+			if err = run(failed); err == nil {
 				bo.reset() // ended with ctx
 			}
 		}
 		close(done)
 		if err != nil {
-			// Once per change, renewed with backoff.
-			a.warn("pod-routes", api.Warning{Subsystem: "pods", Message: "pod route watch failed, renewed with backoff: " + err.Error(),
-				Fix: "new pods get the per-packet LB at the next sync instead of at once"})
+			warning := w
+			warning.Message += ": " + err.Error()
+			a.warn(key, warning)
 		}
 		select {
 		case <-ctx.Done():

@@ -3,6 +3,7 @@ package loadbalancer
 import (
 	"net/netip"
 	"reflect"
+	"slices"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -43,11 +44,16 @@ type Tracker struct {
 	pendingSvcs   map[types.NamespacedName]*corev1.Service // nil: deleted
 	pendingSlices map[types.NamespacedName]*discoveryv1.EndpointSlice
 	pendingNodes  map[string]*corev1.Node
-	services      map[types.NamespacedName]*corev1.Service
-	slices        map[types.NamespacedName]*discoveryv1.EndpointSlice // last good, by slice name
-	slicesOf      map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice
-	nodes         map[string]nodeInfo
-	tunnels       *tunnelIndex // State.Tunnels, kept per backend (tunnels.go)
+	// localAddrs are this node's own interface addresses (SetLocalAddresses),
+	// NodePort addresses besides the InternalIPs; localDirty: changed since
+	// the last Sync.
+	localAddrs []netip.Addr
+	localDirty bool
+	services   map[types.NamespacedName]*corev1.Service
+	slices     map[types.NamespacedName]*discoveryv1.EndpointSlice // last good, by slice name
+	slicesOf   map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice
+	nodes      map[string]nodeInfo
+	tunnels    *tunnelIndex // State.Tunnels, kept per backend (tunnels.go)
 	// translated is each Service's whole translation, before conflicts;
 	// claims indexes it by frontend.
 	translated map[types.NamespacedName][]LBService
@@ -124,11 +130,26 @@ func (t *Tracker) OnNodeUpdate(prev, cur *corev1.Node) {
 	t.mu.Unlock()
 }
 
+// SetLocalAddresses records this node's interface addresses that NodePorts
+// answer on besides the Nodes' InternalIPs (kube-proxy's every local
+// address, narrowed by --nodeport-addresses): State.NodeIPs marks them as
+// this node's.
+func (t *Tracker) SetLocalAddresses(addrs []netip.Addr) {
+	addrs = slices.Clone(addrs)
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	addrs = slices.Compact(addrs)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !slices.Equal(addrs, t.localAddrs) {
+		t.localAddrs, t.localDirty = addrs, true
+	}
+}
+
 // Pending reports whether changes wait for a Sync.
 func (t *Tracker) Pending() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.pendingSvcs)+len(t.pendingSlices)+len(t.pendingNodes) > 0
+	return len(t.pendingSvcs)+len(t.pendingSlices)+len(t.pendingNodes) > 0 || t.localDirty
 }
 
 // Sync folds the recorded changes into the desired state. changed lists the
@@ -210,7 +231,10 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 		}
 		clear(t.pendingNodes)
 		nodesChanged = t.rebuildNodeIPs()
+	} else if t.localDirty {
+		nodesChanged = t.rebuildNodeIPs()
 	}
+	t.localDirty = false
 
 	changed = map[types.NamespacedName]bool{}
 	delete(dirty, types.NamespacedName{}) // slices without a Service label
@@ -278,6 +302,9 @@ func (t *Tracker) rebuildNodeIPs() bool {
 		for _, a := range n.addrs {
 			ips[a] = ips[a] || name == t.opts.NodeName
 		}
+	}
+	for _, a := range t.localAddrs {
+		ips[a] = true
 	}
 	tunnels := t.tunnelIndex().setNodes(t.nodes)
 	if reflect.DeepEqual(ips, t.state.NodeIPs) {

@@ -475,3 +475,44 @@ func TestTrackerUnsupportedSCTP(t *testing.T) {
 		t.Errorf("Service deleted, still reported: %+v", st.Unsupported)
 	}
 }
+
+// This node's interface addresses join NodeIPs as its own, and leave them
+// again; an unchanged set changes nothing.
+func TestTrackerLocalAddresses(t *testing.T) {
+	tr := NewTracker(Options{NodeName: "node-1"})
+	tr.OnNodeUpdate(nil, node("node-1", "198.18.0.11"))
+	tr.OnNodeUpdate(nil, node("node-2", "198.18.0.12"))
+	tr.Sync()
+	extra := []netip.Addr{netip.MustParseAddr("fd00:198:18::11"), netip.MustParseAddr("203.0.113.7")}
+	for _, step := range []struct {
+		name        string
+		addrs       []netip.Addr
+		wantChanged bool
+		want        map[string]bool
+	}{
+		{"added", extra, true, map[string]bool{"198.18.0.11": true, "198.18.0.12": false, "203.0.113.7": true, "fd00:198:18::11": true}},
+		{"the same, reordered", []netip.Addr{extra[1], extra[0], extra[1]}, false, nil},
+		{"one gone", extra[:1], true, map[string]bool{"198.18.0.11": true, "198.18.0.12": false, "fd00:198:18::11": true}},
+		{"another node's address: still that node's and this one's", []netip.Addr{netip.MustParseAddr("198.18.0.12")}, true,
+			map[string]bool{"198.18.0.11": true, "198.18.0.12": true}},
+	} {
+		tr.SetLocalAddresses(step.addrs)
+		if !tr.Pending() && step.wantChanged {
+			t.Errorf("%s: not pending", step.name)
+		}
+		st, _, changed := tr.Sync()
+		if changed != step.wantChanged {
+			t.Errorf("%s: nodesChanged %v, want %v", step.name, changed, step.wantChanged)
+		}
+		if step.want == nil {
+			continue
+		}
+		got := map[string]bool{}
+		for a, local := range st.NodeIPs {
+			got[a.String()] = local
+		}
+		if !maps.Equal(got, step.want) {
+			t.Errorf("%s: NodeIPs %v, want %v", step.name, got, step.want)
+		}
+	}
+}

@@ -23,6 +23,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/lab"
 	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 )
@@ -583,4 +584,62 @@ func TestPrivilegedDSRManyBackends(t *testing.T) {
 	if len(spread) < 15 {
 		t.Errorf("40 flows reached only %d backends: %v", len(spread), spread)
 	}
+}
+
+// TestPrivilegedNodePortOnLocalAddress gives node1 a second fabric address
+// of each family, which its Node object does not list: NodePorts answer
+// on it, as kube-proxy's do on every local address, and stop when it goes.
+func TestPrivilegedNodePortOnLocalAddress(t *testing.T) {
+	l := nsLab(t, lab.LBModeSNAT, lab.AccelerationBestEffort)
+	a := addrs{k: 69}
+	svc := nsService("ns-nodeport-local", a, map[string]string{lab.LabelApp: "echo"})
+	apply(t, l, svc)
+	programmed(t, l, len(l.Pods()), nsFrontends(a)...)
+	node1 := l.Nodes[0]
+	extra := []netip.Prefix{netip.MustParsePrefix("198.18.0.240/24"), netip.MustParsePrefix("fd00:198:18::240/64")}
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", append([]string{"-n", node1.Netns}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	for _, p := range extra {
+		ip("addr", "add", p.String(), "dev", "eth0", "nodad")
+		t.Cleanup(func() { _ = exec.Command("ip", "-n", node1.Netns, "addr", "del", p.String(), "dev", "eth0").Run() })
+	}
+	for _, p := range extra {
+		url := httpURL(p.Addr(), int32(a.nodePort()))
+		eventually(t, l, "NodePort on "+url, func(n lab.Node, _ *api.Client) error {
+			if n.Name != node1.Name {
+				return nil
+			}
+			if rep := probe(t, l, "client", "http", "--url", url, "--count", "1", "--timeout", "1s"); rep.OK != 1 {
+				return fmt.Errorf("%s", describe(rep))
+			}
+			return nil
+		})
+		rep := probe(t, l, "client", "http", "--url", url, "--count", "10", "--timeout", "2s")
+		if rep.OK != rep.Count {
+			t.Errorf("NodePort on node1's own %s: %s", p.Addr(), describe(rep))
+		}
+	}
+	// The agent lists it among the node's addresses; gone with the address.
+	for _, p := range extra {
+		ip("addr", "del", p.String(), "dev", "eth0")
+	}
+	eventually(t, l, "the extra addresses out of node1's NodePort addresses", func(n lab.Node, c *api.Client) error {
+		if n.Name != node1.Name {
+			return nil
+		}
+		lb, err := c.BPFLB(t.Context())
+		if err != nil {
+			return err
+		}
+		for _, p := range extra {
+			if slices.Contains(lb.NodeIPs, p.Addr().String()) {
+				return fmt.Errorf("%s still a node address: %v", p.Addr(), lb.NodeIPs)
+			}
+		}
+		return nil
+	})
 }

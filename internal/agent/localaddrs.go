@@ -1,0 +1,103 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/sluice-dataplane/sluice/internal/api"
+)
+
+// localAddressSetter is the pipeline's side of the NodePort addresses.
+type localAddressSetter interface {
+	SetLocalAddresses([]netip.Addr)
+}
+
+// nodePortAddress says whether a of this node's interfaces is a NodePort
+// address: every local address but loopback and link-local (kube-proxy's
+// default in iptables mode, `--dst-type LOCAL`), or those inside
+// --nodeport-addresses' CIDRs; none with primary (the Node's InternalIPs
+// are NodePort addresses in every case).
+func (c *Config) nodePortAddress(a netip.Addr) bool {
+	a = a.Unmap()
+	if !a.IsValid() || a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsMulticast() || a.IsUnspecified() {
+		return false
+	}
+	if c.nodePortAll {
+		return true
+	}
+	for _, p := range c.nodePortCIDRs {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// watchLocalAddresses keeps the pipeline's NodePort addresses those of the
+// agent's network namespace, as addresses come and go. A lost
+// subscription is renewed with backoff and reported once.
+func (a *Agent) watchLocalAddresses(ctx context.Context, set localAddressSetter) {
+	a.netlinkWatch(ctx, "nodeport-addresses", api.Warning{Subsystem: "nodeport",
+		Message: "the watch of this node's addresses failed, renewed with backoff",
+		Fix:     "NodePorts keep the addresses seen last and the Node's InternalIPs"},
+		func(done <-chan struct{}, onErr func(error)) (func(failed <-chan error) error, error) {
+			updates := make(chan netlink.AddrUpdate, 64)
+			err := netlink.AddrSubscribeWithOptions(updates, done, netlink.AddrSubscribeOptions{ListExisting: true, ErrorCallback: onErr})
+			return func(failed <-chan error) error { return a.localAddressEvents(ctx, updates, failed, set) }, err
+		})
+}
+
+// localAddressEvents applies address updates until ctx ends or the
+// subscription fails. A burst (the initial list) is applied once.
+func (a *Agent) localAddressEvents(ctx context.Context, updates <-chan netlink.AddrUpdate, failed <-chan error, set localAddressSetter) error {
+	have := map[netip.Addr]int{} // an address may sit on two links
+	var last []netip.Addr
+	settle := time.NewTimer(time.Hour)
+	settle.Stop()
+	apply := func() {
+		var addrs []netip.Addr
+		for ip, n := range have {
+			if n > 0 {
+				addrs = append(addrs, ip)
+			}
+		}
+		slices.SortFunc(addrs, netip.Addr.Compare)
+		if slices.Equal(addrs, last) {
+			return
+		}
+		last = addrs
+		a.log.Info("NodePort addresses besides the InternalIPs", "addresses", addrs)
+		set.SetLocalAddresses(addrs)
+		a.changed()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-failed:
+			return err
+		case <-settle.C:
+			apply()
+		case u, ok := <-updates:
+			if !ok {
+				return errors.New("the address subscription closed")
+			}
+			ip, ok := netip.AddrFromSlice(u.LinkAddress.IP)
+			if !ok || !a.cfg.nodePortAddress(ip) {
+				continue
+			}
+			ip = ip.Unmap()
+			if u.NewAddr {
+				have[ip]++
+			} else if have[ip] > 0 {
+				have[ip]--
+			}
+			settle.Reset(100 * time.Millisecond)
+		}
+	}
+}
