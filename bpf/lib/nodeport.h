@@ -150,8 +150,11 @@ static __always_inline int ns_dsr_forward(struct __ctx_buff *ctx, struct ns_pkt 
 	__u32 hlen = dsr_overhead(p), mtu;
 	long rc;
 
-	if (!fib || !dsr_tunnel_endpoint(backend, &node) ||
-	    snat_source(cfg, p->v6, &p->daddr, &src))
+	/* The outer source is this node's configured address, which every
+	 * node knows as a node's (dsr_from_node), whichever local address the
+	 * client used: NodePorts answer on addresses no Node object lists. */
+	src = *snat_conf_addr(cfg, p->v6);
+	if (!fib || addr_is_any(&src) || !dsr_tunnel_endpoint(backend, &node))
 		return CTX_ACT_DROP;
 	rc = ns_fib_tunnel(ctx, p, &src, &node, p->v6 ? IPPROTO_IPV6 : IPPROTO_IPIP, hlen, fib);
 	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
@@ -252,9 +255,10 @@ static __always_inline int ns_hairpin_reply(struct __ctx_buff *ctx, struct ns_pk
 #endif /* SLUICE_POD_LB */
 
 /* nodeport_lb load-balances a packet to a frontend served here. tunnel is
- * NULL, or on a DSR backend node the LB node that sent the packet: then
- * only local backends are used, and a frontend equal to tunnel is a
- * NodePort of that node.
+ * NULL, or on a DSR backend node what the LB node that sent the packet
+ * said: then only local backends are used, and a frontend of no service
+ * here is a NodePort of that node (one of its addresses, which this node
+ * need not know: the tunnel's source is a node, dsr_from_node).
  *
  * An established flow takes the fast path: one CT lookup (and the snat
  * one) gives the backend, how to reach it and the source to use. */
@@ -317,7 +321,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 
 	lb_key_init(&key, &p->daddr, p->dport, p->proto);
 	svc = lb_lookup_service(&key, NS_SCOPE);
-	if (!svc && tunnel && addr_equal(&p->daddr, tunnel->node.b)) {
+	if (!svc && tunnel) {
 		frontend = p->daddr;
 		addr_to_wildcard(&frontend);
 		lb_key_init(&key, &frontend, p->dport, p->proto);

@@ -129,6 +129,10 @@ func TestPrivilegedNorthSouthDSRBackend(t *testing.T) {
 			{"NodePort of the LB node", tcpSyn(client(49000), netip.AddrPortFrom(ipNode2, 30080)), ipNode2, apLocal},
 			{"ExternalIP", udpPkt(client(49001), apExtIP), ipNode2, apLocal},
 			{"IPv6 NodePort of the LB node", tcpSyn(client6(49002), netip.AddrPortFrom(ipNode2v6, 30080)), ipNode2v6, apLocal6},
+			// An address of the LB node that no Node object lists (NodePorts
+			// answer on every local address): the outer source is its
+			// configured one.
+			{"NodePort of another address of the LB node", tcpSyn(client(49003), netip.MustParseAddrPort("198.18.0.240:30080")), ipNode2, apLocal},
 		} {
 			node := ipNode
 			if tc.outer.Is6() {

@@ -589,8 +589,15 @@ func TestPrivilegedDSRManyBackends(t *testing.T) {
 // TestPrivilegedNodePortOnLocalAddress gives node1 a second fabric address
 // of each family, which its Node object does not list: NodePorts answer
 // on it, as kube-proxy's do on every local address, and stop when it goes.
+// In DSR mode too, where node2's backends see node1 by its InternalIP.
 func TestPrivilegedNodePortOnLocalAddress(t *testing.T) {
-	l := nsLab(t, lab.LBModeSNAT, lab.AccelerationBestEffort)
+	for _, mode := range []string{lab.LBModeSNAT, lab.LBModeDSR} {
+		t.Run("lb-mode "+mode, func(t *testing.T) { testNodePortOnLocalAddress(t, mode) })
+	}
+}
+
+func testNodePortOnLocalAddress(t *testing.T, mode string) {
+	l := nsLab(t, mode, lab.AccelerationBestEffort)
 	a := addrs{k: 69}
 	svc := nsService("ns-nodeport-local", a, map[string]string{lab.LabelApp: "echo"})
 	apply(t, l, svc)
