@@ -289,6 +289,11 @@ func (a *Agent) run(ctx context.Context) error {
 	if _, ok := a.podLB(); ok || a.bw != nil {
 		wg.Go(func() { a.watchPodRoutes(ctx) })
 	}
+	if c, ok := a.dp.(affinityCollector); ok {
+		if src, ok := a.pl.(affinitySource); ok {
+			wg.Go(func() { a.affinityGCLoop(ctx, c, src) })
+		}
+	}
 	if set, ok := a.pl.(localAddressSetter); ok && (a.cfg.nodePortAll || len(a.cfg.nodePortCIDRs) > 0) {
 		wg.Go(func() { a.watchLocalAddresses(ctx, set) })
 	}

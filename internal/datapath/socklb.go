@@ -325,3 +325,6 @@ func Unpin(bpfRoot string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// AffinityMap is lb_affinity, which the tc/XDP programs share.
+func (s *SockLB) AffinityMap() *ebpf.Map { return s.objs.socklbMaps.LbAffinity }

@@ -30,6 +30,8 @@ func TestBTFLayout(t *testing.T) {
 		{"lb_backend", lbmap.BackendValue{}},
 		{"lb_rev_nat", lbmap.RevNatValue{}},
 		{"lb_config", lbmap.Config{}},
+		{"lb_affinity_key", lbmap.AffinityKey{}},
+		{"lb_affinity_val", lbmap.AffinityValue{}},
 	} {
 		var st *btf.Struct
 		if err := spec.Types.TypeByName(tc.cName, &st); err != nil {
@@ -63,6 +65,7 @@ func TestBTFLayout(t *testing.T) {
 		{lbmap.RevNatMapName, uint16(0), lbmap.RevNatValue{}},
 		{lbmap.NodeIPsMapName, lbmap.Addr{}, uint32(0)},
 		{"lb_config", uint32(0), lbmap.Config{}},
+		{lbmap.AffinityMapName, lbmap.AffinityKey{}, lbmap.AffinityValue{}},
 	} {
 		ms, ok := spec.Maps[tc.name]
 		if !ok {
@@ -208,5 +211,40 @@ func TestPrivilegedKernelDumpBatches(t *testing.T) {
 		if got[sk] != sv {
 			t.Fatalf("Services()[%+v] = %+v, want %+v", sk, got[sk], sv)
 		}
+	}
+}
+
+// CollectAffinity deletes what keep refuses, from the object's own map.
+func TestPrivilegedCollectAffinity(t *testing.T) {
+	spec, err := datapath.LoadSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := spec.Maps[lbmap.AffinityMapName].Copy()
+	ms.Pinning, ms.MaxEntries = ebpf.PinNone, 16
+	m, err := ebpf.NewMap(ms)
+	if err != nil {
+		t.Fatalf("create %s: %v", lbmap.AffinityMapName, err)
+	}
+	defer m.Close()
+	for i := range uint32(6) {
+		if err := m.Put(lbmap.AffinityKey{Client: uint64(i), RevNatID: 7}, lbmap.AffinityValue{BackendID: i, LastUsed: 100}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := lbmap.CollectAffinity(m, func(_ lbmap.AffinityKey, v lbmap.AffinityValue) bool { return v.BackendID%2 == 0 })
+	if err != nil || n != 3 {
+		t.Fatalf("CollectAffinity = %d, %v; want 3 deleted", n, err)
+	}
+	var k lbmap.AffinityKey
+	var v lbmap.AffinityValue
+	left := 0
+	for it := m.Iterate(); it.Next(&k, &v); left++ {
+		if v.BackendID%2 != 0 {
+			t.Errorf("entry %+v -> %+v kept", k, v)
+		}
+	}
+	if left != 3 {
+		t.Errorf("%d entries left, want 3", left)
 	}
 }

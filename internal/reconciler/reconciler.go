@@ -414,6 +414,39 @@ func (r *Reconciler) Failed() map[types.NamespacedName]bool {
 	return maps.Clone(r.failed)
 }
 
+// AffinityScope is what a frontend's sessionAffinity entries may name:
+// the timeout, and the backends in its slots.
+type AffinityScope struct {
+	Timeout  uint32 // seconds
+	Backends map[uint32]bool
+}
+
+// Affinities returns, by rev NAT ID, the installed frontends with session
+// affinity and what their affinity entries may name: an entry of another
+// rev NAT ID, of a backend the frontend no longer has (even one another
+// Service still uses) or older than the timeout is stale.
+func (r *Reconciler) Affinities() map[uint16]AffinityScope {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[uint16]AffinityScope{}
+	for _, fe := range r.frontends {
+		if fe.revNat == 0 || !fe.svc.Affinity {
+			continue
+		}
+		a := AffinityScope{Timeout: uint32(fe.svc.AffinityTimeout.Seconds()), Backends: map[uint32]bool{}}
+		for _, sc := range fe.scopes {
+			// Entries past the count are leftovers of a failed write.
+			for _, sl := range sc.slots[:min(len(sc.slots), int(sc.master.Count))] {
+				if sl.BackendID != 0 {
+					a.Backends[sl.BackendID] = true
+				}
+			}
+		}
+		out[fe.revNat] = a
+	}
+	return out
+}
+
 // deleteUnwanted deletes the frontends that their owner no longer wants,
 // except the claimed ones: of every installed frontend in a full sync, else
 // of the named Services.

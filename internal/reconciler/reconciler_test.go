@@ -814,3 +814,30 @@ func TestInstalledWhileApplying(t *testing.T) {
 		}
 	}
 }
+
+// Affinities lists the frontends with sessionAffinity, their timeout and
+// the backends in their slots (both scopes); a backend that leaves goes.
+func TestAffinities(t *testing.T) {
+	m := lbmap.NewMemory()
+	r := mustNew(t, m)
+	a := svc(web, lb.ClusterIP, "198.19.0.10:80", be("198.18.1.5:8080", thisNode), be("198.18.2.5:8080", "node-2"))
+	a.Affinity, a.AffinityTimeout = true, 3*time.Hour
+	b := svc(api, lb.ClusterIP, "198.19.0.11:80", be("198.18.1.6:8080", thisNode))
+	mustApply(t, r, state(a, b), nil)
+	got := r.Affinities()
+	if len(got) != 1 {
+		t.Fatalf("Affinities = %+v, want web's frontend only", got)
+	}
+	for _, sc := range got {
+		if sc.Timeout != 3*3600 || len(sc.Backends) != 2 {
+			t.Errorf("web's affinity scope %+v, want timeout 10800 and 2 backends", sc)
+		}
+	}
+	a.Backends = a.Backends[:1]
+	mustApply(t, r, state(a, b), map[types.NamespacedName]bool{web: true})
+	for _, sc := range r.Affinities() {
+		if len(sc.Backends) != 1 {
+			t.Errorf("after a backend left: %+v, want 1 backend", sc)
+		}
+	}
+}
