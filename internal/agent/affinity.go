@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -60,23 +59,16 @@ func staleAffinity(scopes map[uint16]reconciler.AffinityScope, now uint32) func(
 // affinityGCLoop removes stale sessionAffinity entries every CT GC
 // interval (--bpf-ct-gc-interval).
 func (a *Agent) affinityGCLoop(ctx context.Context, c affinityCollector, src affinitySource) {
-	t := time.NewTicker(a.cfg.CTGCInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, a.cfg.CTGCInterval, func() {
 		n, err := c.CollectAffinity(staleAffinity(src.Affinities(), bootSeconds()))
 		if err != nil {
 			a.warn("affinity-gc", api.Warning{Subsystem: "affinity", Message: "sessionAffinity garbage collection failed: " + err.Error(),
 				Fix: "stale entries stay until the LRU evicts them"})
-			continue
+			return
 		}
 		a.unwarn("affinity-gc")
 		if n > 0 {
 			a.log.Debug("sessionAffinity entries removed", "entries", n)
 		}
-	}
+	})
 }

@@ -188,7 +188,12 @@ func (a *Agent) afterSync(full bool) error {
 
 // gcLoop collects dead conntrack and NAT entries every --bpf-ct-gc-interval.
 func (a *Agent) gcLoop(ctx context.Context, ns northSouthDataplane) {
-	t := time.NewTicker(a.cfg.CTGCInterval)
+	every(ctx, a.cfg.CTGCInterval, func() { a.collectGarbage(ns) })
+}
+
+// every runs fn every interval until ctx ends.
+func every(ctx context.Context, interval time.Duration, fn func()) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
@@ -196,7 +201,7 @@ func (a *Agent) gcLoop(ctx context.Context, ns northSouthDataplane) {
 			return
 		case <-t.C:
 		}
-		a.collectGarbage(ns)
+		fn()
 	}
 }
 
