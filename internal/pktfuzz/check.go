@@ -14,7 +14,7 @@ import (
 // The invariants, by name (Violation.Rule):
 const (
 	RuleVerdict    = "verdict"     // the code is one of the program type's verdicts
-	RuleSize       = "size"        // output <= input + the tunnel overhead (IPv6: 40 bytes)
+	RuleSize       = "size"        // output <= input + the tunnel overhead (IPv6: 64 bytes)
 	RuleMTU        = "mtu"         // a packet the program sends out fits the device's MTU
 	RuleHeader     = "header"      // a rewritten packet is IP of the input's family, lengths consistent
 	RuleL3Checksum = "l3-checksum" // IPv4 header checksum right after a rewrite (when it was right before)
@@ -27,8 +27,9 @@ const (
 	RuleSNATSource = "snat-source" // a masqueraded packet leaves with this node's address
 )
 
-// tunnelOverhead is the most a program adds: an IPv6 outer header.
-const tunnelOverhead = 40
+// tunnelOverhead is the most a program adds: an IPv6 outer header and the
+// destination options naming the DSR backend.
+const tunnelOverhead = 40 + 24
 
 // Violation is a broken invariant, with what it took to see it.
 type Violation struct {
@@ -142,10 +143,11 @@ func wireLen(frame []byte, f frameInfo, gso gsoInfo) int {
 	return min(len(frame)-f.l3, hdrs+int(gso.size))
 }
 
-// ipHeaderLen is the IP header's length (IPv6: the fixed header).
+// ipHeaderLen is the IP header's length (IPv6: the fixed header and a
+// DSR tunnel's destination options).
 func ipHeaderLen(f frameInfo) int {
 	if f.v6 {
-		return 40
+		return 40 + f.ext
 	}
 	return f.ihl
 }
@@ -168,7 +170,7 @@ func (fz *Fuzzer) checkTunnel(in []byte, inf frameInfo, out []byte, of frameInfo
 	node := NodeIP4
 	if of.v6 {
 		node = NodeIP6
-	} else if of.ihl != 20 || !ipv4HeaderOK(out, of) {
+	} else if of.ihl != 20+8 || !ipv4HeaderOK(out, of) { // the option naming the backend
 		return bad(RuleTunnel, "outer IPv4 header of %d bytes, checksum right: %v", of.ihl, ipv4HeaderOK(out, of))
 	}
 	if !of.lenOK || of.src != node || !slices.Contains(fz.tunnelNodes, of.dst) {

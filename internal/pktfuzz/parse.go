@@ -16,6 +16,7 @@ type frameInfo struct {
 	// fixed IPv6 header).
 	ipOK     bool
 	ihl      int // IPv4 header bytes
+	ext      int // IPv6: bytes of a DSR tunnel's destination options after the fixed header
 	totalLen int // IPv4 total length, or 40 + IPv6 payload length
 	// lenOK: the IP length field matches the frame (no shortfall, no
 	// trailer): only then are checksums over the payload defined.
@@ -37,6 +38,7 @@ const (
 	ethTypeIPv6   = 0x86dd
 	protoICMP     = 1
 	protoIPIP     = 4
+	protoDstOpts  = 60
 	protoTCP      = 6
 	protoUDP      = 17
 	protoIPv6     = 41
@@ -108,6 +110,13 @@ func parseIPv6(b []byte, off int, f *frameInfo) {
 	// A fragment header right after the fixed one, as the programs read
 	// it (l4.h): the protocol is the fragment's, the L4 header only in
 	// the first fragment.
+	// A DSR tunnel's destination options (dsr.h), then the inner IPv6
+	// packet: the protocol is the tunnel's.
+	if f.proto == protoDstOpts && len(b) >= l4+8 && b[l4] == protoIPv6 {
+		f.ext = (int(b[l4+1]) + 1) * 8
+		f.proto = protoIPv6
+		return
+	}
 	if f.proto == protoFragment && len(b) >= l4+8 {
 		f.proto = b[l4]
 		f.fragment = true

@@ -105,6 +105,7 @@ lb-mode: {{ .Values.lbMode | quote }}
 log-level: {{ .Values.logLevel | quote }}
 metrics-addr: {{ if .Values.metrics.enabled }}{{ include "sluice.hostPort" (list .Values.metrics.bindAddress .Values.metrics.port) | quote }}{{ else }}""{{ end }}
 node-port-range: {{ .Values.nodePortRange | quote }}
+nodeport-addresses: {{ join "," .Values.nodePortAddresses | quote }}
 socket-lb: {{ .Values.socketLB | quote }}
 sync-period: {{ .Values.syncPeriod | quote }}
 sync-period-min: {{ .Values.syncPeriodMin | quote }}
