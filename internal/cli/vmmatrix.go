@@ -2,12 +2,14 @@ package cli
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/sluice-dataplane/sluice/internal/vmtest/matrix"
 )
@@ -56,6 +58,7 @@ builds and runs it.`,
 			if cfg.BinDir, err = filepath.Abs(cfg.BinDir); err != nil {
 				return err
 			}
+			doc = matrixDoc(cmd.Flags(), doc, cmd.ErrOrStderr())
 			res, err := matrix.Run(cmd.Context(), cfg)
 			if res == nil {
 				return err
@@ -86,6 +89,19 @@ builds and runs it.`,
 	f.IntVar(&cfg.CPUs, "cpus", 2, "guest vCPUs")
 	f.StringVar(&cfg.LockFile, "lock", "", "flock this file around each suite's run, released between them (a machine shared with other heavy jobs)")
 	return cmd
+}
+
+// matrixDoc is the file whose table a run rewrites: none for a partial
+// run (--kernels or --suites narrowed) unless --doc names one, so that a
+// quick check of one kernel does not replace the full matrix's table.
+func matrixDoc(f *pflag.FlagSet, doc string, log io.Writer) string {
+	if f.Changed("doc") || !(f.Changed("kernels") || f.Changed("suites")) {
+		return doc
+	}
+	if doc != "" {
+		fmt.Fprintf(log, "matrix: a partial run (--kernels or --suites): %s keeps the full matrix's table; --doc %s writes it anyway\n", doc, doc)
+	}
+	return ""
 }
 
 func suiteList() string {
