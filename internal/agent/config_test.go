@@ -298,3 +298,22 @@ func TestConfigNodePortAddresses(t *testing.T) {
 		}
 	}
 }
+
+// An address announced again (new flags, lifetimes) and deleted once is
+// gone; one on two links stays until both lose it.
+func TestLinkAddrs(t *testing.T) {
+	a, b := netip.MustParseAddr("198.18.0.240"), netip.MustParseAddr("fd00:198:18::240")
+	s := linkAddrs{}
+	s.update(2, a, true)
+	s.update(2, a, true) // RTM_NEWADDR again: DAD done, lifetime refreshed
+	s.update(3, b, true)
+	s.update(4, b, true)
+	if got := s.list(); !slices.Equal(got, []netip.Addr{a, b}) {
+		t.Errorf("list %v, want [%s %s]", got, a, b)
+	}
+	s.update(2, a, false)
+	s.update(3, b, false)
+	if got := s.list(); !slices.Equal(got, []netip.Addr{b}) {
+		t.Errorf("after deletes: list %v, want [%s] (still on link 4)", got, b)
+	}
+}

@@ -52,21 +52,44 @@ func (a *Agent) watchLocalAddresses(ctx context.Context, set localAddressSetter)
 		})
 }
 
+// linkAddrs is the set of NodePort addresses, by the link that holds
+// each: the kernel announces an address again (RTM_NEWADDR) when its
+// flags or lifetimes change, so a count would outlive its one delete.
+type linkAddrs map[linkAddr]bool
+
+type linkAddr struct {
+	link int
+	ip   netip.Addr
+}
+
+// update applies one address update of a NodePort address.
+func (s linkAddrs) update(link int, ip netip.Addr, added bool) {
+	if added {
+		s[linkAddr{link, ip}] = true
+	} else {
+		delete(s, linkAddr{link, ip})
+	}
+}
+
+// list is the addresses, sorted, each once.
+func (s linkAddrs) list() []netip.Addr {
+	var out []netip.Addr
+	for k := range s {
+		out = append(out, k.ip)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
 // localAddressEvents applies address updates until ctx ends or the
 // subscription fails. A burst (the initial list) is applied once.
 func (a *Agent) localAddressEvents(ctx context.Context, updates <-chan netlink.AddrUpdate, failed <-chan error, set localAddressSetter) error {
-	have := map[netip.Addr]int{} // an address may sit on two links
+	have := linkAddrs{}
 	var last []netip.Addr
 	settle := time.NewTimer(time.Hour)
 	settle.Stop()
 	apply := func() {
-		var addrs []netip.Addr
-		for ip, n := range have {
-			if n > 0 {
-				addrs = append(addrs, ip)
-			}
-		}
-		slices.SortFunc(addrs, netip.Addr.Compare)
+		addrs := have.list()
 		if slices.Equal(addrs, last) {
 			return
 		}
@@ -91,12 +114,7 @@ func (a *Agent) localAddressEvents(ctx context.Context, updates <-chan netlink.A
 			if !ok || !a.cfg.nodePortAddress(ip) {
 				continue
 			}
-			ip = ip.Unmap()
-			if u.NewAddr {
-				have[ip]++
-			} else if have[ip] > 0 {
-				have[ip]--
-			}
+			have.update(u.LinkIndex, ip.Unmap(), u.NewAddr)
 			settle.Reset(100 * time.Millisecond)
 		}
 	}
