@@ -14,6 +14,7 @@
 #include "maps.h"
 #include "lb.h"
 #include "sock.h"
+#include "events.h"
 
 /* Rejects the syscall with -err. bpf_set_retval (5.18) replaces the -EPERM
  * the kernel would report for a bare SYS_REJECT.
@@ -22,6 +23,52 @@ static __always_inline int sock_reject(int err)
 {
 	bpf_set_retval(-err);
 	return SYS_REJECT;
+}
+
+/* sl_sock_event writes a socket-LB event: what (type | reason << 8), the
+ * frontend dst:port (port in the low 16 bits of rev_port, network order,
+ * its rev_nat_id above) and the backend chosen, with the socket's cgroup
+ * and network namespace. */
+static __noinline int sl_sock_event(struct bpf_sock_addr *ctx, const union lb_addr *dst,
+				    __u32 what, __u32 rev_port, __u32 backend_id)
+{
+	struct sl_event *ev = sl_ev_reserve();
+	const struct lb_backend *be;
+
+	if (!ev)
+		return 0;
+	ev->type = what & 0xff;
+	ev->reason = (what >> 8) & 0xff;
+	ev->hook = SL_HOOK_SOCK;
+	ev->proto = ctx->protocol;
+	ev->rev_nat_id = rev_port >> 16;
+	ev->backend_id = backend_id;
+	__builtin_memcpy(ev->daddr, dst->b, sizeof(ev->daddr));
+	ev->dport = rev_port & 0xffff;
+	if (backend_id) {
+		be = bpf_map_lookup_elem(&lb_backends, &backend_id);
+		if (be) {
+			__builtin_memcpy(ev->baddr, be->addr, sizeof(ev->baddr));
+			ev->bport = be->port;
+		}
+	}
+	ev->cgroup = bpf_get_current_cgroup_id();
+	ev->netns = bpf_get_netns_cookie(ctx);
+	bpf_ringbuf_submit(ev, 0);
+	return 0;
+}
+
+/* sl_sock_drop counts a refused connect() or sendmsg() and reports it. */
+static __always_inline void sl_sock_drop(struct bpf_sock_addr *ctx, const union lb_addr *dst,
+					 __be16 dport, __u16 rev_nat_id, __u32 reason)
+{
+	struct sl_drop_count *d = bpf_map_lookup_elem(&sl_drops, &reason);
+
+	if (d)
+		d->packets++;
+	if (sl_ev_wanted(SL_EVF_DROP))
+		sl_sock_event(ctx, dst, SL_EV_DROP | (reason << 8),
+			      ((__u32)rev_nat_id << 16) | dport, 0);
 }
 
 /* __sock_xlate translates a connect() or sendmsg() destination dst to a
@@ -38,7 +85,7 @@ static __always_inline int __sock_xlate(struct bpf_sock_addr *ctx,
 	__be16 dport = sock_get_port(ctx);
 	__u8 proto = ctx->protocol;
 	__u64 cookie, client = 0;
-	__u32 hash;
+	__u32 hash, backend_id = 0;
 
 	if (!sock_proto_supported(proto))
 		return SYS_PROCEED;
@@ -52,8 +99,12 @@ static __always_inline int __sock_xlate(struct bpf_sock_addr *ctx,
 	if (!svc)
 		return SYS_PROCEED;
 	/* Like kube-proxy's REJECT: fail at once rather than time out. */
-	if (svc->count == 0)
+	if (svc->count == 0) {
+		sl_sock_drop(ctx, dst, dport, svc->rev_nat_id,
+			     svc->flags & SVC_F_ITP_LOCAL ? SL_DROP_NO_LOCAL_BACKEND :
+							    SL_DROP_NO_BACKEND);
 		return sock_reject(ECONNREFUSED);
+	}
 
 	cookie = bpf_get_socket_cookie(ctx);
 	/* A UDP socket has no connection to pin: hashing its cookie keeps
@@ -62,14 +113,23 @@ static __always_inline int __sock_xlate(struct bpf_sock_addr *ctx,
 	hash = proto == IPPROTO_UDP ? lb_hash64(cookie) : bpf_get_prandom_u32();
 	if (svc->flags & SVC_F_AFFINITY)
 		client = bpf_get_netns_cookie(ctx);
-	be = lb_select_backend(&key, svc, hash, client);
-	if (!be)
+	be = lb_select_backend_id(&key, svc, hash, client, &backend_id);
+	if (!be) {
+		sl_sock_drop(ctx, dst, dport, svc->rev_nat_id, SL_DROP_NO_BACKEND);
 		return sock_reject(EHOSTUNREACH); /* maps caught mid-update */
+	}
 
 	__builtin_memcpy(backend.b, be->addr, sizeof(backend.b));
-	if (v4 && !addr_is_v4(&backend))
+	if (v4 && !addr_is_v4(&backend)) {
+		sl_sock_drop(ctx, dst, dport, svc->rev_nat_id, SL_DROP_FAMILY);
 		return sock_reject(EHOSTUNREACH);
+	}
 	sock_rev_record(cookie, &backend, be->port, dst, dport, svc->rev_nat_id);
+	/* A connection, or an unconnected socket's datagram. */
+	sl_count(svc->rev_nat_id, backend_id, 0, 0, 1);
+	if (sl_ev_wanted(SL_EVF_SOCK))
+		sl_sock_event(ctx, dst, SL_EV_SOCK, ((__u32)svc->rev_nat_id << 16) | dport,
+			      backend_id);
 	if (v4)
 		sock4_set_addr(ctx, &backend);
 	else

@@ -25,6 +25,7 @@
 
 #include "l4.h"
 #include "ns_maps.h"
+#include "ns_events.h"
 
 /* The CT flags that say how a flow is translated. */
 #define NS_KIND_FLAGS (CT_F_LOCAL | CT_F_SNAT | CT_F_DSR | CT_F_HAIRPIN)
@@ -134,8 +135,15 @@ static __always_inline bool ct_update(struct ct_entry *e, const struct ns_config
 		__sync_fetch_and_add(&e->packets, 1);
 		__sync_fetch_and_add(&e->bytes, len);
 	}
-	if (flags != e->flags)
+	if (flags != e->flags) {
+		/* A FIN or RST: the flow closes (an event when traced). */
+		if ((flags & CT_F_CLOSING) && !(e->flags & CT_F_CLOSING) &&
+		    sl_ev_wanted(SL_EVF_CT))
+			sl_ns_event(p, sl_what(SL_EV_CT_CLOSE, 0, sl_ns_mode(flags, false),
+					       SL_HOOK_THIS),
+				    sl_rev_len(e->rev_nat_id, len), e->backend_id, 0);
 		WRITE_ONCE(e->flags, flags);
+	}
 	if (lifetime == e->lifetime)
 		return false;
 	WRITE_ONCE(e->lifetime, lifetime);

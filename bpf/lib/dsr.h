@@ -218,6 +218,8 @@ static __always_inline int dsr_reply_too_big(struct __ctx_buff *ctx, const struc
 	bool fh = false;
 	__s64 sum;
 
+	/* Counted and reported as a drop: the packet goes no further. */
+	sl_note_drop(p, SL_DROP_TOO_BIG, ctx_len(ctx), ctx_ifindex(ctx), SL_HOOK_THIS);
 	if (!ns_has_l4(p))
 		return CTX_ACT_DROP;
 	/* Only an IP header without options or extension headers (but an

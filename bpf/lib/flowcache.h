@@ -116,6 +116,8 @@ static __always_inline void fc_count(struct ct_entry *e, const struct ns_flow *f
 	} else {
 		__sync_fetch_and_add(&e->packets, f->packets);
 		__sync_fetch_and_add(&e->bytes, f->bytes);
+		/* The frontend's and the backend's share (events.h). */
+		sl_count(e->rev_nat_id, e->backend_id, f->packets, f->bytes, 0);
 	}
 }
 

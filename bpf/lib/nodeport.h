@@ -193,7 +193,7 @@ static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_p
 	port = n->to_port;
 	e = ct_lookup_reply_to(p, &client, port, &s->tuple);
 	if (!e)
-		return CTX_ACT_DROP;
+		return NS_DROP(SL_DROP_NO_CT);
 	ct_update(e, cfg, p, ctx_len(ctx), now, true);
 	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
 	fe_port = e->nat_port;
@@ -277,6 +277,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	__u16 rev_nat_id, kind = 0;
 	struct ct_entry *e;
 	__be16 be_port;
+	bool created = false;
 	int ret;
 
 	if (!tunnel) {
@@ -300,6 +301,8 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 			if (ct_promote_if_ready(p, &e, now))
 				n = NULL; /* moved: n may be freed, and reused */
 			kind = e->flags & NS_KIND_FLAGS;
+			rev_nat_id = e->rev_nat_id;
+			backend_id = e->backend_id;
 			__builtin_memcpy(be_addr.b, e->nat_addr, sizeof(be_addr.b));
 			be_port = e->nat_port;
 			goto translate;
@@ -328,7 +331,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		svc = lb_lookup_service(&key, LB_SCOPE_EXT);
 	}
 	if (!svc || !ns_svc_served(svc))
-		return tunnel ? CTX_ACT_DROP : CTX_ACT_OK;
+		return tunnel ? NS_DROP(SL_DROP_DSR_NO_SERVICE) : CTX_ACT_OK;
 	rev_nat_id = svc->rev_nat_id;
 	hash = ns_flow_hash(p);
 
@@ -363,12 +366,13 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	if (!be) {
 		/* No backend: drop, as kube-proxy's REJECT stops the flow. */
 		if (svc->count == 0)
-			return CTX_ACT_DROP;
+			return NS_DROP(svc->flags & (SVC_F_ETP_LOCAL | SVC_F_ITP_LOCAL) ?
+				       SL_DROP_NO_LOCAL_BACKEND : SL_DROP_NO_BACKEND);
 #ifndef SLUICE_POD_LB
 		/* A new flow only: an established one passed this check when
 		 * it was created. */
 		if ((svc->flags & SVC_F_SRC_RANGES) && !ns_src_range_allowed(p, rev_nat_id))
-			return CTX_ACT_DROP;
+			return NS_DROP(SL_DROP_SRC_RANGE);
 		if (tunnel && tunnel->has_backend)
 			be = dsr_find_named(&key, svc, &backend_id);
 		if (!be && tunnel)
@@ -380,7 +384,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		if (!be && !tunnel)
 			be = lb_select_backend_id(&key, svc, hash, ns_client_id(p), &backend_id);
 		if (!be)
-			return CTX_ACT_DROP;
+			return NS_DROP(tunnel ? SL_DROP_DSR_NO_SERVICE : SL_DROP_NO_BACKEND);
 		__builtin_memcpy(be_addr.b, be->addr, sizeof(be_addr.b));
 		be_port = be->port;
 #ifdef SLUICE_POD_LB
@@ -402,19 +406,27 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 #endif /* SLUICE_POD_LB */
 		/* No NAT46/64 here: a backend of the other family is a config error. */
 		if (addr_is_v4(&be_addr) == p->v6)
-			return CTX_ACT_DROP;
+			return NS_DROP(SL_DROP_FAMILY);
 		if (ct_create_flow(cfg, p, len, now, &be_addr, be_port, backend_id,
 				   rev_nat_id, kind))
-			return CTX_ACT_DROP;
+			return NS_DROP(SL_DROP_CT_FULL);
 		e = NULL; /* replaced: the new entry learns its nat port later */
+		created = true;
+		if (sl_ev_wanted(SL_EVF_SERVICE))
+			sl_ns_event(p, sl_what(SL_EV_SERVICE, 0, sl_ns_mode(kind, tunnel),
+					       SL_HOOK_THIS),
+				    sl_rev_len(rev_nat_id, len), backend_id, ctx_ifindex(ctx));
 	} else {
 		__builtin_memcpy(be_addr.b, be->addr, sizeof(be_addr.b));
 		be_port = be->port;
 	}
 
 translate:
+	/* The frontend's and the backend's counters: every packet of the
+	 * flow that takes this path (the flow cache adds its own). */
+	sl_count(rev_nat_id, backend_id, 1, len, created);
 	if (addr_is_v4(&be_addr) == p->v6)
-		return CTX_ACT_DROP;
+		return NS_DROP(SL_DROP_FAMILY);
 	if ((kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
 		return ns_dsr_forward(ctx, p, cfg, &be_addr, be_port);
 	frontend = p->daddr;
@@ -468,7 +480,7 @@ translate:
 	 * into the new service entry. */
 	if (snat_egress(ctx, p, cfg, &frontend, hash ? hash : ns_flow_hash(p), now,
 			!e || (e->flags & CT_F_NEW)))
-		return CTX_ACT_DROP;
+		return NS_DROP(SL_DROP_NAT_EXHAUSTED);
 	if (!e)
 		ct_note_snat(&frontend, p->v6);
 	return ns_forward(ctx, p, FWD_ROUTE, e, now);
@@ -481,13 +493,13 @@ static __always_inline int nodeport_dsr_backend(struct __ctx_buff *ctx, struct n
 	struct dsr_info *d = dsr_decap(ctx, p);
 
 	if (!d)
-		return CTX_ACT_DROP;
+		return NS_DROP(SL_DROP_MALFORMED);
 	/* Only what a DSR LB node sends: TCP, and UDP unless hybrid mode
 	 * (which masquerades UDP). nodeport_lb then takes only a frontend of
 	 * a Service with a local backend. */
 	if (p->proto != IPPROTO_TCP &&
 	    (p->proto != IPPROTO_UDP || cfg->mode == NS_MODE_HYBRID))
-		return CTX_ACT_DROP;
+		return NS_DROP(SL_DROP_MALFORMED);
 	return nodeport_lb(ctx, p, cfg, d);
 }
 
@@ -530,6 +542,33 @@ static __always_inline bool ns_vlan_tagged(struct __ctx_buff *ctx)
 #endif
 }
 
+/* nodeport_dispatch sends a parsed packet to its path. */
+static __always_inline int nodeport_dispatch(struct __ctx_buff *ctx, struct ns_pkt *p,
+					     const struct ns_config *cfg)
+{
+#ifndef SLUICE_POD_LB
+	if (p->proto == IPPROTO_ICMP || p->proto == IPPROTO_ICMPV6)
+		return nodeport_icmp_ingress(ctx, p);
+	/* DSR tunnels only in a DSR mode and from the cluster's nodes: in
+	 * SNAT mode no node sends one, and the stack has them; anyone who
+	 * can spoof a node's address would reach the pods through it. */
+	if (dsr_is_tunnel(p)) {
+		if (cfg->mode == NS_MODE_SNAT)
+			return CTX_ACT_OK;
+		if (dsr_from_node(p))
+			return nodeport_dsr_backend(ctx, p, cfg);
+		/* An outer header with an option (IPv4) or a destination
+		 * options header (IPv6) is how sluice's DSR names the backend:
+		 * ours, from no node. Any other tunnel is the stack's. */
+		return p->l4_off - p->l3_off > (p->v6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr)) ?
+		       NS_DROP(SL_DROP_DSR_UNKNOWN_NODE) : CTX_ACT_OK;
+	}
+#endif /* SLUICE_POD_LB */
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return CTX_ACT_OK;
+	return nodeport_lb(ctx, p, cfg, NULL);
+}
+
 /* nodeport_ingress runs on every packet entering an external device. */
 static __always_inline int nodeport_ingress(struct __ctx_buff *ctx)
 {
@@ -542,23 +581,11 @@ static __always_inline int nodeport_ingress(struct __ctx_buff *ctx)
 	case PARSE_OK:
 		break;
 	case PARSE_DROP:
-		return CTX_ACT_DROP;
+		return ns_verdict(ctx, &p, NS_DROP(SL_DROP_MALFORMED), SL_HOOK_THIS);
 	default:
 		return CTX_ACT_OK;
 	}
-#ifndef SLUICE_POD_LB
-	if (p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6)
-		return nodeport_icmp_ingress(ctx, &p);
-	/* DSR tunnels only in a DSR mode and from the cluster's nodes: in
-	 * SNAT mode no node sends one, and anyone who can spoof a node's
-	 * address would reach the pods through it. The stack has the rest. */
-	if (dsr_is_tunnel(&p))
-		return cfg->mode != NS_MODE_SNAT && dsr_from_node(&p) ?
-		       nodeport_dsr_backend(ctx, &p, cfg) : CTX_ACT_OK;
-#endif /* SLUICE_POD_LB */
-	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
-		return CTX_ACT_OK;
-	return nodeport_lb(ctx, &p, cfg, NULL);
+	return ns_verdict(ctx, &p, nodeport_dispatch(ctx, &p, cfg), SL_HOOK_THIS);
 }
 
 #ifdef SLUICE_TC
@@ -576,13 +603,13 @@ static __always_inline int nodeport_egress(struct __ctx_buff *ctx)
 
 		if (icmp_parse_error(ctx, &p, &e) == PARSE_OK &&
 		    icmp_rev_dnat(ctx, &p, &e) < 0)
-			return CTX_ACT_DROP;
+			return ns_verdict(ctx, &p, CTX_ACT_DROP, SL_HOOK_EGRESS);
 		return CTX_ACT_OK;
 	}
 	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
 		return CTX_ACT_OK;
 	if (ns_rev_dnat(ctx, &p, cfg, ct_now(cfg)) < 0)
-		return CTX_ACT_DROP;
+		return ns_verdict(ctx, &p, CTX_ACT_DROP, SL_HOOK_EGRESS);
 	return CTX_ACT_OK;
 }
 #endif /* SLUICE_TC */

@@ -197,6 +197,9 @@ type Agent struct {
 	snatPorts string
 	// bw is the bandwidth manager (--enable-bandwidth-manager), else nil.
 	bw *bandwidthSide
+	// vis reads the datapath's events and counters (monitor.go); nil
+	// when its maps could not be opened.
+	vis *visibility
 }
 
 func newAgent(cfg *Config, log *slog.Logger, src Source, dp dataplane, pl pipeline, features []api.Feature) *Agent {
@@ -213,6 +216,7 @@ func newAgent(cfg *Config, log *slog.Logger, src Source, dp dataplane, pl pipeli
 		healthz:     api.ProxierHealth{Address: cfg.HealthzAddr},
 	}
 	a.metrics = newMetrics(src, func() dataplane { return a.dp })
+	a.metrics.reg.MustRegister(&visCollector{vis: a.visibility, perBackend: cfg.MetricsPerBackend})
 	if es, ok := src.(eventSource); ok {
 		a.events = es.EventRecorder()
 	}
@@ -283,6 +287,7 @@ func (a *Agent) run(ctx context.Context) error {
 		return err
 	}
 	a.startBandwidthDevices()
+	a.startVisibility(ctx, &wg)
 	if ns, ok := a.northSouth(); ok {
 		wg.Go(func() { a.gcLoop(ctx, ns) })
 	}
@@ -723,6 +728,18 @@ func (a *Agent) setHealthz(bound, errMsg string) {
 // Services implements api.Provider: the installed frontends, then the
 // skipped ones with why.
 func (a *Agent) Services(context.Context) ([]api.Service, error) {
+	s := a.services()
+	a.mu.Lock()
+	v := a.vis
+	a.mu.Unlock()
+	if v != nil {
+		v.withTraffic(s)
+	}
+	return s, nil
+}
+
+// services lists the installed frontends and the skipped ones.
+func (a *Agent) services() []api.Service {
 	s := a.pl.Installed()
 	if s == nil {
 		s = []api.Service{}
@@ -740,7 +757,7 @@ func (a *Agent) Services(context.Context) ([]api.Service, error) {
 		s = append(s, api.Service{Name: name, Type: k.Type, Frontend: k.Value, Backends: []api.Backend{},
 			Skipped: k.Reason + ": " + k.Message})
 	}
-	return s, nil
+	return s
 }
 
 // BPFLB implements api.Provider.

@@ -68,6 +68,16 @@ type Config struct {
 	// by default the datapath stays in place so a restart drops no flow.
 	UnloadOnExit bool
 
+	// Visibility (docs/monitor.md): the events ring's size in bytes, the
+	// events a second each CPU may write, whether drops are written with
+	// no reader, how many events the agent keeps for --since, and
+	// per-backend metrics.
+	MonitorBufferSize uint32
+	MonitorRate       uint32
+	MonitorDrops      bool
+	MonitorHistory    int
+	MetricsPerBackend bool
+
 	// MapSizeRatio is the share of the node's memory that sizes the LB,
 	// conntrack and SNAT maps not given explicitly (datapath.SizeMaps).
 	MapSizeRatio float64
@@ -105,6 +115,12 @@ const (
 	// DefaultCTGCInterval is how often dead conntrack and NAT entries are
 	// deleted; the maps are LRUs, so a late collection only costs space.
 	DefaultCTGCInterval = 30 * time.Second
+	// DefaultMonitorRate bounds what a flood of drops costs: 1000 events
+	// a second per CPU, about 100 KB/s of ring per CPU.
+	DefaultMonitorRate = 1000
+	// DefaultMonitorHistory is the events kept for --since: 4096 events
+	// of about 300 bytes.
+	DefaultMonitorHistory = 4096
 )
 
 // AddFlags registers the agent's flags on fs, with Cilium's names where
@@ -159,6 +175,14 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.CTTimeoutFIN, "bpf-ct-timeout-regular-tcp-fin", lbmap.DefaultTCPCloseTimeout*time.Second, "conntrack lifetime of a closing TCP flow")
 	fs.DurationVar(&c.CTTimeoutAny, "bpf-ct-timeout-regular-any", lbmap.DefaultUDPTimeout*time.Second, "conntrack lifetime of a UDP flow")
 	fs.BoolVar(&c.UnloadOnExit, "unload-on-exit", false, "detach every program and remove the pins on exit (default: leave the datapath in place so a restart drops no flow)")
+	fs.Uint32Var(&c.MonitorBufferSize, "monitor-buffer-size", datapath.DefaultEventsBytes,
+		"bytes of the datapath's events ring (`sluice monitor`): a power of two, at least a page")
+	fs.Uint32Var(&c.MonitorRate, "monitor-rate", DefaultMonitorRate,
+		"events a second each CPU may write to the ring (drops, and traces while `sluice monitor` asks for them); the rest are counted in sluice_monitor_events_suppressed_total")
+	fs.BoolVar(&c.MonitorDrops, "monitor-drops", true, "write drop events with no reader attached, for `sluice monitor --since` (counters count drops either way)")
+	fs.IntVar(&c.MonitorHistory, "monitor-history", DefaultMonitorHistory, "events the agent keeps for `sluice monitor --since`")
+	fs.BoolVar(&c.MetricsPerBackend, "metrics-per-backend", false,
+		"export packets, bytes and connections per backend as well as per frontend (a series per backend: mind the cardinality)")
 	fs.BoolVar(&c.XDPGeneric, "xdp-generic", false, "attach XDP in generic mode (tests only)")
 	_ = fs.MarkHidden("xdp-generic")
 }
@@ -292,6 +316,17 @@ func (c *Config) Validate() error {
 	}
 	if c.BBR && !c.BandwidthMgr {
 		bad("enable-bbr", true, "needs --enable-bandwidth-manager")
+	}
+	if err := datapath.CheckEventsBytes(c.MonitorBufferSize); err != nil {
+		bad("monitor-buffer-size", c.MonitorBufferSize, "%v", err)
+	} else if c.MonitorBufferSize > 1<<30 {
+		bad("monitor-buffer-size", c.MonitorBufferSize, "at most 1 GiB")
+	}
+	if c.MonitorRate > 1_000_000 {
+		bad("monitor-rate", c.MonitorRate, "at most 1000000 events a second per CPU")
+	}
+	if c.MonitorHistory < 0 || c.MonitorHistory > 1_000_000 {
+		bad("monitor-history", c.MonitorHistory, "want 0 to 1000000 events")
 	}
 	if c.XDPGeneric && c.LBAcceleration == "disabled" {
 		bad("xdp-generic", true, "needs --lb-acceleration=native or best-effort")

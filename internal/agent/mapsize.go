@@ -19,6 +19,7 @@ func chooseMapSizes(cfg *Config, log *slog.Logger) (datapath.ChosenSizes, error)
 	}
 	in.MemTotal = mem // only logged when the ratio is 0
 	c := datapath.SizeMaps(in)
+	c.LB.Events = cfg.MonitorBufferSize
 	args := []any{"memTotal", mib(in.MemTotal), "ratio", cfg.MapSizeRatio, "budget", mib(c.Budget)}
 	for _, m := range c.Maps {
 		args = append(args, m.Name, mapSizeSource(m, cfg.MapSizeRatio))

@@ -208,6 +208,9 @@ func every(ctx context.Context, interval time.Duration, fn func()) {
 func (a *Agent) collectGarbage(ns northSouthDataplane) {
 	r, err := ns.CollectGarbage()
 	a.metrics.observeGC(r, err)
+	if v := a.visibility(); v != nil {
+		v.publishGC(r.ctDeleted, r.natDeleted)
+	}
 	// Logged once per change, not every interval it persists.
 	if err != nil {
 		a.warn("ct-gc", api.Warning{Subsystem: "conntrack", Message: "conntrack garbage collection failed: " + err.Error(),

@@ -49,6 +49,7 @@ func Handler(p Provider) http.Handler {
 		v, err := p.BPFNAT(r.Context())
 		reply(w, v, err)
 	})
+	mux.HandleFunc("GET "+PathMonitor, serveMonitor(p))
 	mux.HandleFunc("GET "+PathBPFBandwidth, func(w http.ResponseWriter, r *http.Request) {
 		bp, ok := p.(BandwidthProvider)
 		if !ok {

@@ -180,6 +180,17 @@ type Service struct {
 	// Skipped says why this frontend is not in the maps (reason: message);
 	// such an entry has no ID and no backends.
 	Skipped string `json:"skipped,omitempty"`
+	// Traffic is the frontend's counters (nil: the agent has none).
+	Traffic *Traffic `json:"traffic,omitempty"`
+}
+
+// Traffic is a frontend's or a backend's counters since it was installed:
+// packets and bytes from clients through tc/XDP, and new flows (tc/XDP
+// flows, socket-LB connects, unconnected UDP datagrams).
+type Traffic struct {
+	Packets uint64 `json:"packets"`
+	Bytes   uint64 `json:"bytes"`
+	Conns   uint64 `json:"conns"`
 }
 
 // Backend states as `sluice service list` shows them.
@@ -195,13 +206,14 @@ const ScopeInternal = "internal"
 
 // Backend is one backend of a Service frontend.
 type Backend struct {
-	ID      uint32 `json:"id"`
-	Address string `json:"address"` // addr:port/proto
-	State   string `json:"state"`
-	Node    string `json:"node,omitempty"`
-	Pod     string `json:"pod,omitempty"`
-	Local   bool   `json:"local,omitempty"` // runs on this node
-	Scope   string `json:"scope,omitempty"` // "" (all traffic) or ScopeInternal
+	ID      uint32   `json:"id"`
+	Address string   `json:"address"` // addr:port/proto
+	State   string   `json:"state"`
+	Node    string   `json:"node,omitempty"`
+	Pod     string   `json:"pod,omitempty"`
+	Local   bool     `json:"local,omitempty"` // runs on this node
+	Scope   string   `json:"scope,omitempty"` // "" (all traffic) or ScopeInternal
+	Traffic *Traffic `json:"traffic,omitempty"`
 }
 
 // BPFLB is a raw dump of the load balancer maps.

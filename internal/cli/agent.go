@@ -42,7 +42,7 @@ func (o *agentOptions) client() (*api.Client, error) {
 
 // agentCommands returns the commands that query a running sluice-agent.
 func agentCommands() []*cobra.Command {
-	return []*cobra.Command{statusCommand(), serviceCommand(), bpfCommand()}
+	return []*cobra.Command{statusCommand(), serviceCommand(), bpfCommand(), monitorCommand()}
 }
 
 func statusCommand() *cobra.Command {
@@ -467,7 +467,7 @@ func ago(t time.Time) string {
 // like `cilium service list`.
 func writeServices(w io.Writer, svcs []api.Service) error {
 	tw := newTable(w)
-	fmt.Fprintln(tw, "ID\tFrontend\tService Type\tName\tFlags\tBackend")
+	fmt.Fprintln(tw, "ID\tFrontend\tService Type\tName\tFlags\tTraffic\tBackend")
 	for _, s := range svcs {
 		name := s.Name
 		if name == "" {
@@ -477,9 +477,9 @@ func writeServices(w io.Writer, svcs []api.Service) error {
 		if flags == "" {
 			flags = "-"
 		}
-		head := fmt.Sprintf("%d\t%s\t%s\t%s\t%s", s.ID, s.Frontend, s.Type, name, flags)
+		head := fmt.Sprintf("%d\t%s\t%s\t%s\t%s\t%s", s.ID, s.Frontend, s.Type, name, flags, traffic(s.Traffic))
 		if s.Skipped != "" {
-			fmt.Fprintf(tw, "-\t%s\t%s\t%s\t%s\t(SKIPPED, not programmed: %s)\n", s.Frontend, s.Type, name, flags, s.Skipped)
+			fmt.Fprintf(tw, "-\t%s\t%s\t%s\t%s\t-\t(SKIPPED, not programmed: %s)\n", s.Frontend, s.Type, name, flags, s.Skipped)
 			continue
 		}
 		if len(s.Backends) == 0 {
@@ -498,14 +498,39 @@ func writeServices(w io.Writer, svcs []api.Service) error {
 			if b.Pod != "" {
 				be += " " + b.Pod
 			}
+			if b.Traffic != nil {
+				be += " [" + traffic(b.Traffic) + "]"
+			}
 			if i == 0 {
 				fmt.Fprintf(tw, "%s\t%s\n", head, be)
 			} else {
-				fmt.Fprintf(tw, "\t\t\t\t\t%s\n", be)
+				fmt.Fprintf(tw, "\t\t\t\t\t\t%s\n", be)
 			}
 		}
 	}
 	return tw.Flush()
+}
+
+// traffic is a frontend's or a backend's counters in a few characters:
+// new flows, then packets and bytes through tc/XDP.
+func traffic(t *api.Traffic) string {
+	if t == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%d conns, %d pkts, %s", t.Conns, t.Packets, humanBytes(t.Bytes))
+}
+
+func humanBytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 // writeBPFLB prints the raw map contents, one table per map.

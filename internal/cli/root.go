@@ -17,7 +17,7 @@ func NewRoot() *cobra.Command {
 	}
 	root.AddCommand(agentCommands()...) // status, service, bpf: agent.go
 	labCmd := lab.NewCommand()          // lab: internal/lab
-	labCmd.AddCommand(labFloodCommand())
+	labCmd.AddCommand(labFloodCommand(), labMonitorCommand())
 	root.AddCommand(labCmd)
 	root.AddCommand(benchCommand())
 	root.AddCommand(dnsCommand())

@@ -7,6 +7,9 @@ package datapath
 // MapSizes are the max_entries of the load balancer's maps.
 type MapSizes struct {
 	Services, Backends, RevNat, SockRev, Affinity, NodeIPs uint32
+	// Events is the size in bytes of the events ring (sl_events): a
+	// power of two, at least a page.
+	Events uint32
 }
 
 // DefaultMapSizes returns the sizes used when the agent is given none.
@@ -18,6 +21,7 @@ func DefaultMapSizes() MapSizes {
 		SockRev:  262144,
 		Affinity: 65536,
 		NodeIPs:  1024,
+		Events:   DefaultEventsBytes,
 	}
 }
 
@@ -30,5 +34,6 @@ func (s MapSizes) byName() map[string]uint32 {
 		socklbMapLbSockRev:  s.SockRev,
 		socklbMapLbAffinity: s.Affinity,
 		socklbMapLbNodeIps:  s.NodeIPs,
+		socklbMapSlEvents:   s.Events,
 	}
 }

@@ -201,6 +201,10 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 				ms.MaxEntries = size
 			}
 		}
+		if err := replaceTransientPins(o.spec, opts.BPFRoot); err != nil {
+			closeMigrations(n.migrations)
+			return nil, fmt.Errorf("load %s LB: %w", o.name, err)
+		}
 		ms, err := migratePins(o.spec, opts.BPFRoot, opts.Logf)
 		if err != nil {
 			closeMigrations(n.migrations)

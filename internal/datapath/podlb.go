@@ -61,6 +61,9 @@ func LoadPodLB(opts NorthSouthOptions) (*PodLB, error) {
 	if err := prepareMaglevPin(opts.BPFRoot, maglevSize); err != nil {
 		return nil, err
 	}
+	if err := replaceTransientPins(spec, opts.BPFRoot); err != nil {
+		return nil, fmt.Errorf("load pod LB: %w", err)
+	}
 	// LoadNorthSouth, loaded first with the same options, has migrated
 	// the shared maps already; should this load first, it migrates them.
 	ms, err := migratePins(spec, opts.BPFRoot, opts.Logf)

@@ -102,6 +102,9 @@ func LoadSockLB(opts SockLBOptions) (*SockLB, error) {
 	for name, n := range sizes.byName() {
 		spec.Maps[name].MaxEntries = n
 	}
+	if err := replaceTransientPins(spec, opts.BPFRoot); err != nil {
+		return nil, fmt.Errorf("load socket LB: %w", err)
+	}
 	migrations, err := migratePins(spec, opts.BPFRoot, opts.Logf)
 	if err != nil {
 		return nil, fmt.Errorf("load socket LB: %w", err)
@@ -133,6 +136,7 @@ func (s MapSizes) withDefaults() MapSizes {
 	for _, f := range []struct{ v, def *uint32 }{
 		{&s.Services, &d.Services}, {&s.Backends, &d.Backends}, {&s.RevNat, &d.RevNat},
 		{&s.SockRev, &d.SockRev}, {&s.Affinity, &d.Affinity}, {&s.NodeIPs, &d.NodeIPs},
+		{&s.Events, &d.Events},
 	} {
 		if *f.v == 0 {
 			*f.v = *f.def
@@ -149,21 +153,30 @@ func checkPins(spec *ebpf.CollectionSpec, root string) error {
 			continue
 		}
 		path := filepath.Join(root, name)
-		m, err := ebpf.LoadPinnedMap(path, nil)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
+		mismatch, err := pinMismatch(ms, path)
 		if err != nil {
-			return fmt.Errorf("open pinned map %s: %w", path, err)
+			return err
 		}
-		err = ms.Compatible(m)
-		m.Close()
-		if err != nil {
+		if mismatch != nil {
 			return fmt.Errorf("pinned map %s does not match this build (%w); "+
-				"remove the pins under %s to start with empty maps", path, err, root)
+				"remove the pins under %s to start with empty maps", path, mismatch, root)
 		}
 	}
 	return nil
+}
+
+// pinMismatch says how the map pinned at path differs from ms (nil: it
+// matches, or there is none).
+func pinMismatch(ms *ebpf.MapSpec, path string) (mismatch, err error) {
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open pinned map %s: %w", path, err)
+	}
+	defer m.Close()
+	return ms.Compatible(m), nil
 }
 
 // Maps returns the service, backend, rev NAT and node IP maps.
@@ -268,11 +281,35 @@ func (s *SockLB) MapFill() []MapFill {
 		// lb_config is left out: an array is always "full", and its one
 		// entry is configuration, not state that can run out.
 	}
-	out := make([]MapFill, 0, len(named))
+	out := make([]MapFill, 0, len(named)+2)
 	for _, n := range named {
 		out = append(out, MapFill{Name: n.name, Entries: countEntries(n.m), Max: int(n.m.MaxEntries())})
 	}
+	// The per-CPU counters: a full map leaves new frontends and backends
+	// uncounted.
+	for _, n := range []struct {
+		name string
+		m    *ebpf.Map
+	}{{FrontendStatsName, m.SlFeStats}, {BackendStatsName, m.SlBeStats}} {
+		out = append(out, MapFill{Name: n.name, Entries: countKeys(n.m), Max: int(n.m.MaxEntries())})
+	}
 	return out
+}
+
+// countKeys counts a map's keys without reading values (a per-CPU map's
+// are one per CPU).
+func countKeys(m *ebpf.Map) int {
+	var key uint32
+	n := 0
+	prev := any(nil)
+	for {
+		if err := m.NextKey(prev, &key); err != nil {
+			return n
+		}
+		n++
+		k := key
+		prev = &k
+	}
 }
 
 // countEntries counts what an iteration sees; the LRU maps change while

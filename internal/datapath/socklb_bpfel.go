@@ -23,6 +23,12 @@ const (
 	socklbMapLbRevNat          = "lb_rev_nat"
 	socklbMapLbServices        = "lb_services"
 	socklbMapLbSockRev         = "lb_sock_rev"
+	socklbMapSlBeStats         = "sl_be_stats"
+	socklbMapSlDrops           = "sl_drops"
+	socklbMapSlEvConfig        = "sl_ev_config"
+	socklbMapSlEvRate          = "sl_ev_rate"
+	socklbMapSlEvents          = "sl_events"
+	socklbMapSlFeStats         = "sl_fe_stats"
 	socklbProgSock4Bind        = "sock4_bind"
 	socklbProgSock4Connect     = "sock4_connect"
 	socklbProgSock4Getpeername = "sock4_getpeername"
@@ -100,6 +106,12 @@ type socklbMapSpecs struct {
 	LbRevNat   *ebpf.MapSpec `ebpf:"lb_rev_nat"`
 	LbServices *ebpf.MapSpec `ebpf:"lb_services"`
 	LbSockRev  *ebpf.MapSpec `ebpf:"lb_sock_rev"`
+	SlBeStats  *ebpf.MapSpec `ebpf:"sl_be_stats"`
+	SlDrops    *ebpf.MapSpec `ebpf:"sl_drops"`
+	SlEvConfig *ebpf.MapSpec `ebpf:"sl_ev_config"`
+	SlEvRate   *ebpf.MapSpec `ebpf:"sl_ev_rate"`
+	SlEvents   *ebpf.MapSpec `ebpf:"sl_events"`
+	SlFeStats  *ebpf.MapSpec `ebpf:"sl_fe_stats"`
 }
 
 // socklbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -135,6 +147,12 @@ type socklbMaps struct {
 	LbRevNat   *ebpf.Map `ebpf:"lb_rev_nat"`
 	LbServices *ebpf.Map `ebpf:"lb_services"`
 	LbSockRev  *ebpf.Map `ebpf:"lb_sock_rev"`
+	SlBeStats  *ebpf.Map `ebpf:"sl_be_stats"`
+	SlDrops    *ebpf.Map `ebpf:"sl_drops"`
+	SlEvConfig *ebpf.Map `ebpf:"sl_ev_config"`
+	SlEvRate   *ebpf.Map `ebpf:"sl_ev_rate"`
+	SlEvents   *ebpf.Map `ebpf:"sl_events"`
+	SlFeStats  *ebpf.Map `ebpf:"sl_fe_stats"`
 }
 
 func (m *socklbMaps) Close() error {
@@ -146,6 +164,12 @@ func (m *socklbMaps) Close() error {
 		m.LbRevNat,
 		m.LbServices,
 		m.LbSockRev,
+		m.SlBeStats,
+		m.SlDrops,
+		m.SlEvConfig,
+		m.SlEvRate,
+		m.SlEvents,
+		m.SlFeStats,
 	)
 }
 

@@ -34,6 +34,12 @@ const (
 	tclbMapNsPodIfaces       = "ns_pod_ifaces"
 	tclbMapNsScratchMap      = "ns_scratch_map"
 	tclbMapNsTunnel          = "ns_tunnel"
+	tclbMapSlBeStats         = "sl_be_stats"
+	tclbMapSlDrops           = "sl_drops"
+	tclbMapSlEvConfig        = "sl_ev_config"
+	tclbMapSlEvRate          = "sl_ev_rate"
+	tclbMapSlEvents          = "sl_events"
+	tclbMapSlFeStats         = "sl_fe_stats"
 	tclbMapSnat              = "snat"
 	tclbMapSnatNew           = "snat_new"
 	tclbProgTcLbEgress       = "tc_lb_egress"
@@ -112,6 +118,12 @@ type tclbMapSpecs struct {
 	NsPodIfaces   *ebpf.MapSpec `ebpf:"ns_pod_ifaces"`
 	NsScratchMap  *ebpf.MapSpec `ebpf:"ns_scratch_map"`
 	NsTunnel      *ebpf.MapSpec `ebpf:"ns_tunnel"`
+	SlBeStats     *ebpf.MapSpec `ebpf:"sl_be_stats"`
+	SlDrops       *ebpf.MapSpec `ebpf:"sl_drops"`
+	SlEvConfig    *ebpf.MapSpec `ebpf:"sl_ev_config"`
+	SlEvRate      *ebpf.MapSpec `ebpf:"sl_ev_rate"`
+	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
+	SlFeStats     *ebpf.MapSpec `ebpf:"sl_fe_stats"`
 	Snat          *ebpf.MapSpec `ebpf:"snat"`
 	SnatNew       *ebpf.MapSpec `ebpf:"snat_new"`
 }
@@ -164,6 +176,12 @@ type tclbMaps struct {
 	NsPodIfaces   *ebpf.Map `ebpf:"ns_pod_ifaces"`
 	NsScratchMap  *ebpf.Map `ebpf:"ns_scratch_map"`
 	NsTunnel      *ebpf.Map `ebpf:"ns_tunnel"`
+	SlBeStats     *ebpf.Map `ebpf:"sl_be_stats"`
+	SlDrops       *ebpf.Map `ebpf:"sl_drops"`
+	SlEvConfig    *ebpf.Map `ebpf:"sl_ev_config"`
+	SlEvRate      *ebpf.Map `ebpf:"sl_ev_rate"`
+	SlEvents      *ebpf.Map `ebpf:"sl_events"`
+	SlFeStats     *ebpf.Map `ebpf:"sl_fe_stats"`
 	Snat          *ebpf.Map `ebpf:"snat"`
 	SnatNew       *ebpf.Map `ebpf:"snat_new"`
 }
@@ -188,6 +206,12 @@ func (m *tclbMaps) Close() error {
 		m.NsPodIfaces,
 		m.NsScratchMap,
 		m.NsTunnel,
+		m.SlBeStats,
+		m.SlDrops,
+		m.SlEvConfig,
+		m.SlEvRate,
+		m.SlEvents,
+		m.SlFeStats,
 		m.Snat,
 		m.SnatNew,
 	)

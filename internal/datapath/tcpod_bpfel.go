@@ -33,6 +33,12 @@ const (
 	tcpodMapNsPodIfaces       = "ns_pod_ifaces"
 	tcpodMapNsScratchMap      = "ns_scratch_map"
 	tcpodMapNsTunnel          = "ns_tunnel"
+	tcpodMapSlBeStats         = "sl_be_stats"
+	tcpodMapSlDrops           = "sl_drops"
+	tcpodMapSlEvConfig        = "sl_ev_config"
+	tcpodMapSlEvRate          = "sl_ev_rate"
+	tcpodMapSlEvents          = "sl_events"
+	tcpodMapSlFeStats         = "sl_fe_stats"
 	tcpodMapSnat              = "snat"
 	tcpodMapSnatNew           = "snat_new"
 	tcpodProgTcPodFromPod     = "tc_pod_from_pod"
@@ -109,6 +115,12 @@ type tcpodMapSpecs struct {
 	NsPodIfaces   *ebpf.MapSpec `ebpf:"ns_pod_ifaces"`
 	NsScratchMap  *ebpf.MapSpec `ebpf:"ns_scratch_map"`
 	NsTunnel      *ebpf.MapSpec `ebpf:"ns_tunnel"`
+	SlBeStats     *ebpf.MapSpec `ebpf:"sl_be_stats"`
+	SlDrops       *ebpf.MapSpec `ebpf:"sl_drops"`
+	SlEvConfig    *ebpf.MapSpec `ebpf:"sl_ev_config"`
+	SlEvRate      *ebpf.MapSpec `ebpf:"sl_ev_rate"`
+	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
+	SlFeStats     *ebpf.MapSpec `ebpf:"sl_fe_stats"`
 	Snat          *ebpf.MapSpec `ebpf:"snat"`
 	SnatNew       *ebpf.MapSpec `ebpf:"snat_new"`
 }
@@ -159,6 +171,12 @@ type tcpodMaps struct {
 	NsPodIfaces   *ebpf.Map `ebpf:"ns_pod_ifaces"`
 	NsScratchMap  *ebpf.Map `ebpf:"ns_scratch_map"`
 	NsTunnel      *ebpf.Map `ebpf:"ns_tunnel"`
+	SlBeStats     *ebpf.Map `ebpf:"sl_be_stats"`
+	SlDrops       *ebpf.Map `ebpf:"sl_drops"`
+	SlEvConfig    *ebpf.Map `ebpf:"sl_ev_config"`
+	SlEvRate      *ebpf.Map `ebpf:"sl_ev_rate"`
+	SlEvents      *ebpf.Map `ebpf:"sl_events"`
+	SlFeStats     *ebpf.Map `ebpf:"sl_fe_stats"`
 	Snat          *ebpf.Map `ebpf:"snat"`
 	SnatNew       *ebpf.Map `ebpf:"snat_new"`
 }
@@ -182,6 +200,12 @@ func (m *tcpodMaps) Close() error {
 		m.NsPodIfaces,
 		m.NsScratchMap,
 		m.NsTunnel,
+		m.SlBeStats,
+		m.SlDrops,
+		m.SlEvConfig,
+		m.SlEvRate,
+		m.SlEvents,
+		m.SlFeStats,
 		m.Snat,
 		m.SnatNew,
 	)

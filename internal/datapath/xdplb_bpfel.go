@@ -34,6 +34,12 @@ const (
 	xdplbMapNsPodIfaces       = "ns_pod_ifaces"
 	xdplbMapNsScratchMap      = "ns_scratch_map"
 	xdplbMapNsTunnel          = "ns_tunnel"
+	xdplbMapSlBeStats         = "sl_be_stats"
+	xdplbMapSlDrops           = "sl_drops"
+	xdplbMapSlEvConfig        = "sl_ev_config"
+	xdplbMapSlEvRate          = "sl_ev_rate"
+	xdplbMapSlEvents          = "sl_events"
+	xdplbMapSlFeStats         = "sl_fe_stats"
 	xdplbMapSnat              = "snat"
 	xdplbMapSnatNew           = "snat_new"
 	xdplbProgXdpCtClock       = "xdp_ct_clock"
@@ -112,6 +118,12 @@ type xdplbMapSpecs struct {
 	NsPodIfaces   *ebpf.MapSpec `ebpf:"ns_pod_ifaces"`
 	NsScratchMap  *ebpf.MapSpec `ebpf:"ns_scratch_map"`
 	NsTunnel      *ebpf.MapSpec `ebpf:"ns_tunnel"`
+	SlBeStats     *ebpf.MapSpec `ebpf:"sl_be_stats"`
+	SlDrops       *ebpf.MapSpec `ebpf:"sl_drops"`
+	SlEvConfig    *ebpf.MapSpec `ebpf:"sl_ev_config"`
+	SlEvRate      *ebpf.MapSpec `ebpf:"sl_ev_rate"`
+	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
+	SlFeStats     *ebpf.MapSpec `ebpf:"sl_fe_stats"`
 	Snat          *ebpf.MapSpec `ebpf:"snat"`
 	SnatNew       *ebpf.MapSpec `ebpf:"snat_new"`
 }
@@ -164,6 +176,12 @@ type xdplbMaps struct {
 	NsPodIfaces   *ebpf.Map `ebpf:"ns_pod_ifaces"`
 	NsScratchMap  *ebpf.Map `ebpf:"ns_scratch_map"`
 	NsTunnel      *ebpf.Map `ebpf:"ns_tunnel"`
+	SlBeStats     *ebpf.Map `ebpf:"sl_be_stats"`
+	SlDrops       *ebpf.Map `ebpf:"sl_drops"`
+	SlEvConfig    *ebpf.Map `ebpf:"sl_ev_config"`
+	SlEvRate      *ebpf.Map `ebpf:"sl_ev_rate"`
+	SlEvents      *ebpf.Map `ebpf:"sl_events"`
+	SlFeStats     *ebpf.Map `ebpf:"sl_fe_stats"`
 	Snat          *ebpf.Map `ebpf:"snat"`
 	SnatNew       *ebpf.Map `ebpf:"snat_new"`
 }
@@ -188,6 +206,12 @@ func (m *xdplbMaps) Close() error {
 		m.NsPodIfaces,
 		m.NsScratchMap,
 		m.NsTunnel,
+		m.SlBeStats,
+		m.SlDrops,
+		m.SlEvConfig,
+		m.SlEvRate,
+		m.SlEvents,
+		m.SlFeStats,
 		m.Snat,
 		m.SnatNew,
 	)

@@ -104,6 +104,11 @@ lb-algorithm: {{ .Values.lbAlgorithm | quote }}
 lb-mode: {{ .Values.lbMode | quote }}
 log-level: {{ .Values.logLevel | quote }}
 metrics-addr: {{ if .Values.metrics.enabled }}{{ include "sluice.hostPort" (list .Values.metrics.bindAddress .Values.metrics.port) | quote }}{{ else }}""{{ end }}
+metrics-per-backend: {{ .Values.metrics.perBackend | quote }}
+monitor-buffer-size: {{ .Values.monitor.bufferSize | int64 | toString | quote }}
+monitor-drops: {{ .Values.monitor.drops | quote }}
+monitor-history: {{ .Values.monitor.history | int64 | toString | quote }}
+monitor-rate: {{ .Values.monitor.rate | int64 | toString | quote }}
 node-port-range: {{ .Values.nodePortRange | quote }}
 nodeport-addresses: {{ join "," .Values.nodePortAddresses | quote }}
 socket-lb: {{ .Values.socketLB | quote }}

@@ -1,0 +1,140 @@
+package agent
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/monitor"
+)
+
+// The datapath's counters as Prometheus metrics, named as Cilium names
+// its own where it has one (cilium_drop_count_total, cilium_drop_bytes_total).
+var (
+	dropCountDesc = prometheus.NewDesc(metricsNamespace+"_drop_count_total",
+		"Packets the datapath dropped (or refused: a socket-LB connect), by reason (docs/monitor.md).", []string{"reason"}, nil)
+	dropBytesDesc = prometheus.NewDesc(metricsNamespace+"_drop_bytes_total",
+		"Bytes of the packets the datapath dropped, by reason.", []string{"reason"}, nil)
+	fePacketsDesc = prometheus.NewDesc(metricsNamespace+"_service_packets_total",
+		"Packets from clients to a Service frontend through tc/XDP (socket LB sends none through sluice).", []string{"service", "frontend"}, nil)
+	feBytesDesc = prometheus.NewDesc(metricsNamespace+"_service_bytes_total",
+		"Bytes from clients to a Service frontend through tc/XDP.", []string{"service", "frontend"}, nil)
+	feConnsDesc = prometheus.NewDesc(metricsNamespace+"_service_connections_total",
+		"New flows to a Service frontend: tc/XDP flows, socket-LB connects and unconnected UDP datagrams.", []string{"service", "frontend"}, nil)
+	bePacketsDesc = prometheus.NewDesc(metricsNamespace+"_backend_packets_total",
+		"Packets to a backend through tc/XDP (--metrics-per-backend).", []string{"service", "backend"}, nil)
+	beBytesDesc = prometheus.NewDesc(metricsNamespace+"_backend_bytes_total",
+		"Bytes to a backend through tc/XDP (--metrics-per-backend).", []string{"service", "backend"}, nil)
+	beConnsDesc = prometheus.NewDesc(metricsNamespace+"_backend_connections_total",
+		"New flows to a backend (--metrics-per-backend).", []string{"service", "backend"}, nil)
+	eventsDesc = prometheus.NewDesc(metricsNamespace+"_monitor_events_total",
+		"Datapath events the agent read from the ring, by type.", []string{"type"}, nil)
+	suppressedDesc = prometheus.NewDesc(metricsNamespace+"_monitor_events_suppressed_total",
+		"Events the datapath did not write: over --monitor-rate, or the ring full.", nil, nil)
+	readersDesc = prometheus.NewDesc(metricsNamespace+"_monitor_readers",
+		"`sluice monitor` streams attached.", nil, nil)
+	decodeErrsDesc = prometheus.NewDesc(metricsNamespace+"_monitor_decode_errors_total",
+		"Records of the ring that did not decode as an event.", nil, nil)
+)
+
+// visCollector reads the counters when scraped.
+type visCollector struct {
+	vis        func() *visibility
+	perBackend bool
+}
+
+func (c *visCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{dropCountDesc, dropBytesDesc, fePacketsDesc, feBytesDesc, feConnsDesc,
+		eventsDesc, suppressedDesc, readersDesc, decodeErrsDesc} {
+		ch <- d
+	}
+	if c.perBackend {
+		ch <- bePacketsDesc
+		ch <- beBytesDesc
+		ch <- beConnsDesc
+	}
+}
+
+func (c *visCollector) Collect(ch chan<- prometheus.Metric) {
+	v := c.vis()
+	if v == nil {
+		return
+	}
+	counter := func(d *prometheus.Desc, x uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(x), labels...)
+	}
+	if drops, err := v.maps.Drops(); err == nil {
+		for i, d := range drops {
+			name := monitor.ReasonName(uint8(i))
+			counter(dropCountDesc, d.Packets, name)
+			counter(dropBytesDesc, d.Bytes, name)
+		}
+	}
+	for i, t := range monitor.Types {
+		counter(eventsDesc, v.read[i].Load(), t)
+	}
+	if n, err := v.maps.Suppressed(); err == nil {
+		counter(suppressedDesc, n)
+	}
+	ch <- prometheus.MustNewConstMetric(readersDesc, prometheus.GaugeValue, float64(v.hub.Subscribers()))
+	counter(decodeErrsDesc, v.decodeErrs.Load())
+
+	svcs := v.services()
+	fe, err := v.maps.FrontendCounters()
+	if err != nil {
+		return
+	}
+	for _, s := range svcs {
+		if s.ID == 0 {
+			continue
+		}
+		x := fe[uint32(s.ID)]
+		counter(fePacketsDesc, x.Packets, s.Name, s.Frontend)
+		counter(feBytesDesc, x.Bytes, s.Name, s.Frontend)
+		counter(feConnsDesc, x.Conns, s.Name, s.Frontend)
+	}
+	if !c.perBackend {
+		return
+	}
+	be, err := v.maps.BackendCounters()
+	if err != nil {
+		return
+	}
+	seen := map[string]bool{}
+	for _, s := range svcs {
+		for _, b := range s.Backends {
+			// A backend serves a Service's frontends alike: one series.
+			key := s.Name + "\x00" + b.Address
+			if seen[key] || b.ID == 0 {
+				continue
+			}
+			seen[key] = true
+			x := be[b.ID]
+			counter(bePacketsDesc, x.Packets, s.Name, b.Address)
+			counter(beBytesDesc, x.Bytes, s.Name, b.Address)
+			counter(beConnsDesc, x.Conns, s.Name, b.Address)
+		}
+	}
+}
+
+// withTraffic adds each frontend's and backend's counters to svcs (the
+// `sluice service list` traffic column).
+func (v *visibility) withTraffic(svcs []api.Service) {
+	fe, err := v.maps.FrontendCounters()
+	if err != nil {
+		return
+	}
+	be, _ := v.maps.BackendCounters()
+	for i := range svcs {
+		s := &svcs[i]
+		if s.ID == 0 {
+			continue
+		}
+		c := fe[uint32(s.ID)]
+		s.Traffic = &api.Traffic{Packets: c.Packets, Bytes: c.Bytes, Conns: c.Conns}
+		for j := range s.Backends {
+			if c, ok := be[s.Backends[j].ID]; ok {
+				s.Backends[j].Traffic = &api.Traffic{Packets: c.Packets, Bytes: c.Bytes, Conns: c.Conns}
+			}
+		}
+	}
+}
