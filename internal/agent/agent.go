@@ -216,7 +216,7 @@ func newAgent(cfg *Config, log *slog.Logger, src Source, dp dataplane, pl pipeli
 		healthz:     api.ProxierHealth{Address: cfg.HealthzAddr},
 	}
 	a.metrics = newMetrics(src, func() dataplane { return a.dp })
-	a.metrics.reg.MustRegister(&visCollector{vis: a.visibility, perBackend: cfg.MetricsPerBackend})
+	a.metrics.register(&visCollector{vis: a.visibility, perBackend: cfg.MetricsPerBackend})
 	if es, ok := src.(eventSource); ok {
 		a.events = es.EventRecorder()
 	}

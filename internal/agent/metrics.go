@@ -58,6 +58,7 @@ type metrics struct {
 	dsrFallback prometheus.Gauge // backends DSR cannot place (dsr.go)
 
 	bandwidthPods *prometheus.GaugeVec // limited and badly annotated Pods (bandwidth.go)
+	collectors    []prometheus.Collector
 }
 
 // latencyBuckets span 100µs (one change) to 30s (a cold start at scale).
@@ -141,11 +142,18 @@ func newMetrics(src Source, dp func() dataplane) *metrics {
 	}
 	m.dsrFallback = newDSRFallbackGauge()
 	m.bandwidthPods = newBandwidthPodsGauge()
-	m.reg.MustRegister(m.ctEntries, m.gcDeleted, m.gcRuns, m.gcFailures, m.skipped, m.dsrFallback, m.bandwidthPods)
-	m.reg.MustRegister(m.syncDuration, m.syncs, m.syncFailures, m.services, m.frontends, m.backends,
+	m.register(m.ctEntries, m.gcDeleted, m.gcRuns, m.gcFailures, m.skipped, m.dsrFallback, m.bandwidthPods)
+	m.register(m.syncDuration, m.syncs, m.syncFailures, m.services, m.frontends, m.backends,
 		m.objectErrors, m.programming, m.changeToMap, m.lastSync, m.lastQueued, m.initialList, m.initialSync, &scrapeCollector{src: src, dp: dp},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// register registers cs and keeps them, so that the metric names can be
+// listed (TestDashboardMetrics).
+func (m *metrics) register(cs ...prometheus.Collector) {
+	m.reg.MustRegister(cs...)
+	m.collectors = append(m.collectors, cs...)
 }
 
 func (m *metrics) observeSync(d time.Duration, s summary, err error) {

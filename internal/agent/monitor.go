@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -293,3 +294,6 @@ func (a *Agent) startVisibility(ctx context.Context, wg *sync.WaitGroup) {
 	})
 	wg.Go(func() { every(ctx, counterGCInterval, v.forgetCounters) })
 }
+
+// MetricsHandler implements api.MetricsProvider.
+func (a *Agent) MetricsHandler() http.Handler { return a.metrics.handler() }

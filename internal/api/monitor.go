@@ -13,6 +13,10 @@ import (
 	"strings"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	"github.com/sluice-dataplane/sluice/internal/monitor"
 )
 
@@ -160,4 +164,35 @@ func (c *Client) Monitor(ctx context.Context, q MonitorQuery, fn func(monitor.Ev
 		return fmt.Errorf("read events from sluice-agent at %s: %w", c.socket, err)
 	}
 	return nil
+}
+
+// PathMetrics serves the agent's Prometheus metrics on the API socket too,
+// for tools on the node (sluice lab metrics) whatever --metrics-addr is.
+const PathMetrics = "/metrics"
+
+// MetricsProvider is the part of the agent that serves PathMetrics.
+type MetricsProvider interface {
+	MetricsHandler() http.Handler
+}
+
+// Metrics scrapes the agent's metrics over the socket.
+func (c *Client) Metrics(ctx context.Context) (map[string]*dto.MetricFamily, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://sluice-agent"+PathMetrics, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach sluice-agent at %s: %w", c.socket, unwrapURLError(err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("sluice-agent %s: HTTP %s", PathMetrics, resp.Status)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("parse metrics of sluice-agent at %s: %w", c.socket, err)
+	}
+	return mfs, nil
 }

@@ -50,6 +50,9 @@ func Handler(p Provider) http.Handler {
 		reply(w, v, err)
 	})
 	mux.HandleFunc("GET "+PathMonitor, serveMonitor(p))
+	if mp, ok := p.(MetricsProvider); ok {
+		mux.Handle("GET "+PathMetrics, mp.MetricsHandler())
+	}
 	mux.HandleFunc("GET "+PathBPFBandwidth, func(w http.ResponseWriter, r *http.Request) {
 		bp, ok := p.(BandwidthProvider)
 		if !ok {

@@ -17,7 +17,7 @@ func NewRoot() *cobra.Command {
 	}
 	root.AddCommand(agentCommands()...) // status, service, bpf: agent.go
 	labCmd := lab.NewCommand()          // lab: internal/lab
-	labCmd.AddCommand(labFloodCommand(), labMonitorCommand())
+	labCmd.AddCommand(labFloodCommand(), labMonitorCommand(), labMetricsCommand())
 	root.AddCommand(labCmd)
 	root.AddCommand(benchCommand())
 	root.AddCommand(dnsCommand())
