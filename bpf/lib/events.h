@@ -117,12 +117,21 @@ static __always_inline struct sl_event *sl_ev_reserve(void)
 	const struct sl_ev_config *c = bpf_map_lookup_elem(&sl_ev_config, &zero);
 	struct sl_ev_rate *r = bpf_map_lookup_elem(&sl_ev_rate, &zero);
 	struct sl_event *ev;
-	__u64 now = bpf_ktime_get_ns(), sec = now / NSEC_PER_SEC;
+	__u64 now, second;
 
 	if (!c || !r)
 		return NULL;
-	if (r->second != sec) {
-		r->second = sec;
+	/* jiffies cost a load where a clock read costs tens of ns: a flood
+	 * of drops past the rate pays for the check alone. */
+	if (c->hz) {
+		now = bpf_jiffies64();
+		second = c->hz;
+	} else {
+		now = bpf_ktime_get_ns();
+		second = NSEC_PER_SEC;
+	}
+	if (now - r->start >= second) {
+		r->start = now;
 		r->sent = 0;
 	}
 	if (r->sent >= c->rate) {
@@ -136,7 +145,7 @@ static __always_inline struct sl_event *sl_ev_reserve(void)
 	}
 	r->sent++;
 	__builtin_memset(ev, 0, sizeof(*ev));
-	ev->ts = now;
+	ev->ts = bpf_ktime_get_ns();
 	return ev;
 }
 

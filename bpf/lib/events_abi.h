@@ -63,6 +63,8 @@ enum sl_mode {
 struct sl_ev_config {
 	__u32 flags; /* SL_EVF_* */
 	__u32 rate;  /* events a second per CPU; 0 = none */
+	__u32 hz;    /* CONFIG_HZ: the rate's second in jiffies (0: by ktime) */
+	__u32 pad;
 	/* No room taken: these put the event's layout and the enums into the
 	 * objects' BTF (this is a map's value type), where the Go side checks
 	 * its copy of them. */
@@ -72,9 +74,10 @@ struct sl_ev_config {
 	enum sl_mode        btf_modes[0];
 };
 
-/* Per CPU: the rate limiter's second and what it let through or held back. */
+/* Per CPU: the rate limiter's second (when it started, in jiffies, or
+ * in ns without hz) and what it let through or held back. */
 struct sl_ev_rate {
-	__u64 second;
+	__u64 start;
 	__u32 sent;       /* this second */
 	__u32 pad;
 	__u64 suppressed; /* ever: over the rate or the ring full */

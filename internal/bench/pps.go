@@ -19,6 +19,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -67,6 +68,10 @@ type PPSConfig struct {
 // AllContenders in the order they run.
 var AllContenders = []string{ContenderForwarder, ContenderXDP, ContenderTC, ContenderNFTables, ContenderIPTables}
 
+// MonitorContenders are the XDP program's event settings, beside
+// sluice-xdp (drops only, no reader): run with --contenders.
+var MonitorContenders = []string{ContenderXDPEventsOff, ContenderXDP, ContenderXDPTraced}
+
 // DefaultPPSConfig is what `sluice bench pps` runs without flags.
 func DefaultPPSConfig() PPSConfig {
 	return PPSConfig{Duration: 3 * time.Second, Repeats: 3, Flows: 1024, FrameLen: 60, ProgRepeat: 1_000_000, NodeCPU: -1, Topology: TopologyOneNIC}
@@ -95,8 +100,8 @@ func (c PPSConfig) Validate() error {
 		return fmt.Errorf("topology %q: want one of %v", c.Topology, Topologies)
 	}
 	for _, name := range c.Contenders {
-		if !slices.Contains(AllContenders, name) {
-			return fmt.Errorf("contender %q: want one of %v", name, AllContenders)
+		if !slices.Contains(AllContenders, name) && !slices.Contains(MonitorContenders, name) {
+			return fmt.Errorf("contender %q: want one of %v", name, slices.Concat(AllContenders, MonitorContenders[:1], MonitorContenders[2:]))
 		}
 	}
 	return nil
@@ -407,6 +412,8 @@ var contenders = []contender{
 	{ContenderForwarder, "forwarding ceiling: a bare XDP program on eth0 that rewrites addresses and port as the translation does (checksums updated), no lookup, no state, ", attachForwarder},
 	{ContenderXDP, "sluice xdp_lb_ingress, native XDP on eth0: flow cache (conntrack once a CT second), DNAT+SNAT, ", attachXDP},
 	{ContenderTC, "sluice tc_lb_ingress, tcx ingress on eth0 (XDP_PASS for NAPI): flow cache (conntrack once a CT second), DNAT+SNAT, ", attachTC},
+	{ContenderXDPEventsOff, "sluice xdp_lb_ingress as sluice-xdp, events off (no drop events either), ", attachXDPEvents(0, false)},
+	{ContenderXDPTraced, "sluice xdp_lb_ingress as sluice-xdp, every event on (drops, new flows, conntrack) and a reader draining the ring, ", attachXDPEvents(allEvents, true)},
 	{ContenderNFTables, "kernel forwarding, nftables DNAT + masquerade, conntrack (reference; XDP_PASS for NAPI)", attachNFT},
 	{ContenderIPTables, "kernel forwarding, iptables-legacy DNAT + MASQUERADE, conntrack (reference; XDP_PASS for NAPI)", attachIPT},
 }
@@ -414,13 +421,13 @@ var contenders = []contender{
 // desc is c's description in topology kind: how sluice's programs send.
 func (c contender) desc(kind string) string {
 	switch {
-	case (c.name == ContenderXDP || c.name == ContenderForwarder) && kind == TopologyOneNIC:
+	case (strings.HasPrefix(c.name, ContenderXDP) || c.name == ContenderForwarder) && kind == TopologyOneNIC:
 		return c.descr + "XDP_TX"
 	case c.name == ContenderForwarder:
 		return c.descr + "bpf_redirect to eth1"
 	case c.name == ContenderTC && kind == TopologyOneNIC:
 		return c.descr + "bpf_redirect to eth0's egress"
-	case c.name == ContenderXDP || c.name == ContenderTC:
+	case strings.HasPrefix(c.name, ContenderXDP) || c.name == ContenderTC:
 		return c.descr + "bpf_redirect to eth1"
 	}
 	return c.descr
@@ -607,6 +614,62 @@ func attachXDP(p *pps) (func() error, error) {
 	}
 	return l.Close, nil
 }
+
+const allEvents = datapath.EventDrop | datapath.EventService | datapath.EventSock | datapath.EventCT
+
+// attachXDPEvents attaches the XDP program with the events flags on
+// (at the agent's default rate), and a goroutine reading the ring when
+// reader; detaching restores the agent's default (drops, no reader).
+func attachXDPEvents(flags uint32, reader bool) func(p *pps) (func() error, error) {
+	return func(p *pps) (func() error, error) {
+		v, err := p.ns.Visibility()
+		if err != nil {
+			return nil, err
+		}
+		restore := func() error {
+			defer v.Close()
+			return v.SetEventConfig(datapath.EventConfig{Flags: datapath.EventDrop, Rate: defaultEventRate})
+		}
+		if err := v.SetEventConfig(datapath.EventConfig{Flags: flags, Rate: defaultEventRate}); err != nil {
+			return nil, errors.Join(err, restore())
+		}
+		var done chan struct{}
+		var rd *ringbuf.Reader
+		if reader {
+			if rd, err = v.EventReader(); err != nil {
+				return nil, errors.Join(err, restore())
+			}
+			done = make(chan struct{})
+			go func() {
+				defer close(done)
+				for {
+					if _, err := rd.Read(); err != nil {
+						return // closed
+					}
+				}
+			}()
+		}
+		detach, err := attachXDP(p)
+		if err != nil {
+			if rd != nil {
+				rd.Close()
+				<-done
+			}
+			return nil, errors.Join(err, restore())
+		}
+		return func() error {
+			err := detach()
+			if rd != nil {
+				rd.Close()
+				<-done
+			}
+			return errors.Join(err, restore())
+		}, nil
+	}
+}
+
+// defaultEventRate is the agent's --monitor-rate default.
+const defaultEventRate = 1000
 
 func attachTC(p *pps) (func() error, error) {
 	napi, err := p.attachOnEth0(p.helpers.XdpPpsPass)

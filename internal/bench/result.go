@@ -41,10 +41,15 @@ func Summarize(samples []float64) Stats {
 
 // Contender names.
 const (
-	ContenderXDP      = "sluice-xdp"
-	ContenderTC       = "sluice-tc"
-	ContenderNFTables = "kernel-nftables"
-	ContenderIPTables = "kernel-iptables"
+	ContenderXDP = "sluice-xdp"
+	// The XDP program with the datapath's events off, and with every
+	// event on and a reader draining the ring (docs/monitor.md); plain
+	// sluice-xdp has the agent's default, drops only and no reader.
+	ContenderXDPEventsOff = "sluice-xdp-events-off"
+	ContenderXDPTraced    = "sluice-xdp-traced"
+	ContenderTC           = "sluice-tc"
+	ContenderNFTables     = "kernel-nftables"
+	ContenderIPTables     = "kernel-iptables"
 	// ContenderCeiling is the generator alone, the rate no contender can
 	// exceed here.
 	ContenderCeiling = "generator-ceiling"

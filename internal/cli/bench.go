@@ -151,7 +151,7 @@ Markdown and a bar chart (PNG) under --out. Needs root.`,
 	f.IntVar(&cfg.ProgRepeat, "prog-repeat", cfg.ProgRepeat, "BPF_PROG_RUN repeat count of one ns/packet sample")
 	f.IntVar(&cfg.NodeCPU, "node-cpu", cfg.NodeCPU, "CPU for the node's receive work: eth0's NAPI in a thread pinned there (-1: the generator's CPU, the last one)")
 	f.StringVar(&cfg.Topology, "topology", cfg.Topology, fmt.Sprintf("%s: client and backend node behind eth0 (XDP_TX); %s: the backend behind a second device (bpf_redirect)", bench.TopologyOneNIC, bench.TopologyTwoNIC))
-	f.StringSliceVar(&cfg.Contenders, "contenders", nil, fmt.Sprintf("contenders to run (default all: %v)", bench.AllContenders))
+	f.StringSliceVar(&cfg.Contenders, "contenders", nil, fmt.Sprintf("contenders to run (default all: %v; the cost of the datapath's events: %v)", bench.AllContenders, bench.MonitorContenders))
 	f.StringVar(&out, "out", "results/pps", "directory for the JSON, Markdown and PNG results")
 	f.StringVarP(&output, "output", "o", "table", "stdout format: table or json")
 	return cmd

@@ -14,7 +14,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 )
 
-func setClock(t *testing.T, n *NorthSouth, now uint64) {
+func setClock(t testing.TB, n *NorthSouth, now uint64) {
 	t.Helper()
 	must(t, n.SetConfig(lbmap.NSConfig{
 		SNATAddr4: lbmap.AddrFrom(ipNode), SNATAddr6: lbmap.AddrFrom(ipNode6), HZ: 250,

@@ -25,14 +25,14 @@ var (
 	ipNode2v6 = netip.MustParseAddr("fd00:198:18::12")
 )
 
-func setMode(t *testing.T, n *NorthSouth, mode uint32) {
+func setMode(t testing.TB, n *NorthSouth, mode uint32) {
 	t.Helper()
 	setModeOnly(t, n, mode)
 	setNodeTunnels(t, n)
 }
 
 // setModeOnly writes the mode without any tunnel entry.
-func setModeOnly(t *testing.T, n *NorthSouth, mode uint32) {
+func setModeOnly(t testing.TB, n *NorthSouth, mode uint32) {
 	t.Helper()
 	must(t, n.SetConfig(lbmap.NSConfig{
 		SNATAddr4: lbmap.AddrFrom(ipNode), SNATAddr6: lbmap.AddrFrom(ipNode6), HZ: 250,
@@ -42,7 +42,7 @@ func setModeOnly(t *testing.T, n *NorthSouth, mode uint32) {
 
 // setNodeTunnels writes node 2's entries as the agent does: its pod CIDRs,
 // and its addresses to themselves (the sources a backend node decapsulates).
-func setNodeTunnels(t *testing.T, n *NorthSouth) {
+func setNodeTunnels(t testing.TB, n *NorthSouth) {
 	t.Helper()
 	must(t, n.SetTunnel(netip.MustParsePrefix("198.18.2.0/24"), ipNode2))
 	must(t, n.SetTunnel(netip.MustParsePrefix("fd00:198:18:2::/64"), ipNode2v6))

@@ -108,13 +108,13 @@ var cleanNSLeftovers sync.Once
 // testMapSizes keeps the shared LB maps of a test's NorthSouth small.
 var testMapSizes = MapSizes{Services: 1024, Backends: 1024, RevNat: 1024, SockRev: 1024, Affinity: 1024, NodeIPs: 64}
 
-func newNorthSouth(t *testing.T) *NorthSouth {
+func newNorthSouth(t testing.TB) *NorthSouth {
 	t.Helper()
 	return newNorthSouthWith(t, nil)
 }
 
 // newNorthSouthWith is newNorthSouth with options changed by opt first.
-func newNorthSouthWith(t *testing.T, opt func(*NorthSouthOptions)) *NorthSouth {
+func newNorthSouthWith(t testing.TB, opt func(*NorthSouthOptions)) *NorthSouth {
 	t.Helper()
 	probetest.SkipUnless(t, probe.BTF, probe.TC, probe.XDP, probe.ProgRun)
 	cleanNSLeftovers.Do(func() {
@@ -146,7 +146,7 @@ func newNorthSouthWith(t *testing.T, opt func(*NorthSouthOptions)) *NorthSouth {
 	return n
 }
 
-func removeNSPins(t *testing.T, root string) {
+func removeNSPins(t testing.TB, root string) {
 	if err := errorsJoin(Unpin(root), UnpinNorthSouth(root)); err != nil {
 		t.Errorf("unpin %s: %v", root, err)
 	}
@@ -164,7 +164,7 @@ func errorsJoin(errs ...error) error {
 	return nil
 }
 
-func installPlan(t *testing.T, m lbmap.Maps) {
+func installPlan(t testing.TB, m lbmap.Maps) {
 	t.Helper()
 	wildcard := lbmap.AddrFrom(netip.IPv4Unspecified())
 	backends := map[uint32]struct {
@@ -216,7 +216,7 @@ func installPlan(t *testing.T, m lbmap.Maps) {
 	must(t, m.UpdateNodeIP(lbmap.AddrFrom(ipNode6), true))
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)

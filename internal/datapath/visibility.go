@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
@@ -68,6 +69,10 @@ func CheckEventsBytes(n uint32) error {
 type EventConfig struct {
 	Flags uint32 // EventDrop | EventService | ...
 	Rate  uint32 // events a second per CPU
+	// HZ is CONFIG_HZ, for the rate's second in jiffies; SetEventConfig
+	// fills it (KernelHZ) when zero.
+	HZ  uint32
+	Pad uint32
 }
 
 // Event flags (SL_EVF_*).
@@ -77,6 +82,9 @@ const (
 	EventSock    = 1 << 2
 	EventCT      = 1 << 3
 )
+
+// kernelHZ is KernelHZ, found once.
+var kernelHZ = sync.OnceValues(KernelHZ)
 
 // Counters are one frontend's or backend's (struct sl_counters), summed
 // over CPUs.
@@ -90,7 +98,7 @@ type DropCount struct {
 }
 
 type evRate struct {
-	Second     uint64
+	Start      uint64
 	Sent, Pad  uint32
 	Suppressed uint64
 }
@@ -136,6 +144,11 @@ func (v *Visibility) Close() error {
 // SetEventConfig sets which events the datapath writes and how many a
 // second per CPU.
 func (v *Visibility) SetEventConfig(c EventConfig) error {
+	if c.HZ == 0 {
+		// Without it the datapath reads the clock for each event
+		// it considers: slower, still right.
+		c.HZ, _ = kernelHZ()
+	}
 	if err := v.config.Update(uint32(0), &c, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("update %s: %w", EventConfigMapName, err)
 	}
