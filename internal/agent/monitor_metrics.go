@@ -21,11 +21,11 @@ var (
 	feConnsDesc = prometheus.NewDesc(metricsNamespace+"_service_connections_total",
 		"New flows to a Service frontend: tc/XDP flows, socket-LB connects and unconnected UDP datagrams.", []string{"service", "frontend"}, nil)
 	bePacketsDesc = prometheus.NewDesc(metricsNamespace+"_backend_packets_total",
-		"Packets to a backend through tc/XDP (--metrics-per-backend).", []string{"service", "backend"}, nil)
+		"Packets to a backend through tc/XDP, for every frontend it serves (--metrics-per-backend).", []string{"backend"}, nil)
 	beBytesDesc = prometheus.NewDesc(metricsNamespace+"_backend_bytes_total",
-		"Bytes to a backend through tc/XDP (--metrics-per-backend).", []string{"service", "backend"}, nil)
+		"Bytes to a backend through tc/XDP, for every frontend it serves (--metrics-per-backend).", []string{"backend"}, nil)
 	beConnsDesc = prometheus.NewDesc(metricsNamespace+"_backend_connections_total",
-		"New flows to a backend (--metrics-per-backend).", []string{"service", "backend"}, nil)
+		"New flows to a backend, for every frontend it serves (--metrics-per-backend).", []string{"backend"}, nil)
 	eventsDesc = prometheus.NewDesc(metricsNamespace+"_monitor_events_total",
 		"Datapath events the agent read from the ring, by type.", []string{"type"}, nil)
 	suppressedDesc = prometheus.NewDesc(metricsNamespace+"_monitor_events_suppressed_total",
@@ -99,19 +99,19 @@ func (c *visCollector) Collect(ch chan<- prometheus.Metric) {
 	if err != nil {
 		return
 	}
-	seen := map[string]bool{}
+	// A backend (address, port, protocol) has one ID whichever Services'
+	// frontends it serves, and one set of counters: one series each.
+	seen := map[uint32]bool{}
 	for _, s := range svcs {
 		for _, b := range s.Backends {
-			// A backend serves a Service's frontends alike: one series.
-			key := s.Name + "\x00" + b.Address
-			if seen[key] || b.ID == 0 {
+			if seen[b.ID] || b.ID == 0 {
 				continue
 			}
-			seen[key] = true
+			seen[b.ID] = true
 			x := be[b.ID]
-			counter(bePacketsDesc, x.Packets, s.Name, b.Address)
-			counter(beBytesDesc, x.Bytes, s.Name, b.Address)
-			counter(beConnsDesc, x.Conns, s.Name, b.Address)
+			counter(bePacketsDesc, x.Packets, b.Address)
+			counter(beBytesDesc, x.Bytes, b.Address)
+			counter(beConnsDesc, x.Conns, b.Address)
 		}
 	}
 }

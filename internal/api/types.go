@@ -206,13 +206,15 @@ const ScopeInternal = "internal"
 
 // Backend is one backend of a Service frontend.
 type Backend struct {
-	ID      uint32   `json:"id"`
-	Address string   `json:"address"` // addr:port/proto
-	State   string   `json:"state"`
-	Node    string   `json:"node,omitempty"`
-	Pod     string   `json:"pod,omitempty"`
-	Local   bool     `json:"local,omitempty"` // runs on this node
-	Scope   string   `json:"scope,omitempty"` // "" (all traffic) or ScopeInternal
+	ID      uint32 `json:"id"`
+	Address string `json:"address"` // addr:port/proto
+	State   string `json:"state"`
+	Node    string `json:"node,omitempty"`
+	Pod     string `json:"pod,omitempty"`
+	Local   bool   `json:"local,omitempty"` // runs on this node
+	Scope   string `json:"scope,omitempty"` // "" (all traffic) or ScopeInternal
+	// Traffic is the backend's counters, whichever frontend sent it: a
+	// backend of several Services has one ID and one set.
 	Traffic *Traffic `json:"traffic,omitempty"`
 }
 

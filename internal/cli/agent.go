@@ -499,7 +499,8 @@ func writeServices(w io.Writer, svcs []api.Service) error {
 				be += " " + b.Pod
 			}
 			if b.Traffic != nil {
-				be += " [" + traffic(b.Traffic) + "]"
+				// The backend's own, whichever frontend sent it.
+				be += " [backend: " + traffic(b.Traffic) + "]"
 			}
 			if i == 0 {
 				fmt.Fprintf(tw, "%s\t%s\n", head, be)

@@ -246,6 +246,38 @@ func TestPrivilegedMonitor(t *testing.T) {
 		}
 	})
 
+	// The same through Prometheus (the agent's /metrics, here on its API
+	// socket): drops by reason, connections by frontend.
+	t.Run("metrics", func(t *testing.T) {
+		mfs, err := api.NewClient(node1.Agent.Socket).Metrics(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		value := func(metric string, labels map[string]string) (float64, bool) {
+			mf, ok := mfs[metric]
+			if !ok {
+				return 0, false
+			}
+		next:
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if want, ok := labels[l.GetName()]; ok && want != l.GetValue() {
+						continue next
+					}
+				}
+				return m.GetCounter().GetValue(), true
+			}
+			return 0, false
+		}
+		if v, ok := value("sluice_drop_count_total", map[string]string{"reason": "no-backend"}); !ok || v < 2 {
+			t.Errorf("sluice_drop_count_total{reason=no-backend} = %v (present %v), want at least the 2 SYNs sent", v, ok)
+		}
+		fe := frontend(netip.IPv4Unspecified(), remote.nodePort(), corev1.ProtocolTCP)
+		if v, ok := value("sluice_service_connections_total", map[string]string{"frontend": fe}); !ok || v < 5 {
+			t.Errorf("sluice_service_connections_total{frontend=%s} = %v (present %v), want the 5 requests", fe, v, ok)
+		}
+	})
+
 	// Bad filters are refused with what exists.
 	out, err := exec.CommandContext(t.Context(), filepath.Join(env.binDir, "sluice"), "monitor", "--api-socket", node1.Agent.Socket,
 		"--reason", "no-such-reason").CombinedOutput()
