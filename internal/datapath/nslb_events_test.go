@@ -183,3 +183,73 @@ func TestPrivilegedEventsRingResize(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// Each drop reason the BPF_PROG_RUN harness can provoke is counted under
+// its own reason and reported with it: a header that does not parse, a DSR
+// packet for a frontend with no local backend, a backend of the other
+// family, a nat port range with no free port.
+func TestPrivilegedNorthSouthDropReasons(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		v, err := n.Visibility()
+		must(t, err)
+		defer v.Close()
+		must(t, v.SetEventConfig(EventConfig{Flags: EventDrop, Rate: 1000}))
+		rd, err := v.EventReader()
+		must(t, err)
+		defer rd.Close()
+
+		// A LoadBalancer IP whose one backend is IPv6.
+		m := n.Maps()
+		lbFamily := netip.MustParseAddrPort("198.19.200.9:80")
+		must(t, m.UpdateBackend(20, lbmap.BackendValue{Addr: lbmap.AddrFrom(apRemote6.Addr()), Port: lbmap.PortFrom(apRemote6.Port()), Proto: bpftest.TCP}))
+		key := lbmap.ServiceKey{Addr: lbmap.AddrFrom(lbFamily.Addr()), Port: lbmap.PortFrom(lbFamily.Port()), Proto: bpftest.TCP, Scope: lbmap.ScopeExternal}
+		must(t, m.UpdateService(key, lbmap.ServiceValue{Count: 1, RevNatID: 20, Flags: lbmap.SvcFlagLoadBalancer}))
+		key.Slot = 1
+		must(t, m.UpdateService(key, lbmap.ServiceValue{BackendID: 20, RevNatID: 20}))
+
+		malformed := bpftest.Must(tcpSyn(client(43000), apLBTCP))
+		malformed[14] = 0x44 // IHL 4: shorter than an IPv4 header
+
+		for _, c := range []struct {
+			reason string
+			setup  func()
+			frames [][]byte
+		}{
+			{"malformed", nil, [][]byte{malformed}},
+			{"family", nil, [][]byte{bpftest.Must(tcpSyn(client(43001), lbFamily))}},
+			{"dsr-no-service", func() { setMode(t, n, lbmap.ModeDSR) },
+				[][]byte{bpftest.Must(bpftest.Encap{Src: ipNode2, Dst: ipNode, Inner: tcpSyn(client(43002), netip.AddrPortFrom(ipNode2, 22))})}},
+			// One nat port: the second flow to the same backend finds none.
+			{"nat-exhausted", func() {
+				must(t, n.SetConfig(lbmap.NSConfig{SNATAddr4: lbmap.AddrFrom(ipNode), SNATAddr6: lbmap.AddrFrom(ipNode6), HZ: 250,
+					ClockOverride: ctNow, SNATPortMin: snatMin, SNATPortMax: snatMin, Mode: lbmap.ModeSNAT}))
+			}, [][]byte{bpftest.Must(tcpSyn(client(43003), apLBTCP)), bpftest.Must(tcpSyn(client(43004), apLBTCP))}},
+		} {
+			if c.setup != nil {
+				c.setup()
+			}
+			before, err := v.Drops()
+			must(t, err)
+			for _, f := range c.frames {
+				if _, err := bpftest.Run(prog, f); err != nil {
+					t.Fatal(err)
+				}
+			}
+			after, err := v.Drops()
+			must(t, err)
+			var idx int
+			for i, r := range monitor.DropReasons {
+				if r.Name == c.reason {
+					idx = i
+				}
+			}
+			if got := after[idx].Packets - before[idx].Packets; got != 1 {
+				t.Errorf("%s (%s): drops[%s] went up by %d, want 1 (all reasons before %v, after %v)", c.reason, kind.name, c.reason, got, before, after)
+			}
+			evs := readEvents(t, rd)
+			if len(evs) != 1 || monitor.ReasonName(evs[0].Reason) != c.reason {
+				t.Errorf("%s (%s): events %+v, want one drop with that reason", c.reason, kind.name, evs)
+			}
+		}
+	})
+}
