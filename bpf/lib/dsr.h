@@ -204,12 +204,15 @@ struct dsr_icmp {
  * family, for the verifier) onto seed. */
 #define dsr_icmp_csum(ctx, off, len, seed) ({					void *__q = ctx_ptr(ctx, off, len);					__q ? bpf_csum_diff(NULL, 0, __q, len, seed) : -1;		})
 
-/* dsr_reply_too_big turns p (client -> frontend, untouched) into the ICMP
- * error about it, in place: the error's IP and ICMP headers go in front of
- * p's own header, which becomes the quote (with IPv6's fragment header and
- * 8 bytes of L4 header), and the rest is cut off. */
-static __always_inline int dsr_reply_too_big(struct __ctx_buff *ctx, const struct ns_pkt *p,
-					     __u32 mtu)
+/* ns_reply_icmp turns p (client -> frontend, untouched) into an ICMP error
+ * about it, in place, and sends it back: "fragmentation needed" / "packet
+ * too big" with mtu, or with mtu 0 "port unreachable" (a Service without
+ * endpoints, as kube-proxy's REJECT answers). The error's IP and ICMP
+ * headers go in front of p's own header, which becomes the quote (with
+ * IPv6's fragment header and 8 bytes of L4 header), and the rest is cut
+ * off. It is counted and reported as a drop for reason. */
+static __always_inline int ns_reply_icmp(struct __ctx_buff *ctx, const struct ns_pkt *p,
+					 __u32 mtu, __u32 reason)
 {
 	__u32 hlen = dsr_ip_hlen(p), icmp_off = p->l3_off + hlen;
 	__u32 qhdr = p->l4_off - p->l3_off, body = ICMP_ERR_HLEN + qhdr + DSR_QUOTE_L4;
@@ -219,7 +222,7 @@ static __always_inline int dsr_reply_too_big(struct __ctx_buff *ctx, const struc
 	__s64 sum;
 
 	/* Counted and reported as a drop: the packet goes no further. */
-	sl_note_drop(p, SL_DROP_TOO_BIG, ctx_len(ctx), ctx_ifindex(ctx), SL_HOOK_THIS);
+	sl_note_drop(p, reason, ctx_len(ctx), ctx_ifindex(ctx), SL_HOOK_THIS);
 	if (!ns_has_l4(p))
 		return CTX_ACT_DROP;
 	/* Only an IP header without options or extension headers (but an
@@ -255,7 +258,7 @@ static __always_inline int dsr_reply_too_big(struct __ctx_buff *ctx, const struc
 
 		ip4.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&ip4, sizeof(ip4), 0));
 		h.type = ICMP_DEST_UNREACH;
-		h.code = ICMP_FRAG_NEEDED;
+		h.code = mtu ? ICMP_FRAG_NEEDED : ICMP_PORT_UNREACH;
 		h.mtu = bpf_htonl(mtu & 0xffff); /* unused (16 bits), next-hop MTU */
 		if (ctx_store_bytes(ctx, p->l3_off, &ip4, sizeof(ip4)) ||
 		    ctx_store_bytes(ctx, icmp_off, &h, sizeof(h)))
@@ -272,8 +275,13 @@ static __always_inline int dsr_reply_too_big(struct __ctx_buff *ctx, const struc
 
 		__builtin_memcpy(&ip6.saddr, p->daddr.b, 16);
 		__builtin_memcpy(&ip6.daddr, p->saddr.b, 16);
-		h.type = ICMPV6_PKT_TOOBIG;
-		h.mtu = bpf_htonl(mtu);
+		if (mtu) {
+			h.type = ICMPV6_PKT_TOOBIG;
+			h.mtu = bpf_htonl(mtu);
+		} else {
+			h.type = ICMPV6_DEST_UNREACH;
+			h.code = ICMPV6_PORT_UNREACH;
+		}
 		if (ctx_store_bytes(ctx, p->l3_off, &ip6, sizeof(ip6)) ||
 		    ctx_store_bytes(ctx, icmp_off, &h, sizeof(h)))
 			return CTX_ACT_DROP;
@@ -294,6 +302,12 @@ static __always_inline int dsr_reply_too_big(struct __ctx_buff *ctx, const struc
 			    sizeof(h.check)))
 		return CTX_ACT_DROP;
 	return ctx_reply(ctx);
+}
+
+static __always_inline int dsr_reply_too_big(struct __ctx_buff *ctx, const struct ns_pkt *p,
+					     __u32 mtu)
+{
+	return ns_reply_icmp(ctx, p, mtu, SL_DROP_TOO_BIG);
 }
 
 /* dsr_from_node: the outer source of p is a node of the cluster. The

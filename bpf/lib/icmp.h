@@ -213,16 +213,33 @@ static __always_inline int icmp_to_backend(struct __ctx_buff *ctx, struct ns_pkt
 	port = ce->nat_port;
 	/* The client-side tuple of the masquerading, before the quote changes. */
 	ct_tuple_set(&s->tuple, &q->daddr, &addr, q->dport, port, q->proto, NAT_DIR_EGRESS);
+	if (!*local) {
+		/* Where the masquerading sends it, into the scratch: the
+		 * mapping, or when a flood evicted it (snat_new churns) its
+		 * copy in the service entry, as the forward path uses it, from
+		 * the quoted frontend (q->saddr before the rewrite below) or
+		 * the configured address. */
+		n = snat_lookup(&s->tuple);
+		if (n) {
+			__builtin_memcpy(s->nat.to_addr, n->to_addr, sizeof(s->nat.to_addr));
+			s->nat.to_port = n->to_port;
+		} else {
+			const struct ns_config *cfg = ns_cfg();
+
+			if (!cfg || !ce->snat_port)
+				return -1;
+			__builtin_memcpy(s->nat.to_addr, snat_copy_source(cfg, ce, p->v6, &q->saddr)->b,
+					 sizeof(s->nat.to_addr));
+			s->nat.to_port = ce->snat_port;
+		}
+	}
 	if (icmp_rewrite_inner(ctx, e, false, &addr, port) ||
 	    pkt_rewrite_addr(ctx, p, true, &addr))
 		return -1;
 	if (*local)
 		return 1;
-	n = snat_lookup(&s->tuple);
-	if (!n)
-		return -1;
-	__builtin_memcpy(addr.b, n->to_addr, sizeof(addr.b));
-	port = n->to_port;
+	__builtin_memcpy(addr.b, s->nat.to_addr, sizeof(addr.b));
+	port = s->nat.to_port;
 	if (icmp_rewrite_inner(ctx, e, true, &addr, port) ||
 	    pkt_rewrite_addr(ctx, p, false, &addr))
 		return -1;

@@ -28,6 +28,7 @@ struct icmp4hdr {
 #define ICMP_DEST_UNREACH  3
 #define ICMP_TIME_EXCEEDED 11
 #define ICMP_FRAG_NEEDED   4 /* code of ICMP_DEST_UNREACH */
+#define ICMP_PORT_UNREACH  3 /* code of ICMP_DEST_UNREACH */
 
 #define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_SYN 0x02

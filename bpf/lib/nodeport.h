@@ -346,9 +346,16 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	e = !tunnel && s->ct_absent ? NULL : ct_lookup(&s->tuple);
 	/* On the backend node only a local delivery: an entry of this node
 	 * as the LB node (the same tuple, sent here by a client) would send
-	 * the packet back into a tunnel. */
-	if (e && tunnel && !(e->flags & CT_F_LOCAL))
+	 * the packet back into a tunnel. That flow is stale (the client's
+	 * packets come tunnelled now: an ECMP change) and goes: left in ct,
+	 * which ct_lookup reads first, it would hide the tunnelled flow made
+	 * below in ct_new, which would then be made anew for every packet
+	 * and never promoted. */
+	if (e && tunnel && !(e->flags & CT_F_LOCAL)) {
+		if (!(e->flags & CT_F_NEW))
+			ct_delete_flow(p, e);
 		e = NULL;
+	}
 	if (e && !ct_is_new_syn(e, p->proto, p->tcp_flags, now)) {
 		backend_id = e->backend_id;
 		kind = e->flags & NS_KIND_FLAGS;
@@ -364,10 +371,15 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	if (!be && e && !(e->flags & CT_F_NEW))
 		ct_delete_flow(p, e);
 	if (!be) {
-		/* No backend: drop, as kube-proxy's REJECT stops the flow. */
-		if (svc->count == 0)
-			return NS_DROP(svc->flags & (SVC_F_ETP_LOCAL | SVC_F_ITP_LOCAL) ?
-				       SL_DROP_NO_LOCAL_BACKEND : SL_DROP_NO_BACKEND);
+		/* No backend. A traffic policy Local without a local one:
+		 * dropped, as kube-proxy drops. None at all: port
+		 * unreachable, as kube-proxy's REJECT answers, so that the
+		 * client fails at once instead of retrying its SYN. */
+		if (svc->count == 0) {
+			if (tunnel || (svc->flags & (SVC_F_ETP_LOCAL | SVC_F_ITP_LOCAL)))
+				return NS_DROP(tunnel ? SL_DROP_DSR_NO_SERVICE : SL_DROP_NO_LOCAL_BACKEND);
+			return ns_reply_icmp(ctx, p, 0, SL_DROP_NO_BACKEND);
+		}
 #ifndef SLUICE_POD_LB
 		/* A new flow only: an established one passed this check when
 		 * it was created. */

@@ -25,7 +25,7 @@ func BenchmarkEventsCost(b *testing.B) {
 		pkt  bpftest.Packet
 	}{
 		{"established", udpPkt(client(42000), apLBUDP)},
-		{"drop", tcpSyn(client(42001), netip.AddrPortFrom(ipNode, 30081))},
+		{"rejected", tcpSyn(client(42001), netip.AddrPortFrom(ipNode, 30081))}, // no endpoints: port unreachable
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			n := newNorthSouth(b)

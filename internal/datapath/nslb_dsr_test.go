@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -504,4 +505,63 @@ func frameDst(frame []byte) netip.AddrPort {
 		return netip.AddrPortFrom(addr, uint16(l4.DstPort))
 	}
 	return netip.AddrPort{}
+}
+
+// On a DSR backend node, a flow this node once balanced itself (an entry
+// in ct, as LB node) whose client tuple now arrives tunnelled (an ECMP
+// change) gives way: the tunnelled flow's entry is the one found from its
+// second packet on, counted and kept, not made anew for every packet.
+func TestPrivilegedNorthSouthDSRTunnelReplacesOwnFlow(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		setMode(t, n, lbmap.ModeDSR)
+		m := n.Maps()
+		fe := netip.MustParseAddrPort("198.19.200.7:80")
+		key := lbmap.ServiceKey{Addr: lbmap.AddrFrom(fe.Addr()), Port: lbmap.PortFrom(fe.Port()), Proto: bpftest.TCP, Scope: lbmap.ScopeExternal}
+		setBackend := func(id uint32) {
+			k := key
+			must(t, m.UpdateService(k, lbmap.ServiceValue{Count: 1, RevNatID: 30, Flags: lbmap.SvcFlagLoadBalancer}))
+			k.Slot = 1
+			must(t, m.UpdateService(k, lbmap.ServiceValue{BackendID: id, RevNatID: 30}))
+		}
+		must(t, m.UpdateRevNat(30, lbmap.RevNatValue{Addr: key.Addr, Port: key.Port}))
+		setBackend(2) // remote: this node sends the flow to node 2 (DSR)
+		syn := tcpSyn(client(44000), fe)
+		if _, err := bpftest.Run(prog, bpftest.Must(syn)); err != nil {
+			t.Fatal(err)
+		}
+		// The flow established on this node: its entry moves to ct.
+		var k, v []byte
+		moved := 0
+		for it := n.tc.CtNew.Iterate(); it.Next(&k, &v); {
+			flags := binary.LittleEndian.Uint16(v[20:])
+			binary.LittleEndian.PutUint16(v[20:], flags&^lbmap.CTFlagNew)
+			must(t, n.tc.Ct.Put(k, v))
+			must(t, n.tc.CtNew.Delete(k))
+			moved++
+		}
+		if moved != 1 {
+			t.Fatalf("%d new flows after the SYN, want 1", moved)
+		}
+		// Now the same tuple comes tunnelled from node 2, naming this
+		// node's backend.
+		setBackend(1)
+		for _, p := range []bpftest.Packet{syn, syn.With(func(p *bpftest.Packet) { p.Flags = bpftest.ACK })} {
+			in := bpftest.Encap{Src: ipNode2, Dst: ipNode, Backend: apLocal, Inner: p}
+			wantVerdict(t, kind, prog, "tunnelled "+p.String(), in, vPass)
+		}
+		recs, err := n.CT().Dump()
+		must(t, err)
+		var svc []lbmap.CTRecord
+		for _, r := range recs {
+			if r.Key.Dir == lbmap.CTDirService && r.Key.SPort.Host() == 44000 {
+				svc = append(svc, r)
+			}
+		}
+		if len(svc) != 1 || svc[0].Entry.Flags&lbmap.CTFlagLocal == 0 || svc[0].Entry.Packets != 2 {
+			for _, r := range svc {
+				t.Logf("%s: %s packets %d", r.Key, lbmap.CTFlagsString(r.Entry.Flags), r.Entry.Packets)
+			}
+			t.Errorf("%d service entries for the flow, want one, LOCAL, of 2 packets", len(svc))
+		}
+	})
 }

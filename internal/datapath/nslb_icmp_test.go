@@ -7,6 +7,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
 )
 
 // ICMP errors about translated flows reach the client as errors about the
@@ -173,5 +174,46 @@ func TestPrivilegedNorthSouthICMPFromClientSide(t *testing.T) {
 			})
 			runPacket(t, kind, prog, tc.name, in, vPass, want)
 		}
+	})
+}
+
+// A masqueraded flow whose egress SNAT mapping a flood evicted lives on
+// the copy of its nat port in its service entry (snat_port): an ICMP error
+// from the client's side about its reply still reaches the backend, as
+// node:nat port, as its packets do.
+func TestPrivilegedNorthSouthICMPFromClientSideMappingEvicted(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		flow := tcpSyn(client(46200), apLBTCP)
+		if _, err := bpftest.Run(prog, flow.MustBytes()); err != nil {
+			t.Fatal(err)
+		}
+		port := natPort(t, n, flow.Src, apRemote, flow.Proto)
+		// Evict the egress mapping (client -> backend) from both tables.
+		evicted := 0
+		for _, m := range []*ebpf.Map{n.tc.Snat, n.tc.SnatNew} {
+			var k lbmap.CTTuple
+			var v []byte
+			var keys []lbmap.CTTuple
+			for it := m.Iterate(); it.Next(&k, &v); {
+				if k.Dir == lbmap.NATDirEgress && k.SPort.Host() == flow.Src.Port() {
+					keys = append(keys, k)
+				}
+			}
+			for _, k := range keys {
+				must(t, m.Delete(k))
+				evicted++
+			}
+		}
+		if evicted != 1 {
+			t.Fatalf("%d egress mappings of the flow, want 1", evicted)
+		}
+		got := bpftest.Packet{Src: flow.Dst, Dst: flow.Src, Proto: flow.Proto, Flags: bpftest.SYN | bpftest.ACK}
+		sent := got.With(func(p *bpftest.Packet) { p.Src = apRemote; p.Dst = netip.AddrPortFrom(ipNode, port) })
+		in := bpftest.ICMPError{
+			Src: netip.MustParseAddr("198.18.0.1"), Dst: flow.Dst.Addr(), Type: bpftest.ICMPDestUnreach,
+			Code: bpftest.ICMPFragNeeded, MTU: 1400, Quote: got, QuoteL4: 8,
+		}
+		want := in.With(func(e *bpftest.ICMPError) { e.Src, e.Dst, e.Quote = ipNode, apRemote.Addr(), sent })
+		runPacket(t, kind, prog, "fragmentation needed about a reply, mapping evicted", in, vPass, want)
 	})
 }

@@ -321,7 +321,6 @@ func testTranslation(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Pr
 		},
 		{"ClusterIP from outside: untouched", tcpSyn(client(41003), apCluster), vPass, nil},
 		{"unknown port on the node: untouched", tcpSyn(client(41004), netip.AddrPortFrom(ipNode, 22)), vPass, nil},
-		{"NodePort without backends: drop", tcpSyn(client(41005), apNoBE), vDrop, nil},
 		{"IPv6 NodePort to local backend: DNAT", tcpSyn(client6(41000), apNodePort6), vPass, dnatTo(apLocal6)},
 		{"IPv6 unknown port on the node: untouched", tcpSyn(client6(41004), netip.AddrPortFrom(ipNode6, 22)), vPass, nil},
 	} {
@@ -331,6 +330,14 @@ func testTranslation(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Pr
 		}
 		runPacket(t, kind, prog, tc.name, tc.in, tc.want, out)
 	}
+	// A Service without endpoints: port unreachable back to the client,
+	// as kube-proxy's REJECT answers (the client fails at once).
+	noBE := tcpSyn(client(41005), apNoBE)
+	runPacket(t, kind, prog, "NodePort without backends: port unreachable", noBE,
+		map[string]verdict{"tc": vRedirect, "xdp": vTX}[kind.name], bpftest.ICMPError{
+			SrcMAC: bpftest.MACNode, DstMAC: bpftest.MACClient, Src: noBE.Dst.Addr(), Dst: noBE.Src.Addr(),
+			Type: bpftest.ICMPDestUnreach, Code: bpftest.ICMPPortUnreach, Quote: noBE, QuoteL4: 8, FromSluice: true,
+		})
 
 	// Remote backends: DNAT + SNAT, and the reply is translated back.
 	for _, tc := range []remoteFlow{

@@ -524,8 +524,21 @@ func TestPrivilegedMapFill(t *testing.T) {
 			t.Errorf("MapFill %s = %+v, want %+v", name, fill[name], want)
 		}
 	}
-	if len(fill) != 6 {
-		t.Errorf("MapFill covers %d maps, want the 6 that hold state", len(fill))
+	// The per-frontend counters: keys counted, values (one per CPU) not
+	// read.
+	for _, id := range []uint32{7, 9} {
+		if err := lb.objs.SlFeStats.Put(id, make([]Counters, ebpf.MustPossibleCPU())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range lb.MapFill() {
+		fill[f.Name] = f
+	}
+	if want := (MapFill{Name: FrontendStatsName, Entries: 2, Max: 65536}); fill[FrontendStatsName] != want {
+		t.Errorf("MapFill %s = %+v, want %+v", FrontendStatsName, fill[FrontendStatsName], want)
+	}
+	if len(fill) != 8 {
+		t.Errorf("MapFill covers %d maps, want the 8 that hold state (LB maps and counters)", len(fill))
 	}
 	if _, ok := fill["lb_config"]; ok {
 		t.Errorf("MapFill lists lb_config, an array that is always full")

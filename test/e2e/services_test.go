@@ -532,23 +532,37 @@ func TestPrivilegedDeletedServiceStopsAnswering(t *testing.T) {
 
 // TestPrivilegedNoBackendsRefusedAtOnce checks that a Service without
 // endpoints fails connect and sendto with ECONNREFUSED at once, as
-// kube-proxy's REJECT rule does.
+// kube-proxy's REJECT rule does: from pods and nodes (socket LB), and from
+// the external client through its NodePort (tc answers port unreachable).
 func TestPrivilegedNoBackendsRefusedAtOnce(t *testing.T) {
 	l := sharedLab(t)
 	a := addrs{k: 10}
 	svc := echoService("e2e-no-backends", a.clusterV4(), a.clusterV6())
 	svc.Spec.Selector = map[string]string{lab.LabelPod: "no-such-pod"}
+	svc.Spec.Type = corev1.ServiceTypeNodePort
+	for i := range svc.Spec.Ports {
+		svc.Spec.Ports[i].NodePort = a.nodePort()
+	}
 	apply(t, l, svc)
 	programmed(t, l, 0, frontend(a.clusterV4(), svcHTTPPort, corev1.ProtocolTCP), frontend(a.clusterV6(), svcHTTPPort, corev1.ProtocolTCP),
-		frontend(a.clusterV4(), svcUDPPort, corev1.ProtocolUDP), frontend(a.clusterV6(), svcUDPPort, corev1.ProtocolUDP))
+		frontend(a.clusterV4(), svcUDPPort, corev1.ProtocolUDP), frontend(a.clusterV6(), svcUDPPort, corev1.ProtocolUDP),
+		frontend(netip.IPv4Unspecified(), a.nodePort(), corev1.ProtocolTCP), frontend(netip.IPv4Unspecified(), a.nodePort(), corev1.ProtocolUDP))
 
 	const count = 5
-	for _, ip := range []netip.Addr{a.clusterV4(), a.clusterV6()} {
-		for _, from := range []string{l.Nodes[0].Pods[0].Name, l.Nodes[1].Name} {
+	node1 := l.Nodes[0]
+	for _, ip := range []netip.Addr{a.clusterV4(), a.clusterV6(), node1.IPv4, node1.IPv6} {
+		froms := []string{node1.Pods[0].Name, l.Nodes[1].Name}
+		if ip == node1.IPv4 || ip == node1.IPv6 {
+			froms = []string{"client"} // north-south
+		}
+		for _, from := range froms {
 			for _, kind := range []string{"tcp", "udp"} {
 				port := int32(svcHTTPPort)
 				if kind == "udp" {
 					port = svcUDPPort
+				}
+				if from == "client" {
+					port = a.nodePort()
 				}
 				addr := hostPort(ip, port)
 				t.Run(fmt.Sprintf("%s %s from %s", kind, addr, from), func(t *testing.T) {
