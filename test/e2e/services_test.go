@@ -556,7 +556,13 @@ func TestPrivilegedNoBackendsRefusedAtOnce(t *testing.T) {
 			froms = []string{"client"} // north-south
 		}
 		for _, from := range froms {
-			for _, kind := range []string{"tcp", "udp"} {
+			kinds := []string{"tcp", "udp"}
+			if from == "client" {
+				// The probe's UDP socket is unconnected: Linux reports
+				// no ICMP error to it, from sluice or kube-proxy alike.
+				kinds = []string{"tcp"}
+			}
+			for _, kind := range kinds {
 				port := int32(svcHTTPPort)
 				if kind == "udp" {
 					port = svcUDPPort
@@ -575,8 +581,16 @@ func TestPrivilegedNoBackendsRefusedAtOnce(t *testing.T) {
 					if rep.OK != 0 || rep.Errors["ECONNREFUSED"] != count {
 						t.Errorf("%s %s without backends from %s: %s; want ECONNREFUSED %d times", kind, addr, from, describe(rep), count)
 					}
-					if rep.ElapsedMS >= 1000 {
-						t.Errorf("%s %s without backends from %s: %d attempts took %.0f ms; want the refusal at once (< 1 s in all)", kind, addr, from, count, rep.ElapsedMS)
+					// From the client the refusal is an ICMP error,
+					// which the kernel takes only once connect() has
+					// let go of the socket: an answer that quick (the
+					// lab's veths) may cost one SYN retransmission (1 s).
+					limit := 1000.0
+					if from == "client" {
+						limit = 1500 * count
+					}
+					if rep.ElapsedMS >= limit {
+						t.Errorf("%s %s without backends from %s: %d attempts took %.0f ms; want the refusal at once (< %.0f ms in all)", kind, addr, from, count, rep.ElapsedMS, limit)
 					}
 				})
 			}
