@@ -197,6 +197,8 @@ type Agent struct {
 	snatPorts string
 	// bw is the bandwidth manager (--enable-bandwidth-manager), else nil.
 	bw *bandwidthSide
+	// udp hands removed UDP backends to the socket reaper (udpsockets.go).
+	udp udpReaper
 	// vis reads the datapath's events and counters (monitor.go); nil
 	// when its maps could not be opened.
 	vis *visibility
@@ -288,6 +290,9 @@ func (a *Agent) run(ctx context.Context) error {
 	}
 	a.startBandwidthDevices()
 	a.startVisibility(ctx, &wg)
+	if d, ok := a.dp.(udpDestroyer); ok && d.CanDestroyUDP() {
+		wg.Go(func() { a.reapUDP(ctx, d) })
+	}
 	if ns, ok := a.northSouth(); ok {
 		wg.Go(func() { a.gcLoop(ctx, ns) })
 	}
@@ -450,6 +455,7 @@ func (a *Agent) syncOnce(full, retry bool) syncOutcome {
 	}
 	start := time.Now()
 	sum, err := a.pl.Sync(full)
+	a.queueRemovedUDP()
 	if err == nil {
 		var skips []skip
 		skips, err = splitObjectErrors(a.afterSync(full))

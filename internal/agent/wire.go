@@ -60,6 +60,17 @@ func openDataplane(cfg *Config) (dataplane, error) {
 		return nil, fmt.Errorf("load socket LB: %w", err)
 	}
 	d := &nodeDataplane{SockLB: lb, cfg: cfg, podIfaces: map[netip.Addr]uint32{}}
+	// Connected UDP sockets to a backend that went away are destroyed
+	// where the kernel can (6.5); elsewhere they keep their backend.
+	if cfg.SocketLB {
+		if !probe.Probe().Has(probe.SockDestroy) {
+			slog.Info("connected UDP sockets to removed backends are not destroyed: the kernel lacks bpf_sock_destroy (6.5); "+
+				"an application's connected UDP socket keeps its backend until it reconnects (docs/semantics.md)")
+		} else if d.sockDestroy, err = datapath.LoadSockDestroyer(lb.SockRevMap()); err != nil {
+			slog.Warn("connected UDP sockets to removed backends are not destroyed", "err", err)
+			d.sockDestroy = nil
+		}
+	}
 	// A switch of --socket-lb detaches what an earlier agent attached for
 	// the other mode. Sockets the socket LB connected talk to backends and
 	// keep working; flows the per-packet LB translated do not survive a
@@ -116,6 +127,9 @@ type nodeDataplane struct {
 	maglev *lbmap.MaglevKernel
 	// srcRanges holds loadBalancerSourceRanges, which only tc/XDP enforce.
 	srcRanges *lbmap.SourceRangesKernel
+	// sockDestroy destroys connected UDP sockets whose backend left their
+	// frontend; nil where the kernel lacks bpf_sock_destroy.
+	sockDestroy *datapath.SockDestroyer
 
 	mu        sync.Mutex
 	podIfaces map[netip.Addr]uint32       // local backend -> host-side veth
@@ -184,6 +198,17 @@ func (d *nodeDataplane) MapFill() []api.MapFill {
 	return out
 }
 
+// DestroyUDP implements udpDestroyer: in every network namespace of the
+// node.
+func (d *nodeDataplane) DestroyUDP(targets []datapath.UDPTarget) (int, error) {
+	if d.sockDestroy == nil {
+		return 0, errNoSockDestroy
+	}
+	return d.sockDestroy.Destroy(targets, datapath.NetNamespaces())
+}
+
+var errNoSockDestroy = errors.New("no UDP socket destroyer")
+
 // Close leaves every program attached through its pinned link (a restart
 // must not drop a flow) unless --unload-on-exit, which detaches everything
 // and removes the pins.
@@ -202,6 +227,9 @@ func (d *nodeDataplane) Close() error {
 
 func (d *nodeDataplane) close() error {
 	var errs []error
+	if d.sockDestroy != nil {
+		errs = append(errs, d.sockDestroy.Close())
+	}
 	if d.pod != nil {
 		errs = append(errs, d.pod.Close())
 	}

@@ -365,3 +365,6 @@ func Unpin(bpfRoot string) error {
 
 // AffinityMap is lb_affinity, which the tc/XDP programs share.
 func (s *SockLB) AffinityMap() *ebpf.Map { return s.objs.socklbMaps.LbAffinity }
+
+// SockRevMap is lb_sock_rev, for LoadSockDestroyer.
+func (s *SockLB) SockRevMap() *ebpf.Map { return s.objs.LbSockRev }

@@ -77,6 +77,8 @@ func headroomObjects(short bool) []headroomObject {
 		{"tcpod", loadTcpod, []string{probe.BTF, probe.TC}, podConfigs},
 		{"socklb", loadSocklb, []string{probe.BTF, probe.CgroupConnect4, probe.CgroupGetpeername4,
 			probe.HelperSetRetval, probe.HelperNetnsCookie}, defaults},
+		// The UDP socket destroyer, where the kernel has its kfunc.
+		{"sockdestroy", loadSockdestroy, []string{probe.BTF, probe.SockDestroy}, defaults},
 		// sluice bench pps's generator and sinks, with its defaults.
 		{"pps", func() (*ebpf.CollectionSpec, error) { return ebpf.LoadCollectionSpec("../bench/pps_bpfel.o") },
 			[]string{probe.BTF, probe.XDP, probe.TC, probe.HelperLoop}, defaults},

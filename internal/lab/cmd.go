@@ -292,6 +292,7 @@ func probeCommand() *cobra.Command {
 			f.BoolVar(&cfg.KeepAlive, "keepalive", false, "reuse connections (default: a new connection per request)")
 		case "udp":
 			f.BoolVar(&cfg.NewSocketPerRequest, "new-socket-per-request", false, "a new socket per datagram")
+			f.BoolVar(&cfg.Connected, "connected", false, "connect() the socket and send(), as a resolver does; after an error connect a new one")
 			f.BoolVar(&cfg.V4Mapped, "v4-mapped", false, "send to an IPv4 target from an IPv6 socket")
 			f.IntVar(&cfg.Size, "size", 0, "pad each datagram to this many bytes (above the MTU: sent in fragments)")
 			f.IntVar(&cfg.ReplySize, "reply-size", 0, "ask the echo backend for replies of this many bytes, and check their size")

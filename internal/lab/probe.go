@@ -97,6 +97,11 @@ type ProbeConfig struct {
 	// NewSocketPerRequest opens a UDP socket per datagram; otherwise one
 	// socket sends them all (and should stick to one backend).
 	NewSocketPerRequest bool
+	// Connected connect()s the UDP socket to its target and sends with
+	// send(), as a resolver does; after an error (the socket destroyed
+	// under it, ECONNABORTED) the next request connects a new socket, as
+	// an application reconnects.
+	Connected bool
 	// V4Mapped sends to an IPv4 target from an AF_INET6 socket as
 	// ::ffff:a.b.c.d (udp, tcp).
 	V4Mapped bool
@@ -520,9 +525,19 @@ func ProbeUDP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
 			if err := bindSource(fd, family, cfg); err != nil {
 				return nil, err
 			}
+			if cfg.Connected {
+				if err := unix.Connect(fd, sa); err != nil {
+					return nil, fmt.Errorf("connect %s: %w", addrOfSockaddr(sa), err)
+				}
+			}
+		}
+		to := sa
+		if cfg.Connected {
+			to = nil // send() on the connected socket
 		}
 		start := time.Now()
-		if err := unix.Sendto(fd, payload, 0, sa); err != nil {
+		okBefore := rec.r.OK
+		if err := unix.Sendto(fd, payload, 0, to); err != nil {
 			rec.fail(fmt.Errorf("sendto %s: %w", addrOfSockaddr(sa), err))
 		} else if n, from, err := recvfrom(fd, buf, start.Add(cfg.Timeout)); err != nil {
 			rec.fail(fmt.Errorf("recvfrom after sendto %s: %w", addrOfSockaddr(sa), err))
@@ -533,6 +548,9 @@ func ProbeUDP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
 			name, _, _ := bytes.Cut(buf[:n], []byte("\n"))
 			rec.r.Backends[string(name)]++
 			rec.r.Peers[addrOfSockaddr(from)]++
+		}
+		if cfg.Connected && rec.r.OK == okBefore {
+			closeFD() // the next request connects again
 		}
 		if !cfg.pace(ctx, i) {
 			rec.r.Truncated = i < cfg.Count-1

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
@@ -61,6 +62,9 @@ const (
 	// keeps skb->csum right when an IPv6 address in the pseudo header
 	// changes on a CHECKSUM_COMPLETE packet (a NIC's receive checksum).
 	L4CsumIPv6 = "bpf_l4_csum_replace BPF_F_IPV6"
+	// SockDestroy: the bpf_sock_destroy kfunc (6.5), with which the agent
+	// destroys connected UDP sockets whose backend went away.
+	SockDestroy = "bpf_sock_destroy"
 )
 
 // NorthSouth lists the helpers the tc and XDP load balancer calls beyond
@@ -174,6 +178,7 @@ func probeAll() Features {
 		{HelperJiffies64, "5.5", programHelper(ebpf.SchedCLS, asm.FnJiffies64, "tc")},
 		{MapMemoryPerEntry, "6.4", mapMemoryPerEntry},
 		{L4CsumIPv6, "6.16", l4CsumIPv6},
+		{SockDestroy, "6.5", sockDestroy},
 		// Config options (CONFIG_IP_VS, CONFIG_NET_SCH_FQ), not releases:
 		// no since.
 		{IPVS, "", ipvs},
@@ -317,6 +322,19 @@ func progRun() (string, error) {
 		return "", fmt.Errorf("XDP test run returned %d, want 2", ret)
 	}
 	return "XDP", nil
+}
+
+// sockDestroy finds the bpf_sock_destroy kfunc in the kernel's BTF.
+func sockDestroy() (string, error) {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return "", fmt.Errorf("kernel BTF: %w", err)
+	}
+	var fn *btf.Func
+	if err := spec.TypeByName("bpf_sock_destroy", &fn); err != nil {
+		return "", fmt.Errorf("no kfunc bpf_sock_destroy in the kernel's BTF: %w", err)
+	}
+	return "kfunc in vmlinux BTF", nil
 }
 
 // BPFFlagIPv6 is BPF_F_IPV6 of bpf_l4_csum_replace (6.16).

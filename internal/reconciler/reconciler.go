@@ -118,6 +118,12 @@ type Reconciler struct {
 	srcRangeMaps  lbmap.SourceRangeMaps
 	srcRangeStale []staleSrcRange
 
+	// removedUDP are the backends UDP frontends lost since the last
+	// TakeRemovedUDP: sockets connected to them through the frontend are
+	// to be destroyed (datapath.SockDestroyer), as kube-proxy flushes
+	// their conntrack entries.
+	removedUDP []RemovedUDP
+
 	needFull bool
 	// failed are the Services with a frontend whose write failed for a
 	// reason that may pass; freed counts the entries the current Apply
@@ -606,7 +612,11 @@ func (r *Reconciler) setOwner(fe *frontend, name types.NamespacedName) {
 // Until a master is rewritten, every slot below its old count still names an
 // installed backend, so a lookup never dangles.
 func (r *Reconciler) syncFrontend(fe *frontend, lbs *loadbalancer.LBService) (err error) {
-	defer func() { err = errors.Join(err, r.deleteUnused()) }()
+	before := r.udpBackends(fe)
+	defer func() {
+		r.noteRemovedUDP(fe, before)
+		err = errors.Join(err, r.deleteUnused())
+	}()
 
 	if fe.revNat == 0 {
 		if fe.revNat, err = r.allocRevNat(fe.key); err != nil {
@@ -982,7 +992,9 @@ func (r *Reconciler) deleteUnused() error {
 // deleteFrontend removes a frontend: masters, slots, rev nat, then the
 // backends nothing else uses.
 func (r *Reconciler) deleteFrontend(fe *frontend) (err error) {
+	before := r.udpBackends(fe)
 	defer func() {
+		r.noteRemovedUDP(fe, before)
 		if err = errors.Join(err, r.deleteUnused()); err != nil {
 			err = fmt.Errorf("delete frontend %s: %w", fe.key.frontend(), err)
 		}
@@ -1020,6 +1032,63 @@ func (r *Reconciler) deleteFrontend(fe *frontend) (err error) {
 	}
 	delete(r.frontends, fe.key)
 	return nil
+}
+
+// RemovedUDP is a backend a UDP frontend no longer has.
+type RemovedUDP struct {
+	Frontend, Backend netip.AddrPort
+}
+
+// udpBackends returns the backends fe's slots name, by ID, when fe is a
+// UDP frontend (else nil).
+func (r *Reconciler) udpBackends(fe *frontend) map[uint32]netip.AddrPort {
+	if fe.key.proto != uint8(loadbalancer.UDP) {
+		return nil
+	}
+	out := map[uint32]netip.AddrPort{}
+	for _, sc := range fe.scopes {
+		for _, v := range sc.slots {
+			if b, ok := r.backends[v.BackendID]; ok && v.BackendID != 0 {
+				out[v.BackendID] = netip.AddrPortFrom(b.key.addr.NetIP(), b.key.port.Host())
+			}
+		}
+	}
+	return out
+}
+
+// noteRemovedUDP records the backends of before that fe's slots no longer
+// name (all of them when fe is gone).
+func (r *Reconciler) noteRemovedUDP(fe *frontend, before map[uint32]netip.AddrPort) {
+	if len(before) == 0 {
+		return
+	}
+	now := map[uint32]bool{}
+	if r.frontends[fe.key] == fe {
+		for _, sc := range fe.scopes {
+			for _, v := range sc.slots {
+				now[v.BackendID] = true
+			}
+		}
+	}
+	front := netip.AddrPortFrom(fe.key.addr.NetIP(), fe.key.port.Host())
+	for id, be := range before {
+		// Bounded for a caller that never takes them.
+		if !now[id] && len(r.removedUDP) < maxRemovedUDP {
+			r.removedUDP = append(r.removedUDP, RemovedUDP{Frontend: front, Backend: be})
+		}
+	}
+}
+
+const maxRemovedUDP = 1 << 16
+
+// TakeRemovedUDP returns the backends UDP frontends lost since the last
+// call, and forgets them.
+func (r *Reconciler) TakeRemovedUDP() []RemovedUDP {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.removedUDP
+	r.removedUDP = nil
+	return out
 }
 
 // sweep removes what a restore found but nothing uses: invalid service

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"reflect"
 	"strings"
+	"slices"
 	"testing"
 	"time"
 
@@ -839,5 +840,33 @@ func TestAffinities(t *testing.T) {
 		if len(sc.Backends) != 1 {
 			t.Errorf("after a backend left: %+v, want 1 backend", sc)
 		}
+	}
+}
+
+// A UDP frontend's lost backends are reported once each, a TCP frontend's
+// never; a frontend that goes away loses them all.
+func TestTakeRemovedUDP(t *testing.T) {
+	r := mustNew(t, lbmap.NewMemory())
+	udp := func(b lb.Backend) lb.Backend { b.Proto = lb.UDP; return b }
+	dns := svc(web, lb.ClusterIP, "198.19.0.10:53", udp(be("198.18.1.5:53", "node-1")), udp(be("198.18.2.5:53", "node-2")))
+	dns.Frontend.Proto = lb.UDP
+	tcp := svc(api, lb.ClusterIP, "198.19.0.11:80", be("198.18.1.5:80", "node-1"), be("198.18.2.5:80", "node-2"))
+	mustApply(t, r, state(dns, tcp), nil)
+	if got := r.TakeRemovedUDP(); len(got) != 0 {
+		t.Fatalf("after the first apply: %v", got)
+	}
+	dns.Backends, tcp.Backends = dns.Backends[:1], tcp.Backends[:1]
+	mustApply(t, r, state(dns, tcp), nil)
+	want := []RemovedUDP{{netip.MustParseAddrPort("198.19.0.10:53"), netip.MustParseAddrPort("198.18.2.5:53")}}
+	if got := r.TakeRemovedUDP(); !slices.Equal(got, want) {
+		t.Errorf("one UDP backend gone: %v, want %v", got, want)
+	}
+	if got := r.TakeRemovedUDP(); len(got) != 0 {
+		t.Errorf("taken twice: %v", got)
+	}
+	mustApply(t, r, state(tcp), nil)
+	want = []RemovedUDP{{netip.MustParseAddrPort("198.19.0.10:53"), netip.MustParseAddrPort("198.18.1.5:53")}}
+	if got := r.TakeRemovedUDP(); !slices.Equal(got, want) {
+		t.Errorf("UDP Service gone: %v, want %v", got, want)
 	}
 }

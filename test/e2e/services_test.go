@@ -15,6 +15,8 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/lab"
+	kernel "github.com/sluice-dataplane/sluice/internal/probe"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
 
 // TestPrivilegedFrontendsReachable sends TCP (HTTP) and UDP through every
@@ -696,4 +698,52 @@ func TestPrivilegedTopologyHints(t *testing.T) {
 	applyWithSlices(t, l, svc, slice(svc.Name, "1", unhinted...))
 	all := []lab.Pod{n1.Pods[0], n2.Pods[0], n2.Pods[1]}
 	check("one endpoint without a hint", map[string][]lab.Pod{n1.Name: all, n2.Name: all})
+}
+
+// TestPrivilegedConnectedUDPFollowsEndpoints: a pod's connected UDP socket
+// (as a resolver keeps one) to a ClusterIP whose only endpoint is replaced
+// is destroyed, and the application's next socket reaches the new
+// endpoint, as kube-proxy's conntrack flush lets its next datagram be
+// balanced again. Without it the socket would keep the old pod, which
+// still answers, for as long as it lives.
+func TestPrivilegedConnectedUDPFollowsEndpoints(t *testing.T) {
+	probetest.SkipUnless(t, kernel.SockDestroy)
+	l := sharedLab(t)
+	a := addrs{k: 11}
+	svc := echoService("e2e-udp-connected", a.clusterV4())
+	svc.Spec.Selector = nil
+	n1, n2 := l.Nodes[0], l.Nodes[1]
+	oldPod, newPod := n1.Pods[1], n2.Pods[0]
+	fe := frontend(a.clusterV4(), svcUDPPort, corev1.ProtocolUDP)
+	be := func(p lab.Pod) string { return hostPort(p.IPv4, lab.EchoUDPPort) + "/UDP" }
+	applyWithSlices(t, l, svc, slice(svc.Name, "s", endpoint{pod: oldPod, ready: true, serving: true}))
+	programmedWith(t, l, fe, be(oldPod))
+
+	type result struct {
+		rep *lab.ProbeReport
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		rep, err := l.Probe(ctx, n1.Pods[0].Name, "udp", "--addr", hostPort(a.clusterV4(), svcUDPPort), "--connected",
+			"--count", "40", "--interval", "250ms", "--timeout", "1s", "--budget", "50s")
+		done <- result{rep, err}
+	}()
+	time.Sleep(3 * time.Second) // answers from the old pod first
+	applyWithSlices(t, l, svc, slice(svc.Name, "s", endpoint{pod: newPod, ready: true, serving: true}))
+	programmedWith(t, l, fe, be(newPod))
+	res := <-done
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	rep := res.rep
+	if rep.Backends[oldPod.Name] == 0 || rep.Backends[newPod.Name] < 10 {
+		t.Errorf("connected UDP socket across the endpoint's replacement: %s; want answers from %s first, then from %s (10 or more)",
+			describe(rep), oldPod.Name, newPod.Name)
+	}
+	if rep.Errors["ECONNABORTED"] < 1 {
+		t.Errorf("connected UDP socket across the endpoint's replacement: %s; want it destroyed (ECONNABORTED) once", describe(rep))
+	}
 }
