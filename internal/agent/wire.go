@@ -64,7 +64,7 @@ func openDataplane(cfg *Config) (dataplane, error) {
 	// where the kernel can (6.5); elsewhere they keep their backend.
 	if cfg.SocketLB {
 		if !probe.Probe().Has(probe.SockDestroy) {
-			slog.Info("connected UDP sockets to removed backends are not destroyed: the kernel lacks bpf_sock_destroy (6.5); "+
+			slog.Info("connected UDP sockets to removed backends are not destroyed: the kernel lacks bpf_sock_destroy (6.5); " +
 				"an application's connected UDP socket keeps its backend until it reconnects (docs/semantics.md)")
 		} else if d.sockDestroy, err = datapath.LoadSockDestroyer(lb.SockRevMap()); err != nil {
 			slog.Warn("connected UDP sockets to removed backends are not destroyed", "err", err)

@@ -11,8 +11,8 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
-	"strings"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
