@@ -643,7 +643,9 @@ func (a *Agent) Status(context.Context) (*api.Status, error) {
 		SocketLB:   api.SocketLB{Enabled: a.cfg.SocketLB, Cgroup: a.cfg.CgroupRoot, AttachPoints: points},
 		NorthSouth: a.northSouthStatus(),
 
-		BandwidthManager: a.bandwidthStatus(),
+		BandwidthManager:     a.bandwidthStatus(),
+		Monitor:              a.monitorStatus(),
+		UDPSocketTermination: a.udpTerminationStatus(),
 
 		Services:  sum.Services,
 		Frontends: sum.Frontends,

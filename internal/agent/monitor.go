@@ -297,3 +297,28 @@ func (a *Agent) startVisibility(ctx context.Context, wg *sync.WaitGroup) {
 
 // MetricsHandler implements api.MetricsProvider.
 func (a *Agent) MetricsHandler() http.Handler { return a.metrics.handler() }
+
+// monitorStatus is `sluice status`'s Monitor line.
+func (a *Agent) monitorStatus() *api.MonitorStatus {
+	v := a.visibility()
+	if v == nil {
+		return nil
+	}
+	st := &api.MonitorStatus{RingBytes: v.maps.EventsBytes(), Rate: v.rate, Drops: v.base&monitor.FlagDrop != 0,
+		Readers: v.hub.Subscribers()}
+	for i := range monitor.Types {
+		st.Events += v.read[i].Load()
+	}
+	st.Suppressed, _ = v.maps.Suppressed()
+	if drops, err := v.maps.Drops(); err == nil {
+		for i, d := range drops {
+			if d.Packets > 0 {
+				if st.DropsByReason == nil {
+					st.DropsByReason = map[string]uint64{}
+				}
+				st.DropsByReason[monitor.ReasonName(uint8(i))] = d.Packets
+			}
+		}
+	}
+	return st
+}

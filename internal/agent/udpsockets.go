@@ -101,3 +101,15 @@ func (a *Agent) reapUDP(ctx context.Context, d udpDestroyer) {
 		}
 	}
 }
+
+// udpTerminationStatus says whether connected UDP sockets to removed
+// backends are destroyed.
+func (a *Agent) udpTerminationStatus() string {
+	if !a.cfg.SocketLB {
+		return ""
+	}
+	if d, ok := a.dp.(udpDestroyer); ok && d.CanDestroyUDP() {
+		return "Enabled (bpf_sock_destroy)"
+	}
+	return "Disabled: the kernel lacks bpf_sock_destroy (6.5); a connected UDP socket keeps its backend until the application reconnects"
+}

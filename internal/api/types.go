@@ -36,6 +36,12 @@ type Status struct {
 	NorthSouth *NorthSouth `json:"northSouth,omitempty"`
 	// BandwidthManager is nil from an agent before it.
 	BandwidthManager *BandwidthManager `json:"bandwidthManager,omitempty"`
+	// Monitor is the datapath's events and counters; nil when they are
+	// off (or from an agent before them).
+	Monitor *MonitorStatus `json:"monitor,omitempty"`
+	// UDPSocketTermination: connected UDP sockets whose backend left
+	// their Service are destroyed (bpf_sock_destroy, 6.5), and why not.
+	UDPSocketTermination string `json:"udpSocketTermination,omitempty"`
 
 	Services  int `json:"services"`  // Service objects with at least one frontend
 	Frontends int `json:"frontends"` // frontends (address, port, protocol)
@@ -61,6 +67,19 @@ type Status struct {
 	// silently unless someone acts (a private bpffs, XDP on a veth whose
 	// peer cannot receive it, a full map), each with its fix.
 	Warnings []Warning `json:"warnings,omitempty"`
+}
+
+// MonitorStatus is the events ring's settings and what went through it.
+type MonitorStatus struct {
+	RingBytes  uint32 `json:"ringBytes"`
+	Rate       uint32 `json:"rate"`  // events a second per CPU
+	Drops      bool   `json:"drops"` // drop events written with no reader
+	Readers    int    `json:"readers"`
+	Events     uint64 `json:"events"`     // read by the agent
+	Suppressed uint64 `json:"suppressed"` // held back by the datapath
+	// Drops by reason, since the maps were created (reasons with none
+	// left out).
+	DropsByReason map[string]uint64 `json:"dropsByReason,omitempty"`
 }
 
 // Warning is one condition the operator should fix, as the agent's log

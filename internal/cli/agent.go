@@ -342,6 +342,10 @@ func writeStatus(w io.Writer, st *api.Status) error {
 
 	writeNorthSouth(tw, line, st.NorthSouth)
 	writeBandwidthManager(line, st.BandwidthManager)
+	writeMonitor(line, st.Monitor)
+	if st.UDPSocketTermination != "" {
+		line("UDP sockets", "%s", st.UDPSocketTermination)
+	}
 
 	line("Services", "%d services, %d frontends, %d backends", st.Services, st.Frontends, st.Backends)
 	if len(st.Maps) > 0 {

@@ -167,3 +167,23 @@ func streamEvents(ctx context.Context, w io.Writer, asJSON bool, clients map[str
 	wg.Wait()
 	return errors.Join(errs...)
 }
+
+// writeMonitor is `sluice status`'s Monitor lines.
+func writeMonitor(line func(k, format string, args ...any), m *api.MonitorStatus) {
+	if m == nil {
+		return
+	}
+	drops := "drop events only while a monitor reads"
+	if m.Drops {
+		drops = "drop events always (kept for --since)"
+	}
+	line("Monitor", "ring %s, %d events/s per CPU, %s; %d readers, %d events read, %d suppressed",
+		humanBytes(uint64(m.RingBytes)), m.Rate, drops, m.Readers, m.Events, m.Suppressed)
+	if len(m.DropsByReason) > 0 {
+		var parts []string
+		for _, r := range sortedKeys(m.DropsByReason) {
+			parts = append(parts, fmt.Sprintf("%s %d", r, m.DropsByReason[r]))
+		}
+		line("  Drops", "%s", strings.Join(parts, ", "))
+	}
+}

@@ -278,6 +278,14 @@ func TestPrivilegedMonitor(t *testing.T) {
 		}
 	})
 
+	// And in sluice status.
+	t.Run("status", func(t *testing.T) {
+		st := agentStatus(t, l, node1)
+		if st.Monitor == nil || st.Monitor.DropsByReason["no-backend"] < 2 || !st.Monitor.Drops || st.Monitor.RingBytes == 0 {
+			t.Errorf("status monitor %+v: want the ring, drop events on and the no-backend drops counted", st.Monitor)
+		}
+	})
+
 	// Bad filters are refused with what exists.
 	out, err := exec.CommandContext(t.Context(), filepath.Join(env.binDir, "sluice"), "monitor", "--api-socket", node1.Agent.Socket,
 		"--reason", "no-such-reason").CombinedOutput()
