@@ -256,6 +256,12 @@ func errorKind(err error) string {
 		return "EHOSTUNREACH"
 	case errors.Is(err, syscall.ECONNRESET):
 		return "ECONNRESET"
+	// A UDP socket destroyed under the application (bpf_sock_destroy):
+	// the pending error, or the send() of a socket it disconnected.
+	case errors.Is(err, syscall.ECONNABORTED):
+		return "ECONNABORTED"
+	case errors.Is(err, syscall.EDESTADDRREQ):
+		return "EDESTADDRREQ"
 	case errors.Is(err, syscall.ETIMEDOUT), errors.Is(err, syscall.EAGAIN),
 		errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
 		return "ETIMEDOUT"
