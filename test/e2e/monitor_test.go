@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -17,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/bpftest"
 	"github.com/sluice-dataplane/sluice/internal/lab"
 	"github.com/sluice-dataplane/sluice/internal/monitor"
 )
@@ -190,6 +192,42 @@ func TestPrivilegedMonitor(t *testing.T) {
 		})
 	}
 
+	// What no socket sends: a header that does not parse, and sluice's DSR
+	// header from an address that is no node's.
+	t.Run("malformed and dsr-unknown-node", func(t *testing.T) {
+		nodePort := netip.AddrPortFrom(node1.IPv4, uint16(remote.nodePort()))
+		syn := bpftest.Packet{Src: netip.AddrPortFrom(lab.ClientIPv4, 45000), Dst: nodePort, Proto: bpftest.TCP, Flags: bpftest.SYN}
+		// A TCP header cut after 10 bytes, in a valid IPv4 packet that
+		// the fabric's router forwards: no flags to read.
+		bad := bpftest.Must(syn)[:14+20+10]
+		binary.BigEndian.PutUint16(bad[14+2:], 30)
+		binary.BigEndian.PutUint16(bad[14+10:], 0)
+		binary.BigEndian.PutUint16(bad[14+10:], ipChecksum(bad[14:34]))
+		forged := bpftest.Must(bpftest.Encap{Src: lab.ClientIPv4, Dst: node1.IPv4,
+			Backend: netip.AddrPortFrom(node1.Pods[0].IPv4, lab.EchoHTTPPort), Inner: syn})
+		sendFromClient(t, l, node1.IPv4, bad, bad, forged)
+		for _, c := range []struct {
+			reason string
+			n      int
+		}{{"malformed", 2}, {"dsr-unknown-node", 1}} {
+			var evs []monitor.Event
+			for range 20 { // the agent reads the ring as it fills
+				if evs = monitorHistory(t, node1, "--reason", c.reason); len(evs) >= c.n {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if len(evs) != c.n {
+				t.Errorf("%s events on node1: %+v, want %d", c.reason, evs, c.n)
+			}
+			for _, e := range evs {
+				if e.Hook != "xdp" || (c.reason == "dsr-unknown-node" && !strings.HasPrefix(e.Source, lab.ClientIPv4.String()+":")) {
+					t.Errorf("%s event %+v: want it at XDP, from the client %s", c.reason, e, lab.ClientIPv4)
+				}
+			}
+		}
+	})
+
 	// Too big: a datagram that fits the wire but not the DSR tunnel is
 	// answered with "fragmentation needed", and reported.
 	t.Run("too-big", func(t *testing.T) {
@@ -292,4 +330,16 @@ func TestPrivilegedMonitor(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "no-backend") {
 		t.Errorf("sluice monitor --reason no-such-reason: %v, %s; want an error listing the reasons", err, out)
 	}
+}
+
+// ipChecksum is the IPv4 header checksum of h (its checksum field zero).
+func ipChecksum(h []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(h); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(h[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	return ^uint16(sum)
 }
