@@ -725,3 +725,38 @@ func TestPlainManifests(t *testing.T) {
 		})
 	}
 }
+
+// dashboards.enabled ships the Grafana dashboard (deploy/grafana) as a
+// ConfigMap with the sidecar's label, byte for byte; off by default.
+func TestChartDashboard(t *testing.T) {
+	want, err := os.ReadFile(filepath.Join("grafana", "sluice-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	find := func(args ...string) *unstructured.Unstructured {
+		out, err := render(t, sluiceChart, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range decodeString(t, "sluice", out) {
+			if o.GetKind() == "ConfigMap" && o.GetName() == "sluice-dashboard" {
+				return o
+			}
+		}
+		return nil
+	}
+	if cm := find(); cm != nil {
+		t.Errorf("the dashboard ConfigMap is rendered by default")
+	}
+	cm := find("--set", "dashboards.enabled=true", "--set", "dashboards.namespace=monitoring")
+	if cm == nil {
+		t.Fatal("dashboards.enabled=true: no ConfigMap sluice-dashboard")
+	}
+	got, _, _ := unstructured.NestedString(cm.Object, "data", "sluice-dashboard.json")
+	if got != string(want) {
+		t.Errorf("ConfigMap data is %d bytes, want the dashboard's %d", len(got), len(want))
+	}
+	if cm.GetNamespace() != "monitoring" || cm.GetLabels()["grafana_dashboard"] != "1" {
+		t.Errorf("ConfigMap in %q with labels %v, want namespace monitoring and grafana_dashboard=1", cm.GetNamespace(), cm.GetLabels())
+	}
+}

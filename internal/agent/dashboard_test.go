@@ -38,7 +38,7 @@ var promMetric = regexp.MustCompile(`\b((?:sluice|process)_[a-z0-9_]+)`)
 // Every metric a panel of the Grafana dashboard asks for is one the agent
 // exports (histograms by their _bucket series).
 func TestDashboardMetrics(t *testing.T) {
-	b, err := os.ReadFile("../../deploy/grafana/sluice-dashboard.json")
+	b, err := os.ReadFile("../../deploy/charts/sluice/files/sluice-dashboard.json")
 	if err != nil {
 		t.Fatal(err)
 	}
