@@ -3,6 +3,7 @@ package datapath
 import (
 	"os"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -125,12 +126,24 @@ func TestPrivilegedDeviceBestEffortVethTCOnly(t *testing.T) {
 	if !linkGone(a.XDPLinkID) {
 		t.Errorf("the earlier agent's native XDP link %d is still there", a.XDPLinkID)
 	}
-	l, err := d.nl.LinkByName("nsv0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if x := l.Attrs().Xdp; x != nil && x.Attached {
-		t.Errorf("nsv0 still runs XDP program %d (mode %d)", x.ProgId, x.AttachMode)
+	// The link's release detaches the program from the device, in a
+	// work item when the last reference went from a context that defers
+	// it: wait for it, with a generous bound.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l, err := d.nl.LinkByName("nsv0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := l.Attrs().Xdp
+		if x == nil || !x.Attached {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("nsv0 still runs XDP program %d (mode %d) after 10 s", x.ProgId, x.AttachMode)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	if _, err := os.Stat(xdpPin(d.opts.LinksDir, "nsv0", XDPNative)); !os.IsNotExist(err) {
 		t.Errorf("native XDP pin of nsv0: %v, want removed", err)
