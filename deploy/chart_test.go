@@ -146,6 +146,10 @@ func agentCommand(t *testing.T, objs []*unstructured.Unstructured) (args []strin
 			env[e.Name] = v
 		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName":
 			env[e.Name] = testNodeName
+		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name":
+			env[e.Name] = "sluice-test"
+		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace":
+			env[e.Name] = "kube-system"
 		default:
 			t.Fatalf("env %s: source %+v not understood by this test", e.Name, e.ValueFrom)
 		}

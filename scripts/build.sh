@@ -5,4 +5,5 @@ cd "$(dirname "$0")/.."
 export GOTOOLCHAIN=auto
 mkdir -p bin
 echo "==> go build ./cmd/..."
-go build -o bin/ ./cmd/...
+# Static (no cgo): the same binaries go into the kubelet lab's container image.
+CGO_ENABLED=0 go build -o bin/ ./cmd/...

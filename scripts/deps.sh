@@ -16,7 +16,8 @@ pkgs=(clang-19 llvm-19 libbpf-dev bpftool iproute2 iptables nftables conntrack u
 	qemu-system-x86 kmod # sluice vm: guest kernels under QEMU, depmod for their modules (docs/vmtest.md)
 	iperf3 # bulk TCP through a NodePort with GRO on (test/e2e/gro_test.go), bandwidth limits
 	sockperf # request/response latency under a bandwidth limit's load (sluice bench bandwidth)
-	qperf ethtool) # sluice bench qperf; ring sizes and offloads (sluice tune)
+	qperf ethtool # sluice bench qperf; ring sizes and offloads (sluice tune)
+	containerd runc containernetworking-plugins busybox-static) # the kubelet lab: runtime, CNI, the image's shell (docs/kubelet-lab.md)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

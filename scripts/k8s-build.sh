@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Builds the real kube-apiserver and kube-proxy, at the release pinned in
+# Builds the real kube-apiserver, kube-proxy and, for the kubelet lab
+# (docs/kubelet-lab.md), kubelet, kube-controller-manager, kube-scheduler and
+# kubectl, and the pause image's static binary (Kubernetes' own pause.c, with
+# clang), at the release pinned in
 # third_party/k8s/go.mod, into a cache shared by every checkout:
 #   ${SLUICE_CACHE:-/var/cache/sluice}/k8s/<version>/bin
 # Safe to run again: it does nothing when both binaries are there and report
@@ -56,14 +59,24 @@ minor=${BASH_REMATCH[2]}
 
 cache_root=${SLUICE_CACHE:-/var/cache/sluice}
 bin_dir="$cache_root/k8s/$version/bin"
-binaries=(kube-apiserver kube-proxy)
+binaries=(kube-apiserver kube-proxy kube-controller-manager kube-scheduler kubelet kubectl)
+
+# version_of prints "Kubernetes vX.Y.Z" for any of the binaries (kubectl has
+# no --version flag).
+version_of() {
+	case "$(basename "$1")" in
+	kubectl) "$1" version --client 2>/dev/null | sed -n 's/^Client Version: /Kubernetes /p' ;;
+	*) "$1" --version 2>/dev/null ;;
+	esac
+}
 
 # up_to_date succeeds when every binary exists and reports the pinned version.
 up_to_date() {
 	local b got
+	[ -x "$bin_dir/pause" ] || return 1
 	for b in "${binaries[@]}"; do
 		[ -x "$bin_dir/$b" ] || return 1
-		got=$("$bin_dir/$b" --version 2>/dev/null) || return 1
+		got=$(version_of "$bin_dir/$b") || return 1
 		[ "$got" = "Kubernetes $version" ] || return 1
 	done
 }
@@ -79,7 +92,7 @@ if command -v flock >/dev/null 2>&1; then
 fi
 
 if [ "$force" -eq 0 ] && up_to_date; then
-	step "kube-apiserver and kube-proxy $version already built"
+	step "${binaries[*]} $version already built"
 	echo "$bin_dir"
 	exit 0
 fi
@@ -121,9 +134,20 @@ go build -trimpath -tags selinux,notest -ldflags "$ldflags" -o "$tmp/" "${pkgs[@
 	die "go build ${pkgs[*]} failed"
 
 for b in "${binaries[@]}"; do
-	got=$("$tmp/$b" --version) || die "$tmp/$b --version failed"
+	got=$(version_of "$tmp/$b") || die "$tmp/$b: version check failed"
 	[ "$got" = "Kubernetes $version" ] || die "$b --version says '$got', want 'Kubernetes $version'"
 done
+
+# The pause container every pod sandbox runs: Kubernetes' build/pause builds
+# it the same way (static, -Os), in a container we cannot pull here.
+src=$(go mod download -json k8s.io/kubernetes | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+pause_c="$src/build/pause/linux/pause.c"
+[ -f "$pause_c" ] || die "no $pause_c in the k8s.io/kubernetes module"
+pause_version=$(sed -n 's/^TAG ?= //p' "$src/build/pause/Makefile")
+cc=$(command -v clang-19 || command -v clang || command -v cc) || die "no C compiler for pause.c (scripts/deps.sh installs clang-19)"
+step "building pause ${pause_version:-?} from $pause_c with $cc"
+"$cc" -Os -Wall -Werror -static -DVERSION="v${pause_version:-unknown}-sluice" -o "$tmp/pause" "$pause_c" ||
+	die "building pause failed (static linking needs libc6-dev's libc.a)"
 
 chmod 0755 "$tmp"
 rm -rf "$bin_dir.old"

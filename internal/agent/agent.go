@@ -13,14 +13,17 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/signal"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/healthcheck"
@@ -126,7 +129,25 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	defer func() { err = errors.Join(err, closeBandwidth()) }()
 	a.dp = dp
-	return a.run(ctx)
+	if cfg.TestHooks {
+		a.hang = make(chan os.Signal, 1)
+		signal.Notify(a.hang, syscall.SIGUSR2)
+		defer signal.Stop(a.hang)
+	}
+	var uw *uninstallWatch
+	var uwClient kubernetes.Interface
+	if cfg.UnloadOnUninstall && !cfg.UnloadOnExit && cfg.Manifests == "" {
+		if c, _, err := KubeClient(cfg.Kubeconfig); err == nil {
+			uwClient = c
+			uw = watchUninstall(ctx, c, log)
+		}
+	}
+	err = a.run(ctx)
+	if uw.uninstalling(uwClient) {
+		// dp.Close, deferred above, reads cfg.UnloadOnExit.
+		cfg.UnloadOnExit = true
+	}
+	return err
 }
 
 func newSource(cfg *Config, log *slog.Logger) (Source, error) {
@@ -165,6 +186,8 @@ type Agent struct {
 	trigger chan struct{}
 	// podTrigger wakes the loop's pod step (a pod veth came or went).
 	podTrigger chan struct{}
+	// hang, with --test-hooks, receives SIGUSR2: the loop stops for good.
+	hang chan os.Signal
 
 	// The source runs from startSource on, possibly before the dataplane
 	// is loaded.
@@ -408,6 +431,10 @@ func (a *Agent) loop(ctx context.Context, srcDone <-chan error, first syncOutcom
 			a.syncPods()
 			a.bandwidthPodsChanged()
 			continue
+		case <-a.hang:
+			a.log.Warn("test hook: SIGUSR2, the sync loop stops until the agent is stopped (--test-hooks)")
+			<-ctx.Done()
+			return nil
 		case <-periodic.C:
 			full = true
 		case <-retry:

@@ -59,14 +59,22 @@ type Config struct {
 	NATMapMax       uint32 // 0: from MapSizeRatio
 	MaglevSeed      uint32
 	XDPGeneric      bool // tests only
-	CTGCInterval    time.Duration
-	CTTimeoutSYN    time.Duration
-	CTTimeoutTCP    time.Duration
-	CTTimeoutFIN    time.Duration
-	CTTimeoutAny    time.Duration
+	// TestHooks lets SIGUSR2 stop the sync loop for good, as a hung agent
+	// (tests of the liveness probe; hidden flag).
+	TestHooks    bool
+	CTGCInterval time.Duration
+	CTTimeoutSYN time.Duration
+	CTTimeoutTCP time.Duration
+	CTTimeoutFIN time.Duration
+	CTTimeoutAny time.Duration
 	// UnloadOnExit detaches every program and removes the pins on exit;
 	// by default the datapath stays in place so a restart drops no flow.
 	UnloadOnExit bool
+	// UnloadOnUninstall does what UnloadOnExit does when the agent runs as
+	// a DaemonSet's pod ($POD_NAME, $POD_NAMESPACE) and that DaemonSet is
+	// gone or being deleted when the agent exits: `helm uninstall`, not a
+	// rolling update or a deleted pod (uninstall.go).
+	UnloadOnUninstall bool
 
 	// Visibility (docs/monitor.md): the events ring's size in bytes, the
 	// events a second each CPU may write, whether drops are written with
@@ -175,6 +183,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.CTTimeoutFIN, "bpf-ct-timeout-regular-tcp-fin", lbmap.DefaultTCPCloseTimeout*time.Second, "conntrack lifetime of a closing TCP flow")
 	fs.DurationVar(&c.CTTimeoutAny, "bpf-ct-timeout-regular-any", lbmap.DefaultUDPTimeout*time.Second, "conntrack lifetime of a UDP flow")
 	fs.BoolVar(&c.UnloadOnExit, "unload-on-exit", false, "detach every program and remove the pins on exit (default: leave the datapath in place so a restart drops no flow)")
+	fs.BoolVar(&c.UnloadOnUninstall, "unload-on-uninstall", true, "as --unload-on-exit when the agent is a DaemonSet's pod ($POD_NAME, $POD_NAMESPACE) and the DaemonSet is gone or being deleted at exit (helm uninstall)")
 	fs.Uint32Var(&c.MonitorBufferSize, "monitor-buffer-size", datapath.DefaultEventsBytes,
 		"bytes of the datapath's events ring (`sluice monitor`): a power of two, at least a page")
 	fs.Uint32Var(&c.MonitorRate, "monitor-rate", DefaultMonitorRate,
@@ -185,6 +194,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 		"export packets, bytes and connections per backend as well as per frontend (a series per backend: mind the cardinality)")
 	fs.BoolVar(&c.XDPGeneric, "xdp-generic", false, "attach XDP in generic mode (tests only)")
 	_ = fs.MarkHidden("xdp-generic")
+	fs.BoolVar(&c.TestHooks, "test-hooks", false, "SIGUSR2 stops the sync loop for good, as a hung agent (tests of the liveness probe only)")
+	_ = fs.MarkHidden("test-hooks")
 }
 
 // lbMapLimit bounds --bpf-lb-map-max: a hash map this large already needs

@@ -11,9 +11,11 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -222,6 +224,10 @@ func (d *nodeDataplane) Close() error {
 	}
 	errs = append(errs, d.SockLB.UnpinAttached(), d.close(),
 		datapath.UnpinPodLinks(d.cfg.BPFRoot), datapath.UnpinLinks(d.cfg.BPFRoot), datapath.Unpin(d.cfg.BPFRoot), datapath.UnpinNorthSouth(d.cfg.BPFRoot))
+	// The pin directory too, once empty: nothing of the agent stays.
+	if err := os.Remove(d.cfg.BPFRoot); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) {
+		errs = append(errs, fmt.Errorf("remove %s: %w", d.cfg.BPFRoot, err))
+	}
 	return errors.Join(errs...)
 }
 

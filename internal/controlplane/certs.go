@@ -32,6 +32,9 @@ const (
 // system:masters, so RBAC lets it do anything, as a cluster admin.
 const Admin = "admin"
 
+// nodeUser is the user name the Node authorizer gives a kubelet's rights to.
+func nodeUser(node string) string { return "system:node:" + node }
+
 // credentials are what the state dir holds for TLS and authentication.
 type credentials struct {
 	caPEM []byte
@@ -42,7 +45,7 @@ type credentials struct {
 // certificate it signs (so clients verify the apiserver instead of skipping
 // TLS checks), the service-account signing key pair, and the static token
 // file.
-func writeCredentials(dir string, addr netip.Addr) (credentials, error) {
+func writeCredentials(dir string, addr netip.Addr, nodes []string) (credentials, error) {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return credentials{}, fmt.Errorf("generate CA key: %w", err)
@@ -105,6 +108,14 @@ func writeCredentials(dir string, addr netip.Addr) (credentials, error) {
 		return credentials{}, fmt.Errorf("generate token: %w", err)
 	}
 	token := hex.EncodeToString(tok)
+	// token,user,uid,"group"
+	tokens := fmt.Sprintf("%s,%s,%s,\"system:masters\"\n", token, Admin, Admin)
+	for _, n := range nodes {
+		if _, err := rand.Read(tok); err != nil {
+			return credentials{}, fmt.Errorf("generate token: %w", err)
+		}
+		tokens += fmt.Sprintf("%s,%s,%s,\"system:nodes\"\n", hex.EncodeToString(tok), nodeUser(n), nodeUser(n))
+	}
 
 	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
 	srvKeyPEM, err := ecKeyPEM(srvKey)
@@ -124,8 +135,7 @@ func writeCredentials(dir string, addr netip.Addr) (credentials, error) {
 		{servingKeyFile, srvKeyPEM},
 		{saKeyFile, saKeyPEM},
 		{saPubFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPub})},
-		// token,user,uid,"group"
-		{tokensFile, []byte(fmt.Sprintf("%s,%s,%s,\"system:masters\"\n", token, Admin, Admin))},
+		{tokensFile, []byte(tokens)},
 	}
 	for _, f := range files {
 		if err := os.WriteFile(filepath.Join(dir, f.name), f.data, 0o600); err != nil {

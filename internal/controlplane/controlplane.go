@@ -107,6 +107,15 @@ type Options struct {
 	Cgroup string
 	// Progress receives one line per step; nil discards them.
 	Progress io.Writer
+	// Controllers also runs kube-controller-manager and kube-scheduler,
+	// with the ServiceAccount admission plugin on, as a cluster whose
+	// nodes run a kubelet needs (DaemonSets, Deployments, EndpointSlices
+	// of selector Services, service-account tokens): the kubelet lab.
+	Controllers bool
+	// Nodes are the kubelets' node names: each gets a static token as
+	// system:node:NAME in system:nodes (the Node authorizer's user) and
+	// a kubeconfig from NodeKubeconfig.
+	Nodes []string
 }
 
 func (o *Options) setDefaults() error {
@@ -155,8 +164,14 @@ type State struct {
 	Version      string     `json:"version"`
 	EtcdPID      int        `json:"etcdPid"`
 	APIServerPID int        `json:"apiserverPid"`
+	// ControllerManagerPID and SchedulerPID are set with Options.Controllers.
+	ControllerManagerPID int `json:"controllerManagerPid,omitempty"`
+	SchedulerPID         int `json:"schedulerPid,omitempty"`
 	EtcdLog      string     `json:"etcdLog"`
 	APIServerLog string     `json:"apiserverLog"`
+	// ControllerManagerLog and SchedulerLog are set with Options.Controllers.
+	ControllerManagerLog string `json:"controllerManagerLog,omitempty"`
+	SchedulerLog         string `json:"schedulerLog,omitempty"`
 	Kubeconfig   string     `json:"kubeconfig"`
 }
 
@@ -222,7 +237,7 @@ func Start(ctx context.Context, o Options) (*ControlPlane, error) {
 func (c *ControlPlane) start(ctx context.Context, o Options, bin, etcdBin string) error {
 	dir := c.st.Dir
 	c.step(o.Progress, "writing CA, serving certificate, service-account keys and token to %s", dir)
-	creds, err := writeCredentials(dir, o.Address)
+	creds, err := writeCredentials(dir, o.Address, o.Nodes)
 	if err != nil {
 		return err
 	}
@@ -277,7 +292,12 @@ func (c *ControlPlane) start(ctx context.Context, o Options, bin, etcdBin string
 		"--tls-private-key-file="+filepath.Join(dir, servingKeyFile),
 		"--cert-dir="+filepath.Join(dir, "certs"),
 		"--token-auth-file="+filepath.Join(dir, tokensFile),
-		"--authorization-mode=RBAC",
+		// Node: kubelets (system:node:NAME) reach only their own node's
+		// objects, as in kubeadm's clusters.
+		"--authorization-mode=Node,RBAC",
+		// Kubelets register with their node name as Hostname, which
+		// nothing resolves: exec and logs go to the InternalIP.
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
 		// As every cluster that runs kube-proxy (a privileged DaemonSet);
 		// deploy/'s dry runs include the chart's privileged bpffs mounter.
 		"--allow-privileged=true",
@@ -285,8 +305,7 @@ func (c *ControlPlane) start(ctx context.Context, o Options, bin, etcdBin string
 		"--service-account-key-file="+filepath.Join(dir, saPubFile),
 		"--service-account-signing-key-file="+filepath.Join(dir, saKeyFile),
 		"--service-cluster-ip-range="+strings.Join(cidrs, ","),
-		// No controller-manager mints service-account tokens.
-		"--disable-admission-plugins=ServiceAccount",
+		admission(o.Controllers),
 		"--profiling=false",
 		// Benchmarks create 10,000 Services and their slices as fast as the
 		// client can; the admin is exempt from priority and fairness, and
@@ -308,8 +327,99 @@ func (c *ControlPlane) start(ctx context.Context, o Options, bin, etcdBin string
 	}
 	c.step(o.Progress, "kube-apiserver is ready after %.1fs (%s, kubeconfig %s)", time.Since(start).Seconds(),
 		apiURL, c.st.Kubeconfig)
+	if o.Controllers {
+		return c.startControllers(o, bin)
+	}
 	return nil
 }
+
+// admission is the apiserver's admission flag: without a controller-manager
+// nothing creates the "default" ServiceAccount every Pod would need, so the
+// plugin is off; with one it is on, as in every real cluster, and Pods get
+// their projected service-account token.
+func admission(controllers bool) string {
+	if controllers {
+		return "--enable-admission-plugins=ServiceAccount,NodeRestriction"
+	}
+	return "--disable-admission-plugins=ServiceAccount"
+}
+
+// startControllers runs kube-controller-manager (DaemonSets, ReplicaSets,
+// EndpointSlices, service accounts, the root CA ConfigMap, garbage
+// collection, node lifecycle; no node IPAM: the lab's CNI has its own
+// ranges) and kube-scheduler, both as the admin, without leader election.
+func (c *ControlPlane) startControllers(o Options, bin string) error {
+	dir := c.st.Dir
+	c.st.ControllerManagerLog = filepath.Join(dir, "controller-manager.log")
+	c.st.SchedulerLog = filepath.Join(dir, "scheduler.log")
+	c.step(o.Progress, "starting kube-controller-manager and kube-scheduler %s", Version)
+	pid, err := c.startProcess(o, c.st.ControllerManagerLog, filepath.Join(bin, "kube-controller-manager"),
+		"--kubeconfig="+c.st.Kubeconfig,
+		"--authentication-kubeconfig="+c.st.Kubeconfig,
+		"--authorization-kubeconfig="+c.st.Kubeconfig,
+		"--bind-address="+o.Address.String(),
+		"--leader-elect=false",
+		"--use-service-account-credentials=false",
+		"--service-account-private-key-file="+filepath.Join(dir, saKeyFile),
+		"--root-ca-file="+filepath.Join(dir, caCertFile),
+		"--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-route",
+		"--cluster-name=sluice-lab",
+		"--profiling=false",
+	)
+	if err != nil {
+		return err
+	}
+	c.st.ControllerManagerPID = pid
+	if err := c.save(); err != nil {
+		return err
+	}
+	pid, err = c.startProcess(o, c.st.SchedulerLog, filepath.Join(bin, "kube-scheduler"),
+		"--kubeconfig="+c.st.Kubeconfig,
+		"--authentication-kubeconfig="+c.st.Kubeconfig,
+		"--authorization-kubeconfig="+c.st.Kubeconfig,
+		"--bind-address="+o.Address.String(),
+		"--leader-elect=false",
+		"--profiling=false",
+	)
+	if err != nil {
+		return err
+	}
+	c.st.SchedulerPID = pid
+	return c.save()
+}
+
+// NodeKubeconfig writes (once) and returns the path of a kubeconfig for
+// node's kubelet: the node's static token (Options.Nodes), the lab CA.
+func (c *ControlPlane) NodeKubeconfig(node string) (string, error) {
+	tokens, err := os.ReadFile(filepath.Join(c.st.Dir, tokensFile))
+	if err != nil {
+		return "", fmt.Errorf("control plane tokens: %w", err)
+	}
+	user := nodeUser(node)
+	var token string
+	for _, line := range strings.Split(string(tokens), "\n") {
+		f := strings.Split(line, ",")
+		if len(f) >= 2 && f[1] == user {
+			token = f[0]
+		}
+	}
+	if token == "" {
+		return "", fmt.Errorf("control plane has no credentials for node %q (not in Options.Nodes when it started)", node)
+	}
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["lab"] = &clientcmdapi.Cluster{Server: c.URL(), CertificateAuthorityData: c.caPEM}
+	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{Token: token}
+	cfg.Contexts["lab"] = &clientcmdapi.Context{Cluster: "lab", AuthInfo: user}
+	cfg.CurrentContext = "lab"
+	path := filepath.Join(c.st.Dir, "kubeconfig-"+node)
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		return "", fmt.Errorf("write %s: %w", path, err)
+	}
+	return path, os.Chmod(path, 0o600)
+}
+
+// CACert is the path of the lab CA's certificate.
+func (c *ControlPlane) CACert() string { return filepath.Join(c.st.Dir, caCertFile) }
 
 // startProcess starts a daemon in the netns (entered with nsenter, as the
 // lab does) and cgroup of o, in its own process group so that a Ctrl-C in
@@ -577,7 +687,7 @@ func NetnsDialer(path string) func(ctx context.Context, network, addr string) (n
 	}
 }
 
-// Stop stops the apiserver, then etcd (SIGTERM, SIGKILL after 10 s each).
+// Stop stops the scheduler and controller-manager, then the apiserver, then etcd (SIGTERM, SIGKILL after 10 s each).
 // It is safe to call more than once and on an attached control plane; the
 // state dir stays (its logs explain a failure) for the caller to remove.
 func (c *ControlPlane) Stop() error {
@@ -593,7 +703,9 @@ func (c *ControlPlane) Stop() error {
 		name string
 		pid  int
 		bin  string
-	}{{"kube-apiserver", c.st.APIServerPID, "kube-apiserver"}, {"etcd", c.st.EtcdPID, "etcd"}} {
+	}{{"kube-scheduler", c.st.SchedulerPID, "kube-scheduler"},
+		{"kube-controller-manager", c.st.ControllerManagerPID, "kube-controller-manager"},
+		{"kube-apiserver", c.st.APIServerPID, "kube-apiserver"}, {"etcd", c.st.EtcdPID, "etcd"}} {
 		if p.pid <= 0 {
 			continue
 		}

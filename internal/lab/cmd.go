@@ -33,12 +33,14 @@ and UDP echo backend in every pod.`,
 	_ = cmd.PersistentFlags().MarkHidden("prefix")
 	p := &prefix
 	cmd.AddCommand(upCommand(p), downCommand(p), statusCommand(p), execCommand(p),
-		applyCommand(p, true), applyCommand(p, false), annotateCommand(p), labelCommand(p), demoCommand(p), backendCommand(), probeCommand(), tuneCommand(p))
+		applyCommand(p, true), applyCommand(p, false), annotateCommand(p), labelCommand(p), demoCommand(p), backendCommand(), probeCommand(), tuneCommand(p),
+		toolCommand(p, "kubectl", KubectlBin), toolCommand(p, "helm", HelmBin), imageCommand(p))
 	return cmd
 }
 
 func upCommand(prefix *string) *cobra.Command {
 	cfg := Config{}
+	var chart string
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Build the lab (removing leftovers of an earlier run first)",
@@ -46,14 +48,34 @@ func upCommand(prefix *string) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Prefix = *prefix
 			cfg.Progress = cmd.OutOrStdout()
+			if cfg.Kubelet {
+				// A kubelet lab's workloads are Pods and its dataplane
+				// is installed into it: other defaults.
+				if !cmd.Flags().Changed("dataplane") {
+					cfg.Dataplane = ""
+				}
+				if !cmd.Flags().Changed("pods-per-node") {
+					cfg.PodsPerNode = 0
+				}
+			} else if chart != "" {
+				return fmt.Errorf("--chart needs --kubelet: only a kubelet lab runs a DaemonSet")
+			}
 			l, err := Up(cmd.Context(), cfg)
 			if err != nil {
 				return err
 			}
-			l.Close()
+			defer l.Close()
+			if chart != "" {
+				if err := l.InstallChart(cmd.Context(), chart); err != nil {
+					return fmt.Errorf("install %s: %w (the lab stays up: lab kubectl, lab helm, lab down)", chart, err)
+				}
+			}
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&cfg.Kubelet, "kubelet", false,
+		"a real kubelet and containerd on every node, with kube-controller-manager and kube-scheduler: workloads are real Pods, sluice is installed with its Helm chart (--chart); docs/kubelet-lab.md")
+	cmd.Flags().StringVar(&chart, "chart", "", "with --kubelet: helm install this chart (deploy/charts/sluice) with the lab's values and wait for it")
 	cmd.Flags().IntVar(&cfg.Nodes, "nodes", 2, "number of nodes")
 	cmd.Flags().IntVar(&cfg.PodsPerNode, "pods-per-node", 3, "echo pods per node")
 	cmd.Flags().StringVar(&cfg.Dataplane, "dataplane", DataplaneSluice,

@@ -49,14 +49,22 @@ type APIServer struct {
 
 // startControlPlane runs etcd and the apiserver in the control-plane
 // namespace, in the lab's cgroup, and records them.
-func (l *Lab) startControlPlane(ctx context.Context, nm names) error {
+func (l *Lab) startControlPlane(ctx context.Context, nm names, kubelet bool) error {
+	var nodes []string
+	if kubelet {
+		for _, n := range l.Nodes {
+			nodes = append(nodes, n.Name)
+		}
+	}
 	cp, err := controlplane.Start(ctx, controlplane.Options{
-		Dir:      nm.cpDir(),
-		NetNS:    netnsPath(nm.cpNetns()),
-		Address:  ControlPlaneIPv4,
-		APIPort:  APIServerPort,
-		Cgroup:   filepath.Join(l.CgroupRoot, "controlplane"),
-		Progress: l.progress,
+		Controllers: kubelet,
+		Nodes:       nodes,
+		Dir:         nm.cpDir(),
+		NetNS:       netnsPath(nm.cpNetns()),
+		Address:     ControlPlaneIPv4,
+		APIPort:     APIServerPort,
+		Cgroup:      filepath.Join(l.CgroupRoot, "controlplane"),
+		Progress:    l.progress,
 	})
 	if err != nil {
 		return err

@@ -88,6 +88,12 @@ type Config struct {
 	// the kube-dns Service, and gives every pod a resolv.conf pointing at
 	// it (clusterdns.go); 0: none.
 	ClusterDNS int
+	// Kubelet runs a real kubelet and containerd on every node
+	// (kubelet.go, docs/kubelet-lab.md), with the real control plane's
+	// controller-manager and scheduler: workloads are real Pods, and the
+	// dataplane is what gets installed into the cluster (sluice's Helm
+	// chart: InstallChart), so Dataplane is DataplaneNone and PodsPerNode 0.
+	Kubelet bool
 	// Exe is a binary with the `lab backend` and `lab probe` subcommands;
 	// default: this executable.
 	Exe string
@@ -110,6 +116,22 @@ func (c *Config) setDefaults() error {
 	}
 	if c.ClusterDNS < 0 || c.ClusterDNS > c.Nodes*c.PodsPerNode {
 		return fmt.Errorf("cluster DNS replicas %d: want 0..%d (one per pod at most)", c.ClusterDNS, c.Nodes*c.PodsPerNode)
+	}
+	if c.Kubelet {
+		switch {
+		case c.Dataplane == "":
+			c.Dataplane = DataplaneNone
+		case c.Dataplane != DataplaneNone:
+			return fmt.Errorf("dataplane %q with a kubelet lab: the dataplane is installed into the cluster (lab helm install), use dataplane %s", c.Dataplane, DataplaneNone)
+		}
+		if c.PodsPerNode != 0 {
+			return fmt.Errorf("pods per node %d with a kubelet lab: its workloads are real Pods, want 0", c.PodsPerNode)
+		}
+		if c.ControlPlane == "" {
+			c.ControlPlane = ControlPlaneReal
+		} else if c.ControlPlane != ControlPlaneReal {
+			return fmt.Errorf("control-plane %q with a kubelet lab: kubelets need an API server, use %s", c.ControlPlane, ControlPlaneReal)
+		}
 	}
 	if c.Dataplane == "" {
 		c.Dataplane = DataplaneSluice
@@ -215,6 +237,8 @@ type State struct {
 	Created      time.Time `json:"created"`
 	// ClusterDNS is CoreDNS behind kube-dns, when the lab runs it.
 	ClusterDNS *ClusterDNS `json:"clusterDNS,omitempty"`
+	// Images are the image archives imported into a kubelet lab's nodes.
+	Images []ImageArchive `json:"images,omitempty"`
 }
 
 // Endpoint is a namespace of the lab that runs processes: a node, a pod or
@@ -244,6 +268,8 @@ type Node struct {
 	// Labels are the Node object's beyond the lab's own (lab label):
 	// topology.kubernetes.io/zone, for one.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Kubelet is the node's kubelet and containerd in a kubelet lab.
+	Kubelet *Kubelet `json:"kubelet,omitempty"`
 }
 
 // Pod is one lab pod with its echo backend.
@@ -276,6 +302,7 @@ type Lab struct {
 	cgroupFDs map[string]int  // cgroup dir → O_PATH fd for clone-into-cgroup
 	children  []chan struct{} // closed when a process started here is reaped
 	cp        *controlplane.ControlPlane
+	tools     kubeletTools // a kubelet lab's, found by Up
 }
 
 func (l *Lab) step(format string, args ...any) {
@@ -302,8 +329,15 @@ func Up(ctx context.Context, cfg Config) (*Lab, error) {
 			return nil, fmt.Errorf("control-plane %s: %w", ControlPlaneReal, err)
 		}
 	}
+	var tools kubeletTools
+	if cfg.Kubelet {
+		var err error
+		if tools, err = findKubeletTools(); err != nil {
+			return nil, fmt.Errorf("kubelet lab: %w", err)
+		}
+	}
 	nm := newNames(cfg.Prefix)
-	l := &Lab{progress: cfg.Progress, cgroupFDs: map[string]int{}}
+	l := &Lab{progress: cfg.Progress, cgroupFDs: map[string]int{}, tools: tools}
 	l.step("removing leftovers of an earlier %s lab", nm.base)
 	if err := Cleanup(nm.prefix); err != nil {
 		return nil, fmt.Errorf("clean leftovers: %w", err)
@@ -344,6 +378,13 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 	for n := 1; n <= cfg.Nodes; n++ {
 		node := Node{Index: n, Endpoint: Endpoint{Name: NodeName(n), Netns: nm.nodeNetns(n),
 			Cgroup: filepath.Join(l.CgroupRoot, NodeName(n)), IPv4: NodeIPv4(n), IPv6: NodeIPv6(n)}}
+		if cfg.Kubelet {
+			// The node's processes in a leaf beside the kubelet's
+			// kubepods: the node's cgroup, the socket LB's root,
+			// holds no process itself (cgroup v2's rule for a
+			// parent with controllers).
+			node.Cgroup = filepath.Join(node.Cgroup, "system")
+		}
 		if a := cfg.NodeLBAcceleration[node.Name]; a != "" && a != cfg.LBAcceleration && cfg.Dataplane == DataplaneSluice {
 			node.LBAcceleration = a
 		}
@@ -419,12 +460,24 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 
 	if real {
 		l.step("starting the control plane in netns %s at %s", nm.cpNetns(), ControlPlaneIPv4)
-		if err := l.startControlPlane(ctx, nm); err != nil {
+		if err := l.startControlPlane(ctx, nm, cfg.Kubelet); err != nil {
 			return err
 		}
-		l.step("registering %d nodes and %d pods with the apiserver", cfg.Nodes, cfg.Nodes*cfg.PodsPerNode)
-		if err := l.registerCluster(ctx); err != nil {
-			return err
+		if cfg.Kubelet {
+			if err := l.buildImages(cfg); err != nil {
+				return err
+			}
+			if err := l.startKubelets(ctx, nm, l.tools, l.Images); err != nil {
+				return err
+			}
+			if err := l.writeChartValues(); err != nil {
+				return err
+			}
+		} else {
+			l.step("registering %d nodes and %d pods with the apiserver", cfg.Nodes, cfg.Nodes*cfg.PodsPerNode)
+			if err := l.registerCluster(ctx); err != nil {
+				return err
+			}
 		}
 	} else {
 		l.step("writing nodes and pods to %s", l.ManifestsDir)
@@ -591,10 +644,13 @@ func Cleanup(prefix string) error {
 
 	// A crashed run's agents still deserve a clean detach, and its
 	// apiserver an orderly stop before etcd (clients first).
+	var st *State
 	if data, err := os.ReadFile(nm.stateFile()); err == nil {
-		var st State
-		if json.Unmarshal(data, &st) == nil {
+		st = &State{}
+		if json.Unmarshal(data, st) == nil {
 			stopGently(dataplanePids(st.Nodes), 5*time.Second)
+		} else {
+			st = nil
 		}
 	}
 	if err := stopControlPlane(nm.cpDir()); err != nil {
@@ -629,6 +685,7 @@ func Cleanup(prefix string) error {
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, cleanupKubelets(nm, st)...)
 
 	if err := removeResolvConfs(nm.prefix); err != nil {
 		errs = append(errs, fmt.Errorf("remove the pods' resolv.conf under %s: %w", etcNetns, err))

@@ -75,6 +75,12 @@ func (l *Lab) startDaemon(target, log string, args ...string) (int, error) {
 // startDaemonEnv is startDaemon with env added to (or replacing entries of)
 // this process's environment.
 func (l *Lab) startDaemonEnv(target, log string, env []string, args ...string) (int, error) {
+	return l.startDaemonNS(target, log, nil, env, args...)
+}
+
+// startDaemonNS is startDaemonEnv with more nsenter options (a kubelet
+// node's --mount).
+func (l *Lab) startDaemonNS(target, log string, nsenter, env []string, args ...string) (int, error) {
 	controlplane.CloseInheritedOnExec()
 	ep, ok := l.Endpoint(target)
 	if !ok {
@@ -90,7 +96,8 @@ func (l *Lab) startDaemonEnv(target, log string, env []string, args ...string) (
 		return 0, fmt.Errorf("open log: %w", err)
 	}
 	defer out.Close()
-	cmd := exec.Command("nsenter", append([]string{"--net=" + netnsPath(ep.Netns), "--"}, args...)...)
+	argv := append(append([]string{"--net=" + netnsPath(ep.Netns)}, nsenter...), "--")
+	cmd := exec.Command("nsenter", append(argv, args...)...)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = attr
 	if len(env) > 0 {

@@ -166,6 +166,8 @@ func cleanLeftovers() error {
 func buildBinaries(dir string) error {
 	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/sluice", "./cmd/sluice-agent")
 	cmd.Dir = filepath.Join("..", "..")
+	// Static, as scripts/build.sh: the kubelet lab puts them in an image.
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("go build sluice and sluice-agent: %w\n%s", err, out)

@@ -115,6 +115,7 @@ socket-lb: {{ .Values.socketLB | quote }}
 sync-period: {{ .Values.syncPeriod | quote }}
 sync-period-min: {{ .Values.syncPeriodMin | quote }}
 unload-on-exit: {{ .Values.unloadOnExit | quote }}
+unload-on-uninstall: {{ .Values.unloadOnUninstall | quote }}
 {{- end }}
 
 {{/* SLUICE_LB_MODE for lb-mode. */}}

@@ -1,0 +1,107 @@
+package lab
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sluice-dataplane/sluice/internal/controlplane"
+	"github.com/sluice-dataplane/sluice/internal/image"
+)
+
+// ChartImageRepository and ChartAppVersion are the image the Helm chart
+// runs by default (deploy/charts/sluice: image.repository, appVersion; a
+// unit test keeps them equal): the kubelet lab imports sluice's image under
+// that name, so `helm install` needs no image values.
+const (
+	ChartImageRepository = "ghcr.io/sluice-dataplane/sluice"
+	ChartAppVersion      = "0.1.0"
+)
+
+// BusyboxPath is Debian's static busybox (busybox-static): the image's
+// shell for the chart's bpffs-mounting init container and for `kubectl
+// exec`.
+const BusyboxPath = "/bin/busybox"
+
+// busyboxApplets are linked in /bin of sluice's image.
+var busyboxApplets = []string{"sh", "cat", "ls", "mount", "umount", "stat", "sleep", "ps", "grep", "mkdir",
+	"rm", "env", "echo", "test", "[", "kill", "wget", "nc", "ip", "tail", "head", "df"}
+
+// BuildSluiceImage writes an archive of sluice's image, tagged ref, from
+// binDir's sluice and sluice-agent (static binaries: ./scripts/build.sh
+// builds them so).
+func BuildSluiceImage(binDir, ref, file string) error {
+	// /var/run → /run: the CLI's default API socket is /var/run/sluice/.
+	files := []image.File{{Path: "/tmp", Mode: 0o1777}, {Path: "/run/sluice"}, {Path: "/var/run", Link: "/run"},
+		{Path: "/sys/fs/bpf"}}
+	for _, b := range []string{"sluice", "sluice-agent"} {
+		src := filepath.Join(binDir, b)
+		if err := image.CheckStatic(src); err != nil {
+			return fmt.Errorf("sluice image: %w", err)
+		}
+		files = append(files, image.File{Path: "/usr/local/bin/" + b, Src: src})
+	}
+	if err := image.CheckStatic(BusyboxPath); err != nil {
+		return fmt.Errorf("sluice image: %w (install Debian's busybox-static: ./scripts/deps.sh does)", err)
+	}
+	files = append(files, image.File{Path: "/bin/busybox", Src: BusyboxPath})
+	for _, a := range busyboxApplets {
+		files = append(files, image.File{Path: "/bin/" + a, Link: "busybox"})
+	}
+	img, err := image.Build(image.Spec{Files: files, Created: time.Unix(0, 0).UTC(),
+		Entrypoint: []string{"/usr/local/bin/sluice-agent"},
+		Env:        []string{"PATH=/usr/local/bin:/bin"}})
+	if err != nil {
+		return fmt.Errorf("sluice image: %w", err)
+	}
+	return image.Write(file, ref, img)
+}
+
+// BuildPauseImage writes an archive of the pause image (PauseImage) from
+// the static pause binary scripts/k8s-build.sh compiles.
+func BuildPauseImage(pauseBin, file string) error {
+	if err := image.CheckStatic(pauseBin); err != nil {
+		return fmt.Errorf("pause image: %w", err)
+	}
+	img, err := image.Build(image.Spec{Files: []image.File{{Path: "/pause", Src: pauseBin}},
+		Created: time.Unix(0, 0).UTC(), Entrypoint: []string{"/pause"}})
+	if err != nil {
+		return fmt.Errorf("pause image: %w", err)
+	}
+	return image.Write(file, PauseImage, img)
+}
+
+// binDir is where the lab finds sluice's binaries: $SLUICE_BIN_DIR, else
+// next to this executable.
+func (c *Config) binDir() string {
+	if dir := os.Getenv("SLUICE_BIN_DIR"); dir != "" {
+		return dir
+	}
+	return filepath.Dir(c.Exe)
+}
+
+// buildImages writes sluice's image (under the chart's default name) and
+// the pause image to the run dir, for every node's containerd.
+func (l *Lab) buildImages(cfg Config) error {
+	dir := filepath.Join(l.RunDir, "images")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	bin, err := controlplane.BinDir()
+	if err != nil {
+		return err
+	}
+	sluice := ImageArchive{Ref: ChartImageRepository + ":" + ChartAppVersion, File: filepath.Join(dir, "sluice.tar")}
+	l.step("building image %s from %s", sluice.Ref, cfg.binDir())
+	if err := BuildSluiceImage(cfg.binDir(), sluice.Ref, sluice.File); err != nil {
+		return err
+	}
+	pause := ImageArchive{Ref: PauseImage, File: filepath.Join(dir, "pause.tar")}
+	l.step("building image %s from %s", pause.Ref, filepath.Join(bin, "pause"))
+	if err := BuildPauseImage(filepath.Join(bin, "pause"), pause.File); err != nil {
+		return err
+	}
+	l.Images = []ImageArchive{sluice, pause}
+	return l.save()
+}
