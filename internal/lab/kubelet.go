@@ -566,6 +566,26 @@ func (l *Lab) waitNodesReady(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
+// nodeReady is the Node's Ready condition status, or why it is unknown.
+func (l *Lab) nodeReady(ctx context.Context, name string) string {
+	cs, err := l.KubeClient()
+	if err != nil {
+		return err.Error()
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	node, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return string(c.Status)
+		}
+	}
+	return "Unknown"
+}
+
 // isMountPoint reports whether dir is a mount point in this mount
 // namespace.
 func isMountPoint(dir string) bool {
@@ -660,7 +680,11 @@ func cleanupKubelets(nm names, st *State) []error {
 	if err := os.RemoveAll(nm.kubeletRoot()); err != nil {
 		errs = append(errs, fmt.Errorf("remove %s: %w", nm.kubeletRoot(), err))
 	}
-	if st != nil {
+	// The mount points are shared with any other kubelet lab on this
+	// machine, whose nodes' mounts on them a removal would take away.
+	others, _ := filepath.Glob("/run/*/mnt/node*")
+	others = slices.DeleteFunc(others, func(p string) bool { return strings.HasPrefix(p, nm.mountNSDir()+"/") })
+	if st != nil && len(others) == 0 {
 		var created []string
 		for _, n := range st.Nodes {
 			if n.Kubelet != nil {

@@ -62,7 +62,9 @@ type NodeStatus struct {
 	LBAcceleration string           `json:"lbAcceleration,omitempty"`
 	Agent          *AgentStatus     `json:"agent,omitempty"`
 	KubeProxy      *KubeProxyStatus `json:"kubeProxy,omitempty"`
-	Pods           []PodStatus      `json:"pods"`
+	// Kubelet is the node's kubelet and containerd in a kubelet lab.
+	Kubelet *KubeletStatus `json:"kubelet,omitempty"`
+	Pods    []PodStatus    `json:"pods"`
 }
 
 // KubeProxyStatus is a kube-proxy process and whether it has synced.
@@ -154,9 +156,22 @@ func (l *Lab) Status(ctx context.Context) Status {
 		for _, p := range n.Pods {
 			ns.Pods = append(ns.Pods, PodStatus{Endpoint: p.Endpoint, PID: p.PID, Alive: processAlive(p.PID)})
 		}
+		if k := n.Kubelet; k != nil {
+			ns.Kubelet = &KubeletStatus{Kubelet: *k, KubeletAlive: processAlive(k.KubeletPID),
+				ContainerdAlive: processAlive(k.ContainerdPID), Ready: l.nodeReady(ctx, n.Name)}
+		}
 		st.Nodes = append(st.Nodes, ns)
 	}
 	return st
+}
+
+// KubeletStatus is a kubelet node's processes and its Node's Ready
+// condition.
+type KubeletStatus struct {
+	Kubelet
+	KubeletAlive    bool   `json:"kubeletAlive"`
+	ContainerdAlive bool   `json:"containerdAlive"`
+	Ready           string `json:"ready"` // the Node's Ready condition, or why it is unknown
 }
 
 // Print writes the status as a table, or as JSON when asJSON.
@@ -252,6 +267,15 @@ func (st Status) Print(w io.Writer, asJSON bool) error {
 				state = "not running"
 			default:
 				state = "unhealthy: " + a.Error
+			}
+		}
+		if k := n.Kubelet; k != nil {
+			proc = fmt.Sprintf("kubelet pid %d, containerd pid %d", k.KubeletPID, k.ContainerdPID)
+			switch {
+			case !k.KubeletAlive || !k.ContainerdAlive:
+				state = "not running (" + k.KubeletLog + ")"
+			default:
+				state = "Ready " + k.Ready
 			}
 		}
 		fmt.Fprintf(tw, "%s\tnode\t%s\t%s\t%s\t%s\n", n.Name, addr(n.IPv4), addr(n.IPv6), proc, state)

@@ -1,0 +1,130 @@
+package lab
+
+import (
+	"encoding/json"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+)
+
+// TestChartImageMatchesChart: the kubelet lab imports sluice's image under
+// the name the chart runs by default, so both must stay equal.
+func TestChartImageMatchesChart(t *testing.T) {
+	dir := filepath.Join("..", "..", "deploy", "charts", "sluice")
+	var chart struct {
+		AppVersion string `json:"appVersion"`
+	}
+	var values struct {
+		Image struct {
+			Repository string `json:"repository"`
+			Tag        string `json:"tag"`
+		} `json:"image"`
+	}
+	for file, into := range map[string]any{"Chart.yaml": &chart, "values.yaml": &values} {
+		data, err := os.ReadFile(filepath.Join(dir, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.Unmarshal(data, into); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+	}
+	if chart.AppVersion != ChartAppVersion || values.Image.Repository != ChartImageRepository || values.Image.Tag != "" {
+		t.Errorf("chart runs %s:%s (tag %q), the lab imports %s:%s", values.Image.Repository, chart.AppVersion,
+			values.Image.Tag, ChartImageRepository, ChartAppVersion)
+	}
+}
+
+// TestKubeletCNIConfig: every node's CNI hands out addresses inside the
+// node's pod subnets (routed to it by the fabric), with the lab's gateway,
+// enough of them for the kubelet's maxPods (110). A kubelet lab has no
+// netns pods (TestKubeletConfigRejects), so nothing else uses them.
+func TestKubeletCNIConfig(t *testing.T) {
+	for _, node := range []int{1, 2, MaxNodes} {
+		dir := t.TempDir()
+		if err := writeCNIConfig(dir, node); err != nil {
+			t.Fatal(err)
+		}
+		data, err := os.ReadFile(filepath.Join(dir, "10-sluice-lab.conflist"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var conf struct {
+			Plugins []struct {
+				Type string `json:"type"`
+				IPAM struct {
+					Ranges [][]struct {
+						Subnet     netip.Prefix `json:"subnet"`
+						RangeStart netip.Addr   `json:"rangeStart"`
+						RangeEnd   netip.Addr   `json:"rangeEnd"`
+						Gateway    netip.Addr   `json:"gateway"`
+					} `json:"ranges"`
+				} `json:"ipam"`
+			} `json:"plugins"`
+		}
+		if err := json.Unmarshal(data, &conf); err != nil {
+			t.Fatal(err)
+		}
+		if len(conf.Plugins) != 1 || conf.Plugins[0].Type != "ptp" || len(conf.Plugins[0].IPAM.Ranges) != 2 {
+			t.Fatalf("node %d: %s", node, data)
+		}
+		subnets := []netip.Prefix{PodCIDRv4(node), PodCIDRv6(node)}
+		gateways := []netip.Addr{GatewayIPv4(node), GatewayIPv6(node)}
+		for i, rs := range conf.Plugins[0].IPAM.Ranges {
+			r := rs[0]
+			if r.Subnet != subnets[i] || !r.Subnet.Contains(r.RangeStart) || !r.Subnet.Contains(r.RangeEnd) ||
+				r.RangeStart.Compare(r.RangeEnd) >= 0 || r.Gateway != gateways[i] {
+				t.Errorf("node %d range %d: %+v, want inside %s with gateway %s", node, i, r, subnets[i], gateways[i])
+			}
+			n := 0
+			for a := r.RangeStart; a.Compare(r.RangeEnd) <= 0 && n <= 110; a = a.Next() {
+				n++
+			}
+			if n < 110 {
+				t.Errorf("node %d range %d: %d addresses, want at least the kubelet's 110 pods", node, i, n)
+			}
+		}
+	}
+}
+
+// TestKubeletConfig: the KubeletConfiguration is valid YAML with the
+// node's cgroup root and the settings the lab depends on.
+func TestKubeletConfig(t *testing.T) {
+	var cfg map[string]any
+	if err := yaml.Unmarshal([]byte(kubeletConfig("/sluice-lab/node1")), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]any{"kind": "KubeletConfiguration", "cgroupRoot": "/sluice-lab/node1",
+		"cgroupDriver": "cgroupfs", "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock"} {
+		if cfg[k] != want {
+			t.Errorf("%s: %v, want %v", k, cfg[k], want)
+		}
+	}
+	c := containerdConfig("/usr/lib/cni", true)
+	for _, want := range []string{`sandbox_image = "` + PauseImage + `"`, "restrict_oom_score_adj = true", `bin_dir = "/usr/lib/cni"`} {
+		if !strings.Contains(c, want) {
+			t.Errorf("containerd config lacks %s:\n%s", want, c)
+		}
+	}
+}
+
+func TestKubeletConfigRejects(t *testing.T) {
+	for _, c := range []Config{
+		{Nodes: 1, Kubelet: true, PodsPerNode: 2},
+		{Nodes: 1, Kubelet: true, Dataplane: DataplaneSluice},
+		{Nodes: 1, Kubelet: true, ControlPlane: ControlPlaneManifests},
+	} {
+		c.Exe = "/bin/true"
+		if err := c.setDefaults(); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+	c := Config{Nodes: 1, Kubelet: true, Exe: "/bin/true"}
+	if err := c.setDefaults(); err != nil || c.Dataplane != DataplaneNone || c.ControlPlane != ControlPlaneReal {
+		t.Errorf("kubelet defaults: %v, dataplane %q, control plane %q", err, c.Dataplane, c.ControlPlane)
+	}
+}
