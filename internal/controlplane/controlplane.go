@@ -165,14 +165,14 @@ type State struct {
 	EtcdPID      int        `json:"etcdPid"`
 	APIServerPID int        `json:"apiserverPid"`
 	// ControllerManagerPID and SchedulerPID are set with Options.Controllers.
-	ControllerManagerPID int `json:"controllerManagerPid,omitempty"`
-	SchedulerPID         int `json:"schedulerPid,omitempty"`
-	EtcdLog      string     `json:"etcdLog"`
-	APIServerLog string     `json:"apiserverLog"`
+	ControllerManagerPID int    `json:"controllerManagerPid,omitempty"`
+	SchedulerPID         int    `json:"schedulerPid,omitempty"`
+	EtcdLog              string `json:"etcdLog"`
+	APIServerLog         string `json:"apiserverLog"`
 	// ControllerManagerLog and SchedulerLog are set with Options.Controllers.
 	ControllerManagerLog string `json:"controllerManagerLog,omitempty"`
 	SchedulerLog         string `json:"schedulerLog,omitempty"`
-	Kubeconfig   string     `json:"kubeconfig"`
+	Kubeconfig           string `json:"kubeconfig"`
 }
 
 const stateFile = "controlplane.json"
