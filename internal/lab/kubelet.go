@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluice-dataplane/sluice/internal/controlplane"
 )
@@ -159,7 +160,28 @@ func (l *Lab) startKubelets(ctx context.Context, nm names, t kubeletTools, image
 			return err
 		}
 	}
-	return l.waitNodesReady(ctx, 3*time.Minute)
+	if err := l.waitNodesReady(ctx, 3*time.Minute); err != nil {
+		return err
+	}
+	return l.setPodCIDRs(ctx)
+}
+
+// setPodCIDRs writes each Node's spec.podCIDRs, the lab's pod subnets of
+// that node, as the controller-manager's node IPAM would (it cannot here:
+// the lab's subnets are fixed by its address plan): kube-proxy's
+// --detect-local-mode=NodeCIDR and sluice read them.
+func (l *Lab) setPodCIDRs(ctx context.Context) error {
+	cs, err := l.KubeClient()
+	if err != nil {
+		return err
+	}
+	for _, n := range l.Nodes {
+		patch := fmt.Sprintf(`{"spec":{"podCIDR":%q,"podCIDRs":[%q,%q]}}`, PodCIDRv4(n.Index), PodCIDRv4(n.Index), PodCIDRv6(n.Index))
+		if _, err := cs.CoreV1().Nodes().Patch(ctx, n.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("set the pod CIDRs of node %s: %w", n.Name, err)
+		}
+	}
+	return nil
 }
 
 func (l *Lab) startKubelet(ctx context.Context, nm names, n *Node, t kubeletTools, images []ImageArchive) error {

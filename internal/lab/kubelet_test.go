@@ -115,7 +115,7 @@ func TestKubeletConfig(t *testing.T) {
 func TestKubeletConfigRejects(t *testing.T) {
 	for _, c := range []Config{
 		{Nodes: 1, Kubelet: true, PodsPerNode: 2},
-		{Nodes: 1, Kubelet: true, Dataplane: DataplaneSluice},
+		{Nodes: 1, Kubelet: true, Dataplane: DataplaneSluice}, // installed with its chart
 		{Nodes: 1, Kubelet: true, ControlPlane: ControlPlaneManifests},
 	} {
 		c.Exe = "/bin/true"

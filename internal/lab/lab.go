@@ -92,7 +92,9 @@ type Config struct {
 	// (kubelet.go, docs/kubelet-lab.md), with the real control plane's
 	// controller-manager and scheduler: workloads are real Pods, and the
 	// dataplane is what gets installed into the cluster (sluice's Helm
-	// chart: InstallChart), so Dataplane is DataplaneNone and PodsPerNode 0.
+	// chart: InstallChart), so Dataplane is DataplaneNone, or one of the
+	// DataplaneKubeProxy* (the real kube-proxy as a node process, the
+	// comparison), and PodsPerNode 0.
 	Kubelet bool
 	// Exe is a binary with the `lab backend` and `lab probe` subcommands;
 	// default: this executable.
@@ -121,8 +123,8 @@ func (c *Config) setDefaults() error {
 		switch {
 		case c.Dataplane == "":
 			c.Dataplane = DataplaneNone
-		case c.Dataplane != DataplaneNone:
-			return fmt.Errorf("dataplane %q with a kubelet lab: the dataplane is installed into the cluster (lab helm install), use dataplane %s", c.Dataplane, DataplaneNone)
+		case c.Dataplane == DataplaneSluice:
+			return fmt.Errorf("dataplane %q with a kubelet lab: sluice is installed into the cluster (lab up --chart, lab helm), use dataplane %s", c.Dataplane, DataplaneNone)
 		}
 		if c.PodsPerNode != 0 {
 			return fmt.Errorf("pods per node %d with a kubelet lab: its workloads are real Pods, want 0", c.PodsPerNode)

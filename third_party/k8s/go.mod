@@ -6,6 +6,11 @@
 // ./staging/...; replaces in a dependency are ignored, so each staging module is
 // replaced here by its published v0.33.x (same patch as the pinned release).
 // Built by scripts/k8s-build.sh; to upgrade, see README.md.
+//
+// It also pins Kubernetes' conformance test binary e2e.test and the agnhost
+// test image binary, built by scripts/conformance-build.sh: agnhost is a tool
+// below, e2e.test (a test, which tidy does not follow into a dependency) has
+// its imports named in conformance/imports.go.
 module github.com/sluice-dataplane/sluice/third_party/k8s
 
 go 1.24.0
@@ -243,6 +248,9 @@ replace (
 	k8s.io/metrics => k8s.io/metrics v0.33.13
 	k8s.io/mount-utils => k8s.io/mount-utils v0.33.13
 	k8s.io/pod-security-admission => k8s.io/pod-security-admission v0.33.13
+	// Used only by e2e.test (test/e2e/apimachinery). v0.33.13's zip is not
+	// served by the module proxy this was resolved through; v0.33.6-v0.33.13
+	// differ from v0.33.5 only in go.mod/go.sum, so the source is the same.
 	k8s.io/sample-apiserver => k8s.io/sample-apiserver v0.33.5
 	k8s.io/sample-cli-plugin => k8s.io/sample-cli-plugin v0.33.13
 	k8s.io/sample-controller => k8s.io/sample-controller v0.33.13
