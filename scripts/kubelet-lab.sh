@@ -2,7 +2,7 @@
 # A real node in one command: installs what it needs (containerd, runc, the CNI
 # plugins, busybox-static, etcd, ...), builds sluice, the Kubernetes binaries
 # (kubelet, kube-controller-manager, kube-scheduler, kubectl and pause with the
-# apiserver) and helm, brings up a lab whose nodes run a real kubelet and
+# apiserver), CoreDNS (the cluster's DNS, as pods) and helm, brings up a lab whose nodes run a real kubelet and
 # containerd, and installs sluice's Helm chart into it (docs/kubelet-lab.md).
 # Extra arguments go to `sluice lab up` (e.g. --nodes 1). Then:
 #   ./bin/sluice lab kubectl -- get pods -A
@@ -14,5 +14,6 @@ cd "$(dirname "$0")/.."
 ./scripts/build.sh
 ./scripts/etcd.sh >/dev/null
 ./scripts/k8s-build.sh >/dev/null
+./scripts/coredns-build.sh >/dev/null
 ./scripts/helm-build.sh >/dev/null
 exec ./bin/sluice lab up --kubelet --chart deploy/charts/sluice "$@"

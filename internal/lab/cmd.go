@@ -34,7 +34,7 @@ and UDP echo backend in every pod.`,
 	p := &prefix
 	cmd.AddCommand(upCommand(p), downCommand(p), statusCommand(p), execCommand(p),
 		applyCommand(p, true), applyCommand(p, false), annotateCommand(p), labelCommand(p), demoCommand(p), backendCommand(), probeCommand(), tuneCommand(p),
-		toolCommand(p, "kubectl", KubectlBin), toolCommand(p, "helm", HelmBin), imageCommand(p))
+		toolCommand(p, "kubectl", KubectlBin), toolCommand(p, "helm", HelmBin), imageCommand(p), conformanceCommand())
 	return cmd
 }
 

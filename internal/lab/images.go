@@ -102,6 +102,15 @@ func (l *Lab) buildImages(cfg Config) error {
 	if err := BuildPauseImage(filepath.Join(bin, "pause"), pause.File); err != nil {
 		return err
 	}
-	l.Images = []ImageArchive{sluice, pause}
+	dnsBin, err := CoreDNSBinary()
+	if err != nil {
+		return fmt.Errorf("the kubelet lab's cluster DNS: %w", err)
+	}
+	dns := ImageArchive{Ref: CoreDNSImage, File: filepath.Join(dir, "coredns.tar")}
+	l.step("building image %s from %s", dns.Ref, dnsBin)
+	if err := BuildCoreDNSImage(dnsBin, dns.File); err != nil {
+		return err
+	}
+	l.Images = []ImageArchive{sluice, pause, dns}
 	return l.save()
 }

@@ -163,7 +163,11 @@ func (l *Lab) startKubelets(ctx context.Context, nm names, t kubeletTools, image
 	if err := l.waitNodesReady(ctx, 3*time.Minute); err != nil {
 		return err
 	}
-	return l.setPodCIDRs(ctx)
+	if err := l.setPodCIDRs(ctx); err != nil {
+		return err
+	}
+	l.step("cluster DNS: CoreDNS pods behind kube-dns %s (ready once a dataplane serves the kubernetes Service)", ClusterDNSIPv4)
+	return l.startKubeletDNS(ctx)
 }
 
 // setPodCIDRs writes each Node's spec.podCIDRs, the lab's pod subnets of
@@ -383,7 +387,8 @@ authorization:
   mode: AlwaysAllow
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
-clusterDomain: cluster.local
+clusterDomain: ` + ClusterDomain + `
+clusterDNS: [` + ClusterDNSIPv4.String() + `]
 serializeImagePulls: false
 imageMinimumGCAge: 87600h
 imageGCHighThresholdPercent: 100
