@@ -680,15 +680,20 @@ func cleanupKubelets(nm names, st *State) []error {
 		for _, e := range entries {
 			p := filepath.Join(nm.mountNSDir(), e.Name())
 			if isMountPoint(p) {
-				if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil {
+				if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
 					errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
 				}
 			}
 		}
 	}
-	if isMountPoint(nm.mountNSDir()) {
+	// The run dir's bind may be stacked (an interrupted up that bound it
+	// again); EINVAL says it is no mount point after all.
+	for i := 0; i < 8 && isMountPoint(nm.mountNSDir()); i++ {
 		if err := syscall.Unmount(nm.mountNSDir(), syscall.MNT_DETACH); err != nil {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", nm.mountNSDir(), err))
+			if !errors.Is(err, syscall.EINVAL) {
+				errs = append(errs, fmt.Errorf("unmount %s: %w", nm.mountNSDir(), err))
+			}
+			break
 		}
 	}
 	if mounts, err := v1CgroupMounts(); err == nil {
