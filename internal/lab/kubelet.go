@@ -288,6 +288,13 @@ func (l *Lab) makeMountNS(ctx context.Context, nm names, n *Node) error {
 	if err := makeV1Cgroups(nm.kubeletCgroupRel(n.Index)); err != nil {
 		return err
 	}
+	// A cgroup v2 host: the kubelet's resource controllers, where the
+	// machine's root delegates them, down to the node's subtree.
+	for _, dir := range []string{filepath.Dir(k.Cgroup), k.Cgroup} {
+		if err := enableControllers(dir); err != nil {
+			return err
+		}
+	}
 	sysctlDir := filepath.Join(k.Dir, "sysctl")
 	if err := os.MkdirAll(sysctlDir, 0o755); err != nil {
 		return err
@@ -666,6 +673,27 @@ func makeV1Cgroups(rel string) error {
 		if err := os.MkdirAll(filepath.Join(m, rel), 0o755); err != nil {
 			return fmt.Errorf("create cgroup %s in %s: %w", rel, m, err)
 		}
+	}
+	return nil
+}
+
+// enableControllers enables in dir's children every controller dir has
+// (cgroup.controllers: what its parent delegates). On a hybrid host the v2
+// hierarchy has none and this does nothing.
+func enableControllers(dir string) error {
+	data, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+	if err != nil {
+		return fmt.Errorf("cgroup controllers of %s: %w", dir, err)
+	}
+	var enable []string
+	for _, c := range strings.Fields(string(data)) {
+		enable = append(enable, "+"+c)
+	}
+	if len(enable) == 0 {
+		return nil
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte(strings.Join(enable, " ")), 0); err != nil {
+		return fmt.Errorf("enable %s in %s: %w (the kubelet needs them for its pods)", strings.Join(enable, " "), dir, err)
 	}
 	return nil
 }
