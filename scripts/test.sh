@@ -11,9 +11,11 @@ cd "$(dirname "$0")/.."
 export GOTOOLCHAIN=auto
 
 # The real control plane for the tests that need one: etcd from Debian,
-# kube-apiserver and kube-proxy built from the k8s.io/kubernetes module
-# (about 7 minutes the first time, then cached under /var/cache/sluice).
-echo "==> etcd, kube-apiserver and kube-proxy"
+# kube-apiserver, kube-proxy and, for the kubelet lab's test, kubelet,
+# kube-controller-manager, kube-scheduler, kubectl and pause built from the
+# k8s.io/kubernetes module (about 10 minutes the first time, then cached
+# under /var/cache/sluice).
+echo "==> etcd and the Kubernetes binaries (apiserver, kube-proxy, kubelet, controller-manager, scheduler, kubectl)"
 ./scripts/etcd.sh >/dev/null
 SLUICE_K8S_BIN_DIR=$(./scripts/k8s-build.sh | tail -n 1)
 export SLUICE_K8S_BIN_DIR
