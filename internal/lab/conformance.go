@@ -87,18 +87,28 @@ func RunConformance(ctx context.Context, cfg ConformanceConfig) (*ConformanceRep
 	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 		return nil, err
 	}
+	coredns, err := CoreDNSBinary()
+	if err != nil {
+		return nil, err
+	}
 	agnhost := ImageArchive{Ref: AgnhostImage, File: filepath.Join(cfg.Out, "agnhost.tar")}
-	fmt.Fprintf(cfg.Progress, "==> building image %s\n", agnhost.Ref)
-	if err := BuildAgnhostImage(filepath.Join(dir, "agnhost"), agnhost.File); err != nil {
+	dnsutils := ImageArchive{Ref: JessieDNSUtilsImage, File: filepath.Join(cfg.Out, "jessie-dnsutils.tar")}
+	fmt.Fprintf(cfg.Progress, "==> building images %s and %s\n", agnhost.Ref, dnsutils.Ref)
+	if err := BuildAgnhostImage(filepath.Join(dir, "agnhost"), coredns, agnhost.File); err != nil {
 		return nil, err
 	}
 	defer os.Remove(agnhost.File)
+	if err := BuildDNSUtilsImage(dnsutils.File); err != nil {
+		return nil, err
+	}
+	defer os.Remove(dnsutils.File)
+	images := []ImageArchive{agnhost, dnsutils}
 	rep := &ConformanceReport{Version: controlplane.Version, Focus: cfg.Focus, Dataplanes: cfg.Dataplanes,
 		Nodes: cfg.Nodes, Started: time.Now().UTC(), Durations: map[string]string{}}
 	byName := map[string]*ConformanceResult{}
 	for _, dp := range cfg.Dataplanes {
 		start := time.Now()
-		cases, err := conformanceOne(ctx, cfg, dp, dir, agnhost)
+		cases, err := conformanceOne(ctx, cfg, dp, dir, images)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", dp, err)
 		}
@@ -161,7 +171,7 @@ func (c junitCase) outcome() string {
 	return "passed"
 }
 
-func conformanceOne(ctx context.Context, cfg ConformanceConfig, dp, dir string, agnhost ImageArchive) ([]junitCase, error) {
+func conformanceOne(ctx context.Context, cfg ConformanceConfig, dp, dir string, images []ImageArchive) ([]junitCase, error) {
 	lc := Config{Prefix: "sluice-conf-", Nodes: cfg.Nodes, Kubelet: true, Exe: cfg.Exe, Progress: cfg.Progress}
 	if dp != DataplaneSluice {
 		lc.Dataplane = dp
@@ -180,7 +190,7 @@ func conformanceOne(ctx context.Context, cfg ConformanceConfig, dp, dir string, 
 			return nil, err
 		}
 	}
-	if err := l.ImportImages(ctx, agnhost); err != nil {
+	if err := l.ImportImages(ctx, images...); err != nil {
 		return nil, err
 	}
 	if err := l.WaitClusterDNS(ctx, 3*time.Minute); err != nil {

@@ -139,7 +139,7 @@ func findKubeletTools() (kubeletTools, error) {
 		return t, fmt.Errorf("containerd-shim-runc-v2 not found (Debian's containerd ships it): %w", err)
 	}
 	t.cniDir = CNIBinDir
-	for _, p := range []string{"ptp", "host-local", "loopback"} {
+	for _, p := range []string{"ptp", "host-local", "loopback", "portmap"} {
 		if _, err := os.Stat(filepath.Join(t.cniDir, p)); err != nil {
 			return t, fmt.Errorf("CNI plugin %s not found in %s (install Debian's containernetworking-plugins: ./scripts/deps.sh does): %w", p, t.cniDir, err)
 		}
@@ -461,7 +461,8 @@ func KubeletPodRange(node int) (v4first, v4last, v6first, v6last netip.Addr) {
 
 // writeCNIConfig writes the node's CNI network: Debian's ptp plugin (a veth
 // per pod, the gateway address on the host side, a host route per pod: the
-// lab's own pod wiring) with host-local addresses from KubeletPodRange.
+// lab's own pod wiring) with host-local addresses from KubeletPodRange,
+// then portmap for hostPort.
 func writeCNIConfig(dir string, node int) error {
 	v4a, v4b, v6a, v6b := KubeletPodRange(node)
 	conf := map[string]any{
@@ -480,6 +481,11 @@ func writeCNIConfig(dir string, node int) error {
 				},
 				"routes": []any{map[string]string{"dst": "0.0.0.0/0"}, map[string]string{"dst": "::/0"}},
 			},
+		}, map[string]any{
+			// hostPort, as most clusters' CNI chains have it (its DNAT
+			// rules are the node's, in its namespace).
+			"type":         "portmap",
+			"capabilities": map[string]bool{"portMappings": true},
 		}},
 	}
 	data, err := json.MarshalIndent(conf, "", "  ")

@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,24 +43,48 @@ func BuildCoreDNSImage(bin, file string) error {
 // agnhostTools are what the conformance tests run inside agnhost pods
 // besides agnhost itself (`/bin/sh -x -c "... | nc -v -t -w 2 host port"`,
 // nslookup, curl): the upstream image has them from Alpine; here they are
-// Debian's, with their shared libraries. sh, seq and the like are
+// Debian's, with their shared libraries. seq, sleep and the like are
 // busybox's.
 var agnhostTools = map[string]string{
-	// dash, not busybox's sh: that one runs its own applets (nc among
-	// them) before anything in $PATH.
-	"/bin/sh":           "/bin/dash",
 	"/usr/bin/nc":       "/bin/nc.openbsd", // netcat-openbsd: -t, -u, -w, -z as the tests use them
 	"/usr/bin/curl":     "/usr/bin/curl",
 	"/usr/bin/nslookup": "/usr/bin/nslookup", // bind9-dnsutils
 }
 
+// dnsutilsTools are what the DNS conformance tests run in their
+// jessie-dnsutils pods: dig (UDP, TCP, PTR, +search) and getent hosts.
+var dnsutilsTools = map[string]string{
+	"/usr/bin/dig":      "/usr/bin/dig", // bind9-dnsutils
+	"/usr/bin/nslookup": "/usr/bin/nslookup",
+	"/usr/bin/getent":   "/usr/bin/getent", // libc-bin
+}
+
+// JessieDNSUtilsImage is the image the DNS conformance tests probe from.
+const JessieDNSUtilsImage = "registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7"
+
 // BuildAgnhostImage writes an archive of AgnhostImage from the agnhost
-// binary scripts/conformance-build.sh builds, busybox and agnhostTools.
-func BuildAgnhostImage(agnhost, file string) error {
+// binary scripts/conformance-build.sh builds, with CoreDNS at /coredns as
+// upstream's image has it (a DNS test runs it), busybox and agnhostTools.
+func BuildAgnhostImage(agnhost, coredns, file string) error {
 	if err := image.CheckStatic(agnhost); err != nil {
 		return fmt.Errorf("agnhost image: %w", err)
 	}
-	tmp, err := os.MkdirTemp("", "agnhost-image-")
+	extra := []image.File{{Path: "/agnhost", Src: agnhost}, {Path: "/agnhost-2", Link: "agnhost"},
+		{Path: "/coredns", Src: coredns}, {Path: "/uploads"}}
+	return toolImage(AgnhostImage, file, agnhostTools, extra, []string{"/agnhost"}, []string{"pause"})
+}
+
+// BuildDNSUtilsImage writes an archive of JessieDNSUtilsImage.
+func BuildDNSUtilsImage(file string) error {
+	return toolImage(JessieDNSUtilsImage, file, dnsutilsTools, nil, nil, []string{"/bin/sh"})
+}
+
+// toolImage builds a test image of Debian tools with their shared
+// libraries, dash as /bin/sh (busybox's sh runs its own applets, nc among
+// them, before anything in $PATH), busybox for the rest, the users the
+// upstream images define, and extra files.
+func toolImage(ref, file string, tools map[string]string, extra []image.File, entrypoint, cmd []string) error {
+	tmp, err := os.MkdirTemp("", "test-image-")
 	if err != nil {
 		return err
 	}
@@ -72,49 +97,41 @@ func BuildAgnhostImage(agnhost, file string) error {
 	if err := os.WriteFile(group, []byte("root:x:0:\ngroup-defined-in-image:x:50000:user-defined-in-image\n"), 0o644); err != nil {
 		return err
 	}
-	files := []image.File{{Path: "/agnhost", Src: agnhost}, {Path: "/agnhost-2", Link: "agnhost"},
-		{Path: "/tmp", Mode: 0o1777}, {Path: "/uploads"},
+	files := append([]image.File{{Path: "/tmp", Mode: 0o1777},
 		{Path: "/etc/passwd", Src: passwd, Mode: 0o644}, {Path: "/etc/group", Src: group, Mode: 0o644},
-		{Path: "/bin/busybox", Src: BusyboxPath}}
+		{Path: "/bin/busybox", Src: BusyboxPath}}, extra...)
 	for _, a := range append(slices.Clone(busyboxApplets), "seq", "hostname", "wc", "cut", "sed", "tr", "sort", "uniq", "awk", "timeout", "xargs", "true", "false", "date", "id", "touch", "cp", "mv", "chmod") {
-		if a == "sh" || a == "nc" { // Debian's (agnhostTools)
+		if a == "sh" || a == "nc" { // dash; netcat-openbsd where wanted
 			continue
 		}
 		files = append(files, image.File{Path: "/bin/" + a, Link: "busybox"})
 	}
+	all := map[string]string{"/bin/sh": "/bin/dash"}
+	maps.Copy(all, tools)
 	libs := map[string]bool{}
-	for dst, src := range agnhostTools {
+	for _, dst := range slices.Sorted(maps.Keys(all)) {
+		src := all[dst]
 		if _, err := os.Stat(src); err != nil {
-			return fmt.Errorf("agnhost image: %s: %w (./scripts/conformance.sh installs netcat-openbsd, curl and bind9-dnsutils)", src, err)
+			return fmt.Errorf("image %s: %s: %w (./scripts/conformance.sh installs netcat-openbsd, curl and bind9-dnsutils)", ref, src, err)
 		}
 		files = append(files, image.File{Path: dst, Src: src})
 		deps, err := sharedLibraries(src)
 		if err != nil {
-			return fmt.Errorf("agnhost image: %w", err)
+			return fmt.Errorf("image %s: %w", ref, err)
 		}
 		for _, d := range deps {
 			libs[d] = true
 		}
 	}
-	for _, l := range slices.Sorted(mapKeys(libs)) {
+	for _, l := range slices.Sorted(maps.Keys(libs)) {
 		files = append(files, image.File{Path: l, Src: l, Mode: 0o755})
 	}
 	img, err := image.Build(image.Spec{Files: files, Created: time.Unix(0, 0).UTC(),
-		Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin"}})
+		Entrypoint: entrypoint, Cmd: cmd, Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin"}})
 	if err != nil {
-		return fmt.Errorf("agnhost image: %w", err)
+		return fmt.Errorf("image %s: %w", ref, err)
 	}
-	return image.Write(file, AgnhostImage, img)
-}
-
-func mapKeys(m map[string]bool) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
+	return image.Write(file, ref, img)
 }
 
 var lddPath = regexp.MustCompile(`(/[^ ]+) \(0x`)

@@ -69,7 +69,7 @@ func TestKubeletCNIConfig(t *testing.T) {
 		if err := json.Unmarshal(data, &conf); err != nil {
 			t.Fatal(err)
 		}
-		if len(conf.Plugins) != 1 || conf.Plugins[0].Type != "ptp" || len(conf.Plugins[0].IPAM.Ranges) != 2 {
+		if len(conf.Plugins) != 2 || conf.Plugins[0].Type != "ptp" || conf.Plugins[1].Type != "portmap" || len(conf.Plugins[0].IPAM.Ranges) != 2 {
 			t.Fatalf("node %d: %s", node, data)
 		}
 		subnets := []netip.Prefix{PodCIDRv4(node), PodCIDRv6(node)}
