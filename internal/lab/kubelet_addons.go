@@ -42,13 +42,15 @@ func BuildCoreDNSImage(bin, file string) error {
 
 // agnhostTools are what the conformance tests run inside agnhost pods
 // besides agnhost itself (`/bin/sh -x -c "... | nc -v -t -w 2 host port"`,
-// nslookup, curl): the upstream image has them from Alpine; here they are
+// nslookup, dig, curl): the upstream image has them from Alpine; here they are
 // Debian's, with their shared libraries. seq, sleep and the like are
 // busybox's.
 var agnhostTools = map[string]string{
 	"/usr/bin/nc":       "/bin/nc.openbsd", // netcat-openbsd: -t, -u, -w, -z as the tests use them
 	"/usr/bin/curl":     "/usr/bin/curl",
-	"/usr/bin/nslookup": "/usr/bin/nslookup", // bind9-dnsutils
+	"/usr/bin/nslookup": "/usr/bin/nslookup", // bind9-dnsutils, as Alpine's bind-tools
+	"/usr/bin/dig":      "/usr/bin/dig",      // the DNS tests' "wheezy" prober runs in agnhost
+	"/usr/bin/getent":   "/usr/bin/getent",
 }
 
 // dnsutilsTools are what the DNS conformance tests run in their
