@@ -69,7 +69,12 @@ agnhost_version=$(tr -d '[:space:]' <"$src/test/images/agnhost/VERSION")
 # e2e.test -version prints the -X gitVersion; agnhost --version prints
 # "app version <VERSION>" (cobra).
 e2e_ok() { [ -x "$1/e2e.test" ] && [ "$("$1/e2e.test" -version 2>/dev/null)" = "$version" ]; }
-agnhost_ok() { [ -x "$1/agnhost" ] && [ "$("$1/agnhost" --version 2>/dev/null)" = "app version $agnhost_version" ]; }
+# agnhost's porter serves TLS with the key pair its image carries at / (the
+# upstream Dockerfile adds porter/localhost.crt and .key): kept beside it.
+agnhost_ok() {
+	[ -x "$1/agnhost" ] && [ "$("$1/agnhost" --version 2>/dev/null)" = "app version $agnhost_version" ] &&
+		[ -f "$1/localhost.crt" ] && [ -f "$1/localhost.key" ]
+}
 
 mkdir -p "$cache_root/k8s/$version" 2>/dev/null ||
 	die "cannot create $cache_root/k8s/$version (run as root or set SLUICE_CACHE)"
@@ -117,6 +122,9 @@ step "building agnhost $agnhost_version (k8s.io/kubernetes $version, commit ${co
 go build -trimpath -tags selinux,notest -ldflags "-s -w -X main.Version=$agnhost_version" \
 	-o "$tmp/agnhost" k8s.io/kubernetes/test/images/agnhost ||
 	die "go build k8s.io/kubernetes/test/images/agnhost failed"
+cp "$src/test/images/agnhost/porter/localhost.crt" "$src/test/images/agnhost/porter/localhost.key" "$tmp/" ||
+	die "no porter key pair in $src/test/images/agnhost/porter"
+chmod 0644 "$tmp/localhost.crt" "$tmp/localhost.key"
 agnhost_ok "$tmp" || die "agnhost --version says '$("$tmp/agnhost" --version 2>&1 | head -1)', want 'app version $agnhost_version'"
 
 # -vet=off: go test -c would otherwise vet the whole e2e tree (minutes), which

@@ -65,14 +65,19 @@ var dnsutilsTools = map[string]string{
 const JessieDNSUtilsImage = "registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7"
 
 // BuildAgnhostImage writes an archive of AgnhostImage from the agnhost
-// binary scripts/conformance-build.sh builds, with CoreDNS at /coredns as
-// upstream's image has it (a DNS test runs it), busybox and agnhostTools.
+// binary scripts/conformance-build.sh builds (and porter's key pair beside
+// it), with CoreDNS at /coredns as upstream's image has it (a DNS test runs
+// it), busybox and agnhostTools.
 func BuildAgnhostImage(agnhost, coredns, file string) error {
 	if err := image.CheckStatic(agnhost); err != nil {
 		return fmt.Errorf("agnhost image: %w", err)
 	}
+	// porter serves TLS with the key pair upstream's image has at /.
+	dir := filepath.Dir(agnhost)
 	extra := []image.File{{Path: "/agnhost", Src: agnhost}, {Path: "/agnhost-2", Link: "agnhost"},
-		{Path: "/coredns", Src: coredns}, {Path: "/uploads"}}
+		{Path: "/coredns", Src: coredns}, {Path: "/uploads"},
+		{Path: "/localhost.crt", Src: filepath.Join(dir, "localhost.crt"), Mode: 0o644},
+		{Path: "/localhost.key", Src: filepath.Join(dir, "localhost.key"), Mode: 0o644}}
 	return toolImage(AgnhostImage, file, agnhostTools, extra, []string{"/agnhost"}, []string{"pause"})
 }
 
