@@ -80,16 +80,27 @@ func CoreDNSBinary() (string, error) {
 		}
 		return p, nil
 	}
-	root := os.Getenv("SLUICE_CACHE")
+	p, root := newestCached("coredns", "coredns")
+	if p == "" {
+		return "", fmt.Errorf("no CoreDNS in %s/coredns: run scripts/coredns-build.sh (or set %s)", root, corednsEnv)
+	}
+	return p, nil
+}
+
+// newestCached returns the newest <cache>/<tool>/<version>/bin/<bin> a
+// scripts/*-build.sh left (${SLUICE_CACHE:-/var/cache/sluice}), or "", and
+// the cache's root.
+func newestCached(tool, bin string) (path, root string) {
+	root = os.Getenv("SLUICE_CACHE")
 	if root == "" {
 		root = "/var/cache/sluice"
 	}
-	found, _ := filepath.Glob(filepath.Join(root, "coredns", "v*", "bin", "coredns"))
+	found, _ := filepath.Glob(filepath.Join(root, tool, "v*", "bin", bin))
 	if len(found) == 0 {
-		return "", fmt.Errorf("no CoreDNS in %s/coredns: run scripts/coredns-build.sh (or set %s)", root, corednsEnv)
+		return "", root
 	}
 	sort.Strings(found)
-	return found[len(found)-1], nil
+	return found[len(found)-1], root
 }
 
 // dnsReplicaPods names the pods of n replicas.

@@ -6,6 +6,7 @@ import (
 	"encoding/xml"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -126,13 +127,7 @@ func RunConformance(ctx context.Context, cfg ConformanceConfig) (*ConformanceRep
 			}
 		}
 	}
-	for _, n := range slices.Sorted(func(yield func(string) bool) {
-		for k := range byName {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
+	for _, n := range slices.Sorted(maps.Keys(byName)) {
 		rep.Tests = append(rep.Tests, *byName[n])
 	}
 	data, err := json.MarshalIndent(rep, "", "  ")

@@ -61,15 +61,21 @@ func BuildSluiceImage(binDir, ref, file string) error {
 // BuildPauseImage writes an archive of the pause image (PauseImage) from
 // the static pause binary scripts/k8s-build.sh compiles.
 func BuildPauseImage(pauseBin, file string) error {
-	if err := image.CheckStatic(pauseBin); err != nil {
-		return fmt.Errorf("pause image: %w", err)
+	return staticBinaryImage(PauseImage, "/pause", pauseBin, file)
+}
+
+// staticBinaryImage writes an archive of an image, tagged ref, of one
+// static binary at path, its entrypoint.
+func staticBinaryImage(ref, path, bin, file string) error {
+	if err := image.CheckStatic(bin); err != nil {
+		return fmt.Errorf("image %s: %w", ref, err)
 	}
-	img, err := image.Build(image.Spec{Files: []image.File{{Path: "/pause", Src: pauseBin}},
-		Created: time.Unix(0, 0).UTC(), Entrypoint: []string{"/pause"}})
+	img, err := image.Build(image.Spec{Files: []image.File{{Path: path, Src: bin}},
+		Created: time.Unix(0, 0).UTC(), Entrypoint: []string{path}})
 	if err != nil {
-		return fmt.Errorf("pause image: %w", err)
+		return fmt.Errorf("image %s: %w", ref, err)
 	}
-	return image.Write(file, PauseImage, img)
+	return image.Write(file, ref, img)
 }
 
 // binDir is where the lab finds sluice's binaries: $SLUICE_BIN_DIR, else

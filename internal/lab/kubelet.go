@@ -568,16 +568,9 @@ func (l *Lab) waitNodesReady(ctx context.Context, timeout time.Duration) error {
 			node, err := cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 			ready := ""
 			if err == nil {
-				for _, c := range node.Status.Conditions {
-					if c.Type == corev1.NodeReady {
-						ready = string(c.Status) + " (" + c.Reason + ": " + c.Message + ")"
-						if c.Status == corev1.ConditionTrue {
-							ready = "True"
-						}
-					}
-				}
+				ready = readyCondition(node, true)
 			}
-			if ready == "True" {
+			if ready == string(corev1.ConditionTrue) {
 				l.step("node %s is Ready after %.1fs", n.Name, time.Since(start).Seconds())
 				break
 			}
@@ -618,12 +611,23 @@ func (l *Lab) nodeReady(ctx context.Context, name string) string {
 	if err != nil {
 		return err.Error()
 	}
+	return readyCondition(node, false)
+}
+
+// readyCondition is the status of the Node's Ready condition ("Unknown"
+// without one) and, when it is not True and detail is set, its reason and
+// message.
+func readyCondition(node *corev1.Node, detail bool) string {
 	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return string(c.Status)
+		if c.Type != corev1.NodeReady {
+			continue
 		}
+		if detail && c.Status != corev1.ConditionTrue {
+			return string(c.Status) + " (" + c.Reason + ": " + c.Message + ")"
+		}
+		return string(c.Status)
 	}
-	return "Unknown"
+	return string(corev1.ConditionUnknown)
 }
 
 // isMountPoint reports whether dir is a mount point in this mount

@@ -29,15 +29,7 @@ const AgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:2.53"
 // BuildCoreDNSImage writes an archive of CoreDNSImage: the static coredns
 // binary scripts/coredns-build.sh builds.
 func BuildCoreDNSImage(bin, file string) error {
-	if err := image.CheckStatic(bin); err != nil {
-		return fmt.Errorf("coredns image: %w", err)
-	}
-	img, err := image.Build(image.Spec{Files: []image.File{{Path: "/coredns", Src: bin}},
-		Created: time.Unix(0, 0).UTC(), Entrypoint: []string{"/coredns"}})
-	if err != nil {
-		return fmt.Errorf("coredns image: %w", err)
-	}
-	return image.Write(file, CoreDNSImage, img)
+	return staticBinaryImage(CoreDNSImage, "/coredns", bin, file)
 }
 
 // agnhostTools are what the conformance tests run inside agnhost pods

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
@@ -48,16 +47,11 @@ func HelmBin() (string, error) {
 	if p, err := exec.LookPath("helm"); err == nil {
 		return p, nil
 	}
-	cache := os.Getenv("SLUICE_CACHE")
-	if cache == "" {
-		cache = "/var/cache/sluice"
-	}
-	found, _ := filepath.Glob(filepath.Join(cache, "helm", "*", "bin", "helm"))
-	if len(found) == 0 {
+	p, cache := newestCached("helm", "helm")
+	if p == "" {
 		return "", fmt.Errorf("no helm: not in $PATH nor in %s/helm (build it with ./scripts/helm-build.sh)", cache)
 	}
-	sort.Strings(found)
-	return found[len(found)-1], nil
+	return p, nil
 }
 
 // ToolCommand runs bin (kubectl, helm) in the lab's control-plane
@@ -182,10 +176,9 @@ func (l *Lab) WaitDaemonSet(ctx context.Context, ns, name string, timeout time.D
 // after --, its output and exit status as they are.
 func toolCommand(prefix *string, name string, find func() (string, error)) *cobra.Command {
 	return &cobra.Command{
-		Use:                "" + name + " -- ARG...",
-		Short:              "Run " + name + " against the lab's apiserver (in the control-plane namespace, admin kubeconfig)",
-		DisableFlagParsing: false,
-		Args:               cobra.MinimumNArgs(1),
+		Use:   name + " -- ARG...",
+		Short: "Run " + name + " against the lab's apiserver (in the control-plane namespace, admin kubeconfig)",
+		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			l, err := Load(*prefix)
 			if err != nil {
