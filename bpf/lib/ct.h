@@ -265,6 +265,15 @@ static __always_inline int ct_create_flow(const struct ns_config *cfg,
 		return err;
 
 	ct_ingress_tuple(t, p, e);
+	/* The reply tuple is the newest flow's. An earlier flow of the
+	 * client's address and port to another frontend of this backend
+	 * (the client reuses a port toward another address once its flow
+	 * there ended) may hold it in ct, which lookups read first: its
+	 * replies would leave from that frontend. kube-proxy's conntrack
+	 * would rewrite the new flow's source port instead
+	 * (docs/semantics.md). */
+	if (bpf_map_lookup_elem(&ct, t))
+		bpf_map_delete_elem(&ct, t);
 	return ct_write_ingress(s, p, BPF_ANY);
 }
 

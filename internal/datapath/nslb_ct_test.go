@@ -141,6 +141,84 @@ func TestPrivilegedNorthSouthConntrackTCP(t *testing.T) {
 	})
 }
 
+// Two frontends of one backend (a NodePort and an ExternalIP, say) give
+// two flows from one client address and port the same tuple after DNAT:
+// a client reuses its port toward another address as soon as its flow to
+// the first one ended. The reply tuple belongs to the newest flow: the
+// backend's answers to it must come from the frontend it used, not from
+// the one of the earlier flow still in ct (the lab saw UDP replies from
+// the ExternalIP to a request sent to the LoadBalancer IP, and a TCP
+// connect time out: its SYN-ACK left from the earlier flow's frontend).
+func TestPrivilegedNorthSouthConntrackTupleClash(t *testing.T) {
+	extTCP := netip.MustParseAddrPort("198.19.200.3:80")
+	extUDP := netip.MustParseAddrPort("198.19.200.3:53")
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		m := n.Maps()
+		for _, s := range []struct {
+			ap      netip.AddrPort
+			proto   uint8
+			revNat  uint16
+			backend uint32
+		}{{extTCP, bpftest.TCP, 20, 1}, {extUDP, bpftest.UDP, 21, 4}} {
+			key := lbmap.ServiceKey{Addr: lbmap.AddrFrom(s.ap.Addr()), Port: lbmap.PortFrom(s.ap.Port()),
+				Proto: s.proto, Scope: lbmap.ScopeExternal}
+			must(t, m.UpdateService(key, lbmap.ServiceValue{Count: 1, RevNatID: s.revNat, Flags: lbmap.SvcFlagExternalIP}))
+			key.Slot = 1
+			must(t, m.UpdateService(key, lbmap.ServiceValue{BackendID: s.backend, RevNatID: s.revNat}))
+			must(t, m.UpdateRevNat(s.revNat, lbmap.RevNatValue{Addr: lbmap.AddrFrom(s.ap.Addr()), Port: lbmap.PortFrom(s.ap.Port())}))
+		}
+		egress := attachKind{"tc egress", nil, ingressKinds[0].verdicts}
+		toBackend := func(step string, in bpftest.Packet) {
+			t.Helper()
+			runPacket(t, kind, prog, step, in, vPass, in.With(func(p *bpftest.Packet) { p.Dst = apLocal }))
+		}
+		reply := func(step string, in bpftest.Packet, from netip.AddrPort) {
+			t.Helper()
+			runPacket(t, egress, n.Programs().TCEgress, step, in, vPass, in.With(func(p *bpftest.Packet) { p.Src = from }))
+		}
+
+		// TCP: a connection to the NodePort, established and closed;
+		// then one from the same port to the ExternalIP.
+		c := client(43100)
+		tcp := func(dst netip.AddrPort, flags uint8) bpftest.Packet {
+			return bpftest.Packet{Src: c, Dst: dst, Proto: bpftest.TCP, Flags: flags}
+		}
+		fromBackend := func(flags uint8) bpftest.Packet {
+			return bpftest.Packet{Src: apLocal, Dst: c, Proto: bpftest.TCP, Flags: flags}
+		}
+		toBackend("NodePort SYN", tcp(apNodePort, bpftest.SYN))
+		reply("NodePort SYN-ACK", fromBackend(bpftest.SYN|bpftest.ACK), apNodePort)
+		toBackend("NodePort ACK", tcp(apNodePort, bpftest.ACK))
+		toBackend("NodePort FIN", tcp(apNodePort, bpftest.FIN|bpftest.ACK))
+		reply("NodePort FIN from the backend", fromBackend(bpftest.FIN|bpftest.ACK), apNodePort)
+		toBackend("ExternalIP SYN, same client port", tcp(extTCP, bpftest.SYN))
+		reply("ExternalIP SYN-ACK", fromBackend(bpftest.SYN|bpftest.ACK), extTCP)
+		toBackend("ExternalIP ACK", tcp(extTCP, bpftest.ACK))
+		reply("ExternalIP data from the backend", fromBackend(bpftest.ACK|bpftest.PSH), extTCP)
+
+		// UDP: a flow to one ExternalIP, answered and established (a
+		// later second); then a new socket on the same port sends to the
+		// other, within the first flow's lifetime.
+		u := client(41100)
+		udp := func(dst netip.AddrPort) bpftest.Packet {
+			return bpftest.Packet{Src: u, Dst: dst, Proto: bpftest.UDP, Payload: []byte("q")}
+		}
+		answer := bpftest.Packet{Src: apLocal, Dst: u, Proto: bpftest.UDP, Payload: []byte("r")}
+		toBackend("UDP to the first ExternalIP", udp(apExtIP))
+		reply("UDP answer", answer, apExtIP)
+		setClock(t, n, ctNow+1)
+		toBackend("UDP to the first ExternalIP, a second later", udp(apExtIP))
+		if _, ok := ctEntry(t, n, u, apExtIP, bpftest.UDP, lbmap.CTDirService); !ok {
+			t.Fatalf("the first UDP flow is not established (not in ct)")
+		}
+		toBackend("UDP to the second ExternalIP, same client port", udp(extUDP))
+		reply("UDP answer to the second flow", answer, extUDP)
+		setClock(t, n, ctNow+2)
+		toBackend("UDP to the second ExternalIP, a second later", udp(extUDP))
+		reply("UDP answer to the second flow, established", answer, extUDP)
+	})
+}
+
 // UDP entries live udp_timeout past the last packet, then the flow starts
 // anew; the agent's GC removes dead entries only.
 func TestPrivilegedNorthSouthConntrackUDPAndGC(t *testing.T) {

@@ -259,11 +259,35 @@ func upLab(t testing.TB, cfg lab.Config, timeout time.Duration, what string) *la
 		t.Fatalf("lab up%s: %v", what, err)
 	}
 	t.Cleanup(func() {
+		if t.Failed() {
+			agentDiagnostics(t, l)
+		}
 		if err := l.Down(); err != nil {
 			t.Errorf("lab down %s: %v", l.Prefix, err)
 		}
 	})
 	return l
+}
+
+// agentDiagnostics logs what a failed test's lab agents saw: the drop
+// events they kept and the end of their logs, so that a failure in CI
+// says where packets went.
+func agentDiagnostics(t testing.TB, l *lab.Lab) {
+	t.Helper()
+	for _, node := range l.Nodes {
+		if node.Agent == nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		out, err := exec.CommandContext(ctx, filepath.Join(env.binDir, "sluice"), "monitor", "--api-socket", node.Agent.Socket,
+			"--since", "10m", "--follow=false", "--type", "drop").CombinedOutput()
+		cancel()
+		t.Logf("%s: the agent's drop events of the last 10 minutes (err %v):\n%s", node.Name, err, out)
+		if log, err := os.ReadFile(node.Agent.Log); err == nil {
+			lines := strings.Split(strings.TrimRight(string(log), "\n"), "\n")
+			t.Logf("%s: the end of %s:\n%s", node.Name, node.Agent.Log, strings.Join(lines[max(0, len(lines)-40):], "\n"))
+		}
+	}
 }
 
 // probe runs a bounded `sluice lab probe` in a pod or node namespace.
