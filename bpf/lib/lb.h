@@ -271,15 +271,27 @@ static __always_inline bool ns_flow_alive(const struct ct_entry *e, const struct
 	return be && be->port == e->nat_port && addr_equal((const union lb_addr *)e->nat_addr, be->addr);
 }
 
+/* ns_flow_kept: an established TCP flow keeps its backend when the backend
+ * or the frontend is removed, as kube-proxy's conntrack keeps it: the
+ * connection goes on while the pod answers (and ends as it would, with a
+ * FIN, a RST or the client's timeout), instead of being rehashed to
+ * another backend, which would answer it with a RST. Its CT entry holds
+ * all the translation needs. UDP and other flows, and TCP flows still in
+ * their handshake, follow the change: kube-proxy flushes UDP conntrack
+ * entries of a removed endpoint. */
+static __always_inline bool ns_flow_kept(const struct ct_entry *e, __u8 proto)
+{
+	return proto == IPPROTO_TCP && (e->flags & (CT_F_ESTABLISHED | CT_F_NEW)) == CT_F_ESTABLISHED;
+}
+
 /* ns_established looks up the CT service entry of p and returns it when it
- * still decides the flow: alive, not a SYN reusing a closing tuple, and, for
- * SNAT, with its nat port: copied into the entry (snat_port), or else its
- * egress mapping in *n. Then the entry holds all that the translation
- * needs, and no service, slot or backend entry is read. Whether the flow is
- * alive is checked by the first packet in each CT second (alive_at): a
- * deleted backend or frontend stops taking an established flow's packets
- * within a second, as the agent's own updates land; kube-proxy leaves an
- * established TCP flow to a deleted endpoint alone until conntrack ends it. */
+ * still decides the flow: alive (or kept, ns_flow_kept), not a SYN reusing
+ * a closing tuple, and, for SNAT, with its nat port: copied into the entry
+ * (snat_port), or else its egress mapping in *n. Then the entry holds all
+ * that the translation needs, and no service, slot or backend entry is
+ * read. Whether the flow is alive is checked by the first packet in each
+ * CT second (alive_at): a deleted backend or frontend stops taking a UDP
+ * flow's packets within a second, as the agent's own updates land. */
 static __always_inline struct ct_entry *ns_established(const struct ns_pkt *p, __u32 now,
 							const struct nat_entry **n)
 {
@@ -299,7 +311,7 @@ static __always_inline struct ct_entry *ns_established(const struct ns_pkt *p, _
 	if (!e || ct_is_new_syn(e, p->proto, p->tcp_flags, now))
 		return NULL;
 	if (READ_ONCE(e->alive_at) != now) {
-		if (!ns_flow_alive(e, p))
+		if (!ns_flow_kept(e, p->proto) && !ns_flow_alive(e, p))
 			return NULL;
 		WRITE_ONCE(e->alive_at, now);
 	}

@@ -277,7 +277,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	__u16 rev_nat_id, kind = 0;
 	struct ct_entry *e;
 	__be16 be_port;
-	bool created = false;
+	bool created = false, kept = false;
 	int ret;
 
 	if (!tunnel) {
@@ -360,7 +360,13 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		backend_id = e->backend_id;
 		kind = e->flags & NS_KIND_FLAGS;
 		be = bpf_map_lookup_elem(&lb_backends, &backend_id);
-		if (be && ct_update(e, cfg, p, len, now, false))
+		/* An established TCP flow whose backend left keeps it. */
+		if (!be && ns_flow_kept(e, p->proto)) {
+			kept = true;
+			__builtin_memcpy(be_addr.b, e->nat_addr, sizeof(be_addr.b));
+			be_port = e->nat_port;
+		}
+		if ((be || kept) && ct_update(e, cfg, p, len, now, false))
 			ct_restore_ingress(p, e, s);
 		if (be)
 			ct_promote_if_ready(p, &e, now);
@@ -368,9 +374,11 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	/* An earlier flow's entry in ct (dead, a SYN reusing a closing tuple,
 	 * its backend gone) gives way to the new flow made below: found
 	 * first, it would hide it. */
-	if (!be && e && !(e->flags & CT_F_NEW))
+	if (!be && !kept && e && !(e->flags & CT_F_NEW))
 		ct_delete_flow(p, e);
-	if (!be) {
+	if (kept) {
+		/* be_addr and be_port from the entry, above. */
+	} else if (!be) {
 		/* No backend. A traffic policy Local without a local one:
 		 * dropped, as kube-proxy drops. None at all: port
 		 * unreachable, as kube-proxy's REJECT answers, so that the

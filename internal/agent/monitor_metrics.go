@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/datapath"
 	"github.com/sluice-dataplane/sluice/internal/monitor"
 )
 
@@ -99,20 +100,34 @@ func (c *visCollector) Collect(ch chan<- prometheus.Metric) {
 	if err != nil {
 		return
 	}
-	// A backend (address, port, protocol) has one ID whichever Services'
-	// frontends it serves, and one set of counters: one series each.
+	// A backend has an ID in each Service it serves, each with its
+	// counters: one series per backend address sums them.
 	seen := map[uint32]bool{}
+	sums := map[string]*datapath.Counters{}
+	var order []string
 	for _, s := range svcs {
 		for _, b := range s.Backends {
 			if seen[b.ID] || b.ID == 0 {
 				continue
 			}
 			seen[b.ID] = true
+			sum := sums[b.Address]
+			if sum == nil {
+				sum = &datapath.Counters{}
+				sums[b.Address] = sum
+				order = append(order, b.Address)
+			}
 			x := be[b.ID]
-			counter(bePacketsDesc, x.Packets, b.Address)
-			counter(beBytesDesc, x.Bytes, b.Address)
-			counter(beConnsDesc, x.Conns, b.Address)
+			sum.Packets += x.Packets
+			sum.Bytes += x.Bytes
+			sum.Conns += x.Conns
 		}
+	}
+	for _, addr := range order {
+		x := sums[addr]
+		counter(bePacketsDesc, x.Packets, addr)
+		counter(beBytesDesc, x.Bytes, addr)
+		counter(beConnsDesc, x.Conns, addr)
 	}
 }
 

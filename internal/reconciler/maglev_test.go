@@ -109,11 +109,16 @@ func nb(i int) lb.Backend { return be(fmt.Sprintf("198.18.2.%d:8080", i), "node-
 
 // wantTable is the table for the backends as the maglev package builds it,
 // with the IDs the maps give their addresses.
-func wantTable(t *testing.T, m *lbmap.Memory, cfg maglev.Config, bes ...lb.Backend) []uint32 {
+func wantTable(t *testing.T, m *lbmap.Memory, cfg maglev.Config, frontend string, bes ...lb.Backend) []uint32 {
 	t.Helper()
+	// The IDs the frontend's slots name: a backend has one per Service.
 	idOf := map[string]uint32{}
-	for id, v := range m.Bes {
-		idOf[netip.AddrPortFrom(v.Addr.NetIP(), v.Port.Host()).String()] = id
+	for k, v := range m.Svcs {
+		if k.Slot == 0 || k.Scope != lbmap.ScopeExternal || k != svcKey(frontend, k.Scope, k.Slot) {
+			continue
+		}
+		be := m.Bes[v.BackendID]
+		idOf[netip.AddrPortFrom(be.Addr.NetIP(), be.Port.Host()).String()] = v.BackendID
 	}
 	in := make([]maglev.Backend, len(bes))
 	for i, b := range bes {
@@ -160,7 +165,7 @@ func TestMaglevOnlyNorthSouth(t *testing.T) {
 		if got := master.Flags&lbmap.SvcFlagMaglev != 0; got != tc.want || has != tc.want {
 			t.Errorf("%s: MAGLEV flag %v, table %v; want %v", tc.frontend, got, has, tc.want)
 		}
-		if has && !slices.Equal(table, wantTable(t, m.Memory, cfg, bes...)) {
+		if has && !slices.Equal(table, wantTable(t, m.Memory, cfg, tc.frontend, bes...)) {
 			t.Errorf("%s: table %v, want the maglev package's table for %v", tc.frontend, table, bes)
 		}
 	}
@@ -306,7 +311,7 @@ func TestMaglevETPLocal(t *testing.T) {
 	s.ExternalTrafficLocal = true
 	mustApply(t, r, state(s), nil)
 	master := m.Svcs[svcKey("198.19.200.1:80", 0, 0)]
-	if got, want := m.tables.Tables[master.RevNatID], wantTable(t, m.Memory, cfg, local1, local2); !slices.Equal(got, want) {
+	if got, want := m.tables.Tables[master.RevNatID], wantTable(t, m.Memory, cfg, "198.19.200.1:80", local1, local2); !slices.Equal(got, want) {
 		t.Errorf("ETP Local table uses backends %s, want the local ones %s", spread(got), spread(want))
 	}
 }

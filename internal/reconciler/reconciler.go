@@ -69,10 +69,22 @@ type frontend struct {
 	srcRanges map[netip.Prefix]bool
 }
 
+// beKey names a backend ID: a backend (address, port, protocol) of one
+// Service. A backend of two Services has an ID in each, so that leaving
+// one Service removes the ID its flows and affinity entries name, never
+// another Service's (kube-proxy's chains are per Service and endpoint).
+// A backend restored from the maps has no owner until a Service whose
+// frontend names it adopts it (ensureBackends).
 type beKey struct {
+	owner types.NamespacedName
 	addr  lbmap.Addr
 	port  lbmap.Port
 	proto uint8
+}
+
+// backendKey is b's key as a backend of owner.
+func backendKey(owner types.NamespacedName, b loadbalancer.Backend) beKey {
+	return beKey{owner: owner, addr: lbmap.AddrFrom(b.Addr), port: lbmap.PortFrom(b.Port), proto: uint8(b.Proto)}
 }
 
 // backend is one allocated backend ID; refs counts the slots naming it.
@@ -198,7 +210,7 @@ func (r *Reconciler) restore() error {
 	})
 	for _, id := range ids {
 		v := bes[id]
-		be := &backend{id: id, key: beKey{v.Addr, v.Port, v.Proto}, val: v, installed: true}
+		be := &backend{id: id, key: beKey{addr: v.Addr, port: v.Port, proto: v.Proto}, val: v, installed: true}
 		r.backends[id] = be
 		// A duplicate (never written by us) keeps its ID until unreferenced.
 		if r.backendOf[be.key] == nil {
@@ -562,8 +574,7 @@ func (r *Reconciler) need(fe *frontend, lbs *loadbalancer.LBService, name string
 	case lbmap.BackendsMapName:
 		n := 0
 		for _, b := range lbs.Backends {
-			k := beKey{addr: lbmap.AddrFrom(b.Addr), port: lbmap.PortFrom(b.Port), proto: uint8(b.Proto)}
-			if be := r.backendOf[k]; be == nil || !be.installed {
+			if be := r.backendOf[backendKey(fe.owner, b)]; be == nil || !be.installed {
 				n++
 			}
 		}
@@ -632,11 +643,11 @@ func (r *Reconciler) syncFrontend(fe *frontend, lbs *loadbalancer.LBService) (er
 	}
 
 	extBackends, intBackends := r.scopeBackends(lbs)
-	extIDs, err := r.ensureBackends(extBackends)
+	extIDs, err := r.ensureBackends(fe, extBackends)
 	if err != nil {
 		return err
 	}
-	intIDs, err := r.ensureBackends(intBackends)
+	intIDs, err := r.ensureBackends(fe, intBackends)
 	if err != nil {
 		return err
 	}
@@ -747,13 +758,29 @@ func masterValue(fe *frontend, lbs *loadbalancer.LBService, count int, twoScopes
 	return v
 }
 
-// ensureBackends allocates IDs for the backends and writes those that are
-// new or whose flags changed. A backend shared by two frontends keeps one ID.
-func (r *Reconciler) ensureBackends(bs []loadbalancer.Backend) ([]uint32, error) {
+// ensureBackends allocates IDs for the backends of fe's Service (beKey)
+// and writes those that are new or whose flags changed. The frontends of
+// one Service share its backends' IDs. A backend restored from the maps
+// that fe's slots name is adopted, so a restarted agent keeps the IDs its
+// flows name.
+func (r *Reconciler) ensureBackends(fe *frontend, bs []loadbalancer.Backend) ([]uint32, error) {
 	ids := make([]uint32, 0, len(bs))
+	var orphans map[beKey]*backend
 	for _, b := range bs {
-		k := beKey{addr: lbmap.AddrFrom(b.Addr), port: lbmap.PortFrom(b.Port), proto: uint8(b.Proto)}
+		k := backendKey(fe.owner, b)
 		be := r.backendOf[k]
+		if be == nil {
+			if orphans == nil {
+				orphans = r.orphansOf(fe)
+			}
+			if be = orphans[backendKey(types.NamespacedName{}, b)]; be != nil {
+				if r.backendOf[be.key] == be {
+					delete(r.backendOf, be.key)
+				}
+				be.key = k
+				r.backendOf[k] = be
+			}
+		}
 		if be == nil {
 			id, err := r.allocBackendID()
 			if err != nil {
@@ -780,6 +807,20 @@ func (r *Reconciler) ensureBackends(bs []loadbalancer.Backend) ([]uint32, error)
 		ids = append(ids, be.id)
 	}
 	return ids, nil
+}
+
+// orphansOf returns the backends restored from the maps (no owner yet)
+// that fe's slots name, by their key.
+func (r *Reconciler) orphansOf(fe *frontend) map[beKey]*backend {
+	out := map[beKey]*backend{}
+	for _, sc := range fe.scopes {
+		for _, v := range sc.slots {
+			if be := r.backends[v.BackendID]; be != nil && be.key.owner == (types.NamespacedName{}) {
+				out[be.key] = be
+			}
+		}
+	}
+	return out
 }
 
 func (r *Reconciler) allocBackendID() (uint32, error) {
@@ -1042,7 +1083,7 @@ type RemovedUDP struct {
 // udpBackends returns the backends fe's slots name, by ID, when fe is a
 // UDP frontend (else nil).
 func (r *Reconciler) udpBackends(fe *frontend) map[uint32]netip.AddrPort {
-	if fe.key.proto != uint8(loadbalancer.UDP) {
+	if fe.key.proto != uint8(loadbalancer.UDP) || r.frontends[fe.key] != fe {
 		return nil
 	}
 	out := map[uint32]netip.AddrPort{}
@@ -1062,18 +1103,16 @@ func (r *Reconciler) noteRemovedUDP(fe *frontend, before map[uint32]netip.AddrPo
 	if len(before) == 0 {
 		return
 	}
-	now := map[uint32]bool{}
-	if r.frontends[fe.key] == fe {
-		for _, sc := range fe.scopes {
-			for _, v := range sc.slots {
-				now[v.BackendID] = true
-			}
-		}
+	// By address: a backend that stays under another ID (adopted, or
+	// its Service handed the frontend over) was not removed.
+	now := map[netip.AddrPort]bool{}
+	for _, be := range r.udpBackends(fe) {
+		now[be] = true
 	}
 	front := netip.AddrPortFrom(fe.key.addr.NetIP(), fe.key.port.Host())
-	for id, be := range before {
+	for _, be := range before {
 		// Bounded for a caller that never takes them.
-		if !now[id] && len(r.removedUDP) < maxRemovedUDP {
+		if !now[be] && len(r.removedUDP) < maxRemovedUDP {
 			r.removedUDP = append(r.removedUDP, RemovedUDP{Frontend: front, Backend: be})
 		}
 	}

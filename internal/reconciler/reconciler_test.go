@@ -551,14 +551,15 @@ func TestRestore(t *testing.T) {
 		t.Errorf("Installed after restore:\n got %+v\nwant %+v", after, before)
 	}
 
-	// New IDs do not collide with restored ones.
+	// New IDs do not collide with restored ones (1-4: 198.18.1.5 has
+	// one in web and one in api).
 	c := svc(other, lb.ClusterIP, "198.19.0.30:80", be("198.18.2.9:8080", "node-2"))
 	st.Services[other] = []lb.LBService{c}
 	mustApply(t, r2, st, map[types.NamespacedName]bool{other: true})
 	master := m.Svcs[svcKey("198.19.0.30:80", 0, 0)]
 	slot := m.Svcs[svcKey("198.19.0.30:80", 0, 1)]
-	if master.RevNatID != 3 || slot.BackendID != 4 || m.Bes[4] != beVal("198.18.2.9:8080", 0) {
-		t.Errorf("new service after restore: master %+v slot %+v backends %v; want rev nat 3, backend 4", master, slot, m.Bes)
+	if master.RevNatID != 3 || slot.BackendID != 5 || m.Bes[5] != beVal("198.18.2.9:8080", 0) {
+		t.Errorf("new service after restore: master %+v slot %+v backends %v; want rev nat 3, backend 5", master, slot, m.Bes)
 	}
 }
 
@@ -658,23 +659,30 @@ func TestSharedBackendsAndHandover(t *testing.T) {
 	a := svc(web, lb.ExternalIP, "198.19.200.1:80", shared)
 	b := svc(api, lb.ClusterIP, "198.19.0.20:80", shared)
 	mustApply(t, r, state(a, b), nil)
-	if len(m.Bes) != 1 {
-		t.Fatalf("shared backend installed %d times: %v", len(m.Bes), m.Bes)
+	idOf := func(frontend string) uint32 { return m.Svcs[svcKey(frontend, 0, 1)].BackendID }
+	// One ID per Service: leaving one never touches the other's.
+	if len(m.Bes) != 2 || idOf("198.19.200.1:80") == idOf("198.19.0.20:80") {
+		t.Fatalf("backend of two Services: IDs %d and %d, backends %v; want one ID in each",
+			idOf("198.19.200.1:80"), idOf("198.19.0.20:80"), m.Bes)
 	}
-	// web gives its ExternalIP to other in one sync: handed over in place.
+	// web gives its ExternalIP to other in one sync: the frontend stays,
+	// its backend gets other's ID, web's goes.
 	c := svc(other, lb.ExternalIP, "198.19.200.1:80", shared)
-	m.take()
+	webID := idOf("198.19.200.1:80")
 	mustApply(t, r, state(b, c), map[types.NamespacedName]bool{web: true, other: true})
-	if got := m.take(); len(got) != 0 {
-		t.Errorf("handover rewrote entries: %q", got)
-	}
 	if inst := r.Installed(); len(inst) != 2 || inst[1].Name.NamespacedName != other {
 		t.Errorf("Installed after handover: %+v", inst)
 	}
-	// Deleting one user keeps the shared backend; deleting both removes it.
+	if id := idOf("198.19.200.1:80"); id == webID || m.Bes[id] != beVal("198.18.1.5:8080", lbmap.BackendFlagLocal) {
+		t.Errorf("after handover the frontend names backend %d (web's was %d): %v", id, webID, m.Bes)
+	}
+	if _, ok := m.Bes[webID]; ok || len(m.Bes) != 2 {
+		t.Errorf("after handover: backends %v, want web's ID %d gone, api's and other's kept", m.Bes, webID)
+	}
+	// Deleting one user keeps the other's; deleting both removes it.
 	mustApply(t, r, state(c), map[types.NamespacedName]bool{api: true})
 	if len(m.Bes) != 1 {
-		t.Errorf("shared backend removed while still used: %v", m.Bes)
+		t.Errorf("backend removed while still used: %v", m.Bes)
 	}
 	mustApply(t, r, state(), map[types.NamespacedName]bool{other: true})
 	if len(m.Svcs)+len(m.Bes)+len(m.Revs) != 0 {
@@ -868,5 +876,37 @@ func TestTakeRemovedUDP(t *testing.T) {
 	want = []RemovedUDP{{netip.MustParseAddrPort("198.19.0.10:53"), netip.MustParseAddrPort("198.18.1.5:53")}}
 	if got := r.TakeRemovedUDP(); !slices.Equal(got, want) {
 		t.Errorf("UDP Service gone: %v, want %v", got, want)
+	}
+}
+
+// Maps written when a backend had one ID across Services (an agent before
+// per-Service IDs): after the restart the first Service to sync adopts the
+// ID, so its flows keep their backend, and the other gets its own.
+func TestRestoreSharedBackendID(t *testing.T) {
+	m := lbmap.NewMemory()
+	shared := beVal("198.18.1.5:8080", lbmap.BackendFlagLocal)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(m.UpdateBackend(1, shared))
+	for i, fe := range []string{"198.19.0.20:80", "198.19.200.1:80"} {
+		rn := uint16(i + 1)
+		ap := netip.MustParseAddrPort(fe)
+		must(m.UpdateRevNat(rn, lbmap.RevNatValue{Addr: lbmap.AddrFrom(ap.Addr()), Port: lbmap.PortFrom(ap.Port())}))
+		must(m.UpdateService(svcKey(fe, 0, 1), lbmap.ServiceValue{BackendID: 1, RevNatID: rn}))
+		must(m.UpdateService(svcKey(fe, 0, 0), lbmap.ServiceValue{Count: 1, RevNatID: rn}))
+	}
+	r := mustNew(t, m)
+	a := svc(api, lb.ClusterIP, "198.19.0.20:80", be("198.18.1.5:8080", "node-1"))
+	w := svc(web, lb.ExternalIP, "198.19.200.1:80", be("198.18.1.5:8080", "node-1"))
+	mustApply(t, r, state(a, w), nil)
+	apiID := m.Svcs[svcKey("198.19.0.20:80", 0, 1)].BackendID
+	webID := m.Svcs[svcKey("198.19.200.1:80", 0, 1)].BackendID
+	if apiID != 1 || webID == 1 || webID == 0 || m.Bes[1] != shared || m.Bes[webID] != shared || len(m.Bes) != 2 {
+		t.Errorf("after restore: api names backend %d, web %d, backends %v; want api to keep 1 (it syncs first), web a new ID for the same pod",
+			apiID, webID, m.Bes)
 	}
 }

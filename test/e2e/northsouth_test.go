@@ -650,3 +650,64 @@ func testNodePortOnLocalAddress(t *testing.T, mode string) {
 		return nil
 	})
 }
+
+// TestPrivilegedNorthSouthRemovedBackendKeepsTCP removes the backend of
+// running flows from outside (the client through node1's NodePort to a
+// pod of node2) as kube-proxy users expect: an established TCP connection
+// goes on with its pod while the pod answers (kube-proxy's conntrack keeps
+// it), a UDP flow on one socket moves to a backend that serves (kube-proxy
+// flushes its conntrack entries), and new connections go to the backends
+// the Service has now. SNAT, and DSR (where the backend node keeps the
+// flow), with XDP.
+func TestPrivilegedNorthSouthRemovedBackendKeepsTCP(t *testing.T) {
+	for _, mode := range []string{lab.LBModeSNAT, lab.LBModeDSR} {
+		t.Run("lb-mode "+mode, func(t *testing.T) {
+			l := nsLab(t, mode, lab.AccelerationNative)
+			node1, node2 := l.Nodes[0], l.Nodes[1]
+			old, next := node2.Pods[0], node2.Pods[1]
+			a := addrs{k: 62}
+			svc := echoService("ns-kept", a.clusterV4())
+			svc.Spec.Selector = nil
+			svc.Spec.Type = corev1.ServiceTypeNodePort
+			for i := range svc.Spec.Ports {
+				svc.Spec.Ports[i].NodePort = a.nodePort()
+			}
+			fe := frontend(netip.IPv4Unspecified(), a.nodePort(), corev1.ProtocolTCP)
+			be := func(p lab.Pod) string { return hostPort(p.IPv4, lab.EchoHTTPPort) + "/TCP" }
+			applyWithSlices(t, l, svc, slice(svc.Name, "s", endpoint{pod: old, ready: true, serving: true}))
+			programmedWith(t, l, fe, be(old))
+
+			addr := hostPort(node1.IPv4, a.nodePort())
+			pace := []string{"--addr", addr, "--count", "40", "--interval", "100ms", "--timeout", "2s", "--budget", "30s"}
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			var tcpRep, udpRep *lab.ProbeReport
+			var tcpErr, udpErr error
+			done := make(chan struct{}, 2)
+			go func() { tcpRep, tcpErr = l.Probe(ctx, "client", "stream", pace...); done <- struct{}{} }()
+			go func() { udpRep, udpErr = l.Probe(ctx, "client", "udp", pace...); done <- struct{}{} }()
+
+			time.Sleep(1500 * time.Millisecond)
+			applyWithSlices(t, l, svc, slice(svc.Name, "s", endpoint{pod: next, ready: true, serving: true}))
+			programmedWith(t, l, fe, be(next))
+			<-done
+			<-done
+			if tcpErr != nil || udpErr != nil {
+				t.Fatalf("probes: TCP %v, UDP %v", tcpErr, udpErr)
+			}
+			if tcpRep.OK != tcpRep.Count || len(tcpRep.Backends) != 1 || tcpRep.Backends[old.Name] != tcpRep.OK {
+				t.Errorf("TCP connection to %s across the removal of its backend %s: %s; want every request answered by %s",
+					addr, old.Name, describe(tcpRep), old.Name)
+			}
+			if udpRep.OK != udpRep.Count || udpRep.Backends[next.Name] == 0 {
+				t.Errorf("UDP flow on one socket to %s across the removal of its backend %s: %s; want every datagram answered, the later ones by %s",
+					addr, old.Name, describe(udpRep), next.Name)
+			}
+			url := httpURL(node1.IPv4, a.nodePort())
+			rep := probe(t, l, "client", "http", "--url", url, "--count", "6", "--timeout", "2s")
+			if rep.OK != rep.Count || rep.Backends[next.Name] != rep.OK {
+				t.Errorf("new connections to %s after the removal: %s; want all answered by %s", url, describe(rep), next.Name)
+			}
+		})
+	}
+}
