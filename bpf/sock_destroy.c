@@ -118,8 +118,16 @@ int sock_destroy_udp(struct bpf_iter__udp *ctx)
 	__builtin_memcpy(t.backend, key.addr, sizeof(t.backend));
 	t.fport = fe->port;
 	t.bport = key.port;
-	if (!bpf_map_lookup_elem(&sd_targets, &t))
-		return 0;
+	if (!bpf_map_lookup_elem(&sd_targets, &t)) {
+		/* A NodePort's frontend is the family's wildcard (0.0.0.0 or
+		 * ::) and the port; the socket asked for one node address. */
+		if (sk->skc_family == AF_INET)
+			__builtin_memset(&t.frontend[12], 0, 4);
+		else
+			__builtin_memset(t.frontend, 0, sizeof(t.frontend));
+		if (!bpf_map_lookup_elem(&sd_targets, &t))
+			return 0;
+	}
 	if (bpf_sock_destroy(sk))
 		return 0;
 	n = bpf_map_lookup_elem(&sd_destroyed, &zero);

@@ -34,7 +34,12 @@ func TestPrivilegedSockDestroyUDP(t *testing.T) {
 		via, to   netip.AddrPort
 		destroyed bool
 	}
-	socks := []*sock{{via: frontend, to: gone, destroyed: true}, {via: frontend, to: kept}, {via: other, to: gone}}
+	// A NodePort's frontend is the wildcard; its sockets asked a node
+	// address.
+	nodePort := netip.MustParseAddrPort("0.0.0.0:30053")
+	nodeAddr := netip.MustParseAddrPort("198.18.0.11:30053")
+	socks := []*sock{{via: frontend, to: gone, destroyed: true}, {via: frontend, to: kept}, {via: other, to: gone},
+		{via: nodeAddr, to: gone, destroyed: true}, {via: nodeAddr, to: kept}}
 	err = inNetns(ns.handle, func() error {
 		for _, s := range socks {
 			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
@@ -65,12 +70,12 @@ func TestPrivilegedSockDestroyUDP(t *testing.T) {
 		must(t, lb.SockRevMap().Put(newSockRevKey(cookie, s.to.String()), newSockRevValue(s.via.String(), 1)))
 	}
 
-	n, err := d.Destroy([]UDPTarget{{Frontend: frontend, Backend: gone}}, []string{ns.path()})
+	n, err := d.Destroy([]UDPTarget{{Frontend: frontend, Backend: gone}, {Frontend: nodePort, Backend: gone}}, []string{ns.path()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 1 {
-		t.Errorf("Destroy: %d sockets destroyed, want 1", n)
+	if n != 2 {
+		t.Errorf("Destroy: %d sockets destroyed, want 2", n)
 	}
 	for _, s := range socks {
 		_, _, err := unix.Recvfrom(s.fd, make([]byte, 16), unix.MSG_DONTWAIT)

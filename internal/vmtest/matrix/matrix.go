@@ -78,7 +78,15 @@ var DefaultSuites = []Suite{
 	{Name: "bench", Package: "./internal/bench", Args: []string{"-test.run", "^TestPrivilegedPPS"}, Timeout: 15 * time.Minute,
 		HostOnly: benchHostOnly},
 	{Name: "smoke", Package: "./test/e2e", Args: []string{"-test.run", "^" + SmokeTest + "$"}, Timeout: 15 * time.Minute},
+	// kube-proxy's ipvs mode, the benchmark contender this VM's kernel
+	// cannot run (no IPVS): a lab with the real apiserver and kube-proxy
+	// --proxy-mode ipvs in a guest whose kernel has ip_vs as a module.
+	{Name: "ipvs", Package: "./test/e2e", Args: []string{"-test.run", "^" + IPVSTest + "$"}, Timeout: 20 * time.Minute},
 }
+
+// IPVSTest is the ipvs suite's test: a kube-proxy ipvs lab, Services
+// through it.
+const IPVSTest = "TestPrivilegedContenderKubeProxyIPVS"
 
 // Config is one run of the matrix.
 type Config struct {
