@@ -185,6 +185,29 @@ static __always_inline int ct_put(const struct ct_tuple *t, const struct ct_entr
 	return bpf_map_update_elem(&ct, t, e, uflags);
 }
 
+/* The client's ack numbers ct_promote takes as acknowledging the backend's
+ * SYN-ACK: from the one it asks for to this much past it (data the backend
+ * sent before the client's packet that promotes). A sender that spoofs its
+ * address never sees the SYN-ACK: a blind guess passes 1 time in 256. */
+#define CT_ACK_WINDOW (1U << 24)
+
+/* ct_note_syn_ack records in the ingress entry e of a new TCP flow the ack
+ * its backend's SYN-ACK p asks of the client (TCP sequence + 1), for
+ * ct_promote: the flow moves to the established table only once the
+ * client acknowledged it, which nf_conntrack's window check also demands. */
+static __always_inline void ct_note_syn_ack(struct __ctx_buff *ctx, const struct ns_pkt *p,
+					    struct ct_entry *e)
+{
+	__be32 seq;
+
+	if (p->proto != IPPROTO_TCP || !(e->flags & CT_F_NEW) ||
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != (TCP_FLAG_SYN | TCP_FLAG_ACK))
+		return;
+	if (ctx_load_bytes(ctx, p->l4_off + 4, &seq, sizeof(seq)))
+		return;
+	WRITE_ONCE(e->alive_at, bpf_ntohl(seq) + 1);
+}
+
 /* ct_ready: the new flow of service entry e (CT_F_NEW) may be
  * established, after the client's packet at CT second now was accounted
  * (ct_update): TCP once the client ACKs without SYN after its SYN, and is

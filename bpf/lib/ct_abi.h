@@ -79,7 +79,9 @@ struct ct_entry {
 	__u32  created;      /* CT clock second */
 	__u32  backend_id;   /* the selected backend */
 	__u32  alive_at;     /* SERVICE: CT clock second its frontend and backend
-			      * were last found installed */
+			      * were last found installed; INGRESS of a new TCP
+			      * flow: the ack its backend's SYN-ACK asks of the
+			      * client (sequence + 1, host order; 0: none seen) */
 	struct ct_fib fib;   /* the FIB result of the flow's forwarding, this
 			      * entry's direction */
 };

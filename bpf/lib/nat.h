@@ -353,6 +353,11 @@ __noinline int ct_promote(const struct ns_pkt *p)
 		e = ct_lookup(&s->tuple2);
 		if (!e || (e->flags & (CT_F_SEEN_REPLY | CT_F_CLOSING)) != CT_F_SEEN_REPLY)
 			return -1;
+		/* TCP: the client acknowledged the backend's SYN-ACK (its
+		 * ack, in the scratch from ct_promote_if_ready). */
+		if (p->proto == IPPROTO_TCP && e->alive_at &&
+		    s->ack_seq - e->alive_at >= CT_ACK_WINDOW)
+			return -1;
 	}
 	if (ct_move(&s->tuple, s))
 		return -1;
@@ -390,16 +395,25 @@ ingress:
  * packet established (ct_ready) to the established flows' tables, and
  * points *e to the entry's new place: true when it moved (the flow's
  * snat_new pointers are stale then). */
-static __always_inline bool ct_promote_if_ready(const struct ns_pkt *p, struct ct_entry **e,
-						__u32 now)
+static __always_inline bool ct_promote_if_ready(struct __ctx_buff *ctx, const struct ns_pkt *p,
+						struct ct_entry **e, __u32 now)
 {
 	struct ct_scratch *s;
 	struct ct_entry *moved;
 
-	if (!ct_ready(*e, p->proto, now) || ct_promote(p))
+	if (!ct_ready(*e, p->proto, now))
 		return false;
 	s = ns_scratch();
-	moved = s ? bpf_map_lookup_elem(&ct, &s->tuple) : NULL;
+	if (!s)
+		return false;
+	if (p->proto == IPPROTO_TCP) {
+		if (ctx_load_bytes(ctx, p->l4_off + 8, &s->ack_seq, sizeof(s->ack_seq)))
+			return false;
+		s->ack_seq = bpf_ntohl(s->ack_seq);
+	}
+	if (ct_promote(p))
+		return false;
+	moved = bpf_map_lookup_elem(&ct, &s->tuple);
 	if (moved)
 		*e = moved;
 	return true;
@@ -433,6 +447,7 @@ static __always_inline int ns_rev_dnat(struct __ctx_buff *ctx, struct ns_pkt *p,
 	if (!e)
 		return 0;
 	ct_update(e, cfg, p, ctx_len(ctx), now, true);
+	ct_note_syn_ack(ctx, p, e);
 	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
 	port = e->nat_port;
 	if (pkt_rewrite(ctx, p, false, &fe, port))

@@ -195,6 +195,7 @@ static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_p
 	if (!e)
 		return NS_DROP(SL_DROP_NO_CT);
 	ct_update(e, cfg, p, ctx_len(ctx), now, true);
+	ct_note_syn_ack(ctx, p, e);
 	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
 	fe_port = e->nat_port;
 	/* The route of the packet it becomes, kept in the ingress entry. */
@@ -246,6 +247,7 @@ static __always_inline int ns_hairpin_reply(struct __ctx_buff *ctx, struct ns_pk
 	if (!e || !(e->flags & CT_F_HAIRPIN))
 		return -1;
 	ct_update(e, cfg, p, ctx_len(ctx), now, true);
+	ct_note_syn_ack(ctx, p, e);
 	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
 	if (pkt_rewrite(ctx, p, false, &fe, e->nat_port) ||
 	    pkt_rewrite_addr(ctx, p, true, &pod))
@@ -298,7 +300,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 			}
 			/* A new flow that this packet established moves to
 			 * the established flows' tables. */
-			if (ct_promote_if_ready(p, &e, now))
+			if (ct_promote_if_ready(ctx, p, &e, now))
 				n = NULL; /* moved: n may be freed, and reused */
 			kind = e->flags & NS_KIND_FLAGS;
 			rev_nat_id = e->rev_nat_id;
@@ -369,7 +371,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		if ((be || kept) && ct_update(e, cfg, p, len, now, false))
 			ct_restore_ingress(p, e, s);
 		if (be)
-			ct_promote_if_ready(p, &e, now);
+			ct_promote_if_ready(ctx, p, &e, now);
 	}
 	/* An earlier flow's entry in ct (dead, a SYN reusing a closing tuple,
 	 * its backend gone) gives way to the new flow made below: found

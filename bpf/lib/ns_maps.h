@@ -201,6 +201,8 @@ struct ct_scratch {
 	struct icmp_err icmp;      /* nodeport_icmp_ingress: the error it translates */
 	__u32 ct_absent;           /* ns_established found no entry: the service
 				    * path need not look again */
+	__u32 ack_seq;             /* ct_promote_if_ready: the client's TCP ack
+				    * number (host order), for ct_promote */
 	struct ct_tuple svc_key;   /* ct_create_flow: the new flow's service entry */
 	struct dsr_scratch dsr;
 };

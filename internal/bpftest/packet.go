@@ -51,6 +51,9 @@ type Packet struct {
 	NoUDPChecksum bool
 	// MayFragment clears IPv4's don't-fragment bit (set by default).
 	MayFragment bool
+	// Seq and Ack are TCP's sequence and acknowledgment numbers (0: 1000
+	// and, with ACK set, 2000).
+	Seq, Ack uint32
 }
 
 // ethernet is the Ethernet header of a test frame, MACs defaulted.
@@ -115,8 +118,14 @@ func (p Packet) Bytes() ([]byte, error) {
 			FIN: p.Flags&FIN != 0, SYN: p.Flags&SYN != 0, RST: p.Flags&RST != 0,
 			PSH: p.Flags&PSH != 0, ACK: p.Flags&ACK != 0,
 		}
+		if p.Seq != 0 {
+			tcp.Seq = p.Seq
+		}
 		if tcp.ACK {
 			tcp.Ack = 2000
+			if p.Ack != 0 {
+				tcp.Ack = p.Ack
+			}
 		}
 		if err := tcp.SetNetworkLayerForChecksum(net); err != nil {
 			return nil, err

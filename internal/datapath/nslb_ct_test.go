@@ -219,6 +219,50 @@ func TestPrivilegedNorthSouthConntrackTupleClash(t *testing.T) {
 	})
 }
 
+// A new TCP flow moves to the established table only when the client
+// acknowledges the backend's SYN-ACK: a sender that spoofs its address
+// never sees it, and its blind ACK leaves the flow among the new ones
+// (ct_new), which a flood churns without touching established flows. The
+// flow still forwards either way.
+func TestPrivilegedNorthSouthPromoteNeedsAck(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		egress := attachKind{"tc egress", nil, ingressKinds[0].verdicts}
+		for _, c := range []struct {
+			name     string
+			client   netip.AddrPort
+			ack      uint32
+			promoted bool
+		}{
+			{"the client acknowledges the SYN-ACK", client(46501), 5001, true},
+			{"data acknowledged past it", client(46502), 5001 + 70000, true},
+			{"a blind ACK", client(46503), 0x7000_0000, false},
+			{"an ACK before the SYN-ACK's sequence", client(46504), 4000, false},
+		} {
+			pkt := func(flags uint8, ack uint32) bpftest.Packet {
+				return bpftest.Packet{Src: c.client, Dst: apNodePort, Proto: bpftest.TCP, Flags: flags, Ack: ack}
+			}
+			send := func(step string, p bpftest.Packet) {
+				t.Helper()
+				runPacket(t, kind, prog, c.name+": "+step, p, vPass, p.With(func(p *bpftest.Packet) { p.Dst = apLocal }))
+			}
+			send("SYN", pkt(bpftest.SYN, 0))
+			synAck := bpftest.Packet{Src: apLocal, Dst: c.client, Proto: bpftest.TCP, Flags: bpftest.SYN | bpftest.ACK, Seq: 5000}
+			runPacket(t, egress, n.Programs().TCEgress, c.name+": SYN-ACK", synAck, vPass,
+				synAck.With(func(p *bpftest.Packet) { p.Src = apNodePort }))
+			send("ACK", pkt(bpftest.ACK, c.ack))
+			send("data", pkt(bpftest.ACK|bpftest.PSH, c.ack))
+			e, ok := ctEntry(t, n, c.client, apNodePort, bpftest.TCP, lbmap.CTDirService)
+			if !ok {
+				t.Fatalf("%s: no service entry", c.name)
+			}
+			if promoted := e.Flags&lbmap.CTFlagNew == 0; promoted != c.promoted {
+				t.Errorf("%s (ack %d, the SYN-ACK asks 5001): established table %v, want %v (flags %s)",
+					c.name, c.ack, promoted, c.promoted, lbmap.CTFlagsString(e.Flags))
+			}
+		}
+	})
+}
+
 // UDP entries live udp_timeout past the last packet, then the flow starts
 // anew; the agent's GC removes dead entries only.
 func TestPrivilegedNorthSouthConntrackUDPAndGC(t *testing.T) {

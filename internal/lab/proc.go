@@ -205,7 +205,7 @@ func (l *Lab) startAgents(ctx context.Context, cfg Config) error {
 		}
 	}
 	for _, n := range l.Nodes {
-		if err := waitHealthy(ctx, n.Agent, 30*time.Second); err != nil {
+		if err := waitHealthy(ctx, n.Agent, agentHealthyWithin); err != nil {
 			return fmt.Errorf("agent on %s: %w", n.Name, err)
 		}
 		l.step("agent on %s is healthy (pid %d, %s)", n.Name, n.Agent.PID, n.Agent.Socket)
@@ -260,12 +260,18 @@ func (l *Lab) RestartAgent(ctx context.Context, node string, sig os.Signal) erro
 	if err := l.save(); err != nil {
 		return err
 	}
-	if err := waitHealthy(ctx, n.Agent, 30*time.Second); err != nil {
+	if err := waitHealthy(ctx, n.Agent, agentHealthyWithin); err != nil {
 		return fmt.Errorf("restarted agent on %s: %w", node, err)
 	}
 	l.step("agent on %s is healthy again (pid %d)", node, pid)
 	return nil
 }
+
+// agentHealthyWithin bounds the wait for a started agent's /healthz: a
+// bound for a hung agent (one that exits fails at once), generous because
+// loading the programs under emulation (a TCG guest) on a loaded machine
+// took 27 s and more.
+const agentHealthyWithin = 2 * time.Minute
 
 // waitHealthy polls the agent's /healthz until it answers 200, the agent
 // exits, or the timeout passes; failures carry the log's tail.

@@ -51,7 +51,7 @@ func TestPrivilegedBandwidthManager(t *testing.T) {
 	requirePrivileged(t, "iperf3")
 	cfg := labConfig(newPrefix(t), 2, 2)
 	cfg.BandwidthManager = true
-	l := upLab(t, cfg, 90*time.Second, " with the bandwidth manager")
+	l := upLab(t, cfg, 3*time.Minute, " with the bandwidth manager") // the EDT guest runs it under TCG
 	node1 := l.Nodes[0]
 	limited, free, server := node1.Pods[0], node1.Pods[1], l.Nodes[1].Pods[0]
 	startIperfServer(t, l, server.Name)
