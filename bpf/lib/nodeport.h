@@ -279,7 +279,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	__u16 rev_nat_id, kind = 0;
 	struct ct_entry *e;
 	__be16 be_port;
-	bool created = false, kept = false;
+	bool created = false;
 	int ret;
 
 	if (!tunnel) {
@@ -362,13 +362,17 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		backend_id = e->backend_id;
 		kind = e->flags & NS_KIND_FLAGS;
 		be = bpf_map_lookup_elem(&lb_backends, &backend_id);
-		/* An established TCP flow whose backend left keeps it. */
+		/* An established TCP flow whose backend left keeps it (the
+		 * tunnel's flows on a DSR backend node come here): all it
+		 * needs is in its entry, as on the fast path. */
 		if (!be && ns_flow_kept(e, p->proto)) {
-			kept = true;
+			if (ct_update(e, cfg, p, len, now, false))
+				ct_restore_ingress(p, e, s);
 			__builtin_memcpy(be_addr.b, e->nat_addr, sizeof(be_addr.b));
 			be_port = e->nat_port;
+			goto translate;
 		}
-		if ((be || kept) && ct_update(e, cfg, p, len, now, false))
+		if (be && ct_update(e, cfg, p, len, now, false))
 			ct_restore_ingress(p, e, s);
 		if (be)
 			ct_promote_if_ready(ctx, p, &e, now);
@@ -376,11 +380,9 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	/* An earlier flow's entry in ct (dead, a SYN reusing a closing tuple,
 	 * its backend gone) gives way to the new flow made below: found
 	 * first, it would hide it. */
-	if (!be && !kept && e && !(e->flags & CT_F_NEW))
+	if (!be && e && !(e->flags & CT_F_NEW))
 		ct_delete_flow(p, e);
-	if (kept) {
-		/* be_addr and be_port from the entry, above. */
-	} else if (!be) {
+	if (!be) {
 		/* No backend. A traffic policy Local without a local one:
 		 * dropped, as kube-proxy drops. None at all: port
 		 * unreachable, as kube-proxy's REJECT answers, so that the
