@@ -121,10 +121,14 @@ func checkDataplane(dataplane string) error {
 			why := "the kernel has no IPVS (/proc/net/ip_vs missing)"
 			if _, err := os.Stat("/proc/modules"); err != nil {
 				why += " and cannot load modules (/proc/modules missing)"
-			} else {
-				why += "; load ip_vs first"
+				return unavailable("%s", why)
 			}
-			return unavailable("%s", why)
+			// A kernel with IPVS as a module (Debian's) gets it loaded,
+			// with the scheduler kube-proxy uses by default.
+			out, err := exec.Command("modprobe", "-a", "ip_vs", "ip_vs_rr").CombinedOutput()
+			if _, serr := os.Stat("/proc/net/ip_vs"); serr != nil {
+				return unavailable("%s, and modprobe ip_vs ip_vs_rr failed: %v: %s", why, err, strings.TrimSpace(string(out)))
+			}
 		}
 		if _, err := exec.LookPath("ipset"); err != nil {
 			return unavailable("kube-proxy's ipvs mode runs ipset: %v", err)

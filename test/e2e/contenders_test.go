@@ -168,7 +168,9 @@ func testContender(t *testing.T, dataplane string) {
 	all := slices.Sorted(slices.Values(podNames(l.Pods()...)))
 	reachesAll := func(t *testing.T, from, url string) {
 		t.Helper()
-		rep := probe(t, l, from, "http", "--url", url, "--count", "40")
+		// Each request's timeout a bound: a TCG guest (the kernel
+		// matrix's ipvs suite) answers some in over 2 s.
+		rep := probe(t, l, from, "http", "--url", url, "--count", "40", "--timeout", "5s")
 		if rep.OK != rep.Count || !slices.Equal(backendNames(rep), all) {
 			t.Errorf("from %s to %s: %s; want every request answered and backends %v", from, url, describe(rep), all)
 		}
@@ -250,7 +252,9 @@ func waitProgrammed(t *testing.T, l *lab.Lab, dataplane string, a addrs) {
 	for _, p := range l.Pods() {
 		want = append(want, p.IPv4.String())
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	// A bound, generous: the kernel matrix runs the ipvs contender in a
+	// guest under TCG, where kube-proxy takes tens of seconds to sync.
+	deadline := time.Now().Add(2 * time.Minute)
 	for _, n := range l.Nodes {
 		for {
 			out, err := l.Command(t.Context(), n.Name, dump...).CombinedOutput()
@@ -259,7 +263,7 @@ func waitProgrammed(t *testing.T, l *lab.Lab, dataplane string, a addrs) {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s on %s: %v, missing %v after 30s:\n%s", strings.Join(dump, " "), n.Name, err, missing, out)
+				t.Fatalf("%s on %s: %v, missing %v after 2m:\n%s", strings.Join(dump, " "), n.Name, err, missing, out)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
