@@ -254,7 +254,8 @@ func waitProgrammed(t *testing.T, l *lab.Lab, dataplane string, a addrs) {
 	}
 	// A bound, generous: the kernel matrix runs the ipvs contender in a
 	// guest under TCG, where kube-proxy takes tens of seconds to sync.
-	deadline := time.Now().Add(2 * time.Minute)
+	const within = 2 * time.Minute
+	deadline := time.Now().Add(within)
 	for _, n := range l.Nodes {
 		for {
 			out, err := l.Command(t.Context(), n.Name, dump...).CombinedOutput()
@@ -263,7 +264,7 @@ func waitProgrammed(t *testing.T, l *lab.Lab, dataplane string, a addrs) {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s on %s: %v, missing %v after 2m:\n%s", strings.Join(dump, " "), n.Name, err, missing, out)
+				t.Fatalf("%s on %s: %v, missing %v after %s:\n%s", strings.Join(dump, " "), n.Name, err, missing, within, out)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
