@@ -65,18 +65,31 @@ static __always_inline int snat_put(const struct ct_tuple *t, const struct nat_e
 }
 
 /* snat_claim takes the ingress tuple t for a mapping in the table of its
- * flow (fresh: snat_new), unless either table has it: 0 when taken. */
-static __always_inline int snat_claim(const struct ct_tuple *t, const struct nat_entry *n,
-				      bool fresh)
+ * flow (fresh: snat_new), unless either table has it: 0 when taken. It
+ * claims first and then checks the other table, undoing its claim on a
+ * hit: two claims of one tuple racing on two CPUs into the two tables (or
+ * a claim racing snat_move of the same tuple) can then both fail, for the
+ * next port, but never both succeed and map one port to two clients.
+ * A global function: verified once, a return of unknown value to its
+ * callers (the retry loop's paths stay few). */
+__noinline int snat_claim(const struct ct_tuple *t, const struct nat_entry *n, __u32 fresh)
 {
-	if (fresh) {
-		if (bpf_map_lookup_elem(&snat, t))
-			return -1;
-		return bpf_map_update_elem(&snat_new, t, n, BPF_NOEXIST);
-	}
-	if (bpf_map_lookup_elem(&snat_new, t))
+	if (!t || !n)
 		return -1;
-	return bpf_map_update_elem(&snat, t, n, BPF_NOEXIST);
+	if (fresh) {
+		if (bpf_map_update_elem(&snat_new, t, n, BPF_NOEXIST))
+			return -1;
+		if (!bpf_map_lookup_elem(&snat, t))
+			return 0;
+		bpf_map_delete_elem(&snat_new, t);
+		return -1;
+	}
+	if (bpf_map_update_elem(&snat, t, n, BPF_NOEXIST))
+		return -1;
+	if (!bpf_map_lookup_elem(&snat_new, t))
+		return 0;
+	bpf_map_delete_elem(&snat, t);
+	return -1;
 }
 
 /* snat_reuse checks the egress mapping of p (client -> backend, after

@@ -57,12 +57,18 @@ struct {
 } snat_new SEC(".maps");
 
 /* ct_lookup finds the entry under key t: an established flow's in ct (one
- * lookup for the common case), else a new flow's in ct_new (CT_F_NEW). */
+ * lookup for the common case), else a new flow's in ct_new (CT_F_NEW).
+ * ct_move writes ct before it deletes from ct_new, so a miss in both can
+ * only be a move on another CPU between the two lookups: ct has the entry
+ * then, and a second look there finds it (a cost only on misses). */
 static __always_inline struct ct_entry *ct_lookup(const struct ct_tuple *t)
 {
 	struct ct_entry *e = bpf_map_lookup_elem(&ct, t);
 
-	return e ? e : bpf_map_lookup_elem(&ct_new, t);
+	if (e)
+		return e;
+	e = bpf_map_lookup_elem(&ct_new, t);
+	return e ? e : bpf_map_lookup_elem(&ct, t);
 }
 
 /* snat_lookup finds the mapping under key t: an established flow's in
