@@ -322,7 +322,7 @@ func (c *ControlPlane) start(ctx context.Context, o Options, bin, etcdBin string
 	}
 
 	start := time.Now()
-	if err := c.waitReady(ctx, 90*time.Second); err != nil {
+	if err := c.waitReady(ctx, apiServerReadyWithin); err != nil {
 		return err
 	}
 	c.step(o.Progress, "kube-apiserver is ready after %.1fs (%s, kubeconfig %s)", time.Since(start).Seconds(),
@@ -470,6 +470,11 @@ var cloexecOnce sync.Once
 func CloseInheritedOnExec() {
 	cloexecOnce.Do(func() { _ = unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC) })
 }
+
+// apiServerReadyWithin bounds kube-apiserver's start: a few seconds on a
+// host, but its RBAC bootstrap alone took over a minute in a TCG guest
+// (the kernel matrix's ipvs suite) while the host was busy.
+const apiServerReadyWithin = 3 * time.Minute
 
 // waitReady polls /readyz until it says ok and the Service
 // default/kubernetes exists, a process exits or the timeout
