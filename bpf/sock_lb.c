@@ -10,6 +10,9 @@
  * Attached to a cgroup v2 sub-tree; the hooks apply to sockets created by
  * processes in it.
  */
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
 #include "common.h"
 #include "maps.h"
 #include "lb.h"
@@ -71,6 +74,47 @@ static __always_inline void sl_sock_drop(struct bpf_sock_addr *ctx, const union 
 			      ((__u32)rev_nat_id << 16) | dport, 0);
 }
 
+/* A socket the socket LB translated to a frontend with
+ * loadBalancerSourceRanges, and the backend it got: its packets to that
+ * backend leave only from an address in the ranges (sock_src_egress).
+ * connect() and sendmsg() do not know the source address the kernel will
+ * pick for an unbound socket; the packet does. Storage that lives and dies
+ * with the socket: nothing to evict, nothing to collect. */
+struct sock_src_check {
+	__u8   backend[16];
+	__be16 backend_port;
+	__u16  rev_nat_id;
+	__u32  pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sock_src_check);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sock_src_checks SEC(".maps");
+
+/* sock_src_check_arm marks the socket for the egress check: 0, or -1 when
+ * the kernel could not store the mark (the caller refuses the syscall:
+ * the ranges fail closed). */
+static __noinline int sock_src_check_arm(struct bpf_sock_addr *ctx, const union lb_addr *backend,
+					 __be16 backend_port, __u16 rev_nat_id)
+{
+	struct bpf_sock *sk = ctx->sk;
+	struct sock_src_check *c;
+
+	if (!sk || !backend)
+		return -1;
+	c = bpf_sk_storage_get(&sock_src_checks, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!c)
+		return -1;
+	__builtin_memcpy(c->backend, backend->b, sizeof(c->backend));
+	c->backend_port = backend_port;
+	c->rev_nat_id = rev_nat_id;
+	return 0;
+}
+
 /* __sock_xlate translates a connect() or sendmsg() destination dst to a
  * backend. v4 is a constant: the branches on it vanish at compile time, as
  * the verifier refuses user_ip4 in a v6 program and the reverse.
@@ -123,6 +167,11 @@ static __always_inline int __sock_xlate(struct bpf_sock_addr *ctx,
 	if (v4 && !addr_is_v4(&backend)) {
 		sl_sock_drop(ctx, dst, dport, svc->rev_nat_id, SL_DROP_FAMILY);
 		return sock_reject(EHOSTUNREACH);
+	}
+	if ((svc->flags & SVC_F_SRC_RANGES) &&
+	    sock_src_check_arm(ctx, &backend, be->port, svc->rev_nat_id)) {
+		sl_sock_drop(ctx, dst, dport, svc->rev_nat_id, SL_DROP_SRC_RANGE);
+		return sock_reject(ENOBUFS);
 	}
 	sock_rev_record(cookie, &backend, be->port, dst, dport, svc->rev_nat_id);
 	/* A connection, or an unconnected socket's datagram. */
@@ -281,6 +330,73 @@ int sock6_bind(struct bpf_sock_addr *ctx)
 
 	sock6_get_addr(ctx, &addr);
 	return __sock_bind(ctx, &addr, false);
+}
+
+/* sock_src_egress drops the packets of a socket sock_src_check_arm marked
+ * that go to its backend from an address outside the frontend's
+ * loadBalancerSourceRanges, as kube-proxy's firewall chain drops them
+ * before DNAT: a TCP connect() then times out, a datagram is refused
+ * (EPERM). Every other packet passes untouched: a socket without the mark
+ * costs one storage lookup. */
+SEC("cgroup_skb/egress")
+int sock_src_egress(struct __sk_buff *skb)
+{
+	struct lb_src_range_key key __align_stack_8 = {
+		.prefixlen = LB_SRC_RANGE_STATIC_PREFIX + 128,
+	};
+	union lb_addr dst __align_stack_8;
+	const struct sock_src_check *c;
+	struct bpf_sock *sk = skb->sk;
+	__u32 reason = SL_DROP_SRC_RANGE;
+	struct sl_drop_count *d;
+	__u32 l4 = 0, frag = 0;
+	__be16 ports[2];
+	__u8 proto;
+
+	if (!sk)
+		return 1;
+	sk = bpf_sk_fullsock(sk);
+	if (!sk)
+		return 1;
+	c = bpf_sk_storage_get(&sock_src_checks, sk, 0, 0);
+	if (!c)
+		return 1;
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		struct iphdr ip;
+
+		if (bpf_skb_load_bytes(skb, 0, &ip, sizeof(ip)))
+			return 1;
+		addr_from_v4((union lb_addr *)key.addr, ip.saddr);
+		addr_from_v4(&dst, ip.daddr);
+		proto = ip.protocol;
+		l4 = ip.ihl * 4;
+		frag = ip.frag_off & bpf_htons(0x1fff) /* the fragment offset */;
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, 0, &ip6, sizeof(ip6)))
+			return 1;
+		__builtin_memcpy(key.addr, &ip6.saddr, sizeof(key.addr));
+		__builtin_memcpy(dst.b, &ip6.daddr, sizeof(dst.b));
+		proto = ip6.nexthdr; /* TCP or UDP straight after it, else no ports */
+		l4 = sizeof(ip6);
+	} else {
+		return 1;
+	}
+	if (!addr_equal(&dst, c->backend))
+		return 1;
+	/* The port too where the packet has one: the socket may send to the
+	 * backend's address on another port, not through the Service. */
+	if (!frag && (proto == IPPROTO_TCP || proto == IPPROTO_UDP) &&
+	    !bpf_skb_load_bytes(skb, l4, ports, sizeof(ports)) && ports[1] != c->backend_port)
+		return 1;
+	key.rev_nat_id = c->rev_nat_id;
+	if (bpf_map_lookup_elem(&lb_src_ranges, &key))
+		return 1;
+	d = bpf_map_lookup_elem(&sl_drops, &reason);
+	if (d)
+		d->packets++;
+	return 0;
 }
 
 char __license[] SEC("license") = "Dual BSD/GPL";

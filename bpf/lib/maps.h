@@ -90,4 +90,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_config SEC(".maps");
 
+/* loadBalancerSourceRanges of the frontends flagged SVC_F_SRC_RANGES:
+ * {rev nat ID, client prefix} -> 1. Read by tc/XDP (new flows from
+ * outside) and by the socket LB's egress check (the node's own and its
+ * pods' connections). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lb_src_range_key);
+	__type(value, __u8);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_src_ranges SEC(".maps");
+
 #endif /* __SLUICE_MAPS_H */

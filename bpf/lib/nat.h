@@ -64,31 +64,35 @@ static __always_inline int snat_put(const struct ct_tuple *t, const struct nat_e
 	return bpf_map_update_elem(&snat, t, n, uflags);
 }
 
-/* snat_claim takes the ingress tuple t for a mapping in the table of its
- * flow (fresh: snat_new), unless either table has it: 0 when taken. It
- * claims first and then checks the other table, undoing its claim on a
- * hit: two claims of one tuple racing on two CPUs into the two tables (or
- * a claim racing snat_move of the same tuple) can then both fail, for the
- * next port, but never both succeed and map one port to two clients.
- * A global function: verified once, a return of unknown value to its
- * callers (the retry loop's paths stay few). */
-__noinline int snat_claim(const struct ct_tuple *t, const struct nat_entry *n, __u32 fresh)
+/* snat_claim takes the scratch's ingress tuple (tuple2) for the mapping in
+ * its nat, in the table of its flow (fresh: snat_new), unless either table
+ * has it: 0 when taken. It claims first and then checks the other table,
+ * undoing its claim on a hit: two claims of one tuple racing on two CPUs
+ * into the two tables (or a claim racing snat_move of the same tuple) can
+ * then both fail, for the next port, but never both succeed and map one
+ * port to two clients. A global function: verified once, a return of
+ * unknown value to its callers (the retry loop's paths stay few). Key and
+ * value come from the scratch, a map value: 6.1's verifier takes no other
+ * memory as a map key in a global function. */
+__noinline int snat_claim(__u32 fresh)
 {
-	if (!t || !n)
+	struct ct_scratch *s = ns_scratch();
+
+	if (!s)
 		return -1;
 	if (fresh) {
-		if (bpf_map_update_elem(&snat_new, t, n, BPF_NOEXIST))
+		if (bpf_map_update_elem(&snat_new, &s->tuple2, &s->nat, BPF_NOEXIST))
 			return -1;
-		if (!bpf_map_lookup_elem(&snat, t))
+		if (!bpf_map_lookup_elem(&snat, &s->tuple2))
 			return 0;
-		bpf_map_delete_elem(&snat_new, t);
+		bpf_map_delete_elem(&snat_new, &s->tuple2);
 		return -1;
 	}
-	if (bpf_map_update_elem(&snat, t, n, BPF_NOEXIST))
+	if (bpf_map_update_elem(&snat, &s->tuple2, &s->nat, BPF_NOEXIST))
 		return -1;
-	if (!bpf_map_lookup_elem(&snat_new, t))
+	if (!bpf_map_lookup_elem(&snat_new, &s->tuple2))
 		return 0;
-	bpf_map_delete_elem(&snat, t);
+	bpf_map_delete_elem(&snat, &s->tuple2);
 	return -1;
 }
 
@@ -113,7 +117,7 @@ static __noinline int snat_reuse(const struct ns_pkt *p, struct ct_scratch *s, b
 	} else {
 		__builtin_memcpy(s->nat.to_addr, p->saddr.b, sizeof(s->nat.to_addr));
 		s->nat.to_port = p->sport;
-		if (!snat_claim(&s->tuple2, &s->nat, fresh)) {
+		if (!snat_claim(fresh)) {
 			/* Back to the egress mapping: its key's node and port. */
 			__builtin_memcpy(s->nat.to_addr, s->tuple2.daddr, sizeof(s->nat.to_addr));
 			s->nat.to_port = s->tuple2.dport;
@@ -175,7 +179,7 @@ static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 	ct_tuple_set(in, &p->daddr, &node, p->dport, 0, p->proto, NAT_DIR_INGRESS);
 	for (i = 0; i < SNAT_RETRIES; i++) {
 		in->dport = bpf_htons(port);
-		if (!snat_claim(in, &s->nat, fresh))
+		if (!snat_claim(fresh) /* in is the scratch's tuple2 */)
 			break;
 		hash = hash_fmix32(hash + 0x9e3779b9);
 		port = min + hash % max;
@@ -289,11 +293,11 @@ static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry
 		/* The ingress mapping may have been evicted alone. */
 		n = snat_lookup(&s->tuple2);
 		if (n ? n->to_port != p->sport || !addr_equal(&p->saddr, n->to_addr) :
-			snat_claim(&s->tuple2, &s->nat, fresh))
+			snat_claim(fresh))
 			WRITE_ONCE(e->snat_port, 0); /* the port went to another flow */
 		return;
 	}
-	if (snat_claim(&s->tuple2, &s->nat, fresh)) {
+	if (snat_claim(fresh)) {
 		n = snat_lookup(&s->tuple2);
 		if (!n || n->to_port != p->sport || !addr_equal(&p->saddr, n->to_addr)) {
 			WRITE_ONCE(e->snat_port, 0); /* the port went to another flow */

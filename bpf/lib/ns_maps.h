@@ -105,17 +105,6 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ns_tunnel SEC(".maps");
 
-/* loadBalancerSourceRanges of the frontends flagged SVC_F_SRC_RANGES:
- * {rev nat ID, client prefix} -> 1. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__type(key, struct lb_src_range_key);
-	__type(value, __u8);
-	__uint(max_entries, 16384);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} lb_src_ranges SEC(".maps");
-
 /* Agent configuration of the tc/XDP programs, one entry at index 0. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

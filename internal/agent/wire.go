@@ -62,6 +62,9 @@ func openDataplane(cfg *Config) (dataplane, error) {
 		return nil, fmt.Errorf("load socket LB: %w", err)
 	}
 	d := &nodeDataplane{SockLB: lb, cfg: cfg, podIfaces: map[netip.Addr]uint32{}}
+	if d.srcRanges, err = lb.SourceRanges(); err != nil {
+		return nil, errors.Join(fmt.Errorf("load socket LB: %w", err), lb.Close())
+	}
 	// Connected UDP sockets to a backend that went away are destroyed
 	// where the kernel can (6.5); elsewhere they keep their backend.
 	if cfg.SocketLB {
@@ -106,9 +109,6 @@ func openDataplane(cfg *Config) (dataplane, error) {
 	if err == nil {
 		d.maglev, err = d.ns.Maglev()
 	}
-	if err == nil {
-		d.srcRanges, err = d.ns.SourceRanges()
-	}
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("load north-south LB: %w", err), d.close())
 	}
@@ -127,7 +127,9 @@ type nodeDataplane struct {
 	ns     *datapath.NorthSouth // nil without --devices and with --socket-lb
 	pod    *datapath.PodLB      // with --socket-lb=false: tc on local pods' veths
 	maglev *lbmap.MaglevKernel
-	// srcRanges holds loadBalancerSourceRanges, which only tc/XDP enforce.
+	// srcRanges holds loadBalancerSourceRanges (lb_src_ranges, one pinned
+	// map): tc/XDP check new flows from outside against it, the socket
+	// LB's egress hook the node's and its pods' own connections.
 	srcRanges *lbmap.SourceRangesKernel
 	// sockDestroy destroys connected UDP sockets whose backend left their
 	// frontend; nil where the kernel lacks bpf_sock_destroy.
@@ -151,11 +153,12 @@ type northSouthMaps struct {
 	lbmap.SourceRangeMaps
 }
 
-// Maps adds the Maglev tables and the source ranges when the tc/XDP programs
-// read them, so that the reconciler writes them.
+// Maps adds the source ranges (the socket LB checks them too) and, when the
+// tc/XDP programs read them, the Maglev tables, so that the reconciler
+// writes them.
 func (d *nodeDataplane) Maps() lbmap.Maps {
 	if d.ns == nil {
-		return d.SockLB.Maps()
+		return lbmap.MapsWithSourceRanges{Maps: d.SockLB.Maps(), SourceRangeMaps: d.srcRanges}
 	}
 	return northSouthMaps{Maps: d.SockLB.Maps(), MaglevMaps: d.maglev, SourceRangeMaps: d.srcRanges}
 }

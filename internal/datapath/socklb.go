@@ -74,6 +74,16 @@ var hooks = []hook{
 	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, func(p *socklbPrograms) *ebpf.Program { return p.Sock6Getpeername }},
 	{"bind4", ebpf.AttachCGroupInet4Bind, func(p *socklbPrograms) *ebpf.Program { return p.Sock4Bind }},
 	{"bind6", ebpf.AttachCGroupInet6Bind, func(p *socklbPrograms) *ebpf.Program { return p.Sock6Bind }},
+	// loadBalancerSourceRanges for the sockets connect and sendmsg
+	// translated to a guarded frontend: checked on their packets, whose
+	// source address the kernel has chosen by then.
+	{"egress", ebpf.AttachCGroupInetEgress, func(p *socklbPrograms) *ebpf.Program { return p.SockSrcEgress }},
+}
+
+// SourceRanges returns the loadBalancerSourceRanges trie (lb_src_ranges),
+// pinned by name: the tc/XDP programs read the same map.
+func (s *SockLB) SourceRanges() (*lbmap.SourceRangesKernel, error) {
+	return lbmap.NewSourceRangesKernel(s.objs.LbSrcRanges)
 }
 
 // LoadSpec returns the compiled socket LB object, for tests and tools that

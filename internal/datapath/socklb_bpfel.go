@@ -23,12 +23,14 @@ const (
 	socklbMapLbRevNat          = "lb_rev_nat"
 	socklbMapLbServices        = "lb_services"
 	socklbMapLbSockRev         = "lb_sock_rev"
+	socklbMapLbSrcRanges       = "lb_src_ranges"
 	socklbMapSlBeStats         = "sl_be_stats"
 	socklbMapSlDrops           = "sl_drops"
 	socklbMapSlEvConfig        = "sl_ev_config"
 	socklbMapSlEvRate          = "sl_ev_rate"
 	socklbMapSlEvents          = "sl_events"
 	socklbMapSlFeStats         = "sl_fe_stats"
+	socklbMapSockSrcChecks     = "sock_src_checks"
 	socklbProgSock4Bind        = "sock4_bind"
 	socklbProgSock4Connect     = "sock4_connect"
 	socklbProgSock4Getpeername = "sock4_getpeername"
@@ -39,6 +41,7 @@ const (
 	socklbProgSock6Getpeername = "sock6_getpeername"
 	socklbProgSock6Recvmsg     = "sock6_recvmsg"
 	socklbProgSock6Sendmsg     = "sock6_sendmsg"
+	socklbProgSockSrcEgress    = "sock_src_egress"
 )
 
 // loadSocklb returns the embedded CollectionSpec for socklb.
@@ -93,25 +96,28 @@ type socklbProgramSpecs struct {
 	Sock6Getpeername *ebpf.ProgramSpec `ebpf:"sock6_getpeername"`
 	Sock6Recvmsg     *ebpf.ProgramSpec `ebpf:"sock6_recvmsg"`
 	Sock6Sendmsg     *ebpf.ProgramSpec `ebpf:"sock6_sendmsg"`
+	SockSrcEgress    *ebpf.ProgramSpec `ebpf:"sock_src_egress"`
 }
 
 // socklbMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type socklbMapSpecs struct {
-	LbAffinity *ebpf.MapSpec `ebpf:"lb_affinity"`
-	LbBackends *ebpf.MapSpec `ebpf:"lb_backends"`
-	LbConfig   *ebpf.MapSpec `ebpf:"lb_config"`
-	LbNodeIps  *ebpf.MapSpec `ebpf:"lb_node_ips"`
-	LbRevNat   *ebpf.MapSpec `ebpf:"lb_rev_nat"`
-	LbServices *ebpf.MapSpec `ebpf:"lb_services"`
-	LbSockRev  *ebpf.MapSpec `ebpf:"lb_sock_rev"`
-	SlBeStats  *ebpf.MapSpec `ebpf:"sl_be_stats"`
-	SlDrops    *ebpf.MapSpec `ebpf:"sl_drops"`
-	SlEvConfig *ebpf.MapSpec `ebpf:"sl_ev_config"`
-	SlEvRate   *ebpf.MapSpec `ebpf:"sl_ev_rate"`
-	SlEvents   *ebpf.MapSpec `ebpf:"sl_events"`
-	SlFeStats  *ebpf.MapSpec `ebpf:"sl_fe_stats"`
+	LbAffinity    *ebpf.MapSpec `ebpf:"lb_affinity"`
+	LbBackends    *ebpf.MapSpec `ebpf:"lb_backends"`
+	LbConfig      *ebpf.MapSpec `ebpf:"lb_config"`
+	LbNodeIps     *ebpf.MapSpec `ebpf:"lb_node_ips"`
+	LbRevNat      *ebpf.MapSpec `ebpf:"lb_rev_nat"`
+	LbServices    *ebpf.MapSpec `ebpf:"lb_services"`
+	LbSockRev     *ebpf.MapSpec `ebpf:"lb_sock_rev"`
+	LbSrcRanges   *ebpf.MapSpec `ebpf:"lb_src_ranges"`
+	SlBeStats     *ebpf.MapSpec `ebpf:"sl_be_stats"`
+	SlDrops       *ebpf.MapSpec `ebpf:"sl_drops"`
+	SlEvConfig    *ebpf.MapSpec `ebpf:"sl_ev_config"`
+	SlEvRate      *ebpf.MapSpec `ebpf:"sl_ev_rate"`
+	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
+	SlFeStats     *ebpf.MapSpec `ebpf:"sl_fe_stats"`
+	SockSrcChecks *ebpf.MapSpec `ebpf:"sock_src_checks"`
 }
 
 // socklbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -140,19 +146,21 @@ func (o *socklbObjects) Close() error {
 //
 // It can be passed to loadSocklbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type socklbMaps struct {
-	LbAffinity *ebpf.Map `ebpf:"lb_affinity"`
-	LbBackends *ebpf.Map `ebpf:"lb_backends"`
-	LbConfig   *ebpf.Map `ebpf:"lb_config"`
-	LbNodeIps  *ebpf.Map `ebpf:"lb_node_ips"`
-	LbRevNat   *ebpf.Map `ebpf:"lb_rev_nat"`
-	LbServices *ebpf.Map `ebpf:"lb_services"`
-	LbSockRev  *ebpf.Map `ebpf:"lb_sock_rev"`
-	SlBeStats  *ebpf.Map `ebpf:"sl_be_stats"`
-	SlDrops    *ebpf.Map `ebpf:"sl_drops"`
-	SlEvConfig *ebpf.Map `ebpf:"sl_ev_config"`
-	SlEvRate   *ebpf.Map `ebpf:"sl_ev_rate"`
-	SlEvents   *ebpf.Map `ebpf:"sl_events"`
-	SlFeStats  *ebpf.Map `ebpf:"sl_fe_stats"`
+	LbAffinity    *ebpf.Map `ebpf:"lb_affinity"`
+	LbBackends    *ebpf.Map `ebpf:"lb_backends"`
+	LbConfig      *ebpf.Map `ebpf:"lb_config"`
+	LbNodeIps     *ebpf.Map `ebpf:"lb_node_ips"`
+	LbRevNat      *ebpf.Map `ebpf:"lb_rev_nat"`
+	LbServices    *ebpf.Map `ebpf:"lb_services"`
+	LbSockRev     *ebpf.Map `ebpf:"lb_sock_rev"`
+	LbSrcRanges   *ebpf.Map `ebpf:"lb_src_ranges"`
+	SlBeStats     *ebpf.Map `ebpf:"sl_be_stats"`
+	SlDrops       *ebpf.Map `ebpf:"sl_drops"`
+	SlEvConfig    *ebpf.Map `ebpf:"sl_ev_config"`
+	SlEvRate      *ebpf.Map `ebpf:"sl_ev_rate"`
+	SlEvents      *ebpf.Map `ebpf:"sl_events"`
+	SlFeStats     *ebpf.Map `ebpf:"sl_fe_stats"`
+	SockSrcChecks *ebpf.Map `ebpf:"sock_src_checks"`
 }
 
 func (m *socklbMaps) Close() error {
@@ -164,12 +172,14 @@ func (m *socklbMaps) Close() error {
 		m.LbRevNat,
 		m.LbServices,
 		m.LbSockRev,
+		m.LbSrcRanges,
 		m.SlBeStats,
 		m.SlDrops,
 		m.SlEvConfig,
 		m.SlEvRate,
 		m.SlEvents,
 		m.SlFeStats,
+		m.SockSrcChecks,
 	)
 }
 
@@ -193,6 +203,7 @@ type socklbPrograms struct {
 	Sock6Getpeername *ebpf.Program `ebpf:"sock6_getpeername"`
 	Sock6Recvmsg     *ebpf.Program `ebpf:"sock6_recvmsg"`
 	Sock6Sendmsg     *ebpf.Program `ebpf:"sock6_sendmsg"`
+	SockSrcEgress    *ebpf.Program `ebpf:"sock_src_egress"`
 }
 
 func (p *socklbPrograms) Close() error {
@@ -207,6 +218,7 @@ func (p *socklbPrograms) Close() error {
 		p.Sock6Getpeername,
 		p.Sock6Recvmsg,
 		p.Sock6Sendmsg,
+		p.SockSrcEgress,
 	)
 }
 

@@ -60,6 +60,7 @@ func backendIDs(v6 bool, proto uint8) []uint32 {
 
 type sockLBEnv struct {
 	lb     *SockLB
+	root   string // bpffs directory of its pins
 	maps   lbmap.Maps
 	cgroup string
 	node   *testNetns
@@ -79,7 +80,8 @@ func newSockLBEnv(t *testing.T) *sockLBEnv {
 	}
 	e.node.serveIdentity(t, servers...)
 
-	lb := loadTestSockLB(t)
+	e.root = testBPFRoot(t)
+	lb := loadTestSockLBAt(t, e.root)
 	e.lb, e.maps = lb, lb.Maps()
 	if err := lb.Attach(e.cgroup); err != nil {
 		t.Fatal(err)
@@ -119,8 +121,14 @@ func newSockLBEnv(t *testing.T) *sockLBEnv {
 // directory of the test's own; it is closed at cleanup.
 func loadTestSockLB(t *testing.T) *SockLB {
 	t.Helper()
+	return loadTestSockLBAt(t, testBPFRoot(t))
+}
+
+// loadTestSockLBAt is loadTestSockLB with its pins under root.
+func loadTestSockLBAt(t *testing.T, root string) *SockLB {
+	t.Helper()
 	requireSockLB(t)
-	lb, err := LoadSockLB(SockLBOptions{BPFRoot: testBPFRoot(t), Sizes: smallSizes})
+	lb, err := LoadSockLB(SockLBOptions{BPFRoot: root, Sizes: smallSizes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -404,6 +412,100 @@ func TestPrivilegedSockLB(t *testing.T) {
 	})
 }
 
+// TestPrivilegedSockLBSourceRanges: a frontend with
+// loadBalancerSourceRanges, reached through the socket LB from the node
+// (or a pod), lets through only the sockets whose packets leave from an
+// address in the ranges, as kube-proxy's firewall chain checks the source
+// before DNAT. The clients run in the node namespace, where the backends'
+// addresses are local: the kernel picks the backend's own address as the
+// source (198.18.1.0/24, fd00:198:18:1::/64).
+func TestPrivilegedSockLBSourceRanges(t *testing.T) {
+	e := newSockLBEnv(t)
+	ranges, err := e.lb.SourceRanges()
+	if err != nil {
+		t.Fatal(err)
+	}
+	guard := lbmap.SvcFlagSourceRanges
+	// rev NAT 20-21: ranges hold the source; 22-24: they do not.
+	for _, s := range []struct {
+		frontend string
+		proto    uint8
+		revNat   uint16
+		v6       bool
+		ranges   []string
+	}{
+		{"198.19.0.40:80", tcp, 20, false, []string{"10.0.0.0/8", "198.18.1.0/24"}},
+		{"[fd00:198:19::28]:80", tcp, 21, true, []string{"fd00:198:18:1::/64"}},
+		{"198.19.0.41:80", tcp, 22, false, []string{"10.0.0.0/8"}},
+		{"198.19.0.41:80", udp, 23, false, []string{"198.18.2.0/24"}},
+		{"[fd00:198:19::29]:80", tcp, 24, true, []string{"fd00:198:18:2::/64"}},
+	} {
+		e.addService(t, s.frontend, s.proto, guard, s.revNat, 0, backendIDs(s.v6, s.proto)...)
+		for _, r := range s.ranges {
+			if err := ranges.UpdateSourceRange(s.revNat, netip.MustParsePrefix(r)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	vis, err := OpenVisibility(e.root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { vis.Close() })
+	srcRangeDrops := func() uint64 {
+		t.Helper()
+		drops, err := vis.Drops()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return drops[3].Packets // SL_DROP_SRC_RANGE
+	}
+
+	t.Run("inside the ranges", func(t *testing.T) {
+		for _, op := range []clientOp{
+			{Do: "connect", Proto: "tcp", Family: 4, Addr: "198.19.0.40:80", Sockets: 3},
+			{Do: "connect", Proto: "tcp", Family: 6, Addr: "[fd00:198:19::28]:80", Sockets: 3},
+		} {
+			res := e.client(t, op)[0]
+			if res.Err != "" || len(res.Exchanges) != 3 {
+				t.Errorf("%s %s: %+v; want 3 answers", op.Proto, op.Addr, res)
+			}
+		}
+	})
+	t.Run("outside the ranges", func(t *testing.T) {
+		before := srcRangeDrops()
+		for _, tc := range []struct {
+			op   clientOp
+			want string // the first failure
+		}{
+			// The SYN is dropped, as kube-proxy's DROP: connect() waits out
+			// the client's 2 s send timeout.
+			{clientOp{Do: "connect", Proto: "tcp", Family: 4, Addr: "198.19.0.41:80"}, "connect: EINPROGRESS"},
+			{clientOp{Do: "connect", Proto: "tcp", Family: 6, Addr: "[fd00:198:19::29]:80"}, "connect: EINPROGRESS"},
+			{clientOp{Do: "sendto", Proto: "udp", Family: 4, Addr: "198.19.0.41:80"}, "sendto: EPERM"},
+			{clientOp{Do: "connect", Proto: "udp", Family: 4, Addr: "198.19.0.41:80"}, "write: EPERM"},
+		} {
+			res := e.client(t, tc.op)[0]
+			if res.Err != tc.want || len(res.Exchanges) != 0 {
+				t.Errorf("%s %s %s: %+v; want no answer and %q", tc.op.Do, tc.op.Proto, tc.op.Addr, res, tc.want)
+			}
+		}
+		if after := srcRangeDrops(); after < before+4 {
+			t.Errorf("src-range drops %d -> %d; want at least 4 more", before, after)
+		}
+	})
+	t.Run("unguarded frontends on the same backends", func(t *testing.T) {
+		res := e.client(t,
+			clientOp{Do: "sendto", Proto: "udp", Family: 4, Addr: "198.19.0.10:80", Msgs: 2},
+			clientOp{Do: "connect", Proto: "tcp", Family: 4, Addr: "198.19.0.10:80", Sockets: 2})
+		for i, r := range res {
+			if r.Err != "" || len(r.Exchanges) != 2 {
+				t.Errorf("unguarded frontend, op %d: %+v; want 2 answers", i, r)
+			}
+		}
+	})
+}
+
 func nsRole(e *sockLBEnv, ns *testNetns) string {
 	if ns == e.node {
 		return "node netns"
@@ -449,7 +551,7 @@ func TestPrivilegedAttachPoints(t *testing.T) {
 		}
 	}
 	want := []string{"connect4", "connect6", "sendmsg4", "sendmsg6", "recvmsg4", "recvmsg6",
-		"getpeername4", "getpeername6", "bind4", "bind6"}
+		"getpeername4", "getpeername6", "bind4", "bind6", "egress"}
 	if !slices.Equal(hooksSeen, want) {
 		t.Errorf("hooks %q, want %q", hooksSeen, want)
 	}

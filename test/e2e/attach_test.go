@@ -15,7 +15,7 @@ import (
 
 // sockHooks are the socket-LB hooks every agent attaches.
 var sockHooks = []string{"connect4", "connect6", "sendmsg4", "sendmsg6", "recvmsg4", "recvmsg6",
-	"getpeername4", "getpeername6", "bind4", "bind6"}
+	"getpeername4", "getpeername6", "bind4", "bind6", "egress"}
 
 // bpftoolJSON runs `bpftool -j ARGS` and decodes its output (none is []).
 func bpftoolJSON(t *testing.T, into any, args ...string) {

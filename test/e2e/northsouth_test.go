@@ -299,33 +299,48 @@ func testLoadBalancerSourceRanges(t *testing.T, accel string) {
 	v4only := addrs{k: 65}
 	half := nsService("ns-src-v4-only", v4only, map[string]string{lab.LabelNode: node1.Name})
 	half.Spec.LoadBalancerSourceRanges = []string{"203.0.113.0/24"}
-	apply(t, l, in, out, half)
-	programmed(t, l, len(node1.Pods), slices.Concat(nsFrontends(allowed), nsFrontends(denied), nsFrontends(v4only))...)
+	// From inside the cluster, through the socket LB: node1's pod CIDR
+	// only (kube-proxy checks a pod's or the node's own connection to a
+	// LoadBalancer IP against the ranges too).
+	pods := addrs{k: 66}
+	local := nsService("ns-src-pods", pods, map[string]string{lab.LabelNode: node1.Name})
+	local.Spec.LoadBalancerSourceRanges = []string{lab.PodCIDRv4(node1.Index).String(), lab.PodCIDRv6(node1.Index).String()}
+	apply(t, l, in, out, half, local)
+	programmed(t, l, len(node1.Pods),
+		slices.Concat(nsFrontends(allowed), nsFrontends(denied), nsFrontends(v4only), nsFrontends(pods))...)
 
+	inPod, outPod := node1.Pods[0].Name, l.Nodes[1].Pods[0].Name
 	for _, tt := range []struct {
 		name   string
+		from   string
 		svc    *corev1.Service
 		ip     netip.Addr
 		answer bool
 	}{
-		{"client inside the ranges, IPv4", in, allowed.lbV4(), true},
-		{"client inside the ranges, IPv6", in, allowed.lbV6(), true},
-		{"client outside the ranges, IPv4", out, denied.lbV4(), false},
-		{"client outside the ranges, IPv6", out, denied.lbV6(), false},
-		{"IPv4 ranges only: IPv4 client outside them", half, v4only.lbV4(), false},
-		{"IPv4 ranges only: IPv6 is not filtered", half, v4only.lbV6(), true},
+		{"client inside the ranges, IPv4", "client", in, allowed.lbV4(), true},
+		{"client inside the ranges, IPv6", "client", in, allowed.lbV6(), true},
+		{"client outside the ranges, IPv4", "client", out, denied.lbV4(), false},
+		{"client outside the ranges, IPv6", "client", out, denied.lbV6(), false},
+		{"IPv4 ranges only: IPv4 client outside them", "client", half, v4only.lbV4(), false},
+		{"IPv4 ranges only: IPv6 is not filtered", "client", half, v4only.lbV6(), true},
+		{"pod inside the ranges, IPv4", inPod, local, pods.lbV4(), true},
+		{"pod inside the ranges, IPv6", inPod, local, pods.lbV6(), true},
+		{"pod outside the ranges, IPv4", outPod, local, pods.lbV4(), false},
+		{"pod outside the ranges, IPv6", outPod, local, pods.lbV6(), false},
+		{"node outside the ranges, IPv4", l.Nodes[1].Name, local, pods.lbV4(), false},
+		{"pod outside the ranges, its ClusterIP unguarded", outPod, local, pods.clusterV4(), true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			url := httpURL(tt.ip, svcHTTPPort)
-			rep := probe(t, l, "client", "http", "--url", url, "--count", "2", "--timeout", "1s")
+			rep := probe(t, l, tt.from, "http", "--url", url, "--count", "2", "--timeout", "1s")
 			switch {
 			case tt.answer && rep.OK != rep.Count:
-				t.Errorf("GET %s from client %s, loadBalancerSourceRanges %v: %s; want every request answered",
-					url, lab.ClientIPv4, tt.svc.Spec.LoadBalancerSourceRanges, describe(rep))
+				t.Errorf("GET %s from %s, loadBalancerSourceRanges %v: %s; want every request answered",
+					url, tt.from, tt.svc.Spec.LoadBalancerSourceRanges, describe(rep))
 			case !tt.answer && rep.OK > 0:
-				t.Errorf("loadBalancerSourceRanges NOT ENFORCED: GET %s from client %s answered %d/%d times although the "+
-					"Service allows only %v (tell the lead: the datapath does not filter LoadBalancer sources yet); %s",
-					url, lab.ClientIPv4, rep.OK, rep.Count, tt.svc.Spec.LoadBalancerSourceRanges, describe(rep))
+				t.Errorf("loadBalancerSourceRanges NOT ENFORCED: GET %s from %s answered %d/%d times although the "+
+					"Service allows only %v; %s",
+					url, tt.from, rep.OK, rep.Count, tt.svc.Spec.LoadBalancerSourceRanges, describe(rep))
 			}
 		})
 	}
