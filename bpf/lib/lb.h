@@ -36,10 +36,15 @@ static __always_inline bool lb_is_node_addr(const union lb_addr *a)
 }
 
 /* A NodePort answers on loopback and on the node addresses of
- * LB_NODEPORT_NODES (maps.h). */
+ * LB_NODEPORT_NODES (maps.h) but those --nodeport-addresses leaves out. */
 static __always_inline bool lb_is_nodeport_addr(const union lb_addr *a)
 {
-	return addr_is_loopback(a) || lb_node_addr_has(a, LB_NODEPORT_NODES);
+	__u32 *flags;
+
+	if (addr_is_loopback(a))
+		return true;
+	flags = bpf_map_lookup_elem(&lb_node_ips, a->b);
+	return flags && (*flags & LB_NODEPORT_NODES) && !(*flags & LB_NODE_IP_NO_NODEPORT);
 }
 
 static __always_inline void lb_key_init(struct lb_svc_key *key,

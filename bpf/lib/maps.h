@@ -70,6 +70,7 @@ struct {
 
 #define LB_NODE_IP_LOCAL  (1 << 0) /* this node's */
 #define LB_NODE_IP_REMOTE (1 << 1) /* another node's */
+#define LB_NODE_IP_NO_NODEPORT (1 << 2) /* NodePorts do not answer on it (--nodeport-addresses) */
 
 /* The node addresses a NodePort is served on. East-west (the socket LB,
  * the per-packet pod LB) any node's: a pod's connection to another node's

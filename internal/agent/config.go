@@ -150,8 +150,9 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 		"or best-effort (driver mode where the driver allows it, else tc; a veth stays on tc: native XDP on a veth needs an XDP program "+
 		"on its peer and senders without TX checksum offload, see docs/xdp-on-veth.md)")
 	fs.StringVar(&c.NodePortRange, "node-port-range", DefaultNodePortRange, "NodePort range, MIN-MAX")
-	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", nil, "the local addresses NodePorts answer on besides the Node's InternalIPs, "+
-		"as kube-proxy's flag: CIDRs (comma separated), or primary (the InternalIPs only); default every local address but loopback and link-local")
+	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", nil, "the local addresses NodePorts answer on, "+
+		"as kube-proxy's flag: CIDRs (comma separated; the Node's InternalIPs outside them too get no NodePorts), or primary (the InternalIPs only); "+
+		"default every local address but loopback and link-local, and the InternalIPs")
 	fs.BoolVar(&c.BandwidthMgr, "enable-bandwidth-manager", false, "enforce the Pods' kubernetes.io/egress-bandwidth and ingress-bandwidth annotations: EDT with fq on --devices "+
 		"where the kernel has sch_fq, else TCP paced at the source with a BPF policer on the Pods' veths, and TBF on them for ingress (docs/bandwidth.md)")
 	fs.BoolVar(&c.BBR, "enable-bbr", false, "TCP congestion control BBR for the Pods' connections (needs --enable-bandwidth-manager and a 5.18 kernel), "+

@@ -211,9 +211,12 @@ func dumpLB(m lbmap.Maps) (*api.BPFLB, error) {
 		out.RevNat = append(out.RevNat, api.BPFRevNat{ID: id, Address: addrPort(v.Addr, v.Port)})
 	}
 	for _, a := range slices.SortedFunc(maps.Keys(nodes), func(a, b lbmap.Addr) int { return bytes.Compare(a[:], b[:]) }) {
-		if nodes[a] {
+		switch n := nodes[a]; {
+		case n.Local && n.NoNodePort:
+			out.NoNodePortIPs = append(out.NoNodePortIPs, a.NetIP().String())
+		case n.Local:
 			out.NodeIPs = append(out.NodeIPs, a.NetIP().String())
-		} else {
+		default:
 			out.OtherNodeIPs = append(out.OtherNodeIPs, a.NetIP().String())
 		}
 	}

@@ -846,7 +846,8 @@ func newTrackerPipeline(cfg *Config) (*modelPipeline, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--lb-algorithm: %w", err)
 	}
-	tr := loadbalancer.NewTracker(loadbalancer.Options{NodeName: cfg.NodeName, NodePortRange: cfg.nodePortRange, Algorithm: alg})
+	tr := loadbalancer.NewTracker(loadbalancer.Options{NodeName: cfg.NodeName, NodePortRange: cfg.nodePortRange, Algorithm: alg,
+		NodePortCIDRs: cfg.nodePortCIDRs})
 	return &modelPipeline{Tracker: tr, nodeName: cfg.NodeName, sum: newSummaryIndex(cfg.NodeName),
 		maglevTableSize: cfg.MaglevTableSize, maglevSeed: cfg.MaglevSeed}, nil
 }

@@ -246,6 +246,9 @@ type BPFLB struct {
 	// OtherNodeIPs are the cluster's other nodes' addresses: NodePorts
 	// on them are balanced east-west only (a pod's connection).
 	OtherNodeIPs []string `json:"otherNodeIPs,omitempty"`
+	// NoNodePortIPs are this node's addresses NodePorts do not answer on
+	// (InternalIPs outside --nodeport-addresses): the SNAT source still.
+	NoNodePortIPs []string `json:"noNodePortIPs,omitempty"`
 }
 
 // BPFService is one lb_services entry (a master when Slot is 0).

@@ -568,6 +568,9 @@ func writeBPFLB(w io.Writer, d *api.BPFLB) error {
 	for _, ip := range d.NodeIPs {
 		fmt.Fprintf(tw, "%s\tthis node\n", ip)
 	}
+	for _, ip := range d.NoNodePortIPs {
+		fmt.Fprintf(tw, "%s\tthis node, no NodePorts (--nodeport-addresses)\n", ip)
+	}
 	for _, ip := range d.OtherNodeIPs {
 		fmt.Fprintf(tw, "%s\tanother node\n", ip)
 	}

@@ -212,8 +212,8 @@ func installPlan(t testing.TB, m lbmap.Maps) {
 		}
 		must(t, m.UpdateRevNat(s.revNat, lbmap.RevNatValue{Addr: s.addr, Port: lbmap.PortFrom(s.port)}))
 	}
-	must(t, m.UpdateNodeIP(lbmap.AddrFrom(ipNode), true))
-	must(t, m.UpdateNodeIP(lbmap.AddrFrom(ipNode6), true))
+	must(t, m.UpdateNodeIP(lbmap.AddrFrom(ipNode), lbmap.NodeIP{Local: true}))
+	must(t, m.UpdateNodeIP(lbmap.AddrFrom(ipNode6), lbmap.NodeIP{Local: true}))
 }
 
 func must(t testing.TB, err error) {

@@ -99,7 +99,7 @@ func newSockLBEnv(t *testing.T) *sockLBEnv {
 		e.addBackend(t, backendIDs(true, udp)[i], be, udp)
 	}
 	for _, ip := range []string{"198.18.0.11", "fd00:198:18::11"} {
-		if err := e.maps.UpdateNodeIP(lbmap.AddrFrom(netip.MustParseAddr(ip)), true); err != nil {
+		if err := e.maps.UpdateNodeIP(lbmap.AddrFrom(netip.MustParseAddr(ip)), lbmap.NodeIP{Local: true}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -319,6 +319,25 @@ func TestPrivilegedSockLB(t *testing.T) {
 		op := clientOp{Do: "connect", Proto: "tcp", Family: 4, Addr: "198.18.1.10:30080"}
 		if res := e.client(t, op)[0]; res.Err != "connect: ECONNREFUSED" {
 			t.Errorf("%+v: %+v, want the kernel's ECONNREFUSED", op, res)
+		}
+		// A node address --nodeport-addresses leaves out is no NodePort
+		// frontend either; the other family's still is.
+		node4 := lbmap.AddrFrom(netip.MustParseAddr("198.18.0.11"))
+		if err := e.maps.UpdateNodeIP(node4, lbmap.NodeIP{Local: true, NoNodePort: true}); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := e.maps.UpdateNodeIP(node4, lbmap.NodeIP{Local: true}); err != nil {
+				t.Fatal(err)
+			}
+		}()
+		op = clientOp{Do: "connect", Proto: "tcp", Family: 4, Addr: "198.18.0.11:30080"}
+		if res := e.client(t, op)[0]; res.Err != "connect: ECONNREFUSED" {
+			t.Errorf("%+v, the node address without NodePorts: %+v, want the kernel's ECONNREFUSED", op, res)
+		}
+		op = clientOp{Do: "connect", Proto: "tcp", Family: 6, Addr: "[fd00:198:18::11]:30080"}
+		if res := e.client(t, op)[0]; res.Err != "" || len(res.Exchanges) != 1 {
+			t.Errorf("%+v: %+v, want an answer", op, res)
 		}
 	})
 

@@ -21,6 +21,8 @@ const (
 const (
 	nodeIPLocal  uint32 = 1 << 0
 	nodeIPRemote uint32 = 1 << 1
+	// nodeIPNoNodePort: a node address NodePorts do not answer on.
+	nodeIPNoNodePort uint32 = 1 << 2
 )
 
 // Kernel implements Maps over the load balancer's BPF maps.
@@ -126,10 +128,13 @@ func (m *Kernel) DeleteRevNat(id uint16) error {
 	return remove(m.revNat, RevNatMapName, id)
 }
 
-func (m *Kernel) UpdateNodeIP(a Addr, local bool) error {
+func (m *Kernel) UpdateNodeIP(a Addr, n NodeIP) error {
 	flags := nodeIPRemote
-	if local {
+	if n.Local {
 		flags = nodeIPLocal
+	}
+	if n.NoNodePort {
+		flags |= nodeIPNoNodePort
 	}
 	return update(m.nodeIPs, NodeIPsMapName, a, flags)
 }
@@ -150,14 +155,14 @@ func (m *Kernel) RevNats() (map[uint16]RevNatValue, error) {
 	return dump[uint16, RevNatValue](m.revNat, RevNatMapName)
 }
 
-func (m *Kernel) NodeIPs() (map[Addr]bool, error) {
+func (m *Kernel) NodeIPs() (map[Addr]NodeIP, error) {
 	ips, err := dump[Addr, uint32](m.nodeIPs, NodeIPsMapName)
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[Addr]bool, len(ips))
+	out := make(map[Addr]NodeIP, len(ips))
 	for a, flags := range ips {
-		out[a] = flags&nodeIPLocal != 0
+		out[a] = NodeIP{Local: flags&nodeIPLocal != 0, NoNodePort: flags&nodeIPNoNodePort != 0}
 	}
 	return out, nil
 }

@@ -1,6 +1,7 @@
 package lbmap_test
 
 import (
+	"maps"
 	"net/netip"
 	"reflect"
 	"strings"
@@ -121,9 +122,11 @@ func TestPrivilegedKernelRoundtrip(t *testing.T) {
 	must("UpdateService", k.UpdateService(sk, sv))
 	must("UpdateBackend", k.UpdateBackend(7, be))
 	must("UpdateRevNat", k.UpdateRevNat(9, rn))
-	must("UpdateNodeIP", k.UpdateNodeIP(addr, true))
+	must("UpdateNodeIP", k.UpdateNodeIP(addr, lbmap.NodeIP{Local: true}))
 	other := lbmap.AddrFrom(netip.MustParseAddr("198.18.0.12"))
-	must("UpdateNodeIP other", k.UpdateNodeIP(other, false))
+	must("UpdateNodeIP other", k.UpdateNodeIP(other, lbmap.NodeIP{}))
+	noNP := lbmap.AddrFrom(netip.MustParseAddr("10.0.0.11"))
+	must("UpdateNodeIP no NodePort", k.UpdateNodeIP(noNP, lbmap.NodeIP{Local: true, NoNodePort: true}))
 
 	svcs, err := k.Services()
 	must("Services", err)
@@ -142,8 +145,8 @@ func TestPrivilegedKernelRoundtrip(t *testing.T) {
 	}
 	ips, err := k.NodeIPs()
 	must("NodeIPs", err)
-	if len(ips) != 2 || !ips[addr] || ips[other] {
-		t.Errorf("NodeIPs() = %v, want {%v: true, %v: false}", ips, addr, other)
+	if want := map[lbmap.Addr]lbmap.NodeIP{addr: {Local: true}, other: {}, noNP: {Local: true, NoNodePort: true}}; !maps.Equal(ips, want) {
+		t.Errorf("NodeIPs() = %v, want %v", ips, want)
 	}
 
 	must("DeleteService", k.DeleteService(sk))
@@ -151,6 +154,7 @@ func TestPrivilegedKernelRoundtrip(t *testing.T) {
 	must("DeleteRevNat", k.DeleteRevNat(9))
 	must("DeleteNodeIP", k.DeleteNodeIP(addr))
 	must("DeleteNodeIP other", k.DeleteNodeIP(other))
+	must("DeleteNodeIP no NodePort", k.DeleteNodeIP(noNP))
 	// Deleting what is not there is not an error: the reconciler may
 	// retry a delete after a partial failure.
 	must("DeleteService again", k.DeleteService(sk))

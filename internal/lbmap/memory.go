@@ -16,7 +16,7 @@ type Memory struct {
 	Svcs            map[ServiceKey]ServiceValue
 	Bes             map[uint32]BackendValue
 	Revs            map[uint16]RevNatValue
-	Nodes           map[Addr]bool // true: this node's
+	Nodes           map[Addr]NodeIP
 	// Writes counts every update and delete, so tests can assert that an
 	// unchanged state causes no map writes.
 	Writes int
@@ -28,7 +28,7 @@ func NewMemory() *Memory {
 		Svcs:  map[ServiceKey]ServiceValue{},
 		Bes:   map[uint32]BackendValue{},
 		Revs:  map[uint16]RevNatValue{},
-		Nodes: map[Addr]bool{},
+		Nodes: map[Addr]NodeIP{},
 	}
 }
 
@@ -88,11 +88,11 @@ func (m *Memory) DeleteRevNat(id uint16) error {
 	return nil
 }
 
-func (m *Memory) UpdateNodeIP(a Addr, local bool) error {
+func (m *Memory) UpdateNodeIP(a Addr, n NodeIP) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.Writes++
-	m.Nodes[a] = local
+	m.Nodes[a] = n
 	return nil
 }
 
@@ -122,7 +122,7 @@ func (m *Memory) RevNats() (map[uint16]RevNatValue, error) {
 	return maps.Clone(m.Revs), nil
 }
 
-func (m *Memory) NodeIPs() (map[Addr]bool, error) {
+func (m *Memory) NodeIPs() (map[Addr]NodeIP, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return maps.Clone(m.Nodes), nil

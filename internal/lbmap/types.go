@@ -132,14 +132,24 @@ type Maps interface {
 	DeleteBackend(id uint32) error
 	UpdateRevNat(id uint16, v RevNatValue) error
 	DeleteRevNat(id uint16) error
-	// UpdateNodeIP writes a node address, this node's (local) or
-	// another node's.
-	UpdateNodeIP(a Addr, local bool) error
+	// UpdateNodeIP writes a node address: this node's or another's, and
+	// whether NodePorts answer on it.
+	UpdateNodeIP(a Addr, n NodeIP) error
 	DeleteNodeIP(Addr) error
 
 	// Dumps, for state restore after a restart and for `sluice bpf lb list`.
 	Services() (map[ServiceKey]ServiceValue, error)
 	Backends() (map[uint32]BackendValue, error)
 	RevNats() (map[uint16]RevNatValue, error)
-	NodeIPs() (map[Addr]bool, error) // address -> this node's
+	NodeIPs() (map[Addr]NodeIP, error)
+}
+
+// NodeIP is what lb_node_ips says of a node address.
+type NodeIP struct {
+	// Local: this node's, else another node's of the cluster.
+	Local bool
+	// NoNodePort: NodePorts do not answer on it (--nodeport-addresses
+	// leaves this node's InternalIP out); it stays a node address (the
+	// SNAT source, DSR's tunnel end).
+	NoNodePort bool
 }

@@ -16,6 +16,9 @@ type State struct {
 	Services map[types.NamespacedName][]LBService
 	// NodeIPs holds every node's InternalIPs; true marks this node's.
 	NodeIPs map[netip.Addr]bool
+	// NoNodePort are this node's InternalIPs that NodePorts do not answer
+	// on (outside --nodeport-addresses' CIDRs), node addresses still.
+	NoNodePort map[netip.Addr]bool
 	// Tunnels is where DSR sends a remote backend's traffic (tunnels.go):
 	// the other nodes' InternalIPs (to themselves) and pod CIDRs, and a
 	// host prefix per remote backend of a north-south frontend whose
@@ -79,6 +82,7 @@ func NewTracker(opts Options) *Tracker {
 		state: &State{
 			Services:    map[types.NamespacedName][]LBService{},
 			NodeIPs:     map[netip.Addr]bool{},
+			NoNodePort:  map[netip.Addr]bool{},
 			Tunnels:     map[netip.Prefix]netip.Addr{},
 			Errors:      map[string]string{},
 			Conflicts:   map[types.NamespacedName][]Conflict{},
@@ -297,20 +301,25 @@ type nodeInfo struct {
 // rebuildNodeIPs recomputes NodeIPs from the nodes, and the tunnels that
 // depend on them, and reports whether either changed.
 func (t *Tracker) rebuildNodeIPs() bool {
-	ips := map[netip.Addr]bool{}
+	ips, noNodePort := map[netip.Addr]bool{}, map[netip.Addr]bool{}
 	for name, n := range t.nodes {
 		for _, a := range n.addrs {
 			ips[a] = ips[a] || name == t.opts.NodeName
+			if name == t.opts.NodeName && t.opts.NodePortCIDRs != nil &&
+				!slices.ContainsFunc(t.opts.NodePortCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }) {
+				noNodePort[a] = true
+			}
 		}
 	}
 	for _, a := range t.localAddrs {
 		ips[a] = true
+		delete(noNodePort, a) // an interface address the CIDRs let in
 	}
 	tunnels := t.tunnelIndex().setNodes(t.nodes)
-	if reflect.DeepEqual(ips, t.state.NodeIPs) {
+	if reflect.DeepEqual(ips, t.state.NodeIPs) && reflect.DeepEqual(noNodePort, t.state.NoNodePort) {
 		return tunnels
 	}
-	t.state.NodeIPs = ips
+	t.state.NodeIPs, t.state.NoNodePort = ips, noNodePort
 	return true
 }
 

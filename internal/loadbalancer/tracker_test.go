@@ -478,6 +478,44 @@ func TestTrackerUnsupportedSCTP(t *testing.T) {
 
 // This node's interface addresses join NodeIPs as its own, and leave them
 // again; an unchanged set changes nothing.
+// TestTrackerNodePortCIDRs: with --nodeport-addresses CIDRs, this node's
+// InternalIPs outside them are node addresses NodePorts do not answer on
+// (as kube-proxy's), unless an interface address the CIDRs let in is the
+// same; other nodes' are never marked; without CIDRs none is.
+func TestTrackerNodePortCIDRs(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cidrs []netip.Prefix
+		local []netip.Addr
+		want  []string
+	}{
+		{"no flag", nil, nil, nil},
+		{"CIDRs hold the InternalIPv4 only", []netip.Prefix{netip.MustParsePrefix("198.18.0.0/24")}, nil, []string{"fd00:198:18::11"}},
+		{"CIDRs hold neither", []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, nil, []string{"198.18.0.11", "fd00:198:18::11"}},
+		{"an interface address the CIDRs let in", []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
+			[]netip.Addr{netip.MustParseAddr("198.18.0.11")}, []string{"fd00:198:18::11"}},
+	} {
+		tr := NewTracker(Options{NodeName: "node-1", NodePortCIDRs: tc.cidrs})
+		tr.OnNodeUpdate(nil, node("node-1", "198.18.0.11", "fd00:198:18::11"))
+		tr.OnNodeUpdate(nil, node("node-2", "198.18.0.12"))
+		tr.SetLocalAddresses(tc.local)
+		st, _, _ := tr.Sync()
+		var got []string
+		for a, no := range st.NoNodePort {
+			if no {
+				got = append(got, a.String())
+			}
+			if !st.NodeIPs[a] {
+				t.Errorf("%s: %s has no NodePorts but is not this node's in NodeIPs %v", tc.name, a, st.NodeIPs)
+			}
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: NoNodePort %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
 func TestTrackerLocalAddresses(t *testing.T) {
 	tr := NewTracker(Options{NodeName: "node-1"})
 	tr.OnNodeUpdate(nil, node("node-1", "198.18.0.11"))

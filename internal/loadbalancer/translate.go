@@ -44,6 +44,10 @@ type Options struct {
 	// AnnotationLBAlgorithm annotation (--lb-algorithm); empty means
 	// AlgorithmRandom.
 	Algorithm Algorithm
+	// NodePortCIDRs are --nodeport-addresses' CIDRs: this node's
+	// InternalIPs outside them are in State.NoNodePort. Nil (no flag, or
+	// primary): NodePorts answer on every InternalIP.
+	NodePortCIDRs []netip.Prefix
 	// Zone is this node's topology.kubernetes.io/zone label: endpoints
 	// hinted for it are preferred as kube-proxy does. The Tracker fills it
 	// from the node's Node object.

@@ -107,7 +107,7 @@ func TestTooManyBackendsNotRetried(t *testing.T) {
 // frontend's.
 type failingNodeIPs struct{ *lbmap.Memory }
 
-func (f failingNodeIPs) UpdateNodeIP(lbmap.Addr, bool) error { return errors.New("injected") }
+func (f failingNodeIPs) UpdateNodeIP(lbmap.Addr, lbmap.NodeIP) error { return errors.New("injected") }
 
 func TestSystemicErrorMakesNextApplyFull(t *testing.T) {
 	m := failingNodeIPs{lbmap.NewMemory()}

@@ -117,7 +117,7 @@ type Reconciler struct {
 	revNatOwner map[uint16]feKey             // allocated
 	nextRevNat  uint16
 
-	nodeIPs map[lbmap.Addr]bool
+	nodeIPs map[lbmap.Addr]lbmap.NodeIP
 	stale   []lbmap.ServiceKey // found on restore, never valid: deleted by the first full sync
 
 	// Maglev tables are written when maps also implements MaglevMaps.
@@ -170,7 +170,7 @@ func New(m lbmap.Maps, nodeName string, opts ...Option) (*Reconciler, error) {
 		revNats:       map[uint16]lbmap.RevNatValue{},
 		revNatOwner:   map[uint16]feKey{},
 		nextRevNat:    1,
-		nodeIPs:       map[lbmap.Addr]bool{},
+		nodeIPs:       map[lbmap.Addr]lbmap.NodeIP{},
 		failed:        map[types.NamespacedName]bool{},
 		needFull:      true,
 	}
@@ -264,8 +264,8 @@ func (r *Reconciler) restore() error {
 	if err != nil {
 		return fmt.Errorf("dump node IPs: %w", err)
 	}
-	for a, local := range nodes {
-		r.nodeIPs[a] = local
+	for a, n := range nodes {
+		r.nodeIPs[a] = n
 	}
 	if err := r.restoreMaglev(); err != nil {
 		return err
@@ -345,7 +345,7 @@ func (r *Reconciler) Apply(st *loadbalancer.State, changed map[types.NamespacedN
 		systemic = append(systemic, r.sweep())
 	}
 	if full || nodesChanged {
-		systemic = append(systemic, r.syncNodeIPs(st.NodeIPs))
+		systemic = append(systemic, r.syncNodeIPs(st.NodeIPs, st.NoNodePort))
 	}
 	for _, fe := range ae.Frontends {
 		if fe.Retry {
@@ -1171,18 +1171,21 @@ func (r *Reconciler) sweep() error {
 	return errors.Join(errs...)
 }
 
-func (r *Reconciler) syncNodeIPs(want map[netip.Addr]bool) error {
+// syncNodeIPs writes every node's addresses (want: true for this node's),
+// those of noNodePort marked as addresses NodePorts do not answer on.
+func (r *Reconciler) syncNodeIPs(want, noNodePort map[netip.Addr]bool) error {
 	var errs []error
 	for a, local := range want {
 		k := lbmap.AddrFrom(a)
-		if have, ok := r.nodeIPs[k]; ok && have == local {
+		n := lbmap.NodeIP{Local: local, NoNodePort: noNodePort[a]}
+		if have, ok := r.nodeIPs[k]; ok && have == n {
 			continue
 		}
-		if err := r.maps.UpdateNodeIP(k, local); err != nil {
+		if err := r.maps.UpdateNodeIP(k, n); err != nil {
 			errs = append(errs, fmt.Errorf("update node IP %s: %w", a, err))
 			continue
 		}
-		r.nodeIPs[k] = local
+		r.nodeIPs[k] = n
 	}
 	for k := range r.nodeIPs {
 		if _, ok := want[k.NetIP()]; ok {

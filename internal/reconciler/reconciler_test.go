@@ -135,8 +135,8 @@ func (r *recorder) DeleteRevNat(id uint16) error {
 	return r.record(r.Memory.DeleteRevNat(id), "rn- %d", id)
 }
 
-func (r *recorder) UpdateNodeIP(a lbmap.Addr, local bool) error {
-	return r.record(r.Memory.UpdateNodeIP(a, local), "node+ %s local=%v", a.NetIP(), local)
+func (r *recorder) UpdateNodeIP(a lbmap.Addr, n lbmap.NodeIP) error {
+	return r.record(r.Memory.UpdateNodeIP(a, n), "node+ %s local=%v no-nodeport=%v", a.NetIP(), n.Local, n.NoNodePort)
 }
 
 func (r *recorder) DeleteNodeIP(a lbmap.Addr) error {
@@ -233,9 +233,9 @@ func TestGoldenMapContents(t *testing.T) {
 	}
 	// This node's address flagged so (north-south serves NodePorts on it
 	// alone), another node's not.
-	wantNodes := map[lbmap.Addr]bool{
-		lbmap.AddrFrom(netip.MustParseAddr("198.18.0.11")): true,
-		lbmap.AddrFrom(netip.MustParseAddr("198.18.0.12")): false,
+	wantNodes := map[lbmap.Addr]lbmap.NodeIP{
+		lbmap.AddrFrom(netip.MustParseAddr("198.18.0.11")): {Local: true},
+		lbmap.AddrFrom(netip.MustParseAddr("198.18.0.12")): {},
 	}
 	if !reflect.DeepEqual(m.Svcs, wantSvcs) {
 		t.Errorf("service map:\n got %v\nwant %v", m.Svcs, wantSvcs)
@@ -749,7 +749,7 @@ func TestNodeIPs(t *testing.T) {
 		t.Errorf("node IPs written without nodesChanged (err %v)", err)
 	}
 	mustApply(t, r, st, map[types.NamespacedName]bool{})
-	want := []string{"node+ 198.18.0.12 local=false", "node- fd00:198:18::11"}
+	want := []string{"node+ 198.18.0.12 local=false no-nodeport=false", "node- fd00:198:18::11"}
 	if got := m.take(); !reflect.DeepEqual(got, want) {
 		t.Errorf("node IP writes %q, want %q", got, want)
 	}
@@ -757,9 +757,23 @@ func TestNodeIPs(t *testing.T) {
 	// written again with its new flag.
 	st.NodeIPs[netip.MustParseAddr("198.18.0.12")] = true
 	mustApply(t, r, st, map[types.NamespacedName]bool{})
-	want = []string{"node+ 198.18.0.12 local=true"}
+	want = []string{"node+ 198.18.0.12 local=true no-nodeport=false"}
 	if got := m.take(); !reflect.DeepEqual(got, want) {
 		t.Errorf("node IP writes after a flag change %q, want %q", got, want)
+	}
+	// An InternalIP --nodeport-addresses leaves out: written again with
+	// the flag, and back without it.
+	st.NoNodePort = map[netip.Addr]bool{netip.MustParseAddr("198.18.0.11"): true}
+	mustApply(t, r, st, map[types.NamespacedName]bool{})
+	want = []string{"node+ 198.18.0.11 local=true no-nodeport=true"}
+	if got := m.take(); !reflect.DeepEqual(got, want) {
+		t.Errorf("node IP writes after --nodeport-addresses %q, want %q", got, want)
+	}
+	st.NoNodePort = nil
+	mustApply(t, r, st, map[types.NamespacedName]bool{})
+	want = []string{"node+ 198.18.0.11 local=true no-nodeport=false"}
+	if got := m.take(); !reflect.DeepEqual(got, want) {
+		t.Errorf("node IP writes after the flag went %q, want %q", got, want)
 	}
 }
 

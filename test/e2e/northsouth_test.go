@@ -618,36 +618,12 @@ func testNodePortOnLocalAddress(t *testing.T, mode string) {
 	apply(t, l, svc)
 	programmed(t, l, len(l.Pods()), nsFrontends(a)...)
 	node1 := l.Nodes[0]
-	extra := []netip.Prefix{netip.MustParsePrefix("198.18.0.240/24"), netip.MustParsePrefix("fd00:198:18::240/64")}
-	ip := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", append([]string{"-n", node1.Netns}, args...)...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	for _, p := range extra {
-		ip("addr", "add", p.String(), "dev", "eth0", "nodad")
-		t.Cleanup(func() { _ = exec.Command("ip", "-n", node1.Netns, "addr", "del", p.String(), "dev", "eth0").Run() })
-	}
-	for _, p := range extra {
-		url := httpURL(p.Addr(), int32(a.nodePort()))
-		eventually(t, l, "NodePort on "+url, func(n lab.Node, _ *api.Client) error {
-			if n.Name != node1.Name {
-				return nil
-			}
-			if rep := probe(t, l, "client", "http", "--url", url, "--count", "1", "--timeout", "1s"); rep.OK != 1 {
-				return fmt.Errorf("%s", describe(rep))
-			}
-			return nil
-		})
-		rep := probe(t, l, "client", "http", "--url", url, "--count", "10", "--timeout", "2s")
-		if rep.OK != rep.Count {
-			t.Errorf("NodePort on node1's own %s: %s", p.Addr(), describe(rep))
-		}
-	}
+	extra := addNodeAddresses(t, l, node1, a.nodePort())
 	// The agent lists it among the node's addresses; gone with the address.
 	for _, p := range extra {
-		ip("addr", "del", p.String(), "dev", "eth0")
+		if out, err := exec.Command("ip", "-n", node1.Netns, "addr", "del", p.String(), "dev", "eth0").CombinedOutput(); err != nil {
+			t.Fatalf("ip addr del %s: %v: %s", p, err, out)
+		}
 	}
 	eventually(t, l, "the extra addresses out of node1's NodePort addresses", func(n lab.Node, c *api.Client) error {
 		if n.Name != node1.Name {
@@ -664,6 +640,83 @@ func testNodePortOnLocalAddress(t *testing.T, mode string) {
 		}
 		return nil
 	})
+}
+
+// addNodeAddresses adds 198.18.0.240/24 and fd00:198:18::240/64 to the
+// node's eth0 (removed at cleanup) and checks that NodePort port answers
+// the client on each: the agent watches the node's addresses.
+func addNodeAddresses(t *testing.T, l *lab.Lab, node lab.Node, port int32) []netip.Prefix {
+	t.Helper()
+	extra := []netip.Prefix{netip.MustParsePrefix("198.18.0.240/24"), netip.MustParsePrefix("fd00:198:18::240/64")}
+	for _, p := range extra {
+		if out, err := exec.Command("ip", "-n", node.Netns, "addr", "add", p.String(), "dev", "eth0", "nodad").CombinedOutput(); err != nil {
+			t.Fatalf("ip addr add %s: %v: %s", p, err, out)
+		}
+		t.Cleanup(func() { _ = exec.Command("ip", "-n", node.Netns, "addr", "del", p.String(), "dev", "eth0").Run() })
+	}
+	for _, p := range extra {
+		url := httpURL(p.Addr(), port)
+		eventually(t, l, "NodePort on "+url, func(n lab.Node, _ *api.Client) error {
+			if n.Name != node.Name {
+				return nil
+			}
+			if rep := probe(t, l, "client", "http", "--url", url, "--count", "1", "--timeout", "1s"); rep.OK != 1 {
+				return fmt.Errorf("%s", describe(rep))
+			}
+			return nil
+		})
+		if rep := probe(t, l, "client", "http", "--url", url, "--count", "10", "--timeout", "2s"); rep.OK != rep.Count {
+			t.Errorf("NodePort on %s's own %s: %s", node.Name, p.Addr(), describe(rep))
+		}
+	}
+	return extra
+}
+
+// TestPrivilegedNodePortAddressesCIDRs: with --nodeport-addresses CIDRs,
+// NodePorts answer on the node's addresses inside them and on no other,
+// the Node's InternalIPs included, as kube-proxy's; the InternalIPs stay
+// node addresses (`sluice bpf lb list` names them) and the Service's
+// other frontends answer as before.
+func TestPrivilegedNodePortAddressesCIDRs(t *testing.T) {
+	l := nsLab(t, lab.LBModeSNAT, lab.AccelerationBestEffort, "--nodeport-addresses=198.18.0.240/28,fd00:198:18::240/124")
+	a := addrs{k: 78}
+	svc := nsService("ns-nodeport-cidrs", a, map[string]string{lab.LabelApp: "echo"})
+	apply(t, l, svc)
+	programmed(t, l, len(l.Pods()), nsFrontends(a)...)
+	node1 := l.Nodes[0]
+	addNodeAddresses(t, l, node1, a.nodePort())
+	eventually(t, l, "node1's InternalIPs listed without NodePorts", func(n lab.Node, c *api.Client) error {
+		if n.Name != node1.Name {
+			return nil
+		}
+		lb, err := c.BPFLB(t.Context())
+		if err != nil {
+			return err
+		}
+		for _, ip := range []netip.Addr{node1.IPv4, node1.IPv6} {
+			if !slices.Contains(lb.NoNodePortIPs, ip.String()) || slices.Contains(lb.NodeIPs, ip.String()) {
+				return fmt.Errorf("%s: node IPs %v, without NodePorts %v", ip, lb.NodeIPs, lb.NoNodePortIPs)
+			}
+		}
+		return nil
+	})
+	for _, tc := range []struct {
+		from string
+		ip   netip.Addr
+	}{
+		{"client", node1.IPv4}, {"client", node1.IPv6}, {node1.Pods[0].Name, node1.IPv4},
+	} {
+		url := httpURL(tc.ip, int32(a.nodePort()))
+		if rep := probe(t, l, tc.from, "http", "--url", url, "--count", "2", "--timeout", "1s"); rep.OK != 0 {
+			t.Errorf("NodePort on the InternalIP %s, outside --nodeport-addresses, from %s: %s; want no answer", tc.ip, tc.from, describe(rep))
+		}
+	}
+	for _, ip := range []netip.Addr{a.clusterV4(), a.lbV4()} {
+		url := httpURL(ip, svcHTTPPort)
+		if rep := probe(t, l, node1.Pods[0].Name, "http", "--url", url, "--count", "4", "--timeout", "2s"); rep.OK != rep.Count {
+			t.Errorf("%s from %s: %s; want every request answered", url, node1.Pods[0].Name, describe(rep))
+		}
+	}
 }
 
 // TestPrivilegedNorthSouthRemovedBackendKeepsTCP removes the backend of
