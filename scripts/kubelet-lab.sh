@@ -3,7 +3,8 @@
 # plugins, busybox-static, etcd, ...), builds sluice, the Kubernetes binaries
 # (kubelet, kube-controller-manager, kube-scheduler, kubectl and pause with the
 # apiserver), CoreDNS (the cluster's DNS, as pods) and helm, brings up a lab whose nodes run a real kubelet and
-# containerd, and installs sluice's Helm chart into it (docs/kubelet-lab.md).
+# containerd, and installs sluice's Helm chart and the DNS autoscaler's into it
+# (docs/kubelet-lab.md).
 # Extra arguments go to `sluice lab up` (e.g. --nodes 1). Then:
 #   ./bin/sluice lab kubectl -- get pods -A
 #   ./bin/sluice lab kubectl -- -n kube-system exec ds/sluice -- sluice status
@@ -16,4 +17,5 @@ cd "$(dirname "$0")/.."
 ./scripts/k8s-build.sh >/dev/null
 ./scripts/coredns-build.sh >/dev/null
 ./scripts/helm-build.sh >/dev/null
-exec ./bin/sluice lab up --kubelet --chart deploy/charts/sluice "$@"
+exec ./bin/sluice lab up --kubelet --chart deploy/charts/sluice \
+  --dns-autoscaler deploy/charts/sluice-dns-autoscaler "$@"

@@ -40,7 +40,7 @@ and UDP echo backend in every pod.`,
 
 func upCommand(prefix *string) *cobra.Command {
 	cfg := Config{}
-	var chart string
+	var chart, dnsAutoscaler string
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Build the lab (removing leftovers of an earlier run first)",
@@ -59,6 +59,8 @@ func upCommand(prefix *string) *cobra.Command {
 				}
 			} else if chart != "" {
 				return fmt.Errorf("--chart needs --kubelet: only a kubelet lab runs a DaemonSet")
+			} else if dnsAutoscaler != "" {
+				return fmt.Errorf("--dns-autoscaler needs --kubelet: the autoscaler scales CoreDNS's Deployment, which only a kubelet lab's controllers turn into pods")
 			}
 			l, err := Up(cmd.Context(), cfg)
 			if err != nil {
@@ -70,12 +72,19 @@ func upCommand(prefix *string) *cobra.Command {
 					return fmt.Errorf("install %s: %w (the lab stays up: lab kubectl, lab helm, lab down)", chart, err)
 				}
 			}
+			if dnsAutoscaler != "" {
+				if err := l.InstallDNSAutoscaler(cmd.Context(), dnsAutoscaler); err != nil {
+					return fmt.Errorf("install %s: %w (the lab stays up: lab kubectl, lab helm, lab down)", dnsAutoscaler, err)
+				}
+			}
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&cfg.Kubelet, "kubelet", false,
 		"a real kubelet and containerd on every node, with kube-controller-manager and kube-scheduler: workloads are real Pods, sluice is installed with its Helm chart (--chart); docs/kubelet-lab.md")
 	cmd.Flags().StringVar(&chart, "chart", "", "with --kubelet: helm install this chart (deploy/charts/sluice) with the lab's values and wait for it")
+	cmd.Flags().StringVar(&dnsAutoscaler, "dns-autoscaler", "",
+		"with --kubelet: helm install this chart (deploy/charts/sluice-dns-autoscaler) into kube-system, scaling the lab's CoreDNS Deployment; lab status shows its replicas")
 	cmd.Flags().IntVar(&cfg.Nodes, "nodes", 2, "number of nodes")
 	cmd.Flags().IntVar(&cfg.PodsPerNode, "pods-per-node", 3, "echo pods per node")
 	cmd.Flags().StringVar(&cfg.Dataplane, "dataplane", DataplaneSluice,

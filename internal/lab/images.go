@@ -29,13 +29,13 @@ var busyboxApplets = []string{"sh", "cat", "ls", "mount", "umount", "stat", "sle
 	"rm", "env", "echo", "test", "[", "kill", "wget", "nc", "ip", "tail", "head", "df"}
 
 // BuildSluiceImage writes an archive of sluice's image, tagged ref, from
-// binDir's sluice and sluice-agent (static binaries: ./scripts/build.sh
-// builds them so).
+// binDir's sluice, sluice-agent and sluice-dns-autoscaler (static
+// binaries: ./scripts/build.sh builds them so), as the Dockerfile's.
 func BuildSluiceImage(binDir, ref, file string) error {
 	// /var/run → /run: the CLI's default API socket is /var/run/sluice/.
 	files := []image.File{{Path: "/tmp", Mode: 0o1777}, {Path: "/run/sluice"}, {Path: "/var/run", Link: "/run"},
 		{Path: "/sys/fs/bpf"}}
-	for _, b := range []string{"sluice", "sluice-agent"} {
+	for _, b := range []string{"sluice", "sluice-agent", "sluice-dns-autoscaler"} {
 		src := filepath.Join(binDir, b)
 		if err := image.CheckStatic(src); err != nil {
 			return fmt.Errorf("sluice image: %w", err)

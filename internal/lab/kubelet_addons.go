@@ -12,6 +12,12 @@ import (
 	"strings"
 	"time"
 
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kptr "k8s.io/utils/ptr"
+
+	"github.com/sluice-dataplane/sluice/internal/dnsscale"
 	"github.com/sluice-dataplane/sluice/internal/image"
 )
 
@@ -259,4 +265,201 @@ func (l *Lab) WaitClusterDNS(ctx context.Context, timeout time.Duration) error {
 		return fmt.Errorf("cluster DNS: %w; CoreDNS log:\n%s", err, strings.TrimSpace(logs))
 	}
 	return nil
+}
+
+// DNSAutoscalerRelease is the Helm release InstallDNSAutoscaler installs
+// sluice-dns-autoscaler's chart as, in kube-system beside CoreDNS; the
+// chart names its Deployment and Lease dnsAutoscalerName.
+const (
+	DNSAutoscalerRelease = "dns-autoscaler"
+	dnsAutoscalerName    = "sluice-dns-autoscaler"
+	// dnsAutoscalerConfigMap is the chart's default ConfigMap, the
+	// kubernetes.io task's name.
+	dnsAutoscalerConfigMap = "dns-autoscaler"
+)
+
+// InstallDNSAutoscaler installs (or upgrades) the DNS autoscaler's chart
+// from dir with extra --set/-f arguments: it scales the lab's CoreDNS
+// Deployment, and the controller-manager turns its replica count into
+// pods. Waits until the autoscaler is available and CoreDNS has the
+// replicas it asked for, ready.
+func (l *Lab) InstallDNSAutoscaler(ctx context.Context, dir string, extra ...string) error {
+	args := append([]string{"upgrade", "--install", DNSAutoscalerRelease, dir, "--namespace", "kube-system"}, extra...)
+	l.step("helm %s", strings.Join(args, " "))
+	if _, err := l.Helm(ctx, args...); err != nil {
+		return err
+	}
+	if _, err := l.Kubectl(ctx, "-n", "kube-system", "rollout", "status", "deployment/"+dnsAutoscalerName, "--timeout=3m"); err != nil {
+		return fmt.Errorf("the DNS autoscaler: %w", err)
+	}
+	return l.WaitClusterDNSScaled(ctx, 3*time.Minute)
+}
+
+// WaitClusterDNSScaled waits until the CoreDNS Deployment has the
+// replicas the autoscaler's params give for the lab's nodes (when one is
+// installed), all of them ready and behind kube-dns.
+func (l *Lab) WaitClusterDNSScaled(ctx context.Context, timeout time.Duration) error {
+	start := time.Now()
+	for {
+		st := l.kubeletDNSStatus(ctx)
+		if st.Error == "" && st.Ready == st.Replicas && st.Endpoints == int(st.Replicas) &&
+			(st.Autoscaler == nil || st.Autoscaler.Want == st.Replicas) {
+			l.step("cluster DNS: coredns at %d replicas, %d ready, %d behind kube-dns after %.1fs", st.Replicas, st.Ready,
+				st.Endpoints, time.Since(start).Seconds())
+			return nil
+		}
+		if time.Since(start) > timeout {
+			pods, _ := l.Kubectl(ctx, "-n", "kube-system", "get", "pods", "-o", "wide")
+			return fmt.Errorf("cluster DNS not scaled within %s: %s; pods:\n%s", timeout, st, pods)
+		}
+		if err := sleepCtx(ctx, time.Second); err != nil {
+			return err
+		}
+	}
+}
+
+// KubeletDNSStatus is a kubelet lab's cluster DNS as the apiserver has
+// it: the CoreDNS Deployment, kube-dns's ready endpoints, and the DNS
+// autoscaler when one is installed.
+type KubeletDNSStatus struct {
+	// Replicas is the Deployment's spec.replicas: what the autoscaler
+	// (or the manifest, without one) asked for.
+	Replicas  int32 `json:"replicas"`
+	Ready     int32 `json:"readyReplicas"`
+	Endpoints int   `json:"endpoints"` // ready IPv4 endpoints of kube-dns
+	// Autoscaler is sluice-dns-autoscaler's Deployment, lease holder and
+	// params (nil: not installed).
+	Autoscaler *DNSAutoscalerStatus `json:"autoscaler,omitempty"`
+	Error      string               `json:"error,omitempty"`
+}
+
+// DNSAutoscalerStatus is the DNS autoscaler in a kubelet lab.
+type DNSAutoscalerStatus struct {
+	Replicas int32  `json:"replicas"`
+	Ready    int32  `json:"readyReplicas"`
+	Leader   string `json:"leader,omitempty"` // the pod holding the Lease ("": none yet)
+	// ConfigMap and Params are where the scaling parameters are and what
+	// they say (its one key: linear or ladder).
+	ConfigMap string `json:"configMap"`
+	Params    string `json:"params,omitempty"`
+	// Want is the replica count those params give for the lab's Nodes,
+	// all counted as the chart's defaults count them (no --nodelabels, no
+	// excluded taints), by the autoscaler's own arithmetic; Why says
+	// from what. 0 while the ConfigMap is missing or invalid.
+	Want int32  `json:"want"`
+	Why  string `json:"why,omitempty"`
+	// ParamsError is why the params are not valid (the autoscaler keeps
+	// its last good ones then).
+	ParamsError string `json:"paramsError,omitempty"`
+}
+
+func (s KubeletDNSStatus) String() string {
+	if s.Error != "" {
+		return s.Error
+	}
+	out := fmt.Sprintf("deployment kube-system/coredns: %d replicas, %d ready, %d behind %s %s", s.Replicas, s.Ready,
+		s.Endpoints, ClusterDNSName, ClusterDNSIPv4)
+	a := s.Autoscaler
+	if a == nil {
+		return out + "; no autoscaler (lab up --dns-autoscaler)"
+	}
+	leader := a.Leader
+	if leader == "" {
+		leader = "no leader yet"
+	}
+	params := a.Params
+	if params == "" {
+		params = "not created yet"
+	}
+	out += fmt.Sprintf("; scaled by %s (%d of %d ready, leader %s), ConfigMap %s: %s", dnsAutoscalerName,
+		a.Ready, a.Replicas, leader, a.ConfigMap, params)
+	switch {
+	case a.ParamsError != "":
+		out += "; INVALID: " + a.ParamsError
+	case a.Why != "":
+		out += fmt.Sprintf("; they give %d replicas (%s)", a.Want, a.Why)
+	}
+	return out
+}
+
+// kubeletDNSStatus reads the cluster DNS's objects; what it cannot read is
+// in Error.
+func (l *Lab) kubeletDNSStatus(ctx context.Context) KubeletDNSStatus {
+	var st KubeletDNSStatus
+	cs, err := l.KubeClient()
+	if err != nil {
+		st.Error = err.Error()
+		return st
+	}
+	d, err := cs.AppsV1().Deployments("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+	if err != nil {
+		st.Error = "deployment kube-system/coredns: " + err.Error()
+		return st
+	}
+	st.Replicas, st.Ready = kptr.Deref(d.Spec.Replicas, 1), d.Status.ReadyReplicas
+	eps, err := cs.DiscoveryV1().EndpointSlices("kube-system").List(ctx,
+		metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + ClusterDNSName})
+	if err != nil {
+		st.Error = "kube-dns's EndpointSlices: " + err.Error()
+		return st
+	}
+	for _, s := range eps.Items {
+		if s.AddressType != discoveryv1.AddressTypeIPv4 {
+			continue
+		}
+		for _, e := range s.Endpoints {
+			if kptr.Deref(e.Conditions.Ready, false) {
+				st.Endpoints++
+			}
+		}
+	}
+	a, err := cs.AppsV1().Deployments("kube-system").Get(ctx, dnsAutoscalerName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return st
+	case err != nil:
+		st.Error = "deployment kube-system/" + dnsAutoscalerName + ": " + err.Error()
+		return st
+	}
+	as := &DNSAutoscalerStatus{Replicas: kptr.Deref(a.Spec.Replicas, 1), Ready: a.Status.ReadyReplicas,
+		ConfigMap: "kube-system/" + dnsAutoscalerConfigMap}
+	st.Autoscaler = as
+	if lease, err := cs.CoordinationV1().Leases("kube-system").Get(ctx, dnsAutoscalerName, metav1.GetOptions{}); err == nil {
+		as.Leader = kptr.Deref(lease.Spec.HolderIdentity, "")
+	} else if !apierrors.IsNotFound(err) {
+		st.Error = "lease kube-system/" + dnsAutoscalerName + ": " + err.Error()
+	}
+	cm, err := cs.CoreV1().ConfigMaps("kube-system").Get(ctx, dnsAutoscalerConfigMap, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return st
+	case err != nil:
+		st.Error = "configmap " + as.ConfigMap + ": " + err.Error()
+		return st
+	}
+	for _, k := range slices.Sorted(maps.Keys(cm.Data)) {
+		as.Params += k + " " + strings.Join(strings.Fields(cm.Data[k]), " ")
+	}
+	params, err := dnsscale.ParseConfigMapData(cm.Data)
+	if err != nil {
+		as.ParamsError = err.Error()
+		return st
+	}
+	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		st.Error = "nodes: " + err.Error()
+		return st
+	}
+	want := params.Replicas(dnsscale.CountNodes(ptrs(nodes.Items), nil))
+	as.Want, as.Why = want.Replicas, fmt.Sprintf("%s mode, %d nodes, %d cores", want.Mode, want.Nodes, want.Cores)
+	return st
+}
+
+// ptrs is a pointer to each element of items.
+func ptrs[T any](items []T) []*T {
+	out := make([]*T, len(items))
+	for i := range items {
+		out[i] = &items[i]
+	}
+	return out
 }

@@ -128,3 +128,27 @@ func TestKubeletConfigRejects(t *testing.T) {
 		t.Errorf("kubelet defaults: %v, dataplane %q, control plane %q", err, c.Dataplane, c.ControlPlane)
 	}
 }
+
+func TestKubeletDNSStatusString(t *testing.T) {
+	for _, tc := range []struct {
+		st   KubeletDNSStatus
+		want []string
+	}{
+		{KubeletDNSStatus{Replicas: 1, Ready: 1, Endpoints: 1},
+			[]string{"coredns: 1 replicas, 1 ready, 1 behind kube-dns 198.19.0.53", "no autoscaler (lab up --dns-autoscaler)"}},
+		{KubeletDNSStatus{Replicas: 2, Ready: 1, Endpoints: 1, Autoscaler: &DNSAutoscalerStatus{Replicas: 2, Ready: 2, Leader: "a_1",
+			ConfigMap: "kube-system/dns-autoscaler", Params: `ladder {"nodesToReplicas":[[1,2]]}`, Want: 2, Why: "ladder mode, 1 nodes, 2 cores"}},
+			[]string{"2 replicas, 1 ready", "scaled by sluice-dns-autoscaler (2 of 2 ready, leader a_1)",
+				`ConfigMap kube-system/dns-autoscaler: ladder {"nodesToReplicas":[[1,2]]}`, "they give 2 replicas (ladder mode, 1 nodes, 2 cores)"}},
+		{KubeletDNSStatus{Autoscaler: &DNSAutoscalerStatus{ConfigMap: "kube-system/dns-autoscaler", ParamsError: "no linear or ladder key"}},
+			[]string{"leader no leader yet", "ConfigMap kube-system/dns-autoscaler: not created yet", "INVALID: no linear or ladder key"}},
+		{KubeletDNSStatus{Error: "deployment kube-system/coredns: not found"}, []string{"deployment kube-system/coredns: not found"}},
+	} {
+		got := tc.st.String()
+		for _, w := range tc.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%+v: %q lacks %q", tc.st, got, w)
+			}
+		}
+	}
+}

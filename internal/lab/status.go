@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -31,6 +32,9 @@ type Status struct {
 	// ClusterDNS is CoreDNS behind kube-dns, each replica asked directly
 	// and the Service asked from a pod.
 	ClusterDNS *ClusterDNSStatus `json:"clusterDNS,omitempty"`
+	// KubeletDNS is a kubelet lab's cluster DNS: CoreDNS's Deployment and
+	// the DNS autoscaler scaling it.
+	KubeletDNS *KubeletDNSStatus `json:"kubeletDNS,omitempty"`
 }
 
 // ClusterDNSStatus is the cluster DNS and whether it answers.
@@ -123,6 +127,10 @@ func (l *Lab) Status(ctx context.Context) Status {
 			}
 		}
 		st.ClusterDNS = cs
+	}
+	if slices.ContainsFunc(l.Nodes, func(n Node) bool { return n.Kubelet != nil }) {
+		ks := l.kubeletDNSStatus(ctx)
+		st.KubeletDNS = &ks
 	}
 	if l.APIServer != nil {
 		as := &APIServerStatus{APIServer: *l.APIServer}
@@ -217,6 +225,9 @@ func (st Status) Print(w io.Writer, asJSON bool) error {
 				fmt.Fprintf(w, "  CoreDNS in %s: %s\n", r, e)
 			}
 		}
+	}
+	if d := st.KubeletDNS; d != nil {
+		fmt.Fprintf(w, "Cluster DNS: %s\n", d)
 	}
 	if st.Veths.Checksums != "" { // state of an older lab: not recorded
 		fmt.Fprintf(w, "Veths: %s\n", st.Veths)

@@ -230,7 +230,7 @@ func imageCommand(prefix *string) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&binDir, "bin-dir", "bin", "directory with static sluice and sluice-agent binaries")
+	cmd.Flags().StringVar(&binDir, "bin-dir", "bin", "directory with static sluice, sluice-agent and sluice-dns-autoscaler binaries")
 	cmd.Flags().StringVar(&tag, "tag", ChartAppVersion, "image tag (repository "+ChartImageRepository+")")
 	return cmd
 }

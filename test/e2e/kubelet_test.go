@@ -142,13 +142,32 @@ func TestPrivilegedKubeletHelm(t *testing.T) {
 			st.Source, st.SocketLB.Enabled, st.NorthSouth != nil, st.Services)
 	}
 
+	// Cluster DNS scaled by sluice-dns-autoscaler: its params give 2
+	// CoreDNS replicas for this one node, then 3 after a live edit of its
+	// ConfigMap. The controller-manager turns each count into pods; the
+	// test checks it reached kube-dns's backends in sluice, `lab status`,
+	// and lookups through the VIP from a real pod.
+	dnsChart := filepath.Join("..", "..", "deploy", "charts", "sluice-dns-autoscaler")
+	if err := l.InstallDNSAutoscaler(ctx, dnsChart, "--set", "params.mode=ladder",
+		"--set-json", `params.ladder={"nodesToReplicas":[[1,2]]}`); err != nil {
+		t.Fatal(err)
+	}
+	checkScaledDNS(t, l, 2)
+	kubectl(t, l, "-n", "kube-system", "patch", "configmap", "dns-autoscaler", "--type=merge",
+		"-p", `{"data":{"ladder":"{\"nodesToReplicas\":[[1,3]]}"}}`)
+	if err := l.WaitClusterDNSScaled(ctx, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	checkScaledDNS(t, l, 3)
+
 	// Day 2 under traffic: upgrade to a rebuilt image, then delete the
 	// agent's pod. Each stream is 4 connections of 900 requests 100 ms
 	// apart (90 s), longer than both steps.
 	streams := startStreams(ctx, t, l, vip+":80", node.IPv4.String()+":30080", 900)
 	binDir := t.TempDir()
 	build := exec.CommandContext(ctx, "go", "build", "-ldflags",
-		"-X github.com/sluice-dataplane/sluice/internal/agent.Version=e2e-upgrade", "-o", binDir+"/", "./cmd/sluice", "./cmd/sluice-agent")
+		"-X github.com/sluice-dataplane/sluice/internal/agent.Version=e2e-upgrade", "-o", binDir+"/", "./cmd/sluice", "./cmd/sluice-agent",
+		"./cmd/sluice-dns-autoscaler")
 	build.Dir = filepath.Join("..", "..")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
@@ -221,6 +240,53 @@ func TestPrivilegedKubeletHelm(t *testing.T) {
 	}
 }
 
+// checkScaledDNS checks that the lab's CoreDNS runs the replicas the DNS
+// autoscaler was given: `lab status -o json` shows them (the Deployment,
+// its ready pods, kube-dns's endpoints, the autoscaler's leader and the
+// count its params give), sluice's agent has that many backends for kube-dns
+// on UDP and TCP 53, and a pod's lookups through the VIP are answered.
+func checkScaledDNS(t *testing.T, l *lab.Lab, want int32) {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(env.binDir, "sluice"), "lab", "--prefix", l.Prefix, "status", "-o", "json").Output()
+	if err != nil {
+		t.Fatalf("sluice lab status: %v", err)
+	}
+	var st lab.Status
+	if err := json.Unmarshal(out, &st); err != nil {
+		t.Fatalf("sluice lab status -o json: %v in %q", err, out)
+	}
+	switch d := st.KubeletDNS; {
+	case d == nil:
+		t.Errorf("lab status: no kubeletDNS in %s", out)
+	case d.Error != "" || d.Replicas != want || d.Ready != want || d.Endpoints != int(want) || d.Autoscaler == nil ||
+		d.Autoscaler.Want != want || d.Autoscaler.Leader == "" || d.Autoscaler.Ready != d.Autoscaler.Replicas:
+		t.Errorf("lab status: cluster DNS %s; want %d replicas, all ready and behind kube-dns, the autoscaler led and ready", d, want)
+	}
+	var svcs []api.Service
+	out2 := kubectl(t, l, "-n", lab.ChartNamespace, "exec", "ds/"+lab.ChartRelease, "-c", "agent", "--",
+		"sluice", "service", "list", "-o", "json")
+	if err := json.Unmarshal([]byte(out2), &svcs); err != nil {
+		t.Fatalf("sluice service list: %v in %q", err, out2)
+	}
+	frontends := map[string]int{}
+	for _, s := range svcs {
+		if strings.HasPrefix(s.Frontend, lab.ClusterDNSIPv4.String()+":53/") {
+			frontends[s.Frontend] = len(s.Backends)
+		}
+	}
+	for _, fe := range []string{lab.ClusterDNSIPv4.String() + ":53/UDP", lab.ClusterDNSIPv4.String() + ":53/TCP"} {
+		if n, ok := frontends[fe]; !ok || n != int(want) {
+			t.Errorf("sluice's frontend %s: %d backends (installed: %v), want %d", fe, n, ok, want)
+		}
+	}
+	// 20 lookups: an A and an AAAA query each, as glibc makes them.
+	r := podProbe(t, l, "client", "dns", "--addr", lab.ClusterDNSIPv4.String()+":53",
+		"--name", "kube-dns.kube-system.svc."+lab.ClusterDomain, "--count", "20")
+	if r.OK != r.Count || r.Count != 40 {
+		t.Errorf("lookups through kube-dns %s from pod client with %d replicas: %s, want 40 of 40 queries answered", lab.ClusterDNSIPv4, want, describe(r))
+	}
+}
+
 // kubectl runs kubectl against the lab's apiserver and returns its output.
 func kubectl(t *testing.T, l *lab.Lab, args ...string) string {
 	t.Helper()
@@ -259,11 +325,11 @@ func podStatus(t *testing.T, l *lab.Lab) *api.Status {
 // restartCounts maps pod name to its containers' restarts.
 type restartCounts map[string]int
 
-// agentPod is the name of the agent's pod (the test's pods are named
-// otherwise).
+// agentPod is the name of the agent's pod: a DaemonSet pod's, the release
+// and one suffix (sluice-dns-autoscaler-<hash>-<suffix> is not).
 func (r restartCounts) agentPod() string {
 	for p := range r {
-		if strings.HasPrefix(p, lab.ChartRelease+"-") {
+		if rest, ok := strings.CutPrefix(p, lab.ChartRelease+"-"); ok && !strings.Contains(rest, "-") {
 			return p
 		}
 	}
