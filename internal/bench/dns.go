@@ -350,39 +350,20 @@ func (d dnsRunner) point(ctx context.Context, p DNSPoint, progress string) (DNSR
 	if p.CPUs != "" {
 		args = append(args, "--cpus", p.CPUs)
 	}
-	srvCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	srv := d.l.Command(srvCtx, d.server, args...)
-	// nsenter execs the server, which prints its counters on SIGTERM.
-	srv.Cancel = func() error { return srv.Process.Signal(syscall.SIGTERM) }
-	srv.WaitDelay = 10 * time.Second
-	var stdout, stderr bytes.Buffer
-	srv.Stdout, srv.Stderr = &stdout, &stderr
-	if err := srv.Start(); err != nil {
-		return row, fmt.Errorf("start the echo server: %w", err)
+	srv, err := startEchoServer(ctx, d.l, d.server, args...)
+	if err != nil {
+		return row, err
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- srv.Wait() }()
-	stopped := false
 	stop := func() error {
-		if stopped {
-			return nil
-		}
-		stopped = true
-		cancel()
-		err := <-exited
-		var cnt dnsecho.Counters
-		if jerr := json.Unmarshal(stdout.Bytes(), &cnt); jerr != nil {
-			return errors.Join(err, fmt.Errorf("the echo server's counters: %w: %s", jerr, strings.TrimSpace(stderr.String())))
-		}
+		cnt, err := srv.stop()
 		row.Answered = cnt.Answered
 		if cnt.Errors > 0 {
 			row.ServerError = fmt.Sprintf("%d send/receive errors", cnt.Errors)
 		}
-		return nil
+		return err
 	}
 	defer stop() //nolint:errcheck // the error path's own error is returned
-	if err := d.waitAnswer(ctx, exited, &stderr); err != nil {
+	if err := waitAnswer(ctx, srv, d.addr, d.dnsperf); err != nil {
 		return row, err
 	}
 	var sumLat float64
@@ -422,23 +403,74 @@ func (d dnsRunner) point(ctx context.Context, p DNSPoint, progress string) (DNSR
 	return row, nil
 }
 
-// waitAnswer waits until a query from the client pod is answered (the
-// server is listening), or the server exits.
-func (d dnsRunner) waitAnswer(ctx context.Context, exited <-chan error, stderr *bytes.Buffer) error {
+// echoServer is `sluice dns echo` in a lab pod.
+type echoServer struct {
+	cancel         context.CancelFunc
+	exited         chan error
+	stdout, stderr bytes.Buffer
+	stopped        bool
+	counters       dnsecho.Counters
+	err            error
+}
+
+// startEchoServer starts args (the sluice binary, dns echo, its flags) in
+// pod.
+func startEchoServer(ctx context.Context, l *lab.Lab, pod string, args ...string) (*echoServer, error) {
+	s := &echoServer{exited: make(chan error, 1)}
+	var srvCtx context.Context
+	srvCtx, s.cancel = context.WithCancel(ctx)
+	cmd := l.Command(srvCtx, pod, args...)
+	// nsenter execs the server, which prints its counters on SIGTERM.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	cmd.Stdout, cmd.Stderr = &s.stdout, &s.stderr
+	if err := cmd.Start(); err != nil {
+		s.cancel()
+		return nil, fmt.Errorf("start the echo server in %s: %w", pod, err)
+	}
+	go func() { s.exited <- cmd.Wait() }()
+	return s, nil
+}
+
+// stop ends the server (SIGTERM) and returns the counters it printed;
+// again, the same.
+func (s *echoServer) stop() (dnsecho.Counters, error) {
+	if s.stopped {
+		return s.counters, s.err
+	}
+	s.stopped = true
+	s.cancel()
+	err := <-s.exited
+	if jerr := json.Unmarshal(s.stdout.Bytes(), &s.counters); jerr != nil {
+		err = errors.Join(err, fmt.Errorf("the echo server's counters: %w: %s", jerr, strings.TrimSpace(s.stderr.String())))
+	} else {
+		err = nil // killed by its SIGTERM, after printing them
+	}
+	s.err = err
+	return s.counters, err
+}
+
+// waitAnswer waits until a query sent by dnsperf (one query: a 1 s run
+// with -n 1) to addr is answered, or the server exits.
+func waitAnswer(ctx context.Context, srv *echoServer, addr string,
+	dnsperf func(ctx context.Context, dur time.Duration, clients, outstanding, maxRuns int) (dnsperfResult, error)) error {
 	deadline := time.Now().Add(20 * time.Second)
 	var last error
 	for time.Now().Before(deadline) {
 		select {
-		case err := <-exited:
-			return fmt.Errorf("the echo server exited: %v: %s", err, strings.TrimSpace(stderr.String()))
+		case err := <-srv.exited:
+			srv.exited <- err // for stop
+			return fmt.Errorf("the echo server exited: %v: %s", err, strings.TrimSpace(srv.stderr.String()))
 		default:
 		}
-		res, err := d.dnsperf(ctx, time.Second, 1, 1, 1)
+		res, err := dnsperf(ctx, time.Second, 1, 1, 1)
 		if err == nil && res.completed > 0 {
 			return nil
 		}
-		last = errors.Join(err, fmt.Errorf("no answer from %s:%d", d.addr, dnsPort))
-		time.Sleep(200 * time.Millisecond)
+		last = errors.Join(err, fmt.Errorf("no answer from %s:%d", addr, dnsPort))
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return err
+		}
 	}
 	return fmt.Errorf("the echo server never answered: %w", last)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -31,9 +32,22 @@ import (
 //	node1: pod1 pod2 (CoreDNS)  pod3 (clients)
 //	node2: pod1 pod2 (CoreDNS)  pod3 (clients)
 
+// The servers behind the VIP: CoreDNS, what a cluster runs, and sluice's
+// echo server, whose own cost is small enough beside the dataplane's that
+// what the dataplanes differ in shows (on a machine where CoreDNS takes
+// the CPUs, its rows measure CoreDNS).
+const (
+	DNSServerCoreDNS = "coredns"
+	DNSServerEcho    = "echo"
+)
+
+// DNSServers are the servers RunDNSService knows, in run order.
+var DNSServers = []string{DNSServerCoreDNS, DNSServerEcho}
+
 // DNSServiceConfig configures RunDNSService.
 type DNSServiceConfig struct {
 	Dataplanes  []string      `json:"dataplanes"`
+	Servers     []string      `json:"servers"`
 	Replicas    []int         `json:"replicas"`
 	Duration    time.Duration `json:"duration"` // each dnsperf run
 	Runs        int           `json:"runs"`
@@ -51,6 +65,7 @@ type DNSServiceConfig struct {
 // DNSServiceRow is one dataplane with some replicas serving.
 type DNSServiceRow struct {
 	Dataplane string    `json:"dataplane"`
+	Server    string    `json:"server"` // DNSServerCoreDNS or DNSServerEcho
 	Replicas  int       `json:"replicas"`
 	QPS       []float64 `json:"qps"` // both clients' sum, per run
 	Min       float64   `json:"min"`
@@ -58,13 +73,15 @@ type DNSServiceRow struct {
 	Max       float64   `json:"max"`
 	Sent      int64     `json:"sent"`
 	Lost      int64     `json:"lost"` // dnsperf's
-	// The glibc-shaped lookups: queries (2 per lookup), those never
-	// answered within Timeout, latency of the answered.
+	// The glibc-shaped lookups (CoreDNS rows): queries (2 per lookup),
+	// those never answered within Timeout, latency of the answered.
 	Queries    int     `json:"queries"`
 	Unanswered int     `json:"unanswered"`
 	P50        float64 `json:"p50_us"`
 	P99        float64 `json:"p99_us"`
-	// Backends are the answers per replica address (the spread).
+	// Backends are the answers per replica address (the spread): of the
+	// lookups to which.replica.lab for CoreDNS, the echo servers' own
+	// counts of answers for echo.
 	Backends map[string]int `json:"backends"`
 }
 
@@ -95,6 +112,14 @@ func (c DNSServiceConfig) Validate() error {
 	for _, d := range c.Dataplanes {
 		if !slices.Contains(lab.Dataplanes, d) || d == lab.DataplaneNone {
 			errs = append(errs, fmt.Errorf("--dataplanes: %q: want one of %s", d, strings.Join(lab.Dataplanes[1:], ", ")))
+		}
+	}
+	if len(c.Servers) == 0 {
+		errs = append(errs, fmt.Errorf("--servers: want one or more of %s", strings.Join(DNSServers, ", ")))
+	}
+	for _, s := range c.Servers {
+		if !slices.Contains(DNSServers, s) {
+			errs = append(errs, fmt.Errorf("--servers: %q: want %s", s, strings.Join(DNSServers, " or ")))
 		}
 	}
 	for _, n := range c.Replicas {
@@ -170,6 +195,30 @@ func runDNSServiceDataplane(ctx context.Context, cfg DNSServiceConfig, d string,
 	if err := os.WriteFile(queries, []byte(dnsServiceQueries), 0o644); err != nil {
 		return err
 	}
+	if slices.Contains(cfg.Servers, DNSServerCoreDNS) {
+		if err := dnsCoreDNSRows(ctx, cfg, l, d, clients, queries, rep); err != nil {
+			return err
+		}
+	}
+	// Before the deletion below: the echo rows wait for each replica
+	// count's change through CoreDNS's answers.
+	if slices.Contains(cfg.Servers, DNSServerEcho) {
+		if err := dnsEchoRows(ctx, cfg, l, d, clients, queries, rep); err != nil {
+			return fmt.Errorf("echo servers: %w", err)
+		}
+	}
+	if slices.Contains(cfg.Servers, DNSServerCoreDNS) {
+		del, err := dnsDeletion(ctx, cfg, l, d, clients, l.ClusterDNS.VIP.String())
+		if err != nil {
+			return fmt.Errorf("replica deletion: %w", err)
+		}
+		rep.Deletions = append(rep.Deletions, del)
+	}
+	return nil
+}
+
+// dnsCoreDNSRows: CoreDNS behind kube-dns with each replica count.
+func dnsCoreDNSRows(ctx context.Context, cfg DNSServiceConfig, l *lab.Lab, d string, clients []string, queries string, rep *DNSServiceReport) error {
 	vip := l.ClusterDNS.VIP.String()
 	for _, n := range cfg.Replicas {
 		if err := l.SetClusterDNSServing(n); err != nil {
@@ -178,33 +227,9 @@ func runDNSServiceDataplane(ctx context.Context, cfg DNSServiceConfig, d string,
 		if err := waitDNSSpread(ctx, l, clients[0], vip, n); err != nil {
 			return fmt.Errorf("%d replicas: %w", n, err)
 		}
-		row := DNSServiceRow{Dataplane: d, Replicas: n, Backends: map[string]int{}}
-		for run := 1; run <= cfg.Runs; run++ {
-			results := make([]dnsperfResult, len(clients))
-			errs := make([]error, len(clients))
-			var wg sync.WaitGroup
-			for i, c := range clients {
-				wg.Go(func() {
-					results[i], errs[i] = runDnsperf(ctx, l, c, vip, queries, "", 0, cfg.Duration, cfg.Clients, cfg.Outstanding, 0)
-				})
-			}
-			wg.Wait()
-			if err := errors.Join(errs...); err != nil {
-				return fmt.Errorf("%d replicas, run %d: %w", n, run, err)
-			}
-			var qps float64
-			for _, r := range results {
-				qps += r.qps
-				row.Sent += r.sent
-				row.Lost += r.lost
-			}
-			row.QPS = append(row.QPS, qps)
-			cfg.step("%s, %d replicas, run %d/%d: %.0f queries/s from %d pods, %d lost", d, n, run, cfg.Runs, qps, len(clients), row.Lost)
-		}
-		s := Summarize(row.QPS)
-		row.Min, row.Max = s.Min, s.Max
-		for _, q := range row.QPS {
-			row.Mean += q / float64(len(row.QPS))
+		row := DNSServiceRow{Dataplane: d, Server: DNSServerCoreDNS, Replicas: n, Backends: map[string]int{}}
+		if err := dnsperfRuns(ctx, cfg, l, clients, vip, queries, &row); err != nil {
+			return fmt.Errorf("%d replicas: %w", n, err)
 		}
 		// The glibc-shaped lookups, from every client pod at once.
 		reps, err := probeDNSAll(ctx, l, clients, vip, cfg.Lookups, cfg.Resolvers, cfg.Timeout, 0)
@@ -226,11 +251,102 @@ func runDNSServiceDataplane(ctx context.Context, cfg DNSServiceConfig, d string,
 			d, n, row.Queries, cfg.Resolvers, row.Unanswered, cfg.Timeout, row.P50, row.P99)
 		rep.Rows = append(rep.Rows, row)
 	}
-	del, err := dnsDeletion(ctx, cfg, l, d, clients, vip)
-	if err != nil {
-		return fmt.Errorf("replica deletion: %w", err)
+	return nil
+}
+
+// dnsEchoRows: with each replica count, the serving replicas' pods behind
+// the dns-echo Service (lab.DNSEchoService) as well as kube-dns, an echo
+// server started in every replica's pod on lab.DNSEchoPort, and dnsperf
+// from every client pod to the echo VIP. The servers' own counts of
+// answers are the spread: a pod out of the Service that answered shows.
+func dnsEchoRows(ctx context.Context, cfg DNSServiceConfig, l *lab.Lab, d string, clients []string, queries string, rep *DNSServiceReport) error {
+	vip := lab.DNSEchoVIP.String()
+	for _, n := range cfg.Replicas {
+		if err := l.SetClusterDNSServing(n); err != nil {
+			return err
+		}
+		if err := l.Apply(lab.DNSEchoService()); err != nil {
+			return err
+		}
+		// The dataplane has kube-dns's change once lookups reach its n
+		// replicas; the echo Service's, applied after it, has had as long.
+		if err := waitDNSSpread(ctx, l, clients[0], l.ClusterDNS.VIP.String(), n); err != nil {
+			return fmt.Errorf("%d replicas: %w", n, err)
+		}
+		row := DNSServiceRow{Dataplane: d, Server: DNSServerEcho, Replicas: n, Backends: map[string]int{}}
+		if err := dnsEchoRuns(ctx, cfg, l, clients, vip, queries, &row); err != nil {
+			return fmt.Errorf("%d replicas: %w", n, err)
+		}
+		cfg.step("%s, echo servers, %d replicas: %.0f queries/s, answered by %s", d, n, row.Mean, counts(row.Backends))
+		rep.Rows = append(rep.Rows, row)
 	}
-	rep.Deletions = append(rep.Deletions, del)
+	return nil
+}
+
+// dnsEchoRuns starts an echo server in every replica's pod, waits until
+// the VIP answers, runs dnsperf from every client pod at once cfg.Runs
+// times, stops the servers and reads their counts.
+func dnsEchoRuns(ctx context.Context, cfg DNSServiceConfig, l *lab.Lab, clients []string, vip, queries string, row *DNSServiceRow) (err error) {
+	servers := map[string]*echoServer{}
+	defer func() {
+		for _, pod := range slices.Sorted(maps.Keys(servers)) {
+			cnt, serr := servers[pod].stop()
+			err = errors.Join(err, serr)
+			if cnt.Answered > 0 {
+				p, _ := l.Pod(pod)
+				row.Backends[p.IPv4.String()] += int(cnt.Answered)
+			}
+		}
+	}()
+	for _, pod := range l.ClusterDNS.Replicas {
+		srv, err := startEchoServer(ctx, l, pod, cfg.Exe, "dns", "echo", "--listen", fmt.Sprintf("0.0.0.0:%d", lab.DNSEchoPort))
+		if err != nil {
+			return err
+		}
+		servers[pod] = srv
+	}
+	first := servers[l.ClusterDNS.Serving[0]]
+	if err := waitAnswer(ctx, first, vip, func(ctx context.Context, dur time.Duration, c, o, n int) (dnsperfResult, error) {
+		return runDnsperf(ctx, l, clients[0], vip, queries, "", 0, dur, c, o, n)
+	}); err != nil {
+		return err
+	}
+	return dnsperfRuns(ctx, cfg, l, clients, vip, queries, row)
+}
+
+// dnsperfRuns runs dnsperf from every client pod at once to vip, cfg.Runs
+// times, into row: QPS summed over the pods per run, mean, min and max,
+// sent and lost.
+func dnsperfRuns(ctx context.Context, cfg DNSServiceConfig, l *lab.Lab, clients []string, vip, queries string, row *DNSServiceRow) error {
+	for run := 1; run <= cfg.Runs; run++ {
+		results := make([]dnsperfResult, len(clients))
+		errs := make([]error, len(clients))
+		var wg sync.WaitGroup
+		for i, c := range clients {
+			wg.Go(func() {
+				results[i], errs[i] = runDnsperf(ctx, l, c, vip, queries, "", 0, cfg.Duration, cfg.Clients, cfg.Outstanding, 0)
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return fmt.Errorf("run %d: %w", run, err)
+		}
+		var qps float64
+		for _, r := range results {
+			qps += r.qps
+			row.Sent += r.sent
+			row.Lost += r.lost
+		}
+		row.QPS = append(row.QPS, qps)
+		cfg.step("%s, %s, %d replicas, run %d/%d: %.0f queries/s from %d pods, %d lost", row.Dataplane, row.Server, row.Replicas,
+			run, cfg.Runs, qps, len(clients), row.Lost)
+	}
+	s := Summarize(row.QPS)
+	row.Min, row.Max = s.Min, s.Max
+	row.Mean = 0
+	for _, q := range row.QPS {
+		row.Mean += q / float64(len(row.QPS))
+	}
 	return nil
 }
 
@@ -333,9 +449,18 @@ func (r *DNSServiceReport) WriteFiles(dir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	// One bar group per server and replica count, a bar per dataplane.
+	type point struct {
+		server   string
+		replicas int
+	}
 	var names, groups []string
-	for _, n := range r.Config.Replicas {
-		names = append(names, plural(n, "replica", "replicas"))
+	var points []point
+	for _, srv := range r.Config.Servers {
+		for _, n := range r.Config.Replicas {
+			names = append(names, srv+", "+plural(n, "replica", "replicas"))
+			points = append(points, point{srv, n})
+		}
 	}
 	var values [][]float64
 	for _, d := range r.Config.Dataplanes {
@@ -343,7 +468,7 @@ func (r *DNSServiceReport) WriteFiles(dir string) ([]string, error) {
 		found := false
 		for _, row := range r.Rows {
 			if row.Dataplane == d {
-				if i := slices.Index(r.Config.Replicas, row.Replicas); i >= 0 {
+				if i := slices.Index(points, point{row.Server, row.Replicas}); i >= 0 {
 					vals[i], found = row.Mean, true
 				}
 			}
@@ -376,9 +501,13 @@ func (r *DNSServiceReport) WriteMarkdown(w io.Writer) {
 	for d, why := range r.Skipped {
 		fmt.Fprintf(w, "- %s skipped: %s\n", d, why)
 	}
-	fmt.Fprintf(w, "\n| dataplane | replicas | QPS mean | min | max | dnsperf lost | A/AAAA queries | unanswered | p50 µs | p99 µs | answers per replica |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	if slices.Contains(c.Servers, DNSServerEcho) {
+		fmt.Fprintf(w, "\nThe echo rows: `sluice dns echo` (one process) in the same replica pods on port %d behind a second Service, dns-echo %s:53, "+
+			"with the same serving replicas; dnsperf as above. The answers per replica are the servers' own counts.\n", lab.DNSEchoPort, lab.DNSEchoVIP)
+	}
+	fmt.Fprintf(w, "\n| dataplane | server | replicas | QPS mean | min | max | dnsperf lost | A/AAAA queries | unanswered | p50 µs | p99 µs | answers per replica |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, row := range r.Rows {
-		fmt.Fprintf(w, "| %s | %d | %.0f | %.0f | %.0f | %d of %d | %d | %d | %.0f | %.0f | %s |\n", row.Dataplane, row.Replicas, row.Mean, row.Min, row.Max,
+		fmt.Fprintf(w, "| %s | %s | %d | %.0f | %.0f | %.0f | %d of %d | %d | %d | %.0f | %.0f | %s |\n", row.Dataplane, row.Server, row.Replicas, row.Mean, row.Min, row.Max,
 			row.Lost, row.Sent, row.Queries, row.Unanswered, row.P50, row.P99, counts(row.Backends))
 	}
 	if len(r.Deletions) > 0 {
@@ -387,24 +516,30 @@ func (r *DNSServiceReport) WriteMarkdown(w io.Writer) {
 			fmt.Fprintf(w, "| %s | %s | %d | %d | %s |\n", d.Dataplane, d.Deleted, d.Queries, d.Unanswered, d.FirstError)
 		}
 	}
-	fmt.Fprintf(w, "\n## Targets\n\nsluice's QPS over kube-proxy iptables' at each replica count (target ≥ 1), and sluice's unanswered A/AAAA queries (target 0):\n\n| replicas | sluice / kube-proxy-iptables | sluice unanswered |\n|---|---:|---:|\n")
-	for _, n := range c.Replicas {
-		s, k := r.row(lab.DataplaneSluice, n), r.row(lab.DataplaneKubeProxyIPTables, n)
-		if s == nil {
-			continue
+	fmt.Fprintf(w, "\n## Targets\n\nsluice's QPS over kube-proxy iptables' at each replica count (target ≥ 1), and sluice's unanswered A/AAAA queries (target 0):\n\n| server | replicas | sluice / kube-proxy-iptables | sluice unanswered |\n|---|---:|---:|---:|\n")
+	for _, srv := range c.Servers {
+		for _, n := range c.Replicas {
+			s, k := r.row(lab.DataplaneSluice, srv, n), r.row(lab.DataplaneKubeProxyIPTables, srv, n)
+			if s == nil {
+				continue
+			}
+			ratio := "-"
+			if k != nil && k.Mean > 0 {
+				ratio = fmt.Sprintf("%.2f", s.Mean/k.Mean)
+			}
+			unanswered := "-"
+			if srv == DNSServerCoreDNS {
+				unanswered = strconv.Itoa(s.Unanswered)
+			}
+			fmt.Fprintf(w, "| %s | %d | %s | %s |\n", srv, n, ratio, unanswered)
 		}
-		ratio := "-"
-		if k != nil && k.Mean > 0 {
-			ratio = fmt.Sprintf("%.2f", s.Mean/k.Mean)
-		}
-		fmt.Fprintf(w, "| %d | %s | %d |\n", n, ratio, s.Unanswered)
 	}
 }
 
-func (r *DNSServiceReport) row(d string, n int) *DNSServiceRow {
+func (r *DNSServiceReport) row(d, server string, n int) *DNSServiceRow {
 	for i := range r.Rows {
-		if r.Rows[i].Dataplane == d && r.Rows[i].Replicas == n {
-			return &r.Rows[i]
+		if row := &r.Rows[i]; row.Dataplane == d && row.Server == server && row.Replicas == n {
+			return row
 		}
 	}
 	return nil

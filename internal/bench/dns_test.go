@@ -150,3 +150,41 @@ UdpLite: 0 0 0 0 5 0 0 0 0
 		t.Error("no Udp lines: want an error")
 	}
 }
+
+func TestDNSServiceReport(t *testing.T) {
+	cfg := DNSServiceConfig{Dataplanes: []string{lab.DataplaneSluice, lab.DataplaneKubeProxyIPTables}, Servers: DNSServers,
+		Replicas: []int{1}, Duration: time.Second, Runs: 1, Clients: 1, Outstanding: 1, Lookups: 1, Resolvers: 1, Timeout: time.Second}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+	bad := cfg
+	bad.Servers = []string{"bind"}
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), `"bind"`) {
+		t.Errorf("servers [bind]: %v, want an error naming it", err)
+	}
+	bad.Servers = nil
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "--servers") {
+		t.Errorf("no servers: %v, want an error naming --servers", err)
+	}
+	r := &DNSServiceReport{Kernel: "6.18", Start: time.Unix(0, 0).UTC(), Config: cfg, Rows: []DNSServiceRow{
+		{Dataplane: lab.DataplaneSluice, Server: DNSServerCoreDNS, Replicas: 1, Mean: 2000, Unanswered: 0},
+		{Dataplane: lab.DataplaneKubeProxyIPTables, Server: DNSServerCoreDNS, Replicas: 1, Mean: 1000},
+		{Dataplane: lab.DataplaneSluice, Server: DNSServerEcho, Replicas: 1, Mean: 3000, Backends: map[string]int{"198.18.1.11": 5}},
+		{Dataplane: lab.DataplaneKubeProxyIPTables, Server: DNSServerEcho, Replicas: 1, Mean: 4000},
+	}}
+	var md strings.Builder
+	r.WriteMarkdown(&md)
+	for _, want := range []string{"| coredns | 1 | 2.00 | 0 |", "| echo | 1 | 0.75 | - |",
+		"| sluice | echo | 1 | 3000 |", "198.18.1.11: 5", "dns-echo 198.19.0.54:53"} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("Markdown lacks %q:\n%s", want, md.String())
+		}
+	}
+	paths, err := r.WriteFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(paths) != 3 {
+		t.Errorf("written %v, want JSON, Markdown and a plot", paths)
+	}
+}

@@ -31,6 +31,7 @@ func benchDNSCommand() *cobra.Command {
 	}
 	svc := bench.DNSServiceConfig{
 		Dataplanes:  []string{lab.DataplaneSluice, lab.DataplaneKubeProxyIPTables, lab.DataplaneKubeProxyNFTables},
+		Servers:     bench.DNSServers,
 		Replicas:    []int{1, 2, 4},
 		Duration:    10 * time.Second,
 		Runs:        3,
@@ -63,7 +64,9 @@ each of --dataplanes in turn: dnsperf from a pod on every node at once to the
 VIP with 1, 2 and 4 replicas serving (QPS, lost); lookups as glibc makes them
 (A and AAAA at once from one new UDP socket, the conntrack race behind
 Kubernetes' 5-second DNS timeouts), counting answers that never come; and a
-replica deleted while lookups run. kube-proxy needs ./scripts/k8s-build.sh
+replica deleted while lookups run. Then the echo rows: sluice's echo server
+in the same pods behind a second Service, dnsperf again: a server that costs
+next to nothing, so that what the dataplanes cost shows (--servers). kube-proxy needs ./scripts/k8s-build.sh
 (else it is reported as skipped).
 
 Each point is --runs dnsperf runs of --duration (default 10 × 30 s, as the
@@ -147,7 +150,8 @@ The load generator shares this machine's CPUs with the server: pin it with
 	f.StringVar(&out, "out", "results/dns", "results directory")
 	f.BoolVar(&throughService, "through-service", false, "cluster DNS through the kube-dns VIP: CoreDNS replicas, sluice vs kube-proxy")
 	f.StringSliceVar(&svc.Dataplanes, "dataplanes", svc.Dataplanes, "--through-service: dataplanes, in run order")
-	f.IntSliceVar(&svc.Replicas, "replicas", svc.Replicas, "--through-service: CoreDNS replicas serving, in turn (1..4)")
+	f.StringSliceVar(&svc.Servers, "servers", svc.Servers, "--through-service: servers behind the VIP, in turn: coredns, echo (sluice dns echo in the same pods, behind a second Service: the dataplane's share)")
+	f.IntSliceVar(&svc.Replicas, "replicas", svc.Replicas, "--through-service: replicas serving, in turn (1..4)")
 	f.IntVar(&svc.Lookups, "lookups", svc.Lookups, "--through-service: A+AAAA lookups per client pod")
 	f.IntVar(&svc.Resolvers, "resolvers", svc.Resolvers, "--through-service: lookups at once per client pod")
 	f.DurationVar(&svc.Timeout, "timeout", svc.Timeout, "--through-service: an answer later than this counts as lost")

@@ -177,6 +177,29 @@ func kubeDNSService(vip netip.Addr) *corev1.Service {
 	}
 }
 
+// DNSEchoVIP and DNSEchoPort are a second Service in front of the serving
+// replicas' pods, port 53 to DNSEchoPort in them, for another DNS server
+// run beside CoreDNS (`bench dns --through-service`'s echo server, whose
+// cost next to CoreDNS's is small enough for the dataplane's to show).
+var DNSEchoVIP = netip.MustParseAddr("198.19.0.54")
+
+const DNSEchoPort = 5353
+
+// DNSEchoService is that Service: kube-dns's selector, so that it has the
+// serving replicas as they were when it was applied (apply it after
+// SetClusterDNSServing).
+func DNSEchoService() *corev1.Service {
+	return &corev1.Service{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: metav1.ObjectMeta{Name: "dns-echo", Namespace: labNamespace},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeClusterIP, ClusterIP: DNSEchoVIP.String(), ClusterIPs: []string{DNSEchoVIP.String()},
+			Selector: map[string]string{LabelDNS: labelDNSValue},
+			Ports:    []corev1.ServicePort{{Name: "dns", Port: 53, TargetPort: intstr.FromInt32(DNSEchoPort), Protocol: corev1.ProtocolUDP}},
+		},
+	}
+}
+
 // startClusterDNS starts the replicas, the Service and the pods'
 // resolv.conf, and waits until every replica answers.
 func (l *Lab) startClusterDNS(ctx context.Context) error {

@@ -80,17 +80,19 @@ func TestPrivilegedBenchDNS(t *testing.T) {
 
 // TestPrivilegedBenchDNSThroughService runs a short `sluice bench dns
 // --through-service`: CoreDNS behind kube-dns with the real apiserver,
-// sluice and kube-proxy iptables, 1 and 2 replicas serving. Each serving
-// replica gets lookups through the VIP (and only those), dnsperf's
-// queries are answered, no glibc-shaped A/AAAA query through sluice goes
-// unanswered, and a replica deletion is measured for both.
+// sluice and kube-proxy iptables, 1 and 2 replicas serving, then echo
+// servers in the same pods behind a second Service. Each serving replica
+// gets lookups through the VIP (and only those: for the echo servers, by
+// their own counts), dnsperf's queries are answered, no glibc-shaped
+// A/AAAA query through sluice goes unanswered, and a replica deletion is
+// measured for both.
 func TestPrivilegedBenchDNSThroughService(t *testing.T) {
 	requirePrivileged(t, "dnsperf")
 	if _, err := lab.CoreDNSBinary(); err != nil {
 		t.Fatalf("CoreDNS: %v", err)
 	}
 	cfg := bench.DNSServiceConfig{
-		Dataplanes: []string{lab.DataplaneSluice, lab.DataplaneKubeProxyIPTables}, Replicas: []int{1, 2},
+		Dataplanes: []string{lab.DataplaneSluice, lab.DataplaneKubeProxyIPTables}, Servers: bench.DNSServers, Replicas: []int{1, 2},
 		Duration: 2 * time.Second, Runs: 1, Clients: 8, Outstanding: 100, Lookups: 200, Resolvers: 8, Timeout: 2 * time.Second,
 		Prefix: newPrefix(t), Exe: filepath.Join(env.binDir, "sluice"), AgentBin: filepath.Join(env.binDir, "sluice-agent"),
 		Progress: t.Output(),
@@ -102,11 +104,11 @@ func TestPrivilegedBenchDNSThroughService(t *testing.T) {
 	if len(rep.Skipped) > 0 {
 		t.Fatalf("skipped: %v (the tests run with kube-proxy built: SLUICE_K8S_BIN_DIR)", rep.Skipped)
 	}
-	if len(rep.Rows) != 4 || len(rep.Deletions) != 2 {
-		t.Fatalf("%d rows and %d deletions, want 4 and 2", len(rep.Rows), len(rep.Deletions))
+	if len(rep.Rows) != 8 || len(rep.Deletions) != 2 {
+		t.Fatalf("%d rows and %d deletions, want 8 (2 dataplanes × 2 servers × 2 replica counts) and 2", len(rep.Rows), len(rep.Deletions))
 	}
 	for _, r := range rep.Rows {
-		what := fmt.Sprintf("%s with %d replicas", r.Dataplane, r.Replicas)
+		what := fmt.Sprintf("%s, %s with %d replicas", r.Dataplane, r.Server, r.Replicas)
 		if r.Mean <= 0 || r.Lost*100 > r.Sent {
 			t.Errorf("%s: %.0f queries/s, %d of %d lost: want answers, under 1%% lost", what, r.Mean, r.Lost, r.Sent)
 		}
