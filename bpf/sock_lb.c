@@ -65,10 +65,7 @@ static __noinline int sl_sock_event(struct bpf_sock_addr *ctx, const union lb_ad
 static __always_inline void sl_sock_drop(struct bpf_sock_addr *ctx, const union lb_addr *dst,
 					 __be16 dport, __u16 rev_nat_id, __u32 reason)
 {
-	struct sl_drop_count *d = bpf_map_lookup_elem(&sl_drops, &reason);
-
-	if (d)
-		d->packets++;
+	sl_count_drop(reason, 0);
 	if (sl_ev_wanted(SL_EVF_DROP))
 		sl_sock_event(ctx, dst, SL_EV_DROP | (reason << 8),
 			      ((__u32)rev_nat_id << 16) | dport, 0);
@@ -341,14 +338,9 @@ int sock6_bind(struct bpf_sock_addr *ctx)
 SEC("cgroup_skb/egress")
 int sock_src_egress(struct __sk_buff *skb)
 {
-	struct lb_src_range_key key __align_stack_8 = {
-		.prefixlen = LB_SRC_RANGE_STATIC_PREFIX + 128,
-	};
-	union lb_addr dst __align_stack_8;
+	union lb_addr src __align_stack_8, dst __align_stack_8;
 	const struct sock_src_check *c;
 	struct bpf_sock *sk = skb->sk;
-	__u32 reason = SL_DROP_SRC_RANGE;
-	struct sl_drop_count *d;
 	__u32 l4 = 0, frag = 0;
 	__be16 ports[2];
 	__u8 proto;
@@ -366,7 +358,7 @@ int sock_src_egress(struct __sk_buff *skb)
 
 		if (bpf_skb_load_bytes(skb, 0, &ip, sizeof(ip)))
 			return 1;
-		addr_from_v4((union lb_addr *)key.addr, ip.saddr);
+		addr_from_v4(&src, ip.saddr);
 		addr_from_v4(&dst, ip.daddr);
 		proto = ip.protocol;
 		l4 = ip.ihl * 4;
@@ -376,7 +368,7 @@ int sock_src_egress(struct __sk_buff *skb)
 
 		if (bpf_skb_load_bytes(skb, 0, &ip6, sizeof(ip6)))
 			return 1;
-		__builtin_memcpy(key.addr, &ip6.saddr, sizeof(key.addr));
+		__builtin_memcpy(src.b, &ip6.saddr, sizeof(src.b));
 		__builtin_memcpy(dst.b, &ip6.daddr, sizeof(dst.b));
 		proto = ip6.nexthdr; /* TCP or UDP straight after it, else no ports */
 		l4 = sizeof(ip6);
@@ -390,12 +382,9 @@ int sock_src_egress(struct __sk_buff *skb)
 	if (!frag && (proto == IPPROTO_TCP || proto == IPPROTO_UDP) &&
 	    !bpf_skb_load_bytes(skb, l4, ports, sizeof(ports)) && ports[1] != c->backend_port)
 		return 1;
-	key.rev_nat_id = c->rev_nat_id;
-	if (bpf_map_lookup_elem(&lb_src_ranges, &key))
+	if (lb_src_range_allowed(src.b, c->rev_nat_id))
 		return 1;
-	d = bpf_map_lookup_elem(&sl_drops, &reason);
-	if (d)
-		d->packets++;
+	sl_count_drop(SL_DROP_SRC_RANGE, skb->len);
 	return 0;
 }
 

@@ -48,6 +48,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sl_drops SEC(".maps");
 
+/* sl_count_drop adds a dropped packet of len bytes (0: a refused
+ * connect() or sendmsg(), no packet yet) to reason's counters. */
+static __always_inline void sl_count_drop(__u32 reason, __u32 len)
+{
+	struct sl_drop_count *d = bpf_map_lookup_elem(&sl_drops, &reason);
+
+	if (d) {
+		d->packets++;
+		d->bytes += len;
+	}
+}
+
 /* rev_nat_id -> counters of that frontend; backend_id -> that backend's.
  * The agent deletes the entries of frontends and backends it removes. */
 struct {

@@ -232,13 +232,7 @@ static __noinline __u32 ns_maglev_backend_id(const struct ns_pkt *p, __u16 rev_n
  * service path's. */
 static __noinline bool ns_src_range_allowed(const struct ns_pkt *p, __u16 rev_nat_id)
 {
-	struct lb_src_range_key key __align_stack_8 = {
-		.prefixlen  = LB_SRC_RANGE_STATIC_PREFIX + 128,
-		.rev_nat_id = rev_nat_id,
-	};
-
-	__builtin_memcpy(key.addr, p->saddr.b, sizeof(key.addr));
-	return bpf_map_lookup_elem(&lb_src_ranges, &key) != NULL;
+	return lb_src_range_allowed(p->saddr.b, rev_nat_id);
 }
 #endif /* SLUICE_POD_LB */
 

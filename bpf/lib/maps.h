@@ -104,4 +104,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_src_ranges SEC(".maps");
 
+/* lb_src_range_allowed reports whether addr (IPv6, or IPv4-mapped as
+ * union lb_addr holds it) lies in one of the loadBalancerSourceRanges of
+ * the frontend rev_nat_id. */
+static __always_inline bool lb_src_range_allowed(const __u8 *addr, __u16 rev_nat_id)
+{
+	struct lb_src_range_key key __align_stack_8 = {
+		.prefixlen  = LB_SRC_RANGE_STATIC_PREFIX + 128,
+		.rev_nat_id = rev_nat_id,
+	};
+
+	__builtin_memcpy(key.addr, addr, sizeof(key.addr));
+	return bpf_map_lookup_elem(&lb_src_ranges, &key) != NULL;
+}
+
 #endif /* __SLUICE_MAPS_H */

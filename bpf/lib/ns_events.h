@@ -95,12 +95,7 @@ __noinline int sl_ns_event(const struct ns_pkt *p, __u32 what, __u32 rev_len, __
 static __always_inline void sl_note_drop(const struct ns_pkt *p, __u32 reason, __u32 len,
 					 __u32 ifindex, __u8 hook)
 {
-	struct sl_drop_count *d = bpf_map_lookup_elem(&sl_drops, &reason);
-
-	if (d) {
-		d->packets++;
-		d->bytes += len;
-	}
+	sl_count_drop(reason, len);
 	if (sl_ev_wanted(SL_EVF_DROP))
 		sl_ns_event(p, sl_what(SL_EV_DROP, reason, SL_MODE_NONE, hook),
 			    sl_rev_len(0, len), 0, ifindex);
