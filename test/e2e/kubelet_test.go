@@ -160,10 +160,9 @@ func TestPrivilegedKubeletHelm(t *testing.T) {
 	}
 	checkScaledDNS(t, l, 3)
 
-	// Day 2 under traffic: upgrade to a rebuilt image, then delete the
-	// agent's pod. Each stream is 4 connections of 900 requests 100 ms
-	// apart (90 s), longer than both steps.
-	streams := startStreams(ctx, t, l, vip+":80", node.IPv4.String()+":30080", 900)
+	// Day 2 under traffic: upgrade to a rebuilt image (built and imported
+	// first), then delete the agent's pod. Each stream is 4 connections of
+	// 900 requests 100 ms apart (90 s), longer than both steps.
 	binDir := t.TempDir()
 	build := exec.CommandContext(ctx, "go", "build", "-ldflags",
 		"-X github.com/sluice-dataplane/sluice/internal/agent.Version=e2e-upgrade", "-o", binDir+"/", "./cmd/sluice", "./cmd/sluice-agent",
@@ -180,6 +179,7 @@ func TestPrivilegedKubeletHelm(t *testing.T) {
 	if err := l.ImportImages(ctx, upgraded); err != nil {
 		t.Fatal(err)
 	}
+	streams := startStreams(ctx, t, l, vip+":80", node.IPv4.String()+":30080", 900)
 	if err := l.InstallChart(ctx, chart, append(testValues, "--set", "image.tag=e2e-upgrade")...); err != nil {
 		t.Fatalf("helm upgrade: %v", err)
 	}
