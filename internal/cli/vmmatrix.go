@@ -63,6 +63,12 @@ builds and runs it.`,
 			if res == nil {
 				return err
 			}
+			if err != nil && doc != "" {
+				// An interrupted run's table would replace the full
+				// matrix's with "context canceled" rows.
+				fmt.Fprintf(cmd.ErrOrStderr(), "matrix: the run did not finish (%v): %s keeps its table; %s has what ran\n", err, doc, out)
+				doc = ""
+			}
 			if werr := writeMatrix(res, out, doc); werr != nil && err == nil {
 				err = werr
 			}

@@ -44,6 +44,8 @@ type Suite struct {
 	// HostOnly, when set, says why the suite runs on the host's kernel
 	// only: the table shows the reason in the guests' columns.
 	HostOnly string
+	// GuestEnv is added to the environment in the guests only.
+	GuestEnv []string
 }
 
 // The tests whose outcomes the table shows apart.
@@ -82,7 +84,16 @@ var DefaultSuites = []Suite{
 	// cannot run (no IPVS): a lab with the real apiserver and kube-proxy
 	// --proxy-mode ipvs in a guest whose kernel has ip_vs as a module.
 	{Name: "ipvs", Package: "./test/e2e", Args: []string{"-test.run", "^" + IPVSTest + "$"}, Timeout: 20 * time.Minute},
+	// The bandwidth manager: the fallback (pacing and a policer) on a
+	// kernel without sch_fq, EDT with fq where the kernel has it, which
+	// Debian's kernels do (as a module): the guests must take that path.
+	{Name: "bandwidth", Package: "./test/e2e", Args: []string{"-test.run", "^" + BandwidthTest + "$"}, Timeout: 15 * time.Minute,
+		GuestEnv: []string{"SLUICE_TEST_WANT_EDT=1"}},
 }
+
+// BandwidthTest is the bandwidth suite's test: Pods' egress and ingress
+// annotations held in a lab, by EDT + fq where the kernel has sch_fq.
+const BandwidthTest = "TestPrivilegedBandwidthManager"
 
 // IPVSTest is the ipvs suite's test: a kube-proxy ipvs lab, Services
 // through it.
@@ -195,12 +206,16 @@ func runKernel(ctx context.Context, cfg Config, spec string, bins map[string]str
 			kr.Error = err.Error()
 			return kr
 		}
+		env := []string{"PATH=" + os.Getenv("PATH"), "HOME=/root", "TERM=dumb", "SLUICE_BIN_DIR=" + cfg.BinDir,
+			"SLUICE_K8S_BIN_DIR=" + os.Getenv("SLUICE_K8S_BIN_DIR")}
+		if k != nil {
+			env = append(env, s.GuestEnv...)
+		}
 		tr, err := vmtest.RunTests(ctx, vmtest.TestRun{
 			Kernel: k, Binary: bins[s.Package], Package: module + strings.TrimPrefix(s.Package, "."),
 			Args: append(append([]string{}, s.Args...), "-test.timeout", (s.Timeout - 30*time.Second).String()),
 			Dir:  filepath.Join(cfg.Root, s.Package),
-			Env: []string{"PATH=" + os.Getenv("PATH"), "HOME=/root", "TERM=dumb", "SLUICE_BIN_DIR=" + cfg.BinDir,
-				"SLUICE_K8S_BIN_DIR=" + os.Getenv("SLUICE_K8S_BIN_DIR")},
+			Env:  env,
 			Init: filepath.Join(cfg.BinDir, "sluice"), Accel: cfg.Accel, MemoryMiB: cfg.MemoryMiB, CPUs: cfg.CPUs,
 			Timeout: s.Timeout, Log: prefixed(cfg.Log, "  "), Progress: prefixed(cfg.Log, "  "),
 		})
