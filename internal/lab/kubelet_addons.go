@@ -267,11 +267,11 @@ func (l *Lab) WaitClusterDNS(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
-// DNSAutoscalerRelease is the Helm release InstallDNSAutoscaler installs
+// dnsAutoscalerRelease is the Helm release InstallDNSAutoscaler installs
 // sluice-dns-autoscaler's chart as, in kube-system beside CoreDNS; the
 // chart names its Deployment and Lease dnsAutoscalerName.
 const (
-	DNSAutoscalerRelease = "dns-autoscaler"
+	dnsAutoscalerRelease = "dns-autoscaler"
 	dnsAutoscalerName    = "sluice-dns-autoscaler"
 	// dnsAutoscalerConfigMap is the chart's default ConfigMap, the
 	// kubernetes.io task's name.
@@ -284,7 +284,7 @@ const (
 // pods. Waits until the autoscaler is available and CoreDNS has the
 // replicas it asked for, ready.
 func (l *Lab) InstallDNSAutoscaler(ctx context.Context, dir string, extra ...string) error {
-	args := append([]string{"upgrade", "--install", DNSAutoscalerRelease, dir, "--namespace", "kube-system"}, extra...)
+	args := append([]string{"upgrade", "--install", dnsAutoscalerRelease, dir, "--namespace", "kube-system"}, extra...)
 	l.step("helm %s", strings.Join(args, " "))
 	if _, err := l.Helm(ctx, args...); err != nil {
 		return err
@@ -462,4 +462,26 @@ func ptrs[T any](items []T) []*T {
 		out[i] = &items[i]
 	}
 	return out
+}
+
+// kubeletDataplane is the dataplane a kubelet lab's cluster runs: the lab
+// starts none itself, sluice's chart installs it as a DaemonSet.
+func (l *Lab) kubeletDataplane(ctx context.Context) string {
+	cs, err := l.KubeClient()
+	if err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	ds, err := cs.AppsV1().DaemonSets("").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=sluice"})
+	if err != nil {
+		return "unknown (DaemonSets: " + err.Error() + ")"
+	}
+	if len(ds.Items) == 0 {
+		return "none installed (sluice lab helm -- install sluice deploy/charts/sluice -n kube-system, docs/kubelet-lab.md)"
+	}
+	var out []string
+	for _, d := range ds.Items {
+		out = append(out, fmt.Sprintf("DaemonSet %s/%s, %d of %d ready", d.Namespace, d.Name,
+			d.Status.NumberReady, d.Status.DesiredNumberScheduled))
+	}
+	return "sluice from its chart (" + strings.Join(out, "; ") + ")"
 }

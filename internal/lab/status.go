@@ -131,6 +131,9 @@ func (l *Lab) Status(ctx context.Context) Status {
 	if slices.ContainsFunc(l.Nodes, func(n Node) bool { return n.Kubelet != nil }) {
 		ks := l.kubeletDNSStatus(ctx)
 		st.KubeletDNS = &ks
+		if st.Dataplane == DataplaneNone {
+			st.Dataplane = l.kubeletDataplane(ctx)
+		}
 	}
 	if l.APIServer != nil {
 		as := &APIServerStatus{APIServer: *l.APIServer}

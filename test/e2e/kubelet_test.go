@@ -262,6 +262,9 @@ func checkScaledDNS(t *testing.T, l *lab.Lab, want int32) {
 		d.Autoscaler.Want != want || d.Autoscaler.Leader == "" || d.Autoscaler.Ready != d.Autoscaler.Replicas:
 		t.Errorf("lab status: cluster DNS %s; want %d replicas, all ready and behind kube-dns, the autoscaler led and ready", d, want)
 	}
+	if !strings.HasPrefix(st.Dataplane, "sluice from its chart (DaemonSet "+lab.ChartNamespace+"/"+lab.ChartRelease) {
+		t.Errorf("lab status: dataplane %q, want sluice's DaemonSet from its chart", st.Dataplane)
+	}
 	var svcs []api.Service
 	out2 := kubectl(t, l, "-n", lab.ChartNamespace, "exec", "ds/"+lab.ChartRelease, "-c", "agent", "--",
 		"sluice", "service", "list", "-o", "json")
