@@ -200,8 +200,8 @@ func runDNSServiceDataplane(ctx context.Context, cfg DNSServiceConfig, d string,
 			return err
 		}
 	}
-	// Before the deletion below: the echo rows wait for each replica
-	// count's change through CoreDNS's answers.
+	// Before the deletion below, which kills a replica's pod the echo rows
+	// start a server in.
 	if slices.Contains(cfg.Servers, DNSServerEcho) {
 		if err := dnsEchoRows(ctx, cfg, l, d, clients, queries, rep); err != nil {
 			return fmt.Errorf("echo servers: %w", err)
@@ -268,9 +268,7 @@ func dnsEchoRows(ctx context.Context, cfg DNSServiceConfig, l *lab.Lab, d string
 		if err := l.Apply(lab.DNSEchoService()); err != nil {
 			return err
 		}
-		// The dataplane has kube-dns's change once lookups reach its n
-		// replicas; the echo Service's, applied after it, has had as long.
-		if err := waitDNSSpread(ctx, l, clients[0], l.ClusterDNS.VIP.String(), n); err != nil {
+		if err := waitEchoSpread(ctx, cfg, l, clients[0], vip, queries); err != nil {
 			return fmt.Errorf("%d replicas: %w", n, err)
 		}
 		row := DNSServiceRow{Dataplane: d, Server: DNSServerEcho, Replicas: n, Backends: map[string]int{}}
@@ -283,18 +281,62 @@ func dnsEchoRows(ctx context.Context, cfg DNSServiceConfig, l *lab.Lab, d string
 	return nil
 }
 
-// dnsEchoRuns starts an echo server in every replica's pod, waits until
-// the VIP answers, runs dnsperf from every client pod at once cfg.Runs
-// times, stops the servers and reads their counts.
-func dnsEchoRuns(ctx context.Context, cfg DNSServiceConfig, l *lab.Lab, clients []string, vip, queries string, row *DNSServiceRow) (err error) {
+// waitEchoSpread waits until the dataplane has dns-echo's change: a
+// second of queries from one client pod through vip is answered by the
+// serving replicas' echo servers, each of them, and by no other (their
+// own counts, servers started afresh for each try).
+func waitEchoSpread(ctx context.Context, cfg DNSServiceConfig, l *lab.Lab, from, vip, queries string) error {
+	want := slices.Sorted(slices.Values(l.ClusterDNS.Serving))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var got map[string]int
+		err := withEchoServers(ctx, cfg, l, from, vip, queries, &got, func() error {
+			_, err := runDnsperf(ctx, l, from, vip, queries, "", 0, time.Second, 1, 20, 0)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if slices.Equal(slices.Sorted(maps.Keys(got)), want) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("queries through %s never reached exactly the serving replicas %v: answered by %s", vip, want, counts(got))
+		}
+		if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// dnsEchoRuns runs dnsperf from every client pod at once cfg.Runs times
+// against the echo servers behind vip; the servers' counts, by pod
+// address, go to row.Backends.
+func dnsEchoRuns(ctx context.Context, cfg DNSServiceConfig, l *lab.Lab, clients []string, vip, queries string, row *DNSServiceRow) error {
+	var byPod map[string]int
+	err := withEchoServers(ctx, cfg, l, clients[0], vip, queries, &byPod, func() error {
+		return dnsperfRuns(ctx, cfg, l, clients, vip, queries, row)
+	})
+	for pod, c := range byPod {
+		p, _ := l.Pod(pod)
+		row.Backends[p.IPv4.String()] += c
+	}
+	return err
+}
+
+// withEchoServers starts an echo server in every replica's pod, waits
+// until vip answers a query from the pod from, runs f, stops the servers
+// and puts the count of answers of each that answered in *answered, by
+// pod name.
+func withEchoServers(ctx context.Context, cfg DNSServiceConfig, l *lab.Lab, from, vip, queries string, answered *map[string]int, f func() error) (err error) {
 	servers := map[string]*echoServer{}
+	*answered = map[string]int{}
 	defer func() {
 		for _, pod := range slices.Sorted(maps.Keys(servers)) {
 			cnt, serr := servers[pod].stop()
 			err = errors.Join(err, serr)
 			if cnt.Answered > 0 {
-				p, _ := l.Pod(pod)
-				row.Backends[p.IPv4.String()] += int(cnt.Answered)
+				(*answered)[pod] += int(cnt.Answered)
 			}
 		}
 	}()
@@ -307,11 +349,11 @@ func dnsEchoRuns(ctx context.Context, cfg DNSServiceConfig, l *lab.Lab, clients 
 	}
 	first := servers[l.ClusterDNS.Serving[0]]
 	if err := waitAnswer(ctx, first, vip, func(ctx context.Context, dur time.Duration, c, o, n int) (dnsperfResult, error) {
-		return runDnsperf(ctx, l, clients[0], vip, queries, "", 0, dur, c, o, n)
+		return runDnsperf(ctx, l, from, vip, queries, "", 0, dur, c, o, n)
 	}); err != nil {
 		return err
 	}
-	return dnsperfRuns(ctx, cfg, l, clients, vip, queries, row)
+	return f()
 }
 
 // dnsperfRuns runs dnsperf from every client pod at once to vip, cfg.Runs
