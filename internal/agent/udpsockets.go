@@ -2,9 +2,15 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"log/slog"
+	"strings"
 	"sync"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/sluice-dataplane/sluice/internal/datapath"
+	"github.com/sluice-dataplane/sluice/internal/probe"
 	"github.com/sluice-dataplane/sluice/internal/reconciler"
 )
 
@@ -13,9 +19,12 @@ import (
 // kube-proxy deletes such flows' conntrack entries; docs/semantics.md.
 
 // udpDestroyer is the dataplane's side (nodeDataplane): false from
-// CanDestroyUDP where the kernel lacks bpf_sock_destroy.
+// CanDestroyUDP where the kernel can do neither bpf_sock_destroy nor
+// sock_diag's SOCK_DESTROY.
 type udpDestroyer interface {
 	CanDestroyUDP() bool
+	// UDPDestroyStatus is the status line: how, or why not.
+	UDPDestroyStatus() string
 	DestroyUDP(targets []datapath.UDPTarget) (int, error)
 }
 
@@ -29,6 +38,42 @@ func (p *modelPipeline) TakeRemovedUDP() []reconciler.RemovedUDP { return p.rec.
 
 // CanDestroyUDP implements udpDestroyer.
 func (d *nodeDataplane) CanDestroyUDP() bool { return d.sockDestroy != nil }
+
+// UDPDestroyStatus implements udpDestroyer.
+func (d *nodeDataplane) UDPDestroyStatus() string {
+	if d.sockDestroy == nil {
+		return "Disabled: " + d.sockDestroyWhy + "; a connected UDP socket keeps its backend until the application reconnects"
+	}
+	return "Enabled (" + d.sockDestroy.Mechanism() + ")"
+}
+
+// loadUDPDestroyer picks how connected UDP sockets to removed backends
+// are destroyed: bpf_sock_destroy from a socket iterator (6.5), else the
+// kernel's socket diagnostics (SOCK_DESTROY, CONFIG_INET_DIAG_DESTROY, as
+// `ss -K`), else not at all, and why.
+func loadUDPDestroyer(sockRev *ebpf.Map) (datapath.UDPDestroyer, string) {
+	var errs []error
+	if probe.Probe().Has(probe.SockDestroy) {
+		d, err := datapath.LoadSockDestroyer(sockRev)
+		if err == nil {
+			return d, ""
+		}
+		errs = append(errs, err)
+	} else {
+		errs = append(errs, errors.New("the kernel lacks bpf_sock_destroy (6.5)"))
+	}
+	d, err := datapath.NewSockDiagDestroyer(sockRev)
+	if err == nil {
+		slog.Info("connected UDP sockets to removed backends are destroyed through sock_diag (SOCK_DESTROY)", "why", errs[0])
+		return d, ""
+	}
+	errs = append(errs, err)
+	why := errors.Join(errs...).Error()
+	why = strings.ReplaceAll(why, "\n", "; ")
+	slog.Warn("connected UDP sockets to removed backends are not destroyed: an application's connected UDP socket keeps its backend until it reconnects (docs/semantics.md)",
+		"why", why)
+	return nil, why
+}
 
 // udpReaper hands the sync loop's removed UDP backends to a goroutine
 // (entering every network namespace takes milliseconds a namespace).
@@ -108,8 +153,8 @@ func (a *Agent) udpTerminationStatus() string {
 	if !a.cfg.SocketLB {
 		return ""
 	}
-	if d, ok := a.dp.(udpDestroyer); ok && d.CanDestroyUDP() {
-		return "Enabled (bpf_sock_destroy)"
+	if d, ok := a.dp.(udpDestroyer); ok {
+		return d.UDPDestroyStatus()
 	}
-	return "Disabled: the kernel lacks bpf_sock_destroy (6.5); a connected UDP socket keeps its backend until the application reconnects"
+	return ""
 }

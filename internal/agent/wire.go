@@ -68,13 +68,7 @@ func openDataplane(cfg *Config) (dataplane, error) {
 	// Connected UDP sockets to a backend that went away are destroyed
 	// where the kernel can (6.5); elsewhere they keep their backend.
 	if cfg.SocketLB {
-		if !probe.Probe().Has(probe.SockDestroy) {
-			slog.Info("connected UDP sockets to removed backends are not destroyed: the kernel lacks bpf_sock_destroy (6.5); " +
-				"an application's connected UDP socket keeps its backend until it reconnects (docs/semantics.md)")
-		} else if d.sockDestroy, err = datapath.LoadSockDestroyer(lb.SockRevMap()); err != nil {
-			slog.Warn("connected UDP sockets to removed backends are not destroyed", "err", err)
-			d.sockDestroy = nil
-		}
+		d.sockDestroy, d.sockDestroyWhy = loadUDPDestroyer(lb.SockRevMap())
 	}
 	// A switch of --socket-lb detaches what an earlier agent attached for
 	// the other mode. Sockets the socket LB connected talk to backends and
@@ -132,8 +126,10 @@ type nodeDataplane struct {
 	// LB's egress hook the node's and its pods' own connections.
 	srcRanges *lbmap.SourceRangesKernel
 	// sockDestroy destroys connected UDP sockets whose backend left their
-	// frontend; nil where the kernel lacks bpf_sock_destroy.
-	sockDestroy *datapath.SockDestroyer
+	// frontend; nil where the kernel can do neither bpf_sock_destroy nor
+	// sock_diag's SOCK_DESTROY (sockDestroyWhy says why).
+	sockDestroy    datapath.UDPDestroyer
+	sockDestroyWhy string
 
 	mu        sync.Mutex
 	podIfaces map[netip.Addr]uint32       // local backend -> host-side veth

@@ -40,7 +40,8 @@ type Status struct {
 	// off (or from an agent before them).
 	Monitor *MonitorStatus `json:"monitor,omitempty"`
 	// UDPSocketTermination: connected UDP sockets whose backend left
-	// their Service are destroyed (bpf_sock_destroy, 6.5), and why not.
+	// their Service are destroyed (bpf_sock_destroy, 6.5, or sock_diag's
+	// SOCK_DESTROY), and why not.
 	UDPSocketTermination string `json:"udpSocketTermination,omitempty"`
 
 	Services  int `json:"services"`  // Service objects with at least one frontend

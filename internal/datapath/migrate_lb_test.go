@@ -43,20 +43,10 @@ func pinnedMaxEntries(t *testing.T, root, name string) uint32 {
 	return m.MaxEntries()
 }
 
-// The layouts of struct lb_sock_rev_key, lb_sock_rev_val, lb_affinity_key
-// and lb_affinity_val (bpf/lib/lb_abi.h), which only the programs write.
+// The layouts of struct lb_affinity_key and lb_affinity_val
+// (bpf/lib/lb_abi.h), which only the programs write (sockRevKey and
+// sockRevValue: sockdiag.go).
 type (
-	sockRevKey struct {
-		Cookie uint64
-		Addr   lbmap.Addr
-		Port   lbmap.Port
-		_      [3]uint16
-	}
-	sockRevValue struct {
-		Addr     lbmap.Addr
-		Port     lbmap.Port
-		RevNatID uint16
-	}
 	affinityKey struct {
 		NetnsCookie uint64
 		RevNatID    uint32

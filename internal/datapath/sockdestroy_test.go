@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"testing"
 
@@ -23,6 +24,23 @@ func TestPrivilegedSockDestroyUDP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
+	testDestroyUDP(t, lb, d)
+}
+
+// TestPrivilegedSockDiagDestroyUDP: the same through sock_diag's
+// SOCK_DESTROY, the agent's way where bpf_sock_destroy is missing.
+func TestPrivilegedSockDiagDestroyUDP(t *testing.T) {
+	probetest.SkipUnless(t, probe.SockDiagDestroy)
+	lb := loadTestSockLB(t)
+	d, err := NewSockDiagDestroyer(lb.SockRevMap())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	testDestroyUDP(t, lb, d)
+}
+
+func testDestroyUDP(t *testing.T, lb *SockLB, d UDPDestroyer) {
 	ns := newTestNetns(t)
 
 	frontend := netip.MustParseAddrPort("198.19.0.10:53")
@@ -38,17 +56,29 @@ func TestPrivilegedSockDestroyUDP(t *testing.T) {
 	// address.
 	nodePort := netip.MustParseAddrPort("0.0.0.0:30053")
 	nodeAddr := netip.MustParseAddrPort("198.18.0.11:30053")
+	// IPv6: a frontend and a NodePort, two backends on ::1.
+	frontend6 := netip.MustParseAddrPort("[fd00:198:19::10]:53")
+	nodePort6 := netip.MustParseAddrPort("[::]:30053")
+	nodeAddr6 := netip.MustParseAddrPort("[fd00:198:18::11]:30053")
+	gone6 := netip.MustParseAddrPort("[::1]:5353")
+	kept6 := netip.MustParseAddrPort("[::1]:5354")
 	socks := []*sock{{via: frontend, to: gone, destroyed: true}, {via: frontend, to: kept}, {via: other, to: gone},
-		{via: nodeAddr, to: gone, destroyed: true}, {via: nodeAddr, to: kept}}
-	err = inNetns(ns.handle, func() error {
+		{via: nodeAddr, to: gone, destroyed: true}, {via: nodeAddr, to: kept},
+		{via: frontend6, to: gone6, destroyed: true}, {via: frontend6, to: kept6}, {via: nodeAddr6, to: gone6, destroyed: true}}
+	err := inNetns(ns.handle, func() error {
 		for _, s := range socks {
-			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+			family := unix.AF_INET6
+			var sa unix.Sockaddr = &unix.SockaddrInet6{Addr: s.to.Addr().As16(), Port: int(s.to.Port())}
+			if s.to.Addr().Is4() {
+				family, sa = unix.AF_INET, &unix.SockaddrInet4{Addr: s.to.Addr().As4(), Port: int(s.to.Port())}
+			}
+			fd, err := unix.Socket(family, unix.SOCK_DGRAM, 0)
 			if err != nil {
 				return err
 			}
 			s.fd = fd
-			if err := unix.Connect(fd, &unix.SockaddrInet4{Addr: s.to.Addr().As4(), Port: int(s.to.Port())}); err != nil {
-				return err
+			if err := unix.Connect(fd, sa); err != nil {
+				return fmt.Errorf("connect to %s: %w", s.to, err)
 			}
 		}
 		return nil
@@ -70,12 +100,13 @@ func TestPrivilegedSockDestroyUDP(t *testing.T) {
 		must(t, lb.SockRevMap().Put(newSockRevKey(cookie, s.to.String()), newSockRevValue(s.via.String(), 1)))
 	}
 
-	n, err := d.Destroy([]UDPTarget{{Frontend: frontend, Backend: gone}, {Frontend: nodePort, Backend: gone}}, []string{ns.path()})
+	n, err := d.Destroy([]UDPTarget{{Frontend: frontend, Backend: gone}, {Frontend: nodePort, Backend: gone},
+		{Frontend: frontend6, Backend: gone6}, {Frontend: nodePort6, Backend: gone6}}, []string{ns.path()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 2 {
-		t.Errorf("Destroy: %d sockets destroyed, want 2", n)
+	if n != 4 {
+		t.Errorf("Destroy (%s): %d sockets destroyed, want 4", d.Mechanism(), n)
 	}
 	for _, s := range socks {
 		_, _, err := unix.Recvfrom(s.fd, make([]byte, 16), unix.MSG_DONTWAIT)

@@ -21,6 +21,8 @@ import (
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+
+	"github.com/sluice-dataplane/sluice/internal/sockdiag"
 )
 
 // Feature names.
@@ -65,6 +67,10 @@ const (
 	// SockDestroy: the bpf_sock_destroy kfunc (6.5), with which the agent
 	// destroys connected UDP sockets whose backend went away.
 	SockDestroy = "bpf_sock_destroy"
+	// SockDiagDestroy: sock_diag's SOCK_DESTROY for UDP sockets
+	// (CONFIG_INET_DIAG_DESTROY), the agent's way to the same where
+	// bpf_sock_destroy is missing.
+	SockDiagDestroy = "sock_diag SOCK_DESTROY (UDP)"
 )
 
 // NorthSouth lists the helpers the tc and XDP load balancer calls beyond
@@ -179,8 +185,9 @@ func probeAll() Features {
 		{MapMemoryPerEntry, "6.4", mapMemoryPerEntry},
 		{L4CsumIPv6, "6.16", l4CsumIPv6},
 		{SockDestroy, "6.5", sockDestroy},
-		// Config options (CONFIG_IP_VS, CONFIG_NET_SCH_FQ), not releases:
-		// no since.
+		// Config options (CONFIG_IP_VS, CONFIG_NET_SCH_FQ,
+		// CONFIG_INET_DIAG_DESTROY), not releases: no since.
+		{SockDiagDestroy, "", sockDiagDestroy},
 		{IPVS, "", ipvs},
 		{SchFQ, "", schFQ},
 	}
@@ -335,6 +342,15 @@ func sockDestroy() (string, error) {
 		return "", fmt.Errorf("no kfunc bpf_sock_destroy in the kernel's BTF: %w", err)
 	}
 	return "kfunc in vmlinux BTF", nil
+}
+
+// sockDiagDestroy destroys a connected loopback UDP socket of its own
+// through sock_diag (sockdiag.SelfTest).
+func sockDiagDestroy() (string, error) {
+	if err := sockdiag.SelfTest(); err != nil {
+		return "", err
+	}
+	return "a connected UDP socket destroyed (ECONNABORTED)", nil
 }
 
 // BPFFlagIPv6 is BPF_F_IPV6 of bpf_l4_csum_replace (6.16).

@@ -707,7 +707,7 @@ func TestPrivilegedTopologyHints(t *testing.T) {
 // balanced again. Without it the socket would keep the old pod, which
 // still answers, for as long as it lives.
 func TestPrivilegedConnectedUDPFollowsEndpoints(t *testing.T) {
-	probetest.SkipUnless(t, kernel.SockDestroy)
+	probetest.SkipUnlessAny(t, kernel.SockDestroy, kernel.SockDiagDestroy)
 	l := sharedLab(t)
 	a := addrs{k: 11}
 	svc := echoService("e2e-udp-connected", a.clusterV4())

@@ -52,6 +52,35 @@ func SkipUnless(t testing.TB, names ...string) {
 	}
 }
 
+// SkipUnlessAny skips t unless it runs as root on a kernel with at least
+// one of the named features (alternatives, such as two ways to destroy a
+// socket); the skip names them all.
+func SkipUnlessAny(t testing.TB, names ...string) {
+	t.Helper()
+	RequireRoot(t, "BPF, namespaces, cgroups")
+	fs := probe.Probe()
+	major, minor, err := probe.KernelVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var why []string
+	for _, name := range names {
+		f, ok := fs.Get(name)
+		if !ok {
+			t.Fatalf("probetest: unknown feature %q", name)
+		}
+		if f.Available {
+			return
+		}
+		if atLeast(major, minor, f.Since) {
+			t.Fatalf("kernel %d.%d should have %s (added in %s) but the probe says: %s",
+				major, minor, name, f.Since, f.Detail)
+		}
+		why = append(why, featureSkip(major, minor, f))
+	}
+	t.Skip(strings.Join(why, "; "))
+}
+
 // featureSkip is the skip message for a missing feature.
 func featureSkip(major, minor int, f probe.Feature) string {
 	since := "a kernel config option"
