@@ -55,9 +55,11 @@ const (
 // in turn: the socket LB from node1's pod to a ClusterIP with TCP and with
 // UDP; a NodePort from the external client through node2's tc (tcx, or
 // clsact filters before 6.6) and through node1's native XDP, each to a
-// backend on the other node; and a TCP connection through node1's XDP kept
-// across a restart of node1's agent. Each step skips, naming the feature,
-// on a kernel that lacks what it needs.
+// backend on the other node; a TCP connection through node1's XDP kept
+// across a restart of node1's agent; and a connected UDP socket destroyed
+// when its endpoint is replaced (bpf_sock_destroy, or sock_diag before
+// 6.5). Each step skips, naming the feature, on a kernel that lacks what it
+// needs.
 func TestPrivilegedKernelSmoke(t *testing.T) {
 	requirePrivileged(t)
 	cfg := labConfig(newPrefix(t), 2, 1)
@@ -119,6 +121,11 @@ func TestPrivilegedKernelSmoke(t *testing.T) {
 	t.Run(smokeSteps[4], func(t *testing.T) {
 		probetest.SkipUnless(t, kprobe.XDP)
 		smokeRestart(t, l, node1, viaXDP, remote)
+	})
+	// bpf_sock_destroy from 6.5, sock_diag's SOCK_DESTROY before.
+	t.Run(smokeSteps[5], func(t *testing.T) {
+		probetest.SkipUnlessAny(t, kprobe.SockDestroy, kprobe.SockDiagDestroy)
+		checkConnectedUDPFollows(t, l, addrs{k: 82}, "smoke-udp-connected", node1.Pods[0], node2.Pods[0], node1.Pods[0])
 	})
 }
 

@@ -709,11 +709,17 @@ func TestPrivilegedTopologyHints(t *testing.T) {
 func TestPrivilegedConnectedUDPFollowsEndpoints(t *testing.T) {
 	probetest.SkipUnlessAny(t, kernel.SockDestroy, kernel.SockDiagDestroy)
 	l := sharedLab(t)
-	a := addrs{k: 11}
-	svc := echoService("e2e-udp-connected", a.clusterV4())
-	svc.Spec.Selector = nil
 	n1, n2 := l.Nodes[0], l.Nodes[1]
-	oldPod, newPod := n1.Pods[1], n2.Pods[0]
+	checkConnectedUDPFollows(t, l, addrs{k: 11}, "e2e-udp-connected", n1.Pods[0], n1.Pods[1], n2.Pods[0])
+}
+
+// checkConnectedUDPFollows: client's connected UDP socket to a ClusterIP
+// of a (Service name) whose one endpoint, oldPod, is replaced by newPod is
+// destroyed once, and the probe's next socket reaches newPod.
+func checkConnectedUDPFollows(t *testing.T, l *lab.Lab, a addrs, name string, client, oldPod, newPod lab.Pod) {
+	t.Helper()
+	svc := echoService(name, a.clusterV4())
+	svc.Spec.Selector = nil
 	fe := frontend(a.clusterV4(), svcUDPPort, corev1.ProtocolUDP)
 	be := func(p lab.Pod) string { return hostPort(p.IPv4, lab.EchoUDPPort) + "/UDP" }
 	applyWithSlices(t, l, svc, slice(svc.Name, "s", endpoint{pod: oldPod, ready: true, serving: true}))
@@ -727,8 +733,8 @@ func TestPrivilegedConnectedUDPFollowsEndpoints(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		rep, err := l.Probe(ctx, n1.Pods[0].Name, "udp", "--addr", hostPort(a.clusterV4(), svcUDPPort), "--connected",
-			"--count", "40", "--interval", "250ms", "--timeout", "1s", "--budget", "50s")
+		rep, err := l.Probe(ctx, client.Name, "udp", "--addr", hostPort(a.clusterV4(), svcUDPPort), "--connected",
+			"--count", "60", "--interval", "250ms", "--timeout", "1s", "--budget", "50s")
 		done <- result{rep, err}
 	}()
 	time.Sleep(3 * time.Second) // answers from the old pod first
