@@ -1,14 +1,20 @@
 package cli
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/sluice-dataplane/sluice/internal/bandwidth"
 	"github.com/sluice-dataplane/sluice/internal/bench"
+	"github.com/sluice-dataplane/sluice/internal/vmtest"
 )
 
 // benchBandwidthCommand is `sluice bench bandwidth`: a Pod's limit held by
@@ -24,7 +30,8 @@ func benchBandwidthCommand() *cobra.Command {
 		Duration:   5 * time.Second,
 	}
 	rates := []string{"10M", "50M", "200M", "1G"}
-	var out string
+	var out, guest string
+	var jsonStdout bool
 	cmd := &cobra.Command{
 		Use:   "bandwidth",
 		Short: "Pod bandwidth limits: sluice (EDT, or its fallback), the policer, TBF and HTB, measured with iperf3 and sockperf",
@@ -41,7 +48,15 @@ plugin's TBF. A contender this kernel cannot run (edt-fq without sch_fq) is
 reported as skipped. Contenders: ` + strings.Join(bench.BWContenders, ", ") + `
 ("sluice" is what the bandwidth manager uses on this kernel). Writes JSON,
 Markdown and plots under --out (docs/bandwidth.md reads them). Needs root,
-iperf3 and sockperf (scripts/deps.sh). The defaults take about 20 minutes.`,
+iperf3 and sockperf (scripts/deps.sh). The defaults take about 20 minutes.
+
+--guest KERNEL runs the whole benchmark inside a Debian kernel under QEMU
+(sluice vm run; docs/vmtest.md), for what this machine's kernel lacks:
+Debian's kernels have sch_fq, so edt-fq runs there. The report says which
+kernel and accelerator; under TCG (no KVM) the guest is emulated, so
+compare contenders of the same run, not figures across runs.`,
+		Example: `  sluice bench bandwidth --rates 10M,200M --contenders sluice,tbf-cni,htb
+  sluice bench bandwidth --guest 6.12 --rates 10M --contenders edt-fq,tbf-cni,htb --flows 1 --cc cubic --udp=false`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, s := range rates {
@@ -51,10 +66,20 @@ iperf3 and sockperf (scripts/deps.sh). The defaults take about 20 minutes.`,
 				}
 				cfg.Rates = append(cfg.Rates, r)
 			}
+			if guest != "" {
+				report, err := bandwidthInGuest(cmd, guest)
+				if report == nil {
+					return err
+				}
+				return writeBenchReport(cmd, report, err, out)
+			}
 			cfg.Progress = cmd.ErrOrStderr()
 			report, runErr := bench.RunBandwidth(cmd.Context(), cfg)
 			if report == nil {
 				return runErr
+			}
+			if jsonStdout {
+				return errors.Join(runErr, json.NewEncoder(cmd.OutOrStdout()).Encode(report))
 			}
 			return writeBenchReport(cmd, report, runErr, out)
 		},
@@ -69,5 +94,49 @@ iperf3 and sockperf (scripts/deps.sh). The defaults take about 20 minutes.`,
 	f.BoolVar(&cfg.Latency, "latency", cfg.Latency, "also measure latency under load (sockperf)")
 	f.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of one iperf3 run")
 	f.StringVar(&out, "out", "results/bandwidth", "directory for the JSON results")
+	f.StringVar(&guest, "guest", "", `run inside this Debian kernel under QEMU ("6.12", "6.1"): one with sch_fq for edt-fq`)
+	f.BoolVar(&jsonStdout, "json-stdout", false, "print the report as JSON on stdout and write no files (what --guest runs in the guest)")
+	_ = f.MarkHidden("json-stdout")
 	return cmd
+}
+
+// bandwidthInGuest runs this command with the same flags inside kernel
+// spec (vmtest) and returns the report the guest printed, its kernel
+// labelled with the accelerator.
+func bandwidthInGuest(cmd *cobra.Command, spec string) (*bench.BandwidthReport, error) {
+	progress := cmd.ErrOrStderr()
+	say := func(s string) { fmt.Fprintf(progress, "vmtest: %s\n", s) }
+	k, err := vmtest.Get(cmd.Context(), spec, say)
+	if err != nil {
+		return nil, err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	argv := []string{exe, "bench", "bandwidth", "--json-stdout"}
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		if f.Name == "guest" || f.Name == "out" || f.Name == "json-stdout" {
+			return
+		}
+		argv = append(argv, "--"+f.Name+"="+strings.Trim(f.Value.String(), "[]"))
+	})
+	say(fmt.Sprintf("kernel %s (%s %s): %s", k.Release, k.Package, k.Version, strings.Join(argv[1:], " ")))
+	var stdout bytes.Buffer
+	res, err := vmtest.Run(cmd.Context(), vmtest.Config{
+		Kernel: k, Argv: argv, Stdout: &stdout, Stderr: progress, Progress: progress,
+		MemoryMiB: 3072, CPUs: 2, Timeout: 2 * time.Hour,
+	})
+	if err != nil {
+		return nil, err
+	}
+	var report bench.BandwidthReport
+	if jerr := json.Unmarshal(stdout.Bytes(), &report); jerr != nil {
+		return nil, fmt.Errorf("the guest's report (exit status %d): %w: %.400s", res.ExitCode, jerr, stdout.String())
+	}
+	report.Kernel = fmt.Sprintf("%s (a guest under %s: %s)", report.Kernel, res.Accel.Name, res.Accel.Reason)
+	if res.ExitCode != 0 {
+		return &report, fmt.Errorf("the benchmark in the guest exited with status %d", res.ExitCode)
+	}
+	return &report, nil
 }
