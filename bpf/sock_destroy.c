@@ -120,8 +120,9 @@ int sock_destroy_udp(struct bpf_iter__udp *ctx)
 	t.bport = key.port;
 	if (!bpf_map_lookup_elem(&sd_targets, &t)) {
 		/* A NodePort's frontend is the family's wildcard (0.0.0.0 or
-		 * ::) and the port; the socket asked for one node address. */
-		if (sk->skc_family == AF_INET)
+		 * ::) and the port; the socket asked for one node address (an
+		 * IPv6 socket may have asked for a v4-mapped one). */
+		if (addr_is_v4((const union lb_addr *)t.frontend))
 			__builtin_memset(&t.frontend[12], 0, 4);
 		else
 			__builtin_memset(t.frontend, 0, sizeof(t.frontend));

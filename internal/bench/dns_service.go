@@ -282,7 +282,8 @@ func dnsEchoRows(ctx context.Context, cfg DNSServiceConfig, l *lab.Lab, d string
 }
 
 // waitEchoSpread waits until the dataplane has dns-echo's change: a
-// second of queries from one client pod through vip is answered by the
+// second of queries from 32 sockets of one client pod through vip is
+// answered by the
 // serving replicas' echo servers, each of them, and by no other (their
 // own counts, servers started afresh for each try).
 func waitEchoSpread(ctx context.Context, cfg DNSServiceConfig, l *lab.Lab, from, vip, queries string) error {
@@ -291,7 +292,9 @@ func waitEchoSpread(ctx context.Context, cfg DNSServiceConfig, l *lab.Lab, from,
 	for {
 		var got map[string]int
 		err := withEchoServers(ctx, cfg, l, from, vip, queries, &got, func() error {
-			_, err := runDnsperf(ctx, l, from, vip, queries, "", 0, time.Second, 1, 20, 0)
+			// 32 sockets: each keeps one backend (a socket LB's
+			// connect, a conntrack entry), so one would reach one.
+			_, err := runDnsperf(ctx, l, from, vip, queries, "", 0, time.Second, 32, 64, 0)
 			return err
 		})
 		if err != nil {

@@ -108,7 +108,7 @@ func (d *SockDestroyer) Destroy(targets []UDPTarget, namespaces []string) (int, 
 			_, err = io.Copy(io.Discard, rd)
 			return err
 		})
-		if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.EINVAL) {
+		if err != nil && !netnsGone(err) {
 			errs = append(errs, fmt.Errorf("network namespace %s: %w", ns, err))
 		}
 	}
@@ -135,24 +135,40 @@ func (d *SockDestroyer) destroyed() (uint64, error) {
 
 // runInNetns runs fn on a thread switched into the network namespace at
 // path. The thread stays locked and ends with its goroutine: no other
-// goroutine ever runs in that namespace by mistake.
+// goroutine ever runs in that namespace by mistake. Failing to enter is an
+// enterNetnsError.
 func runInNetns(path string, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		target, err := netns.GetFromPath(path)
 		if err != nil {
-			errc <- err
+			errc <- enterNetnsError{err}
 			return
 		}
 		defer target.Close()
 		if err := netns.Set(target); err != nil {
-			errc <- err
+			errc <- enterNetnsError{err}
 			return
 		}
 		errc <- fn()
 	}()
 	return <-errc
+}
+
+// enterNetnsError: runInNetns could not enter the namespace.
+type enterNetnsError struct{ err error }
+
+func (e enterNetnsError) Error() string { return "enter: " + e.err.Error() }
+func (e enterNetnsError) Unwrap() error { return e.err }
+
+// netnsGone reports whether err is runInNetns failing to enter a namespace
+// that went away meanwhile (its process exited: ENOENT, or EINVAL from
+// setns on what is no longer a namespace), which is not an error of the
+// work in it.
+func netnsGone(err error) bool {
+	var e enterNetnsError
+	return errors.As(err, &e) && (errors.Is(e.err, os.ErrNotExist) || errors.Is(e.err, syscall.EINVAL))
 }
 
 // NetNamespaces lists one path for each network namespace of the node that

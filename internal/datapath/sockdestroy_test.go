@@ -64,7 +64,10 @@ func testDestroyUDP(t *testing.T, lb *SockLB, d UDPDestroyer) {
 	kept6 := netip.MustParseAddrPort("[::1]:5354")
 	socks := []*sock{{via: frontend, to: gone, destroyed: true}, {via: frontend, to: kept}, {via: other, to: gone},
 		{via: nodeAddr, to: gone, destroyed: true}, {via: nodeAddr, to: kept},
-		{via: frontend6, to: gone6, destroyed: true}, {via: frontend6, to: kept6}, {via: nodeAddr6, to: gone6, destroyed: true}}
+		{via: frontend6, to: gone6, destroyed: true}, {via: frontend6, to: kept6}, {via: nodeAddr6, to: gone6, destroyed: true},
+		// An IPv6 socket to an IPv4 NodePort (v4-mapped).
+		{via: netip.AddrPortFrom(netip.AddrFrom16(nodeAddr.Addr().As16()), nodeAddr.Port()),
+			to: netip.AddrPortFrom(netip.AddrFrom16(gone.Addr().As16()), gone.Port()), destroyed: true}}
 	err := inNetns(ns.handle, func() error {
 		for _, s := range socks {
 			family := unix.AF_INET6
@@ -105,8 +108,8 @@ func testDestroyUDP(t *testing.T, lb *SockLB, d UDPDestroyer) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 4 {
-		t.Errorf("Destroy (%s): %d sockets destroyed, want 4", d.Mechanism(), n)
+	if n != 5 {
+		t.Errorf("Destroy (%s): %d sockets destroyed, want 5", d.Mechanism(), n)
 	}
 	for _, s := range socks {
 		_, _, err := unix.Recvfrom(s.fd, make([]byte, 16), unix.MSG_DONTWAIT)

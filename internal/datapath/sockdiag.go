@@ -4,9 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"sync"
-	"syscall"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -101,7 +99,7 @@ func (d *SockDiagDestroyer) Destroy(targets []UDPTarget, namespaces []string) (i
 			return err
 		})
 		total += n
-		if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.EINVAL) {
+		if err != nil && !netnsGone(err) {
 			errs = append(errs, fmt.Errorf("network namespace %s: %w", ns, err))
 		}
 	}
@@ -138,7 +136,7 @@ func (d *SockDiagDestroyer) destroyHere(want map[sdTarget]bool) (int, error) {
 			if d.rev.Lookup(&key, &fe) != nil {
 				continue // not connected through a Service
 			}
-			if !want[nodePortTarget(fe, key, family, false)] && !want[nodePortTarget(fe, key, family, true)] {
+			if !want[nodePortTarget(fe, key, false)] && !want[nodePortTarget(fe, key, true)] {
 				continue
 			}
 			switch err := sockdiag.DestroyUDP(family, s.ID); {
@@ -160,10 +158,10 @@ const tcpEstablished = 1
 // through frontend fe stands for; wildcard, the NodePort form: a NodePort's
 // frontend is the family's wildcard and the port, the socket asked for one
 // node address (as bpf/sock_destroy.c matches).
-func nodePortTarget(fe sockRevValue, key sockRevKey, family uint8, wildcard bool) sdTarget {
+func nodePortTarget(fe sockRevValue, key sockRevKey, wildcard bool) sdTarget {
 	t := sdTarget{Frontend: fe.Addr, Backend: key.Addr, FPort: fe.Port, BPort: key.Port}
 	if wildcard {
-		if family == unix.AF_INET {
+		if netip.AddrFrom16(fe.Addr).Is4In6() {
 			clear(t.Frontend[12:])
 		} else {
 			clear(t.Frontend[:])

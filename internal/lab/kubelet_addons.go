@@ -476,7 +476,8 @@ func (l *Lab) kubeletDataplane(ctx context.Context) string {
 		return "unknown (DaemonSets: " + err.Error() + ")"
 	}
 	if len(ds.Items) == 0 {
-		return "none installed (sluice lab helm -- install sluice deploy/charts/sluice -n kube-system, docs/kubelet-lab.md)"
+		return "none installed (sluice lab helm -- install sluice deploy/charts/sluice -n kube-system -f " + l.ChartValuesFile() +
+			", docs/kubelet-lab.md)"
 	}
 	var out []string
 	for _, d := range ds.Items {

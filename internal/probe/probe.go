@@ -100,6 +100,8 @@ func (fs Features) Missing(names ...string) []string {
 		switch {
 		case !ok:
 			out = append(out, n+" (not probed)")
+		case !f.Available && f.Since == "":
+			out = append(out, fmt.Sprintf("%s (a kernel config option): %s", n, f.Detail))
 		case !f.Available:
 			out = append(out, fmt.Sprintf("%s (added in %s): %s", n, f.Since, f.Detail))
 		}
