@@ -9,7 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
 ./scripts/build.sh
-# The ipvs suite runs the real kube-apiserver and kube-proxy (cached build).
+# The ipvs suite runs etcd (Debian's) and the real kube-apiserver and
+# kube-proxy (cached build).
+./scripts/etcd.sh >/dev/null
 if [ -z "${SLUICE_K8S_BIN_DIR:-}" ]; then
 	SLUICE_K8S_BIN_DIR=$(./scripts/k8s-build.sh | tail -n 1)
 fi
