@@ -128,7 +128,7 @@ func runSocket(op clientOp) ([]exchange, error) {
 	case op.Do == "bind":
 		return nil, step("bind", unix.Bind(fd, sa))
 	case op.Do == "connect":
-		if err := unix.Connect(fd, sa); err != nil {
+		if err := connectEINTR(fd, sa); err != nil {
 			return nil, step("connect", err)
 		}
 		sa, err := unix.Getpeername(fd)
@@ -187,6 +187,32 @@ func readLine(fd int) (string, error) {
 		}
 	}
 	return strings.TrimSpace(string(b)), nil
+}
+
+// connectEINTR is connect(2) for a blocking socket, which a signal may
+// interrupt (EINTR, seen in a 6.12 guest under TCG): the connection then
+// goes on in the background, so it waits for the socket to turn writable
+// and returns its SO_ERROR, as after EINPROGRESS.
+func connectEINTR(fd int, sa unix.Sockaddr) error {
+	if err := unix.Connect(fd, sa); err != unix.EINTR {
+		return err
+	}
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+	var n int
+	if err := retryEINTR(func() (err error) { n, err = unix.Poll(fds, 2000); return err }); err != nil {
+		return err
+	}
+	if n == 0 {
+		return unix.ETIMEDOUT
+	}
+	soErr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	if err != nil {
+		return err
+	}
+	if soErr != 0 {
+		return unix.Errno(soErr)
+	}
+	return nil
 }
 
 // retryEINTR retries a blocking call a signal interrupted: with
