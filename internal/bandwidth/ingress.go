@@ -18,9 +18,12 @@ import (
 //	EDT (sch_fq)  fq; tc_edt_to_pod stamps each packet from the Pod's
 //	              ingress clock (drops beyond the ingress horizon, marks
 //	              CE from the ECN threshold) and fq holds it till then
-//	no sch_fq     TBF at the rate, a bucket of 5 ms and a queue of 25 ms
-//	              (the bandwidth CNI plugin's latency, with a burst that is
-//	              a burst and not 2^31 bits); tc_edt_to_pod only counts
+//	no sch_fq     TBF at the rate, a bucket of 1 to 5 ms (64 KiB, a GSO
+//	              packet, where that fits) and a queue of 3 ms of the
+//	              rate but at least 32 KiB (a burst that is a burst
+//	              and not the bandwidth CNI plugin's 2^31 bits, a queue
+//	              sized in time where the plugin's limit is 25 ms of the
+//	              rate plus its burst); tc_edt_to_pod only counts
 //
 // The qdisc is ours by its handle (51ce:), set when the limit is and
 // only when what is there differs, and deleted with the limit (the veth
@@ -32,13 +35,28 @@ import (
 // delay bound, as TBF's latency is.
 const DefaultIngressHorizon = 25 * time.Millisecond
 
-// TBF's settings for a Pod's ingress without sch_fq.
+// TBF's settings for a Pod's ingress without sch_fq. The queue is what a
+// request waits behind a bulk transfer into the same Pod, so it is short
+// in time (3 ms) at high rates; at low rates it holds at least 32 KiB
+// (about 21 full frames: 26 ms at 10M), what TCP needs to keep the rate.
+// The bucket is what passes at line rate after a pause, and adds to the
+// queue's delay bound: 64 KiB (one GSO packet, which TBF would otherwise
+// segment) where that is between 1 and 5 ms of the rate, else the nearer
+// bound (at least two full frames).
 const (
-	tbfBurst   = 5 * time.Millisecond
-	tbfLatency = 25 * time.Millisecond
-	// tbfMinBurst keeps the bucket above two full frames at low rates.
-	tbfMinBurst = 2 * 1514
+	tbfMinBurstTime = time.Millisecond
+	tbfMaxBurstTime = 5 * time.Millisecond
+	tbfGSOBurst     = 64 << 10
+	tbfMinBurst     = 2 * 1514
+	tbfQueue        = 3 * time.Millisecond
+	tbfMinQueue     = 32 << 10
 )
+
+// tbfBurst is the bucket at bps bytes a second.
+func tbfBurst(bps uint64) uint64 {
+	of := func(d time.Duration) uint64 { return bps * uint64(d) / uint64(time.Second) }
+	return max(of(tbfMinBurstTime), min(tbfGSOBurst, of(tbfMaxBurstTime)), tbfMinBurst)
+}
 
 // IngressLimitFor is the limit of a Pod's ingress at rate r: LimitFor with
 // the ingress horizon.
@@ -62,8 +80,8 @@ func ingressQdisc(mode Mode, ifindex int, lim Limit) netlink.Qdisc {
 		return fq
 	}
 	bps := lim.BytesPerSecond
-	burst := max(bps*uint64(tbfBurst)/uint64(time.Second), tbfMinBurst)
-	limit := bps*uint64(tbfLatency)/uint64(time.Second) + burst
+	burst := tbfBurst(bps)
+	limit := max(bps*uint64(tbfQueue)/uint64(time.Second), tbfMinQueue) + burst
 	return &netlink.Tbf{QdiscAttrs: attrs, Rate: bps, Buffer: netlink.Xmittime(bps, uint32(burst)), Limit: uint32(min(limit, 1<<31))}
 }
 
