@@ -18,6 +18,7 @@ pkgs=(clang-19 llvm-19 libbpf-dev bpftool iproute2 iptables nftables conntrack u
 	iperf3 # bulk TCP through a NodePort with GRO on (test/e2e/gro_test.go), bandwidth limits
 	sockperf # request/response latency under a bandwidth limit's load (sluice bench bandwidth)
 	qperf ethtool # sluice bench qperf; ring sizes and offloads (sluice tune)
+	dnsperf # sluice bench dns (the echo server's and the cluster DNS's queries per second)
 	containerd runc containernetworking-plugins busybox-static) # the kubelet lab: runtime, CNI, the image's shell (docs/kubelet-lab.md)
 missing=()
 for p in "${pkgs[@]}"; do
