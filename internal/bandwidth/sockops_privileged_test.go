@@ -2,6 +2,8 @@ package bandwidth
 
 import (
 	"net/netip"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,8 +46,11 @@ func TestPrivilegedSockOps(t *testing.T) {
 		}
 	})
 	t.Run("two sockets share", func(t *testing.T) {
-		// The last subtest's socket counts for two windows (~134 ms each)
-		// after it stopped; these send for longer than that.
+		// The last subtest's socket goes on sending what its buffer
+		// holds after the helper closed it, at its paced rate, and
+		// counts as sending until then and for two windows (~134 ms
+		// each) after.
+		waitDrained(t, env.pod)
 		time.Sleep(300 * time.Millisecond)
 		got := runHelper(t, env.pod, cg, helperSpec{Server: server, Sockets: 2, Send: 800 * time.Millisecond})
 		want := PacingRate(lim.BytesPerSecond, 1448, 2, false)
@@ -56,6 +61,7 @@ func TestPrivilegedSockOps(t *testing.T) {
 		}
 	})
 	t.Run("a thin socket takes no share", func(t *testing.T) {
+		waitDrained(t, env.pod)
 		time.Sleep(300 * time.Millisecond)
 		got := runHelper(t, env.pod, cg, helperSpec{Server: server, Sockets: 1, Thin: 1, Send: 2 * time.Second})
 		// The thin one sends 100 × (64 + 66) wire bytes a second; the
@@ -72,6 +78,27 @@ func TestPrivilegedSockOps(t *testing.T) {
 			t.Errorf("socket of the node: cc %s pacing %d; want its namespace's reno and no pacing cap", s.CC, s.PacingRate)
 		}
 	})
+}
+
+// waitDrained waits until no TCP socket of ns has data left to send (a
+// closed socket's buffer drains at its paced rate).
+func waitDrained(t *testing.T, ns *testNetns) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		out, err := exec.Command("ip", "netns", "exec", ns.name, "ss", "-tnH", "state", "established", "state", "fin-wait-1",
+			"state", "closing", "state", "last-ack").CombinedOutput()
+		if err != nil {
+			t.Fatalf("ss in %s: %v: %s", ns.name, err, out)
+		}
+		if strings.TrimSpace(string(out)) == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("TCP sockets of %s still sending after 15 s:\n%s", ns.name, out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // loadKernel loads the objects for a test and closes them at its end.
