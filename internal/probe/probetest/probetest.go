@@ -30,25 +30,8 @@ func RequireRoot(t testing.TB, why string) {
 // (a config option such as IPVS) may be missing on any kernel.
 func SkipUnless(t testing.TB, names ...string) {
 	t.Helper()
-	RequireRoot(t, "BPF, namespaces, cgroups")
-	fs := probe.Probe()
-	major, minor, err := probe.KernelVersion()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range names {
-		f, ok := fs.Get(name)
-		if !ok {
-			t.Fatalf("probetest: unknown feature %q", name)
-		}
-		if f.Available {
-			continue
-		}
-		if atLeast(major, minor, f.Since) {
-			t.Fatalf("kernel %d.%d should have %s (added in %s) but the probe says: %s",
-				major, minor, name, f.Since, f.Detail)
-		}
-		t.Skip(featureSkip(major, minor, f))
+	for _, why := range missing(t, names) {
+		t.Skip(why)
 	}
 }
 
@@ -56,6 +39,16 @@ func SkipUnless(t testing.TB, names ...string) {
 // one of the named features (alternatives, such as two ways to destroy a
 // socket); the skip names them all.
 func SkipUnlessAny(t testing.TB, names ...string) {
+	t.Helper()
+	if why := missing(t, names); len(why) == len(names) {
+		t.Skip(strings.Join(why, "; "))
+	}
+}
+
+// missing requires root and returns a skip message for each named feature
+// the kernel lacks; it fails t for one missing on a kernel at or past the
+// release that added it.
+func missing(t testing.TB, names []string) []string {
 	t.Helper()
 	RequireRoot(t, "BPF, namespaces, cgroups")
 	fs := probe.Probe()
@@ -70,7 +63,7 @@ func SkipUnlessAny(t testing.TB, names ...string) {
 			t.Fatalf("probetest: unknown feature %q", name)
 		}
 		if f.Available {
-			return
+			continue
 		}
 		if atLeast(major, minor, f.Since) {
 			t.Fatalf("kernel %d.%d should have %s (added in %s) but the probe says: %s",
@@ -78,7 +71,7 @@ func SkipUnlessAny(t testing.TB, names ...string) {
 		}
 		why = append(why, featureSkip(major, minor, f))
 	}
-	t.Skip(strings.Join(why, "; "))
+	return why
 }
 
 // featureSkip is the skip message for a missing feature.
