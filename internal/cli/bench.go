@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -27,7 +28,7 @@ func benchCommand() *cobra.Command {
 
 func benchScaleCommand() *cobra.Command {
 	cfg := bench.DefaultScaleConfig()
-	var out, output string
+	var out, output, guest string
 	var sizes []int
 	cmd := &cobra.Command{
 		Use:   "scale",
@@ -47,9 +48,16 @@ restart of the client node's dataplane to its first full sync.
 Writes results.json, results.md and PNG plots under --out. A dataplane this
 machine cannot run is reported as skipped with the reason; a step past
 --step-timeout as "did not finish". Needs root, kube-apiserver and kube-proxy
-(./scripts/k8s-build.sh) and etcd.`,
+(./scripts/k8s-build.sh) and etcd.
+
+--guest KERNEL runs the whole benchmark inside a Debian kernel under QEMU
+(sluice vm run; docs/vmtest.md): Debian's kernels have IPVS, so
+kube-proxy-ipvs runs there. The report says which kernel and accelerator;
+under TCG (no KVM) keep the sizes small and compare contenders of the same
+run only.`,
 		Example: `  sluice bench scale --sizes 1,100 --dataplanes sluice
-  sluice bench scale --dataplanes sluice,kube-proxy-iptables,kube-proxy-nftables`,
+  sluice bench scale --dataplanes sluice,kube-proxy-iptables,kube-proxy-nftables
+  sluice bench scale --guest 6.12 --sizes 1,100 --dataplanes kube-proxy-ipvs,sluice --requests 100 --repeats 1 --changes 5`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
@@ -61,9 +69,15 @@ machine cannot run is reported as skipped with the reason; a step past
 			if out == "" {
 				out = filepath.Join("results", "scale-"+time.Now().UTC().Format("20060102-150405"))
 			}
-			cfg.Progress = cmd.ErrOrStderr()
-			cfg.LogDir = filepath.Join(out, "logs")
-			report, runErr := bench.RunScale(cmd.Context(), cfg)
+			var report *bench.ScaleReport
+			var runErr error
+			if guest != "" {
+				report, runErr = scaleInGuest(cmd, guest)
+			} else {
+				cfg.Progress = cmd.ErrOrStderr()
+				cfg.LogDir = filepath.Join(out, "logs")
+				report, runErr = bench.RunScale(cmd.Context(), cfg)
+			}
 			if report == nil {
 				return runErr
 			}
@@ -98,7 +112,26 @@ machine cannot run is reported as skipped with the reason; a step past
 	f.DurationVar(&cfg.StepTimeout, "step-timeout", cfg.StepTimeout, "limit of each wait for a dataplane; past it: did not finish")
 	f.StringVar(&out, "out", "", "results directory (default results/scale-<UTC timestamp>)")
 	f.StringVarP(&output, "output", "o", "table", "stdout format: table or json")
+	f.StringVar(&guest, "guest", "", `run inside this Debian kernel under QEMU ("6.12", "6.1"): one with IPVS for kube-proxy-ipvs`)
 	return cmd
+}
+
+// scaleInGuest runs `bench scale` with the same flags inside kernel spec;
+// the guest writes its files under its own /tmp and prints the report,
+// which the host writes under --out.
+func scaleInGuest(cmd *cobra.Command, spec string) (*bench.ScaleReport, error) {
+	var env []string
+	if d := os.Getenv("SLUICE_K8S_BIN_DIR"); d != "" {
+		env = append(env, "SLUICE_K8S_BIN_DIR="+d)
+	}
+	var report bench.ScaleReport
+	accel, err := benchInGuest(cmd, spec, []string{"bench", "scale", "-o", "json", "--out", "/tmp/sluice-scale-guest"},
+		[]string{"guest", "out", "output"}, env, &report)
+	if accel == "" {
+		return nil, err
+	}
+	report.Host.Kernel += " (" + accel + ")"
+	return &report, err
 }
 
 func benchPPSCommand() *cobra.Command {

@@ -1,20 +1,16 @@
 package cli
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/sluice-dataplane/sluice/internal/bandwidth"
 	"github.com/sluice-dataplane/sluice/internal/bench"
-	"github.com/sluice-dataplane/sluice/internal/vmtest"
 )
 
 // benchBandwidthCommand is `sluice bench bandwidth`: a Pod's limit held by
@@ -101,42 +97,14 @@ compare contenders of the same run, not figures across runs.`,
 }
 
 // bandwidthInGuest runs this command with the same flags inside kernel
-// spec (vmtest) and returns the report the guest printed, its kernel
-// labelled with the accelerator.
+// spec and returns the report the guest printed, its kernel labelled with
+// the accelerator.
 func bandwidthInGuest(cmd *cobra.Command, spec string) (*bench.BandwidthReport, error) {
-	progress := cmd.ErrOrStderr()
-	say := func(s string) { fmt.Fprintf(progress, "vmtest: %s\n", s) }
-	k, err := vmtest.Get(cmd.Context(), spec, say)
-	if err != nil {
-		return nil, err
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	argv := []string{exe, "bench", "bandwidth", "--json-stdout"}
-	cmd.Flags().Visit(func(f *pflag.Flag) {
-		if f.Name == "guest" || f.Name == "out" || f.Name == "json-stdout" {
-			return
-		}
-		argv = append(argv, "--"+f.Name+"="+strings.Trim(f.Value.String(), "[]"))
-	})
-	say(fmt.Sprintf("kernel %s (%s %s): %s", k.Release, k.Package, k.Version, strings.Join(argv[1:], " ")))
-	var stdout bytes.Buffer
-	res, err := vmtest.Run(cmd.Context(), vmtest.Config{
-		Kernel: k, Argv: argv, Stdout: &stdout, Stderr: progress, Progress: progress,
-		MemoryMiB: 3072, CPUs: 2, Timeout: 2 * time.Hour,
-	})
-	if err != nil {
-		return nil, err
-	}
 	var report bench.BandwidthReport
-	if jerr := json.Unmarshal(stdout.Bytes(), &report); jerr != nil {
-		return nil, fmt.Errorf("the guest's report (exit status %d): %w: %.400s", res.ExitCode, jerr, stdout.String())
+	accel, err := benchInGuest(cmd, spec, []string{"bench", "bandwidth", "--json-stdout"}, []string{"guest", "out", "json-stdout"}, nil, &report)
+	if accel == "" {
+		return nil, err
 	}
-	report.Kernel = fmt.Sprintf("%s (a guest under %s: %s)", report.Kernel, res.Accel.Name, res.Accel.Reason)
-	if res.ExitCode != 0 {
-		return &report, fmt.Errorf("the benchmark in the guest exited with status %d", res.ExitCode)
-	}
-	return &report, nil
+	report.Kernel += " (" + accel + ")"
+	return &report, err
 }
