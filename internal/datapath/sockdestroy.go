@@ -82,10 +82,7 @@ func (d *SockDestroyer) Destroy(targets []UDPTarget, namespaces []string) (int, 
 	defer d.mu.Unlock()
 	var keys []sdTarget
 	for _, t := range targets {
-		k := sdTarget{
-			Frontend: lbmap.AddrFrom(t.Frontend.Addr()), Backend: lbmap.AddrFrom(t.Backend.Addr()),
-			FPort: lbmap.PortFrom(t.Frontend.Port()), BPort: lbmap.PortFrom(t.Backend.Port()),
-		}
+		k := t.key()
 		if err := d.objs.SdTargets.Put(k, uint8(1)); err != nil {
 			d.clear(keys)
 			return 0, fmt.Errorf("write %s: %w", sockdestroyMapSdTargets, err)
@@ -97,26 +94,41 @@ func (d *SockDestroyer) Destroy(targets []UDPTarget, namespaces []string) (int, 
 	if err != nil {
 		return 0, err
 	}
-	var errs []error
-	for _, ns := range namespaces {
-		err := runInNetns(ns, func() error {
-			rd, err := d.iter.Open()
-			if err != nil {
-				return err
-			}
-			defer rd.Close()
-			_, err = io.Copy(io.Discard, rd)
+	iterErr := inEachNetns(namespaces, func() error {
+		rd, err := d.iter.Open()
+		if err != nil {
 			return err
-		})
-		if err != nil && !netnsGone(err) {
-			errs = append(errs, fmt.Errorf("network namespace %s: %w", ns, err))
 		}
-	}
+		defer rd.Close()
+		_, err = io.Copy(io.Discard, rd)
+		return err
+	})
 	after, err := d.destroyed()
 	if err != nil {
 		return 0, err
 	}
-	return int(after - before), errors.Join(errs...)
+	return int(after - before), iterErr
+}
+
+// key is t as struct sd_target.
+func (t UDPTarget) key() sdTarget {
+	return sdTarget{
+		Frontend: lbmap.AddrFrom(t.Frontend.Addr()), Backend: lbmap.AddrFrom(t.Backend.Addr()),
+		FPort: lbmap.PortFrom(t.Frontend.Port()), BPort: lbmap.PortFrom(t.Backend.Port()),
+	}
+}
+
+// inEachNetns runs fn in each network namespace of namespaces (paths of
+// nsfs files); one gone meanwhile is skipped, other errors are joined,
+// each naming its namespace.
+func inEachNetns(namespaces []string, fn func() error) error {
+	var errs []error
+	for _, ns := range namespaces {
+		if err := runInNetns(ns, fn); err != nil && !netnsGone(err) {
+			errs = append(errs, fmt.Errorf("network namespace %s: %w", ns, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (d *SockDestroyer) clear(keys []sdTarget) {

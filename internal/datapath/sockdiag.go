@@ -85,25 +85,15 @@ func (d *SockDiagDestroyer) Destroy(targets []UDPTarget, namespaces []string) (i
 	}
 	want := map[sdTarget]bool{}
 	for _, t := range targets {
-		want[sdTarget{
-			Frontend: lbmap.AddrFrom(t.Frontend.Addr()), Backend: lbmap.AddrFrom(t.Backend.Addr()),
-			FPort: lbmap.PortFrom(t.Frontend.Port()), BPort: lbmap.PortFrom(t.Backend.Port()),
-		}] = true
+		want[t.key()] = true
 	}
 	var total int
-	var errs []error
-	for _, ns := range namespaces {
-		var n int
-		err := runInNetns(ns, func() (err error) {
-			n, err = d.destroyHere(want)
-			return err
-		})
+	err := inEachNetns(namespaces, func() error {
+		n, err := d.destroyHere(want)
 		total += n
-		if err != nil && !netnsGone(err) {
-			errs = append(errs, fmt.Errorf("network namespace %s: %w", ns, err))
-		}
-	}
-	return total, errors.Join(errs...)
+		return err
+	})
+	return total, err
 }
 
 // destroyHere destroys the wanted sockets of the calling thread's network
