@@ -165,15 +165,69 @@ static __always_inline void ct_tuple_set(struct ct_tuple *t, const union lb_addr
 
 /* ct_ingress_tuple is the key of the ingress entry of flow p (before DNAT)
  * whose service entry is svc. A hairpin flow reaches the backend from the
- * frontend's address: its replies go there. */
+ * frontend's address: its replies go there; a flow whose client port is
+ * rewritten (CT_F_SPORT) from that port. */
 static __always_inline void ct_ingress_tuple(struct ct_tuple *t, const struct ns_pkt *p,
 					     const struct ct_entry *svc)
 {
-	union lb_addr be_addr __align_stack_8;
+	ct_tuple_set(t, (svc->flags & CT_F_HAIRPIN) ? &p->daddr : &p->saddr,
+		     (const union lb_addr *)svc->nat_addr,
+		     (svc->flags & CT_F_SPORT) ? svc->snat_port : p->sport, svc->nat_port,
+		     p->proto, CT_DIR_INGRESS);
+}
 
-	__builtin_memcpy(be_addr.b, svc->nat_addr, sizeof(be_addr.b));
-	ct_tuple_set(t, (svc->flags & CT_F_HAIRPIN) ? &p->daddr : &p->saddr, &be_addr,
-		     p->sport, svc->nat_port, p->proto, CT_DIR_INGRESS);
+/* Client ports tried for a flow whose tuple after DNAT another flow holds. */
+#define CT_SPORT_TRIES 8
+
+/* ct_ingress_clash: the ingress entry in, under the tuple after DNAT of the
+ * new flow p, is another flow's that still lives: one to another frontend
+ * of the backend, or one whose client port was rewritten to p's. A dead or
+ * closing TCP one gives way (its flow ended: the client reuses the port). */
+static __always_inline bool ct_ingress_clash(const struct ct_entry *in, const struct ns_pkt *p,
+					     __u32 now)
+{
+	if (!in || in->lifetime < now ||
+	    (p->proto == IPPROTO_TCP && (in->flags & CT_F_CLOSING)))
+		return false;
+	if (in->nat_port != p->dport || !addr_equal(&p->daddr, in->nat_addr))
+		return true;
+	return (in->flags & CT_F_SPORT) && in->snat_port != p->sport;
+}
+
+/* ct_clash_sport gives the new flow p to a local backend, whose service
+ * entry is being made in the scratch (s->entry), another client port when
+ * another live flow holds its tuple after DNAT (ct_ingress_clash), as
+ * netfilter's implicit source NAT does: a port of 1024-65535 that no
+ * ingress entry to that backend has, in the entry (CT_F_SPORT, snat_port)
+ * and in s->sport. None is given when there is no clash, or no free port
+ * turned up in CT_SPORT_TRIES random tries: the new flow then takes the
+ * tuple over. A global function, verified once, called beside ct_put_flow
+ * (not from it: their frames would add up). */
+__noinline int ct_clash_sport(const struct ns_pkt *p, __u32 now)
+{
+	struct ct_scratch *s = ns_scratch();
+	struct ct_tuple *t;
+	int i;
+
+	if (!s || !p)
+		return 0;
+	t = &s->tuple;
+
+	ct_tuple_set(t, &p->saddr, (const union lb_addr *)s->entry.nat_addr, p->sport,
+		     s->entry.nat_port, p->proto, CT_DIR_INGRESS);
+	if (!ct_ingress_clash(bpf_map_lookup_elem(&ct, t), p, now) &&
+	    !ct_ingress_clash(bpf_map_lookup_elem(&ct_new, t), p, now))
+		return 0;
+	for (i = 0; i < CT_SPORT_TRIES; i++) {
+		t->sport = bpf_htons(1024 + bpf_get_prandom_u32() % (65536 - 1024));
+		if (bpf_map_lookup_elem(&ct, t) || bpf_map_lookup_elem(&ct_new, t))
+			continue;
+		s->entry.flags |= CT_F_SPORT;
+		s->entry.snat_port = t->sport;
+		s->sport = t->sport;
+		return 0;
+	}
+	return 0;
 }
 
 /* ct_put writes e under key t into its table: ct_new for a new flow's. */
@@ -246,27 +300,61 @@ static __always_inline int ct_write_ingress(struct ct_scratch *s, const struct n
 	__builtin_memset(&e->fib, 0, sizeof(e->fib));
 	__builtin_memcpy(e->nat_addr, p->daddr.b, sizeof(e->nat_addr));
 	e->nat_port = p->dport;
+	if (e->flags & CT_F_SPORT)
+		e->snat_port = p->sport;
 	return ct_put(&s->tuple, e, uflags);
 }
 
-/* ct_create_flow writes both entries of a new translated flow into ct_new:
- * the service entry for the client's tuple (p, before DNAT) and the
- * ingress entry for the tuple after DNAT to be_addr:be_port. kind is
- * CT_F_LOCAL, CT_F_SNAT or CT_F_DSR (with CT_F_LOCAL on the backend
- * node). */
-static __always_inline int ct_create_flow(const struct ns_config *cfg,
-					  const struct ns_pkt *p, __u32 len, __u32 now,
-					  const union lb_addr *be_addr, __be16 be_port,
-					  __u32 backend_id, __u16 rev_nat_id, __u16 kind)
+/* ct_put_flow writes the entries of the new flow p whose service entry
+ * ct_create_flow made in the scratch (s->entry) into ct_new, with the
+ * ingress entry unless its kind (CT_F_*) has none. A global function,
+ * verified once: one call instead of the map updates inlined into the
+ * service path, whose stack 6.1's limit holds to 512 bytes. */
+__noinline int ct_put_flow(const struct ns_pkt *p, __u32 kind)
 {
 	struct ct_scratch *s = ns_scratch();
 	struct ct_tuple *t;
 	struct ct_entry *e;
 	int err;
 
-	if (!s)
+	if (!s || !p)
 		return -1;
 	t = &s->tuple;
+	e = &s->entry;
+	ct_tuple_set(t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
+		     CT_DIR_SERVICE);
+	__builtin_memcpy(&s->svc_key, t, sizeof(s->svc_key));
+	err = bpf_map_update_elem(&ct_new, t, e, BPF_ANY);
+	/* DSR on the LB node: replies bypass it. */
+	if (err || (kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
+		return err;
+
+	ct_ingress_tuple(t, p, e);
+	/* An earlier flow's entry that gives way (dead, closing, this
+	 * flow's own, or a remote backend's: docs/semantics.md) leaves ct,
+	 * which lookups read first: its replies would leave from its
+	 * frontend. */
+	if (bpf_map_lookup_elem(&ct, t))
+		bpf_map_delete_elem(&ct, t);
+	return ct_write_ingress(s, p, BPF_ANY);
+}
+
+/* ct_create_flow writes both entries of a new translated flow into ct_new:
+ * the service entry for the client's tuple (p, before DNAT) and the
+ * ingress entry for the tuple after DNAT to be_addr:be_port. kind is
+ * CT_F_LOCAL, CT_F_SNAT or CT_F_DSR (with CT_F_LOCAL on the backend
+ * node). The scratch's sport is then the client port the backend is to
+ * see when it is not p's (CT_F_SPORT), else 0. */
+static __always_inline int ct_create_flow(const struct ns_config *cfg,
+					  const struct ns_pkt *p, __u32 len, __u32 now,
+					  const union lb_addr *be_addr, __be16 be_port,
+					  __u32 backend_id, __u16 rev_nat_id, __u16 kind)
+{
+	struct ct_scratch *s = ns_scratch();
+	struct ct_entry *e;
+
+	if (!s)
+		return -1;
 	e = &s->entry;
 	__builtin_memset(e, 0, sizeof(*e));
 	e->nat_port = be_port;
@@ -279,25 +367,14 @@ static __always_inline int ct_create_flow(const struct ns_config *cfg,
 	e->flags = ct_next_flags(kind, p->proto, p->tcp_flags, false) | CT_F_NEW;
 	e->lifetime = now + ct_timeout(cfg, p->proto, e->flags);
 	__builtin_memcpy(e->nat_addr, be_addr->b, sizeof(e->nat_addr));
-	ct_tuple_set(t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
-		     CT_DIR_SERVICE);
-	__builtin_memcpy(&s->svc_key, t, sizeof(s->svc_key));
-	err = bpf_map_update_elem(&ct_new, t, e, BPF_ANY);
-	/* DSR on the LB node: replies bypass it. */
-	if (err || (kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
-		return err;
-
-	ct_ingress_tuple(t, p, e);
-	/* The reply tuple is the newest flow's. An earlier flow of the
-	 * client's address and port to another frontend of this backend
-	 * (the client reuses a port toward another address once its flow
-	 * there ended) may hold it in ct, which lookups read first: its
-	 * replies would leave from that frontend. kube-proxy's conntrack
-	 * would rewrite the new flow's source port instead
-	 * (docs/semantics.md). */
-	if (bpf_map_lookup_elem(&ct, t))
-		bpf_map_delete_elem(&ct, t);
-	return ct_write_ingress(s, p, BPF_ANY);
+	/* Another live flow of the client's address and port to another
+	 * frontend of this local backend (a NodePort and a LoadBalancer IP,
+	 * say) holds the tuple after DNAT: replies could not tell the two
+	 * apart. This one gets another client port. */
+	s->sport = 0;
+	if ((kind & (CT_F_LOCAL | CT_F_HAIRPIN)) == CT_F_LOCAL)
+		ct_clash_sport(p, now);
+	return ct_put_flow(p, kind);
 }
 
 /* ct_has_ingress: the flow's translation has an ingress entry to keep

@@ -148,6 +148,10 @@ static __always_inline int icmp_rev_dnat(struct __ctx_buff *ctx, struct ns_pkt *
 	__builtin_memcpy(fe.b, ce->nat_addr, sizeof(fe.b));
 	if (icmp_rewrite_inner(ctx, e, true, &fe, ce->nat_port))
 		return -1;
+	/* A flow whose client port was rewritten: the client's own. */
+	if ((ce->flags & CT_F_SPORT) &&
+	    icmp_rewrite_inner(ctx, e, false, &q->saddr, ce->snat_port))
+		return -1;
 	if (addr_equal(&backend, p->saddr.b) && pkt_rewrite_addr(ctx, p, false, &fe))
 		return -1;
 	return 1;
@@ -209,6 +213,11 @@ static __always_inline int icmp_to_backend(struct __ctx_buff *ctx, struct ns_pkt
 	if (!ce || (ce->flags & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
 		return 0;
 	*local = ce->flags & CT_F_LOCAL;
+	/* A flow whose client port was rewritten: the port the backend
+	 * knows the client by. */
+	if ((ce->flags & CT_F_SPORT) &&
+	    icmp_rewrite_inner(ctx, e, true, &q->daddr, ce->snat_port))
+		return -1;
 	__builtin_memcpy(addr.b, ce->nat_addr, sizeof(addr.b));
 	port = ce->nat_port;
 	/* The client-side tuple of the masquerading, before the quote changes. */

@@ -456,7 +456,7 @@ static __always_inline int ns_rev_dnat(struct __ctx_buff *ctx, struct ns_pkt *p,
 	struct ct_tuple t __align_stack_8;
 	union lb_addr fe __align_stack_8;
 	struct ct_entry *e;
-	__be16 port;
+	__be16 port, client_port;
 
 	/* Egress: a local backend's every reply, and this frame has room: the
 	 * key on the stack saves the scratch lookup (a helper call before 6.10). */
@@ -467,7 +467,10 @@ static __always_inline int ns_rev_dnat(struct __ctx_buff *ctx, struct ns_pkt *p,
 	ct_note_syn_ack(ctx, p, e);
 	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
 	port = e->nat_port;
-	if (pkt_rewrite(ctx, p, false, &fe, port))
+	/* A flow whose client port was rewritten gets it back. */
+	client_port = (e->flags & CT_F_SPORT) ? e->snat_port : 0;
+	if (pkt_rewrite(ctx, p, false, &fe, port) ||
+	    (client_port && pkt_rewrite_port(ctx, p, true, client_port)))
 		return -1;
 	return 1;
 }

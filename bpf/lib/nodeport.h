@@ -256,6 +256,21 @@ static __always_inline int ns_hairpin_reply(struct __ctx_buff *ctx, struct ns_pk
 }
 #endif /* SLUICE_POD_LB */
 
+/* ns_rewrite_sport gives a local flow whose tuple after DNAT another flow
+ * holds (CT_F_SPORT, ct.h) the client port its backend sees: from its
+ * service entry e, or for the flow this packet created, the scratch. */
+static __always_inline int ns_rewrite_sport(struct __ctx_buff *ctx, struct ns_pkt *p,
+					    const struct ct_entry *e, bool created)
+{
+	struct ct_scratch *s;
+
+	if (e)
+		return (e->flags & CT_F_SPORT) ? pkt_rewrite_port(ctx, p, false, e->snat_port) : 0;
+	if (!created || !(s = ns_scratch()) || !s->sport)
+		return 0;
+	return pkt_rewrite_port(ctx, p, false, s->sport);
+}
+
 /* nodeport_lb load-balances a packet to a frontend served here. tunnel is
  * NULL, or on a DSR backend node what the LB node that sent the packet
  * said: then only local backends are used, and a frontend of no service
@@ -491,7 +506,8 @@ translate:
 			return CTX_ACT_DROP;
 		return ns_send(ctx, p, FWD_ROUTE, fib, rc);
 	}
-	if (pkt_rewrite(ctx, p, true, &be_addr, be_port))
+	if (pkt_rewrite(ctx, p, true, &be_addr, be_port) ||
+	    ns_rewrite_sport(ctx, p, e, created))
 		return CTX_ACT_DROP;
 #ifdef SLUICE_POD_LB
 	if ((kind & CT_F_HAIRPIN) && pkt_rewrite_addr(ctx, p, false, &frontend))

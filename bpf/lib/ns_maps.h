@@ -198,6 +198,10 @@ struct ct_scratch {
 				    * path need not look again */
 	__u32 ack_seq;             /* ct_promote_if_ready: the client's TCP ack
 				    * number (host order), for ct_promote */
+	__be16 sport;              /* ct_create_flow: the client port a new local
+				    * flow's backend sees when rewritten
+				    * (CT_F_SPORT), else 0 */
+	__u16 pad;
 	struct ct_tuple svc_key;   /* ct_create_flow: the new flow's service entry */
 	struct dsr_scratch dsr;
 };

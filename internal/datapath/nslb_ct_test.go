@@ -144,29 +144,17 @@ func TestPrivilegedNorthSouthConntrackTCP(t *testing.T) {
 // Two frontends of one backend (a NodePort and an ExternalIP, say) give
 // two flows from one client address and port the same tuple after DNAT:
 // a client reuses its port toward another address as soon as its flow to
-// the first one ended. The reply tuple belongs to the newest flow: the
-// backend's answers to it must come from the frontend it used, not from
-// the one of the earlier flow still in ct (the lab saw UDP replies from
-// the ExternalIP to a request sent to the LoadBalancer IP, and a TCP
-// connect time out: its SYN-ACK left from the earlier flow's frontend).
+// the first one ended. An ended flow (TCP closing, an entry past its
+// lifetime that the agent has not collected yet) gives the tuple to the
+// new one, without a port rewrite: the backend's answers must come from
+// the frontend the new flow used, not from the one of the earlier flow
+// still in ct (the lab saw UDP replies from the ExternalIP to a request
+// sent to the LoadBalancer IP, and a TCP connect time out: its SYN-ACK
+// left from the earlier flow's frontend). A flow that still lives keeps
+// it: TestPrivilegedNorthSouthConntrackClashRewritesPort.
 func TestPrivilegedNorthSouthConntrackTupleClash(t *testing.T) {
-	extTCP := netip.MustParseAddrPort("198.19.200.3:80")
-	extUDP := netip.MustParseAddrPort("198.19.200.3:53")
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
-		m := n.Maps()
-		for _, s := range []struct {
-			ap      netip.AddrPort
-			proto   uint8
-			revNat  uint16
-			backend uint32
-		}{{extTCP, bpftest.TCP, 20, 1}, {extUDP, bpftest.UDP, 21, 4}} {
-			key := lbmap.ServiceKey{Addr: lbmap.AddrFrom(s.ap.Addr()), Port: lbmap.PortFrom(s.ap.Port()),
-				Proto: s.proto, Scope: lbmap.ScopeExternal}
-			must(t, m.UpdateService(key, lbmap.ServiceValue{Count: 1, RevNatID: s.revNat, Flags: lbmap.SvcFlagExternalIP}))
-			key.Slot = 1
-			must(t, m.UpdateService(key, lbmap.ServiceValue{BackendID: s.backend, RevNatID: s.revNat}))
-			must(t, m.UpdateRevNat(s.revNat, lbmap.RevNatValue{Addr: lbmap.AddrFrom(s.ap.Addr()), Port: lbmap.PortFrom(s.ap.Port())}))
-		}
+		extTCP, extUDP := addSecondExternalIPs(t, n)
 		egress := attachKind{"tc egress", nil, ingressKinds[0].verdicts}
 		toBackend := func(step string, in bpftest.Packet) {
 			t.Helper()
@@ -197,8 +185,8 @@ func TestPrivilegedNorthSouthConntrackTupleClash(t *testing.T) {
 		reply("ExternalIP data from the backend", fromBackend(bpftest.ACK|bpftest.PSH), extTCP)
 
 		// UDP: a flow to one ExternalIP, answered and established (a
-		// later second); then a new socket on the same port sends to the
-		// other, within the first flow's lifetime.
+		// later second); then, past its lifetime, the same port sends to
+		// the other.
 		u := client(41100)
 		udp := func(dst netip.AddrPort) bpftest.Packet {
 			return bpftest.Packet{Src: u, Dst: dst, Proto: bpftest.UDP, Payload: []byte("q")}
@@ -211,11 +199,133 @@ func TestPrivilegedNorthSouthConntrackTupleClash(t *testing.T) {
 		if _, ok := ctEntry(t, n, u, apExtIP, bpftest.UDP, lbmap.CTDirService); !ok {
 			t.Fatalf("the first UDP flow is not established (not in ct)")
 		}
+		dead := uint64(ctNow + 1 + lbmap.DefaultUDPTimeout + 1)
+		setClock(t, n, dead)
 		toBackend("UDP to the second ExternalIP, same client port", udp(extUDP))
 		reply("UDP answer to the second flow", answer, extUDP)
-		setClock(t, n, ctNow+2)
+		setClock(t, n, dead+1)
 		toBackend("UDP to the second ExternalIP, a second later", udp(extUDP))
 		reply("UDP answer to the second flow, established", answer, extUDP)
+	})
+}
+
+// addSecondExternalIPs adds a second ExternalIP, TCP and UDP, whose backends
+// are the local ones of apNodePort (TCP) and apExtIP (UDP): two frontends of
+// one backend.
+func addSecondExternalIPs(t *testing.T, n *NorthSouth) (tcp, udp netip.AddrPort) {
+	t.Helper()
+	tcp = netip.MustParseAddrPort("198.19.200.3:80")
+	udp = netip.MustParseAddrPort("198.19.200.3:53")
+	m := n.Maps()
+	for _, s := range []struct {
+		ap      netip.AddrPort
+		proto   uint8
+		revNat  uint16
+		backend uint32
+	}{{tcp, bpftest.TCP, 20, 1}, {udp, bpftest.UDP, 21, 4}} {
+		key := lbmap.ServiceKey{Addr: lbmap.AddrFrom(s.ap.Addr()), Port: lbmap.PortFrom(s.ap.Port()),
+			Proto: s.proto, Scope: lbmap.ScopeExternal}
+		must(t, m.UpdateService(key, lbmap.ServiceValue{Count: 1, RevNatID: s.revNat, Flags: lbmap.SvcFlagExternalIP}))
+		key.Slot = 1
+		must(t, m.UpdateService(key, lbmap.ServiceValue{BackendID: s.backend, RevNatID: s.revNat}))
+		must(t, m.UpdateRevNat(s.revNat, lbmap.RevNatValue{Addr: lbmap.AddrFrom(s.ap.Addr()), Port: lbmap.PortFrom(s.ap.Port())}))
+	}
+	return tcp, udp
+}
+
+// Two live flows from one client address and port to two frontends of one
+// local backend (one unconnected UDP socket asking both, a NodePort and an
+// ExternalIP say; TCP sockets bound with SO_REUSEADDR) would share the
+// tuple after DNAT. As netfilter's implicit source NAT does, the second
+// gets another client port towards the backend: each flow's replies leave
+// from its own frontend to the client's own port, the first flow is left
+// as it was, and ICMP errors about either are translated both ways.
+func TestPrivilegedNorthSouthConntrackClashRewritesPort(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		extTCP, extUDP := addSecondExternalIPs(t, n)
+		egress := attachKind{"tc egress", nil, ingressKinds[0].verdicts}
+		for _, c := range []struct {
+			name         string
+			client       netip.AddrPort
+			first, other netip.AddrPort
+			pkt          bpftest.Packet
+		}{
+			{"UDP", client(41200), apExtIP, extUDP, bpftest.Packet{Proto: bpftest.UDP, Payload: []byte("q")}},
+			{"TCP", client(43200), apNodePort, extTCP, bpftest.Packet{Proto: bpftest.TCP, Flags: bpftest.ACK}},
+		} {
+			to := func(fe netip.AddrPort) bpftest.Packet {
+				return c.pkt.With(func(p *bpftest.Packet) { p.Src, p.Dst = c.client, fe })
+			}
+			from := func(port uint16) bpftest.Packet {
+				return c.pkt.With(func(p *bpftest.Packet) { p.Src, p.Dst = apLocal, netip.AddrPortFrom(c.client.Addr(), port) })
+			}
+			// The reply to a port, as the client gets it: from fe, to its own port.
+			reply := func(step string, port uint16, fe netip.AddrPort) {
+				t.Helper()
+				in := from(port)
+				runPacket(t, egress, n.Programs().TCEgress, c.name+": "+step, in, vPass,
+					in.With(func(p *bpftest.Packet) { p.Src, p.Dst = fe, c.client }))
+			}
+			first := to(c.first)
+			runPacket(t, kind, prog, c.name+": first flow", first, vPass, first.With(func(p *bpftest.Packet) { p.Dst = apLocal }))
+			reply("reply to the first flow", c.client.Port(), c.first)
+
+			second := to(c.other)
+			res, err := bpftest.Run(prog, bpftest.Must(second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			e, ok := ctEntry(t, n, c.client, c.other, c.pkt.Proto, lbmap.CTDirService)
+			if !ok {
+				t.Fatalf("%s: no service entry for the second flow", c.name)
+			}
+			port := e.SNATPort.Host()
+			if e.Flags&lbmap.CTFlagSPort == 0 || port == 0 || port == c.client.Port() {
+				t.Fatalf("%s: second flow's entry %s, port %d: want a rewritten client port (SPORT)",
+					c.name, lbmap.CTFlagsString(e.Flags), port)
+			}
+			moved := netip.AddrPortFrom(c.client.Addr(), port)
+			checkResult(t, kind, c.name+": second flow, the client port rewritten", second, res, vPass,
+				second.With(func(p *bpftest.Packet) { p.Src, p.Dst = moved, apLocal }))
+			reply("reply to the second flow", port, c.other)
+			reply("reply to the first flow, after the second began", c.client.Port(), c.first)
+
+			// Both flows' later packets, established: each keeps its port.
+			setClock(t, n, ctNow+1)
+			runPacket(t, kind, prog, c.name+": first flow, a second later", first, vPass,
+				first.With(func(p *bpftest.Packet) { p.Dst = apLocal }))
+			runPacket(t, kind, prog, c.name+": second flow, a second later", second, vPass,
+				second.With(func(p *bpftest.Packet) { p.Src, p.Dst = moved, apLocal }))
+			reply("reply to the second flow, a second later", port, c.other)
+			reply("reply to the first flow, a second later", c.client.Port(), c.first)
+			setClock(t, n, ctNow+2)
+			runPacket(t, kind, prog, c.name+": second flow, established", second, vPass,
+				second.With(func(p *bpftest.Packet) { p.Src, p.Dst = moved, apLocal }))
+			if e, ok := ctEntry(t, n, c.client, c.other, c.pkt.Proto, lbmap.CTDirService); !ok || e.Flags&lbmap.CTFlagNew != 0 {
+				t.Errorf("%s: the second flow is not established (entry found %v, flags %s)", c.name, ok, lbmap.CTFlagsString(e.Flags))
+			}
+			reply("reply to the second flow, established", port, c.other)
+
+			// The backend's ICMP error about the second flow's packet
+			// reaches the client about the packet it sent.
+			icmpIn := bpftest.ICMPError{
+				Src: apLocal.Addr(), Dst: c.client.Addr(), Type: bpftest.ICMPDestUnreach, Code: bpftest.ICMPPortUnreach,
+				Quote:  second.With(func(p *bpftest.Packet) { p.Src, p.Dst = moved, apLocal }),
+				SrcMAC: bpftest.MACNode, DstMAC: bpftest.MACClient,
+			}
+			runPacket(t, egress, n.Programs().TCEgress, c.name+": backend's ICMP error about the second flow", icmpIn, vPass,
+				icmpIn.With(func(e *bpftest.ICMPError) { e.Src = c.other.Addr(); e.Quote = second }))
+			// The client side's error about a reply of the second flow
+			// reaches the backend about the reply it sent.
+			got := c.pkt.With(func(p *bpftest.Packet) { p.Src, p.Dst = c.other, c.client })
+			clientErr := bpftest.ICMPError{
+				Src: c.client.Addr(), Dst: c.other.Addr(), Type: bpftest.ICMPDestUnreach, Code: bpftest.ICMPPortUnreach,
+				Quote: got,
+			}
+			runPacket(t, kind, prog, c.name+": client's ICMP error about a reply of the second flow", clientErr, vPass,
+				clientErr.With(func(e *bpftest.ICMPError) { e.Dst = apLocal.Addr(); e.Quote = from(port) }))
+			setClock(t, n, ctNow)
+		}
 	})
 }
 

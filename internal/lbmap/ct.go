@@ -41,6 +41,11 @@ const (
 	CTFlagHairpin     uint16 = 1 << 7 // per-packet LB: a pod to its own Service
 	CTFlagSNATFE      uint16 = 1 << 8 // SNATPort's source address is the frontend
 	CTFlagNew         uint16 = 1 << 9 // a new flow's, in ct_new: not yet established
+	// CTFlagSPort: a local flow whose client port is rewritten, as another
+	// flow of the client's address and port to another frontend of the
+	// backend holds the tuple after DNAT. SNATPort is the port the backend
+	// sees (service entry) or the client's own (ingress entry).
+	CTFlagSPort uint16 = 1 << 10
 )
 
 // Load balancing modes for remote backends (NS_MODE_*), --lb-mode.
@@ -81,7 +86,7 @@ type CTEntry struct {
 	NATPort   Port
 	RevNatID  uint16
 	Flags     uint16
-	SNATPort  Port // service entry of a SNAT flow: its nat port, 0 until known
+	SNATPort  Port // service entry of a SNAT flow: its nat port, 0 until known; CTFlagSPort: see there
 	Packets   uint64
 	Bytes     uint64
 	RxPackets uint64
@@ -135,6 +140,7 @@ func CTFlagsString(f uint16) string {
 		{CTFlagSYN, "SYN"}, {CTFlagEstablished, "ESTABLISHED"}, {CTFlagClosing, "CLOSING"},
 		{CTFlagSeenReply, "SEEN_REPLY"}, {CTFlagLocal, "LOCAL"}, {CTFlagSNAT, "SNAT"}, {CTFlagDSR, "DSR"},
 		{CTFlagHairpin, "HAIRPIN"}, {CTFlagSNATFE, "SNAT_FE"}, {CTFlagNew, "NEW"},
+		{CTFlagSPort, "SPORT"},
 	}
 	var out []string
 	for _, n := range names {

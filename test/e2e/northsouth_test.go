@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -191,6 +192,53 @@ func TestPrivilegedNorthSouthModes(t *testing.T) {
 						// The reply must come from the address the client sent to.
 						if rep.Peers[addr] != rep.OK {
 							t.Errorf("UDP %s from the client (--lb-mode %s): replies from %v, want all from %s", addr, mode, rep.Peers, addr)
+						}
+					})
+				}
+			}
+
+			// One unconnected UDP socket asking every frontend of one
+			// backend in turn: the flows share the tuple after DNAT, and
+			// each reply must still come from the address asked (the
+			// datapath gives the later flows another client port, as
+			// netfilter does). Local: DNAT on the entry node; remote in
+			// dsr mode: on the backend node. Remote UDP in snat and hybrid
+			// mode is masqueraded: docs/semantics.md.
+			type oneBackend struct {
+				name string
+				a    addrs
+				pod  lab.Pod
+			}
+			one := []oneBackend{{"a local backend", addrs{k: 74}, node1.Pods[0]}}
+			if mode == lab.LBModeDSR {
+				one = append(one, oneBackend{"a remote backend", addrs{k: 75}, node2.Pods[0]})
+			}
+			for _, o := range one {
+				apply(t, l, nsService("ns-one-"+o.pod.Name, o.a, map[string]string{lab.LabelPod: o.pod.Name}))
+				programmed(t, l, 1, nsFrontends(o.a)...)
+				for _, v6 := range []bool{false, true} {
+					var args, asked []string
+					for _, tg := range nsTargets(o.a, node1) {
+						if tg.ip.Is6() == v6 {
+							addr := hostPort(tg.ip, tg.udp)
+							args, asked = append(args, "--addr", addr), append(asked, addr)
+						}
+					}
+					t.Run(fmt.Sprintf("UDP one socket to %s of %s", strings.Join(asked, ", "), o.name), func(t *testing.T) {
+						rounds := 4
+						rep := probeAnswered(t, l, "client", "udp", append(args, "--count", strconv.Itoa(rounds*len(asked)), "--timeout", "2s")...)
+						if rep.OK != rep.Count {
+							t.Fatalf("UDP from one socket to %v (--lb-mode %s): %s", asked, mode, describe(rep))
+						}
+						if err := onlyFrom(rep.Backends, []string{o.pod.Name}); err != nil {
+							t.Errorf("UDP from one socket to %v (--lb-mode %s): %v", asked, mode, err)
+						}
+						for _, addr := range asked {
+							if rep.Peers[addr] != rounds {
+								t.Errorf("UDP from one socket to %v (--lb-mode %s): replies from %v, want %d from each address asked",
+									asked, mode, rep.Peers, rounds)
+								break
+							}
 						}
 					})
 				}
