@@ -60,6 +60,9 @@ type Result struct {
 	// GuestBoot the guest's uptime then; Command the wall time from the
 	// command's start to its exit; Total the whole run, download included.
 	Boot, GuestBoot, Command, Total time.Duration
+	// BootRetries counts the boots repeated because the guest kernel
+	// crashed before the command started (bootAttempts).
+	BootRetries int
 }
 
 // ErrTimeout is returned when the boot or the command outlives its bound.
@@ -155,15 +158,51 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err := writeInitramfs(initrd, cfg.Init, cfg.Kernel, gc); err != nil {
 		return res, err
 	}
-	sock := filepath.Join(tmp, "ctl.sock")
+	for attempt := 1; ; attempt++ {
+		var crash string
+		res, crash, err = boot(ctx, cfg, res, filepath.Join(tmp, "ctl.sock"), initrd, start, say)
+		if crash == "" || attempt == bootAttempts || ctx.Err() != nil {
+			return res, err
+		}
+		res.BootRetries++
+		say("guest kernel crashed before the command started (%s): not the command's doing; booting again (attempt %d of %d)",
+			crash, attempt+1, bootAttempts)
+	}
+}
+
+// bootAttempts bounds the boots of one run: a guest kernel that crashes
+// before the command starts (an oops in early boot: multi-threaded TCG
+// has hit int3 traps while the kernel patches its own text) is booted
+// once more; anything else is the run's answer.
+const bootAttempts = 2
+
+// bootCrash returns the line of console that says the guest kernel
+// crashed (an oops or a panic), or "".
+func bootCrash(console string) string {
+	for _, line := range strings.Split(console, "\n") {
+		if i := strings.Index(line, "Oops:"); i >= 0 {
+			return strings.TrimSpace(line[i:])
+		}
+		if i := strings.Index(line, "Kernel panic"); i >= 0 {
+			return strings.TrimSpace(line[i:])
+		}
+	}
+	return ""
+}
+
+// boot runs the guest once. crash is set when it failed because the guest
+// kernel crashed before the command started (bootCrash), the one failure
+// Run boots again for.
+func boot(ctx context.Context, cfg Config, res Result, sock, initrd string, start time.Time,
+	say func(string, ...any)) (_ Result, crash string, _ error) {
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
-		return res, fmt.Errorf("control socket: %w", err)
+		return res, "", fmt.Errorf("control socket: %w", err)
 	}
 	defer ln.Close()
 
 	args := qemuArgs(qemuParams{
-		Accel: accel.Name, CPUs: cfg.CPUs, MemoryMiB: cfg.MemoryMiB,
+		Accel: res.Accel.Name, CPUs: cfg.CPUs, MemoryMiB: cfg.MemoryMiB,
 		Kernel: cfg.Kernel.Vmlinuz(), Initrd: initrd, Append: kernelCmdline(cfg.KernelArgs, cfg.InitArgs),
 		HostRoot: "/", Modules: cfg.Kernel.ModulesDir(), Socket: sock,
 	})
@@ -175,10 +214,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	cmd.Stdout = consoleW
 	cmd.Stderr = consoleW
-	say("booting %s: %s -accel %s -smp %d -m %dM", cfg.Kernel.Release, QEMU, accelArg(accel.Name, cfg.CPUs), cfg.CPUs, cfg.MemoryMiB)
+	say("booting %s: %s -accel %s -smp %d -m %dM", cfg.Kernel.Release, QEMU, accelArg(res.Accel.Name, cfg.CPUs), cfg.CPUs, cfg.MemoryMiB)
 	bootStart := time.Now()
 	if err := cmd.Start(); err != nil {
-		return res, fmt.Errorf("start %s: %w", QEMU, err)
+		return res, "", fmt.Errorf("start %s: %w", QEMU, err)
 	}
 	// One Wait, whose end every path below can see: reaped closes after it
 	// and waitErr holds its result.
@@ -198,9 +237,14 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			connc <- c
 		}
 	}()
-	fail := func(err error) (Result, error) {
+	fail := func(err error) (Result, string, error) {
 		res.Total = time.Since(start)
-		return res, fmt.Errorf("%w\nguest console (last lines):\n%s", err, indent(console.String()))
+		// Only when the command never started, and not a timeout
+		// (a hang boots no better the second time).
+		if res.Boot == 0 && !errors.Is(err, ErrTimeout) {
+			crash = bootCrash(console.String())
+		}
+		return res, crash, fmt.Errorf("%w\nguest console (last lines):\n%s", err, indent(console.String()))
 	}
 	var conn net.Conn
 	select {
@@ -247,7 +291,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 				case <-time.After(5 * time.Second):
 				}
 				res.Total = time.Since(start)
-				return res, nil
+				return res, "", nil
 			case "error":
 				_, _ = conn.Write([]byte{ackByte})
 				return fail(fmt.Errorf("guest init: %s", e.Msg))

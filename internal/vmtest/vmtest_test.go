@@ -478,3 +478,23 @@ func TestTailBuffer(t *testing.T) {
 		t.Errorf("tail = %q, want %q", got, "defghijk")
 	}
 }
+
+// A guest kernel that oopsed or panicked before the command started is
+// booted again (multi-threaded TCG once hit an int3 trap in early boot);
+// any other console is the run's answer.
+func TestBootCrash(t *testing.T) {
+	oops := `[    3.118756] RIP: 0010:sched_clock_cpu+0x9/0x190
+[    3.123691] ---[ end trace 0000000000000000 ]---
+[    3.123689] Oops: int3: 0000 [#2] PREEMPT SMP NOPTI
+[    3.123809] RIP: 0010:sched_clock_cpu+0x9/0x190`
+	for _, c := range []struct{ console, want string }{
+		{oops, "Oops: int3: 0000 [#2] PREEMPT SMP NOPTI"},
+		{"[    2.1] Kernel panic - not syncing: VFS: Unable to mount root fs", "Kernel panic - not syncing: VFS: Unable to mount root fs"},
+		{"[    1.0] virtio_console: loaded\nsluice-init: no virtio port named sluice.ctl after 30s", ""},
+		{"", ""},
+	} {
+		if got := bootCrash(c.console); got != c.want {
+			t.Errorf("bootCrash(%q) = %q, want %q", c.console, got, c.want)
+		}
+	}
+}

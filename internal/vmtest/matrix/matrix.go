@@ -282,6 +282,7 @@ func (sr *SuiteResult) fill(tr vmtest.TestResult, err error) {
 	rep := tr.Report
 	sr.ExitCode, sr.WallS = tr.ExitCode, tr.Wall.Seconds()
 	sr.BootS, sr.CommandS = tr.VM.Boot.Seconds(), tr.VM.Command.Seconds()
+	sr.BootRetries = tr.VM.BootRetries
 	sr.Passed, sr.Failed, sr.Skipped = rep.Tests.Passed, rep.Tests.Failed, rep.Tests.Skipped
 	for _, s := range rep.Skips {
 		if strings.HasPrefix(s.Test, ProbeTest+"/") {

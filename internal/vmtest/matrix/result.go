@@ -58,9 +58,12 @@ type SuiteResult struct {
 	Skips    []TestNote `json:"skips,omitempty"`
 	Failures []TestNote `json:"failures,omitempty"`
 	BootS    float64    `json:"boot_s,omitempty"`
-	CommandS float64    `json:"command_s,omitempty"`
-	WallS    float64    `json:"wall_s"`
-	Error    string     `json:"error,omitempty"`
+	// BootRetries: boots repeated because the guest kernel crashed before
+	// the command started (vmtest.Result.BootRetries).
+	BootRetries int     `json:"boot_retries,omitempty"`
+	CommandS    float64 `json:"command_s,omitempty"`
+	WallS       float64 `json:"wall_s"`
+	Error       string  `json:"error,omitempty"`
 	// HostOnly says why the suite did not run in this guest.
 	HostOnly string `json:"host_only,omitempty"`
 }
@@ -171,7 +174,13 @@ func (r *Result) Markdown() string {
 	head("kernel")
 	row("package", func(k KernelResult) string { return orDash(k.Package) })
 	row("accelerator", func(k KernelResult) string { return k.Accel })
-	row("boot to command", func(k KernelResult) string { return spread(k.BootsS) })
+	row("boot to command", func(k KernelResult) string {
+		c := spread(k.BootsS)
+		if n := k.bootRetries(); n > 0 {
+			c += fmt.Sprintf("; %d boot(s) repeated after the guest kernel crashed before the command started", n)
+		}
+		return c
+	})
 	row("wall time, all suites", func(k KernelResult) string { return fmt.Sprintf("%.0f s", k.WallS) })
 	for _, k := range ks {
 		if k.Skipped != "" {
@@ -318,6 +327,15 @@ func shortReason(r string) string {
 		r = r[:117] + "..."
 	}
 	return r
+}
+
+// bootRetries counts the kernel's repeated boots, all suites.
+func (k KernelResult) bootRetries() int {
+	n := 0
+	for _, s := range k.Suites {
+		n += s.BootRetries
+	}
+	return n
 }
 
 func spread(xs []float64) string {

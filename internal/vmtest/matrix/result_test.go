@@ -22,7 +22,7 @@ func sample() *Result {
 				Features: []FeatureResult{{Name: "tcx", Since: "6.6", Outcome: "skip",
 					Reason: "kernel feature missing: kernel 6.1 lacks tcx (added in 6.6): tcx not supported"}},
 				Verifier: &vmtest.TestOutcome{Test: VerifierTest, Action: "fail"},
-				Suites: []SuiteResult{{Suite: "probe", Passed: 5},
+				Suites: []SuiteResult{{Suite: "probe", Passed: 5, BootRetries: 1},
 					{Suite: "datapath", Passed: 70, Failed: 1, ExitCode: 1, Failures: []TestNote{{Test: VerifierTest, Note: "subtests: tclb"}}}}},
 			{Spec: "6.12", Skipped: "guest unavailable: no qemu-system-x86_64"},
 		},
@@ -37,7 +37,7 @@ func TestMarkdownAndProblems(t *testing.T) {
 	for _, want := range []string{
 		"| kernel | 6.18.44 (host) | 6.1.0-56-amd64 | 6.12 |",
 		"| tcx (6.6) | ✓ | ✗ tcx not supported | - |",
-		"| boot to command | - | 9.5–10.5 s (2 boots) | - |",
+		"| boot to command | - | 9.5–10.5 s (2 boots); 1 boot(s) repeated after the guest kernel crashed before the command started | - |",
 		"| verifier: TestPrivilegedVerifierHeadroom | pass (5.0 s) | **FAIL** | - |",
 		"6.12 skipped: guest unavailable: no qemu-system-x86_64",
 		"`TestPrivilegedVerifierHeadroom` **failed** subtests: tclb",
