@@ -468,9 +468,9 @@ static __always_inline int ns_rev_dnat(struct __ctx_buff *ctx, struct ns_pkt *p,
 	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
 	port = e->nat_port;
 	/* A flow whose client port was rewritten gets it back. */
-	client_port = (e->flags & CT_F_SPORT) ? e->snat_port : 0;
+	client_port = (e->flags & CT_F_SPORT) ? e->snat_port : p->dport;
 	if (pkt_rewrite(ctx, p, false, &fe, port) ||
-	    (client_port && pkt_rewrite_port(ctx, p, true, client_port)))
+	    pkt_rewrite_port(ctx, p, true, client_port))
 		return -1;
 	return 1;
 }

@@ -201,6 +201,11 @@ func checkGeneratedICMP(inf frameInfo, out []byte, of frameInfo, bad func(string
 	return nil
 }
 
+// isLocalPod: a is in a local pod's network (behind pf-pod0).
+func isLocalPod(a netip.Addr) bool {
+	return slices.ContainsFunc(localPodNets, func(p netip.Prefix) bool { return p.Contains(a) })
+}
+
 // tuple is an L4 flow as a packet carries it.
 type tuple struct {
 	src, dst netip.AddrPort
@@ -224,7 +229,15 @@ func (fz *Fuzzer) roundTrip(p *Program, in []byte, inf frameInfo, out []byte) *V
 		return nil
 	}
 	req, fwd := tupleOf(inf), tupleOf(of)
+	// Masquerading changes the source (to this node's address and a nat
+	// port). A new source port alone towards a local pod, or from the pod
+	// LB, which never masquerades, is a flow whose tuple after DNAT
+	// another flow holds (CT_F_SPORT): DNAT, its reply through p.reply,
+	// which must give the client its own port back.
 	dnat, snat := req.dst != fwd.dst, req.src != fwd.src
+	if snat && req.src.Addr() == fwd.src.Addr() && (p.fromPods || isLocalPod(fwd.dst.Addr())) {
+		snat = false
+	}
 	via := p.reply
 	switch {
 	case !dnat || p.reply == nil:

@@ -50,14 +50,16 @@ import (
 //
 // Services and endpoints: testdata/node.yaml.
 var (
-	NodeIP4      = netip.MustParseAddr("198.18.0.11")
-	NodeIP6      = netip.MustParseAddr("fd00:198:18::11")
-	ClientIP4    = netip.MustParseAddr("198.18.0.2")
-	ClientIP6    = netip.MustParseAddr("fd00:198:18::2")
-	Node2IP4     = netip.MustParseAddr("198.18.0.12")
-	Node2IP6     = netip.MustParseAddr("fd00:198:18::12")
-	LocalPod4    = netip.MustParseAddr("198.18.1.10")
-	LocalPod6    = netip.MustParseAddr("fd00:198:18:1::10")
+	NodeIP4   = netip.MustParseAddr("198.18.0.11")
+	NodeIP6   = netip.MustParseAddr("fd00:198:18::11")
+	ClientIP4 = netip.MustParseAddr("198.18.0.2")
+	ClientIP6 = netip.MustParseAddr("fd00:198:18::2")
+	Node2IP4  = netip.MustParseAddr("198.18.0.12")
+	Node2IP6  = netip.MustParseAddr("fd00:198:18::12")
+	LocalPod4 = netip.MustParseAddr("198.18.1.10")
+	LocalPod6 = netip.MustParseAddr("fd00:198:18:1::10")
+	// The local pods' networks, behind pf-pod0.
+	localPodNets = []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24"), netip.MustParsePrefix("fd00:198:18:1::/64")}
 	MACNode2     = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x0c}
 	MACPod       = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x01, 0x0a}
 	DeviceMTU    = 1500
@@ -293,7 +295,7 @@ func (n *Node) makeDevices() error {
 		dev int
 	}{
 		{"198.18.2.0/24", Node2IP4, n.DevIfindex}, {"fd00:198:18:2::/64", Node2IP6, n.DevIfindex},
-		{"198.18.1.0/24", netip.Addr{}, n.PodIfindex}, {"fd00:198:18:1::/64", netip.Addr{}, n.PodIfindex},
+		{localPodNets[0].String(), netip.Addr{}, n.PodIfindex}, {localPodNets[1].String(), netip.Addr{}, n.PodIfindex},
 	}
 	for _, r := range routes {
 		_, dst, err := net.ParseCIDR(r.dst)
