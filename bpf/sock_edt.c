@@ -4,9 +4,6 @@
  *
  *   BBR (bw_enable_bbr)        congestion control bbr, set on connect() and
  *                              on a passive socket's establishment
- *   ECN (bw_enable_ecn)        a limited Pod's connections negotiate ECN, so
- *                              the policer's CE marks slow them down before
- *                              it drops
  *   pacing (bw_enable_pacing)  a limited Pod's sockets that send are each
  *                              capped (SO_MAX_PACING_RATE: TCP paces itself,
  *                              fq or not, since 4.13) at the Pod's rate over
@@ -17,12 +14,22 @@
  *                              share from the ones that fill theirs, which
  *                              share the rate less what the thin ones sent
  *                              (else the policer would drop the requests)
+ *
+ * ECN for a limited Pod's connections is the agent's tcp_ecn=1 in the Pod's
+ * namespace (internal/bandwidth/podnetns.go), not BPF_SOCK_OPS_NEEDS_ECN:
+ * that sends the SYN ECT, which a peer with the default tcp_ecn=2 answers
+ * without ECN.
  */
 #include "edt.h"
 
 volatile const __u32 bw_enable_bbr = 0;
-volatile const __u32 bw_enable_ecn = 0;
 volatile const __u32 bw_enable_pacing = 0;
+/* Sockets are paced at this percentage of their share: 100 where pacing
+ * holds the rate (the policer behind it only drops); above 100 under EDT,
+ * where the stamps on the device hold it, so that a socket's timer firing
+ * late (a busy CPU) costs the Pod none of its rate: the queue it builds in
+ * fq is held by ECN (CE from EDTLimitFor's threshold) and BBR's model. */
+volatile const __u32 bw_pace_pct = 100;
 
 /* <sys/socket.h> and <netinet/tcp.h> are not for the BPF target. */
 #define AF_INET            2
@@ -142,7 +149,7 @@ static __always_inline void bw_pace(struct bpf_sock_ops *skops, struct bw_sock *
 	mss = skops->mss_cache;
 	if (!mss)
 		mss = 1448;
-	rate = rate * mss / (mss + ovh) / n;
+	rate = rate * mss / (mss + ovh) / n * bw_pace_pct / 100;
 	if (rate >= 0xffffffffULL) /* beyond the 32-bit option: leave it unpaced */
 		return;
 	if (!rate)
@@ -193,10 +200,6 @@ int sock_edt(struct bpf_sock_ops *skops)
 	case BPF_SOCK_OPS_TCP_CONNECT_CB:
 		if (bw_enable_bbr && bw_sock_pod(skops, &v6))
 			bw_set_bbr(skops);
-		break;
-	case BPF_SOCK_OPS_NEEDS_ECN:
-		pod = bw_enable_ecn ? bw_sock_pod(skops, &v6) : NULL;
-		skops->reply = pod && pod->id ? 1 : 0;
 		break;
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:

@@ -473,6 +473,9 @@ func TestSluiceChartPodSpec(t *testing.T) {
 	if _, ok := mounts["/run/sluice"]; !ok {
 		t.Error("no /run/sluice mount for the API socket")
 	}
+	if m, ok := mounts["/run/netns"]; !ok || !m.ReadOnly || m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationHostToContainer {
+		t.Errorf("/run/netns mount %+v, want read-only HostToContainer (the Pods' namespaces, named by the CNI runtime)", m)
+	}
 	for _, p := range []struct {
 		name  string
 		probe *corev1.Probe

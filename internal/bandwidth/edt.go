@@ -110,6 +110,39 @@ func LimitFor(r Rate) Limit {
 	return Limit{BytesPerSecond: bps, Horizon: DefaultHorizon, Burst: burst, ECN: max(DefaultECNThreshold, burst/4)}
 }
 
+// EDTPacePercent is the share of its Pod's rate each socket is paced at
+// under EDT, in percent: a little above, so the stamps on the device, not
+// the socket's pacing timer, hold the rate (sock_edt.c's bw_pace_pct).
+const EDTPacePercent = 110
+
+// EDTMinECNThreshold is where stamps start marking CE at the least: a
+// stamped queue holds whole TSO packets of about a millisecond of the
+// sender's pacing rate each, and a mark for every packet queued behind one
+// or two of them would hold TCP below the rate.
+const EDTMinECNThreshold = 2 * time.Millisecond
+
+// EDTLimitFor is LimitFor for a Pod's egress under EDT: CE marks from
+// EDTMinECNThreshold, or where two of the Pod's TSO packets have not left
+// yet when that is later: MinBurstBytes where the agent sizes them to the
+// pacing rate (podnetns.go: 4.8 ms at 10 Mbit/s), two of 64 KiB elsewhere
+// (5.2 ms at 200 Mbit/s, 1 ms at 1 Gbit/s).
+func EDTLimitFor(r Rate) Limit {
+	l := LimitFor(r)
+	two := Delay(MinBurstBytes, l.BytesPerSecond)
+	if !smallTSO(l.BytesPerSecond) {
+		two = Delay(2*maxTSOBytes, l.BytesPerSecond)
+	}
+	l.ECN = max(l.ECN, EDTMinECNThreshold, two)
+	return l
+}
+
+// smallTSO reports whether a Pod limited to bytesPerSecond under EDT gets
+// TSO packets sized to its pacing rate (podnetns.go): where a 64 KiB one
+// takes longer than DefaultBurst.
+func smallTSO(bytesPerSecond uint64) bool {
+	return Delay(maxTSOBytes, bytesPerSecond) > DefaultBurst
+}
+
 // Per-segment bytes TCP puts on the wire around its payload (Ethernet,
 // IPv4 or IPv6, TCP with timestamps): the limit counts wire bytes, TCP's
 // pacing its payload (BW_TCP4_OVERHEAD, BW_TCP6_OVERHEAD).

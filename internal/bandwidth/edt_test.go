@@ -104,3 +104,28 @@ func TestPacingRate(t *testing.T) {
 		}
 	}
 }
+
+// TestEDTLimitFor: under EDT a Pod's egress is marked CE from 2 ms, or
+// where two of its TSO packets wait: MinBurstBytes at a low rate (the
+// agent makes them small there), 128 KiB above; everything else as
+// LimitFor.
+func TestEDTLimitFor(t *testing.T) {
+	for _, tc := range []struct {
+		r   Rate
+		ecn time.Duration
+	}{
+		{10_000_000, Delay(MinBurstBytes, Rate(10_000_000).BytesPerSecond())}, // 4.8 ms
+		{100_000_000, EDTMinECNThreshold},                                     // small TSO packets: 0.48 ms for 4 frames
+		{200_000_000, Delay(128<<10, Rate(200_000_000).BytesPerSecond())},     // 5.2 ms
+		{1_000_000_000, EDTMinECNThreshold},                                   // 128 KiB: 1 ms
+	} {
+		got, want := EDTLimitFor(tc.r), LimitFor(tc.r)
+		want.ECN = tc.ecn
+		if got != want {
+			t.Errorf("EDTLimitFor(%s) = %+v, want %+v", tc.r, got, want)
+		}
+	}
+	if ecn := EDTLimitFor(10_000_000).ECN; ecn < 4800*time.Microsecond || ecn > 4900*time.Microsecond {
+		t.Errorf("EDTLimitFor(10M).ECN = %v, want 4.8 ms (4 full frames at 10 Mbit/s)", ecn)
+	}
+}

@@ -245,9 +245,13 @@ type helperSpec struct {
 	Thin int
 }
 
+// tcpiOptECN is TCPI_OPT_ECN of <linux/tcp.h>: the connection negotiated ECN.
+const tcpiOptECN = 8
+
 type helperSocket struct {
 	CC         string `json:"cc"`
 	PacingRate uint64 `json:"pacing_rate"`
+	ECN        bool   `json:"ecn"` // negotiated (TCP_INFO's TCPI_OPT_ECN)
 	Sent       int64  `json:"sent"`
 	Err        string `json:"err,omitempty"`
 }
@@ -312,6 +316,9 @@ func helperConn(spec helperSpec, thin bool) (r helperSocket) {
 		r.CC, _ = unix.GetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION)
 		if v, err := unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE); err == nil {
 			r.PacingRate = v
+		}
+		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+			r.ECN = info.Options&tcpiOptECN != 0
 		}
 	})
 	return r

@@ -71,7 +71,8 @@ func podLinksDir(bpfRoot string) string { return filepath.Join(LinksDir(bpfRoot)
 type LoadOptions struct {
 	BPFRoot string
 	Mode    Mode
-	// Socket hook features.
+	// Socket hook features (ECN: tcp_ecn=1 in a limited Pod's network
+	// namespace, podnetns.go).
 	BBR, ECN, Pacing bool
 	// TCKind TCKindTC forces clsact filters where tcx exists (tests of the
 	// pre-6.6 path); "" takes tcx where the kernel has it.
@@ -119,10 +120,17 @@ func Load(opts LoadOptions) (*Kernel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load bandwidth manager: %w", err)
 	}
-	for name, on := range map[string]bool{"bw_enable_bbr": opts.BBR, "bw_enable_ecn": opts.ECN, "bw_enable_pacing": opts.Pacing} {
+	for name, on := range map[string]bool{"bw_enable_bbr": opts.BBR, "bw_enable_pacing": opts.Pacing} {
 		if err := sockSpec.Variables[name].Set(boolU32(on)); err != nil {
 			return nil, fmt.Errorf("load bandwidth manager: %s: %w", name, err)
 		}
+	}
+	pace := uint32(100)
+	if opts.Mode == ModeEDT {
+		pace = EDTPacePercent
+	}
+	if err := sockSpec.Variables["bw_pace_pct"].Set(pace); err != nil {
+		return nil, fmt.Errorf("load bandwidth manager: bw_pace_pct: %w", err)
 	}
 	k := &Kernel{opts: opts, veths: map[int][]*datapath.TCLink{}, devLinks: map[string]*datapath.TCLink{}}
 	pin := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.BPFRoot}}
@@ -281,12 +289,36 @@ func (k *Kernel) Install(a Aggregate, old *Aggregate) error {
 		}
 	}
 	if !a.Limited() {
-		return errors.Join(k.detachVeth(a.Veth), k.syncIngressQdisc(a.Veth, Limit{}))
+		if err := errors.Join(k.detachVeth(a.Veth), k.syncIngressQdisc(a.Veth, Limit{})); err != nil {
+			return err
+		}
+		return k.tunePodNetns(a, old)
 	}
 	if err := k.attachVeth(a.Veth); err != nil {
 		return err
 	}
-	return k.syncIngressQdisc(a.Veth, a.Ingress)
+	if err := k.syncIngressQdisc(a.Veth, a.Ingress); err != nil {
+		return err
+	}
+	return k.tunePodNetns(a, old)
+}
+
+// tunePodNetns applies the settings a's Pod needs in its network namespace
+// (podnetns.go) and puts back what old had and a does not; a failure is a
+// *PodNetnsError, after everything else is in place.
+func (k *Kernel) tunePodNetns(a Aggregate, old *Aggregate) error {
+	want := podSysctls(k.opts, a)
+	if old != nil {
+		var drop []podSysctl
+		for _, s := range podSysctls(k.opts, *old) {
+			if old.Veth != a.Veth || !slices.Contains(want, s) {
+				drop = append(drop, s)
+			}
+		}
+		// The old veth is most often gone with its Pod: nothing to undo.
+		_ = tunePod(old.Veth, drop, false)
+	}
+	return tunePod(a.Veth, want, true)
 }
 
 func deleteIfPresent(m *ebpf.Map, key any) error {
@@ -313,6 +345,9 @@ func (k *Kernel) Remove(a Aggregate) error {
 		key := bwKey{ID: a.ID, Dir: dir}
 		errs = append(errs, deleteIfPresent(m.BwLimits, key), deleteIfPresent(m.BwState, key))
 	}
+	// A limit goes most often with its Pod, and its namespace with it: a
+	// failure here leaves two harmless settings at worst.
+	_ = tunePod(a.Veth, podSysctls(k.opts, a), false)
 	return errors.Join(errs...)
 }
 

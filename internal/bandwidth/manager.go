@@ -69,6 +69,7 @@ const (
 	ProblemVeth       = "veth"           // its veth is not found (yet): retried
 	ProblemDatapath   = "datapath"       // writing it failed: retried
 	ProblemFull       = "full"           // no aggregate ID left
+	ProblemPodNetns   = "pod-netns"      // limited, but its network namespace could not be tuned (podnetns.go)
 )
 
 // Problem is one Pod the manager could not limit as asked; the agent
@@ -115,10 +116,13 @@ func NewManager(dp Datapath, opts ManagerOptions) (*Manager, error) {
 	return m, nil
 }
 
-// limitOf is the limit of one direction: none for rate 0.
-func limitOf(r Rate) Limit {
-	if r == 0 {
+// egressLimitOf is the limit of the Pod's egress: none for rate 0.
+func (m *Manager) egressLimitOf(r Rate) Limit {
+	switch {
+	case r == 0:
 		return Limit{}
+	case m.opts.Mode == ModeEDT:
+		return EDTLimitFor(r)
 	}
 	return LimitFor(r)
 }
@@ -168,9 +172,14 @@ func (m *Manager) Sync(pods map[types.NamespacedName]Pod) ([]Problem, error) {
 			old = &cur
 		}
 		if err := m.dp.Install(a, old); err != nil {
-			problems = append(problems, Problem{Pod: name, Reason: ProblemDatapath, Retry: true,
-				Message: fmt.Sprintf("install bandwidth limit: %v", err)})
-			continue
+			var nsErr *PodNetnsError
+			if !errors.As(err, &nsErr) {
+				problems = append(problems, Problem{Pod: name, Reason: ProblemDatapath, Retry: true,
+					Message: fmt.Sprintf("install bandwidth limit: %v", err)})
+				continue
+			}
+			// Installed: the limit holds.
+			problems = append(problems, Problem{Pod: name, Reason: ProblemPodNetns, Message: err.Error()})
 		}
 		m.installed[a.ID] = a
 		entries = append(entries, Entry{Pod: name, Aggregate: a, Limits: lim})
@@ -216,7 +225,7 @@ func (m *Manager) desired(p Pod) (Aggregate, *Problem) {
 	}
 	addrs := slices.Clone(p.IPs)
 	slices.SortFunc(addrs, netip.Addr.Compare)
-	a := Aggregate{Veth: veth, Addrs: addrs, Egress: limitOf(p.Limits.Egress), Ingress: ingressLimitOf(p.Limits.Ingress)}
+	a := Aggregate{Veth: veth, Addrs: addrs, Egress: m.egressLimitOf(p.Limits.Egress), Ingress: ingressLimitOf(p.Limits.Ingress)}
 	id, ok := m.byPod[p.Name]
 	if !ok {
 		id = m.claimRestored(a)

@@ -174,6 +174,20 @@ func TestManagerAnnotations(t *testing.T) {
 	if got := mem.Aggregates()[1]; got.Egress != LimitFor(1e6) {
 		t.Errorf("Pod d: %+v, want its old limit kept while the new one fails", got)
 	}
+
+	// A Pod whose network namespace cannot be tuned is limited all the
+	// same, said once (not retried).
+	mem.FailInstall(13, &PodNetnsError{Veth: 13, Err: errors.New("no network namespace of the node has id 4 here")})
+	probs = syncPods(t, m, tr)
+	if got := problemMap(probs); !maps.Equal(got, map[string]string{"default/d": ProblemPodNetns + " "}) || probs[0].Retry {
+		t.Errorf("problems %v, want d's namespace reported, not retried", got)
+	}
+	if got := mem.Aggregates()[1]; got.Egress != LimitFor(2e6) {
+		t.Errorf("Pod d: %+v, want its new limit in place despite its namespace", got)
+	}
+	if probs = syncPods(t, m, tr); len(probs) != 0 {
+		t.Errorf("problems %v at the next sync with nothing changed, want none (said once)", problemMap(probs))
+	}
 }
 
 // TestManagerRestore: a new manager over the installed state keeps every
@@ -211,6 +225,21 @@ func TestManagerBBR(t *testing.T) {
 	aggs := mem.Aggregates()
 	if len(aggs) != 2 || aggs[1].Limited() || aggs[2].Limited() {
 		t.Errorf("installed %+v, want both Pods' addresses without limits", aggs)
+	}
+}
+
+// TestManagerEDTLimits: under EDT a Pod's egress limit marks CE later
+// (EDTLimitFor); its ingress limit is the same in both modes.
+func TestManagerEDTLimits(t *testing.T) {
+	mem := NewMemory()
+	mem.SetVeth(addr("198.18.1.10"), 10)
+	m := manager(t, ManagerOptions{Mode: ModeEDT}, mem)
+	p := pod("a", "198.18.1.10", map[string]string{EgressAnnotation: "10M", IngressAnnotation: "10M"})
+	if probs := syncPods(t, m, trackerWith(p)); len(probs) != 0 {
+		t.Fatalf("problems %v", problemMap(probs))
+	}
+	if a := mem.Aggregates()[1]; a.Egress != EDTLimitFor(10e6) || a.Ingress != IngressLimitFor(10e6) {
+		t.Errorf("aggregate %+v, want egress EDTLimitFor(10M), ingress IngressLimitFor(10M)", a)
 	}
 }
 

@@ -1,6 +1,7 @@
 package bandwidth
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -15,7 +16,8 @@ type Memory struct {
 	veths  map[netip.Addr]int
 	aggs   map[uint32]Aggregate
 	counts map[uint32][2]Counters
-	// Fail, when set, is returned by Install for that veth.
+	// Fail, when set, is returned by Install for that veth (a
+	// *PodNetnsError after installing, as the Kernel does).
 	fail map[int]error
 }
 
@@ -59,7 +61,9 @@ func (m *Memory) PodVeth(addr netip.Addr) (int, error) {
 func (m *Memory) Install(a Aggregate, old *Aggregate) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.fail[a.Veth]; err != nil {
+	var nsErr *PodNetnsError
+	err := m.fail[a.Veth]
+	if err != nil && !errors.As(err, &nsErr) {
 		return err
 	}
 	if cur, ok := m.aggs[a.ID]; ok != (old != nil) || ok && !sameAggregate(cur, *old) {
@@ -67,7 +71,7 @@ func (m *Memory) Install(a Aggregate, old *Aggregate) error {
 	}
 	a.Addrs = slices.Clone(a.Addrs)
 	m.aggs[a.ID] = a
-	return nil
+	return err // as the Kernel: a namespace error comes after the install
 }
 
 // Remove implements Datapath.

@@ -23,8 +23,8 @@ const (
 	sockedtMapBwState        = "bw_state"
 	sockedtProgSockEdt       = "sock_edt"
 	sockedtVarBwEnableBbr    = "bw_enable_bbr"
-	sockedtVarBwEnableEcn    = "bw_enable_ecn"
 	sockedtVarBwEnablePacing = "bw_enable_pacing"
+	sockedtVarBwPacePct      = "bw_pace_pct"
 )
 
 // loadSockedt returns the embedded CollectionSpec for sockedt.
@@ -88,8 +88,8 @@ type sockedtMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockedtVariableSpecs struct {
 	BwEnableBbr    *ebpf.VariableSpec `ebpf:"bw_enable_bbr"`
-	BwEnableEcn    *ebpf.VariableSpec `ebpf:"bw_enable_ecn"`
 	BwEnablePacing *ebpf.VariableSpec `ebpf:"bw_enable_pacing"`
+	BwPacePct      *ebpf.VariableSpec `ebpf:"bw_pace_pct"`
 }
 
 // sockedtObjects contains all objects after they have been loaded into the kernel.
@@ -134,8 +134,8 @@ func (m *sockedtMaps) Close() error {
 // It can be passed to loadSockedtObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockedtVariables struct {
 	BwEnableBbr    *ebpf.Variable `ebpf:"bw_enable_bbr"`
-	BwEnableEcn    *ebpf.Variable `ebpf:"bw_enable_ecn"`
 	BwEnablePacing *ebpf.Variable `ebpf:"bw_enable_pacing"`
+	BwPacePct      *ebpf.Variable `ebpf:"bw_pace_pct"`
 }
 
 // sockedtPrograms contains all programs after they have been loaded into the kernel.

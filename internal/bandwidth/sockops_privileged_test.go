@@ -40,9 +40,9 @@ func TestPrivilegedSockOps(t *testing.T) {
 		got := runHelper(t, env.pod, cg, helperSpec{Server: server, Sockets: 1, Send: 600 * time.Millisecond})
 		want := PacingRate(lim.BytesPerSecond, 1448, 1, false)
 		s := got[0]
-		if s.PacingRate != want || s.CC != "bbr" {
-			t.Errorf("socket of a Pod limited to %s: pacing %d cc %s; want pacing %d (the rate in payload bytes), cc bbr",
-				rate, s.PacingRate, s.CC, want)
+		if s.PacingRate != want || s.CC != "bbr" || !s.ECN {
+			t.Errorf("socket of a Pod limited to %s: pacing %d cc %s ECN %v; want pacing %d (the rate in payload bytes), cc bbr, ECN negotiated",
+				rate, s.PacingRate, s.CC, s.ECN, want)
 		}
 	})
 	t.Run("two sockets share", func(t *testing.T) {
@@ -74,8 +74,8 @@ func TestPrivilegedSockOps(t *testing.T) {
 	})
 	t.Run("not a Pod", func(t *testing.T) {
 		got := runHelper(t, env.node, cg, helperSpec{Server: server, Sockets: 1, Send: 100 * time.Millisecond})
-		if s := got[0]; s.CC != "reno" || s.PacingRate != ^uint64(0) {
-			t.Errorf("socket of the node: cc %s pacing %d; want its namespace's reno and no pacing cap", s.CC, s.PacingRate)
+		if s := got[0]; s.CC != "reno" || s.PacingRate != ^uint64(0) || s.ECN {
+			t.Errorf("socket of the node: cc %s pacing %d ECN %v; want its namespace's reno, no pacing cap and no ECN (the namespace's tcp_ecn=2 only answers it)", s.CC, s.PacingRate, s.ECN)
 		}
 	})
 }
@@ -116,10 +116,11 @@ func loadKernel(t *testing.T, opts LoadOptions) *Kernel {
 	return k
 }
 
-// TestPrivilegedPolicerECN: a limited Pod's connections negotiate ECN
-// through the hook (the Pod's namespace would not ask), so the policer
-// marks its packets CE before it drops; without ECN it can only drop. The
-// Pod's client is not paced, so it overruns its limit.
+// TestPrivilegedPolicerECN: a limited Pod's connections negotiate ECN with
+// a peer of the default tcp_ecn=2 (the agent sets tcp_ecn=1 in the Pod's
+// namespace), so the policer marks its packets CE before it drops; without
+// ECN it can only drop. The Pod's client is not paced, so it overruns its
+// limit.
 func TestPrivilegedPolicerECN(t *testing.T) {
 	probetest.SkipUnless(t, probe.BTF, probe.CgroupLinks, probe.TC)
 	for _, ecn := range []bool{true, false} {
@@ -136,7 +137,10 @@ func TestPrivilegedPolicerECN(t *testing.T) {
 				t.Fatal(err)
 			}
 			server := sink(t, env.remote, remoteIP+":0")
-			runHelper(t, env.pod, cg, helperSpec{Server: server, Sockets: 1, Send: 700 * time.Millisecond})
+			got := runHelper(t, env.pod, cg, helperSpec{Server: server, Sockets: 1, Send: 700 * time.Millisecond})
+			if got[0].ECN != ecn {
+				t.Errorf("ECN asked %v: the Pod's connection negotiated ECN: %v", ecn, got[0].ECN)
+			}
 			eg, _, err := k.Counters(1)
 			if err != nil {
 				t.Fatal(err)

@@ -412,6 +412,9 @@ func (b *bwBench) limit(c, dir string, rate bandwidth.Rate) (undo func() error, 
 	case BWEDT:
 		opts.Mode = bandwidth.ModeEDT
 		opts.ECN, opts.Pacing = true, true
+		if !ingress {
+			lim = bandwidth.EDTLimitFor(rate)
+		}
 	default:
 		return nil, nil, fmt.Errorf("unknown contender %q", c)
 	}

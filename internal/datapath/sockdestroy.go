@@ -124,7 +124,7 @@ func (t UDPTarget) key() sdTarget {
 func inEachNetns(namespaces []string, fn func() error) error {
 	var errs []error
 	for _, ns := range namespaces {
-		if err := runInNetns(ns, fn); err != nil && !netnsGone(err) {
+		if err := RunInNetns(ns, fn); err != nil && !NetnsGone(err) {
 			errs = append(errs, fmt.Errorf("network namespace %s: %w", ns, err))
 		}
 	}
@@ -145,11 +145,11 @@ func (d *SockDestroyer) destroyed() (uint64, error) {
 	return n, nil
 }
 
-// runInNetns runs fn on a thread switched into the network namespace at
+// RunInNetns runs fn on a thread switched into the network namespace at
 // path. The thread stays locked and ends with its goroutine: no other
 // goroutine ever runs in that namespace by mistake. Failing to enter is an
 // enterNetnsError.
-func runInNetns(path string, fn func() error) error {
+func RunInNetns(path string, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -168,17 +168,17 @@ func runInNetns(path string, fn func() error) error {
 	return <-errc
 }
 
-// enterNetnsError: runInNetns could not enter the namespace.
+// enterNetnsError: RunInNetns could not enter the namespace.
 type enterNetnsError struct{ err error }
 
 func (e enterNetnsError) Error() string { return "enter: " + e.err.Error() }
 func (e enterNetnsError) Unwrap() error { return e.err }
 
-// netnsGone reports whether err is runInNetns failing to enter a namespace
+// NetnsGone reports whether err is RunInNetns failing to enter a namespace
 // that went away meanwhile (its process exited: ENOENT, or EINVAL from
 // setns on what is no longer a namespace), which is not an error of the
 // work in it.
-func netnsGone(err error) bool {
+func NetnsGone(err error) bool {
 	var e enterNetnsError
 	return errors.As(err, &e) && (errors.Is(e.err, os.ErrNotExist) || errors.Is(e.err, syscall.EINVAL))
 }

@@ -88,7 +88,7 @@ func headroomObjects(short bool) []headroomObject {
 			[]string{probe.BTF, probe.TC}, []headroomConfig{setVars("edt", "bw_mode", 1), setVars("police", "bw_mode", 2)}},
 		{"sockedt", func() (*ebpf.CollectionSpec, error) { return ebpf.LoadCollectionSpec("../bandwidth/sockedt_bpfel.o") },
 			[]string{probe.BTF, probe.CgroupLinks},
-			[]headroomConfig{setVars("bbr+ecn+pacing", "bw_enable_bbr", 1, "bw_enable_ecn", 1, "bw_enable_pacing", 1), defaults[0]}},
+			[]headroomConfig{setVars("bbr+pacing", "bw_enable_bbr", 1, "bw_enable_pacing", 1, "bw_pace_pct", 110), defaults[0]}},
 	}
 }
 

@@ -86,6 +86,15 @@ func TestPrivilegedBandwidthManager(t *testing.T) {
 	if q := rootQdiscs(t, l, node1.Name); !slices.Contains(slices.Collect(maps.Values(q)), wantIngress) {
 		t.Errorf("%s: the bandwidth manager's root qdiscs %v, want %s on %s's veth for its ingress", node1.Name, q, wantIngress, limited.Name)
 	}
+	// The limited Pod's own namespace: ECN asked for (both mechanisms);
+	// under EDT, at 20M, TSO packets sized to the pacing rate (where the
+	// kernel has the setting, 5.18+). Its neighbour keeps the defaults.
+	wantRTTLog := "9"
+	if fqErr == nil {
+		wantRTTLog = "0"
+	}
+	podSysctls(t, l, limited.Name, "1", wantRTTLog)
+	podSysctls(t, l, free.Name, "2", "9")
 	checkLimited := func(step string) {
 		t.Helper()
 		held(t, step+", egress of "+limited.Name, iperf(t, l, limited.Name, server.IPv4.String(), false), bwEgress)
@@ -145,6 +154,27 @@ func TestPrivilegedBandwidthManager(t *testing.T) {
 	})
 	unlimited(t, "egress of "+limited.Name+" after its annotation went", iperf(t, l, limited.Name, server.IPv4.String(), false))
 	unlimited(t, "ingress of "+limited.Name+" after its annotation went", iperf(t, l, limited.Name, server.IPv4.String(), true))
+	podSysctls(t, l, limited.Name, "2", "9")
+}
+
+// podSysctls checks pod's tcp_ecn and, where the kernel has it,
+// tcp_tso_rtt_log (the settings the bandwidth manager makes in a limited
+// Pod's namespace).
+func podSysctls(t *testing.T, l *lab.Lab, pod, ecn, rttLog string) {
+	t.Helper()
+	for _, s := range []struct{ name, want string }{{"net.ipv4.tcp_ecn", ecn}, {"net.ipv4.tcp_tso_rtt_log", rttLog}} {
+		path := "/proc/sys/" + strings.ReplaceAll(s.name, ".", "/")
+		out, err := l.Command(t.Context(), pod, "cat", path).CombinedOutput()
+		if err != nil && strings.Contains(string(out), "No such file") {
+			continue // tcp_tso_rtt_log: from 5.18
+		}
+		if err != nil {
+			t.Fatalf("read %s in %s: %v: %s", s.name, pod, err, out)
+		}
+		if got := strings.TrimSpace(string(out)); got != s.want {
+			t.Errorf("%s in %s's namespace = %s, want %s", s.name, pod, got, s.want)
+		}
+	}
 }
 
 // bwWantEDTEnv, set, makes TestPrivilegedBandwidthManager fail where sch_fq

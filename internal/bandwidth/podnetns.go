@@ -1,0 +1,152 @@
+package bandwidth
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/sluice-dataplane/sluice/internal/datapath"
+)
+
+// A limited Pod's TCP needs two settings of its own network namespace that
+// no socket option or socket hook reaches:
+//
+//   - net.ipv4.tcp_ecn=1: its connections ask for ECN the standard way (a
+//     Not-ECT SYN with ECE and CWR), so the policer's and the stamps' CE
+//     marks slow it before anything is dropped. The socket hook's
+//     BPF_SOCK_OPS_NEEDS_ECN cannot do it: it sends the SYN itself ECT,
+//     which a peer with the default tcp_ecn=2 takes as a mangled SYN and
+//     answers without ECN (the DCTCP convention: both ends must be forced).
+//   - net.ipv4.tcp_tso_rtt_log=0 (EDT only; the setting exists from 5.18):
+//     since 5.18 a connection whose minimum RTT is below 512 µs (any two
+//     hosts of one data centre, and the lab's) builds TSO packets of the
+//     full 64 KiB whatever its pacing rate. The device stamps a packet as
+//     a whole, so one such packet moves the Pod's clock 52 ms at 10 Mbit/s
+//     and every packet of the Pod's other connections waits behind it.
+//     With 0, TSO packets hold about 1 ms of the socket's pacing rate again
+//     (at least two segments), as before 5.18. Only where a 64 KiB packet
+//     takes longer than DefaultBurst (5 ms) at the Pod's rate, below about
+//     105 Mbit/s: above, the full-size packets delay the others little, and
+//     eight streams of smaller ones at 200 Mbit/s lost a third of the rate
+//     in Debian's 6.12 under QEMU (docs/bandwidth.md).
+//
+// Each is set only where it has the kernel's default, and set back to the
+// default when the Pod's limit goes if it still has the value set here
+// (an earlier agent's included: the values live in the Pod's namespace).
+type podSysctl struct {
+	name, def, want string
+}
+
+// maxTSOBytes is the largest TSO packet TCP builds without BIG TCP.
+const maxTSOBytes = 64 << 10
+
+var (
+	podECN      = podSysctl{name: "net.ipv4.tcp_ecn", def: "2", want: "1"}
+	podTSOSizes = podSysctl{name: "net.ipv4.tcp_tso_rtt_log", def: "9", want: "0"}
+)
+
+// PodNetnsError is a limited Pod whose network namespace could not be
+// tuned: its limit holds, with the cost the settings above avoid.
+type PodNetnsError struct {
+	Veth int
+	Err  error
+}
+
+func (e *PodNetnsError) Error() string {
+	return fmt.Sprintf("tune the network namespace of the Pod behind veth %d (its limit holds): %v", e.Veth, e.Err)
+}
+
+func (e *PodNetnsError) Unwrap() error { return e.Err }
+
+// podSysctls are the settings a Pod limited as a asks for under opts.
+func podSysctls(opts LoadOptions, a Aggregate) []podSysctl {
+	if a.Egress.BytesPerSecond == 0 {
+		return nil
+	}
+	var out []podSysctl
+	if opts.ECN {
+		out = append(out, podECN)
+	}
+	if opts.Mode == ModeEDT && smallTSO(a.Egress.BytesPerSecond) {
+		out = append(out, podTSOSizes)
+	}
+	return out
+}
+
+// tunePod applies settings in the network namespace of the Pod behind
+// host-side veth (apply) or puts them back to their defaults (!apply).
+func tunePod(veth int, settings []podSysctl, apply bool) error {
+	if len(settings) == 0 {
+		return nil
+	}
+	ns, err := peerNetns(veth)
+	if err != nil {
+		return &PodNetnsError{Veth: veth, Err: err}
+	}
+	err = datapath.RunInNetns(ns, func() error {
+		var errs []error
+		for _, s := range settings {
+			from, to := s.def, s.want
+			if !apply {
+				from, to = to, from
+			}
+			errs = append(errs, swapSysctl(s.name, from, to))
+		}
+		return errors.Join(errs...)
+	})
+	if err != nil {
+		return &PodNetnsError{Veth: veth, Err: err}
+	}
+	return nil
+}
+
+// swapSysctl writes to into sysctl name of the calling thread's network
+// namespace when it holds from; one the kernel does not have is left.
+func swapSysctl(name, from, to string) error {
+	path := filepath.Join("/proc/sys", strings.ReplaceAll(name, ".", "/"))
+	raw, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", name, err)
+	}
+	if strings.TrimSpace(string(raw)) != from {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte(to), 0); err != nil {
+		return fmt.Errorf("set %s=%s: %w", name, to, err)
+	}
+	return nil
+}
+
+// peerNetns is a path to the network namespace of the peer of the veth
+// with ifindex veth in the calling thread's namespace: among the node's
+// namespaces (datapath.NetNamespaces), the one whose id here is the
+// veth's link-netnsid.
+func peerNetns(veth int) (string, error) {
+	l, err := netlink.LinkByIndex(veth)
+	if err != nil {
+		return "", fmt.Errorf("veth %d: %w", veth, err)
+	}
+	id := l.Attrs().NetNsID
+	if id < 0 {
+		return "", fmt.Errorf("%s: its peer is in this network namespace, not a Pod's", l.Attrs().Name)
+	}
+	for _, path := range datapath.NetNamespaces() {
+		f, err := os.Open(path)
+		if err != nil {
+			continue // its process exited meanwhile
+		}
+		got, err := netlink.GetNetNsIdByFd(int(f.Fd()))
+		f.Close()
+		if err == nil && got == id {
+			return path, nil
+		}
+	}
+	return "", fmt.Errorf("%s: no network namespace of the node has id %d here (is the agent in the host's PID namespace?)", l.Attrs().Name, id)
+}
