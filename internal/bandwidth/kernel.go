@@ -429,6 +429,11 @@ func (k *Kernel) Installed() ([]Aggregate, error) {
 			for _, p := range k.vethPins(a.Veth) {
 				keep[filepath.Base(p)] = true
 			}
+			// An earlier agent may not have tuned the Pod's namespace
+			// (one from before podnetns.go): the Pod is taken over
+			// without an Install, so do it here, best effort (a Pod
+			// gone meanwhile has nothing to tune).
+			_ = tunePod(a.Veth, podSysctls(k.opts, *a), true)
 		}
 	}
 	errs = append(errs, removeStalePins(podLinksDir(k.opts.BPFRoot), keep))

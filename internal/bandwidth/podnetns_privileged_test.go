@@ -32,7 +32,8 @@ func sysctlIn(t *testing.T, ns *testNetns, name string) string {
 // tcp_tso_rtt_log=0 in its own network namespace (found through its
 // host-side veth), the node's namespace keeps its own; a Pod whose egress
 // is no longer limited, or whose limit goes, gets the defaults back; a
-// value the Pod set itself is never touched.
+// value the Pod set itself is never touched; an agent taking the Pod over
+// from an earlier one tunes it too.
 func TestPrivilegedPodNetnsSettings(t *testing.T) {
 	probetest.SkipUnless(t, probe.BTF, probe.TC)
 	env := newPodNode(t, false)
@@ -61,6 +62,18 @@ func TestPrivilegedPodNetnsSettings(t *testing.T) {
 	install(agg, nil)
 	check("egress limited", env.pod, "1", "0")
 	check("egress limited", env.node, "2", "9")
+
+	// An agent that did not tune the namespace (one from before) is
+	// followed by one that does: taking the Pod over tunes it.
+	run(t, "ip", "netns", "exec", env.pod.name, "sysctl", "-qw", podECN.name+"=2")
+	if tso {
+		run(t, "ip", "netns", "exec", env.pod.name, "sysctl", "-qw", podTSOSizes.name+"=9")
+	}
+	k2 := loadKernel(t, LoadOptions{BPFRoot: k.opts.BPFRoot, Mode: ModeEDT, ECN: true, Pacing: true})
+	if err := env.node.do(func() error { _, err := k2.Installed(); return err }); err != nil {
+		t.Fatal(err)
+	}
+	check("taken over by the next agent", env.pod, "1", "0")
 
 	// Its egress no longer limited (an ingress limit under EDT would need
 	// fq on the veth, which this kernel may not have; none is the same
