@@ -329,6 +329,9 @@ func Unload(bpfRoot string) error {
 		for it.Next(&ifindex, &id) {
 			if l, err := netlink.LinkByIndex(int(ifindex)); err == nil {
 				errs = append(errs, deleteFirstFilter(l), removeIngressQdisc(int(ifindex)))
+				// The Pod's namespace back to the defaults where it
+				// still has the agent's values (best effort, as Remove).
+				_ = tunePod(int(ifindex), []podSysctl{podECN, podTSOSizes}, false)
 			}
 		}
 		m.Close()

@@ -33,7 +33,7 @@ func sysctlIn(t *testing.T, ns *testNetns, name string) string {
 // host-side veth), the node's namespace keeps its own; a Pod whose egress
 // is no longer limited, or whose limit goes, gets the defaults back; a
 // value the Pod set itself is never touched; an agent taking the Pod over
-// from an earlier one tunes it too.
+// from an earlier one tunes it too; turning the manager off restores them.
 func TestPrivilegedPodNetnsSettings(t *testing.T) {
 	probetest.SkipUnless(t, probe.BTF, probe.TC)
 	env := newPodNode(t, false)
@@ -108,6 +108,14 @@ func TestPrivilegedPodNetnsSettings(t *testing.T) {
 	check("egress limited to 10M after 1G", env.pod, "1", "0")
 	install(fast, &agg)
 	check("egress limited to 1G after 10M", env.pod, "1", "9")
+
+	// The bandwidth manager turned off (Unload): the defaults are back.
+	install(agg, &fast)
+	check("egress limited to 10M again", env.pod, "1", "0")
+	if err := env.node.do(func() error { return Unload(k.opts.BPFRoot) }); err != nil {
+		t.Fatal(err)
+	}
+	check("bandwidth manager turned off", env.pod, "2", "9")
 }
 
 // TestPrivilegedPodNetnsNotFound: a limited veth whose peer is no Pod's
