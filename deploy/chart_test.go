@@ -476,6 +476,9 @@ func TestSluiceChartPodSpec(t *testing.T) {
 	if m, ok := mounts["/run/netns"]; !ok || !m.ReadOnly || m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationHostToContainer {
 		t.Errorf("/run/netns mount %+v, want read-only HostToContainer (the Pods' namespaces, named by the CNI runtime)", m)
 	}
+	if m, ok := mounts["/host/proc/sys/net"]; !ok || m.ReadOnly {
+		t.Errorf("/host/proc/sys/net mount %+v, want the host's /proc/sys/net writable (bandwidth.ProcSys)", m)
+	}
 	for _, p := range []struct {
 		name  string
 		probe *corev1.Probe

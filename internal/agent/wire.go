@@ -1094,7 +1094,7 @@ func openBandwidth(cfg *Config, bw *bandwidthSide, log *slog.Logger) (func() err
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("--enable-bbr: %w", err), k.Close())
 		}
-		res, err := bandwidth.ApplySysctls("/proc/sys", bandwidth.BBRSysctls, initNS)
+		res, err := bandwidth.ApplySysctls(bandwidth.ProcSys(), bandwidth.BBRSysctls, initNS)
 		for _, r := range res {
 			bw.sysctls = append(bw.sysctls, r.String())
 		}

@@ -331,7 +331,7 @@ func Unload(bpfRoot string) error {
 				errs = append(errs, deleteFirstFilter(l), removeIngressQdisc(int(ifindex)))
 				// The Pod's namespace back to the defaults where it
 				// still has the agent's values (best effort, as Remove).
-				_ = tunePod(int(ifindex), []podSysctl{podECN, podTSOSizes}, false)
+				_ = tunePod(int(ifindex), nil)
 			}
 		}
 		m.Close()

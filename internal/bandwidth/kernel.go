@@ -303,22 +303,15 @@ func (k *Kernel) Install(a Aggregate, old *Aggregate) error {
 	return k.tunePodNetns(a, old)
 }
 
-// tunePodNetns applies the settings a's Pod needs in its network namespace
-// (podnetns.go) and puts back what old had and a does not; a failure is a
+// tunePodNetns makes a's Pod's network namespace hold the settings it
+// needs (podnetns.go), and an old veth's the defaults; a failure is a
 // *PodNetnsError, after everything else is in place.
 func (k *Kernel) tunePodNetns(a Aggregate, old *Aggregate) error {
-	want := podSysctls(k.opts, a)
-	if old != nil {
-		var drop []podSysctl
-		for _, s := range podSysctls(k.opts, *old) {
-			if old.Veth != a.Veth || !slices.Contains(want, s) {
-				drop = append(drop, s)
-			}
-		}
+	if old != nil && old.Veth != a.Veth {
 		// The old veth is most often gone with its Pod: nothing to undo.
-		_ = tunePod(old.Veth, drop, false)
+		_ = tunePod(old.Veth, nil)
 	}
-	return tunePod(a.Veth, want, true)
+	return tunePod(a.Veth, podSysctls(k.opts, a))
 }
 
 func deleteIfPresent(m *ebpf.Map, key any) error {
@@ -347,7 +340,7 @@ func (k *Kernel) Remove(a Aggregate) error {
 	}
 	// A limit goes most often with its Pod, and its namespace with it: a
 	// failure here leaves two harmless settings at worst.
-	_ = tunePod(a.Veth, podSysctls(k.opts, a), false)
+	_ = tunePod(a.Veth, nil)
 	return errors.Join(errs...)
 }
 
@@ -429,11 +422,12 @@ func (k *Kernel) Installed() ([]Aggregate, error) {
 			for _, p := range k.vethPins(a.Veth) {
 				keep[filepath.Base(p)] = true
 			}
-			// An earlier agent may not have tuned the Pod's namespace
-			// (one from before podnetns.go): the Pod is taken over
-			// without an Install, so do it here, best effort (a Pod
-			// gone meanwhile has nothing to tune).
-			_ = tunePod(a.Veth, podSysctls(k.opts, *a), true)
+			// An earlier agent may have tuned the Pod's namespace
+			// otherwise (one from before podnetns.go, or in another
+			// mode): the Pod is taken over without an Install, so do
+			// it here, best effort (a Pod gone meanwhile has nothing
+			// to tune).
+			_ = tunePod(a.Veth, podSysctls(k.opts, *a))
 		}
 	}
 	errs = append(errs, removeStalePins(podLinksDir(k.opts.BPFRoot), keep))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -62,36 +63,40 @@ func (e *PodNetnsError) Error() string {
 
 func (e *PodNetnsError) Unwrap() error { return e.Err }
 
-// podSysctls are the settings a Pod limited as a asks for under opts.
+// allPodSysctls are every setting the agent may make in a Pod's namespace.
+var allPodSysctls = []podSysctl{podECN, podTSOSizes}
+
+// podSysctls are the settings a Pod limited as a asks for under opts: ECN
+// for any limit (CE marks come on ingress too, and the Pod's own
+// connections ask for it), TSO sizes for a low egress limit under EDT.
 func podSysctls(opts LoadOptions, a Aggregate) []podSysctl {
-	if a.Egress.BytesPerSecond == 0 {
-		return nil
-	}
 	var out []podSysctl
-	if opts.ECN {
+	if opts.ECN && a.Limited() {
 		out = append(out, podECN)
 	}
-	if opts.Mode == ModeEDT && smallTSO(a.Egress.BytesPerSecond) {
+	if opts.Mode == ModeEDT && a.Egress.BytesPerSecond != 0 && smallTSO(a.Egress.BytesPerSecond) {
 		out = append(out, podTSOSizes)
 	}
 	return out
 }
 
-// tunePod applies settings in the network namespace of the Pod behind
-// host-side veth (apply) or puts them back to their defaults (!apply).
-func tunePod(veth int, settings []podSysctl, apply bool) error {
-	if len(settings) == 0 {
-		return nil
-	}
+// tunePod makes the network namespace of the Pod behind host-side veth
+// hold want: each setting of want is set where it has the default, every
+// other one the agent makes goes back to the default where it has the
+// agent's value (a mode or a limit that changed, the limit gone).
+func tunePod(veth int, want []podSysctl) error {
 	ns, err := peerNetns(veth)
 	if err != nil {
+		if len(want) == 0 {
+			return nil // nothing wanted: a Pod gone, or never tuned
+		}
 		return &PodNetnsError{Veth: veth, Err: err}
 	}
 	err = datapath.RunInNetns(ns, func() error {
 		var errs []error
-		for _, s := range settings {
-			from, to := s.def, s.want
-			if !apply {
+		for _, s := range allPodSysctls {
+			from, to := s.want, s.def
+			if slices.Contains(want, s) {
 				from, to = to, from
 			}
 			errs = append(errs, swapSysctl(s.name, from, to))
@@ -104,10 +109,27 @@ func tunePod(veth int, settings []podSysctl, apply bool) error {
 	return nil
 }
 
+// ProcSys is where the agent reads and writes sysctls: the host's
+// /proc/sys/net mounted at /host/proc/sys/net (a container's own /proc/sys
+// is read-only), else /proc/sys. Network sysctls resolve against the
+// calling thread's network namespace through either.
+func ProcSys() string {
+	if st, err := os.Stat(hostProcSysNet); err == nil && st.IsDir() {
+		return filepath.Dir(hostProcSysNet)
+	}
+	return "/proc/sys"
+}
+
+// hostProcSysNet is where the chart mounts the host's /proc/sys/net.
+var hostProcSysNet = "/host/proc/sys/net"
+
 // swapSysctl writes to into sysctl name of the calling thread's network
 // namespace when it holds from; one the kernel does not have is left.
 func swapSysctl(name, from, to string) error {
-	path := filepath.Join("/proc/sys", strings.ReplaceAll(name, ".", "/"))
+	if from == to {
+		return nil
+	}
+	path := filepath.Join(ProcSys(), strings.ReplaceAll(name, ".", "/"))
 	raw, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil

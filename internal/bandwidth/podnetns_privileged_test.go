@@ -3,11 +3,14 @@ package bandwidth
 import (
 	"errors"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-dataplane/sluice/internal/probe"
 	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
@@ -74,6 +77,12 @@ func TestPrivilegedPodNetnsSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("taken over by the next agent", env.pod, "1", "0")
+	// ... and one in the other mode (sch_fq gone): TSO sizes go back.
+	k3 := loadKernel(t, LoadOptions{BPFRoot: k.opts.BPFRoot, Mode: ModePolice, ECN: true, Pacing: true})
+	if err := env.node.do(func() error { _, err := k3.Installed(); return err }); err != nil {
+		t.Fatal(err)
+	}
+	check("taken over by an agent without EDT", env.pod, "1", "9")
 
 	// Its egress no longer limited (an ingress limit under EDT would need
 	// fq on the veth, which this kernel may not have; none is the same
@@ -150,5 +159,39 @@ func TestPrivilegedPodNetnsNotFound(t *testing.T) {
 	}
 	if len(installed) != 1 || installed[0].Veth != veth || installed[0].Egress.BytesPerSecond != agg.Egress.BytesPerSecond {
 		t.Errorf("installed after the namespace error: %+v, want the aggregate with its limit", installed)
+	}
+}
+
+// TestPrivilegedPodNetnsHostProcSys: with the host's /proc/sys/net mounted
+// elsewhere (the chart's /host/proc/sys/net, a container's own /proc/sys
+// being read-only), the settings are written through that mount and still
+// land in the Pod's namespace, not the agent's.
+func TestPrivilegedPodNetnsHostProcSys(t *testing.T) {
+	probetest.SkipUnless(t, probe.BTF, probe.TC)
+	env := newPodNode(t, false)
+	mnt := filepath.Join(t.TempDir(), "proc", "sys", "net")
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("/proc/sys/net", mnt, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind /proc/sys/net: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
+	saved := hostProcSysNet
+	hostProcSysNet = mnt
+	t.Cleanup(func() { hostProcSysNet = saved })
+	if got := ProcSys(); got != filepath.Dir(mnt) {
+		t.Fatalf("ProcSys() = %s, want %s (the mount)", got, filepath.Dir(mnt))
+	}
+	k := loadKernel(t, LoadOptions{BPFRoot: newBPFRoot(t), Mode: ModePolice, ECN: true})
+	agg := Aggregate{ID: 1, Veth: env.lxc, Addrs: []netip.Addr{netip.MustParseAddr(podIP)}, Egress: LimitFor(Rate(10_000_000))}
+	if err := env.node.do(func() error { return k.Install(agg, nil) }); err != nil {
+		t.Fatal(err)
+	}
+	if got := sysctlIn(t, env.pod, podECN.name); got != "1" {
+		t.Errorf("%s in the Pod's namespace = %s after an install through %s, want 1", podECN.name, got, mnt)
+	}
+	if got := sysctlIn(t, env.node, podECN.name); got != "2" {
+		t.Errorf("%s in the node's namespace = %s, want its 2 (written in the Pod's only)", podECN.name, got)
 	}
 }

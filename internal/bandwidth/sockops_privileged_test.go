@@ -102,6 +102,30 @@ func waitDrained(t *testing.T, ns *testNetns) {
 }
 
 // loadKernel loads the objects for a test and closes them at its end.
+// TestPrivilegedSockOpsEDTPace: under EDT a Pod's socket is paced at
+// EDTPacePercent of its share (the stamps on the device hold the rate).
+func TestPrivilegedSockOpsEDTPace(t *testing.T) {
+	probetest.SkipUnless(t, probe.BTF, probe.CgroupLinks)
+	env := newPodNode(t, false)
+	cg := newCgroup(t)
+	k := loadKernel(t, LoadOptions{BPFRoot: newBPFRoot(t), Mode: ModeEDT, ECN: true, Pacing: true})
+	lim := EDTLimitFor(Rate(8_000_000))
+	agg := Aggregate{ID: 3, Veth: env.lxc, Addrs: []netip.Addr{netip.MustParseAddr(podIP)}, Egress: lim}
+	if err := env.node.do(func() error { return k.Install(agg, nil) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.AttachCgroup(cg); err != nil {
+		t.Fatal(err)
+	}
+	server := sink(t, env.remote, remoteIP+":0")
+	s := runHelper(t, env.pod, cg, helperSpec{Server: server, Sockets: 1, Send: 300 * time.Millisecond})[0]
+	want := PacingRate(lim.BytesPerSecond, 1448, 1, false) * EDTPacePercent / 100
+	if s.PacingRate != want || !s.ECN {
+		t.Errorf("socket of a Pod limited to 8M under EDT: pacing %d ECN %v, want %d (%d%% of its share) and ECN",
+			s.PacingRate, s.ECN, want, EDTPacePercent)
+	}
+}
+
 func loadKernel(t *testing.T, opts LoadOptions) *Kernel {
 	t.Helper()
 	k, err := Load(opts)
