@@ -92,6 +92,7 @@ func tunePod(veth int, want []podSysctl) error {
 		}
 		return &PodNetnsError{Veth: veth, Err: err}
 	}
+	procSys := ProcSys()
 	err = datapath.RunInNetns(ns, func() error {
 		var errs []error
 		for _, s := range allPodSysctls {
@@ -99,7 +100,7 @@ func tunePod(veth int, want []podSysctl) error {
 			if slices.Contains(want, s) {
 				from, to = to, from
 			}
-			errs = append(errs, swapSysctl(s.name, from, to))
+			errs = append(errs, swapSysctl(procSys, s.name, from, to))
 		}
 		return errors.Join(errs...)
 	})
@@ -123,13 +124,14 @@ func ProcSys() string {
 // hostProcSysNet is where the chart mounts the host's /proc/sys/net.
 var hostProcSysNet = "/host/proc/sys/net"
 
-// swapSysctl writes to into sysctl name of the calling thread's network
-// namespace when it holds from; one the kernel does not have is left.
-func swapSysctl(name, from, to string) error {
+// swapSysctl writes to into sysctl name (under procSys) of the calling
+// thread's network namespace when it holds from; one the kernel does not
+// have is left.
+func swapSysctl(procSys, name, from, to string) error {
 	if from == to {
 		return nil
 	}
-	path := filepath.Join(ProcSys(), strings.ReplaceAll(name, ".", "/"))
+	path := filepath.Join(procSys, strings.ReplaceAll(name, ".", "/"))
 	raw, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil

@@ -28,13 +28,7 @@ func TestPrivilegedSockOps(t *testing.T) {
 	rate := Rate(8_000_000)
 	lim := Limit{BytesPerSecond: rate.BytesPerSecond(), Burst: DefaultHorizon} // pacing alone: nothing dropped
 	agg := Aggregate{ID: 3, Veth: env.lxc, Addrs: []netip.Addr{netip.MustParseAddr(podIP)}, Egress: lim}
-	if err := env.node.do(func() error { return k.Install(agg, nil) }); err != nil {
-		t.Fatal(err)
-	}
-	if err := k.AttachCgroup(cg); err != nil {
-		t.Fatal(err)
-	}
-	server := sink(t, env.remote, remoteIP+":0")
+	server := limitPod(t, env, k, cg, agg)
 
 	t.Run("one socket", func(t *testing.T) {
 		got := runHelper(t, env.pod, cg, helperSpec{Server: server, Sockets: 1, Send: 600 * time.Millisecond})
@@ -111,19 +105,26 @@ func TestPrivilegedSockOpsEDTPace(t *testing.T) {
 	k := loadKernel(t, LoadOptions{BPFRoot: newBPFRoot(t), Mode: ModeEDT, ECN: true, Pacing: true})
 	lim := EDTLimitFor(Rate(8_000_000))
 	agg := Aggregate{ID: 3, Veth: env.lxc, Addrs: []netip.Addr{netip.MustParseAddr(podIP)}, Egress: lim}
-	if err := env.node.do(func() error { return k.Install(agg, nil) }); err != nil {
-		t.Fatal(err)
-	}
-	if err := k.AttachCgroup(cg); err != nil {
-		t.Fatal(err)
-	}
-	server := sink(t, env.remote, remoteIP+":0")
+	server := limitPod(t, env, k, cg, agg)
 	s := runHelper(t, env.pod, cg, helperSpec{Server: server, Sockets: 1, Send: 300 * time.Millisecond})[0]
 	want := PacingRate(lim.BytesPerSecond, 1448, 1, false) * EDTPacePercent / 100
 	if s.PacingRate != want || !s.ECN {
 		t.Errorf("socket of a Pod limited to 8M under EDT: pacing %d ECN %v, want %d (%d%% of its share) and ECN",
 			s.PacingRate, s.ECN, want, EDTPacePercent)
 	}
+}
+
+// limitPod installs agg with k in env's node and attaches k's socket hook
+// to cgroup cg; it returns a sink on the remote host to send to.
+func limitPod(t *testing.T, env *podNode, k *Kernel, cg string, agg Aggregate) string {
+	t.Helper()
+	if err := env.node.do(func() error { return k.Install(agg, nil) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.AttachCgroup(cg); err != nil {
+		t.Fatal(err)
+	}
+	return sink(t, env.remote, remoteIP+":0")
 }
 
 func loadKernel(t *testing.T, opts LoadOptions) *Kernel {
@@ -154,13 +155,7 @@ func TestPrivilegedPolicerECN(t *testing.T) {
 			k := loadKernel(t, LoadOptions{BPFRoot: newBPFRoot(t), Mode: ModePolice, ECN: ecn})
 			lim := Limit{BytesPerSecond: Rate(8_000_000).BytesPerSecond(), Burst: 20 * time.Millisecond, ECN: time.Microsecond}
 			agg := Aggregate{ID: 1, Veth: env.lxc, Addrs: []netip.Addr{netip.MustParseAddr(podIP)}, Egress: lim}
-			if err := env.node.do(func() error { return k.Install(agg, nil) }); err != nil {
-				t.Fatal(err)
-			}
-			if err := k.AttachCgroup(cg); err != nil {
-				t.Fatal(err)
-			}
-			server := sink(t, env.remote, remoteIP+":0")
+			server := limitPod(t, env, k, cg, agg)
 			got := runHelper(t, env.pod, cg, helperSpec{Server: server, Sockets: 1, Send: 700 * time.Millisecond})
 			if got[0].ECN != ecn {
 				t.Errorf("ECN asked %v: the Pod's connection negotiated ECN: %v", ecn, got[0].ECN)
