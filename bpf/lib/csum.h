@@ -100,53 +100,77 @@ static __always_inline int pkt_rewrite(struct __ctx_buff *ctx, struct ns_pkt *p,
 	return pkt_rewrite_port(ctx, p, dst, port);
 }
 
+/* pkt_rewrite_nat4 rewrites both sides of IPv4 TCP or UDP packet p (with
+ * its L4 header) at once: destination daddr:dport (DNAT) and source
+ * saddr:sport (SNAT), each checksum updated once. With dec_ttl, the TTL
+ * is decremented in the same IP checksum update when it is above 1; it
+ * returns 1 when it is not (the packet is then translated, its TTL left to
+ * the stack). */
+static __always_inline int pkt_rewrite_nat4(struct __ctx_buff *ctx, struct ns_pkt *p,
+					    __be32 daddr, __be16 dport, __be32 saddr, __be16 sport,
+					    bool dec_ttl)
+{
+	__u32 addrs, ports, l3;
+	int ret = 0;
+	struct iphdr *ip;
+	__be16 *l4;
+
+	ip = ctx_ptr(ctx, p->l3_off, sizeof(*ip));
+	l4 = ctx_ptr(ctx, p->l4_off, 2 * sizeof(*l4));
+	if (!ip || !l4)
+		return -1;
+	addrs = csum_words(p->saddr.w[3], saddr) + csum_words(p->daddr.w[3], daddr);
+	ports = (__u16)~p->sport + (__u16)sport + (__u16)~p->dport + (__u16)dport;
+	l3 = addrs;
+	if (dec_ttl) {
+		/* TTL and protocol are one checksummed 16-bit word, the TTL
+		 * its high byte: the word goes down by 0x0100, which adds
+		 * ~0x0100 to the sum (RFC 1624: ~m + m - 0x0100). */
+		if (ip->ttl > 1) {
+			l3 += (__u16)~bpf_htons(0x0100);
+			ip->ttl--;
+		} else {
+			ret = 1;
+		}
+	}
+	ip->saddr = saddr;
+	ip->daddr = daddr;
+	l4[0] = sport;
+	l4[1] = dport;
+	/* The pointers die with the first checksum helper (tc). */
+	if (ctx_l3_csum_replace(ctx, p->l3_off + offsetof(struct iphdr, check), 0, l3, 0))
+		return -1;
+#ifdef SLUICE_TC
+	/* The addresses are in the pseudo header, the ports are not: a
+	 * CHECKSUM_PARTIAL packet's field holds the pseudo header's sum. */
+	if (ctx_l4_csum_replace(ctx, l4_csum_off(p), 0, addrs, l4_csum_flags(p) | BPF_F_PSEUDO_HDR) ||
+	    ctx_l4_csum_replace(ctx, l4_csum_off(p), 0, ports, l4_csum_flags(p)))
+		return -1;
+#else
+	if (ctx_l4_csum_replace(ctx, l4_csum_off(p), 0, addrs + ports, l4_csum_flags(p)))
+		return -1;
+#endif /* SLUICE_TC */
+	p->saddr.w[3] = saddr;
+	p->daddr.w[3] = daddr;
+	p->sport = sport;
+	p->dport = dport;
+	return ret;
+}
+
 /* pkt_rewrite_nat rewrites both sides of p at once: destination daddr:dport
  * (DNAT) and source saddr:sport (SNAT), the per-packet work of an
- * established masqueraded flow. IPv4 TCP and UDP write the four fields
- * directly and update each checksum once; anything else (a later fragment
- * too) takes pkt_rewrite for each side. */
+ * established masqueraded flow. IPv4 TCP and UDP take pkt_rewrite_nat4;
+ * anything else (a later fragment too) pkt_rewrite for each side. */
 static __always_inline int pkt_rewrite_nat(struct __ctx_buff *ctx, struct ns_pkt *p,
 					   const union lb_addr *daddr, __be16 dport,
 					   const union lb_addr *saddr, __be16 sport)
 {
-	__u64 flags = l4_csum_flags(p);
-	__u32 addrs, ports;
-	struct iphdr *ip;
-	__be16 *l4;
-
 	if (p->v6 || (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP) || !ns_has_l4(p)) {
 		if (pkt_rewrite(ctx, p, true, daddr, dport))
 			return -1;
 		return pkt_rewrite(ctx, p, false, saddr, sport);
 	}
-	ip = ctx_ptr(ctx, p->l3_off, sizeof(*ip));
-	l4 = ctx_ptr(ctx, p->l4_off, 2 * sizeof(*l4));
-	if (!ip || !l4)
-		return -1;
-	addrs = csum_words(p->saddr.w[3], saddr->w[3]) + csum_words(p->daddr.w[3], daddr->w[3]);
-	ports = (__u16)~p->sport + (__u16)sport + (__u16)~p->dport + (__u16)dport;
-	ip->saddr = saddr->w[3];
-	ip->daddr = daddr->w[3];
-	l4[0] = sport;
-	l4[1] = dport;
-	/* The pointers die with the first checksum helper (tc). */
-	if (ctx_l3_csum_replace(ctx, p->l3_off + offsetof(struct iphdr, check), 0, addrs, 0))
-		return -1;
-#ifdef SLUICE_TC
-	/* The addresses are in the pseudo header, the ports are not: a
-	 * CHECKSUM_PARTIAL packet's field holds the pseudo header's sum. */
-	if (ctx_l4_csum_replace(ctx, l4_csum_off(p), 0, addrs, flags | BPF_F_PSEUDO_HDR) ||
-	    ctx_l4_csum_replace(ctx, l4_csum_off(p), 0, ports, flags))
-		return -1;
-#else
-	if (ctx_l4_csum_replace(ctx, l4_csum_off(p), 0, addrs + ports, flags))
-		return -1;
-#endif /* SLUICE_TC */
-	p->saddr = *saddr;
-	p->daddr = *daddr;
-	p->sport = sport;
-	p->dport = dport;
-	return 0;
+	return pkt_rewrite_nat4(ctx, p, daddr->w[3], dport, saddr->w[3], sport, false);
 }
 
 #endif /* __SLUICE_CSUM_H */

@@ -111,21 +111,39 @@ struct nat_entry {
 #define NS_FLOW_WAYS 4
 #define NS_FLOW_SETS 1024 /* the default; 1 << fc_set_bits (flowcache.h) */
 
+/* An entry is two cache lines, and sets start on one (flowcache.h). The
+ * first holds all that an IPv4 packet's hit reads: the tuple's ports,
+ * protocol and the last word of each address (an IPv4 address's whole),
+ * what they become, the counters and the way out. The second holds the
+ * first 12 bytes of each address (IPv4's are the v4-mapped prefix), read
+ * for IPv6 and by the agent. An address is hi (12 bytes) then lo (4). */
 struct ns_flow {
-	struct ct_tuple key;  /* the packet as received; dir: CT_DIR_SERVICE (client
-			       * -> frontend) or NAT_DIR_INGRESS (backend -> nat port) */
-	__u8   saddr[16];     /* what it becomes: source, */
-	__u8   daddr[16];     /* destination, */
+	__be32 saddr_lo;      /* the packet as received: source, */
+	__be32 daddr_lo;      /* destination, */
 	__be16 sport;
 	__be16 dport;
+	__u8   proto;
+	__u8   dir;           /* CT_DIR_SERVICE (client -> frontend) or
+			       * NAT_DIR_INGRESS (backend -> nat port) */
+	__u8   v6;
+	__u8   pad;
+	__be32 to_saddr_lo;   /* what it becomes: source, */
+	__be32 to_daddr_lo;   /* destination, */
+	__be16 to_sport;
+	__be16 to_dport;
 	__u32  packets;       /* sent through this entry, not yet counted in the
 			       * flow's CT entry */
 	__u64  bytes;
 	struct ct_fib fib;    /* how it leaves; fib.at: the CT second the entry
 			       * holds for (0: none) */
+	/* 64: the second line. */
+	__u8   saddr_hi[12];
+	__u8   daddr_hi[12];
+	__u8   to_saddr_hi[12];
+	__u8   to_daddr_hi[12];
 	__u32  created;       /* its CT entry's: the counters go to that flow
 			       * only, not to a later one on the same tuple */
-	__u32  pad;
+	__u32  pad2[3];
 };
 
 struct ns_flow_set {

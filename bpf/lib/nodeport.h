@@ -212,18 +212,36 @@ static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_p
 	return ns_send(ctx, p, FWD_ROUTE, fib, rc);
 }
 
-/* ns_cached sends p (before translation, len bytes) as the flow cache's
- * entry f for it says: both sides rewritten, the TTL decremented, out with the MACs of
- * the FIB result its flow kept this CT second. */
+/* ns_cached sends p (before translation, len bytes; TCP or UDP with its
+ * L4 header) as the flow cache's entry f for it says: both sides
+ * rewritten, the TTL decremented, out with the MACs of the FIB result its
+ * flow kept this CT second. IPv4 reads f's first cache line only; IPv6
+ * puts the whole addresses together in the scratch's tuple. */
 static __always_inline int ns_cached(struct __ctx_buff *ctx, struct ns_pkt *p,
 				     struct ns_flow *f, __u32 len)
 {
-	if (pkt_rewrite_nat(ctx, p, (const union lb_addr *)f->daddr, f->dport,
-			    (const union lb_addr *)f->saddr, f->sport))
-		return CTX_ACT_DROP;
+	struct ct_scratch *s;
+	int ret;
+
+	if (!p->v6) {
+		ret = pkt_rewrite_nat4(ctx, p, f->to_daddr_lo, f->to_dport, f->to_saddr_lo,
+				       f->to_sport, true);
+		if (ret < 0)
+			return CTX_ACT_DROP;
+	} else {
+		s = ns_scratch();
+		if (!s)
+			return CTX_ACT_DROP;
+		fc_addr(s->tuple.saddr, f->to_saddr_hi, f->to_saddr_lo);
+		fc_addr(s->tuple.daddr, f->to_daddr_hi, f->to_daddr_lo);
+		if (pkt_rewrite_nat(ctx, p, (const union lb_addr *)s->tuple.daddr, f->to_dport,
+				    (const union lb_addr *)s->tuple.saddr, f->to_sport))
+			return CTX_ACT_DROP;
+		ret = ns_dec_ttl(ctx, p) ? 1 : 0;
+	}
 	f->packets++;
 	f->bytes += len;
-	if (ns_dec_ttl(ctx, p))
+	if (ret)
 		return CTX_ACT_OK;
 	return ns_xmit(ctx, f->fib.ifindex, f->fib.dmac, f->fib.smac);
 }

@@ -49,17 +49,28 @@ func tuple(src, dst netip.AddrPort, proto, dir uint8) lbmap.CTTuple {
 		SPort: lbmap.PortFrom(src.Port()), DPort: lbmap.PortFrom(dst.Port()), Proto: proto, Dir: dir}
 }
 
+// cacheSets returns set of every possible CPU in flow cache m of sets
+// sets a CPU.
+func cacheSets(t *testing.T, m *ebpf.Map, set, sets uint32) []lbmap.FlowCacheSet {
+	t.Helper()
+	cpus, err := ebpf.PossibleCPU()
+	must(t, err)
+	out := make([]lbmap.FlowCacheSet, cpus)
+	for cpu := range cpus {
+		must(t, m.Lookup(lbmap.FlowCacheIndex(cpu, set, sets), &out[cpu]))
+	}
+	return out
+}
+
 // cacheEntry returns the flow cache entry, on any CPU, for packets src ->
 // dst of proto in direction dir, and whether there is one.
 func cacheEntry(t *testing.T, m *ebpf.Map, src, dst netip.AddrPort, proto, dir uint8) (lbmap.FlowCacheEntry, bool) {
 	t.Helper()
 	key := tuple(src, dst, proto, dir)
 	set := lbmap.FlowCacheSetOf(key, lbmap.DefaultFlowCacheSets)
-	var sets []lbmap.FlowCacheSet
-	must(t, m.Lookup(&set, &sets))
-	for _, s := range sets {
+	for _, s := range cacheSets(t, m, set, lbmap.DefaultFlowCacheSets) {
 		for _, e := range s.Way {
-			if e.Key == key {
+			if e.Key() == key {
 				return e, true
 			}
 		}
@@ -149,8 +160,8 @@ func testFlowCache(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Prog
 		}
 	}))
 	e, ok := cacheEntry(t, cache, c, apLBTCP, bpftest.TCP, lbmap.CTDirService)
-	if !ok || e.SAddr.NetIP() != ipNode || e.SPort.Host() != port || e.DAddr.NetIP() != apRemote.Addr() ||
-		e.DPort.Host() != apRemote.Port() || e.FIB.At != ctNow || net.HardwareAddr(e.FIB.DMAC[:]).String() != macRemoteNode.String() {
+	if !ok || e.ToSAddr().NetIP() != ipNode || e.ToSPort.Host() != port || e.ToDAddr().NetIP() != apRemote.Addr() ||
+		e.ToDPort.Host() != apRemote.Port() || e.FIB.At != ctNow || net.HardwareAddr(e.FIB.DMAC[:]).String() != macRemoteNode.String() {
 		t.Fatalf("after the ACK: cache entry %v (found %v), want %s -> %s via %s at %d",
 			e, ok, node, apRemote, macRemoteNode, ctNow)
 	}
@@ -204,7 +215,7 @@ func testFlowCache(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Prog
 	send("reply", reply, vRedirect, backLookedUp)
 	send("reply, same second", reply, vRedirect, back)
 	if re, ok := cacheEntry(t, cache, apRemote, node, bpftest.TCP, lbmap.NATDirIngress); !ok || re.Packets != 1 ||
-		re.DAddr.NetIP() != ipClient || re.DPort.Host() != c.Port() || re.SAddr.NetIP() != apLBTCP.Addr() {
+		re.ToDAddr().NetIP() != ipClient || re.ToDPort.Host() != c.Port() || re.ToSAddr().NetIP() != apLBTCP.Addr() {
 		t.Errorf("reply cache entry %v (found %v), want 1 packet to %s from %s", re, ok, c, apLBTCP)
 	}
 	if raw := rawCT(t, n, c, apRemote, bpftest.TCP, lbmap.CTDirIngress); raw.RxPackets != 2 {
@@ -442,8 +453,10 @@ func TestPrivilegedNorthSouthFlowCacheSize(t *testing.T) {
 			if n.FlowCacheSets() != c.sets {
 				t.Errorf("FlowCacheSets() = %d, want %d", n.FlowCacheSets(), c.sets)
 			}
-			if got, want := n.xdp.NsFlowCache.MaxEntries(), max(c.sets, 1); got != want {
-				t.Errorf("%s has %d sets, want %d", lbmap.FlowCacheMapName, got, want)
+			cpus, err := ebpf.PossibleCPU()
+			must(t, err)
+			if got, want := n.xdp.NsFlowCache.MaxEntries(), max(c.sets*uint32(cpus), 1); got != want {
+				t.Errorf("%s has %d sets, want %d (%d for each of %d CPUs)", lbmap.FlowCacheMapName, got, want, c.sets, cpus)
 			}
 			bpftest.InNewNetNS(t, func() {
 				onOneCPU(t, func() {
@@ -465,12 +478,10 @@ func TestPrivilegedNorthSouthFlowCacheSize(t *testing.T) {
 					}
 					key := tuple(cl, apLBUDP, bpftest.UDP, lbmap.CTDirService)
 					set := lbmap.FlowCacheSetOf(key, c.sets)
-					var sets []lbmap.FlowCacheSet
-					must(t, n.xdp.NsFlowCache.Lookup(&set, &sets))
 					found := false
-					for _, s := range sets {
+					for _, s := range cacheSets(t, n.xdp.NsFlowCache, set, c.sets) {
 						for _, e := range s.Way {
-							found = found || (e.Key == key && e.Packets == 2)
+							found = found || (e.Key() == key && e.Packets == 2)
 						}
 					}
 					if !found || raw.Packets != 2 {
@@ -524,7 +535,7 @@ func TestPrivilegedNorthSouthFlowCacheIPv6(t *testing.T) {
 			}
 			runPacket(t, kind, prog, "second packet: conntrack, fills the entry", in, vRedirect, lookedUp)
 			if e, ok := cacheEntry(t, cache, c, apLBUDP6, bpftest.UDP, lbmap.CTDirService); !ok || e.FIB.At != ctNow ||
-				e.SAddr.NetIP() != ipNode6 || e.DAddr.NetIP() != apRemoteU6.Addr() {
+				e.ToSAddr().NetIP() != ipNode6 || e.ToDAddr().NetIP() != apRemoteU6.Addr() {
 				t.Fatalf("after the second packet: cache entry %v (found %v), want %s:%d -> %s at %d",
 					e, ok, ipNode6, port, apRemoteU6, ctNow)
 			}

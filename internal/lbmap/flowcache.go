@@ -52,7 +52,13 @@ func ConfigureFlowCache(spec *ebpf.CollectionSpec, sets uint32) error {
 	if !ok {
 		return fmt.Errorf("configure flow cache: no variable %s in the object", FlowCacheSetBitsVar)
 	}
-	ms.MaxEntries = max(sets, 1)
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return fmt.Errorf("configure flow cache: %w", err)
+	}
+	// Each possible CPU's sets, CPU-major (flowcache.h); with no cache,
+	// one set the programs never read.
+	ms.MaxEntries = max(sets*uint32(cpus), 1)
 	if err := vs.Set(uint32(bits.TrailingZeros32(sets)) % 32); err != nil {
 		return fmt.Errorf("configure flow cache: set %s: %w", FlowCacheSetBitsVar, err)
 	}
@@ -60,21 +66,73 @@ func ConfigureFlowCache(spec *ebpf.CollectionSpec, sets uint32) error {
 }
 
 // FlowCacheEntry mirrors struct ns_flow: what an established masqueraded
-// flow's packets (Key.Dir CTDirService) or its replies (NATDirIngress)
-// become and where they go, for the CT second FIB.At, and the packets and
-// bytes it took that its CT entry has not counted yet.
+// flow's packets (Dir CTDirService) or its replies (NATDirIngress) become
+// and where they go, for the CT second FIB.At, and the packets and bytes
+// it took that its CT entry has not counted yet. Each address is split:
+// its last 4 bytes in the entry's first cache line (all an IPv4 packet's
+// hit reads), its first 12 in the second.
 type FlowCacheEntry struct {
-	Key     CTTuple
-	SAddr   Addr
-	DAddr   Addr
-	SPort   Port
-	DPort   Port
-	Packets uint32
-	Bytes   uint64
-	FIB     CTFIB
-	Created uint32 // its CT entry's: the counters belong to that flow only
-	Pad     uint32
+	SAddrLo   [4]byte // the packet as received
+	DAddrLo   [4]byte
+	SPort     Port
+	DPort     Port
+	Proto     uint8
+	Dir       uint8
+	V6        uint8
+	Pad       uint8
+	ToSAddrLo [4]byte // what it becomes
+	ToDAddrLo [4]byte
+	ToSPort   Port
+	ToDPort   Port
+	Packets   uint32
+	Bytes     uint64
+	FIB       CTFIB
+	SAddrHi   [12]byte
+	DAddrHi   [12]byte
+	ToSAddrHi [12]byte
+	ToDAddrHi [12]byte
+	Created   uint32 // its CT entry's: the counters belong to that flow only
+	Pad2      [3]uint32
 }
+
+// NewFlowCacheEntry is the entry of packets key that become toSAddr:toSPort
+// -> toDAddr:toDPort, for tests and tools.
+func NewFlowCacheEntry(key CTTuple, toSAddr Addr, toSPort Port, toDAddr Addr, toDPort Port) FlowCacheEntry {
+	e := FlowCacheEntry{SPort: key.SPort, DPort: key.DPort, Proto: key.Proto, Dir: key.Dir,
+		ToSPort: toSPort, ToDPort: toDPort}
+	if !key.SAddr.NetIP().Is4() {
+		e.V6 = 1
+	}
+	e.SAddrHi, e.SAddrLo = splitAddr(key.SAddr)
+	e.DAddrHi, e.DAddrLo = splitAddr(key.DAddr)
+	e.ToSAddrHi, e.ToSAddrLo = splitAddr(toSAddr)
+	e.ToDAddrHi, e.ToDAddrLo = splitAddr(toDAddr)
+	return e
+}
+
+func splitAddr(a Addr) (hi [12]byte, lo [4]byte) {
+	copy(hi[:], a[:12])
+	copy(lo[:], a[12:])
+	return hi, lo
+}
+
+func joinAddr(hi [12]byte, lo [4]byte) (a Addr) {
+	copy(a[:12], hi[:])
+	copy(a[12:], lo[:])
+	return a
+}
+
+// Key is the tuple of the packets e takes, as received.
+func (e FlowCacheEntry) Key() CTTuple {
+	return CTTuple{SAddr: joinAddr(e.SAddrHi, e.SAddrLo), DAddr: joinAddr(e.DAddrHi, e.DAddrLo),
+		SPort: e.SPort, DPort: e.DPort, Proto: e.Proto, Dir: e.Dir}
+}
+
+// ToSAddr is the source address e's packets get.
+func (e FlowCacheEntry) ToSAddr() Addr { return joinAddr(e.ToSAddrHi, e.ToSAddrLo) }
+
+// ToDAddr is the destination address e's packets get.
+func (e FlowCacheEntry) ToDAddr() Addr { return joinAddr(e.ToDAddrHi, e.ToDAddrLo) }
 
 // FlowCacheSet mirrors struct ns_flow_set.
 type FlowCacheSet struct {
@@ -85,11 +143,12 @@ type FlowCacheSet struct {
 // entry, whose key e's is, or for a reply the ingress entry, client ->
 // backend (the datapath's fc_flush).
 func (e FlowCacheEntry) CTKey() (key CTTuple, reply bool) {
-	if e.Key.Dir == NATDirIngress {
-		return CTTuple{SAddr: e.DAddr, DAddr: e.Key.SAddr, SPort: e.DPort, DPort: e.Key.SPort,
-			Proto: e.Key.Proto, Dir: CTDirIngress}, true
+	k := e.Key()
+	if e.Dir == NATDirIngress {
+		return CTTuple{SAddr: e.ToDAddr(), DAddr: k.SAddr, SPort: e.ToDPort, DPort: k.SPort,
+			Proto: k.Proto, Dir: CTDirIngress}, true
 	}
-	return e.Key, false
+	return k, false
 }
 
 // pendingCounts are the counters held in flow cache entries for one CT
@@ -144,17 +203,15 @@ func addPending(recs []CTRecord, entries []FlowCacheEntry) {
 // counters.
 func flowCacheEntries(m *ebpf.Map) ([]FlowCacheEntry, error) {
 	var (
-		out  []FlowCacheEntry
-		key  uint32
-		sets []FlowCacheSet
+		out []FlowCacheEntry
+		key uint32
+		set FlowCacheSet
 	)
 	it := m.Iterate()
-	for it.Next(&key, &sets) {
-		for _, set := range sets {
-			for _, e := range set.Way {
-				if e.Packets != 0 || e.Bytes != 0 {
-					out = append(out, e)
-				}
+	for it.Next(&key, &set) {
+		for _, e := range set.Way {
+			if e.Packets != 0 || e.Bytes != 0 {
+				out = append(out, e)
 			}
 		}
 	}
@@ -179,6 +236,12 @@ func pendingEntries(caches []*ebpf.Map) ([]FlowCacheEntry, error) {
 		out = append(out, entries...)
 	}
 	return out, errors.Join(errs...)
+}
+
+// FlowCacheIndex is the map index of set of CPU cpu in a flow cache of
+// sets sets a CPU (a power of two).
+func FlowCacheIndex(cpu int, set, sets uint32) uint32 {
+	return uint32(cpu)<<bits.TrailingZeros32(sets) | set
 }
 
 // FlowCacheSetOf is the set of the flow cache a packet with tuple key (its

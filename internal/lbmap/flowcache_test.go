@@ -22,10 +22,15 @@ func TestAddPending(t *testing.T) {
 	ingress := tuple("198.18.0.2:40000", "198.18.2.10:8080", CTDirIngress)
 	other := tuple("198.18.0.2:40001", "198.19.200.1:80", CTDirService)
 	client, frontend := ap("198.18.0.2:40000"), ap("198.19.200.1:80")
-	fwd := FlowCacheEntry{Key: service, Packets: 3, Bytes: 300, Created: 7}
-	reply := FlowCacheEntry{Key: tuple("198.18.2.10:8080", "198.18.0.11:33000", NATDirIngress),
-		SAddr: AddrFrom(frontend.Addr()), SPort: PortFrom(frontend.Port()),
-		DAddr: AddrFrom(client.Addr()), DPort: PortFrom(client.Port()), Packets: 2, Bytes: 140, Created: 7}
+	counted := func(key CTTuple, packets uint32, bytes uint64, created uint32) FlowCacheEntry {
+		e := NewFlowCacheEntry(key, Addr{}, 0, Addr{}, 0)
+		e.Packets, e.Bytes, e.Created = packets, bytes, created
+		return e
+	}
+	fwd := counted(service, 3, 300, 7)
+	reply := NewFlowCacheEntry(tuple("198.18.2.10:8080", "198.18.0.11:33000", NATDirIngress),
+		AddrFrom(frontend.Addr()), PortFrom(frontend.Port()), AddrFrom(client.Addr()), PortFrom(client.Port()))
+	reply.Packets, reply.Bytes, reply.Created = 2, 140, 7
 
 	if got, isReply := reply.CTKey(); got != ingress || !isReply {
 		t.Errorf("reply entry's CT key = %s (reply %v), want %s", got, isReply, ingress)
@@ -42,9 +47,9 @@ func TestAddPending(t *testing.T) {
 	// A second CPU's entry for the same flow adds up; an entry without
 	// counters, one whose CT entry is gone, and one of an earlier flow on
 	// the same tuple (created before) change nothing.
-	addPending(recs, []FlowCacheEntry{fwd, reply, {Key: service, Packets: 1, Bytes: 100, Created: 7},
-		{Key: other, Created: 9}, {Key: other, Packets: 5, Bytes: 500, Created: 8},
-		{Key: tuple("198.18.0.2:40002", "198.19.200.1:80", CTDirService), Packets: 9, Bytes: 900, Created: 7}})
+	addPending(recs, []FlowCacheEntry{fwd, reply, counted(service, 1, 100, 7),
+		counted(other, 0, 0, 9), counted(other, 5, 500, 8),
+		counted(tuple("198.18.0.2:40002", "198.19.200.1:80", CTDirService), 9, 900, 7)})
 	want := []CTEntry{
 		{Packets: 6, Bytes: 520, Created: 7},
 		{RxPackets: 3, RxBytes: 210, Created: 7},
