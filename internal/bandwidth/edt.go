@@ -136,6 +136,15 @@ func EDTLimitFor(r Rate) Limit {
 	return l
 }
 
+// EgressLimitFor is the limit of a Pod's egress at rate r under mode:
+// EDTLimitFor under ModeEDT, LimitFor otherwise.
+func EgressLimitFor(mode Mode, r Rate) Limit {
+	if mode == ModeEDT {
+		return EDTLimitFor(r)
+	}
+	return LimitFor(r)
+}
+
 // smallTSO reports whether a Pod limited to bytesPerSecond under EDT gets
 // TSO packets sized to its pacing rate (podnetns.go): where a 64 KiB one
 // takes longer than DefaultBurst.

@@ -128,4 +128,11 @@ func TestEDTLimitFor(t *testing.T) {
 	if ecn := EDTLimitFor(10_000_000).ECN; ecn < 4800*time.Microsecond || ecn > 4900*time.Microsecond {
 		t.Errorf("EDTLimitFor(10M).ECN = %v, want 4.8 ms (4 full frames at 10 Mbit/s)", ecn)
 	}
+	// The mode picks: EDT's for EDT, the policer's for the fallback.
+	if got, want := EgressLimitFor(ModeEDT, 10_000_000), EDTLimitFor(10_000_000); got != want {
+		t.Errorf("EgressLimitFor(EDT, 10M) = %+v, want %+v", got, want)
+	}
+	if got, want := EgressLimitFor(ModePolice, 10_000_000), LimitFor(10_000_000); got != want {
+		t.Errorf("EgressLimitFor(police, 10M) = %+v, want %+v", got, want)
+	}
 }

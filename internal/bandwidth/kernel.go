@@ -307,6 +307,11 @@ func (k *Kernel) Install(a Aggregate, old *Aggregate) error {
 // needs (podnetns.go), and an old veth's the defaults; a failure is a
 // *PodNetnsError, after everything else is in place.
 func (k *Kernel) tunePodNetns(a Aggregate, old *Aggregate) error {
+	// Nothing set for an unlimited Pod (one with BBR only), and nothing
+	// to undo where it was not limited before either.
+	if !a.Limited() && (old == nil || (!old.Limited() && old.Veth == a.Veth)) {
+		return nil
+	}
 	if old != nil && old.Veth != a.Veth {
 		// The old veth is most often gone with its Pod: nothing to undo.
 		_ = tunePod(old.Veth, nil)

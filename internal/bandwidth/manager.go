@@ -118,13 +118,10 @@ func NewManager(dp Datapath, opts ManagerOptions) (*Manager, error) {
 
 // egressLimitOf is the limit of the Pod's egress: none for rate 0.
 func (m *Manager) egressLimitOf(r Rate) Limit {
-	switch {
-	case r == 0:
+	if r == 0 {
 		return Limit{}
-	case m.opts.Mode == ModeEDT:
-		return EDTLimitFor(r)
 	}
-	return LimitFor(r)
+	return EgressLimitFor(m.opts.Mode, r)
 }
 
 // ingressLimitOf is limitOf for the ingress direction.

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/vishvananda/netlink"
 
@@ -161,16 +162,56 @@ func peerNetns(veth int) (string, error) {
 	if id < 0 {
 		return "", fmt.Errorf("%s: its peer is in this network namespace, not a Pod's", l.Attrs().Name)
 	}
-	for _, path := range datapath.NetNamespaces() {
-		f, err := os.Open(path)
-		if err != nil {
-			continue // its process exited meanwhile
-		}
-		got, err := netlink.GetNetNsIdByFd(int(f.Fd()))
-		f.Close()
-		if err == nil && got == id {
-			return path, nil
-		}
+	if path, ok := nodeNetns.lookup(id); ok {
+		return path, nil
 	}
 	return "", fmt.Errorf("%s: no network namespace of the node has id %d here (is the agent in the host's PID namespace?)", l.Attrs().Name, id)
+}
+
+// nodeNetns are the node's network namespaces by their id in the agent's.
+var nodeNetns netnsIndex
+
+// netnsIndex finds a network namespace by its id in the calling thread's
+// namespace. Finding one means opening every namespace of the node (every
+// process's), so the answer is kept: a Pod after another (an agent that
+// starts with a hundred limited Pods) opens one path, the one kept, and
+// checks that it still has that id (an id is freed with its namespace
+// and may be given to another); only an id not found, or found changed,
+// looks through them all again.
+type netnsIndex struct {
+	mu   sync.Mutex
+	byID map[int]string
+}
+
+func (x *netnsIndex) lookup(id int) (string, bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if path, ok := x.byID[id]; ok && netnsIDOf(path) == id {
+		return path, true
+	}
+	x.byID = make(map[int]string)
+	for _, path := range datapath.NetNamespaces() {
+		if got := netnsIDOf(path); got >= 0 {
+			if _, dup := x.byID[got]; !dup {
+				x.byID[got] = path
+			}
+		}
+	}
+	path, ok := x.byID[id]
+	return path, ok
+}
+
+// netnsIDOf is the id here of the network namespace at path, or -1 (none
+// assigned, or gone).
+func netnsIDOf(path string) int {
+	f, err := os.Open(path)
+	if err != nil {
+		return -1 // its process exited meanwhile
+	}
+	defer f.Close()
+	id, err := netlink.GetNetNsIdByFd(int(f.Fd()))
+	if err != nil {
+		return -1
+	}
+	return id
 }

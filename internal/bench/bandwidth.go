@@ -383,16 +383,20 @@ func (b *bwBench) limit(c, dir string, rate bandwidth.Rate) (undo func() error, 
 		return b.limitQdisc(c, ingress, rate, bits)
 	}
 	opts := bandwidth.LoadOptions{BPFRoot: b.bpfRoot, Mode: bandwidth.ModePolice}
-	lim := bandwidth.LimitFor(rate)
-	if ingress {
-		lim = bandwidth.IngressLimitFor(rate)
-	}
 	if c == BWSluice {
 		// As the agent decides (bandwidth.Decide, with --devices set).
 		c = BWPacePoliceECN
 		if b.fqErr == nil {
 			c = BWEDT
 		}
+	}
+	if c == BWEDT {
+		opts.Mode = bandwidth.ModeEDT
+	}
+	// As the agent's Manager limits a Pod in opts.Mode.
+	lim := bandwidth.EgressLimitFor(opts.Mode, rate)
+	if ingress {
+		lim = bandwidth.IngressLimitFor(rate)
 	}
 	switch c {
 	case BWPolice:
@@ -410,11 +414,7 @@ func (b *bwBench) limit(c, dir string, rate bandwidth.Rate) (undo func() error, 
 	case BWPacePoliceECN:
 		opts.ECN, opts.Pacing = true, true
 	case BWEDT:
-		opts.Mode = bandwidth.ModeEDT
 		opts.ECN, opts.Pacing = true, true
-		if !ingress {
-			lim = bandwidth.EDTLimitFor(rate)
-		}
 	default:
 		return nil, nil, fmt.Errorf("unknown contender %q", c)
 	}
