@@ -98,6 +98,10 @@ type Manager struct {
 	installed map[uint32]Aggregate // by ID
 	byPod     map[types.NamespacedName]uint32
 	restored  map[uint32]Aggregate // an earlier agent's, not yet claimed
+	// nsProblems are the installed aggregates whose Pod's namespace could
+	// not be tuned (PodNetnsError): reported at every sync, as the status
+	// shows what holds now, until an install of the aggregate succeeds.
+	nsProblems map[uint32]Problem
 	entries   []Entry              // the last sync's, for List
 }
 
@@ -108,7 +112,7 @@ func NewManager(dp Datapath, opts ManagerOptions) (*Manager, error) {
 		return nil, fmt.Errorf("read installed bandwidth limits: %w", err)
 	}
 	m := &Manager{dp: dp, opts: opts, installed: map[uint32]Aggregate{}, byPod: map[types.NamespacedName]uint32{},
-		restored: map[uint32]Aggregate{}}
+		restored: map[uint32]Aggregate{}, nsProblems: map[uint32]Problem{}}
 	for _, a := range prev {
 		m.installed[a.ID] = a
 		m.restored[a.ID] = a
@@ -163,11 +167,15 @@ func (m *Manager) Sync(pods map[types.NamespacedName]Pod) ([]Problem, error) {
 		var old *Aggregate
 		if cur, ok := m.installed[a.ID]; ok {
 			if sameAggregate(cur, a) {
+				if prob, ok := m.nsProblems[a.ID]; ok {
+					problems = append(problems, prob)
+				}
 				entries = append(entries, Entry{Pod: name, Aggregate: a, Limits: lim})
 				continue
 			}
 			old = &cur
 		}
+		delete(m.nsProblems, a.ID)
 		if err := m.dp.Install(a, old); err != nil {
 			var nsErr *PodNetnsError
 			if !errors.As(err, &nsErr) {
@@ -175,8 +183,11 @@ func (m *Manager) Sync(pods map[types.NamespacedName]Pod) ([]Problem, error) {
 					Message: fmt.Sprintf("install bandwidth limit: %v", err)})
 				continue
 			}
-			// Installed: the limit holds.
-			problems = append(problems, Problem{Pod: name, Reason: ProblemPodNetns, Message: err.Error()})
+			// Installed: the limit holds. Not retried: the namespace
+			// is looked for again when the Pod's limit or veth changes.
+			prob := Problem{Pod: name, Reason: ProblemPodNetns, Message: err.Error()}
+			m.nsProblems[a.ID] = prob
+			problems = append(problems, prob)
 		}
 		m.installed[a.ID] = a
 		entries = append(entries, Entry{Pod: name, Aggregate: a, Limits: lim})
@@ -197,6 +208,7 @@ func (m *Manager) Sync(pods map[types.NamespacedName]Pod) ([]Problem, error) {
 		}
 		delete(m.installed, id)
 		delete(m.restored, id)
+		delete(m.nsProblems, id)
 		for name, pid := range m.byPod {
 			if pid == id {
 				delete(m.byPod, name)

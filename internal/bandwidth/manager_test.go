@@ -176,7 +176,8 @@ func TestManagerAnnotations(t *testing.T) {
 	}
 
 	// A Pod whose network namespace cannot be tuned is limited all the
-	// same, said once (not retried).
+	// same, and reported, not retried; the report stays while that holds
+	// (the status shows it; the agent logs a change of the set only).
 	mem.FailInstall(13, &PodNetnsError{Veth: 13, Err: errors.New("no network namespace of the node has id 4 here")})
 	probs = syncPods(t, m, tr)
 	if got := problemMap(probs); !maps.Equal(got, map[string]string{"default/d": ProblemPodNetns + " "}) || probs[0].Retry {
@@ -185,8 +186,21 @@ func TestManagerAnnotations(t *testing.T) {
 	if got := mem.Aggregates()[1]; got.Egress != LimitFor(2e6) {
 		t.Errorf("Pod d: %+v, want its new limit in place despite its namespace", got)
 	}
+	installs := mem.Installs()
+	probs = syncPods(t, m, tr)
+	if got := problemMap(probs); !maps.Equal(got, map[string]string{"default/d": ProblemPodNetns + " "}) {
+		t.Errorf("problems %v at the next sync with nothing changed, want d's namespace still reported", got)
+	}
+	if mem.Installs() != installs {
+		t.Errorf("the next sync installed again (%d installs, was %d): want no retry", mem.Installs(), installs)
+	}
+	// A change that installs again without the error clears it.
+	mem.FailInstall(13, nil)
+	d3 := d2.DeepCopy()
+	d3.Annotations[EgressAnnotation] = "3M"
+	tr.OnPodUpdate(d2, d3)
 	if probs = syncPods(t, m, tr); len(probs) != 0 {
-		t.Errorf("problems %v at the next sync with nothing changed, want none (said once)", problemMap(probs))
+		t.Errorf("problems %v after d's limit changed and installed, want none", problemMap(probs))
 	}
 }
 

@@ -18,7 +18,8 @@ type Memory struct {
 	counts map[uint32][2]Counters
 	// Fail, when set, is returned by Install for that veth (a
 	// *PodNetnsError after installing, as the Kernel does).
-	fail map[int]error
+	fail     map[int]error
+	installs int
 }
 
 var _ Datapath = (*Memory)(nil)
@@ -26,6 +27,13 @@ var _ Datapath = (*Memory)(nil)
 // NewMemory returns an empty in-memory datapath.
 func NewMemory() *Memory {
 	return &Memory{veths: map[netip.Addr]int{}, aggs: map[uint32]Aggregate{}, counts: map[uint32][2]Counters{}, fail: map[int]error{}}
+}
+
+// Installs is how many times Install was called.
+func (m *Memory) Installs() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.installs
 }
 
 // SetVeth makes addr's route leave by veth ifindex (0: no route).
@@ -61,6 +69,7 @@ func (m *Memory) PodVeth(addr netip.Addr) (int, error) {
 func (m *Memory) Install(a Aggregate, old *Aggregate) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.installs++
 	var nsErr *PodNetnsError
 	err := m.fail[a.Veth]
 	if err != nil && !errors.As(err, &nsErr) {
