@@ -39,9 +39,6 @@ volatile const __u32 bw_pace_pct = 100;
 #define SOL_TCP            6
 #define TCP_CONGESTION     13
 
-/* A socket's window: 2^27 ns, about 134 ms. */
-#define BW_WINDOW_SHIFT 27
-
 /* Per-header bytes a TCP segment adds on the wire to its payload:
  * Ethernet 14, IPv4 20 or IPv6 40, TCP 20 + 12 of timestamps. Pacing
  * counts payload, the limit wire bytes. */

@@ -260,6 +260,46 @@ static __always_inline void bw_count_pass(struct bw_state *st, __u64 len)
 	__sync_fetch_and_add(&st->bytes, len);
 }
 
+/* The sockets' window (sock_edt.c counts a Pod's sending sockets in it):
+ * 2^27 ns, about 134 ms. */
+#define BW_WINDOW_SHIFT 27
+
+/* Under the policer a Pod's TCP sockets that fill their shares are paced
+ * each on its own (sock_edt.c), and each sends TSO packets of two full
+ * frames at least (the agent sizes them to the pacing rate where the rate
+ * is low: podnetns.go). Their packets reach the policer at independent
+ * times, now and then one of each at once: a burst shorter than that
+ * drops the late ones although the Pod keeps to its rate (8 BBR streams
+ * at 10 Mbit/s lost 3-8% of it to the retransmissions: BBR does not slow
+ * for the CE marks before the drop). So a Pod's egress burst is two
+ * frames for each socket counted sending in this window or the last, when
+ * that is longer, up to BW_BURST_MAX times the limit's. It lets the Pod
+ * send that far ahead of its clock, never more than its rate over time. */
+#define BW_FRAME_BYTES 1514
+#define BW_BURST_MAX   4
+
+static __always_inline __u64 bw_egress_burst(const struct bw_state *st, const struct bw_limit *lim,
+					     __u64 now)
+{
+	__u64 epoch = now >> BW_WINDOW_SHIFT, e = READ_ONCE(st->act_epoch), burst = lim->burst_ns, b;
+	__u32 cur = READ_ONCE(st->act_cur), prev = READ_ONCE(st->act_prev), n = 0;
+
+	/* Counts of a window before the last are stale: the Pod's
+	 * sockets stopped sending since. */
+	if (e == epoch)
+		n = cur > prev ? cur : prev;
+	else if (e + 1 == epoch)
+		n = cur;
+	if (n < 2)
+		return burst;
+	if (n > 0xffff)
+		n = 0xffff;
+	b = (__u64)n * 2 * BW_FRAME_BYTES * NSEC_PER_SEC / lim->bps;
+	if (b > burst * BW_BURST_MAX)
+		b = burst * BW_BURST_MAX;
+	return b > burst ? b : burst;
+}
+
 /* Policed packets of at most BW_SMALL_LEN wire bytes are dropped only
  * BW_SMALL_BURST times later than the burst (bw_police). */
 #define BW_SMALL_LEN   256
@@ -271,15 +311,16 @@ static __always_inline int bw_police(struct __sk_buff *ctx, __u32 id, __u32 dir,
 {
 	struct bw_limit *lim;
 	struct bw_state *st = bw_lookup(id, dir, &lim);
-	__u64 now, t;
+	__u64 now, t, burst;
 
 	if (!st)
 		return BW_NEXT;
 	now = bpf_ktime_get_ns();
+	burst = dir == BW_DIR_EGRESS ? bw_egress_burst(st, lim, now) : lim->burst_ns;
 	/* A small packet (an ACK, a request) gets BW_SMALL_BURST times the
 	 * burst: it carries little of the rate and much of the latency, and
 	 * one dropped costs its flow a retransmission timeout. */
-	t = bw_depart(st, lim, len, now, 0, len <= BW_SMALL_LEN ? lim->burst_ns * BW_SMALL_BURST : lim->burst_ns, true);
+	t = bw_depart(st, lim, len, now, 0, len <= BW_SMALL_LEN ? lim->burst_ns * BW_SMALL_BURST : burst, true);
 	if (!t) {
 		__sync_fetch_and_add(&st->drops, 1);
 		return BW_DROP;

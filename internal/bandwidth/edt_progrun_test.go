@@ -305,6 +305,47 @@ func TestPrivilegedEDTPolice(t *testing.T) {
 	}
 }
 
+// TestPrivilegedEDTPoliceBurstPerSocket: a Pod's egress burst under the
+// policer is two full frames for each socket sock_edt counted sending in
+// this window or the last, when that is longer than the limit's, up to
+// BW_BURST_MAX (4) times it; counts from an older window are stale. At
+// 1 Mbit/s a 1,100-byte frame holds the wire 8.8 ms: back to back, frame
+// k (from 2) starts (k-2) × 8.8 ms ahead, and those starting beyond the
+// burst are dropped.
+func TestPrivilegedEDTPoliceBurstPerSocket(t *testing.T) {
+	const frameLen = 1100
+	lim := Limit{BytesPerSecond: Rate(1_000_000).BytesPerSecond(), Burst: 30 * time.Millisecond}
+	window := func() uint64 { return monotonic(t) >> 27 } // BW_WINDOW_SHIFT
+	for _, c := range []struct {
+		desc     string
+		epoch    func() uint64
+		cur      uint32
+		passed   uint64 // of 20 frames
+		burstDes string
+	}{
+		{"one socket", window, 1, 5, "30 ms"},                   // starts 0, 0, 8.8, 17.6, 26.4
+		{"3 sockets", window, 3, 10, "3 × 2 × 1514 B: 72.7 ms"}, // up to 70.4
+		{"3 sockets in the last window", func() uint64 { return window() - 1 }, 3, 10, "72.7 ms"},
+		{"8 sockets", window, 8, 15, "4 × 30 ms, the most"}, // up to 114.4
+		{"8 sockets two windows ago: stale", func() uint64 { return window() - 2 }, 8, 5, "30 ms"},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			objs := tcObjects(t, ModePolice)
+			setAggregate(t, objs, 1, 1, lim, Limit{})
+			if err := objs.BwState.Put(bwKey{ID: 1, Dir: dirEgress}, bwState{ActEpoch: c.epoch(), ActCur: c.cur}); err != nil {
+				t.Fatal(err)
+			}
+			for range 20 {
+				runTC(t, objs.TcEdtFromPod, frame(t, frameLen, false, 0), skBuff{Ifindex: 1})
+			}
+			if st := state(t, objs, 1, dirEgress); st.Packets != c.passed || st.Drops != 20-c.passed {
+				t.Errorf("%d sockets counted: %d of 20 back-to-back frames passed, %d dropped; want %d passed (burst %s)",
+					c.cur, st.Packets, st.Drops, c.passed, c.burstDes)
+			}
+		})
+	}
+}
+
 // TestPrivilegedEDTIngressGSO: at the veth's ingress (the Pod's egress
 // under the policer) the stack has not counted a GSO packet's segments:
 // the program adds each extra segment's headers itself.

@@ -102,7 +102,7 @@ type Manager struct {
 	// not be tuned (PodNetnsError): reported at every sync, as the status
 	// shows what holds now, until an install of the aggregate succeeds.
 	nsProblems map[uint32]Problem
-	entries   []Entry              // the last sync's, for List
+	entries    []Entry // the last sync's, for List
 }
 
 // NewManager restores what an earlier agent installed.

@@ -69,13 +69,15 @@ var allPodSysctls = []podSysctl{podECN, podTSOSizes}
 
 // podSysctls are the settings a Pod limited as a asks for under opts: ECN
 // for any limit (CE marks come on ingress too, and the Pod's own
-// connections ask for it), TSO sizes for a low egress limit under EDT.
+// connections ask for it), TSO sizes for a low egress limit under EDT and
+// under the paced policer (whose burst grows by two frames a sending
+// socket, not by a 64 KiB packet: edt.h's bw_egress_burst).
 func podSysctls(opts LoadOptions, a Aggregate) []podSysctl {
 	var out []podSysctl
 	if opts.ECN && a.Limited() {
 		out = append(out, podECN)
 	}
-	if opts.Mode == ModeEDT && a.Egress.BytesPerSecond != 0 && smallTSO(a.Egress.BytesPerSecond) {
+	if (opts.Mode == ModeEDT || opts.Pacing) && a.Egress.BytesPerSecond != 0 && smallTSO(a.Egress.BytesPerSecond) {
 		out = append(out, podTSOSizes)
 	}
 	return out

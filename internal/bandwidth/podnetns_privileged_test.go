@@ -30,8 +30,9 @@ func sysctlIn(t *testing.T, ns *testNetns, name string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// TestPrivilegedPodNetnsSettings: a Pod limited under EDT gets tcp_ecn=1
-// and, at a rate where a 64 KiB TSO packet takes more than 5 ms,
+// TestPrivilegedPodNetnsSettings: a Pod limited under EDT (or the paced
+// policer) gets tcp_ecn=1 and, at a rate where a 64 KiB TSO packet takes
+// more than 5 ms,
 // tcp_tso_rtt_log=0 in its own network namespace (found through its
 // host-side veth), the node's namespace keeps its own; a Pod whose egress
 // is no longer limited, or whose limit goes, gets the defaults back; a
@@ -77,12 +78,18 @@ func TestPrivilegedPodNetnsSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("taken over by the next agent", env.pod, "1", "0")
-	// ... and one in the other mode (sch_fq gone): TSO sizes go back.
+	// ... and one with the fallback (sch_fq gone), whose paced policer
+	// wants them too; one without pacing does not: TSO sizes go back.
 	k3 := loadKernel(t, LoadOptions{BPFRoot: k.opts.BPFRoot, Mode: ModePolice, ECN: true, Pacing: true})
 	if err := env.node.do(func() error { _, err := k3.Installed(); return err }); err != nil {
 		t.Fatal(err)
 	}
-	check("taken over by an agent without EDT", env.pod, "1", "9")
+	check("taken over by an agent with the paced policer", env.pod, "1", "0")
+	k4 := loadKernel(t, LoadOptions{BPFRoot: k.opts.BPFRoot, Mode: ModePolice, ECN: true})
+	if err := env.node.do(func() error { _, err := k4.Installed(); return err }); err != nil {
+		t.Fatal(err)
+	}
+	check("taken over by an agent that polices without pacing", env.pod, "1", "9")
 
 	// Its egress no longer limited (an ingress limit under EDT would need
 	// fq on the veth, which this kernel may not have; none is the same

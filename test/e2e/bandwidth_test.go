@@ -86,14 +86,11 @@ func TestPrivilegedBandwidthManager(t *testing.T) {
 	if q := rootQdiscs(t, l, node1.Name); !slices.Contains(slices.Collect(maps.Values(q)), wantIngress) {
 		t.Errorf("%s: the bandwidth manager's root qdiscs %v, want %s on %s's veth for its ingress", node1.Name, q, wantIngress, limited.Name)
 	}
-	// The limited Pod's own namespace: ECN asked for (both mechanisms);
-	// under EDT, at 20M, TSO packets sized to the pacing rate (where the
-	// kernel has the setting, 5.18+). Its neighbour keeps the defaults.
-	wantRTTLog := "9"
-	if fqErr == nil {
-		wantRTTLog = "0"
-	}
-	podSysctls(t, l, limited.Name, "1", wantRTTLog)
+	// The limited Pod's own namespace: ECN asked for, and at 20M TSO
+	// packets sized to the pacing rate (where the kernel has the setting,
+	// 5.18+), under EDT and the paced policer alike. Its neighbour keeps
+	// the defaults.
+	podSysctls(t, l, limited.Name, "1", "0")
 	podSysctls(t, l, free.Name, "2", "9")
 	checkLimited := func(step string) {
 		t.Helper()
