@@ -192,7 +192,11 @@ static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_p
 	__builtin_memcpy(client.b, n->to_addr, sizeof(client.b));
 	port = n->to_port;
 	e = ct_lookup_reply_to(p, &client, port, &s->tuple);
-	if (!e)
+	/* A flow past its lifetime (not collected yet) is gone, as for
+	 * netfilter's conntrack: the forward path takes it as dead and
+	 * starts a new flow (ct_is_new_syn), so translating its reply would
+	 * revive half of it. */
+	if (!e || e->lifetime < now)
 		return NS_DROP(SL_DROP_NO_CT);
 	ct_update(e, cfg, p, ctx_len(ctx), now, true);
 	ct_note_syn_ack(ctx, p, e);
