@@ -163,6 +163,24 @@ static __always_inline void ct_tuple_set(struct ct_tuple *t, const union lb_addr
 	t->pad = 0;
 }
 
+/* ct_client_port is the client port that the backend of the flow whose
+ * service entry is svc knows it by (before any SNAT): the client's own
+ * sport, or the one given to it when another flow held its tuple after
+ * DNAT (CT_F_SPORT). */
+static __always_inline __be16 ct_client_port(const struct ct_entry *svc, __be16 sport)
+{
+	return (svc->flags & CT_F_SPORT) ? svc->snat_port : sport;
+}
+
+/* ct_snat_copy is the copy of a masqueraded flow's nat port that its
+ * service entry svc holds, 0 when none: a flow given another client port
+ * (CT_F_SPORT) keeps that port in its place, and its nat port only in its
+ * mapping (whose key has the port given). */
+static __always_inline __be16 ct_snat_copy(const struct ct_entry *svc)
+{
+	return (svc->flags & CT_F_SPORT) ? 0 : svc->snat_port;
+}
+
 /* ct_ingress_tuple is the key of the ingress entry of flow p (before DNAT)
  * whose service entry is svc. A hairpin flow reaches the backend from the
  * frontend's address: its replies go there; a flow whose client port is
@@ -171,30 +189,38 @@ static __always_inline void ct_ingress_tuple(struct ct_tuple *t, const struct ns
 					     const struct ct_entry *svc)
 {
 	ct_tuple_set(t, (svc->flags & CT_F_HAIRPIN) ? &p->daddr : &p->saddr,
-		     (const union lb_addr *)svc->nat_addr,
-		     (svc->flags & CT_F_SPORT) ? svc->snat_port : p->sport, svc->nat_port,
-		     p->proto, CT_DIR_INGRESS);
+		     (const union lb_addr *)svc->nat_addr, ct_client_port(svc, p->sport),
+		     svc->nat_port, p->proto, CT_DIR_INGRESS);
 }
 
 /* Client ports tried for a flow whose tuple after DNAT another flow holds. */
 #define CT_SPORT_TRIES 8
 
+/* ct_ingress_of: the ingress entry in, under the tuple after DNAT of flow
+ * p, is p's own: it restores p's frontend and client port. Another flow's
+ * is one to another frontend of the backend, or one whose client port was
+ * rewritten to p's. */
+static __always_inline bool ct_ingress_of(const struct ct_entry *in, const struct ns_pkt *p)
+{
+	if (in->nat_port != p->dport || !addr_equal(&p->daddr, in->nat_addr))
+		return false;
+	return !(in->flags & CT_F_SPORT) || in->snat_port == p->sport;
+}
+
 /* ct_ingress_clash: the ingress entry in, under the tuple after DNAT of the
- * new flow p, is another flow's that still lives: one to another frontend
- * of the backend, or one whose client port was rewritten to p's. A dead or
- * closing TCP one gives way (its flow ended: the client reuses the port). */
+ * new flow p, is another flow's that still lives. A dead or closing TCP
+ * one gives way (its flow ended: the client reuses the port). */
 static __always_inline bool ct_ingress_clash(const struct ct_entry *in, const struct ns_pkt *p,
 					     __u32 now)
 {
 	if (!in || in->lifetime < now ||
 	    (p->proto == IPPROTO_TCP && (in->flags & CT_F_CLOSING)))
 		return false;
-	if (in->nat_port != p->dport || !addr_equal(&p->daddr, in->nat_addr))
-		return true;
-	return (in->flags & CT_F_SPORT) && in->snat_port != p->sport;
+	return !ct_ingress_of(in, p);
 }
 
-/* ct_clash_sport gives the new flow p to a local backend, whose service
+/* ct_clash_sport gives the new flow p to a local backend or a masqueraded
+ * one (CT_F_SNAT: its mapping's key then has the port given), whose service
  * entry is being made in the scratch (s->entry), another client port when
  * another live flow holds its tuple after DNAT (ct_ingress_clash), as
  * netfilter's implicit source NAT does: a port of 1024-65535 that no
@@ -331,9 +357,9 @@ __noinline int ct_put_flow(const struct ns_pkt *p, __u32 kind)
 
 	ct_ingress_tuple(t, p, e);
 	/* An earlier flow's entry that gives way (dead, closing, this
-	 * flow's own, or a remote backend's: docs/semantics.md) leaves ct,
-	 * which lookups read first: its replies would leave from its
-	 * frontend. */
+	 * flow's own, or any when no other client port was free:
+	 * docs/semantics.md) leaves ct, which lookups read first: its
+	 * replies would leave from its frontend. */
 	if (bpf_map_lookup_elem(&ct, t))
 		bpf_map_delete_elem(&ct, t);
 	return ct_write_ingress(s, p, BPF_ANY);
@@ -368,11 +394,12 @@ static __always_inline int ct_create_flow(const struct ns_config *cfg,
 	e->lifetime = now + ct_timeout(cfg, p->proto, e->flags);
 	__builtin_memcpy(e->nat_addr, be_addr->b, sizeof(e->nat_addr));
 	/* Another live flow of the client's address and port to another
-	 * frontend of this local backend (a NodePort and a LoadBalancer IP,
-	 * say) holds the tuple after DNAT: replies could not tell the two
-	 * apart. This one gets another client port. */
+	 * frontend of this backend (a NodePort and a LoadBalancer IP, say)
+	 * holds the tuple after DNAT: replies could not tell the two apart
+	 * (a masqueraded one's would share one mapping). This one gets
+	 * another client port, as netfilter's implicit source NAT gives. */
 	s->sport = 0;
-	if ((kind & (CT_F_LOCAL | CT_F_HAIRPIN)) == CT_F_LOCAL)
+	if ((kind & (CT_F_LOCAL | CT_F_HAIRPIN)) == CT_F_LOCAL || kind == CT_F_SNAT)
 		ct_clash_sport(p, now);
 	return ct_put_flow(p, kind);
 }
@@ -414,16 +441,22 @@ static __always_inline void ct_restore_ingress(const struct ns_pkt *p,
 
 /* ct_delete_flow deletes the entries in ct of the flow of p (before DNAT)
  * whose service entry e is: an earlier flow on the tuple that a new one
- * replaces. A global function, verified once, off the hot path. */
+ * replaces. Its ingress entry only while it is still its own: a dead
+ * flow's tuple after DNAT may have gone to a live flow to another
+ * frontend since (ct_put_flow), whose replies need it. A global function,
+ * verified once, off the hot path. */
 __noinline int ct_delete_flow(const struct ns_pkt *p, const struct ct_entry *e)
 {
 	struct ct_scratch *s = ns_scratch();
+	const struct ct_entry *in;
 
 	if (!s || !p || !e)
 		return 0;
 	if (ct_has_ingress(e)) {
 		ct_ingress_tuple(&s->tuple2, p, e);
-		bpf_map_delete_elem(&ct, &s->tuple2);
+		in = bpf_map_lookup_elem(&ct, &s->tuple2);
+		if (in && ct_ingress_of(in, p))
+			bpf_map_delete_elem(&ct, &s->tuple2);
 	}
 	ct_tuple_set(&s->tuple2, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     CT_DIR_SERVICE);

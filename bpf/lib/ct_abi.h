@@ -34,14 +34,17 @@
 				   * node IP), not ns_config's snat_addr */
 #define CT_F_NEW         (1 << 9) /* a new flow's, in ct_new (ct.h): not yet
 				   * established; cleared when it moves to ct */
-#define CT_F_SPORT       (1 << 10) /* CT_F_LOCAL, not hairpin: the client's port
-				    * is rewritten, as another flow of the
+#define CT_F_SPORT       (1 << 10) /* CT_F_LOCAL (not hairpin) or CT_F_SNAT:
+				    * the client's port is rewritten (before
+				    * any SNAT), as another flow of the
 				    * client's address and port to another
 				    * frontend holds the tuple after DNAT
 				    * (ct.h). snat_port is then the port the
 				    * backend sees in the SERVICE entry, the
 				    * client's own in the INGRESS entry (whose
-				    * key has the port the backend sees) */
+				    * key has the port the backend sees); a
+				    * CT_F_SNAT flow keeps no copy of its nat
+				    * port then (ct_snat_copy) */
 
 /* ns_config.mode, --lb-mode. */
 #define NS_MODE_SNAT   0
@@ -79,9 +82,9 @@ struct ct_entry {
 	__u16  rev_nat_id;   /* lb_rev_nat index of the service */
 	__u16  flags;        /* CT_F_* */
 	__be16 snat_port;    /* SERVICE, CT_F_SNAT: the flow's nat port, a copy of
-			      * its egress mapping (0: not known); CT_F_SPORT:
-			      * the client port the backend sees (SERVICE) or
-			      * the client's own (INGRESS) */
+			      * its egress mapping (0: not known); CT_F_SPORT,
+			      * instead: the client port the backend sees
+			      * (SERVICE) or the client's own (INGRESS) */
 	__u64  packets;      /* in the key's direction */
 	__u64  bytes;
 	__u64  rx_packets;   /* replies (CT_DIR_INGRESS entries) */

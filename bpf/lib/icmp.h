@@ -235,7 +235,7 @@ static __always_inline int icmp_to_backend(struct __ctx_buff *ctx, struct ns_pkt
 		} else {
 			const struct ns_config *cfg = ns_cfg();
 
-			if (!cfg || !ce->snat_port)
+			if (!cfg || !ct_snat_copy(ce))
 				return -1;
 			__builtin_memcpy(s->nat.to_addr, snat_copy_source(cfg, ce, p->v6, &q->saddr)->b,
 					 sizeof(s->nat.to_addr));

@@ -286,7 +286,7 @@ static __always_inline bool ns_flow_kept(const struct ct_entry *e, __u8 proto)
 /* ns_established looks up the CT service entry of p and returns it when it
  * still decides the flow: alive (or kept, ns_flow_kept), not a SYN reusing
  * a closing tuple, and, for SNAT, with its nat port: copied into the entry
- * (snat_port), or else its egress mapping in *n. Then the entry holds all
+ * (ct_snat_copy), or else its egress mapping in *n. Then the entry holds all
  * that the translation needs, and no service, slot or backend entry is
  * read. Whether the flow is alive is checked by the first packet in each
  * CT second (alive_at): a deleted backend or frontend stops taking a UDP
@@ -315,10 +315,11 @@ static __always_inline struct ct_entry *ns_established(const struct ns_pkt *p, _
 		WRITE_ONCE(e->alive_at, now);
 	}
 	*n = NULL;
-	if ((e->flags & (CT_F_LOCAL | CT_F_DSR)) || e->snat_port)
+	if ((e->flags & (CT_F_LOCAL | CT_F_DSR)) || ct_snat_copy(e))
 		return e;
 	/* The egress mapping's key is the tuple after DNAT. */
 	__builtin_memcpy(t->daddr, e->nat_addr, sizeof(t->daddr));
+	t->sport = ct_client_port(e, p->sport);
 	t->dport = e->nat_port;
 	t->dir = NAT_DIR_EGRESS;
 	*n = snat_lookup(t);

@@ -219,6 +219,9 @@ static __always_inline void snat_cache(const struct ns_config *cfg, struct ct_en
 {
 	__u16 flags = e->flags;
 
+	/* snat_port holds the client port given (ct_snat_copy). */
+	if (flags & CT_F_SPORT)
+		return;
 	if (addr_equal(frontend, n->to_addr))
 		flags |= CT_F_SNAT_FE;
 	else if (addr_equal(snat_conf_addr(cfg, v6), n->to_addr))
@@ -268,7 +271,7 @@ static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry
 	const struct nat_entry *n;
 	bool fresh;
 
-	if (!(e->flags & CT_F_SNAT) || !e->snat_port)
+	if (!(e->flags & CT_F_SNAT) || !ct_snat_copy(e))
 		return;
 	node = snat_copy_source(cfg, e, p->v6, &p->daddr);
 	/* Both keys and the ingress value first: few values live across the
@@ -382,13 +385,14 @@ __noinline int ct_promote(const struct ns_pkt *p)
 	 * egress one (client -> backend) gives the ingress one's key. */
 	if (s->entry.flags & CT_F_SNAT) {
 		ct_tuple_set(&s->tuple2, &p->saddr, (const union lb_addr *)s->entry.nat_addr,
-			     p->sport, s->entry.nat_port, p->proto, NAT_DIR_EGRESS);
+			     ct_client_port(&s->entry, p->sport), s->entry.nat_port, p->proto,
+			     NAT_DIR_EGRESS);
 		if (snat_move(&s->tuple2, s)) {
 			/* The egress mapping is gone: the entry's copy of it
 			 * gives the ingress mapping's key. */
 			const struct ns_config *cfg = ns_cfg();
 
-			if (!cfg || !s->entry.snat_port)
+			if (!cfg || !ct_snat_copy(&s->entry))
 				goto ingress;
 			__builtin_memcpy(s->nat.to_addr,
 					 snat_copy_source(cfg, &s->entry, p->v6, &p->daddr)->b,

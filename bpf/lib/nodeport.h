@@ -198,6 +198,9 @@ static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_p
 	 * revive half of it. */
 	if (!e || e->lifetime < now)
 		return NS_DROP(SL_DROP_NO_CT);
+	/* A flow given another client port: the client's own. */
+	if (e->flags & CT_F_SPORT)
+		port = e->snat_port;
 	ct_update(e, cfg, p, ctx_len(ctx), now, true);
 	ct_note_syn_ack(ctx, p, e);
 	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
@@ -278,8 +281,9 @@ static __always_inline int ns_hairpin_reply(struct __ctx_buff *ctx, struct ns_pk
 }
 #endif /* SLUICE_POD_LB */
 
-/* ns_rewrite_sport gives a local flow whose tuple after DNAT another flow
- * holds (CT_F_SPORT, ct.h) the client port its backend sees: from its
+/* ns_rewrite_sport gives a flow whose tuple after DNAT another flow holds
+ * (CT_F_SPORT, ct.h) the client port its backend sees (before a masqueraded
+ * one's SNAT, whose mapping is keyed by it): from its
  * service entry e, or for the flow this packet created, the scratch. */
 static __always_inline int ns_rewrite_sport(struct __ctx_buff *ctx, struct ns_pkt *p,
 					    const struct ct_entry *e, bool created)
@@ -491,7 +495,7 @@ translate:
 	if ((kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
 		return ns_dsr_forward(ctx, p, cfg, &be_addr, be_port);
 	frontend = p->daddr;
-	if (!(kind & CT_F_LOCAL) && (n || (e && e->snat_port))) {
+	if (!(kind & CT_F_LOCAL) && (n || (e && ct_snat_copy(e)))) {
 		/* An established SNAT flow (e: its service entry): its
 		 * mapping, or the entry's copy of it; both sides at once. */
 		union lb_addr node __align_stack_8;

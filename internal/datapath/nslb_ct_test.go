@@ -206,7 +206,44 @@ func TestPrivilegedNorthSouthConntrackTupleClash(t *testing.T) {
 		setClock(t, n, dead+1)
 		toBackend("UDP to the second ExternalIP, a second later", udp(extUDP))
 		reply("UDP answer to the second flow, established", answer, extUDP)
+
+		// The port asks the first ExternalIP again: its dead flow, still
+		// in ct (not collected), is replaced, and the tuple after DNAT
+		// stays the second flow's, which lives: the new one gets another
+		// client port, and each flow's answers come from its frontend.
+		again := udp(apExtIP)
+		res, port := runClashing(t, n, prog, "UDP to the first ExternalIP again, beside a live flow on its tuple", again, 0)
+		moved := netip.AddrPortFrom(u.Addr(), port)
+		checkResult(t, kind, "UDP to the first ExternalIP again, another client port", again, res, vPass,
+			again.With(func(p *bpftest.Packet) { p.Src, p.Dst = moved, apLocal }))
+		reply("UDP answer to the second flow, beside the new one", answer, extUDP)
+		toMoved := answer.With(func(p *bpftest.Packet) { p.Dst = moved })
+		runPacket(t, egress, n.Programs().TCEgress, "UDP answer to the new flow, to the client's own port", toMoved, vPass,
+			answer.With(func(p *bpftest.Packet) { p.Src = apExtIP }))
 	})
+}
+
+// runClashing runs in, the first packet of a new flow whose tuple after
+// DNAT another live flow holds, and returns its result and the client port
+// the flow was given: its service entry must have CT_F_SPORT and the flags
+// of kind, and a port that is not the client's own.
+func runClashing(t *testing.T, n *NorthSouth, prog *ebpf.Program, name string, in bpftest.Packet,
+	kind uint16) (bpftest.Result, uint16) {
+	t.Helper()
+	res, err := bpftest.Run(prog, bpftest.Must(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, ok := ctEntry(t, n, in.Src, in.Dst, in.Proto, lbmap.CTDirService)
+	if !ok {
+		t.Fatalf("%s: no service entry", name)
+	}
+	want, port := kind|lbmap.CTFlagSPort, e.SNATPort.Host()
+	if e.Flags&want != want || port == 0 || port == in.Src.Port() {
+		t.Fatalf("%s: entry %s, port %d: want %s with another client port given",
+			name, lbmap.CTFlagsString(e.Flags), port, lbmap.CTFlagsString(want))
+	}
+	return res, port
 }
 
 // addSecondExternalIPs adds a second ExternalIP, TCP and UDP, whose backends
@@ -216,20 +253,8 @@ func addSecondExternalIPs(t *testing.T, n *NorthSouth) (tcp, udp netip.AddrPort)
 	t.Helper()
 	tcp = netip.MustParseAddrPort("198.19.200.3:80")
 	udp = netip.MustParseAddrPort("198.19.200.3:53")
-	m := n.Maps()
-	for _, s := range []struct {
-		ap      netip.AddrPort
-		proto   uint8
-		revNat  uint16
-		backend uint32
-	}{{tcp, bpftest.TCP, 20, 1}, {udp, bpftest.UDP, 21, 4}} {
-		key := lbmap.ServiceKey{Addr: lbmap.AddrFrom(s.ap.Addr()), Port: lbmap.PortFrom(s.ap.Port()),
-			Proto: s.proto, Scope: lbmap.ScopeExternal}
-		must(t, m.UpdateService(key, lbmap.ServiceValue{Count: 1, RevNatID: s.revNat, Flags: lbmap.SvcFlagExternalIP}))
-		key.Slot = 1
-		must(t, m.UpdateService(key, lbmap.ServiceValue{BackendID: s.backend, RevNatID: s.revNat}))
-		must(t, m.UpdateRevNat(s.revNat, lbmap.RevNatValue{Addr: lbmap.AddrFrom(s.ap.Addr()), Port: lbmap.PortFrom(s.ap.Port())}))
-	}
+	addFrontend(t, n, tcp, bpftest.TCP, 20, 1)
+	addFrontend(t, n, udp, bpftest.UDP, 21, 4)
 	return tcp, udp
 }
 
@@ -271,19 +296,7 @@ func TestPrivilegedNorthSouthConntrackClashRewritesPort(t *testing.T) {
 			reply("reply to the first flow", c.client.Port(), c.first)
 
 			second := to(c.other)
-			res, err := bpftest.Run(prog, bpftest.Must(second))
-			if err != nil {
-				t.Fatal(err)
-			}
-			e, ok := ctEntry(t, n, c.client, c.other, c.pkt.Proto, lbmap.CTDirService)
-			if !ok {
-				t.Fatalf("%s: no service entry for the second flow", c.name)
-			}
-			port := e.SNATPort.Host()
-			if e.Flags&lbmap.CTFlagSPort == 0 || port == 0 || port == c.client.Port() {
-				t.Fatalf("%s: second flow's entry %s, port %d: want a rewritten client port (SPORT)",
-					c.name, lbmap.CTFlagsString(e.Flags), port)
-			}
+			res, port := runClashing(t, n, prog, c.name+": second flow", second, 0)
 			moved := netip.AddrPortFrom(c.client.Addr(), port)
 			checkResult(t, kind, c.name+": second flow, the client port rewritten", second, res, vPass,
 				second.With(func(p *bpftest.Packet) { p.Src, p.Dst = moved, apLocal }))
@@ -327,6 +340,125 @@ func TestPrivilegedNorthSouthConntrackClashRewritesPort(t *testing.T) {
 			setClock(t, n, ctNow)
 		}
 	})
+}
+
+// The masqueraded half of TestPrivilegedNorthSouthConntrackClashRewritesPort:
+// two live flows from one client address and port to two frontends of one
+// remote backend (snat mode) would share one SNAT mapping, keyed by the
+// tuple after DNAT, and the replies of both would come from the newer
+// flow's frontend. As netfilter's implicit source NAT does, the second gets
+// another client port before the masquerading, so its own mapping and nat
+// port: each flow's replies, and ICMP errors about either, come from its own
+// frontend to the client's own port.
+func TestPrivilegedNorthSouthConntrackClashSNAT(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		otherTCP, otherUDP := addRemoteSecondFrontends(t, n)
+		for _, c := range []struct {
+			name         string
+			client       netip.AddrPort
+			first, other netip.AddrPort
+			backend      netip.AddrPort
+			pkt          bpftest.Packet
+		}{
+			{"UDP", client(41300), apLBUDP, otherUDP, apRemoteU, bpftest.Packet{Proto: bpftest.UDP, Payload: []byte("q")}},
+			{"TCP", client(43300), apLBTCP, otherTCP, apRemote, bpftest.Packet{Proto: bpftest.TCP, Flags: bpftest.ACK}},
+		} {
+			to := func(fe netip.AddrPort) bpftest.Packet {
+				return c.pkt.With(func(p *bpftest.Packet) { p.Src, p.Dst = c.client, fe })
+			}
+			// What the backend gets from nat port port, and its answer.
+			masq := func(in bpftest.Packet, port uint16) bpftest.Packet {
+				return in.With(func(p *bpftest.Packet) { p.Src, p.Dst = netip.AddrPortFrom(ipNode, port), c.backend })
+			}
+			answer := func(port uint16) bpftest.Packet {
+				return c.pkt.With(func(p *bpftest.Packet) { p.Src, p.Dst = c.backend, netip.AddrPortFrom(ipNode, port) })
+			}
+			reply := func(step string, port uint16, fe netip.AddrPort) {
+				t.Helper()
+				in := answer(port)
+				runPacket(t, kind, prog, c.name+": "+step, in, vPass,
+					in.With(func(p *bpftest.Packet) { p.Src, p.Dst = fe, c.client }))
+			}
+			first, second := to(c.first), to(c.other)
+			if _, err := bpftest.Run(prog, bpftest.Must(first)); err != nil {
+				t.Fatal(err)
+			}
+			natFirst := natPort(t, n, c.client, c.backend, c.pkt.Proto)
+			reply("reply to the first flow", natFirst, c.first)
+
+			res, given := runClashing(t, n, prog, c.name+": second flow", second, lbmap.CTFlagSNAT)
+			natSecond := natPort(t, n, netip.AddrPortFrom(c.client.Addr(), given), c.backend, c.pkt.Proto)
+			if natSecond == natFirst {
+				t.Fatalf("%s: both flows masqueraded to nat port %d", c.name, natFirst)
+			}
+			checkResult(t, kind, c.name+": second flow, its own mapping", second, res, vPass, masq(second, natSecond))
+			reply("reply to the second flow", natSecond, c.other)
+			reply("reply to the first flow, after the second began", natFirst, c.first)
+
+			// Later seconds: both established, each with its own port.
+			for _, now := range []uint64{ctNow + 1, ctNow + 2} {
+				runPacket(t, kind, prog, c.name+": first flow, later", first, vPass, masq(first, natFirst))
+				runPacket(t, kind, prog, c.name+": second flow, later", second, vPass, masq(second, natSecond))
+				reply("reply to the second flow, later", natSecond, c.other)
+				reply("reply to the first flow, later", natFirst, c.first)
+				setClock(t, n, now)
+			}
+			runPacket(t, kind, prog, c.name+": second flow, established", second, vPass, masq(second, natSecond))
+			if e, ok := ctEntry(t, n, c.client, c.other, c.pkt.Proto, lbmap.CTDirService); !ok || e.Flags&lbmap.CTFlagNew != 0 {
+				t.Errorf("%s: the second flow is not established (entry found %v, flags %s)", c.name, ok, lbmap.CTFlagsString(e.Flags))
+			}
+			if got := natPort(t, n, netip.AddrPortFrom(c.client.Addr(), given), c.backend, c.pkt.Proto); got != natSecond {
+				t.Errorf("%s: the second flow's nat port moved from %d to %d", c.name, natSecond, got)
+			}
+			reply("reply to the second flow, established", natSecond, c.other)
+			reply("reply to the first flow, established", natFirst, c.first)
+
+			// The backend's ICMP error about the second flow's packet
+			// reaches the client about the packet it sent, from the
+			// second frontend.
+			icmpIn := bpftest.ICMPError{
+				Src: c.backend.Addr(), Dst: ipNode, Type: bpftest.ICMPDestUnreach, Code: bpftest.ICMPPortUnreach,
+				Quote: masq(second, natSecond),
+			}
+			runPacket(t, kind, prog, c.name+": backend's ICMP error about the second flow", icmpIn, vPass,
+				icmpIn.With(func(e *bpftest.ICMPError) { e.Src, e.Dst, e.Quote = c.other.Addr(), c.client.Addr(), second }))
+			// The client side's error about a reply of the second flow
+			// reaches the backend about the reply it sent.
+			got := c.pkt.With(func(p *bpftest.Packet) { p.Src, p.Dst = c.other, c.client })
+			clientErr := bpftest.ICMPError{
+				Src: c.client.Addr(), Dst: c.other.Addr(), Type: bpftest.ICMPDestUnreach, Code: bpftest.ICMPPortUnreach,
+				Quote: got,
+			}
+			runPacket(t, kind, prog, c.name+": client's ICMP error about a reply of the second flow", clientErr, vPass,
+				clientErr.With(func(e *bpftest.ICMPError) { e.Src, e.Dst, e.Quote = ipNode, c.backend.Addr(), answer(natSecond) }))
+			setClock(t, n, ctNow)
+		}
+	})
+}
+
+// addRemoteSecondFrontends adds a second ExternalIP, TCP and UDP, whose
+// backends are the remote ones of apLBTCP and apLBUDP: two frontends of
+// one masqueraded backend.
+func addRemoteSecondFrontends(t *testing.T, n *NorthSouth) (tcp, udp netip.AddrPort) {
+	t.Helper()
+	tcp = netip.MustParseAddrPort("198.19.200.4:80")
+	udp = netip.MustParseAddrPort("198.19.200.4:53")
+	addFrontend(t, n, tcp, bpftest.TCP, 22, 2)
+	addFrontend(t, n, udp, bpftest.UDP, 23, 3)
+	return tcp, udp
+}
+
+// addFrontend adds ExternalIP ap of proto, rev NAT id revNat, served by
+// the one backend id backend.
+func addFrontend(t *testing.T, n *NorthSouth, ap netip.AddrPort, proto uint8, revNat uint16, backend uint32) {
+	t.Helper()
+	m := n.Maps()
+	key := lbmap.ServiceKey{Addr: lbmap.AddrFrom(ap.Addr()), Port: lbmap.PortFrom(ap.Port()),
+		Proto: proto, Scope: lbmap.ScopeExternal}
+	must(t, m.UpdateService(key, lbmap.ServiceValue{Count: 1, RevNatID: revNat, Flags: lbmap.SvcFlagExternalIP}))
+	key.Slot = 1
+	must(t, m.UpdateService(key, lbmap.ServiceValue{BackendID: backend, RevNatID: revNat}))
+	must(t, m.UpdateRevNat(revNat, lbmap.RevNatValue{Addr: lbmap.AddrFrom(ap.Addr()), Port: lbmap.PortFrom(ap.Port())}))
 }
 
 // A new TCP flow moves to the established table only when the client

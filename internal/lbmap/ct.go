@@ -41,10 +41,12 @@ const (
 	CTFlagHairpin     uint16 = 1 << 7 // per-packet LB: a pod to its own Service
 	CTFlagSNATFE      uint16 = 1 << 8 // SNATPort's source address is the frontend
 	CTFlagNew         uint16 = 1 << 9 // a new flow's, in ct_new: not yet established
-	// CTFlagSPort: a local flow whose client port is rewritten, as another
-	// flow of the client's address and port to another frontend of the
-	// backend holds the tuple after DNAT. SNATPort is the port the backend
-	// sees (service entry) or the client's own (ingress entry).
+	// CTFlagSPort: a flow to a local or masqueraded backend whose client
+	// port is rewritten (before any SNAT), as another flow of the client's
+	// address and port to another frontend of the backend holds the tuple
+	// after DNAT. SNATPort is the port the backend sees (service entry; a
+	// masqueraded flow's nat port is then in its mapping only) or the
+	// client's own (ingress entry).
 	CTFlagSPort uint16 = 1 << 10
 )
 
@@ -193,6 +195,29 @@ func (c *CT) Dump() ([]CTRecord, error) {
 	}
 	addPending(recs, pending)
 	return recs, nil
+}
+
+// Lookup returns the entry under key as the datapath finds it (ct_lookup):
+// an established flow's in ct, else a new flow's in ct_new. Its counters
+// are the entry's own (no flow cache read).
+func (c *CT) Lookup(key CTTuple) (CTEntry, bool, error) {
+	var e CTEntry
+	for _, m := range []struct {
+		m    *ebpf.Map
+		name string
+	}{{c.m, CTMapName}, {c.fresh, CTNewMapName}} {
+		if m.m == nil {
+			continue
+		}
+		err := m.m.Lookup(&key, &e)
+		if err == nil {
+			return e, true, nil
+		}
+		if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return e, false, fmt.Errorf("look up %s in %s: %w", key, m.name, err)
+		}
+	}
+	return e, false, nil
 }
 
 // Len returns how many entries both tables hold (no flow cache read).

@@ -9,18 +9,16 @@ package pktfuzz
 // TestPrivilegedOpenFindings replays and which must still break the
 // invariant: once fixed, move them to testdata/fuzz/FuzzPackets/ (every
 // go test replays those) and delete the entry here.
-var openFindings = []struct {
+type openFinding struct {
 	name  string
 	match func(*Violation) bool
-}{
-	// One client address and port to two frontends that share a backend
-	// (two Services selecting one pod; behind a port-preserving NAT any
-	// two clients): both flows are one tuple after DNAT, the second takes
-	// the first's SNAT mapping, and replies are restored to the other
-	// frontend. Linux conntrack picks another source port for the second.
-	{"shared-backend-port", func(v *Violation) bool {
-		return v.Rule == RuleRoundTrip && v.back.dst == v.req.src && v.back.src.IsValid() && v.back.src != v.req.dst
-	}},
+}
+
+var openFindings = []openFinding{
+	// None today. The last one, "shared-backend-port" (one client address
+	// and port to two frontends of one masqueraded backend sharing a SNAT
+	// mapping), was fixed on 2026-11-28: its input is in
+	// testdata/fuzz/FuzzPackets/shared-backend-port-udp.
 }
 
 // OpenFinding names the open finding v is an instance of; "" for a new one.

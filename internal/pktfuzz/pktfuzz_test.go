@@ -171,8 +171,19 @@ func TestPrivilegedOpenFindings(t *testing.T) {
 	}
 	t.Cleanup(fz.Close)
 	files, err := filepath.Glob("testdata/findings/*")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no finding inputs in testdata/findings: %v", err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each open finding has inputs, and each input is an open finding's.
+	for _, f := range openFindings {
+		if !slices.ContainsFunc(files, func(file string) bool { return strings.HasPrefix(filepath.Base(file), f.name+"-") }) {
+			t.Errorf("open finding %q has no inputs in testdata/findings/%s-*", f.name, f.name)
+		}
+	}
+	for _, file := range files {
+		if !slices.ContainsFunc(openFindings, func(f openFinding) bool { return strings.HasPrefix(filepath.Base(file), f.name+"-") }) {
+			t.Errorf("%s is no open finding's input (open.go)", file)
+		}
 	}
 	for _, file := range files {
 		t.Run(filepath.Base(file), func(t *testing.T) {

@@ -202,18 +202,17 @@ func TestPrivilegedNorthSouthModes(t *testing.T) {
 			// each reply must still come from the address asked (the
 			// datapath gives the later flows another client port, as
 			// netfilter does). Local: DNAT on the entry node; remote in
-			// dsr mode: on the backend node. Remote UDP in snat and hybrid
-			// mode is masqueraded: docs/semantics.md.
-			type oneBackend struct {
+			// dsr mode: on the backend node; remote UDP in snat and
+			// hybrid mode: before the masquerading, so each flow has its
+			// own mapping.
+			for _, o := range []struct {
 				name string
 				a    addrs
 				pod  lab.Pod
-			}
-			one := []oneBackend{{"a local backend", addrs{k: 74}, node1.Pods[0]}}
-			if mode == lab.LBModeDSR {
-				one = append(one, oneBackend{"a remote backend", addrs{k: 75}, node2.Pods[0]})
-			}
-			for _, o := range one {
+			}{
+				{"a local backend", addrs{k: 74}, node1.Pods[0]},
+				{"a remote backend", addrs{k: 75}, node2.Pods[0]},
+			} {
 				apply(t, l, nsService("ns-one-"+o.pod.Name, o.a, map[string]string{lab.LabelPod: o.pod.Name}))
 				programmed(t, l, 1, nsFrontends(o.a)...)
 				for _, v6 := range []bool{false, true} {
