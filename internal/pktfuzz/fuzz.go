@@ -3,6 +3,7 @@ package pktfuzz
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"net/netip"
 	"runtime"
@@ -161,6 +162,9 @@ func (fz *Fuzzer) packet(frame []byte, gso bool) (*Violation, error) {
 	fz.mode = fz.clk.mode
 	fz.Stats.Packets++
 	inf := parseFrame(frame)
+	mu := fz.node.senderLock(inf)
+	mu.Lock()
+	defer mu.Unlock()
 	var g gsoInfo
 	if gso {
 		g = gsoOf(frame)
@@ -197,6 +201,21 @@ func (fz *Fuzzer) packet(frame []byte, gso bool) (*Violation, error) {
 		}
 	}
 	return nil, nil
+}
+
+// senderLock is the lock of the packets of f's source address and port.
+// A packet and its round trips hold it, so that another Fuzzer's packet of
+// the same client (the same flow, or another flow from its address and
+// port) never runs between a request, the checks of what it left in the
+// maps, and its reply: a round trip's right answer is defined by the
+// client's own sequence. On a real node a flow's packets arrive on one
+// CPU (RSS) and never race each other; packets of different clients still
+// run on every Fuzzer at once.
+func (n *Node) senderLock(f frameInfo) *sync.Mutex {
+	h := fnv.New32a()
+	h.Write(f.src.AsSlice())
+	h.Write([]byte{byte(f.sport >> 8), byte(f.sport)})
+	return &n.senders[h.Sum32()%uint32(len(n.senders))]
 }
 
 // runt: the kernel's BPF_PROG_RUN for tc (bpf_prog_test_run_skb) refuses

@@ -91,6 +91,9 @@ type Node struct {
 
 	clkOnce sync.Once
 	clk     *clock // the CT clock and mode its Fuzzers share
+	// senders serialize the packets of one source address and port
+	// across Fuzzers (senderLock).
+	senders [64]sync.Mutex
 }
 
 // NewNode loads the programs over pins of its own, programs the maps from
