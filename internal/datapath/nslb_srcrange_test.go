@@ -24,14 +24,12 @@ import (
 var processedInsns = regexp.MustCompile(`processed (\d+) insns`)
 
 // The verifier's budget is 1M processed instructions. Logs every ingress
-// program's count and fails above 400K (2026-11-28: 6.18 tc ~248K, xdp
-// ~309K; 2026-11-27: 6.12 tc ~279K, xdp ~335K), 600K on kernels before
-// 6.12, whose verifier processes more of the same objects (2026-11-28,
-// 6.1: tc ~474K, xdp ~548K, up from ~386K and ~430K measured earlier on
-// 2026-11-27: the flow cache's one-line layout added 8K, the rest came
-// between, not bisected; every
-// program's figures: TestPrivilegedVerifierHeadroom, which holds each at
-// 700K on every kernel), so a change
+// program's count and fails above 400K (2026-11-28: 6.18 tc ~228K, xdp
+// ~311K; 6.12 tc ~281K, xdp ~358K), 600K on kernels before 6.12, whose
+// verifier processes more of the same objects (2026-11-28, 6.1: tc ~460K,
+// xdp ~545K, up from ~386K and ~430K on 2026-11-27; every program's
+// figures: docs/kernels.md and TestPrivilegedVerifierHeadroom, which holds
+// each at 700K on every kernel), so a change
 // that doubles the paths the verifier walks, or brings back a helper path
 // per packet access, is caught long before an older or stricter verifier
 // refuses the program, and before the agent's start slows down.
