@@ -291,15 +291,20 @@ func ctTable(now uint32, recs []lbmap.CTRecord) *api.BPFCT {
 		if f := lbmap.CTFlagsString(e.Flags); f != "" {
 			flags = strings.Split(f, "|")
 		}
+		var clientPort uint16
+		if e.Flags&lbmap.CTFlagSPort != 0 {
+			clientPort = e.SNATPort.Host()
+		}
 		out.Entries = append(out.Entries, api.CTEntry{
-			Tuple:     tupleString(k),
-			Direction: dirString(k.Dir),
-			Flags:     flags,
-			BackendID: e.BackendID,
-			NAT:       addrPort(e.NATAddr, e.NATPort),
-			RevNatID:  e.RevNatID,
-			Remaining: int64(e.Lifetime) - int64(now),
-			Packets:   e.Packets, Bytes: e.Bytes, RxPackets: e.RxPackets, RxBytes: e.RxBytes,
+			ClientPort: clientPort,
+			Tuple:      tupleString(k),
+			Direction:  dirString(k.Dir),
+			Flags:      flags,
+			BackendID:  e.BackendID,
+			NAT:        addrPort(e.NATAddr, e.NATPort),
+			RevNatID:   e.RevNatID,
+			Remaining:  int64(e.Lifetime) - int64(now),
+			Packets:    e.Packets, Bytes: e.Bytes, RxPackets: e.RxPackets, RxBytes: e.RxBytes,
 		})
 	}
 	slices.SortFunc(out.Entries, func(x, y api.CTEntry) int {

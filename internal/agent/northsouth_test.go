@@ -28,11 +28,15 @@ func TestCTTableRendering(t *testing.T) {
 			Entry: lbmap.CTEntry{NATAddr: addr("198.19.200.2"), NATPort: lbmap.PortFrom(80), RevNatID: 4, Lifetime: 995, Packets: 1, Bytes: 60, RxPackets: 1, RxBytes: 70}},
 		{Key: lbmap.CTTuple{SAddr: addr("198.18.0.2"), DAddr: addr("198.18.0.11"), SPort: lbmap.PortFrom(41000), DPort: lbmap.PortFrom(30080), Proto: 6, Dir: lbmap.CTDirService},
 			Entry: lbmap.CTEntry{NATAddr: addr("198.18.2.10"), NATPort: lbmap.PortFrom(8080), RevNatID: 1, Flags: lbmap.CTFlagSYN | lbmap.CTFlagSNAT, Lifetime: 1059, BackendID: 2, Packets: 3, Bytes: 180}},
+		{Key: lbmap.CTTuple{SAddr: addr("198.18.0.2"), DAddr: addr("198.19.200.4"), SPort: lbmap.PortFrom(41000), DPort: lbmap.PortFrom(80), Proto: 6, Dir: lbmap.CTDirService},
+			Entry: lbmap.CTEntry{NATAddr: addr("198.18.2.10"), NATPort: lbmap.PortFrom(8080), RevNatID: 2, Flags: lbmap.CTFlagSNAT | lbmap.CTFlagSPort, SNATPort: lbmap.PortFrom(2345), Lifetime: 1059, BackendID: 2}},
 	}
 	got := ctTable(1000, recs)
 	want := []api.CTEntry{
 		{Tuple: "TCP 198.18.0.2:41000 -> 198.18.0.11:30080", Direction: "service", Flags: []string{"SYN", "SNAT"},
 			BackendID: 2, NAT: "198.18.2.10:8080", RevNatID: 1, Remaining: 59, Packets: 3, Bytes: 180},
+		{Tuple: "TCP 198.18.0.2:41000 -> 198.19.200.4:80", Direction: "service", Flags: []string{"SNAT", "SPORT"},
+			BackendID: 2, NAT: "198.18.2.10:8080", RevNatID: 2, ClientPort: 2345, Remaining: 59},
 		{Tuple: "UDP 198.18.0.2:41001 -> 198.18.1.10:8080", Direction: "ingress", NAT: "198.19.200.2:80",
 			RevNatID: 4, Remaining: -5, Packets: 1, Bytes: 60, RxPackets: 1, RxBytes: 70},
 	}
@@ -42,9 +46,9 @@ func TestCTTableRendering(t *testing.T) {
 	for i := range want {
 		g, w := got.Entries[i], want[i]
 		if g.Tuple != w.Tuple || g.Direction != w.Direction || strings.Join(g.Flags, "|") != strings.Join(w.Flags, "|") ||
-			g.BackendID != w.BackendID || g.NAT != w.NAT || g.RevNatID != w.RevNatID || g.Remaining != w.Remaining ||
+			g.BackendID != w.BackendID || g.NAT != w.NAT || g.RevNatID != w.RevNatID || g.ClientPort != w.ClientPort || g.Remaining != w.Remaining ||
 			g.Packets != w.Packets || g.Bytes != w.Bytes || g.RxPackets != w.RxPackets || g.RxBytes != w.RxBytes {
-			t.Errorf("entry %d (key %s):\n got %+v\nwant %+v", i, recs[1-i].Key, g, w)
+			t.Errorf("entry %d:\n got %+v\nwant %+v", i, g, w)
 		}
 	}
 

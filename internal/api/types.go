@@ -352,6 +352,11 @@ type CTEntry struct {
 	BackendID uint32 `json:"backendID,omitempty"`
 	NAT       string `json:"nat"`
 	RevNatID  uint16 `json:"revNatID"`
+	// ClientPort, with the SPORT flag (another live flow of the client's
+	// address and port held the tuple after DNAT): the client port the
+	// backend knows the flow by (service entry), or the client's own that
+	// replies get back (ingress entry).
+	ClientPort uint16 `json:"clientPort,omitempty"`
 	// Remaining is the lifetime left in seconds; negative: dead, awaiting
 	// garbage collection.
 	Remaining int64  `json:"remaining"`

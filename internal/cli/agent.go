@@ -171,6 +171,9 @@ func writeBPFCT(w io.Writer, d *api.BPFCT) error {
 	fmt.Fprintln(tw, "TUPLE\tDIRECTION\tFLAGS\tBACKEND\tREVNAT\tLIFETIME\tPACKETS/BYTES\tREPLY PACKETS/BYTES")
 	for _, e := range d.Entries {
 		flags := strings.Join(e.Flags, "|")
+		if e.ClientPort != 0 { // the port given, or the client's own
+			flags = strings.Replace(flags, "SPORT", fmt.Sprintf("SPORT=%d", e.ClientPort), 1)
+		}
 		if flags == "" {
 			flags = "-"
 		}

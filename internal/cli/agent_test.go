@@ -45,6 +45,8 @@ func (fakeAgent) BPFCT(context.Context) (*api.BPFCT, error) {
 	return &api.BPFCT{Now: 1000, Entries: []api.CTEntry{
 		{Tuple: "TCP 198.18.0.2:41000 -> 198.18.0.11:30080", Direction: "service", Flags: []string{"SYN", "SNAT"},
 			BackendID: 2, NAT: "198.18.2.10:8080", RevNatID: 1, Remaining: 59, Packets: 3, Bytes: 180},
+		{Tuple: "TCP 198.18.0.2:41000 -> 198.19.200.4:80", Direction: "service", Flags: []string{"SNAT", "SPORT"},
+			BackendID: 2, NAT: "198.18.2.10:8080", RevNatID: 2, ClientPort: 2345, Remaining: 59},
 		{Tuple: "UDP 198.18.0.2:41001 -> 198.18.1.10:8080", Direction: "ingress", NAT: "198.19.200.2:80",
 			RevNatID: 4, Remaining: -5, Packets: 1, Bytes: 60, RxPackets: 1, RxBytes: 70},
 	}}, nil
@@ -132,6 +134,7 @@ func TestAgentCommandsTable(t *testing.T) {
 		{[]string{"bpf", "ct", "list", "--api-socket", sock}, []string{
 			"TUPLE", "DIRECTION", "LIFETIME", "PACKETS/BYTES",
 			"TCP 198.18.0.2:41000 -> 198.18.0.11:30080", "service", "SYN|SNAT", "2 (198.18.2.10:8080)", "59s", "3/180", "0/0",
+			"TCP 198.18.0.2:41000 -> 198.19.200.4:80", "SNAT|SPORT=2345",
 			"UDP 198.18.0.2:41001 -> 198.18.1.10:8080", "ingress", "198.19.200.2:80", "expired", "1/60", "1/70"}},
 		{[]string{"bpf", "nat", "list", "--api-socket", sock}, []string{
 			"TRANSLATED TO", "TCP 198.18.0.2:41000 -> 198.18.2.10:8080", "nat-egress", "198.18.0.11:40001", "3s"}},
