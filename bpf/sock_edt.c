@@ -45,14 +45,23 @@ volatile const __u32 bw_pace_pct = 100;
 #define BW_TCP4_OVERHEAD 66
 #define BW_TCP6_OVERHEAD 86
 
+/* The pinned map's value keeps its size and places across upgrades: an
+ * entry of an older agent (a 64-bit epoch, a 32-bit v6) reads as one with
+ * no thin bytes. */
 struct bw_sock {
-	__u32 id;    /* the Pod's aggregate */
-	__u32 rate;  /* SO_MAX_PACING_RATE set, payload bytes per second */
-	__u64 epoch; /* the window it was last looked at in */
-	__u32 v6;    /* its packets are IPv6 */
-	__u32 segs;  /* data_segs_out then */
-	__u64 acked; /* bytes_acked then */
+	__u32 id;        /* the Pod's aggregate */
+	__u32 rate;      /* SO_MAX_PACING_RATE set, payload bytes per second */
+	__u32 epoch;     /* the window it was last looked at in (its low 32
+			  * bits: 18 years of windows) */
+	__u32 thin_prev; /* wire bytes it added to its Pod's thin count as a
+			  * thin socket in window epoch - 1 */
+	__u32 v6 : 1;    /* its packets are IPv6 */
+	__u32 thin : 31; /* ... in window epoch (0: counted sending) */
+	__u32 segs;      /* data_segs_out then */
+	__u64 acked;     /* bytes_acked then */
 };
+
+#define BW_SOCK_THIN_MAX 0x7fffffffULL /* bw_sock.thin's 31 bits */
 
 /* TCP socket -> its Pod's aggregate and pacing. */
 struct {
@@ -99,22 +108,24 @@ static __always_inline void bw_pace(struct bpf_sock_ops *skops, struct bw_sock *
 	struct bw_limit *lim;
 	struct bw_state *st = bw_lookup(s->id, BW_DIR_EGRESS, &lim);
 	__u64 epoch, e, n, mss, rate, acked, sent, half, thin, w, ovh;
-	__u32 cur, prev, v, segs;
+	__u32 cur, prev, v, segs, win;
 
 	if (!st)
 		return;
 	epoch = bpf_ktime_get_ns() >> BW_WINDOW_SHIFT;
+	win = epoch;
 	ovh = s->v6 ? BW_TCP6_OVERHEAD : BW_TCP4_OVERHEAD;
-	if (count && s->epoch != epoch) {
+	if (count && s->epoch != win) {
 		/* What it sent per window since it was last looked at; one
 		 * that has no rate yet (just opened) counts at once. */
 		acked = skops->bytes_acked;
 		segs = skops->data_segs_out;
-		w = s->epoch && epoch > s->epoch ? epoch - s->epoch : 1;
+		w = s->epoch && win - s->epoch < 0x80000000U ? win - s->epoch : 1;
 		sent = (acked - s->acked) / w;
 		half = ((__u64)s->rate << BW_WINDOW_SHIFT) / NSEC_PER_SEC / 2;
 		thin = sent + (__u64)(segs - s->segs) * ovh / w;
-		s->epoch = epoch;
+		s->thin_prev = s->epoch + 1 == win ? s->thin : 0;
+		s->epoch = win;
 		s->acked = acked;
 		s->segs = segs;
 		/* The first socket of a window starts its count; a race here
@@ -127,20 +138,29 @@ static __always_inline void bw_pace(struct bpf_sock_ops *skops, struct bw_sock *
 			WRITE_ONCE(st->thin_cur, 0);
 			WRITE_ONCE(st->act_epoch, epoch);
 		}
-		if (!s->rate || sent >= half)
+		if (!s->rate || sent >= half) {
 			__sync_fetch_and_add(&st->act_cur, 1);
-		else
+			s->thin = 0;
+		} else {
 			__sync_fetch_and_add(&st->thin_cur, thin);
+			s->thin = thin < BW_SOCK_THIN_MAX ? thin : BW_SOCK_THIN_MAX;
+		}
 	}
 	cur = READ_ONCE(st->act_cur);
 	prev = READ_ONCE(st->act_prev);
 	n = cur > prev ? cur : prev;
 	if (!n)
 		n = 1;
-	/* The rate the thin sockets leave, wire bytes per second: at least
-	 * a quarter of the Pod's. */
+	/* The rate the other thin sockets leave, wire bytes per second: at
+	 * least a quarter of the Pod's. Not this one's own: a socket that
+	 * sent less than half its share in a window (alone, on a busy CPU)
+	 * must not lower its own cap by what it sent. */
 	thin = READ_ONCE(st->thin_cur);
 	e = READ_ONCE(st->thin_prev);
+	if (s->epoch == win) {
+		thin -= thin < s->thin ? thin : s->thin;
+		e -= e < s->thin_prev ? e : s->thin_prev;
+	}
 	thin = ((thin > e ? thin : e) * NSEC_PER_SEC) >> BW_WINDOW_SHIFT;
 	rate = lim->bps - (thin < lim->bps / 4 * 3 ? thin : lim->bps / 4 * 3);
 	mss = skops->mss_cache;

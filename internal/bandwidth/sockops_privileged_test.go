@@ -66,6 +66,18 @@ func TestPrivilegedSockOps(t *testing.T) {
 			t.Errorf("bulk socket next to one sending 64 bytes every 10 ms: pacing %d, want the Pod's rate less the thin one's, in [%d, %d)", p, lo, hi)
 		}
 	})
+	t.Run("a lone thin socket keeps the whole rate", func(t *testing.T) {
+		// What a socket sends as a thin one lowers the other sockets'
+		// rate, never its own: alone, it is capped at the Pod's rate
+		// (a bulk socket starved below half its share for a window,
+		// on a busy CPU, is such a socket).
+		waitDrained(t, env.pod)
+		time.Sleep(300 * time.Millisecond)
+		got := runHelper(t, env.pod, cg, helperSpec{Server: server, Thin: 1, Send: time.Second})
+		if want := PacingRate(lim.BytesPerSecond, 1448, 1, false); got[0].PacingRate != want {
+			t.Errorf("the Pod's one socket, sending 64 bytes every 10 ms: pacing %d, want %d (the Pod's rate)", got[0].PacingRate, want)
+		}
+	})
 	t.Run("not a Pod", func(t *testing.T) {
 		got := runHelper(t, env.node, cg, helperSpec{Server: server, Sockets: 1, Send: 100 * time.Millisecond})
 		if s := got[0]; s.CC != "reno" || s.PacingRate != ^uint64(0) || s.ECN {
