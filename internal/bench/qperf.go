@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -61,10 +62,14 @@ type QperfConfig struct {
 	Runs       int
 	Tuned      bool // also the tuned rows (lab tune apply, reverted)
 	Profile    string
-	Prefix     string
-	Exe        string // sluice
-	AgentBin   string
-	Progress   io.Writer
+	// CPUs pins the clients (qperf, sockperf) to CPUs[0] and the servers
+	// to CPUs[1] (taskset), or nothing when empty: on a small machine
+	// the scheduler moving them is much of the run-to-run spread.
+	CPUs     []int
+	Prefix   string
+	Exe      string // sluice
+	AgentBin string
+	Progress io.Writer
 }
 
 // QperfRow is one figure over the runs.
@@ -90,7 +95,37 @@ type QperfReport struct {
 	Rows    []QperfRow        `json:"rows"`
 	Skipped map[string]string `json:"skipped,omitempty"` // dataplane → why
 	Tuning  []string          `json:"tuning,omitempty"`  // what lab tune apply changed
+	// The targets, run by run: Pod to Service over Pod to Pod IP, and
+	// tuned over untuned (compare).
+	Comparisons []QperfComparison `json:"comparisons,omitempty"`
 }
+
+// Comparisons of QperfReport.
+const (
+	QperfServiceOverPodIP = "service/pod-ip"
+	QperfTunedOverUntuned = "tuned/untuned"
+)
+
+// QperfComparison is one target's figure: the paired ratio of two rows'
+// runs (they alternate, so each pair ran minutes apart at most) and what
+// it shows.
+type QperfComparison struct {
+	Dataplane string    `json:"dataplane"`
+	What      string    `json:"what"` // QperfServiceOverPodIP or QperfTunedOverUntuned
+	Path      string    `json:"path,omitempty"`
+	Tuning    string    `json:"tuning,omitempty"`
+	Test      string    `json:"test"`
+	MsgSize   string    `json:"msg_size"`
+	Metric    string    `json:"metric"`
+	Ratio     PairRatio `json:"ratio"`
+	// Service over Pod IP (latency): within, outside or not shown against
+	// the 3% target; tuned over untuned: better, worse or not resolved.
+	Verdict string `json:"verdict"`
+}
+
+// qperfServiceBound is the target for Pod to Service latency over Pod to
+// Pod IP latency.
+const qperfServiceBound = 1.03
 
 // Validate checks the configuration.
 func (c QperfConfig) Validate() error {
@@ -115,7 +150,24 @@ func (c QperfConfig) Validate() error {
 			return fmt.Errorf("--dataplanes: %q: want one of %s", d, strings.Join(lab.Dataplanes, ", "))
 		}
 	}
+	if len(c.CPUs) != 0 && len(c.CPUs) != 2 {
+		return fmt.Errorf("--cpus %v: want two CPUs, the clients' and the servers' (such as 0,1)", c.CPUs)
+	}
+	for _, cpu := range c.CPUs {
+		if cpu < 0 || cpu >= runtime.NumCPU() {
+			return fmt.Errorf("--cpus: CPU %d: this machine has CPUs 0 to %d", cpu, runtime.NumCPU()-1)
+		}
+	}
 	return nil
+}
+
+// pin is the taskset prefix of a client (side 0) or server (side 1)
+// command, or none.
+func (c QperfConfig) pin(side int) []string {
+	if len(c.CPUs) != 2 {
+		return nil
+	}
+	return []string{"taskset", "-c", strconv.Itoa(c.CPUs[side])}
 }
 
 // parseQperfSize checks a message size as qperf reads it (bytes, or K,
@@ -154,10 +206,48 @@ func RunQperf(ctx context.Context, cfg QperfConfig) (*QperfReport, error) {
 	}
 	rep := &QperfReport{Kernel: kernelRelease(), Start: time.Now().UTC(), Config: cfg, Skipped: map[string]string{}}
 	err := eachDataplane(cfg.Dataplanes, rep.Skipped, cfg.step, func(d string) error { return runQperfDataplane(ctx, cfg, d, rep) })
+	rep.compare()
 	if err != nil {
 		return rep, err
 	}
 	return rep, nil
+}
+
+// compare fills the report's Comparisons from its rows: for each Pod IP
+// latency row, its Service row over it; for each untuned row, its tuned
+// row over it.
+func (r *QperfReport) compare() {
+	r.Comparisons = nil
+	add := func(c QperfComparison, num, den *QperfRow) {
+		if num == nil || den == nil {
+			return
+		}
+		ratio, ok := PairedRatio(num.Values, den.Values)
+		if !ok {
+			return
+		}
+		c.Dataplane, c.Test, c.MsgSize, c.Metric, c.Ratio = den.Dataplane, den.Test, den.MsgSize, den.Metric, ratio
+		if c.What == QperfServiceOverPodIP {
+			c.Verdict = ratio.Within(qperfServiceBound)
+		} else {
+			c.Verdict = ratio.NoWorse(isLatency(*den))
+		}
+		r.Comparisons = append(r.Comparisons, c)
+	}
+	for i := range r.Rows {
+		row := &r.Rows[i]
+		if row.Path == QperfPodIP && isLatency(*row) {
+			add(QperfComparison{What: QperfServiceOverPodIP, Tuning: row.Tuning},
+				r.row(row.Dataplane, QperfService, row.Tuning, row.Test, row.MsgSize, row.Metric), row)
+		}
+	}
+	for i := range r.Rows {
+		row := &r.Rows[i]
+		if row.Tuning == "untuned" {
+			add(QperfComparison{What: QperfTunedOverUntuned, Path: row.Path},
+				r.row(row.Dataplane, row.Path, "tuned", row.Test, row.MsgSize, row.Metric), row)
+		}
+	}
 }
 
 func runQperfDataplane(ctx context.Context, cfg QperfConfig, d string, rep *QperfReport) (err error) {
@@ -187,7 +277,7 @@ func runQperfDataplane(ctx context.Context, cfg QperfConfig, d string, rep *Qper
 		if stop := stops[where]; stop != nil {
 			stop()
 		}
-		stop, err := startServers(l, where)
+		stop, err := startServers(l, where, cfg.pin(1))
 		if err != nil {
 			return err
 		}
@@ -285,7 +375,7 @@ func qperfRun(ctx context.Context, cfg QperfConfig, l *lab.Lab, targets []qperfT
 	for _, tg := range targets {
 		for _, size := range cfg.Sizes {
 			cfg.step("%s: %s, message size %s", what, tg.path, size)
-			res, err := runQperf(ctx, l, tg.from, tg.to, size, cfg.Tests, cfg.Duration)
+			res, err := runQperf(ctx, l, cfg.pin(0), tg.from, tg.to, size, cfg.Tests, cfg.Duration)
 			if err != nil {
 				return fmt.Errorf("%s %s: %w", tg.path, size, err)
 			}
@@ -293,7 +383,7 @@ func qperfRun(ctx context.Context, cfg QperfConfig, l *lab.Lab, targets []qperfT
 				add(tg.path, m.test, size, m.metric, m.unit, m.value)
 			}
 		}
-		p50, p99, err := sockperfPercentiles(ctx, l, tg.from, tg.to, cfg.Duration)
+		p50, p99, err := sockperfPercentiles(ctx, l, cfg.pin(0), tg.from, tg.to, cfg.Duration)
 		if err != nil {
 			return fmt.Errorf("%s sockperf: %w", tg.path, err)
 		}
@@ -337,11 +427,11 @@ func qperfService(pod string) *corev1.Service {
 }
 
 // startServers runs qperf's and sockperf's servers in a lab namespace.
-func startServers(l *lab.Lab, where string) (stop func(), err error) {
+func startServers(l *lab.Lab, where string, pin []string) (stop func(), err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cmds := []*exec.Cmd{
-		l.Command(ctx, where, "qperf", "-lp", strconv.Itoa(qperfListenPort)),
-		l.Command(ctx, where, "sockperf", "sr", "--tcp", "-p", strconv.Itoa(qperfSockperf)),
+		l.Command(ctx, where, slices.Concat(pin, []string{"qperf", "-lp", strconv.Itoa(qperfListenPort)})...),
+		l.Command(ctx, where, slices.Concat(pin, []string{"sockperf", "sr", "--tcp", "-p", strconv.Itoa(qperfSockperf)})...),
 	}
 	for _, c := range cmds {
 		// qperf's server forks a process per test, which keeps the
@@ -370,7 +460,7 @@ func waitQperf(ctx context.Context, l *lab.Lab, from, to string, restart func() 
 	var last error
 	for time.Now().Before(deadline) {
 		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := runQperf(tctx, l, from, to, "1", []string{"tcp_lat"}, time.Second)
+		_, err := runQperf(tctx, l, nil, from, to, "1", []string{"tcp_lat"}, time.Second)
 		cancel()
 		if err == nil {
 			return nil
@@ -391,11 +481,11 @@ type qperfMeasure struct {
 }
 
 // runQperf runs one qperf client: the tests at one message size.
-func runQperf(ctx context.Context, l *lab.Lab, from, to, size string, tests []string, d time.Duration) ([]qperfMeasure, error) {
+func runQperf(ctx context.Context, l *lab.Lab, pin []string, from, to, size string, tests []string, d time.Duration) ([]qperfMeasure, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(len(tests))*(d+10*time.Second))
 	defer cancel()
-	args := append([]string{"qperf", "-lp", strconv.Itoa(qperfListenPort), "-ip", strconv.Itoa(qperfDataPort),
-		"-t", strconv.Itoa(int(d / time.Second)), to, "-ub", "-uu", "-m", size, "-vu"}, tests...)
+	args := append(slices.Concat(pin, []string{"qperf", "-lp", strconv.Itoa(qperfListenPort), "-ip", strconv.Itoa(qperfDataPort),
+		"-t", strconv.Itoa(int(d / time.Second)), to, "-ub", "-uu", "-m", size, "-vu"}), tests...)
 	out, err := l.Command(ctx, from, args...).CombinedOutput()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, lastLines(out, 3))
@@ -442,7 +532,7 @@ func parseQperf(out string) ([]qperfMeasure, error) {
 
 // sockperfPercentiles runs sockperf ping-pong (TCP, 64 bytes) and returns
 // p50 and p99 round trips in ns.
-func sockperfPercentiles(ctx context.Context, l *lab.Lab, from, to string, d time.Duration) (p50, p99 float64, err error) {
+func sockperfPercentiles(ctx context.Context, l *lab.Lab, pin []string, from, to string, d time.Duration) (p50, p99 float64, err error) {
 	dir, err := os.MkdirTemp("", "sluice-qperf-sockperf-")
 	if err != nil {
 		return 0, 0, err
@@ -451,8 +541,8 @@ func sockperfPercentiles(ctx context.Context, l *lab.Lab, from, to string, d tim
 	logPath := filepath.Join(dir, "rtt.csv")
 	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
 	defer cancel()
-	args := []string{"sockperf", "ping-pong", "--tcp", "-i", to, "-p", strconv.Itoa(qperfSockperf), "-t", strconv.Itoa(int(d / time.Second)),
-		"-m", "64", "--full-rtt", "--full-log", logPath}
+	args := slices.Concat(pin, []string{"sockperf", "ping-pong", "--tcp", "-i", to, "-p", strconv.Itoa(qperfSockperf), "-t", strconv.Itoa(int(d / time.Second)),
+		"-m", "64", "--full-rtt", "--full-log", logPath})
 	if out, err := l.Command(ctx, from, args...).CombinedOutput(); err != nil {
 		return 0, 0, fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, lastLines(out, 3))
 	}
@@ -469,12 +559,20 @@ func sockperfPercentiles(ctx context.Context, l *lab.Lab, from, to string, d tim
 	return percentile(rtts, 50) * 1e3, percentile(rtts, 99) * 1e3, nil
 }
 
+// row of the report matching the fields, or nil.
+func (r *QperfReport) row(d, path, tuning, test, size, metric string) *QperfRow {
+	for i, row := range r.Rows {
+		if row.Dataplane == d && row.Path == path && row.Tuning == tuning && row.Test == test && row.MsgSize == size && row.Metric == metric {
+			return &r.Rows[i]
+		}
+	}
+	return nil
+}
+
 // mean of the row of the report matching the fields, or 0.
 func (r *QperfReport) mean(d, path, tuning, test, size, metric string) float64 {
-	for _, row := range r.Rows {
-		if row.Dataplane == d && row.Path == path && row.Tuning == tuning && row.Test == test && row.MsgSize == size && row.Metric == metric {
-			return row.Mean
-		}
+	if row := r.row(d, path, tuning, test, size, metric); row != nil {
+		return row.Mean
 	}
 	return 0
 }
@@ -501,6 +599,9 @@ func (r *QperfReport) WriteMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "# sluice bench qperf, %s\n\n", r.Start.Format(time.RFC3339))
 	fmt.Fprintf(w, "Kernel %s; qperf %ds per test, %d runs (mean, min–max); sockperf ping-pong TCP 64 B for p50/p99. Rows: host network node to node, Pod to Pod by IP, Pod to the Service VIP; tuned = `sluice lab tune apply --profile %s`, applied before each tuned run and reverted after it; untuned and tuned runs alternate.\n\n",
 		r.Kernel, int(r.Config.Duration/time.Second), r.Config.Runs, r.Config.Profile)
+	if len(r.Config.CPUs) == 2 {
+		fmt.Fprintf(w, "Clients (qperf, sockperf) pinned to CPU %d, servers to CPU %d.\n\n", r.Config.CPUs[0], r.Config.CPUs[1])
+	}
 	for d, why := range r.Skipped {
 		fmt.Fprintf(w, "- %s skipped: %s\n", d, why)
 	}
@@ -509,31 +610,11 @@ func (r *QperfReport) WriteMarkdown(w io.Writer) {
 		fmt.Fprintf(w, "| %s | %s | %s | %s %s | %s | %s | %s | %s | %s |\n", row.Dataplane, row.Path, row.Tuning, row.Test, row.Metric,
 			row.MsgSize, human(row.Mean, row.Unit), human(row.Min, row.Unit), human(row.Max, row.Unit), humanUnit(row.Unit))
 	}
-	fmt.Fprintf(w, "\n## Targets\n\nPod to Service latency over Pod to Pod IP latency (target ≤ 1.03), and tuned over untuned (latency: ≤ 1, bandwidth: ≥ 1):\n\n")
-	fmt.Fprintf(w, "| dataplane | tuning | test | size | service / pod-ip |\n|---|---|---|---:|---:|\n")
-	for _, d := range r.Config.Dataplanes {
-		for _, row := range r.Rows {
-			if row.Dataplane != d || row.Path != QperfPodIP || !isLatency(row) {
-				continue
-			}
-			svc := r.mean(d, QperfService, row.Tuning, row.Test, row.MsgSize, row.Metric)
-			if svc > 0 && row.Mean > 0 {
-				fmt.Fprintf(w, "| %s | %s | %s %s | %s | %.3f |\n", d, row.Tuning, row.Test, row.Metric, row.MsgSize, svc/row.Mean)
-			}
-		}
-	}
-	if !r.Config.Tuned {
-		return
-	}
-	fmt.Fprintf(w, "\n| dataplane | path | test | size | tuned / untuned |\n|---|---|---|---:|---:|\n")
-	for _, row := range r.Rows {
-		if row.Tuning != "untuned" {
-			continue
-		}
-		tuned := r.mean(row.Dataplane, row.Path, "tuned", row.Test, row.MsgSize, row.Metric)
-		if tuned > 0 && row.Mean > 0 {
-			fmt.Fprintf(w, "| %s | %s | %s %s | %s | %.3f |\n", row.Dataplane, row.Path, row.Test, row.Metric, row.MsgSize, tuned/row.Mean)
-		}
+	fmt.Fprintf(w, "\n## Targets\n\n")
+	fmt.Fprintf(w, "Each ratio is over the runs in pairs (the two rows' run i, measured minutes apart at most): their geometric mean and 95%% confidence interval (Student's t on the logarithms, %d pairs). A verdict is given only where the interval shows it.\n\n", r.Config.Runs)
+	r.writeComparisons(w, QperfServiceOverPodIP, fmt.Sprintf("Pod to Service latency over Pod to Pod IP latency (target ≤ %.2f: within when the whole interval is)", qperfServiceBound), "tuning")
+	if r.Config.Tuned {
+		r.writeComparisons(w, QperfTunedOverUntuned, "Tuned over untuned (target: no row worse, that is no interval wholly on the bad side of 1: above it for latency, below it for bandwidth)", "path")
 	}
 	if len(r.Tuning) > 0 {
 		fmt.Fprintf(w, "\nWhat `lab tune apply` changed:\n\n")
@@ -541,6 +622,33 @@ func (r *QperfReport) WriteMarkdown(w io.Writer) {
 			fmt.Fprintf(w, "- %s\n", c)
 		}
 	}
+}
+
+// writeComparisons writes the comparisons of one kind as a table, and a
+// line of how many rows got each verdict.
+func (r *QperfReport) writeComparisons(w io.Writer, what, title, column string) {
+	fmt.Fprintf(w, "%s:\n\n| dataplane | %s | test | size | ratio [95%% CI] | verdict |\n|---|---|---|---:|---:|---|\n", title, column)
+	counts := map[string]int{}
+	var verdicts []string
+	for _, c := range r.Comparisons {
+		if c.What != what {
+			continue
+		}
+		by := c.Tuning
+		if what == QperfTunedOverUntuned {
+			by = c.Path
+		}
+		fmt.Fprintf(w, "| %s | %s | %s %s | %s | %s | %s |\n", c.Dataplane, by, c.Test, c.Metric, c.MsgSize, c.Ratio, c.Verdict)
+		if counts[c.Verdict] == 0 {
+			verdicts = append(verdicts, c.Verdict)
+		}
+		counts[c.Verdict]++
+	}
+	var parts []string
+	for _, v := range verdicts {
+		parts = append(parts, fmt.Sprintf("%d %s", counts[v], v))
+	}
+	fmt.Fprintf(w, "\nRows: %s.\n\n", strings.Join(parts, ", "))
 }
 
 func isLatency(row QperfRow) bool {

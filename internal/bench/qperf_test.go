@@ -50,11 +50,63 @@ func TestQperfConfigValidate(t *testing.T) {
 		{"test", func(c *QperfConfig) { c.Tests = []string{"rc_lat"} }, `"rc_lat"`},
 		{"size", func(c *QperfConfig) { c.Sizes = []string{"big"} }, `"big"`},
 		{"dataplane", func(c *QperfConfig) { c.Dataplanes = []string{"none"} }, `"none"`},
+		{"one CPU", func(c *QperfConfig) { c.CPUs = []int{0} }, "want two CPUs"},
+		{"no such CPU", func(c *QperfConfig) { c.CPUs = []int{0, 4096} }, "CPU 4096"},
 	} {
 		c := ok
 		tc.mod(&c)
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: Validate() = %v, want an error naming %s", tc.name, err, tc.want)
+		}
+	}
+}
+
+// TestQperfCompare: the targets are paired over the runs, and a verdict
+// is given only where the interval shows it.
+func TestQperfCompare(t *testing.T) {
+	row := func(path, tuning, metric, unit string, v ...float64) QperfRow {
+		return QperfRow{Dataplane: "sluice", Path: path, Tuning: tuning, Test: "tcp_lat", MsgSize: "1", Metric: metric, Unit: unit, Values: v}
+	}
+	rep := &QperfReport{Config: QperfConfig{Runs: 4, Tuned: true}, Rows: []QperfRow{
+		// The runs drift together (20 → 30 µs): paired, Service is
+		// 1.01× Pod IP in every run, within 3%, although its spread
+		// alone is 50%.
+		row(QperfPodIP, "untuned", "latency", "ns", 20000, 24000, 28000, 30000),
+		row(QperfService, "untuned", "latency", "ns", 20200, 24240, 28280, 30300),
+		// Tuned: 1.10-1.20× the untuned latency in every run: worse.
+		row(QperfPodIP, "tuned", "latency", "ns", 22000, 28800, 30800, 34500),
+		// Tuned Service: 0.8-1.25× its own untuned runs: not resolved;
+		// and 0.92-1.16× the tuned Pod IP: not shown within 3%.
+		row(QperfService, "tuned", "latency", "ns", 25250, 26000, 28000, 31000),
+		// Bandwidth, higher is better: tuned 1.1× in every run: better.
+		row(QperfHost, "untuned", "bw", "bits/sec", 1e9, 2e9, 1.5e9, 1e9),
+		row(QperfHost, "tuned", "bw", "bits/sec", 1.1e9, 2.2e9, 1.65e9, 1.1e9),
+	}}
+	rep.compare()
+	got := map[string]string{}
+	for _, c := range rep.Comparisons {
+		got[c.What+" "+c.Path+c.Tuning+" "+c.Metric] = c.Verdict
+	}
+	want := map[string]string{
+		"service/pod-ip untuned latency": VerdictWithin,
+		"service/pod-ip tuned latency":   VerdictNotShown,
+		"tuned/untuned pod-ip latency":   VerdictWorse,
+		"tuned/untuned service latency":  VerdictUnclear,
+		"tuned/untuned host bw":          VerdictBetter,
+	}
+	if len(got) != len(want) {
+		t.Errorf("comparisons %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: verdict %q, want %q", k, got[k], v)
+		}
+	}
+	var md strings.Builder
+	rep.WriteMarkdown(&md)
+	for _, s := range []string{"| sluice | pod-ip | tcp_lat latency | 1 | 1.137 [", "| worse |", "Rows: 1 within, 1 not shown.", "Rows: 1 worse, 1 not resolved, 1 better."} {
+		if !strings.Contains(md.String(), s) {
+			t.Errorf("Markdown lacks %q:\n%s", s, md.String())
 		}
 	}
 }

@@ -62,6 +62,7 @@ is reported as skipped. Needs root, qperf and sockperf (scripts/deps.sh).`,
 	f.IntVar(&cfg.Runs, "runs", cfg.Runs, "runs per row (mean, min, max)")
 	f.BoolVar(&cfg.Tuned, "tuned", cfg.Tuned, "also the tuned rows (lab tune apply, reverted)")
 	f.StringVar(&cfg.Profile, "profile", cfg.Profile, "tuning profile: latency or throughput")
+	f.IntSliceVar(&cfg.CPUs, "cpus", cfg.CPUs, "pin the clients to the first CPU and the servers to the second (such as 0,1); none by default")
 	f.StringVar(&out, "out", "results/qperf", "results directory")
 	return cmd
 }
