@@ -47,7 +47,8 @@ volatile const __u32 bw_pace_pct = 100;
 
 /* The pinned map's value keeps its size and places across upgrades: an
  * entry of an older agent (a 64-bit epoch, a 32-bit v6) reads as one with
- * no thin bytes. */
+ * no thin bytes, not counted. thin's 30 bits hold a thin socket's bytes
+ * at 100 Gbit/s (under half a window's 1.7 GB). */
 struct bw_sock {
 	__u32 id;        /* the Pod's aggregate */
 	__u32 rate;      /* SO_MAX_PACING_RATE set, payload bytes per second */
@@ -55,13 +56,14 @@ struct bw_sock {
 			  * bits: 18 years of windows) */
 	__u32 thin_prev; /* wire bytes it added to its Pod's thin count as a
 			  * thin socket in window epoch - 1 */
-	__u32 v6 : 1;    /* its packets are IPv6 */
-	__u32 thin : 31; /* ... in window epoch (0: counted sending) */
+	__u32 v6 : 1;      /* its packets are IPv6 */
+	__u32 counted : 1; /* counted sending in window epoch */
+	__u32 thin : 30;   /* ... in window epoch (0: counted sending) */
 	__u32 segs;      /* data_segs_out then */
 	__u64 acked;     /* bytes_acked then */
 };
 
-#define BW_SOCK_THIN_MAX 0x7fffffffULL /* bw_sock.thin's 31 bits */
+#define BW_SOCK_THIN_MAX 0x3fffffffULL /* bw_sock.thin's 30 bits */
 
 /* TCP socket -> its Pod's aggregate and pacing. */
 struct {
@@ -101,17 +103,87 @@ static __always_inline struct bw_addr_val *bw_sock_pod(struct bpf_sock_ops *skop
 	return bpf_map_lookup_elem(&bw_addr, key);
 }
 
+/* bw_unpace lifts the socket's cap (~0U is unlimited to the kernel): its
+ * Pod is no longer limited, or its share is beyond the option's 32 bits. */
+static __always_inline void bw_unpace(struct bpf_sock_ops *skops, struct bw_sock *s)
+{
+	__u32 v = ~0U;
+
+	if (s->rate && bpf_setsockopt(skops, SOL_SOCKET, SO_MAX_PACING_RATE, &v, sizeof(v)) == 0)
+		s->rate = 0;
+}
+
+/* bw_roll starts the Pod's window epoch when st holds an older one. Only
+ * the CPU that moves act_epoch resets the counts: two sockets rolling at
+ * once would otherwise reset what the first added since (its own thin
+ * bytes moved to the last window's count, where it would not find them
+ * as its own). A count added between the move and the reset is lost for
+ * one window, which the policer covers. */
+static __always_inline void bw_roll(struct bw_state *st, __u64 epoch)
+{
+	__u64 e = READ_ONCE(st->act_epoch);
+
+	if (e == epoch || __sync_val_compare_and_swap(&st->act_epoch, e, epoch) != e)
+		return;
+	WRITE_ONCE(st->act_prev, e + 1 == epoch ? READ_ONCE(st->act_cur) : 0);
+	WRITE_ONCE(st->thin_prev, e + 1 == epoch ? READ_ONCE(st->thin_cur) : 0);
+	WRITE_ONCE(st->act_cur, 0);
+	WRITE_ONCE(st->thin_cur, 0);
+}
+
+/* bw_counts reads the Pod's sending sockets and the wire bytes per window
+ * its thin ones sent, over window epoch and the one before, as of now: a
+ * Pod whose sockets were last counted before that counts none (a socket
+ * that does not count itself, one just accepted, reads them without
+ * rolling the window). The socket's own thin bytes are left out. */
+static __always_inline __u64 bw_counts(const struct bw_state *st, const struct bw_sock *s, __u64 epoch,
+				       __u64 *thin)
+{
+	__u64 e = READ_ONCE(st->act_epoch), tcur = READ_ONCE(st->thin_cur), tprev = READ_ONCE(st->thin_prev);
+	__u64 own_cur = 0, own_prev = 0;
+	/* A count taken back (bw_uncount) as the window rolls can take one
+	 * below zero: none. */
+	__s32 cur = READ_ONCE(st->act_cur), prev = READ_ONCE(st->act_prev);
+
+	if (cur < 0)
+		cur = 0;
+	if (prev < 0)
+		prev = 0;
+
+	/* Its own bytes in the Pod's windows e and e - 1. */
+	if (s->epoch == (__u32)e) {
+		own_cur = s->thin;
+		own_prev = s->thin_prev;
+	} else if (s->epoch + 1 == (__u32)e) {
+		own_prev = s->thin;
+	}
+	tcur -= tcur < own_cur ? tcur : own_cur;
+	tprev -= tprev < own_prev ? tprev : own_prev;
+	if (e == epoch) {
+		*thin = tcur > tprev ? tcur : tprev;
+		return cur > prev ? cur : prev;
+	}
+	if (e + 1 == epoch) {
+		*thin = tcur;
+		return cur;
+	}
+	*thin = 0;
+	return 0;
+}
+
 /* bw_pace caps the socket at its share of the Pod's rate; count says it
  * is sending now. */
 static __always_inline void bw_pace(struct bpf_sock_ops *skops, struct bw_sock *s, bool count)
 {
 	struct bw_limit *lim;
 	struct bw_state *st = bw_lookup(s->id, BW_DIR_EGRESS, &lim);
-	__u64 epoch, e, n, mss, rate, acked, sent, half, thin, w, ovh;
-	__u32 cur, prev, v, segs, win;
+	__u64 epoch, n, mss, rate, acked, sent, half, thin, w, ovh;
+	__u32 v, segs, win;
 
-	if (!st)
+	if (!st) {
+		bw_unpace(skops, s);
 		return;
+	}
 	epoch = bpf_ktime_get_ns() >> BW_WINDOW_SHIFT;
 	win = epoch;
 	ovh = s->v6 ? BW_TCP6_OVERHEAD : BW_TCP4_OVERHEAD;
@@ -128,47 +200,34 @@ static __always_inline void bw_pace(struct bpf_sock_ops *skops, struct bw_sock *
 		s->epoch = win;
 		s->acked = acked;
 		s->segs = segs;
-		/* The first socket of a window starts its count; a race here
-		 * loses a count for one window, which the policer covers. */
-		e = READ_ONCE(st->act_epoch);
-		if (e != epoch) {
-			WRITE_ONCE(st->act_prev, e + 1 == epoch ? READ_ONCE(st->act_cur) : 0);
-			WRITE_ONCE(st->thin_prev, e + 1 == epoch ? READ_ONCE(st->thin_cur) : 0);
-			WRITE_ONCE(st->act_cur, 0);
-			WRITE_ONCE(st->thin_cur, 0);
-			WRITE_ONCE(st->act_epoch, epoch);
-		}
+		bw_roll(st, epoch);
 		if (!s->rate || sent >= half) {
 			__sync_fetch_and_add(&st->act_cur, 1);
+			s->counted = 1;
 			s->thin = 0;
 		} else {
 			__sync_fetch_and_add(&st->thin_cur, thin);
+			s->counted = 0;
 			s->thin = thin < BW_SOCK_THIN_MAX ? thin : BW_SOCK_THIN_MAX;
 		}
 	}
-	cur = READ_ONCE(st->act_cur);
-	prev = READ_ONCE(st->act_prev);
-	n = cur > prev ? cur : prev;
+	n = bw_counts(st, s, epoch, &thin);
 	if (!n)
 		n = 1;
 	/* The rate the other thin sockets leave, wire bytes per second: at
 	 * least a quarter of the Pod's. Not this one's own: a socket that
 	 * sent less than half its share in a window (alone, on a busy CPU)
 	 * must not lower its own cap by what it sent. */
-	thin = READ_ONCE(st->thin_cur);
-	e = READ_ONCE(st->thin_prev);
-	if (s->epoch == win) {
-		thin -= thin < s->thin ? thin : s->thin;
-		e -= e < s->thin_prev ? e : s->thin_prev;
-	}
-	thin = ((thin > e ? thin : e) * NSEC_PER_SEC) >> BW_WINDOW_SHIFT;
+	thin = (thin * NSEC_PER_SEC) >> BW_WINDOW_SHIFT;
 	rate = lim->bps - (thin < lim->bps / 4 * 3 ? thin : lim->bps / 4 * 3);
 	mss = skops->mss_cache;
 	if (!mss)
 		mss = 1448;
 	rate = rate * mss / (mss + ovh) / n * bw_pace_pct / 100;
-	if (rate >= 0xffffffffULL) /* beyond the 32-bit option: leave it unpaced */
+	if (rate >= 0xffffffffULL) {
+		bw_unpace(skops, s);
 		return;
+	}
 	if (!rate)
 		rate = 1;
 	if (rate == s->rate)
@@ -176,6 +235,32 @@ static __always_inline void bw_pace(struct bpf_sock_ops *skops, struct bw_sock *
 	v = rate;
 	if (bpf_setsockopt(skops, SOL_SOCKET, SO_MAX_PACING_RATE, &v, sizeof(v)) == 0)
 		s->rate = v;
+}
+
+/* bw_uncount takes back the socket's count as a sending one once its data
+ * is all acknowledged (its FIN acknowledged, or the connection gone):
+ * short connections (requests on connections of their own next to a bulk
+ * transfer) would otherwise take a share each for up to two windows after
+ * they closed, and the bulk socket would be paced at a fraction of the
+ * Pod's rate. The count is in the Pod's current window's or, rolled
+ * since, the last one's. */
+static __always_inline void bw_uncount(struct bw_sock *s)
+{
+	struct bw_limit *lim;
+	struct bw_state *st;
+	__u32 e;
+
+	if (!s->counted)
+		return;
+	s->counted = 0;
+	st = bw_lookup(s->id, BW_DIR_EGRESS, &lim);
+	if (!st)
+		return;
+	e = READ_ONCE(st->act_epoch);
+	if (e == s->epoch)
+		__sync_fetch_and_add(&st->act_cur, (__u32)-1);
+	else if (e == s->epoch + 1)
+		__sync_fetch_and_add(&st->act_prev, (__u32)-1);
 }
 
 static __always_inline void bw_set_bbr(struct bpf_sock_ops *skops)
@@ -201,7 +286,8 @@ static __always_inline void bw_established(struct bpf_sock_ops *skops, __u32 id,
 		return;
 	s->id = id;
 	s->v6 = v6;
-	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_RTT_CB_FLAG);
+	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_RTT_CB_FLAG |
+					 BPF_SOCK_OPS_STATE_CB_FLAG);
 	bw_pace(skops, s, active);
 }
 
@@ -211,7 +297,7 @@ int sock_edt(struct bpf_sock_ops *skops)
 	struct bw_addr_val *pod;
 	struct bpf_sock *sk;
 	struct bw_sock *s;
-	__u32 op = skops->op, v6;
+	__u32 op = skops->op, v6, id;
 
 	switch (op) {
 	case BPF_SOCK_OPS_TCP_CONNECT_CB:
@@ -232,8 +318,32 @@ int sock_edt(struct bpf_sock_ops *skops)
 			break;
 		sk = skops->sk;
 		s = sk ? bpf_sk_storage_get(&bw_sock, sk, 0, 0) : NULL;
+		if (!s)
+			break;
+		/* Once a window, the Pod its address belongs to now: a limit
+		 * removed leaves it unlimited (aggregate 0), and an aggregate
+		 * ID given to another Pod since is not this one's. */
+		if (s->epoch != (__u32)(bpf_ktime_get_ns() >> BW_WINDOW_SHIFT)) {
+			pod = bw_sock_pod(skops, &v6);
+			id = pod ? pod->id : 0;
+			if (id != s->id) {
+				s->id = id;
+				s->thin = 0;
+				s->thin_prev = 0;
+			}
+		}
+		bw_pace(skops, s, true);
+		break;
+	case BPF_SOCK_OPS_STATE_CB:
+		/* FIN_WAIT2 and TIME_WAIT: its FIN acknowledged; CLOSE: after
+		 * LAST_ACK, or reset. */
+		if (skops->args[1] != BPF_TCP_FIN_WAIT2 && skops->args[1] != BPF_TCP_TIME_WAIT &&
+		    skops->args[1] != BPF_TCP_CLOSE)
+			break;
+		sk = skops->sk;
+		s = sk ? bpf_sk_storage_get(&bw_sock, sk, 0, 0) : NULL;
 		if (s)
-			bw_pace(skops, s, true);
+			bw_uncount(s);
 		break;
 	}
 	return 1;

@@ -282,10 +282,17 @@ static __always_inline __u64 bw_egress_burst(const struct bw_state *st, const st
 					     __u64 now)
 {
 	__u64 epoch = now >> BW_WINDOW_SHIFT, e = READ_ONCE(st->act_epoch), burst = lim->burst_ns, b;
-	__u32 cur = READ_ONCE(st->act_cur), prev = READ_ONCE(st->act_prev), n = 0;
+	/* sock_edt.c's bw_uncount can take a count below zero as the window
+	 * rolls: none. */
+	__s32 cur = READ_ONCE(st->act_cur), prev = READ_ONCE(st->act_prev);
+	__u32 n = 0;
 
 	/* Counts of a window before the last are stale: the Pod's
 	 * sockets stopped sending since. */
+	if (cur < 0)
+		cur = 0;
+	if (prev < 0)
+		prev = 0;
 	if (e == epoch)
 		n = cur > prev ? cur : prev;
 	else if (e + 1 == epoch)

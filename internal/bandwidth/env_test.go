@@ -243,6 +243,10 @@ type helperSpec struct {
 	// Thin more connections each send 64 bytes every 10 ms meanwhile
 	// (requests next to a bulk transfer); their results follow.
 	Thin int
+	// Short more clients each open a connection every 10 ms meanwhile,
+	// send 64 bytes on it and close it (requests on connections of their
+	// own); not in the results.
+	Short int
 }
 
 // tcpiOptECN is TCPI_OPT_ECN of <linux/tcp.h>: the connection negotiated ECN.
@@ -270,6 +274,9 @@ func TestHelperProcessSockClient(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range out {
 		wg.Go(func() { out[i] = helperConn(spec, i >= spec.Sockets) })
+	}
+	for range spec.Short {
+		wg.Go(func() { helperShort(spec) })
 	}
 	wg.Wait()
 	b, _ := json.Marshal(out)
@@ -322,6 +329,34 @@ func helperConn(spec helperSpec, thin bool) (r helperSocket) {
 		}
 	})
 	return r
+}
+
+// helperShort opens a connection every 10 ms for spec.Send, sends 64
+// bytes on it and closes it.
+func helperShort(spec helperSpec) {
+	runtime.LockOSThread()
+	f, err := os.Open(spec.Netns)
+	if err == nil {
+		err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
+		f.Close()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "setns:", err)
+		os.Exit(2)
+	}
+	for end := time.Now().Add(spec.Send); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		c, err := net.Dial("tcp4", spec.Server)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "short connection:", err)
+			os.Exit(2)
+		}
+		_, err = c.Write(make([]byte, 64))
+		c.Close()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "short connection:", err)
+			os.Exit(2)
+		}
+	}
 }
 
 // runHelper runs the client helper in netns ns and cgroup cg.

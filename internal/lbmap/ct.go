@@ -197,6 +197,32 @@ func (c *CT) Dump() ([]CTRecord, error) {
 	return recs, nil
 }
 
+// IngressKey is the key of the ingress entry of the flow whose service
+// entry is svc under key (ct_ingress_tuple in bpf/lib/ct.h): from the
+// client, or the frontend for a hairpin flow; from the port the backend
+// knows the client by (CTFlagSPort: SNATPort); to the backend.
+func IngressKey(key CTTuple, svc CTEntry) CTTuple {
+	src, sport := key.SAddr, key.SPort
+	if svc.Flags&CTFlagHairpin != 0 {
+		src = key.DAddr
+	}
+	if svc.Flags&CTFlagSPort != 0 {
+		sport = svc.SNATPort
+	}
+	return CTTuple{SAddr: src, DAddr: svc.NATAddr, SPort: sport, DPort: svc.NATPort, Proto: key.Proto, Dir: CTDirIngress}
+}
+
+// IngressOf says whether the ingress entry in is the flow's whose service
+// entry is under key (ct_ingress_of): it gives back that flow's frontend
+// and client port; another flow's is one to another frontend of the
+// backend, or one whose client port was rewritten to this one's.
+func IngressOf(in CTEntry, key CTTuple) bool {
+	if in.NATAddr != key.DAddr || in.NATPort != key.DPort {
+		return false
+	}
+	return in.Flags&CTFlagSPort == 0 || in.SNATPort == key.SPort
+}
+
 // Lookup returns the entry under key as the datapath finds it (ct_lookup):
 // an established flow's in ct, else a new flow's in ct_new. Its counters
 // are the entry's own (no flow cache read).

@@ -129,3 +129,43 @@ func TestCTTupleString(t *testing.T) {
 		}
 	}
 }
+
+// TestIngressKey: the ingress entry's key and owner as ct_ingress_tuple and
+// ct_ingress_of make them, for a plain, a hairpin and a lbmap.CTFlagSPort flow.
+func TestIngressKey(t *testing.T) {
+	client, frontend, backend := lbmap.AddrFrom(netip.MustParseAddr("10.0.0.1")), lbmap.AddrFrom(netip.MustParseAddr("198.19.0.1")),
+		lbmap.AddrFrom(netip.MustParseAddr("10.1.0.9"))
+	key := lbmap.CTTuple{SAddr: client, DAddr: frontend, SPort: lbmap.PortFrom(40000), DPort: lbmap.PortFrom(80), Proto: 6, Dir: lbmap.CTDirService}
+	svc := lbmap.CTEntry{NATAddr: backend, NATPort: lbmap.PortFrom(8080)}
+	want := lbmap.CTTuple{SAddr: client, DAddr: backend, SPort: lbmap.PortFrom(40000), DPort: lbmap.PortFrom(8080), Proto: 6, Dir: lbmap.CTDirIngress}
+	if got := lbmap.IngressKey(key, svc); got != want {
+		t.Errorf("plain flow: %s, want %s", got, want)
+	}
+	hairpin := svc
+	hairpin.Flags = lbmap.CTFlagHairpin
+	if got := lbmap.IngressKey(key, hairpin); got.SAddr != frontend {
+		t.Errorf("hairpin flow: %s, want it from the frontend", got)
+	}
+	sport := svc
+	sport.Flags, sport.SNATPort = lbmap.CTFlagSPort, lbmap.PortFrom(41234)
+	if got := lbmap.IngressKey(key, sport); got.SPort != lbmap.PortFrom(41234) {
+		t.Errorf("lbmap.CTFlagSPort flow: %s, want from port 41234", got)
+	}
+
+	own := lbmap.CTEntry{NATAddr: frontend, NATPort: lbmap.PortFrom(80)}
+	if !lbmap.IngressOf(own, key) {
+		t.Error("an ingress entry back to the flow's frontend: not its own")
+	}
+	other := lbmap.CTEntry{NATAddr: frontend, NATPort: lbmap.PortFrom(81)}
+	if lbmap.IngressOf(other, key) {
+		t.Error("an ingress entry back to another frontend port: the flow's own")
+	}
+	moved := lbmap.CTEntry{NATAddr: frontend, NATPort: lbmap.PortFrom(80), Flags: lbmap.CTFlagSPort, SNATPort: lbmap.PortFrom(40001)}
+	if lbmap.IngressOf(moved, key) {
+		t.Error("the ingress entry of a flow from client port 40001 given port 40000: the 40000 flow's own")
+	}
+	moved.SNATPort = lbmap.PortFrom(40000)
+	if !lbmap.IngressOf(moved, key) {
+		t.Error("the flow's own ingress entry after its port was rewritten: not its own")
+	}
+}

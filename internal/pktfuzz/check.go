@@ -225,21 +225,17 @@ func tupleOf(f frameInfo) tuple {
 // newer flow's: req's round trip has no right answer.
 func (fz *Fuzzer) tupleGiven(req tuple) (bool, error) {
 	ct := fz.node.ns.CT()
-	svc, ok, err := ct.Lookup(lbmap.CTTuple{SAddr: lbmap.AddrFrom(req.src.Addr()), DAddr: lbmap.AddrFrom(req.dst.Addr()),
-		SPort: lbmap.PortFrom(req.src.Port()), DPort: lbmap.PortFrom(req.dst.Port()), Proto: req.proto, Dir: lbmap.CTDirService})
+	key := lbmap.CTTuple{SAddr: lbmap.AddrFrom(req.src.Addr()), DAddr: lbmap.AddrFrom(req.dst.Addr()),
+		SPort: lbmap.PortFrom(req.src.Port()), DPort: lbmap.PortFrom(req.dst.Port()), Proto: req.proto, Dir: lbmap.CTDirService}
+	svc, ok, err := ct.Lookup(key)
 	if err != nil || !ok || svc.Flags&lbmap.CTFlagClosing == 0 {
 		return false, err
 	}
-	sport := lbmap.PortFrom(req.src.Port())
-	if svc.Flags&lbmap.CTFlagSPort != 0 {
-		sport = svc.SNATPort
-	}
-	in, ok, err := ct.Lookup(lbmap.CTTuple{SAddr: lbmap.AddrFrom(req.src.Addr()), DAddr: svc.NATAddr,
-		SPort: sport, DPort: svc.NATPort, Proto: req.proto, Dir: lbmap.CTDirIngress})
+	in, ok, err := ct.Lookup(lbmap.IngressKey(key, svc))
 	if err != nil || !ok {
 		return false, err
 	}
-	return in.NATAddr.NetIP() != req.dst.Addr() || in.NATPort.Host() != req.dst.Port(), nil
+	return !lbmap.IngressOf(in, key), nil
 }
 
 // roundTrip sends the backend's reply to a request p translated and checks
