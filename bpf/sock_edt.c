@@ -47,8 +47,9 @@ volatile const __u32 bw_pace_pct = 100;
 
 /* The pinned map's value keeps its size and places across upgrades: an
  * entry of an older agent (a 64-bit epoch, a 32-bit v6) reads as one with
- * no thin bytes, not counted. thin's 30 bits hold a thin socket's bytes
- * at 100 Gbit/s (under half a window's 1.7 GB). */
+ * no thin bytes, not counted. thin's 29 bits (512 MiB a window) clamp what
+ * a thin socket of a Pod above about 30 Gbit/s sends: its Pod's other
+ * sockets then count a little less of it. */
 struct bw_sock {
 	__u32 id;        /* the Pod's aggregate */
 	__u32 rate;      /* SO_MAX_PACING_RATE set, payload bytes per second */
@@ -57,13 +58,14 @@ struct bw_sock {
 	__u32 thin_prev; /* wire bytes it added to its Pod's thin count as a
 			  * thin socket in window epoch - 1 */
 	__u32 v6 : 1;      /* its packets are IPv6 */
-	__u32 counted : 1; /* counted sending in window epoch */
-	__u32 thin : 30;   /* ... in window epoch (0: counted sending) */
+	__u32 counted : 1;      /* counted sending in window epoch */
+	__u32 counted_prev : 1; /* ... in window epoch - 1 */
+	__u32 thin : 29;        /* ... in window epoch (0: counted sending) */
 	__u32 segs;      /* data_segs_out then */
 	__u64 acked;     /* bytes_acked then */
 };
 
-#define BW_SOCK_THIN_MAX 0x3fffffffULL /* bw_sock.thin's 30 bits */
+#define BW_SOCK_THIN_MAX 0x1fffffffULL /* bw_sock.thin's 29 bits */
 
 /* TCP socket -> its Pod's aggregate and pacing. */
 struct {
@@ -123,7 +125,9 @@ static __always_inline void bw_roll(struct bw_state *st, __u64 epoch)
 {
 	__u64 e = READ_ONCE(st->act_epoch);
 
-	if (e == epoch || __sync_val_compare_and_swap(&st->act_epoch, e, epoch) != e)
+	/* Never back: another CPU may have read the clock in the last
+	 * window and come here after this one rolled it. */
+	if ((__s64)(epoch - e) <= 0 || __sync_val_compare_and_swap(&st->act_epoch, e, epoch) != e)
 		return;
 	WRITE_ONCE(st->act_prev, e + 1 == epoch ? READ_ONCE(st->act_cur) : 0);
 	WRITE_ONCE(st->thin_prev, e + 1 == epoch ? READ_ONCE(st->thin_cur) : 0);
@@ -159,7 +163,7 @@ static __always_inline __u64 bw_counts(const struct bw_state *st, const struct b
 	}
 	tcur -= tcur < own_cur ? tcur : own_cur;
 	tprev -= tprev < own_prev ? tprev : own_prev;
-	if (e == epoch) {
+	if (e == epoch || e == epoch + 1) { /* + 1: rolled by a CPU whose clock read later */
 		*thin = tcur > tprev ? tcur : tprev;
 		return cur > prev ? cur : prev;
 	}
@@ -180,12 +184,21 @@ static __always_inline void bw_pace(struct bpf_sock_ops *skops, struct bw_sock *
 	__u64 epoch, n, mss, rate, acked, sent, half, thin, w, ovh;
 	__u32 v, segs, win;
 
-	if (!st) {
-		bw_unpace(skops, s);
-		return;
-	}
 	epoch = bpf_ktime_get_ns() >> BW_WINDOW_SHIFT;
 	win = epoch;
+	if (!st) {
+		/* Unlimited now: looked at in this window (its Pod is looked
+		 * up again in the next), counted nowhere. */
+		bw_unpace(skops, s);
+		s->epoch = win;
+		s->acked = skops->bytes_acked;
+		s->segs = skops->data_segs_out;
+		s->counted = 0;
+		s->counted_prev = 0;
+		s->thin = 0;
+		s->thin_prev = 0;
+		return;
+	}
 	ovh = s->v6 ? BW_TCP6_OVERHEAD : BW_TCP4_OVERHEAD;
 	if (count && s->epoch != win) {
 		/* What it sent per window since it was last looked at; one
@@ -197,6 +210,7 @@ static __always_inline void bw_pace(struct bpf_sock_ops *skops, struct bw_sock *
 		half = ((__u64)s->rate << BW_WINDOW_SHIFT) / NSEC_PER_SEC / 2;
 		thin = sent + (__u64)(segs - s->segs) * ovh / w;
 		s->thin_prev = s->epoch + 1 == win ? s->thin : 0;
+		s->counted_prev = s->epoch + 1 == win ? s->counted : 0;
 		s->epoch = win;
 		s->acked = acked;
 		s->segs = segs;
@@ -237,30 +251,46 @@ static __always_inline void bw_pace(struct bpf_sock_ops *skops, struct bw_sock *
 		s->rate = v;
 }
 
+/* bw_dec takes one from a count, never below zero: a count the window's
+ * roll reset meanwhile is left alone (one try: a race costs one window's
+ * count at most). */
+static __always_inline void bw_dec(__u32 *c)
+{
+	__u32 v = READ_ONCE(*c);
+
+	if (v)
+		__sync_val_compare_and_swap(c, v, v - 1);
+}
+
 /* bw_uncount takes back the socket's count as a sending one once its data
  * is all acknowledged (its FIN acknowledged, or the connection gone):
  * short connections (requests on connections of their own next to a bulk
  * transfer) would otherwise take a share each for up to two windows after
  * they closed, and the bulk socket would be paced at a fraction of the
- * Pod's rate. The count is in the Pod's current window's or, rolled
- * since, the last one's. */
+ * Pod's rate. Its counts of its window and the one before are in the
+ * Pod's counts of those windows, whichever the Pod's are now. */
 static __always_inline void bw_uncount(struct bw_sock *s)
 {
 	struct bw_limit *lim;
 	struct bw_state *st;
 	__u32 e;
 
-	if (!s->counted)
+	if (!s->counted && !s->counted_prev)
 		return;
-	s->counted = 0;
 	st = bw_lookup(s->id, BW_DIR_EGRESS, &lim);
-	if (!st)
-		return;
-	e = READ_ONCE(st->act_epoch);
-	if (e == s->epoch)
-		__sync_fetch_and_add(&st->act_cur, (__u32)-1);
-	else if (e == s->epoch + 1)
-		__sync_fetch_and_add(&st->act_prev, (__u32)-1);
+	if (st) {
+		e = READ_ONCE(st->act_epoch);
+		if (e == s->epoch) {
+			if (s->counted)
+				bw_dec(&st->act_cur);
+			if (s->counted_prev)
+				bw_dec(&st->act_prev);
+		} else if (e == s->epoch + 1 && s->counted) {
+			bw_dec(&st->act_prev);
+		}
+	}
+	s->counted = 0;
+	s->counted_prev = 0;
 }
 
 static __always_inline void bw_set_bbr(struct bpf_sock_ops *skops)
@@ -335,10 +365,9 @@ int sock_edt(struct bpf_sock_ops *skops)
 		bw_pace(skops, s, true);
 		break;
 	case BPF_SOCK_OPS_STATE_CB:
-		/* FIN_WAIT2 and TIME_WAIT: its FIN acknowledged; CLOSE: after
-		 * LAST_ACK, or reset. */
-		if (skops->args[1] != BPF_TCP_FIN_WAIT2 && skops->args[1] != BPF_TCP_TIME_WAIT &&
-		    skops->args[1] != BPF_TCP_CLOSE)
+		/* FIN_WAIT2: its FIN acknowledged; CLOSE: every other way
+		 * out (after LAST_ACK, TIME_WAIT through tcp_done, a reset). */
+		if (skops->args[1] != BPF_TCP_FIN_WAIT2 && skops->args[1] != BPF_TCP_CLOSE)
 			break;
 		sk = skops->sk;
 		s = sk ? bpf_sk_storage_get(&bw_sock, sk, 0, 0) : NULL;

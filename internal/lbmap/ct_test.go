@@ -2,12 +2,11 @@ package lbmap_test
 
 import (
 	"net/netip"
-	"reflect"
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/btf"
 
+	"github.com/sluice-dataplane/sluice/internal/bpftest"
 	"github.com/sluice-dataplane/sluice/internal/datapath"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 )
@@ -33,26 +32,8 @@ func TestNorthSouthBTFLayout(t *testing.T) {
 			{"ns_flow", lbmap.FlowCacheEntry{}},
 			{"ns_flow_set", lbmap.FlowCacheSet{}},
 		} {
-			var st *btf.Struct
-			if err := spec.Types.TypeByName(s.cName, &st); err != nil {
-				t.Errorf("%s: struct %s: %v", obj, s.cName, err)
-				continue
-			}
-			goType := reflect.TypeOf(s.goVal)
-			if size, _ := btf.Sizeof(st); size != int(goType.Size()) {
-				t.Errorf("%s: struct %s is %d bytes, %s is %d", obj, s.cName, size, goType, goType.Size())
-			}
-			if len(st.Members) != goType.NumField() {
-				t.Errorf("%s: struct %s has %d members, %s has %d fields", obj, s.cName, len(st.Members), goType, goType.NumField())
-				continue
-			}
-			for i, m := range st.Members {
-				f := goType.Field(i)
-				size, _ := btf.Sizeof(m.Type)
-				if int(m.Offset.Bytes()) != int(f.Offset) || size != int(f.Type.Size()) {
-					t.Errorf("%s: %s.%s at %d (%d bytes), %s.%s at %d (%d bytes)", obj,
-						s.cName, m.Name, m.Offset.Bytes(), size, goType, f.Name, f.Offset, f.Type.Size())
-				}
+			if err := bpftest.StructLayout(spec, s.cName, s.goVal); err != nil {
+				t.Errorf("%s: %v", obj, err)
 			}
 		}
 		for _, m := range []struct {
@@ -66,15 +47,8 @@ func TestNorthSouthBTFLayout(t *testing.T) {
 			{lbmap.PodIfacesMapName, uint32(0), uint32(0)},
 			{lbmap.FlowCacheMapName, uint32(0), lbmap.FlowCacheSet{}},
 		} {
-			ms, ok := spec.Maps[m.name]
-			if !ok {
-				t.Errorf("%s: no map %s", obj, m.name)
-				continue
-			}
-			k, v := reflect.TypeOf(m.key), reflect.TypeOf(m.value)
-			if int(ms.KeySize) != int(k.Size()) || int(ms.ValueSize) != int(v.Size()) {
-				t.Errorf("%s: map %s: key %d, value %d bytes; Go %s %d, %s %d",
-					obj, m.name, ms.KeySize, ms.ValueSize, k, k.Size(), v, v.Size())
+			if err := bpftest.MapLayout(spec, m.name, m.key, m.value); err != nil {
+				t.Errorf("%s: %v", obj, err)
 			}
 		}
 	}

@@ -3,13 +3,12 @@ package lbmap_test
 import (
 	"maps"
 	"net/netip"
-	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/btf"
 
+	"github.com/sluice-dataplane/sluice/internal/bpftest"
 	"github.com/sluice-dataplane/sluice/internal/datapath"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
@@ -34,26 +33,8 @@ func TestBTFLayout(t *testing.T) {
 		{"lb_affinity_key", lbmap.AffinityKey{}},
 		{"lb_affinity_val", lbmap.AffinityValue{}},
 	} {
-		var st *btf.Struct
-		if err := spec.Types.TypeByName(tc.cName, &st); err != nil {
-			t.Errorf("struct %s: %v", tc.cName, err)
-			continue
-		}
-		goType := reflect.TypeOf(tc.goVal)
-		if size, _ := btf.Sizeof(st); size != int(goType.Size()) {
-			t.Errorf("struct %s is %d bytes, %s is %d", tc.cName, size, goType, goType.Size())
-		}
-		if len(st.Members) != goType.NumField() {
-			t.Errorf("struct %s has %d members, %s has %d fields", tc.cName, len(st.Members), goType, goType.NumField())
-			continue
-		}
-		for i, m := range st.Members {
-			f := goType.Field(i)
-			size, _ := btf.Sizeof(m.Type)
-			if int(m.Offset.Bytes()) != int(f.Offset) || size != int(f.Type.Size()) {
-				t.Errorf("%s.%s at %d (%d bytes), %s.%s at %d (%d bytes)",
-					tc.cName, m.Name, m.Offset.Bytes(), size, goType, f.Name, f.Offset, f.Type.Size())
-			}
+		if err := bpftest.StructLayout(spec, tc.cName, tc.goVal); err != nil {
+			t.Error(err)
 		}
 	}
 
@@ -68,15 +49,8 @@ func TestBTFLayout(t *testing.T) {
 		{"lb_config", uint32(0), lbmap.Config{}},
 		{lbmap.AffinityMapName, lbmap.AffinityKey{}, lbmap.AffinityValue{}},
 	} {
-		ms, ok := spec.Maps[tc.name]
-		if !ok {
-			t.Errorf("no map %s in the object", tc.name)
-			continue
-		}
-		k, v := reflect.TypeOf(tc.key), reflect.TypeOf(tc.value)
-		if int(ms.KeySize) != int(k.Size()) || int(ms.ValueSize) != int(v.Size()) {
-			t.Errorf("map %s: key %d, value %d bytes; Go %s %d, %s %d",
-				tc.name, ms.KeySize, ms.ValueSize, k, k.Size(), v, v.Size())
+		if err := bpftest.MapLayout(spec, tc.name, tc.key, tc.value); err != nil {
+			t.Error(err)
 		}
 	}
 }

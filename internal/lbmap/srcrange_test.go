@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/btf"
 
+	"github.com/sluice-dataplane/sluice/internal/bpftest"
 	"github.com/sluice-dataplane/sluice/internal/datapath"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
@@ -21,20 +21,8 @@ func TestSourceRangeKeyBTFLayout(t *testing.T) {
 	}
 	goType := reflect.TypeOf(lbmap.SourceRangeKey{})
 	for obj, spec := range map[string]*ebpf.CollectionSpec{"tc": tc, "xdp": xdp} {
-		var st *btf.Struct
-		if err := spec.Types.TypeByName("lb_src_range_key", &st); err != nil {
-			t.Fatalf("%s: struct lb_src_range_key: %v", obj, err)
-		}
-		if len(st.Members) != goType.NumField() {
-			t.Fatalf("%s: lb_src_range_key has %d members, %s has %d fields", obj, len(st.Members), goType, goType.NumField())
-		}
-		for i, m := range st.Members {
-			f := goType.Field(i)
-			size, _ := btf.Sizeof(m.Type)
-			if int(m.Offset.Bytes()) != int(f.Offset) || size != int(f.Type.Size()) {
-				t.Errorf("%s: lb_src_range_key.%s at %d (%d bytes), %s.%s at %d (%d bytes)", obj,
-					m.Name, m.Offset.Bytes(), size, goType, f.Name, f.Offset, f.Type.Size())
-			}
+		if err := bpftest.StructLayout(spec, "lb_src_range_key", lbmap.SourceRangeKey{}); err != nil {
+			t.Errorf("%s: %v", obj, err)
 		}
 		ms, ok := spec.Maps[lbmap.SourceRangesMapName]
 		if !ok {
