@@ -645,10 +645,15 @@ func (r *QperfReport) writeComparisons(w io.Writer, what, title, column string) 
 		counts[c.Verdict]++
 	}
 	var parts []string
+	rows := 0
 	for _, v := range verdicts {
 		parts = append(parts, fmt.Sprintf("%d %s", counts[v], v))
+		rows += counts[v]
 	}
-	fmt.Fprintf(w, "\nRows: %s.\n\n", strings.Join(parts, ", "))
+	// Each interval misses the truth one time in 20, half of them on
+	// each side: over many rows a few verdicts are chance.
+	fmt.Fprintf(w, "\nRows: %s. At 95%% each, chance alone gives about %.1f of %d rows a verdict on either side.\n\n",
+		strings.Join(parts, ", "), 0.025*float64(rows), rows)
 }
 
 func isLatency(row QperfRow) bool {
