@@ -173,11 +173,14 @@ func TestPrivilegedAgentCapabilities(t *testing.T) {
 			stopped = true
 			t.Fatalf("sluice-agent exited with the chart's capabilities (%s): %v", strings.Join(caps, ","), err)
 		case <-ctx.Done():
-			t.Fatalf("sluice-agent never synced; last status %+v", st)
+			t.Fatalf("sluice-agent never synced and attached its socket LB; last status %+v", st)
 		case <-time.After(100 * time.Millisecond):
 		}
+		// The socket LB attaches just after the first sync (the status
+		// is served from before it): both, or the test reads a status
+		// from between them.
 		st, err = client.Status(ctx)
-		if err == nil && st.Source.Synced && !st.Sync.Last.IsZero() {
+		if err == nil && st.Source.Synced && !st.Sync.Last.IsZero() && len(st.SocketLB.AttachPoints) > 0 {
 			break
 		}
 	}
