@@ -145,8 +145,8 @@ static __always_inline __u64 bw_counts(const struct bw_state *st, const struct b
 {
 	__u64 e = READ_ONCE(st->act_epoch), tcur = READ_ONCE(st->thin_cur), tprev = READ_ONCE(st->thin_prev);
 	__u64 own_cur = 0, own_prev = 0;
-	/* A count taken back (bw_uncount) as the window rolls can take one
-	 * below zero: none. */
+	/* bw_dec keeps counts at zero or above; a count below zero (an
+	 * agent before it) reads as none. */
 	__s32 cur = READ_ONCE(st->act_cur), prev = READ_ONCE(st->act_prev);
 
 	if (cur < 0)

@@ -282,8 +282,8 @@ static __always_inline __u64 bw_egress_burst(const struct bw_state *st, const st
 					     __u64 now)
 {
 	__u64 epoch = now >> BW_WINDOW_SHIFT, e = READ_ONCE(st->act_epoch), burst = lim->burst_ns, b;
-	/* sock_edt.c's bw_uncount can take a count below zero as the window
-	 * rolls: none. */
+	/* sock_edt.c's bw_dec keeps counts at zero or above; a count below
+	 * zero (an agent before it) reads as none. */
 	__s32 cur = READ_ONCE(st->act_cur), prev = READ_ONCE(st->act_prev);
 	__u32 n = 0;
 

@@ -63,8 +63,8 @@ type QperfConfig struct {
 	Tuned      bool // also the tuned rows (lab tune apply, reverted)
 	Profile    string
 	// CPUs pins the clients (qperf, sockperf) to CPUs[0] and the servers
-	// to CPUs[1] (taskset), or nothing when empty: on a small machine
-	// the scheduler moving them is much of the run-to-run spread.
+	// to CPUs[1] (taskset), or nothing when empty. On the 2-vCPU VM of
+	// docs/tuning.md it did not narrow the run-to-run spread.
 	CPUs     []int
 	Prefix   string
 	Exe      string // sluice
