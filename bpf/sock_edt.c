@@ -136,23 +136,15 @@ static __always_inline void bw_roll(struct bw_state *st, __u64 epoch)
 }
 
 /* bw_counts reads the Pod's sending sockets and the wire bytes per window
- * its thin ones sent, over window epoch and the one before, as of now: a
- * Pod whose sockets were last counted before that counts none (a socket
- * that does not count itself, one just accepted, reads them without
- * rolling the window). The socket's own thin bytes are left out. */
+ * its thin ones sent, over window epoch and the one before, as of now
+ * (bw_of_windows): a socket that does not count itself, one just
+ * accepted, reads them without rolling the window. The socket's own thin
+ * bytes are left out. */
 static __always_inline __u64 bw_counts(const struct bw_state *st, const struct bw_sock *s, __u64 epoch,
 				       __u64 *thin)
 {
 	__u64 e = READ_ONCE(st->act_epoch), tcur = READ_ONCE(st->thin_cur), tprev = READ_ONCE(st->thin_prev);
 	__u64 own_cur = 0, own_prev = 0;
-	/* bw_dec keeps counts at zero or above; a count below zero (an
-	 * agent before it) reads as none. */
-	__s32 cur = READ_ONCE(st->act_cur), prev = READ_ONCE(st->act_prev);
-
-	if (cur < 0)
-		cur = 0;
-	if (prev < 0)
-		prev = 0;
 
 	/* Its own bytes in the Pod's windows e and e - 1. */
 	if (s->epoch == (__u32)e) {
@@ -163,16 +155,17 @@ static __always_inline __u64 bw_counts(const struct bw_state *st, const struct b
 	}
 	tcur -= tcur < own_cur ? tcur : own_cur;
 	tprev -= tprev < own_prev ? tprev : own_prev;
-	if (e == epoch || e == epoch + 1) { /* + 1: rolled by a CPU whose clock read later */
-		*thin = tcur > tprev ? tcur : tprev;
-		return cur > prev ? cur : prev;
-	}
-	if (e + 1 == epoch) {
-		*thin = tcur;
-		return cur;
-	}
-	*thin = 0;
-	return 0;
+	*thin = bw_of_windows(e, epoch, tcur, tprev);
+	return bw_sending(st, e, epoch);
+}
+
+/* bw_sock_seen records that the socket was looked at in window win and
+ * what it had sent by then. */
+static __always_inline void bw_sock_seen(struct bw_sock *s, struct bpf_sock_ops *skops, __u32 win)
+{
+	s->epoch = win;
+	s->acked = skops->bytes_acked;
+	s->segs = skops->data_segs_out;
 }
 
 /* bw_pace caps the socket at its share of the Pod's rate; count says it
@@ -190,9 +183,7 @@ static __always_inline void bw_pace(struct bpf_sock_ops *skops, struct bw_sock *
 		/* Unlimited now: looked at in this window (its Pod is looked
 		 * up again in the next), counted nowhere. */
 		bw_unpace(skops, s);
-		s->epoch = win;
-		s->acked = skops->bytes_acked;
-		s->segs = skops->data_segs_out;
+		bw_sock_seen(s, skops, win);
 		s->counted = 0;
 		s->counted_prev = 0;
 		s->thin = 0;
@@ -211,9 +202,7 @@ static __always_inline void bw_pace(struct bpf_sock_ops *skops, struct bw_sock *
 		thin = sent + (__u64)(segs - s->segs) * ovh / w;
 		s->thin_prev = s->epoch + 1 == win ? s->thin : 0;
 		s->counted_prev = s->epoch + 1 == win ? s->counted : 0;
-		s->epoch = win;
-		s->acked = acked;
-		s->segs = segs;
+		bw_sock_seen(s, skops, win);
 		bw_roll(st, epoch);
 		if (!s->rate || sent >= half) {
 			__sync_fetch_and_add(&st->act_cur, 1);

@@ -264,6 +264,32 @@ static __always_inline void bw_count_pass(struct bw_state *st, __u64 len)
  * 2^27 ns, about 134 ms. */
 #define BW_WINDOW_SHIFT 27
 
+/* bw_of_windows reads a count of the Pod's sockets (cur of its window e,
+ * prev of the one before) as of window epoch: the larger of the two while
+ * e is epoch (or epoch + 1: rolled by a CPU whose clock read later), cur
+ * alone when e is the window before epoch, none when e is older (the
+ * Pod's sockets stopped sending since). */
+static __always_inline __u64 bw_of_windows(__u64 e, __u64 epoch, __u64 cur, __u64 prev)
+{
+	if (e == epoch || e == epoch + 1)
+		return cur > prev ? cur : prev;
+	if (e + 1 == epoch)
+		return cur;
+	return 0;
+}
+
+/* bw_sending is how many of the Pod's sockets were counted sending
+ * (sock_edt.c) as of window epoch, e being the st->act_epoch read with
+ * whatever else the caller reads of the windows. sock_edt.c's bw_dec keeps
+ * the counts at zero or above; one below zero (an agent before it) reads
+ * as none. */
+static __always_inline __u64 bw_sending(const struct bw_state *st, __u64 e, __u64 epoch)
+{
+	__s32 cur = READ_ONCE(st->act_cur), prev = READ_ONCE(st->act_prev);
+
+	return bw_of_windows(e, epoch, cur > 0 ? cur : 0, prev > 0 ? prev : 0);
+}
+
 /* Under the policer a Pod's TCP sockets that fill their shares are paced
  * each on its own (sock_edt.c), and each sends TSO packets of two full
  * frames at least (the agent sizes them to the pacing rate where the rate
@@ -281,27 +307,13 @@ static __always_inline void bw_count_pass(struct bw_state *st, __u64 len)
 static __always_inline __u64 bw_egress_burst(const struct bw_state *st, const struct bw_limit *lim,
 					     __u64 now)
 {
-	__u64 epoch = now >> BW_WINDOW_SHIFT, e = READ_ONCE(st->act_epoch), burst = lim->burst_ns, b;
-	/* sock_edt.c's bw_dec keeps counts at zero or above; a count below
-	 * zero (an agent before it) reads as none. */
-	__s32 cur = READ_ONCE(st->act_cur), prev = READ_ONCE(st->act_prev);
-	__u32 n = 0;
+	__u64 burst = lim->burst_ns, b, n = bw_sending(st, READ_ONCE(st->act_epoch), now >> BW_WINDOW_SHIFT);
 
-	/* Counts of a window before the last are stale: the Pod's
-	 * sockets stopped sending since. */
-	if (cur < 0)
-		cur = 0;
-	if (prev < 0)
-		prev = 0;
-	if (e == epoch)
-		n = cur > prev ? cur : prev;
-	else if (e + 1 == epoch)
-		n = cur;
 	if (n < 2)
 		return burst;
 	if (n > 0xffff)
 		n = 0xffff;
-	b = (__u64)n * 2 * BW_FRAME_BYTES * NSEC_PER_SEC / lim->bps;
+	b = n * 2 * BW_FRAME_BYTES * NSEC_PER_SEC / lim->bps;
 	if (b > burst * BW_BURST_MAX)
 		b = burst * BW_BURST_MAX;
 	return b > burst ? b : burst;

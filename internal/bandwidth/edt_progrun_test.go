@@ -310,7 +310,8 @@ func TestPrivilegedEDTPolice(t *testing.T) {
 // TestPrivilegedEDTPoliceBurstPerSocket: a Pod's egress burst under the
 // policer is two full frames for each socket sock_edt counted sending in
 // this window or the last, when that is longer than the limit's, up to
-// BW_BURST_MAX (4) times it; counts from an older window are stale. At
+// BW_BURST_MAX (4) times it; counts from an older window are stale (from
+// the next one are current: another CPU's clock read later). At
 // 1 Mbit/s a 1,100-byte frame holds the wire 8.8 ms: back to back, frame
 // k (from 2) starts (k-2) × 8.8 ms ahead, and those starting beyond the
 // burst are dropped.
@@ -329,6 +330,8 @@ func TestPrivilegedEDTPoliceBurstPerSocket(t *testing.T) {
 		{"one socket", window, 1, 5, 30 * time.Millisecond, "30 ms"},                      // starts 0, 0, 8.8, 17.6, 26.4
 		{"3 sockets", window, 3, 10, 72672 * time.Microsecond, "3 × 2 × 1514 B: 72.7 ms"}, // up to 70.4
 		{"3 sockets in the last window", func() uint64 { return window() - 1 }, 3, 10, 72672 * time.Microsecond, "72.7 ms"},
+		// Rolled by a socket on a CPU whose clock read later.
+		{"3 sockets in the next window", func() uint64 { return window() + 1 }, 3, 10, 72672 * time.Microsecond, "72.7 ms"},
 		{"8 sockets", window, 8, 15, 120 * time.Millisecond, "4 × 30 ms, the most"}, // up to 114.4
 		{"8 sockets two windows ago: stale", func() uint64 { return window() - 2 }, 8, 5, 30 * time.Millisecond, "30 ms"},
 	} {

@@ -284,15 +284,25 @@ func TestHelperProcessSockClient(t *testing.T) {
 	os.Exit(0)
 }
 
-func helperConn(spec helperSpec, thin bool) (r helperSocket) {
-	runtime.LockOSThread() // the thread stays in the namespace; the process exits
-	f, err := os.Open(spec.Netns)
-	if err == nil {
-		err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
-		f.Close()
-	}
+// enterNetns moves the calling goroutine's thread into the network
+// namespace at path for good (the thread stays there; the helper process
+// exits).
+func enterNetns(path string) error {
+	runtime.LockOSThread()
+	f, err := os.Open(path)
 	if err != nil {
-		return helperSocket{Err: "setns: " + err.Error()}
+		return fmt.Errorf("setns: %w", err)
+	}
+	defer f.Close()
+	if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("setns %s: %w", path, err)
+	}
+	return nil
+}
+
+func helperConn(spec helperSpec, thin bool) (r helperSocket) {
+	if err := enterNetns(spec.Netns); err != nil {
+		return helperSocket{Err: err.Error()}
 	}
 	c, err := net.Dial("tcp4", spec.Server)
 	if err != nil {
@@ -334,14 +344,8 @@ func helperConn(spec helperSpec, thin bool) (r helperSocket) {
 // helperShort opens a connection every 10 ms for spec.Send, sends 64
 // bytes on it and closes it.
 func helperShort(spec helperSpec) {
-	runtime.LockOSThread()
-	f, err := os.Open(spec.Netns)
-	if err == nil {
-		err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
-		f.Close()
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "setns:", err)
+	if err := enterNetns(spec.Netns); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
 	for end := time.Now().Add(spec.Send); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {

@@ -19,31 +19,16 @@ func TestBTFLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for obj, spec := range map[string]*ebpf.CollectionSpec{"tc_edt": tc, "sock_edt": sock} {
-		for _, s := range []struct {
-			cName string
-			goVal any
-		}{
-			{"bw_key", bwKey{}},
-			{"bw_limit", bwLimit{}},
-			{"bw_state", bwState{}},
-			{"bw_addr_val", bwAddrVal{}},
-		} {
-			if err := bpftest.StructLayout(spec, s.cName, s.goVal); err != nil {
-				t.Errorf("%s: %v", obj, err)
-			}
-		}
-		for _, m := range []struct {
-			name       string
-			key, value any
-		}{
-			{LimitsMapName, bwKey{}, bwLimit{}},
-			{StateMapName, bwKey{}, bwState{}},
-			{AddrMapName, [16]byte{}, bwAddrVal{}},
-		} {
-			if err := bpftest.MapLayout(spec, m.name, m.key, m.value); err != nil {
-				t.Errorf("%s: %v", obj, err)
-			}
-		}
-	}
+	bpftest.CheckLayouts(t, map[string]*ebpf.CollectionSpec{"tc_edt": tc, "sock_edt": sock},
+		[]bpftest.Struct{
+			{C: "bw_key", Go: bwKey{}},
+			{C: "bw_limit", Go: bwLimit{}},
+			{C: "bw_state", Go: bwState{}},
+			{C: "bw_addr_val", Go: bwAddrVal{}},
+		},
+		[]bpftest.Map{
+			{Name: LimitsMapName, Key: bwKey{}, Value: bwLimit{}},
+			{Name: StateMapName, Key: bwKey{}, Value: bwState{}},
+			{Name: AddrMapName, Key: [16]byte{}, Value: bwAddrVal{}},
+		})
 }

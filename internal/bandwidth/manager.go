@@ -103,6 +103,10 @@ type Manager struct {
 	// shows what holds now, until an install of the aggregate succeeds.
 	nsProblems map[uint32]Problem
 	entries    []Entry // the last sync's, for List
+	// lastID is the ID given last: the next goes to the first free one
+	// after it, so that an ID freed is given again only after every
+	// other (freeID).
+	lastID uint32
 }
 
 // NewManager restores what an earlier agent installed.
@@ -116,6 +120,7 @@ func NewManager(dp Datapath, opts ManagerOptions) (*Manager, error) {
 	for _, a := range prev {
 		m.installed[a.ID] = a
 		m.restored[a.ID] = a
+		m.lastID = max(m.lastID, a.ID)
 	}
 	return m, nil
 }
@@ -263,7 +268,13 @@ func (m *Manager) claimRestored(a Aggregate) uint32 {
 	return 0
 }
 
-// freeID is the lowest ID neither installed nor given to a Pod.
+// freeID is the first ID after the last one given that is neither
+// installed nor given to a Pod, wrapping after MaxID. Not the lowest free
+// one: a Pod's sockets and packets in flight may still carry a freed ID
+// (a socket looks its Pod up again once a window), and a new Pod given it
+// at once would be paced and counted with them. A new agent knows only
+// the IDs still installed: one freed just before it started, above all of
+// them, may be given again at once (harmless after a window, ~134 ms).
 func (m *Manager) freeID() uint32 {
 	used := map[uint32]bool{}
 	for id := range m.installed {
@@ -272,8 +283,9 @@ func (m *Manager) freeID() uint32 {
 	for _, id := range m.byPod {
 		used[id] = true
 	}
-	for id := uint32(1); id <= MaxID; id++ {
-		if !used[id] {
+	for i := uint32(1); i <= MaxID; i++ {
+		if id := (m.lastID+i-1)%MaxID + 1; !used[id] {
+			m.lastID = id
 			return id
 		}
 	}

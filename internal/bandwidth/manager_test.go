@@ -142,7 +142,8 @@ func TestManagerAnnotations(t *testing.T) {
 		t.Fatalf("installed %+v, want a at 100M (same id), b 20M/10M, c ingress 1G", aggs)
 	}
 
-	// a's annotation goes: a is unlimited, its ID free for the next Pod.
+	// a's annotation goes: a is unlimited. Its ID is not given to the
+	// next Pod (TestManagerIDReuse).
 	a3 := a2.DeepCopy()
 	a3.Annotations = nil
 	tr.OnPodUpdate(a2, a3)
@@ -154,8 +155,9 @@ func TestManagerAnnotations(t *testing.T) {
 	d := pod("d", "198.18.1.13", egress("1M"))
 	tr.OnPodUpdate(nil, d)
 	syncPods(t, m, tr)
-	if got := mem.Aggregates()[1]; got.Veth != 13 {
-		t.Errorf("aggregate 1 is %+v, want the freed ID given to Pod d", got)
+	const dID = 4
+	if got := mem.Aggregates()[dID]; got.Veth != 13 {
+		t.Errorf("aggregate %d is %+v, want Pod d", dID, got)
 	}
 
 	// A failing write concerns d alone; c's deletion still goes through.
@@ -171,7 +173,7 @@ func TestManagerAnnotations(t *testing.T) {
 	if _, ok := mem.Aggregates()[3]; ok {
 		t.Error("Pod c's limit outlived the Pod")
 	}
-	if got := mem.Aggregates()[1]; got.Egress != LimitFor(1e6) {
+	if got := mem.Aggregates()[dID]; got.Egress != LimitFor(1e6) {
 		t.Errorf("Pod d: %+v, want its old limit kept while the new one fails", got)
 	}
 
@@ -183,7 +185,7 @@ func TestManagerAnnotations(t *testing.T) {
 	if got := problemMap(probs); !maps.Equal(got, map[string]string{"default/d": ProblemPodNetns + " "}) || probs[0].Retry {
 		t.Errorf("problems %v, want d's namespace reported, not retried", got)
 	}
-	if got := mem.Aggregates()[1]; got.Egress != LimitFor(2e6) {
+	if got := mem.Aggregates()[dID]; got.Egress != LimitFor(2e6) {
 		t.Errorf("Pod d: %+v, want its new limit in place despite its namespace", got)
 	}
 	installs := mem.Installs()
@@ -225,6 +227,51 @@ func TestManagerRestore(t *testing.T) {
 	after := mem.Aggregates()
 	if len(after) != 2 || !sameAggregate(after[1], before[1]) || !sameAggregate(after[3], before[3]) {
 		t.Errorf("after a restart: %+v, want a and c as before (%+v), b removed", after, before)
+	}
+}
+
+// TestManagerIDReuse: a freed aggregate ID goes to a new Pod only after
+// every other ID has been given (a socket of the old Pod may carry it for a
+// window yet), the IDs wrapping after MaxID; a new agent carries on after
+// the highest ID it restores.
+func TestManagerIDReuse(t *testing.T) {
+	mem := NewMemory()
+	for i := range 4 {
+		mem.SetVeth(netip.AddrFrom4([4]byte{198, 18, 1, byte(10 + i)}), 10+i)
+	}
+	a, b := pod("a", "198.18.1.10", egress("1M")), pod("b", "198.18.1.11", egress("1M"))
+	tr := trackerWith(a, b)
+	m := manager(t, ManagerOptions{Mode: ModePolice}, mem)
+	syncPods(t, m, tr)
+	tr.OnPodUpdate(a, nil)
+	syncPods(t, m, tr)
+	c := pod("c", "198.18.1.12", egress("1M"))
+	tr.OnPodUpdate(nil, c)
+	syncPods(t, m, tr)
+	if got := slices.Sorted(maps.Keys(mem.Aggregates())); !slices.Equal(got, []uint32{2, 3}) {
+		t.Fatalf("IDs %v after a went and c came, want [2 3]: a's ID 1 not given to c", got)
+	}
+
+	// A new agent gives the next Pod the ID after the highest it found.
+	m2 := manager(t, ManagerOptions{Mode: ModePolice}, mem)
+	d := pod("d", "198.18.1.13", egress("1M"))
+	tr.OnPodUpdate(nil, d)
+	syncPods(t, m2, tr)
+	if got := slices.Sorted(maps.Keys(mem.Aggregates())); !slices.Equal(got, []uint32{2, 3, 4}) {
+		t.Fatalf("IDs %v after a restart and d, want [2 3 4]", got)
+	}
+
+	// Past MaxID the IDs wrap to the first free one.
+	m2.lastID = MaxID - 1
+	tr.OnPodUpdate(d, nil)
+	syncPods(t, m2, tr)
+	e, f := pod("e", "198.18.1.10", egress("1M")), pod("f", "198.18.1.13", egress("1M"))
+	tr.OnPodUpdate(nil, e)
+	syncPods(t, m2, tr)
+	tr.OnPodUpdate(nil, f)
+	syncPods(t, m2, tr)
+	if got := slices.Sorted(maps.Keys(mem.Aggregates())); !slices.Equal(got, []uint32{1, 2, 3, MaxID}) {
+		t.Errorf("IDs %v after wrapping, want [1 2 3 %d]", got, MaxID)
 	}
 }
 

@@ -54,6 +54,9 @@ const (
 	BWTBFCNI        = "tbf-cni"         // TBF as the bandwidth CNI plugin sets it (burst 2^31 bits)
 	BWTBF           = "tbf"             // TBF with a burst of 5 ms
 	BWHTB           = "htb"             // HTB with its default burst
+
+	// BWIdle names the latency probe's floor: no limit, no bulk stream.
+	BWIdle = "idle"
 )
 
 // BWContenders are all, in the order they run.
@@ -111,6 +114,9 @@ type BandwidthReport struct {
 	Sluice  string         `json:"sluice"`
 	Rows    []BandwidthRow `json:"rows"`
 	Latency []LatencyRow   `json:"latency,omitempty"`
+	// Idle is the latency probe with no limit and nothing else sent:
+	// the floor under every contender's figures on this machine.
+	Idle *LatencyRow `json:"idle,omitempty"`
 }
 
 // bwBench is the topology of one run.
@@ -153,6 +159,15 @@ func RunBandwidth(ctx context.Context, cfg BandwidthConfig) (_ *BandwidthReport,
 	rep.Sluice = "EDT with fq (edt-fq)"
 	if b.fqErr != nil {
 		rep.Sluice = "the fallback without sch_fq: egress pace-police-ecn, ingress TBF on the Pod's veth"
+	}
+	if cfg.Latency {
+		rep.Idle = b.idle(ctx, cfg)
+		if rep.Idle.Skipped != "" {
+			b.logf("%-16s latency, no limit, no load: skipped: %s", BWIdle, rep.Idle.Skipped)
+		} else {
+			b.logf("%-16s latency, no limit, no load  p50 %8.0f µs  p95 %8.0f µs  p99 %8.0f µs  (%d samples)",
+				BWIdle, rep.Idle.P50, rep.Idle.P95, rep.Idle.P99, rep.Idle.Samples)
+		}
 	}
 	dirs := []string{"egress"}
 	if cfg.Ingress {

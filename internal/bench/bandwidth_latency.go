@@ -70,18 +70,44 @@ func (b *bwBench) latency(ctx context.Context, r *LatencyRow, cfg BandwidthConfi
 		return perr
 	}
 	r.BulkWire = bulk.Wire
+	r.fill(rtts, window)
+	return nil
+}
+
+// idle measures the probe's floor: the same ping-pong with no limit and
+// nothing else sent, for cfg.Duration less two seconds as under load.
+func (b *bwBench) idle(ctx context.Context, cfg BandwidthConfig) *LatencyRow {
+	r := &LatencyRow{Contender: BWIdle}
+	if b.sockperf == nil {
+		r.Skipped = "sockperf not found: run scripts/deps.sh"
+		return r
+	}
+	window := max(cfg.Duration, 4*time.Second) - 2*time.Second
+	rtts, err := b.sockperfRTTs(ctx, window)
+	if err != nil {
+		// The contenders' figures stand without it.
+		r.Skipped = err.Error()
+		return r
+	}
+	r.fill(rtts, window)
+	return r
+}
+
+// fill sets the row's percentiles from the round trips of a probe that
+// ran for window.
+func (r *LatencyRow) fill(rtts []float64, window time.Duration) {
 	r.Samples = len(rtts)
 	if len(rtts) == 0 {
-		// Every request waited behind the bulk stream for longer than
-		// the probe ran: a result (a queue of seconds), not an error.
+		// Every request waited (behind the bulk stream) for longer
+		// than the probe ran: a result (a queue of seconds), not an
+		// error.
 		r.Starved = true
 		us := float64(window.Microseconds())
 		r.P50, r.P95, r.P99, r.Max = us, us, us, us
-		return nil
+		return
 	}
 	slices.Sort(rtts)
 	r.P50, r.P95, r.P99, r.Max = percentile(rtts, 50), percentile(rtts, 95), percentile(rtts, 99), rtts[len(rtts)-1]
-	return nil
 }
 
 // sockperfRTTs runs sockperf ping-pong from the Pod (in the bench's

@@ -120,6 +120,10 @@ func (r *BandwidthReport) WriteMarkdown(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\n## Latency under load\n\nsockperf ping-pong over TCP from the limited Pod (64-byte messages, 100 a second) while one iperf3 stream of the Pod saturates the limit in the same direction; round trips in ms. The last column is p99 against `tbf-cni`'s (the bandwidth CNI plugin's TBF) at the same limit and direction: how many times lower.\n\n")
 	fmt.Fprintf(w, "| direction | limit | contender | p50 | p95 | p99 | max | bulk Mbit/s | p99 vs tbf-cni |\n|---|---|---|---:|---:|---:|---:|---:|---:|\n")
+	if l := r.Idle; l != nil && l.Skipped == "" && !l.Starved {
+		fmt.Fprintf(w, "| - | none | %s: nothing else sent | %.2f | %.2f | %.2f | %.2f | - | - |\n", l.Contender,
+			l.P50/1e3, l.P95/1e3, l.P99/1e3, l.Max/1e3)
+	}
 	for _, l := range r.Latency {
 		if l.Skipped != "" {
 			fmt.Fprintf(w, "| %s | %s | %s | skipped: %s | | | | | |\n", l.Direction, l.Rate, l.Contender, l.Skipped)
@@ -140,6 +144,23 @@ func (r *BandwidthReport) WriteMarkdown(w io.Writer) {
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %s |\n", l.Direction, l.Rate, l.Contender,
 			l.P50/1e3, l.P95/1e3, l.P99/1e3, l.Max/1e3, l.BulkWire/1e6, vs)
+	}
+	if l := r.Idle; l != nil && l.Skipped == "" && !l.Starved && l.P99 > 0 {
+		var bounds []string
+		for _, t := range r.Latency {
+			if t.Contender == BWTBFCNI && t.Skipped == "" {
+				gt := ""
+				if t.Starved {
+					gt = "> " // its p99 is a lower bound
+				}
+				bounds = append(bounds, fmt.Sprintf("%s %s %s%.1f×", t.Direction, t.Rate, gt, t.P99/l.P99))
+			}
+		}
+		fmt.Fprintf(w, "\nThe `%s` row is the floor: the probe with no limit and nothing else sent, p99 %.2f ms here. No contender's p99 is far below it, so a ratio against `tbf-cni` can reach tbf-cni's p99 over it at most", l.Contender, l.P99/1e3)
+		if len(bounds) > 0 {
+			fmt.Fprintf(w, ": %s", strings.Join(bounds, ", "))
+		}
+		fmt.Fprintln(w, ".")
 	}
 }
 

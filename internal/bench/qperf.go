@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -51,6 +52,10 @@ const (
 	QperfHost    = "host"
 	QperfPodIP   = "pod-ip"
 	QperfService = "service"
+
+	// QperfSideBySide is the test of the Pod IP and Service rows measured
+	// at the same time (sockperf, a client to each).
+	QperfSideBySide = "sockperf-side-by-side"
 )
 
 // QperfConfig configures RunQperf.
@@ -390,6 +395,25 @@ func qperfRun(ctx context.Context, cfg QperfConfig, l *lab.Lab, targets []qperfT
 		add(tg.path, "sockperf", "64", "p50", "ns", p50)
 		add(tg.path, "sockperf", "64", "p99", "ns", p99)
 	}
+	// The Service target side by side: the same client to the Pod IP and
+	// to the Service at the same time, so that both see the machine as it
+	// is in that second (runs seconds apart on a shared VM differ by more
+	// than the 3% to show).
+	pod, svc := slices.IndexFunc(targets, func(t qperfTarget) bool { return t.path == QperfPodIP }),
+		slices.IndexFunc(targets, func(t qperfTarget) bool { return t.path == QperfService })
+	if pod < 0 || svc < 0 || targets[pod].from != targets[svc].from {
+		return nil
+	}
+	cfg.step("%s: pod-ip and service side by side (sockperf, %d messages/s each)", what, qperfSideBySideMPS)
+	rtts, err := sockperfAtOnce(ctx, l, cfg.pin(0), targets[pod].from, []string{targets[pod].to, targets[svc].to},
+		max(cfg.Duration, 2*time.Second), qperfSideBySideMPS)
+	if err != nil {
+		return fmt.Errorf("sockperf side by side: %w", err)
+	}
+	for i, path := range []string{QperfPodIP, QperfService} {
+		add(path, QperfSideBySide, "64", "p50", "ns", percentile(rtts[i], 50)*1e3)
+		add(path, QperfSideBySide, "64", "p99", "ns", percentile(rtts[i], 99)*1e3)
+	}
 	return nil
 }
 
@@ -530,33 +554,67 @@ func parseQperf(out string) ([]qperfMeasure, error) {
 	return ms, nil
 }
 
-// sockperfPercentiles runs sockperf ping-pong (TCP, 64 bytes) and returns
-// p50 and p99 round trips in ns.
+// sockperfPercentiles runs sockperf ping-pong (TCP, 64 bytes, one message
+// at a time as fast as it goes) and returns p50 and p99 round trips in ns.
 func sockperfPercentiles(ctx context.Context, l *lab.Lab, pin []string, from, to string, d time.Duration) (p50, p99 float64, err error) {
+	rtts, err := sockperfAtOnce(ctx, l, pin, from, []string{to}, d, 0)
+	if err != nil {
+		return 0, 0, err
+	}
+	return percentile(rtts[0], 50) * 1e3, percentile(rtts[0], 99) * 1e3, nil
+}
+
+// qperfSideBySideMPS is the message rate of each of the side-by-side
+// sockperf clients: low enough that the two seldom wait for each other
+// on 2 CPUs.
+const qperfSideBySideMPS = 500
+
+// sockperfAtOnce runs a sockperf ping-pong client (TCP, 64 bytes, mps
+// messages a second, 0: as fast as it goes) from `from` to each of to, all
+// at once, for d, and returns each one's round trips in µs, sorted.
+func sockperfAtOnce(ctx context.Context, l *lab.Lab, pin []string, from string, to []string, d time.Duration, mps int) ([][]float64, error) {
 	dir, err := os.MkdirTemp("", "sluice-qperf-sockperf-")
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	logPath := filepath.Join(dir, "rtt.csv")
 	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
 	defer cancel()
-	args := slices.Concat(pin, []string{"sockperf", "ping-pong", "--tcp", "-i", to, "-p", strconv.Itoa(qperfSockperf), "-t", strconv.Itoa(int(d / time.Second)),
-		"-m", "64", "--full-rtt", "--full-log", logPath})
-	if out, err := l.Command(ctx, from, args...).CombinedOutput(); err != nil {
-		return 0, 0, fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, lastLines(out, 3))
+	errs := make([]error, len(to))
+	logs := make([]string, len(to))
+	var wg sync.WaitGroup
+	for i, addr := range to {
+		logs[i] = filepath.Join(dir, fmt.Sprintf("rtt-%d.csv", i))
+		args := slices.Concat(pin, []string{"sockperf", "ping-pong", "--tcp", "-i", addr, "-p", strconv.Itoa(qperfSockperf),
+			"-t", strconv.Itoa(int(d / time.Second)), "-m", "64", "--full-rtt", "--full-log", logs[i]})
+		if mps > 0 {
+			args = append(args, "--mps", strconv.Itoa(mps))
+		}
+		wg.Go(func() {
+			if out, err := l.Command(ctx, from, args...).CombinedOutput(); err != nil {
+				errs[i] = fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, lastLines(out, 3))
+			}
+		})
 	}
-	f, err := os.Open(logPath)
-	if err != nil {
-		return 0, 0, err
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
-	defer f.Close()
-	rtts, err := parseSockperfLog(f)
-	if err != nil || len(rtts) == 0 {
-		return 0, 0, errors.Join(err, errors.New("sockperf: no round trips"))
+	out := make([][]float64, len(to))
+	for i, path := range logs {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		rtts, err := parseSockperfLog(f)
+		f.Close()
+		if err != nil || len(rtts) == 0 {
+			return nil, errors.Join(err, fmt.Errorf("sockperf to %s: no round trips", to[i]))
+		}
+		slices.Sort(rtts)
+		out[i] = rtts
 	}
-	slices.Sort(rtts)
-	return percentile(rtts, 50) * 1e3, percentile(rtts, 99) * 1e3, nil
+	return out, nil
 }
 
 // row of the report matching the fields, or nil.
@@ -611,7 +669,7 @@ func (r *QperfReport) WriteMarkdown(w io.Writer) {
 			row.MsgSize, human(row.Mean, row.Unit), human(row.Min, row.Unit), human(row.Max, row.Unit), humanUnit(row.Unit))
 	}
 	fmt.Fprintf(w, "\n## Targets\n\n")
-	fmt.Fprintf(w, "Each ratio is over the runs in pairs (the two rows' run i, measured minutes apart at most): their geometric mean and 95%% confidence interval (Student's t on the logarithms, %d pairs). A verdict is given only where the interval shows it.\n\n", r.Config.Runs)
+	fmt.Fprintf(w, "Each ratio is over the runs in pairs (the two rows' run i, measured minutes apart at most): their geometric mean and 95%% confidence interval (Student's t on the logarithms, %d pairs). A verdict is given only where the interval shows it. The %s rows are measured at the same time in each run (a sockperf client to the Pod IP and one to the Service, %d messages a second each), so that the machine's drift between runs falls on both sides of each pair alike.\n\n", r.Config.Runs, QperfSideBySide, qperfSideBySideMPS)
 	r.writeComparisons(w, QperfServiceOverPodIP, fmt.Sprintf("Pod to Service latency over Pod to Pod IP latency (target ≤ %.2f: within when the whole interval is)", qperfServiceBound), "tuning")
 	if r.Config.Tuned {
 		r.writeComparisons(w, QperfTunedOverUntuned, "Tuned over untuned (target: no row worse, that is no interval wholly on the bad side of 1: above it for latency, below it for bandwidth)", "path")

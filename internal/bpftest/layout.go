@@ -3,7 +3,10 @@ package bpftest
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
+	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -48,4 +51,36 @@ func MapLayout(spec *ebpf.CollectionSpec, name string, key, value any) error {
 		return fmt.Errorf("map %s: key %d, value %d bytes; Go %s %d, %s %d", name, ms.KeySize, ms.ValueSize, k, k.Size(), v, v.Size())
 	}
 	return nil
+}
+
+// Struct is a C struct's name and a value of its Go mirror.
+type Struct struct {
+	C  string
+	Go any
+}
+
+// Map is a map's name and values of its key's and value's Go types.
+type Map struct {
+	Name       string
+	Key, Value any
+}
+
+// CheckLayouts checks every struct (StructLayout) and map (MapLayout) in
+// each of specs, by object name: objects that share pinned maps must all
+// agree with the Go side.
+func CheckLayouts(t testing.TB, specs map[string]*ebpf.CollectionSpec, structs []Struct, mapTypes []Map) {
+	t.Helper()
+	for _, obj := range slices.Sorted(maps.Keys(specs)) {
+		spec := specs[obj]
+		for _, s := range structs {
+			if err := StructLayout(spec, s.C, s.Go); err != nil {
+				t.Errorf("%s: %v", obj, err)
+			}
+		}
+		for _, m := range mapTypes {
+			if err := MapLayout(spec, m.Name, m.Key, m.Value); err != nil {
+				t.Errorf("%s: %v", obj, err)
+			}
+		}
+	}
 }

@@ -18,40 +18,25 @@ func TestNorthSouthBTFLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for obj, spec := range map[string]*ebpf.CollectionSpec{"tc": tc, "xdp": xdp} {
-		for _, s := range []struct {
-			cName string
-			goVal any
-		}{
-			{"ct_tuple", lbmap.CTTuple{}},
-			{"ct_entry", lbmap.CTEntry{}},
-			{"nat_entry", lbmap.NATEntry{}},
-			{"ns_config", lbmap.NSConfig{}},
-			{"tunnel_key", lbmap.TunnelKey{}},
-			{"tunnel_val", lbmap.TunnelValue{}},
-			{"ns_flow", lbmap.FlowCacheEntry{}},
-			{"ns_flow_set", lbmap.FlowCacheSet{}},
-		} {
-			if err := bpftest.StructLayout(spec, s.cName, s.goVal); err != nil {
-				t.Errorf("%s: %v", obj, err)
-			}
-		}
-		for _, m := range []struct {
-			name       string
-			key, value any
-		}{
-			{lbmap.CTMapName, lbmap.CTTuple{}, lbmap.CTEntry{}},
-			{lbmap.NATMapName, lbmap.CTTuple{}, lbmap.NATEntry{}},
-			{lbmap.NSConfigMapName, uint32(0), lbmap.NSConfig{}},
-			{lbmap.TunnelMapName, lbmap.TunnelKey{}, lbmap.TunnelValue{}},
-			{lbmap.PodIfacesMapName, uint32(0), uint32(0)},
-			{lbmap.FlowCacheMapName, uint32(0), lbmap.FlowCacheSet{}},
-		} {
-			if err := bpftest.MapLayout(spec, m.name, m.key, m.value); err != nil {
-				t.Errorf("%s: %v", obj, err)
-			}
-		}
-	}
+	bpftest.CheckLayouts(t, map[string]*ebpf.CollectionSpec{"tc": tc, "xdp": xdp},
+		[]bpftest.Struct{
+			{C: "ct_tuple", Go: lbmap.CTTuple{}},
+			{C: "ct_entry", Go: lbmap.CTEntry{}},
+			{C: "nat_entry", Go: lbmap.NATEntry{}},
+			{C: "ns_config", Go: lbmap.NSConfig{}},
+			{C: "tunnel_key", Go: lbmap.TunnelKey{}},
+			{C: "tunnel_val", Go: lbmap.TunnelValue{}},
+			{C: "ns_flow", Go: lbmap.FlowCacheEntry{}},
+			{C: "ns_flow_set", Go: lbmap.FlowCacheSet{}},
+		},
+		[]bpftest.Map{
+			{Name: lbmap.CTMapName, Key: lbmap.CTTuple{}, Value: lbmap.CTEntry{}},
+			{Name: lbmap.NATMapName, Key: lbmap.CTTuple{}, Value: lbmap.NATEntry{}},
+			{Name: lbmap.NSConfigMapName, Key: uint32(0), Value: lbmap.NSConfig{}},
+			{Name: lbmap.TunnelMapName, Key: lbmap.TunnelKey{}, Value: lbmap.TunnelValue{}},
+			{Name: lbmap.PodIfacesMapName, Key: uint32(0), Value: uint32(0)},
+			{Name: lbmap.FlowCacheMapName, Key: uint32(0), Value: lbmap.FlowCacheSet{}},
+		})
 }
 
 func TestCTFlagsString(t *testing.T) {

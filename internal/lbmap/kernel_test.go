@@ -21,38 +21,24 @@ func TestBTFLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct {
-		cName string
-		goVal any
-	}{
-		{"lb_svc_key", lbmap.ServiceKey{}},
-		{"lb_svc_val", lbmap.ServiceValue{}},
-		{"lb_backend", lbmap.BackendValue{}},
-		{"lb_rev_nat", lbmap.RevNatValue{}},
-		{"lb_config", lbmap.Config{}},
-		{"lb_affinity_key", lbmap.AffinityKey{}},
-		{"lb_affinity_val", lbmap.AffinityValue{}},
-	} {
-		if err := bpftest.StructLayout(spec, tc.cName, tc.goVal); err != nil {
-			t.Error(err)
-		}
-	}
-
-	for _, tc := range []struct {
-		name       string
-		key, value any
-	}{
-		{lbmap.ServicesMapName, lbmap.ServiceKey{}, lbmap.ServiceValue{}},
-		{lbmap.BackendsMapName, uint32(0), lbmap.BackendValue{}},
-		{lbmap.RevNatMapName, uint16(0), lbmap.RevNatValue{}},
-		{lbmap.NodeIPsMapName, lbmap.Addr{}, uint32(0)},
-		{"lb_config", uint32(0), lbmap.Config{}},
-		{lbmap.AffinityMapName, lbmap.AffinityKey{}, lbmap.AffinityValue{}},
-	} {
-		if err := bpftest.MapLayout(spec, tc.name, tc.key, tc.value); err != nil {
-			t.Error(err)
-		}
-	}
+	bpftest.CheckLayouts(t, map[string]*ebpf.CollectionSpec{"datapath": spec},
+		[]bpftest.Struct{
+			{C: "lb_svc_key", Go: lbmap.ServiceKey{}},
+			{C: "lb_svc_val", Go: lbmap.ServiceValue{}},
+			{C: "lb_backend", Go: lbmap.BackendValue{}},
+			{C: "lb_rev_nat", Go: lbmap.RevNatValue{}},
+			{C: "lb_config", Go: lbmap.Config{}},
+			{C: "lb_affinity_key", Go: lbmap.AffinityKey{}},
+			{C: "lb_affinity_val", Go: lbmap.AffinityValue{}},
+		},
+		[]bpftest.Map{
+			{Name: lbmap.ServicesMapName, Key: lbmap.ServiceKey{}, Value: lbmap.ServiceValue{}},
+			{Name: lbmap.BackendsMapName, Key: uint32(0), Value: lbmap.BackendValue{}},
+			{Name: lbmap.RevNatMapName, Key: uint16(0), Value: lbmap.RevNatValue{}},
+			{Name: lbmap.NodeIPsMapName, Key: lbmap.Addr{}, Value: uint32(0)},
+			{Name: "lb_config", Key: uint32(0), Value: lbmap.Config{}},
+			{Name: lbmap.AffinityMapName, Key: lbmap.AffinityKey{}, Value: lbmap.AffinityValue{}},
+		})
 }
 
 // newKernel makes unpinned maps from the object's specs.

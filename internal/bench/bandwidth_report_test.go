@@ -1,0 +1,46 @@
+package bench
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// TestBandwidthLatencyFloor: the report shows the probe's floor (no limit,
+// nothing else sent) above the contenders and bounds each ratio against
+// tbf-cni by tbf-cni's p99 over that floor.
+func TestBandwidthLatencyFloor(t *testing.T) {
+	rep := &BandwidthReport{
+		Kernel: "6.12.0",
+		Idle:   &LatencyRow{Contender: BWIdle, Samples: 300, P50: 4000, P95: 6000, P99: 8000, Max: 9000},
+		Latency: []LatencyRow{
+			{Contender: BWSluice, Direction: "egress", Rate: "200M", Samples: 300, P50: 5000, P99: 10000},
+			{Contender: BWTBFCNI, Direction: "egress", Rate: "200M", Samples: 300, P50: 9000, P99: 12000},
+			// Starved: its p99 is the probe's length, a lower bound.
+			{Contender: BWTBFCNI, Direction: "egress", Rate: "10M", Starved: true, P50: 116000, P99: 116000},
+		},
+	}
+	var b bytes.Buffer
+	rep.WriteMarkdown(&b)
+	md := b.String()
+	for _, want := range []string{
+		"| - | none | idle: nothing else sent | 4.00 | 6.00 | 8.00 | 9.00 | - | - |",
+		"| egress | 200M | sluice | 5.00 |",
+		"1.2× |", // sluice's p99 against tbf-cni's at 200M
+		"p99 8.00 ms here",
+		": egress 200M 1.5×, egress 10M > 14.5×.",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("Markdown lacks %q:\n%s", want, md)
+		}
+	}
+
+	// No floor measured (an older report, or sockperf missing): no row,
+	// no bound.
+	rep.Idle = &LatencyRow{Contender: BWIdle, Skipped: "sockperf not found"}
+	b.Reset()
+	rep.WriteMarkdown(&b)
+	if md := b.String(); strings.Contains(md, "idle") || strings.Contains(md, "the floor") {
+		t.Errorf("Markdown with the floor skipped shows it:\n%s", md)
+	}
+}
