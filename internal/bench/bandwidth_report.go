@@ -33,16 +33,23 @@ func (r *BandwidthReport) WriteFiles(dir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, p := range []struct {
-		path string
-		draw func(string) (bool, error)
-	}{{base + "-accuracy.png", r.accuracyPlot}, {base + "-latency.png", r.latencyPlot}} {
-		drawn, err := p.draw(p.path)
+	return drawPlots(paths, map[string]plotFunc{base + "-accuracy.png": r.accuracyPlot, base + "-latency.png": r.latencyPlot})
+}
+
+// plotFunc draws a plot into a PNG at path; false when there is nothing
+// to draw.
+type plotFunc func(path string) (bool, error)
+
+// drawPlots draws each plot, by path in order, and returns paths with
+// those drawn appended.
+func drawPlots(paths []string, plots map[string]plotFunc) ([]string, error) {
+	for _, path := range slices.Sorted(maps.Keys(plots)) {
+		drawn, err := plots[path](path)
 		if err != nil {
 			return paths, err
 		}
 		if drawn {
-			paths = append(paths, p.path)
+			paths = append(paths, path)
 		}
 	}
 	return paths, nil

@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"image/color"
 	"io"
+	"math"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -21,6 +23,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
 
 	"github.com/sluice-dataplane/sluice/internal/lab"
 	"github.com/sluice-dataplane/sluice/internal/tune"
@@ -74,7 +82,7 @@ type QperfConfig struct {
 	Prefix   string
 	Exe      string // sluice
 	AgentBin string
-	Progress io.Writer
+	Progress io.Writer `json:"-"`
 }
 
 // QperfRow is one figure over the runs.
@@ -342,7 +350,7 @@ func runQperfDataplane(ctx context.Context, cfg QperfConfig, d string, rep *Qper
 			}
 			err := qperfRun(ctx, cfg, l, targets, func(path, test, size, metric, unit string, v float64) {
 				add(tuning, path, test, size, metric, unit, v)
-			}, fmt.Sprintf("%s %s run %d/%d", d, tuning, run, cfg.Runs))
+			}, run, fmt.Sprintf("%s %s run %d/%d", d, tuning, run, cfg.Runs))
 			if tuning == "tuned" {
 				if _, rerr := tune.Revert(state); rerr != nil {
 					return errors.Join(err, fmt.Errorf("lab tune revert: %w", rerr))
@@ -376,7 +384,7 @@ type qperfTarget struct{ path, from, to string }
 
 // qperfRun is one run over the targets: qperf at each size, then
 // sockperf's percentiles.
-func qperfRun(ctx context.Context, cfg QperfConfig, l *lab.Lab, targets []qperfTarget, add func(path, test, size, metric, unit string, v float64), what string) error {
+func qperfRun(ctx context.Context, cfg QperfConfig, l *lab.Lab, targets []qperfTarget, add func(path, test, size, metric, unit string, v float64), run int, what string) error {
 	for _, tg := range targets {
 		for _, size := range cfg.Sizes {
 			cfg.step("%s: %s, message size %s", what, tg.path, size)
@@ -404,15 +412,26 @@ func qperfRun(ctx context.Context, cfg QperfConfig, l *lab.Lab, targets []qperfT
 	if pod < 0 || svc < 0 || targets[pod].from != targets[svc].from {
 		return nil
 	}
-	cfg.step("%s: pod-ip and service side by side (sockperf, %d messages/s each)", what, qperfSideBySideMPS)
-	rtts, err := sockperfAtOnce(ctx, l, cfg.pin(0), targets[pod].from, []string{targets[pod].to, targets[svc].to},
-		max(cfg.Duration, 2*time.Second), qperfSideBySideMPS)
+	// Both clients on one CPU: on two, each would see its own CPU's
+	// wake-ups (runs side by side to the same address differed 2×).
+	pin := cfg.pin(0)
+	if len(pin) == 0 {
+		pin = []string{"taskset", "-c", "0"}
+	}
+	mps := []int{qperfSideBySideMPS, qperfSideBySideOtherMPS}
+	if run%2 == 0 {
+		mps[0], mps[1] = mps[1], mps[0]
+	}
+	cfg.step("%s: pod-ip and service side by side (sockperf, %d and %d messages/s)", what, mps[0], mps[1])
+	rtts, err := sockperfAtOnce(ctx, l, pin, targets[pod].from, []string{targets[pod].to, targets[svc].to},
+		max(cfg.Duration, 2*time.Second), mps)
 	if err != nil {
 		return fmt.Errorf("sockperf side by side: %w", err)
 	}
+	// p50 only: the two share a CPU, so each one's tail is the other's
+	// time slices (p99 about 2 ms, a message interval, on both).
 	for i, path := range []string{QperfPodIP, QperfService} {
 		add(path, QperfSideBySide, "64", "p50", "ns", percentile(rtts[i], 50)*1e3)
-		add(path, QperfSideBySide, "64", "p99", "ns", percentile(rtts[i], 99)*1e3)
 	}
 	return nil
 }
@@ -452,10 +471,17 @@ func qperfService(pod string) *corev1.Service {
 
 // startServers runs qperf's and sockperf's servers in a lab namespace.
 func startServers(l *lab.Lab, where string, pin []string) (stop func(), err error) {
+	// sockperf's server given its port by -p blocks in recvfrom() on one
+	// connection at a time; from a feed file, with epoll, it serves the
+	// side-by-side clients at once.
+	feed := filepath.Join(l.RunDir, "qperf-sockperf.feed")
+	if err := os.WriteFile(feed, fmt.Appendf(nil, "T:0.0.0.0:%d\n", qperfSockperf), 0o644); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cmds := []*exec.Cmd{
 		l.Command(ctx, where, slices.Concat(pin, []string{"qperf", "-lp", strconv.Itoa(qperfListenPort)})...),
-		l.Command(ctx, where, slices.Concat(pin, []string{"sockperf", "sr", "--tcp", "-p", strconv.Itoa(qperfSockperf)})...),
+		l.Command(ctx, where, slices.Concat(pin, []string{"sockperf", "sr", "-f", feed, "-F", "epoll"})...),
 	}
 	for _, c := range cmds {
 		// qperf's server forks a process per test, which keeps the
@@ -557,22 +583,28 @@ func parseQperf(out string) ([]qperfMeasure, error) {
 // sockperfPercentiles runs sockperf ping-pong (TCP, 64 bytes, one message
 // at a time as fast as it goes) and returns p50 and p99 round trips in ns.
 func sockperfPercentiles(ctx context.Context, l *lab.Lab, pin []string, from, to string, d time.Duration) (p50, p99 float64, err error) {
-	rtts, err := sockperfAtOnce(ctx, l, pin, from, []string{to}, d, 0)
+	rtts, err := sockperfAtOnce(ctx, l, pin, from, []string{to}, d, nil)
 	if err != nil {
 		return 0, 0, err
 	}
 	return percentile(rtts[0], 50) * 1e3, percentile(rtts[0], 99) * 1e3, nil
 }
 
-// qperfSideBySideMPS is the message rate of each of the side-by-side
-// sockperf clients: low enough that the two seldom wait for each other
-// on 2 CPUs.
-const qperfSideBySideMPS = 500
+// The message rates of the side-by-side sockperf clients: low enough that
+// the two seldom wait for each other, and apart, so that their messages
+// slide past each other over a run instead of meeting at one phase (the
+// one served second would be the slower all along). The two swap rates
+// from run to run.
+const (
+	qperfSideBySideMPS      = 500
+	qperfSideBySideOtherMPS = 487
+)
 
-// sockperfAtOnce runs a sockperf ping-pong client (TCP, 64 bytes, mps
-// messages a second, 0: as fast as it goes) from `from` to each of to, all
-// at once, for d, and returns each one's round trips in µs, sorted.
-func sockperfAtOnce(ctx context.Context, l *lab.Lab, pin []string, from string, to []string, d time.Duration, mps int) ([][]float64, error) {
+// sockperfAtOnce runs a sockperf ping-pong client (TCP, 64 bytes, mps[i]
+// messages a second to to[i], 0 or none: as fast as it goes) from `from`
+// to each of to, all at once, for d, and returns each one's round trips in
+// µs, sorted.
+func sockperfAtOnce(ctx context.Context, l *lab.Lab, pin []string, from string, to []string, d time.Duration, mps []int) ([][]float64, error) {
 	dir, err := os.MkdirTemp("", "sluice-qperf-sockperf-")
 	if err != nil {
 		return nil, err
@@ -587,8 +619,8 @@ func sockperfAtOnce(ctx context.Context, l *lab.Lab, pin []string, from string, 
 		logs[i] = filepath.Join(dir, fmt.Sprintf("rtt-%d.csv", i))
 		args := slices.Concat(pin, []string{"sockperf", "ping-pong", "--tcp", "-i", addr, "-p", strconv.Itoa(qperfSockperf),
 			"-t", strconv.Itoa(int(d / time.Second)), "-m", "64", "--full-rtt", "--full-log", logs[i]})
-		if mps > 0 {
-			args = append(args, "--mps", strconv.Itoa(mps))
+		if i < len(mps) && mps[i] > 0 {
+			args = append(args, "--mps", strconv.Itoa(mps[i]))
 		}
 		wg.Go(func() {
 			if out, err := l.Command(ctx, from, args...).CombinedOutput(); err != nil {
@@ -635,20 +667,14 @@ func (r *QperfReport) mean(d, path, tuning, test, size, metric string) float64 {
 	return 0
 }
 
-// WriteFiles writes qperf-<time>.json, .md and a plot.
+// WriteFiles writes qperf-<time>.json and .md, and the plots qperf-<time>.png
+// (the means) and -service.png (the Service comparisons).
 func (r *QperfReport) WriteFiles(dir string) ([]string, error) {
 	base, paths, err := writeReport(dir, "qperf", r.Start, r)
 	if err != nil {
 		return nil, err
 	}
-	drawn, err := r.plot(base + ".png")
-	if err != nil {
-		return paths, err
-	}
-	if drawn {
-		paths = append(paths, base+".png")
-	}
-	return paths, nil
+	return drawPlots(paths, map[string]plotFunc{base + ".png": r.plot, base + "-service.png": r.servicePlot})
 }
 
 // WriteMarkdown writes the tables: latency and bandwidth per row, then the
@@ -669,7 +695,7 @@ func (r *QperfReport) WriteMarkdown(w io.Writer) {
 			row.MsgSize, human(row.Mean, row.Unit), human(row.Min, row.Unit), human(row.Max, row.Unit), humanUnit(row.Unit))
 	}
 	fmt.Fprintf(w, "\n## Targets\n\n")
-	fmt.Fprintf(w, "Each ratio is over the runs in pairs (the two rows' run i, measured minutes apart at most): their geometric mean and 95%% confidence interval (Student's t on the logarithms, %d pairs). A verdict is given only where the interval shows it. The %s rows are measured at the same time in each run (a sockperf client to the Pod IP and one to the Service, %d messages a second each), so that the machine's drift between runs falls on both sides of each pair alike.\n\n", r.Config.Runs, QperfSideBySide, qperfSideBySideMPS)
+	fmt.Fprintf(w, "Each ratio is over the runs in pairs (the two rows' run i, measured minutes apart at most): their geometric mean and 95%% confidence interval (Student's t on the logarithms, %d pairs). A verdict is given only where the interval shows it. The %s rows are measured at the same time in each run (a sockperf client to the Pod IP and one to the Service, on one CPU, %d and %d messages a second, swapped run by run; their p50 only, as each one's tail is the other's time slices), so that the machine's drift between runs falls on both sides of each pair alike.\n\n", r.Config.Runs, QperfSideBySide, qperfSideBySideMPS, qperfSideBySideOtherMPS)
 	r.writeComparisons(w, QperfServiceOverPodIP, fmt.Sprintf("Pod to Service latency over Pod to Pod IP latency (target ≤ %.2f: within when the whole interval is)", qperfServiceBound), "tuning")
 	if r.Config.Tuned {
 		r.writeComparisons(w, QperfTunedOverUntuned, "Tuned over untuned (target: no row worse, that is no interval wholly on the bad side of 1: above it for latency, below it for bandwidth)", "path")
@@ -764,4 +790,84 @@ func (r *QperfReport) plot(path string) (bool, error) {
 	}
 	return groupedBars(path, fmt.Sprintf("qperf tcp_lat, %s-byte messages, mean of %d runs (kernel %s)", size, r.Config.Runs, r.Kernel),
 		"latency, µs", paths, groups, values, "%.1f")
+}
+
+// ratioPoints are a plot's ratios and their intervals as error bars.
+type ratioPoints struct {
+	plotter.XYs
+	plotter.YErrors
+}
+
+// servicePlot draws the Service over Pod IP comparisons: each row's paired
+// ratio and its 95% interval, against 1 and the 3% target; false when
+// there is none with an interval.
+func (r *QperfReport) servicePlot(path string) (drawn bool, err error) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			err = fmt.Errorf("plot %s: %v", path, rec)
+		}
+	}()
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("Pod to Service over Pod to Pod IP latency, paired over %d runs, 95%% intervals (kernel %s)", r.Config.Runs, r.Kernel)
+	p.Y.Label.Text = "ratio"
+	p.Add(plotter.NewGrid())
+	var names []string
+	lo, hi := qperfServiceBound, qperfServiceBound
+	byDataplane := map[string]*ratioPoints{}
+	var order []string
+	for _, c := range r.Comparisons {
+		if c.What != QperfServiceOverPodIP || math.IsInf(c.Ratio.Hi, 1) {
+			continue
+		}
+		pts := byDataplane[c.Dataplane]
+		if pts == nil {
+			pts = &ratioPoints{}
+			byDataplane[c.Dataplane] = pts
+			order = append(order, c.Dataplane)
+		}
+		pts.XYs = append(pts.XYs, plotter.XY{X: float64(len(names)), Y: c.Ratio.Mean})
+		pts.YErrors = append(pts.YErrors, struct{ Low, High float64 }{c.Ratio.Mean - c.Ratio.Lo, c.Ratio.Hi - c.Ratio.Mean})
+		names = append(names, fmt.Sprintf("%s\n%s\n%s %s", c.Dataplane, c.Test, c.Metric, c.Tuning))
+		lo, hi = min(lo, c.Ratio.Lo), max(hi, c.Ratio.Hi)
+	}
+	if len(names) == 0 {
+		return false, nil
+	}
+	for i, d := range order {
+		pts := byDataplane[d]
+		sc, err := plotter.NewScatter(pts.XYs)
+		if err != nil {
+			return false, err
+		}
+		eb, err := plotter.NewYErrorBars(pts)
+		if err != nil {
+			return false, err
+		}
+		sc.Color, eb.Color = plotutil.Color(i), plotutil.Color(i)
+		sc.Shape = draw.CircleGlyph{}
+		p.Add(sc, eb)
+		p.Legend.Add(d, sc)
+	}
+	for _, ref := range []struct {
+		y      float64
+		label  string
+		dashed bool
+	}{{1, "equal", false}, {qperfServiceBound, fmt.Sprintf("target %.2f", qperfServiceBound), true}} {
+		f := plotter.NewFunction(func(float64) float64 { return ref.y })
+		f.Color = color.Gray{Y: 96}
+		if ref.dashed {
+			f.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
+			f.Color = color.RGBA{R: 200, A: 255}
+		}
+		p.Add(f)
+		p.Legend.Add(ref.label, f)
+	}
+	// Room above the intervals for the legend.
+	p.Y.Min, p.Y.Max = min(lo, 1)-(hi-lo)*0.05, hi+(hi-lo)*0.35
+	p.Legend.Top = true
+	p.NominalX(names...)
+	if err := p.Save(vg.Length(max(8, 1.5*float64(len(names))))*vg.Inch, 5*vg.Inch, path); err != nil {
+		return false, fmt.Errorf("save plot %s: %w", path, err)
+	}
+	return true, nil
 }

@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -108,5 +110,27 @@ func TestQperfCompare(t *testing.T) {
 		if !strings.Contains(md.String(), s) {
 			t.Errorf("Markdown lacks %q:\n%s", s, md.String())
 		}
+	}
+}
+
+// TestQperfServicePlot: the report draws the Service comparisons (ratio
+// and interval per row) beside the means, and no such plot without them.
+func TestQperfServicePlot(t *testing.T) {
+	rep := &QperfReport{Kernel: "6.18", Config: QperfConfig{Runs: 3, Sizes: []string{"1"}, Dataplanes: []string{"sluice"}}, Rows: []QperfRow{
+		{Dataplane: "sluice", Path: QperfPodIP, Tuning: "untuned", Test: "tcp_lat", MsgSize: "1", Metric: "latency", Unit: "ns", Values: []float64{20000, 22000, 21000}},
+		{Dataplane: "sluice", Path: QperfService, Tuning: "untuned", Test: "tcp_lat", MsgSize: "1", Metric: "latency", Unit: "ns", Values: []float64{20100, 22500, 21000}},
+	}}
+	rep.compare()
+	dir := t.TempDir()
+	paths, err := rep.WriteFiles(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(paths, func(p string) bool { return strings.HasSuffix(p, "-service.png") }) {
+		t.Errorf("written %v, want a -service.png", paths)
+	}
+	rep.Comparisons = nil
+	if drawn, err := rep.servicePlot(filepath.Join(dir, "none.png")); err != nil || drawn {
+		t.Errorf("servicePlot without comparisons: drawn %v, %v; want nothing drawn", drawn, err)
 	}
 }
