@@ -24,6 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"golang.org/x/sys/unix"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
@@ -76,7 +77,8 @@ type QperfConfig struct {
 	Tuned      bool // also the tuned rows (lab tune apply, reverted)
 	Profile    string
 	// CPUs pins the clients (qperf, sockperf) to CPUs[0] and the servers
-	// to CPUs[1] (taskset), or nothing when empty. On the 2-vCPU VM of
+	// to CPUs[1] (taskset), or nothing when empty (the side-by-side
+	// clients are on one CPU either way). On the 2-vCPU VM of
 	// docs/tuning.md it did not narrow the run-to-run spread.
 	CPUs     []int
 	Prefix   string
@@ -279,6 +281,14 @@ func runQperfDataplane(ctx context.Context, cfg QperfConfig, d string, rep *Qper
 	if err := l.Apply(qperfService(server.Name)); err != nil {
 		return err
 	}
+	// sockperf's server given its port by -p blocks in recvfrom() on one
+	// connection at a time; from a feed file, with epoll, it serves the
+	// side-by-side clients at once. Written once: a server started while
+	// another rewrote it could read it empty.
+	feed := filepath.Join(l.RunDir, "qperf-sockperf.feed")
+	if err := os.WriteFile(feed, fmt.Appendf(nil, "T:0.0.0.0:%d\n", qperfSockperf), 0o644); err != nil {
+		return err
+	}
 	// Servers: qperf and sockperf in the server pod and on node2 (host row).
 	stops := map[string]func(){}
 	defer func() {
@@ -290,7 +300,7 @@ func runQperfDataplane(ctx context.Context, cfg QperfConfig, d string, rep *Qper
 		if stop := stops[where]; stop != nil {
 			stop()
 		}
-		stop, err := startServers(l, where, cfg.pin(1))
+		stop, err := startServers(l, where, feed, cfg.pin(1))
 		if err != nil {
 			return err
 		}
@@ -412,12 +422,19 @@ func qperfRun(ctx context.Context, cfg QperfConfig, l *lab.Lab, targets []qperfT
 	if pod < 0 || svc < 0 || targets[pod].from != targets[svc].from {
 		return nil
 	}
-	// Both clients on one CPU: on two, each would see its own CPU's
-	// wake-ups (runs side by side to the same address differed 2×).
+	// Both clients on one CPU (the first of --cpus, else the first this
+	// process may use), whatever --cpus says of the other rows: on two
+	// CPUs, two clients to the same address differed by up to 2×. sockperf
+	// waits between messages by spinning, so on one CPU each reply waits
+	// for the other client to yield: a delay common to both rows, which
+	// pulls their ratio towards 1 by its share of the round trip (the
+	// report's table has both p50s beside the standalone ones to size it).
 	pin := cfg.pin(0)
 	if len(pin) == 0 {
-		pin = []string{"taskset", "-c", "0"}
+		pin = []string{"taskset", "-c", strconv.Itoa(firstCPU())}
 	}
+	// The rates swap run by run; over an even number of runs each path
+	// has each rate as often.
 	mps := []int{qperfSideBySideMPS, qperfSideBySideOtherMPS}
 	if run%2 == 0 {
 		mps[0], mps[1] = mps[1], mps[0]
@@ -428,12 +445,25 @@ func qperfRun(ctx context.Context, cfg QperfConfig, l *lab.Lab, targets []qperfT
 	if err != nil {
 		return fmt.Errorf("sockperf side by side: %w", err)
 	}
-	// p50 only: the two share a CPU, so each one's tail is the other's
-	// time slices (p99 about 2 ms, a message interval, on both).
+	// p50 only: on one CPU each one's tail is the other's spinning (p99
+	// about 2 ms, a message interval, on both).
 	for i, path := range []string{QperfPodIP, QperfService} {
 		add(path, QperfSideBySide, "64", "p50", "ns", percentile(rtts[i], 50)*1e3)
 	}
 	return nil
+}
+
+// firstCPU is the lowest CPU this process may run on (0 when unknown).
+func firstCPU() int {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err == nil {
+		for cpu := range len(set) * 64 {
+			if set.IsSet(cpu) {
+				return cpu
+			}
+		}
+	}
+	return 0
 }
 
 // qperfTune is `lab tune apply` for the lab l.
@@ -469,15 +499,9 @@ func qperfService(pod string) *corev1.Service {
 	}
 }
 
-// startServers runs qperf's and sockperf's servers in a lab namespace.
-func startServers(l *lab.Lab, where string, pin []string) (stop func(), err error) {
-	// sockperf's server given its port by -p blocks in recvfrom() on one
-	// connection at a time; from a feed file, with epoll, it serves the
-	// side-by-side clients at once.
-	feed := filepath.Join(l.RunDir, "qperf-sockperf.feed")
-	if err := os.WriteFile(feed, fmt.Appendf(nil, "T:0.0.0.0:%d\n", qperfSockperf), 0o644); err != nil {
-		return nil, err
-	}
+// startServers runs qperf's and sockperf's servers in a lab namespace,
+// sockperf's on the addresses of the feed file feed.
+func startServers(l *lab.Lab, where, feed string, pin []string) (stop func(), err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cmds := []*exec.Cmd{
 		l.Command(ctx, where, slices.Concat(pin, []string{"qperf", "-lp", strconv.Itoa(qperfListenPort)})...),
@@ -862,8 +886,11 @@ func (r *QperfReport) servicePlot(path string) (drawn bool, err error) {
 		p.Add(f)
 		p.Legend.Add(ref.label, f)
 	}
-	// Room above the intervals for the legend.
-	p.Y.Min, p.Y.Max = min(lo, 1)-(hi-lo)*0.05, hi+(hi-lo)*0.35
+	// Room above the intervals for the legend, and beside the first and
+	// last for their labels.
+	span := max(hi-lo, 0.02)
+	p.Y.Min, p.Y.Max = min(lo, 1)-span*0.05, hi+span*0.35
+	p.X.Min, p.X.Max = -0.5, float64(len(names))-0.5
 	p.Legend.Top = true
 	p.NominalX(names...)
 	if err := p.Save(vg.Length(max(8, 1.5*float64(len(names))))*vg.Inch, 5*vg.Inch, path); err != nil {
