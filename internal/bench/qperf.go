@@ -24,7 +24,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"golang.org/x/sys/unix"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
@@ -431,7 +430,7 @@ func qperfRun(ctx context.Context, cfg QperfConfig, l *lab.Lab, targets []qperfT
 	// report's table has both p50s beside the standalone ones to size it).
 	pin := cfg.pin(0)
 	if len(pin) == 0 {
-		pin = []string{"taskset", "-c", strconv.Itoa(firstCPU())}
+		pin = []string{"taskset", "-c", strconv.Itoa(AllowedCPUs()[0])}
 	}
 	// The rates swap run by run; over an even number of runs each path
 	// has each rate as often.
@@ -451,19 +450,6 @@ func qperfRun(ctx context.Context, cfg QperfConfig, l *lab.Lab, targets []qperfT
 		add(path, QperfSideBySide, "64", "p50", "ns", percentile(rtts[i], 50)*1e3)
 	}
 	return nil
-}
-
-// firstCPU is the lowest CPU this process may run on (0 when unknown).
-func firstCPU() int {
-	var set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &set); err == nil {
-		for cpu := range len(set) * 64 {
-			if set.IsSet(cpu) {
-				return cpu
-			}
-		}
-	}
-	return 0
 }
 
 // qperfTune is `lab tune apply` for the lab l.
@@ -719,7 +705,7 @@ func (r *QperfReport) WriteMarkdown(w io.Writer) {
 			row.MsgSize, human(row.Mean, row.Unit), human(row.Min, row.Unit), human(row.Max, row.Unit), humanUnit(row.Unit))
 	}
 	fmt.Fprintf(w, "\n## Targets\n\n")
-	fmt.Fprintf(w, "Each ratio is over the runs in pairs (the two rows' run i, measured minutes apart at most): their geometric mean and 95%% confidence interval (Student's t on the logarithms, %d pairs). A verdict is given only where the interval shows it. The %s rows are measured at the same time in each run (a sockperf client to the Pod IP and one to the Service, on one CPU, %d and %d messages a second, swapped run by run; their p50 only, as each one's tail is the other's time slices), so that the machine's drift between runs falls on both sides of each pair alike.\n\n", r.Config.Runs, QperfSideBySide, qperfSideBySideMPS, qperfSideBySideOtherMPS)
+	fmt.Fprintf(w, "Each ratio is over the runs in pairs (the two rows' run i, measured minutes apart at most): their geometric mean and 95%% confidence interval (Student's t on the logarithms, %d pairs). A verdict is given only where the interval shows it. The %s rows are measured at the same time in each run (a sockperf client to the Pod IP and one to the Service, on one CPU, %d and %d messages a second, swapped run by run; their p50 only, as each one's tail is the other's spinning), so that the machine's drift between runs falls on both sides of each pair alike.\n\n", r.Config.Runs, QperfSideBySide, qperfSideBySideMPS, qperfSideBySideOtherMPS)
 	r.writeComparisons(w, QperfServiceOverPodIP, fmt.Sprintf("Pod to Service latency over Pod to Pod IP latency (target ≤ %.2f: within when the whole interval is)", qperfServiceBound), "tuning")
 	if r.Config.Tuned {
 		r.writeComparisons(w, QperfTunedOverUntuned, "Tuned over untuned (target: no row worse, that is no interval wholly on the bad side of 1: above it for latency, below it for bandwidth)", "path")
