@@ -7,7 +7,9 @@
  * idle period (as Cilium's edt_sched_departure):
  *
  *   stamp   (EDT: fq on the device enforces it)  skb->tstamp = departure;
- *           departing horizon_ns (2 s) after now or later: dropped
+ *           departing horizon_ns (2 s) after now or later: dropped; a
+ *           small packet charged the same but sent up to 4 bursts sooner,
+ *           after its flow's larger ones (bw_flow_departure)
  *   police  (no fq, or a hook fq is not behind)  nothing waits: starting
  *           burst_ns (a few ms) after now or later: dropped (a GSO packet
  *           holds the wire for long: judged by its start, it is not
@@ -90,6 +92,15 @@ struct bw_state {
 	__u64 thin_prev; /* ... in the window before it */
 };
 
+/* A flow of an aggregate, by its skb hash (fq's flow for a packet without
+ * a local socket, as forwarded ones are). */
+struct bw_flow_key {
+	__u32 id;   /* the Pod's aggregate */
+	__u32 dir;  /* BW_DIR_* */
+	__u32 hash; /* skb->hash */
+	__u32 pad;
+};
+
 /* A Pod's address, for its sockets. */
 struct bw_addr_val {
 	__u32 id;    /* its aggregate; 0: not limited */
@@ -136,6 +147,18 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } bw_addr SEC(".maps");
+
+/* (aggregate, direction, flow) -> the departure of the flow's last packet
+ * of more than BW_SMALL_LEN wire bytes stamped ahead (bw_stamp): a small
+ * packet of the flow never departs before it. Least recently used flows
+ * make room; a flow lost that way loses only that order. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct bw_flow_key);
+	__type(value, __u64);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} bw_flows SEC(".maps");
 
 /* bw_depart returns when a packet of len wire bytes, arriving at now and
  * not to leave before t_min (its skb->tstamp, or 0), departs; 0 when that
@@ -350,26 +373,63 @@ static __always_inline int bw_police(struct __sk_buff *ctx, __u32 id, __u32 dir,
 	return BW_NEXT;
 }
 
-/* bw_stamp gives a packet of aggregate id its departure time, for fq. */
+/* bw_flow_departure is when a packet of len wire bytes that the
+ * aggregate's clock sends at t, and that may not leave before base (now,
+ * or its skb->tstamp), departs in its flow. A packet of more than
+ * BW_SMALL_LEN bytes departs at t, and its flow remembers t. A small one
+ * (a request, an ACK) is charged to the clock all the same but departs up
+ * to lead before t, never before the flow's last larger packet: behind
+ * a Pod's bulk transfer its requests wait for no more than the bulk's
+ * queue beyond lead, and fq (a flow of its own) sends them on; its flow's
+ * order is kept, and over time the Pod keeps to its rate (a flood of small
+ * packets departs lead ahead of the clock, at the rate). */
+static __always_inline __u64 bw_flow_departure(struct __sk_buff *ctx, __u32 id, __u32 dir, __u64 len,
+					       __u64 base, __u64 t, __u64 lead)
+{
+	struct bw_flow_key key = { .id = id, .dir = dir };
+	__u64 *last, at;
+
+	if (t <= base)
+		return t;
+	key.hash = bpf_get_hash_recalc(ctx);
+	last = bpf_map_lookup_elem(&bw_flows, &key);
+	if (len > BW_SMALL_LEN) {
+		if (last)
+			WRITE_ONCE(*last, t);
+		else
+			bpf_map_update_elem(&bw_flows, &key, &t, BPF_ANY);
+		return t;
+	}
+	at = t - base > lead ? t - lead : base;
+	if (last && READ_ONCE(*last) > at)
+		at = READ_ONCE(*last);
+	return at;
+}
+
+/* bw_stamp gives a packet of aggregate id its departure time, for fq: the
+ * clock's, or for a small packet up to BW_SMALL_BURST bursts before it
+ * (bw_flow_departure), as the policer lets small packets start that far
+ * into the rate. CE marks follow the clock: they tell of the Pod's queue. */
 static __always_inline int bw_stamp(struct __sk_buff *ctx, __u32 id, __u32 dir, __u64 len)
 {
 	struct bw_limit *lim;
 	struct bw_state *st = bw_lookup(id, dir, &lim);
-	__u64 now, t;
+	__u64 now, base, t, at;
 
 	if (!st)
 		return BW_NEXT;
 	now = bpf_ktime_get_ns();
+	base = ctx->tstamp > now ? ctx->tstamp : now;
 	t = bw_depart(st, lim, len, now, ctx->tstamp, lim->horizon_ns, false);
 	if (!t) {
 		__sync_fetch_and_add(&st->drops, 1);
 		return BW_DROP;
 	}
-	if (t > now) {
-		ctx->tstamp = t;
-		if (lim->ecn_ns && t - now >= lim->ecn_ns && bw_mark_ce(ctx))
-			__sync_fetch_and_add(&st->marks, 1);
-	}
+	at = bw_flow_departure(ctx, id, dir, len, base, t, lim->burst_ns * BW_SMALL_BURST);
+	if (at > now)
+		ctx->tstamp = at;
+	if (t > now && lim->ecn_ns && t - now >= lim->ecn_ns && bw_mark_ce(ctx))
+		__sync_fetch_and_add(&st->marks, 1);
 	bw_count_pass(st, len);
 	return BW_NEXT;
 }

@@ -339,7 +339,7 @@ func Unload(bpfRoot string) error {
 	if err := os.RemoveAll(LinksDir(bpfRoot)); err != nil {
 		errs = append(errs, fmt.Errorf("remove bandwidth link pins: %w", err))
 	}
-	for _, name := range []string{LimitsMapName, StateMapName, IfindexMapName, AddrMapName, SockMapName, DevicesMapName} {
+	for _, name := range []string{LimitsMapName, StateMapName, IfindexMapName, AddrMapName, FlowsMapName, SockMapName, DevicesMapName} {
 		if err := os.Remove(filepath.Join(bpfRoot, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("unpin %s: %w", name, err))
 		}

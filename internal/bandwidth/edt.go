@@ -47,9 +47,42 @@ func (c *Clock) Depart(bytesPerSecond, wireBytes, now, notBefore uint64, dropAft
 	return next, true
 }
 
-// Stamp is what a device's hook does with a packet (fq waits for it).
-func (c *Clock) Stamp(l Limit, wireBytes, now, notBefore uint64) (uint64, bool) {
-	return c.Depart(l.BytesPerSecond, wireBytes, now, notBefore, l.Horizon, false)
+// Stamp is what a device's hook does with a packet of flow (fq waits for
+// it): the clock's departure, or a small packet's (Flows.Depart).
+func (c *Clock) Stamp(l Limit, f Flows, flow uint32, wireBytes, now, notBefore uint64) (uint64, bool) {
+	t, ok := c.Depart(l.BytesPerSecond, wireBytes, now, notBefore, l.Horizon, false)
+	if !ok {
+		return 0, false
+	}
+	return f.Depart(l, flow, wireBytes, max(now, notBefore), t), true
+}
+
+// Flows are an aggregate's flows as bw_flows keeps them: by skb hash, the
+// departure of the flow's last packet of more than SmallLen wire bytes
+// stamped ahead.
+type Flows map[uint32]uint64
+
+// Depart is bw_flow_departure: when a packet of wireBytes that the clock
+// sends at t, and that may not leave before base, departs in its flow. A
+// larger packet departs at t and its flow remembers it; a small one (an
+// ACK, a request: it carries little of the rate and much of the latency)
+// departs up to SmallBurst bursts before t, as the policer lets it start
+// that far into the rate, but never before its flow's last larger packet
+// (fq would send it first). Its bytes are charged to the clock all the
+// same, so over time the Pod keeps to its rate.
+func (f Flows) Depart(l Limit, flow uint32, wireBytes, base, t uint64) uint64 {
+	if t <= base {
+		return t
+	}
+	if wireBytes > SmallLen {
+		f[flow] = t
+		return t
+	}
+	at := base
+	if lead := uint64(l.Burst) * SmallBurst; t-base > lead {
+		at = t - lead
+	}
+	return max(at, f[flow])
 }
 
 // Police is what a hook that cannot wait does with a packet. A small one

@@ -225,7 +225,7 @@ func TestPrivilegedEDTStamp(t *testing.T) {
 			passed[s.veth]++
 			continue
 		}
-		want, ok := c.Stamp(lims[s.veth], uint64(wire), before, 0)
+		want, ok := c.Stamp(lims[s.veth], Flows{}, 0, uint64(wire), before, 0)
 		switch {
 		case !ok && verdict != verdictDrop:
 			t.Errorf("%s: verdict %d tstamp %d, want a drop beyond the %v horizon", desc, verdict, out.Tstamp, lims[s.veth].Horizon)
@@ -248,6 +248,64 @@ func TestPrivilegedEDTStamp(t *testing.T) {
 			t.Errorf("aggregate %d: packets %d drops %d clock %d, want %d, %d, %d",
 				id, st.Packets, st.Drops, st.TLast, passed[veth], dropped[veth], clocks[veth].Last)
 		}
+	}
+}
+
+// TestPrivilegedEDTStampSmall: behind its Pod's bulk transfer, a small
+// packet of another flow is charged to the clock but departs at once while
+// the clock is within four bursts ahead, four bursts before the clock when
+// it is further; a small packet of the bulk flow itself keeps its flow's
+// order (fq would send it before the flow's queued frames otherwise).
+func TestPrivilegedEDTStampSmall(t *testing.T) {
+	objs := tcObjects(t, ModeEDT)
+	const pod = 7
+	// 100 kbit/s: a full frame holds the wire 121 ms, a small packet
+	// 10.4 ms; a burst of 50 ms lets small packets lead by 200 ms.
+	lim := Limit{BytesPerSecond: Rate(100_000).BytesPerSecond(), Horizon: 6 * time.Second, Burst: 50 * time.Millisecond}
+	setAggregate(t, objs, 1, pod, lim, Limit{})
+	const bulkPort, reqPort = 40000, 40001
+	packet := func(n int, port uint16) []byte {
+		src, dst := netip.AddrPortFrom(netip.MustParseAddr("198.18.1.10"), port), netip.MustParseAddrPort("198.18.0.12:5201")
+		return bpftest.Packet{Src: src, Dst: dst, Proto: bpftest.TCP, Flags: bpftest.ACK, Payload: make([]byte, n-54)}.MustBytes()
+	}
+	var c *Clock
+	flows := Flows{}
+	send := func(desc string, n int, port uint16) (stamp, before uint64) {
+		t.Helper()
+		before = monotonic(t)
+		v, _, out := runTC(t, objs.TcEdtDevice, packet(n, port), skBuff{IngressIfindex: pod})
+		if v != verdictNext {
+			t.Fatalf("%s: verdict %d", desc, v)
+		}
+		if c == nil { // the first departs at once and starts the clock
+			c = &Clock{Last: state(t, objs, 1, dirEgress).TLast}
+			return out.Tstamp, before
+		}
+		want, _ := c.Stamp(lim, flows, uint32(port), uint64(n), before, 0)
+		if want <= before {
+			want = 0 // departs at once: not stamped
+		}
+		if out.Tstamp != want {
+			t.Errorf("%s: departs %v ahead, want %v", desc, time.Duration(out.Tstamp-before), time.Duration(want-before))
+		}
+		return out.Tstamp, before
+	}
+	send("bulk frame 1", 1514, bulkPort)
+	send("bulk frame 2, 121 ms behind", 1514, bulkPort)
+	if stamp, _ := send("request, the clock 121 ms ahead", 130, reqPort); stamp != 0 {
+		t.Errorf("request within four bursts of the clock stamped %d, want it sent at once", stamp)
+	}
+	send("bulk frame 3", 1514, bulkPort)
+	last, _ := send("bulk frame 4, the clock 373 ms ahead", 1514, bulkPort)
+	if stamp, before := send("request, the clock 373 ms ahead", 130, reqPort); stamp+uint64(200*time.Millisecond) != c.Last {
+		t.Errorf("request departs %v ahead with the clock %v ahead, want 200 ms before it",
+			time.Duration(stamp-before), time.Duration(c.Last-before))
+	}
+	if stamp, _ := send("small packet of the bulk flow", 130, bulkPort); stamp != last {
+		t.Errorf("a small packet of the bulk flow departs at %d, want with the flow's last frame %d", stamp, last)
+	}
+	if st := state(t, objs, 1, dirEgress); st.TLast != c.Last || st.Packets != 7 {
+		t.Errorf("clock %d packets %d, want %d and 7 (small packets charged as any)", st.TLast, st.Packets, c.Last)
 	}
 }
 

@@ -42,15 +42,62 @@ func TestClockStamp(t *testing.T) {
 		{1514, now + 1e9, now + 1e9, true, now + 1e9}, // idle: at once
 	}
 	for i, s := range steps {
-		got, ok := c.Stamp(l, s.n, s.now, 0)
+		got, ok := c.Stamp(l, Flows{}, 1, s.n, s.now, 0)
 		if got != s.want || ok != s.ok || c.Last != s.lastWant {
 			t.Errorf("step %d (%d bytes): departs %d ok %v clock %d; want %d %v %d", i, s.n, got, ok, c.Last, s.want, s.ok, s.lastWant)
 		}
 	}
 	// A packet not to leave before a later time (its own skb->tstamp).
 	c = Clock{Last: now}
-	if got, ok := c.Stamp(l, 1514, now, now+50_000_000); !ok || got != now+50_000_000 {
+	if got, ok := c.Stamp(l, Flows{}, 1, 1514, now, now+50_000_000); !ok || got != now+50_000_000 {
 		t.Errorf("notBefore 50 ms ahead: %d %v", got, ok)
+	}
+}
+
+// A small packet behind its Pod's queue: charged to the clock as any, it
+// departs at once while the clock is within four bursts ahead, four bursts
+// before the clock when it is further, never before its own flow's last
+// larger packet; a flood of small packets departs at the rate.
+func TestClockStampSmall(t *testing.T) {
+	l := Limit{BytesPerSecond: 125_000, Horizon: 2 * time.Second, Burst: 5 * time.Millisecond} // 1 Mbit/s: a lead of 20 ms
+	const now = 1_000_000_000
+	const bulk, req = 1, 2
+	c, f := Clock{Last: now}, Flows{}
+	stamp := func(flow uint32, n uint64) uint64 {
+		t.Helper()
+		got, ok := c.Stamp(l, f, flow, n, now, 0)
+		if !ok {
+			t.Fatalf("%d bytes of flow %d dropped", n, flow)
+		}
+		return got
+	}
+	if got := stamp(bulk, 1514); got != now+12_112_000 {
+		t.Fatalf("bulk frame departs %d, want 12.1 ms ahead", got-now)
+	}
+	if got := stamp(req, 130); got != now || c.Last != now+13_152_000 {
+		t.Errorf("request 12.1 ms behind the clock: departs %d ahead, clock %d ahead; want at once, the clock 1.04 ms on",
+			got-now, c.Last-now)
+	}
+	stamp(bulk, 1514)
+	stamp(bulk, 1514) // the clock 37.4 ms ahead
+	if got := stamp(req, 130); got != c.Last-20_000_000 {
+		t.Errorf("request with the clock %d ahead: departs %d ahead, want 20 ms before the clock", c.Last-now, got-now)
+	}
+	if got, last := stamp(bulk, 130), f[bulk]; got != last {
+		t.Errorf("a small packet of the bulk flow departs %d ahead, want with its flow's last frame (%d ahead)", got-now, last-now)
+	}
+	prev := stamp(req, 130)
+	for i := range 5 {
+		got := stamp(req, 130)
+		if got-prev != 1_040_000 {
+			t.Errorf("flood packet %d departs %v after the one before, want 1.04 ms (130 bytes at 1 Mbit/s)", i, time.Duration(got-prev))
+		}
+		prev = got
+	}
+	// With no burst (a limit only stamping), small packets keep the clock's order.
+	l.Burst = 0
+	if got := stamp(req, 130); got != c.Last {
+		t.Errorf("no burst: a small packet departs %d ahead, want with the clock (%d)", got-now, c.Last-now)
 	}
 }
 

@@ -57,6 +57,7 @@ const (
 	StateMapName   = "bw_state"
 	IfindexMapName = "bw_ifindex"
 	AddrMapName    = "bw_addr"
+	FlowsMapName   = "bw_flows"
 	SockMapName    = "bw_sock"
 	DevicesMapName = "bw_devices"
 )

@@ -17,6 +17,7 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	sockedtMapBwAddr         = "bw_addr"
+	sockedtMapBwFlows        = "bw_flows"
 	sockedtMapBwIfindex      = "bw_ifindex"
 	sockedtMapBwLimits       = "bw_limits"
 	sockedtMapBwSock         = "bw_sock"
@@ -77,6 +78,7 @@ type sockedtProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockedtMapSpecs struct {
 	BwAddr    *ebpf.MapSpec `ebpf:"bw_addr"`
+	BwFlows   *ebpf.MapSpec `ebpf:"bw_flows"`
 	BwIfindex *ebpf.MapSpec `ebpf:"bw_ifindex"`
 	BwLimits  *ebpf.MapSpec `ebpf:"bw_limits"`
 	BwSock    *ebpf.MapSpec `ebpf:"bw_sock"`
@@ -113,6 +115,7 @@ func (o *sockedtObjects) Close() error {
 // It can be passed to loadSockedtObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockedtMaps struct {
 	BwAddr    *ebpf.Map `ebpf:"bw_addr"`
+	BwFlows   *ebpf.Map `ebpf:"bw_flows"`
 	BwIfindex *ebpf.Map `ebpf:"bw_ifindex"`
 	BwLimits  *ebpf.Map `ebpf:"bw_limits"`
 	BwSock    *ebpf.Map `ebpf:"bw_sock"`
@@ -122,6 +125,7 @@ type sockedtMaps struct {
 func (m *sockedtMaps) Close() error {
 	return _SockedtClose(
 		m.BwAddr,
+		m.BwFlows,
 		m.BwIfindex,
 		m.BwLimits,
 		m.BwSock,

@@ -17,6 +17,7 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	tcedtMapBwAddr          = "bw_addr"
+	tcedtMapBwFlows         = "bw_flows"
 	tcedtMapBwIfindex       = "bw_ifindex"
 	tcedtMapBwLimits        = "bw_limits"
 	tcedtMapBwState         = "bw_state"
@@ -79,6 +80,7 @@ type tcedtProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcedtMapSpecs struct {
 	BwAddr    *ebpf.MapSpec `ebpf:"bw_addr"`
+	BwFlows   *ebpf.MapSpec `ebpf:"bw_flows"`
 	BwIfindex *ebpf.MapSpec `ebpf:"bw_ifindex"`
 	BwLimits  *ebpf.MapSpec `ebpf:"bw_limits"`
 	BwState   *ebpf.MapSpec `ebpf:"bw_state"`
@@ -113,6 +115,7 @@ func (o *tcedtObjects) Close() error {
 // It can be passed to loadTcedtObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcedtMaps struct {
 	BwAddr    *ebpf.Map `ebpf:"bw_addr"`
+	BwFlows   *ebpf.Map `ebpf:"bw_flows"`
 	BwIfindex *ebpf.Map `ebpf:"bw_ifindex"`
 	BwLimits  *ebpf.Map `ebpf:"bw_limits"`
 	BwState   *ebpf.Map `ebpf:"bw_state"`
@@ -121,6 +124,7 @@ type tcedtMaps struct {
 func (m *tcedtMaps) Close() error {
 	return _TcedtClose(
 		m.BwAddr,
+		m.BwFlows,
 		m.BwIfindex,
 		m.BwLimits,
 		m.BwState,

@@ -163,7 +163,15 @@ func (r *BandwidthReport) WriteMarkdown(w io.Writer) {
 				bounds = append(bounds, fmt.Sprintf("%s %s %s%.1f×", t.Direction, t.Rate, gt, t.P99/l.P99))
 			}
 		}
-		fmt.Fprintf(w, "\nThe `%s` row is the floor: the probe with no limit and nothing else sent, p99 %.2f ms here. No contender's p99 is far below it, so a ratio against `tbf-cni` can reach tbf-cni's p99 over it at most", l.Contender, l.P99/1e3)
+		runs := ""
+		if len(r.IdleP99) > 1 {
+			ms := make([]string, len(r.IdleP99))
+			for i, p := range r.IdleP99 {
+				ms[i] = fmt.Sprintf("%.2f", p/1e3)
+			}
+			runs = fmt.Sprintf(" (the lower of its runs before and after the contenders: %s ms)", strings.Join(ms, " and "))
+		}
+		fmt.Fprintf(w, "\nThe `%s` row is the floor: the probe with no limit and nothing else sent, p99 %.2f ms here%s. No contender's p99 is far below it, so a ratio against `tbf-cni` can reach tbf-cni's p99 over it at most", l.Contender, l.P99/1e3, runs)
 		if len(bounds) > 0 {
 			fmt.Fprintf(w, ": %s", strings.Join(bounds, ", "))
 		}

@@ -12,7 +12,6 @@ import (
 func TestBandwidthLatencyFloor(t *testing.T) {
 	rep := &BandwidthReport{
 		Kernel: "6.12.0",
-		Idle:   &LatencyRow{Contender: BWIdle, Samples: 300, P50: 4000, P95: 6000, P99: 8000, Max: 9000},
 		Latency: []LatencyRow{
 			{Contender: BWSluice, Direction: "egress", Rate: "200M", Samples: 300, P50: 5000, P99: 10000},
 			{Contender: BWTBFCNI, Direction: "egress", Rate: "200M", Samples: 300, P50: 9000, P99: 12000},
@@ -20,6 +19,11 @@ func TestBandwidthLatencyFloor(t *testing.T) {
 			{Contender: BWTBFCNI, Direction: "egress", Rate: "10M", Starved: true, P50: 116000, P99: 116000},
 		},
 	}
+	// Measured before and after the contenders: the lower p99 is the
+	// floor, both are named.
+	rep.addIdle(&LatencyRow{Contender: BWIdle, Samples: 300, P50: 5000, P95: 9000, P99: 20000, Max: 21000})
+	rep.addIdle(&LatencyRow{Contender: BWIdle, Skipped: "sockperf: no round trips"})
+	rep.addIdle(&LatencyRow{Contender: BWIdle, Samples: 300, P50: 4000, P95: 6000, P99: 8000, Max: 9000})
 	var b bytes.Buffer
 	rep.WriteMarkdown(&b)
 	md := b.String()
@@ -27,7 +31,7 @@ func TestBandwidthLatencyFloor(t *testing.T) {
 		"| - | none | idle: nothing else sent | 4.00 | 6.00 | 8.00 | 9.00 | - | - |",
 		"| egress | 200M | sluice | 5.00 |",
 		"1.2× |", // sluice's p99 against tbf-cni's at 200M
-		"p99 8.00 ms here",
+		"p99 8.00 ms here (the lower of its runs before and after the contenders: 20.00 and 8.00 ms)",
 		": egress 200M 1.5×, egress 10M > 14.5×.",
 	} {
 		if !strings.Contains(md, want) {
