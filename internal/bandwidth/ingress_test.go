@@ -26,7 +26,7 @@ func TestIngressTBF(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lim := IngressLimitFor(r)
+		lim := IngressLimitFor(ModePolice, r)
 		q, ok := ingressQdisc(ModePolice, 7, lim).(*netlink.Tbf)
 		if !ok {
 			t.Fatalf("%s: %T, want TBF", tt.rate, ingressQdisc(ModePolice, 7, lim))
@@ -44,5 +44,30 @@ func TestIngressTBF(t *testing.T) {
 	}
 	if ingressQdisc(ModePolice, 7, Limit{}) != nil {
 		t.Error("no limit: a qdisc")
+	}
+}
+
+// TestIngressLimitForEDT: under EDT a Pod's ingress is marked CE from two
+// 64 KiB packets of queue, between 2 ms and a fifth of the ingress horizon;
+// the fallback's (TBF on the veth) is LimitFor's with the ingress horizon.
+func TestIngressLimitForEDT(t *testing.T) {
+	for _, tc := range []struct {
+		r   Rate
+		ecn time.Duration
+	}{
+		{10_000_000, 5 * time.Millisecond},                                // two 64 KiB: 105 ms, capped
+		{200_000_000, 5 * time.Millisecond},                               // 5.24 ms, capped
+		{400_000_000, Delay(128<<10, Rate(400_000_000).BytesPerSecond())}, // 2.6 ms
+		{1_000_000_000, EDTMinECNThreshold},                               // 1.05 ms: 2 ms at the least
+	} {
+		want := LimitFor(tc.r)
+		want.Horizon = DefaultIngressHorizon
+		if got := IngressLimitFor(ModePolice, tc.r); got != want {
+			t.Errorf("IngressLimitFor(police, %s) = %+v, want %+v", tc.r, got, want)
+		}
+		want.ECN = tc.ecn
+		if got := IngressLimitFor(ModeEDT, tc.r); got != want {
+			t.Errorf("IngressLimitFor(EDT, %s) = %+v, want ECN %v", tc.r, got, tc.ecn)
+		}
 	}
 }

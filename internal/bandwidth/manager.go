@@ -133,12 +133,12 @@ func (m *Manager) egressLimitOf(r Rate) Limit {
 	return EgressLimitFor(m.opts.Mode, r)
 }
 
-// ingressLimitOf is limitOf for the ingress direction.
-func ingressLimitOf(r Rate) Limit {
+// ingressLimitOf is the limit of the Pod's ingress: none for rate 0.
+func (m *Manager) ingressLimitOf(r Rate) Limit {
 	if r == 0 {
 		return Limit{}
 	}
-	return IngressLimitFor(r)
+	return IngressLimitFor(m.opts.Mode, r)
 }
 
 // Sync installs the Pods' limits and removes those of Pods that are gone
@@ -239,7 +239,7 @@ func (m *Manager) desired(p Pod) (Aggregate, *Problem) {
 	}
 	addrs := slices.Clone(p.IPs)
 	slices.SortFunc(addrs, netip.Addr.Compare)
-	a := Aggregate{Veth: veth, Addrs: addrs, Egress: m.egressLimitOf(p.Limits.Egress), Ingress: ingressLimitOf(p.Limits.Ingress)}
+	a := Aggregate{Veth: veth, Addrs: addrs, Egress: m.egressLimitOf(p.Limits.Egress), Ingress: m.ingressLimitOf(p.Limits.Ingress)}
 	id, ok := m.byPod[p.Name]
 	if !ok {
 		id = m.claimRestored(a)

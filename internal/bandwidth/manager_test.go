@@ -137,8 +137,8 @@ func TestManagerAnnotations(t *testing.T) {
 		t.Fatalf("problems %v after the fixes", problemMap(probs))
 	}
 	aggs = mem.Aggregates()
-	if len(aggs) != 3 || aggs[1].Egress != LimitFor(100e6) || aggs[2].Veth != 11 || aggs[2].Ingress != IngressLimitFor(10e6) ||
-		aggs[3].Veth != 12 || aggs[3].Ingress != IngressLimitFor(1e9) || aggs[3].Egress != (Limit{}) {
+	if len(aggs) != 3 || aggs[1].Egress != LimitFor(100e6) || aggs[2].Veth != 11 || aggs[2].Ingress != IngressLimitFor(ModePolice, 10e6) ||
+		aggs[3].Veth != 12 || aggs[3].Ingress != IngressLimitFor(ModePolice, 1e9) || aggs[3].Egress != (Limit{}) {
 		t.Fatalf("installed %+v, want a at 100M (same id), b 20M/10M, c ingress 1G", aggs)
 	}
 
@@ -290,7 +290,7 @@ func TestManagerBBR(t *testing.T) {
 }
 
 // TestManagerEDTLimits: under EDT a Pod's egress limit marks CE later
-// (EDTLimitFor); its ingress limit is the same in both modes.
+// (EDTLimitFor), and so does its ingress (IngressLimitFor).
 func TestManagerEDTLimits(t *testing.T) {
 	mem := NewMemory()
 	mem.SetVeth(addr("198.18.1.10"), 10)
@@ -299,8 +299,8 @@ func TestManagerEDTLimits(t *testing.T) {
 	if probs := syncPods(t, m, trackerWith(p)); len(probs) != 0 {
 		t.Fatalf("problems %v", problemMap(probs))
 	}
-	if a := mem.Aggregates()[1]; a.Egress != EDTLimitFor(10e6) || a.Ingress != IngressLimitFor(10e6) {
-		t.Errorf("aggregate %+v, want egress EDTLimitFor(10M), ingress IngressLimitFor(10M)", a)
+	if a := mem.Aggregates()[1]; a.Egress != EDTLimitFor(10e6) || a.Ingress != IngressLimitFor(ModeEDT, 10e6) {
+		t.Errorf("aggregate %+v, want egress EDTLimitFor(10M), ingress IngressLimitFor(EDT, 10M)", a)
 	}
 }
 

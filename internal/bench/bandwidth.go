@@ -439,7 +439,7 @@ func (b *bwBench) limit(c, dir string, rate bandwidth.Rate) (undo func() error, 
 	// As the agent's Manager limits a Pod in opts.Mode.
 	lim := bandwidth.EgressLimitFor(opts.Mode, rate)
 	if ingress {
-		lim = bandwidth.IngressLimitFor(rate)
+		lim = bandwidth.IngressLimitFor(opts.Mode, rate)
 	}
 	switch c {
 	case BWPolice:
