@@ -179,6 +179,13 @@ func (r *BandwidthReport) WriteMarkdown(w io.Writer) {
 	}
 }
 
+// kernelShort is the kernel's release without what the Markdown says of
+// it in parentheses (a guest's accelerator and why), for a plot's title.
+func (r *BandwidthReport) kernelShort() string {
+	k, _, _ := strings.Cut(r.Kernel, " (")
+	return k
+}
+
 // latencyOf is the measured latency row of contender at dir and rate.
 func (r *BandwidthReport) latencyOf(contender, dir, rate string) *LatencyRow {
 	for i, l := range r.Latency {
@@ -274,7 +281,7 @@ func (r *BandwidthReport) accuracyPlot(path string) (bool, error) {
 			values[g][i] = Summarize(ratios).Median
 		}
 	}
-	return groupedBars(path, fmt.Sprintf("Pod bandwidth limits: TCP wire rate / limit, median over runs (kernel %s)", r.Kernel),
+	return groupedBars(path, fmt.Sprintf("Pod bandwidth limits: TCP wire rate / limit, median over runs (kernel %s)", r.kernelShort()),
 		"wire rate / limit", names, rates, values, "%.2f")
 }
 
@@ -303,6 +310,6 @@ func (r *BandwidthReport) latencyPlot(path string) (bool, error) {
 			}
 		}
 	}
-	return groupedBars(path, fmt.Sprintf("p99 request/response under a saturating stream (kernel %s)", r.Kernel),
+	return groupedBars(path, fmt.Sprintf("p99 request/response under a saturating stream (kernel %s)", r.kernelShort()),
 		"p99 round trip, ms", names, rates, values, "%.1f")
 }

@@ -48,3 +48,16 @@ func TestBandwidthLatencyFloor(t *testing.T) {
 		t.Errorf("Markdown with the floor skipped shows it:\n%s", md)
 	}
 }
+
+// TestBandwidthKernelShort: a plot's title names the kernel's release, not
+// the guest's accelerator and the reason for it, which the Markdown gives.
+func TestBandwidthKernelShort(t *testing.T) {
+	r := &BandwidthReport{Kernel: "6.12.117+deb12-amd64 (a guest under tcg: KVM does not work here: qemu (x))"}
+	if got := r.kernelShort(); got != "6.12.117+deb12-amd64" {
+		t.Errorf("kernelShort() = %q", got)
+	}
+	r.Kernel = "6.18.0"
+	if got := r.kernelShort(); got != "6.18.0" {
+		t.Errorf("kernelShort() = %q", got)
+	}
+}
