@@ -156,7 +156,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct bw_flow_key);
 	__type(value, __u64);
-	__uint(max_entries, 65536);
+	__uint(max_entries, 16384);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } bw_flows SEC(".maps");
 
