@@ -309,6 +309,54 @@ func TestPrivilegedEDTStampSmall(t *testing.T) {
 	}
 }
 
+// TestPrivilegedEDTStampECN: on a device, a stamped ECN-capable packet is
+// marked CE when the Pod's clock departs the ECN threshold after now or
+// later (IPv4 with its checksum fixed, IPv6), a Not-ECT one never; a small
+// packet sent ahead of the clock is marked as the clock says, since the
+// mark tells the Pod's queue.
+func TestPrivilegedEDTStampECN(t *testing.T) {
+	for _, v6 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "IPv4", true: "IPv6"}[v6], func(t *testing.T) {
+			objs := tcObjects(t, ModeEDT)
+			const pod = 7
+			// 100 kbit/s: 1514-byte frames depart 0, 121, 242, 363 ms
+			// ahead; a burst of 50 ms lets small packets lead by 200 ms.
+			lim := Limit{BytesPerSecond: Rate(100_000).BytesPerSecond(), Horizon: 6 * time.Second,
+				Burst: 50 * time.Millisecond, ECN: 200 * time.Millisecond}
+			setAggregate(t, objs, 1, pod, lim, Limit{})
+			cases := []struct {
+				n            int
+				ecn, wantECN uint8
+				desc         string
+				countedMarks uint64
+			}{
+				{1514, 2, 2, "departs at once: unmarked", 0},
+				{1514, 2, 2, "121 ms ahead, under the 200 ms threshold: unmarked", 0},
+				{1514, 0, 0, "242 ms ahead but Not-ECT: unmarked", 0},
+				{1514, 2, 3, "363 ms ahead, ECT(0): marked CE", 1},
+				{130, 2, 3, "small, sent 200 ms before the clock 374 ms ahead: marked CE", 2},
+			}
+			for i, c := range cases {
+				in := frame(t, c.n, v6, c.ecn)
+				verdict, out, _ := runTC(t, objs.TcEdtDevice, in, skBuff{IngressIfindex: pod})
+				if verdict != verdictNext {
+					t.Fatalf("packet %d, %s: verdict %d", i, c.desc, verdict)
+				}
+				out = out[:len(in)]
+				if got := ecnOf(out); got != c.wantECN {
+					t.Errorf("packet %d, %s: ECN %d, want %d", i, c.desc, got, c.wantECN)
+				}
+				if err := bpftest.CheckChecksums(out); err != nil {
+					t.Errorf("packet %d, %s: %v", i, c.desc, err)
+				}
+				if st := state(t, objs, 1, dirEgress); st.Marks != c.countedMarks {
+					t.Errorf("packet %d, %s: %d marks counted, want %d", i, c.desc, st.Marks, c.countedMarks)
+				}
+			}
+		})
+	}
+}
+
 // TestPrivilegedEDTPolice: without fq, a Pod's veth polices on the same
 // clock: packets starting within the burst pass, those departing beyond
 // the ECN threshold are marked CE when ECN-capable (IPv4 with its checksum
