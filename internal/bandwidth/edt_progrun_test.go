@@ -309,6 +309,21 @@ func TestPrivilegedEDTStampSmall(t *testing.T) {
 	}
 }
 
+// checkMarks checks a frame a program passed: its ECN codepoint, its
+// checksums, and the marks aggregate 1's egress counted so far.
+func checkMarks(t *testing.T, objs *tcedtObjects, desc string, out []byte, wantECN uint8, marks uint64) {
+	t.Helper()
+	if got := ecnOf(out); got != wantECN {
+		t.Errorf("%s: ECN %d, want %d", desc, got, wantECN)
+	}
+	if err := bpftest.CheckChecksums(out); err != nil {
+		t.Errorf("%s: %v", desc, err)
+	}
+	if st := state(t, objs, 1, dirEgress); st.Marks != marks {
+		t.Errorf("%s: %d marks counted, want %d", desc, st.Marks, marks)
+	}
+}
+
 // TestPrivilegedEDTStampECN: on a device, a stamped ECN-capable packet is
 // marked CE when the Pod's clock departs the ECN threshold after now or
 // later (IPv4 with its checksum fixed, IPv6), a Not-ECT one never; a small
@@ -342,16 +357,7 @@ func TestPrivilegedEDTStampECN(t *testing.T) {
 				if verdict != verdictNext {
 					t.Fatalf("packet %d, %s: verdict %d", i, c.desc, verdict)
 				}
-				out = out[:len(in)]
-				if got := ecnOf(out); got != c.wantECN {
-					t.Errorf("packet %d, %s: ECN %d, want %d", i, c.desc, got, c.wantECN)
-				}
-				if err := bpftest.CheckChecksums(out); err != nil {
-					t.Errorf("packet %d, %s: %v", i, c.desc, err)
-				}
-				if st := state(t, objs, 1, dirEgress); st.Marks != c.countedMarks {
-					t.Errorf("packet %d, %s: %d marks counted, want %d", i, c.desc, st.Marks, c.countedMarks)
-				}
+				checkMarks(t, objs, fmt.Sprintf("packet %d, %s", i, c.desc), out[:len(in)], c.wantECN, c.countedMarks)
 			}
 		})
 	}
@@ -395,16 +401,7 @@ func TestPrivilegedEDTPolice(t *testing.T) {
 				if verdict == verdictDrop {
 					continue
 				}
-				out = out[:len(in)]
-				if got := ecnOf(out); got != c.wantECN {
-					t.Errorf("packet %d, %s: ECN %d, want %d", i, c.desc, got, c.wantECN)
-				}
-				if err := bpftest.CheckChecksums(out); err != nil {
-					t.Errorf("packet %d, %s: %v", i, c.desc, err)
-				}
-				if st := state(t, objs, 1, dirEgress); st.Marks != c.countedMarks {
-					t.Errorf("packet %d, %s: %d marks counted, want %d", i, c.desc, st.Marks, c.countedMarks)
-				}
+				checkMarks(t, objs, fmt.Sprintf("packet %d, %s", i, c.desc), out[:len(in)], c.wantECN, c.countedMarks)
 			}
 			if st := state(t, objs, 1, dirEgress); st.Packets != 4 || st.Drops != 1 || st.Bytes != 4*1514 {
 				t.Errorf("counters: packets %d bytes %d drops %d, want 4, %d, 1", st.Packets, st.Bytes, st.Drops, 4*1514)
