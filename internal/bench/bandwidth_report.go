@@ -200,11 +200,7 @@ func (r *BandwidthReport) latencyOf(contender, dir, rate string) *LatencyRow {
 // name), each labelled with its value, and saves a PNG; false when there
 // is nothing to draw.
 func groupedBars(path, title, ylabel string, names []string, groups []string, values [][]float64, format string) (drawn bool, err error) {
-	defer func() {
-		if rec := recover(); rec != nil {
-			err = fmt.Errorf("plot %s: %v", path, rec)
-		}
-	}()
+	defer recoverPlot(path, &err)
 	if len(names) == 0 || len(groups) == 0 {
 		return false, nil
 	}

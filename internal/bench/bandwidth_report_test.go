@@ -61,3 +61,15 @@ func TestBandwidthKernelShort(t *testing.T) {
 		t.Errorf("kernelShort() = %q", got)
 	}
 }
+
+// TestRecoverPlot: a panic while drawing (gonum/plot panics on some bad
+// input) comes back as the drawing function's error naming the file.
+func TestRecoverPlot(t *testing.T) {
+	draw := func(path string) (err error) {
+		defer recoverPlot(path, &err)
+		panic("bad input")
+	}
+	if err := draw("x.png"); err == nil || !strings.Contains(err.Error(), "plot x.png: bad input") {
+		t.Errorf("a panicking plot returned %v, want its error", err)
+	}
+}

@@ -110,11 +110,7 @@ func joinInts(v []int) string {
 
 // qpsLine draws mean QPS against processes with min–max bars.
 func qpsLine(path, title string, rows []DNSRow) (err error) {
-	defer func() {
-		if rec := recover(); rec != nil {
-			err = fmt.Errorf("plot %s: %v", path, rec)
-		}
-	}()
+	defer recoverPlot(path, &err)
 	p := plot.New()
 	p.Title.Text = title
 	p.X.Label.Text = "server processes"
@@ -154,11 +150,7 @@ func qpsLine(path, title string, rows []DNSRow) (err error) {
 
 // qpsBars draws a bar of mean QPS per point with min–max bars.
 func qpsBars(path, title string, rows []DNSRow) (err error) {
-	defer func() {
-		if rec := recover(); rec != nil {
-			err = fmt.Errorf("plot %s: %v", path, rec)
-		}
-	}()
+	defer recoverPlot(path, &err)
 	p := plot.New()
 	p.Title.Text = title
 	p.Y.Label.Text = "queries/s"

@@ -177,11 +177,7 @@ type rateErrors struct {
 // contender as bars with min–max whiskers, and saves a PNG. It reports
 // whether it drew anything.
 func (r *PPSReport) writePlot(path string) (drawn bool, err error) {
-	defer func() {
-		if rec := recover(); rec != nil {
-			err = fmt.Errorf("plot %s: %v", path, rec)
-		}
-	}()
+	defer recoverPlot(path, &err)
 	var names []string
 	var medians plotter.Values
 	var whiskers rateErrors
@@ -245,4 +241,13 @@ func (r *PPSReport) writePlot(path string) (drawn bool, err error) {
 		return false, fmt.Errorf("save plot %s: %w", path, err)
 	}
 	return true, nil
+}
+
+// recoverPlot, deferred by a function drawing the plot at path, turns a
+// panic of gonum/plot (it panics on some bad input) into that function's
+// error.
+func recoverPlot(path string, err *error) {
+	if rec := recover(); rec != nil {
+		*err = fmt.Errorf("plot %s: %v", path, rec)
+	}
 }

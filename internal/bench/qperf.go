@@ -812,11 +812,7 @@ type ratioPoints struct {
 // ratio and its 95% interval, against 1 and the 3% target; false when
 // there is none with an interval.
 func (r *QperfReport) servicePlot(path string) (drawn bool, err error) {
-	defer func() {
-		if rec := recover(); rec != nil {
-			err = fmt.Errorf("plot %s: %v", path, rec)
-		}
-	}()
+	defer recoverPlot(path, &err)
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("Pod to Service over Pod to Pod IP latency, paired over %d runs, 95%% intervals (kernel %s)", r.Config.Runs, r.Kernel)
 	p.Y.Label.Text = "ratio"
