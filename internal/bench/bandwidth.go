@@ -77,7 +77,14 @@ type BandwidthConfig struct {
 	Ingress    bool // also limit and measure the Pod's ingress (iperf3 -R)
 	// Latency also measures request/response latency (sockperf) under a
 	// bulk stream that saturates the limit, at each rate.
-	Latency  bool
+	Latency bool
+	// Pin keeps the latency probe and the bulk stream under it on CPUs
+	// of their own (the bulk on the first this process may use, the
+	// probe on the last), so the probe measures the limiter's queue and
+	// not a CPU it shares with the bulk stream's TCP; on a node the
+	// scheduler spreads them over many CPUs. With one CPU nothing is
+	// pinned, and the report says so.
+	Pin      bool
 	Duration time.Duration
 	Progress io.Writer
 }
@@ -121,6 +128,9 @@ type BandwidthReport struct {
 	// translation cache, caches, timers), IdleP99 both p99s in order.
 	Idle    *LatencyRow `json:"idle,omitempty"`
 	IdleP99 []float64   `json:"idle_p99_us,omitempty"`
+	// Pinned says where the latency runs put the bulk stream and the
+	// probe ("bulk on CPU 0, probe on CPU 1"), or why they share CPUs.
+	Pinned string `json:"pinned,omitempty"`
 }
 
 // addIdle takes a measurement of the floor into the report: its p99 in
@@ -149,6 +159,12 @@ type bwBench struct {
 	server, sockperf *exec.Cmd
 	progress         io.Writer
 	fqErr            error // nil where sch_fq works
+	// Under the latency probe the bulk stream runs on bulkCPU against
+	// bulkServer (iperf3 on bulkPort), the probe on probeCPU; -1: where
+	// the scheduler puts them, and the bulk stream against server.
+	bulkCPU, probeCPU int
+	bulkServer        *exec.Cmd
+	bulkPort          int
 }
 
 func (b *bwBench) logf(format string, args ...any) {
@@ -168,12 +184,21 @@ func RunBandwidth(ctx context.Context, cfg BandwidthConfig) (_ *BandwidthReport,
 			return nil, fmt.Errorf("unknown contender %q: want one of %s", c, strings.Join(BWContenders, ", "))
 		}
 	}
-	b, err := newBWBench(cfg.Progress)
+	pin := cpuPins{bulk: -1, probe: -1, why: "not pinned (--pin=false): the scheduler places the probe and the bulk stream"}
+	if cfg.Pin && cfg.Latency {
+		if pin, err = pinCPUs(); err != nil {
+			return nil, err
+		}
+	}
+	b, err := newBWBench(cfg.Progress, pin)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, b.close()) }()
-	rep := &BandwidthReport{Kernel: kernelRelease(), Start: time.Now()}
+	rep := &BandwidthReport{Kernel: kernelRelease(), Start: time.Now(), Pinned: pin.why}
+	if cfg.Latency {
+		b.logf("latency runs: %s", pin.why)
+	}
 	b.fqErr = bandwidth.ProbeFQ()
 	rep.Sluice = "EDT with fq (edt-fq)"
 	if b.fqErr != nil {
@@ -227,7 +252,7 @@ func RunBandwidth(ctx context.Context, cfg BandwidthConfig) (_ *BandwidthReport,
 						return rep, errors.Join(ctx.Err(), undo())
 					}
 					before := counters()
-					if err := b.iperf(ctx, &rows[i], cfg.Duration); err != nil {
+					if err := b.iperf(ctx, &rows[i], cfg.Duration, bwIperfPort, -1); err != nil {
 						return rep, errors.Join(err, undo())
 					}
 					after := counters()
@@ -300,11 +325,11 @@ func kernelRelease() string {
 }
 
 // newBWBench builds the namespaces, links, routes and the cgroup, and
-// starts the iperf3 server.
-func newBWBench(progress io.Writer) (b *bwBench, err error) {
+// starts the iperf3 and sockperf servers, pinned as pin says.
+func newBWBench(progress io.Writer, pin cpuPins) (b *bwBench, err error) {
 	removeStaleBW() // an earlier run killed before its teardown
 	id := BWPrefix + strconv.Itoa(os.Getpid())
-	b = &bwBench{id: id, progress: progress}
+	b = &bwBench{id: id, progress: progress, bulkCPU: pin.bulk, probeCPU: pin.probe, bulkPort: bwIperfPort}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, b.close())
@@ -366,12 +391,24 @@ func newBWBench(progress io.Writer) (b *bwBench, err error) {
 		return nil, err
 	}
 	b.bpfRoot = filepath.Join("/sys/fs/bpf", id)
-	b.server = exec.Command("ip", "netns", "exec", b.remot.name, "iperf3", "-s", "-B", bwRemoteIP.String())
-	if err := b.server.Start(); err != nil {
-		return nil, fmt.Errorf("start iperf3 server: %w", err)
+	iperfServer := func(port, cpu int) (*exec.Cmd, error) {
+		c := exec.Command("ip", b.remot.ipArgs(cpu, "iperf3", "-s", "-B", bwRemoteIP.String(), "-p", strconv.Itoa(port))...)
+		if err := c.Start(); err != nil {
+			return nil, fmt.Errorf("start iperf3 server on port %d: %w", port, err)
+		}
+		return c, nil
+	}
+	if b.server, err = iperfServer(bwIperfPort, -1); err != nil {
+		return nil, err
+	}
+	if b.bulkCPU >= 0 {
+		if b.bulkServer, err = iperfServer(bwIperfBulkPort, b.bulkCPU); err != nil {
+			return nil, err
+		}
+		b.bulkPort = bwIperfBulkPort
 	}
 	if _, err := exec.LookPath("sockperf"); err == nil {
-		b.sockperf = exec.Command("ip", "netns", "exec", b.remot.name, "sockperf", "sr", "--tcp", "-i", bwRemoteIP.String(), "-p", strconv.Itoa(bwSockperfPort))
+		b.sockperf = exec.Command("ip", b.remot.ipArgs(b.probeCPU, "sockperf", "sr", "--tcp", "-i", bwRemoteIP.String(), "-p", strconv.Itoa(bwSockperfPort))...)
 		if err := b.sockperf.Start(); err != nil {
 			return nil, fmt.Errorf("start sockperf server: %w", err)
 		}
@@ -382,7 +419,7 @@ func newBWBench(progress io.Writer) (b *bwBench, err error) {
 
 func (b *bwBench) close() error {
 	var errs []error
-	for _, srv := range []*exec.Cmd{b.server, b.sockperf} {
+	for _, srv := range []*exec.Cmd{b.server, b.bulkServer, b.sockperf} {
 		if srv != nil && srv.Process != nil {
 			_ = srv.Process.Kill()
 			_ = srv.Wait()
@@ -586,11 +623,12 @@ type iperf3Result struct {
 // udpPayload keeps UDP datagrams within one 1500-byte packet.
 const udpPayload = 1400
 
-// iperf runs one iperf3 client in the pod, in the bench's cgroup, and
-// fills r from its report.
-func (b *bwBench) iperf(ctx context.Context, r *BandwidthRow, d time.Duration) error {
-	args := []string{"netns", "exec", b.pod.name, "iperf3", "-c", bwRemoteIP.String(), "-J",
-		"-t", strconv.Itoa(int(d / time.Second)), "-O", "1", "-P", strconv.Itoa(r.Flows)}
+// iperf runs one iperf3 client in the pod, in the bench's cgroup, against
+// the server on port, on cpu (-1: where the scheduler puts it), and fills r
+// from its report.
+func (b *bwBench) iperf(ctx context.Context, r *BandwidthRow, d time.Duration, port, cpu int) error {
+	args := b.pod.ipArgs(cpu, "iperf3", "-c", bwRemoteIP.String(), "-p", strconv.Itoa(port), "-J",
+		"-t", strconv.Itoa(int(d/time.Second)), "-O", "1", "-P", strconv.Itoa(r.Flows))
 	if r.Direction == "ingress" {
 		args = append(args, "-R")
 	}

@@ -14,10 +14,18 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// bwSockperfPort is the sockperf server's TCP port on the remote host.
-const bwSockperfPort = 11111
+// The servers' TCP ports on the remote host: iperf3's for the accuracy
+// runs, and for the bulk stream under the latency probe when it is pinned
+// (a server of its own on the bulk stream's CPU), and sockperf's.
+const (
+	bwIperfPort     = 5201
+	bwIperfBulkPort = 5202
+	bwSockperfPort  = 11111
+)
 
 // LatencyRow is request/response latency from the limited Pod while a
 // bulk TCP stream of the Pod saturates its limit in the same direction:
@@ -55,7 +63,7 @@ func (b *bwBench) latency(ctx context.Context, r *LatencyRow, cfg BandwidthConfi
 		bulk.CC = cfg.CCs[0]
 	}
 	bulkErr := make(chan error, 1)
-	go func() { bulkErr <- b.iperf(ctx, &bulk, d) }()
+	go func() { bulkErr <- b.iperf(ctx, &bulk, d, b.bulkPort, b.bulkCPU) }()
 	select {
 	case err := <-bulkErr:
 		return fmt.Errorf("bulk stream under the latency probe: %w", errors.Join(err, errors.New("ended before the probe started")))
@@ -120,8 +128,8 @@ func (b *bwBench) sockperfRTTs(ctx context.Context, d time.Duration) ([]float64,
 	defer os.RemoveAll(dir)
 	logPath := filepath.Join(dir, "rtt.csv")
 	secs := strconv.Itoa(max(int(d/time.Second), 1))
-	args := []string{"netns", "exec", b.pod.name, "sockperf", "ping-pong", "--tcp", "-i", bwRemoteIP.String(),
-		"-p", strconv.Itoa(bwSockperfPort), "-t", secs, "--mps", "100", "-m", "64", "--full-rtt", "--full-log", logPath}
+	args := b.pod.ipArgs(b.probeCPU, "sockperf", "ping-pong", "--tcp", "-i", bwRemoteIP.String(),
+		"-p", strconv.Itoa(bwSockperfPort), "-t", secs, "--mps", "100", "-m", "64", "--full-rtt", "--full-log", logPath)
 	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", args...)
@@ -180,4 +188,36 @@ func percentile(sorted []float64, p float64) float64 {
 func lastLines(b []byte, n int) string {
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
+}
+
+// cpuPins are the CPUs of the latency runs: the bulk stream's and the
+// probe's, -1 for not pinned, and why, in words for the report.
+type cpuPins struct {
+	bulk, probe int
+	why         string
+}
+
+// pinCPUs puts the bulk stream on the first CPU this process may use and
+// the probe on the last.
+func pinCPUs() (cpuPins, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return cpuPins{}, fmt.Errorf("sched_getaffinity: %w", err)
+	}
+	return pinsOf(&set), nil
+}
+
+func pinsOf(set *unix.CPUSet) cpuPins {
+	var cpus []int
+	for c := range len(set) * 64 {
+		if set.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	if len(cpus) < 2 {
+		return cpuPins{bulk: -1, probe: -1, why: "not pinned: one CPU, which the probe shares with the bulk stream"}
+	}
+	p := cpuPins{bulk: cpus[0], probe: cpus[len(cpus)-1]}
+	p.why = fmt.Sprintf("bulk stream (iperf3 client and server) on CPU %d, probe (sockperf client and server) on CPU %d", p.bulk, p.probe)
+	return p
 }

@@ -126,6 +126,9 @@ func (r *BandwidthReport) WriteMarkdown(w io.Writer) {
 		return
 	}
 	fmt.Fprintf(w, "\n## Latency under load\n\nsockperf ping-pong over TCP from the limited Pod (64-byte messages, 100 a second) while one iperf3 stream of the Pod saturates the limit in the same direction; round trips in ms. The last column is p99 against `tbf-cni`'s (the bandwidth CNI plugin's TBF) at the same limit and direction: how many times lower.\n\n")
+	if r.Pinned != "" {
+		fmt.Fprintf(w, "CPUs: %s.\n\n", r.Pinned)
+	}
 	fmt.Fprintf(w, "| direction | limit | contender | p50 | p95 | p99 | max | bulk Mbit/s | p99 vs tbf-cni |\n|---|---|---|---:|---:|---:|---:|---:|---:|\n")
 	if l := r.Idle; l != nil && l.Skipped == "" && !l.Starved {
 		fmt.Fprintf(w, "| - | none | %s: nothing else sent | %.2f | %.2f | %.2f | %.2f | - | - |\n", l.Contender,

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestBandwidthLatencyFloor: the report shows the probe's floor (no limit,
@@ -12,6 +14,7 @@ import (
 func TestBandwidthLatencyFloor(t *testing.T) {
 	rep := &BandwidthReport{
 		Kernel: "6.12.0",
+		Pinned: "bulk stream (iperf3 client and server) on CPU 0, probe (sockperf client and server) on CPU 1",
 		Latency: []LatencyRow{
 			{Contender: BWSluice, Direction: "egress", Rate: "200M", Samples: 300, P50: 5000, P99: 10000},
 			{Contender: BWTBFCNI, Direction: "egress", Rate: "200M", Samples: 300, P50: 9000, P99: 12000},
@@ -33,6 +36,7 @@ func TestBandwidthLatencyFloor(t *testing.T) {
 		"1.2× |", // sluice's p99 against tbf-cni's at 200M
 		"p99 8.00 ms here (the lower of its runs before and after the contenders: 20.00 and 8.00 ms)",
 		": egress 200M 1.5×, egress 10M > 14.5×.",
+		"CPUs: bulk stream (iperf3 client and server) on CPU 0, probe (sockperf client and server) on CPU 1.",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("Markdown lacks %q:\n%s", want, md)
@@ -71,5 +75,31 @@ func TestRecoverPlot(t *testing.T) {
 	}
 	if err := draw("x.png"); err == nil || !strings.Contains(err.Error(), "plot x.png: bad input") {
 		t.Errorf("a panicking plot returned %v, want its error", err)
+	}
+}
+
+// TestBandwidthPins: the bulk stream goes to the first CPU the process may
+// use and the probe to the last; with one CPU nothing is pinned and the
+// report says why.
+func TestBandwidthPins(t *testing.T) {
+	var set unix.CPUSet
+	for _, c := range []int{2, 3, 70} {
+		set.Set(c)
+	}
+	if p := pinsOf(&set); p.bulk != 2 || p.probe != 70 || !strings.Contains(p.why, "on CPU 2, probe") {
+		t.Errorf("CPUs 2, 3, 70: %+v, want bulk 2, probe 70", p)
+	}
+	set.Zero()
+	set.Set(5)
+	if p := pinsOf(&set); p.bulk != -1 || p.probe != -1 || !strings.Contains(p.why, "one CPU") {
+		t.Errorf("CPU 5 alone: %+v, want nothing pinned, and why", p)
+	}
+	var n netNS
+	n.name = "x"
+	if got, want := strings.Join(n.ipArgs(1, "sockperf", "sr"), " "), "netns exec x taskset -c 1 sockperf sr"; got != want {
+		t.Errorf("pinned: %q, want %q", got, want)
+	}
+	if got, want := strings.Join(n.ipArgs(-1, "iperf3", "-s"), " "), "netns exec x iperf3 -s"; got != want {
+		t.Errorf("not pinned: %q, want %q", got, want)
 	}
 }

@@ -84,6 +84,16 @@ func (n *netNS) do(fn func() error) error {
 	return <-errc
 }
 
+// ipArgs is the arguments of ip(8) that run argv in the namespace, on cpu
+// (taskset) unless it is negative.
+func (n *netNS) ipArgs(cpu int, argv ...string) []string {
+	args := []string{"netns", "exec", n.name}
+	if cpu >= 0 {
+		args = append(args, "taskset", "-c", strconv.Itoa(cpu))
+	}
+	return append(args, argv...)
+}
+
 func newNetNS(name string) (*netNS, error) {
 	n := &netNS{name: name}
 	errc := make(chan error, 1)
@@ -275,7 +285,7 @@ func ifindex(dev string) (int, error) {
 // exec runs a command in the namespace (ip netns exec), with input on
 // stdin when given.
 func (n *netNS) exec(stdin string, name string, args ...string) error {
-	cmd := exec.Command("ip", append([]string{"netns", "exec", n.name, name}, args...)...)
+	cmd := exec.Command("ip", n.ipArgs(-1, append([]string{name}, args...)...)...)
 	if stdin != "" {
 		cmd.Stdin = strings.NewReader(stdin)
 	}

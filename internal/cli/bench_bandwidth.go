@@ -23,6 +23,7 @@ func benchBandwidthCommand() *cobra.Command {
 		UDP:        true,
 		Ingress:    true,
 		Latency:    true,
+		Pin:        true,
 		Duration:   5 * time.Second,
 	}
 	rates := []string{"10M", "50M", "200M", "1G"}
@@ -40,7 +41,8 @@ the rate, retransmits, UDP loss and the BPF limiter's drops and CE marks.
 With --latency (the default) it then measures request/response round trips
 (sockperf ping-pong over TCP) from the Pod while one iperf3 stream saturates
 the limit: p50, p95, p99 and max, and p99 against the bandwidth CNI
-plugin's TBF. A contender this kernel cannot run (edt-fq without sch_fq) is
+plugin's TBF. The bulk stream runs on the first CPU and the probe on the
+last (--pin), as a node's scheduler would spread them. A contender this kernel cannot run (edt-fq without sch_fq) is
 reported as skipped. Contenders: ` + strings.Join(bench.BWContenders, ", ") + `
 ("sluice" is what the bandwidth manager uses on this kernel). Writes JSON,
 Markdown and plots under --out (docs/bandwidth.md reads them). Needs root,
@@ -88,6 +90,7 @@ compare contenders of the same run, not figures across runs.`,
 	f.BoolVar(&cfg.UDP, "udp", cfg.UDP, "also UDP at twice the rate")
 	f.BoolVar(&cfg.Ingress, "ingress", cfg.Ingress, "also limit and measure the Pod's ingress")
 	f.BoolVar(&cfg.Latency, "latency", cfg.Latency, "also measure latency under load (sockperf)")
+	f.BoolVar(&cfg.Pin, "pin", cfg.Pin, "under the latency probe, run the bulk stream on the first CPU and the probe on the last, so the probe measures the limiter's queue and not a shared CPU")
 	f.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of one iperf3 run")
 	f.StringVar(&out, "out", "results/bandwidth", "directory for the JSON results")
 	f.StringVar(&guest, "guest", "", `run inside this Debian kernel under QEMU ("6.12", "6.1"): one with sch_fq for edt-fq`)
