@@ -87,6 +87,9 @@ type BandwidthConfig struct {
 	Pin      bool
 	Duration time.Duration
 	Progress io.Writer
+	// tcKind datapath.TCKindTC: the BPF contenders attach clsact
+	// filters even where tcx exists, as before 6.6 (tests).
+	tcKind string
 }
 
 // BandwidthRow is one iperf3 run.
@@ -165,6 +168,7 @@ type bwBench struct {
 	bulkCPU, probeCPU int
 	bulkServer        *exec.Cmd
 	bulkPort          int
+	tcKind            string // BandwidthConfig.tcKind
 }
 
 func (b *bwBench) logf(format string, args ...any) {
@@ -194,6 +198,7 @@ func RunBandwidth(ctx context.Context, cfg BandwidthConfig) (_ *BandwidthReport,
 	if err != nil {
 		return nil, err
 	}
+	b.tcKind = cfg.tcKind
 	defer func() { err = errors.Join(err, b.close()) }()
 	rep := &BandwidthReport{Kernel: kernelRelease(), Start: time.Now(), Pinned: pin.why}
 	if cfg.Latency {
@@ -462,7 +467,7 @@ func (b *bwBench) limit(c, dir string, rate bandwidth.Rate) (undo func() error, 
 	case BWTBFCNI, BWTBF, BWHTB:
 		return b.limitQdisc(c, ingress, rate, bits)
 	}
-	opts := bandwidth.LoadOptions{BPFRoot: b.bpfRoot, Mode: bandwidth.ModePolice}
+	opts := bandwidth.LoadOptions{BPFRoot: b.bpfRoot, Mode: bandwidth.ModePolice, TCKind: b.tcKind}
 	if c == BWSluice {
 		// As the agent decides (bandwidth.Decide, with --devices set).
 		c = BWPacePoliceECN
@@ -505,7 +510,18 @@ func (b *bwBench) limit(c, dir string, rate bandwidth.Rate) (undo func() error, 
 	} else {
 		agg.Egress = lim
 	}
+	// Before tcx (6.6) the programs come with a clsact qdisc, which
+	// removing them leaves; the next contender's ingress qdisc
+	// (tbf-cni's) cannot share its handle, so undo deletes what it added.
+	var fresh []int
 	err = b.node.do(func() error {
+		for _, ifindex := range []int{b.lxc, b.eth0} {
+			if has, err := hasClsact(ifindex); err != nil {
+				return err
+			} else if !has {
+				fresh = append(fresh, ifindex)
+			}
+		}
 		if k, err = bandwidth.Load(opts); err != nil {
 			return err
 		}
@@ -534,7 +550,11 @@ func (b *bwBench) limit(c, dir string, rate bandwidth.Rate) (undo func() error, 
 	}
 	undo = func() error {
 		return b.node.do(func() error {
-			return errors.Join(k.Remove(agg), k.Close(), bandwidth.Unload(b.bpfRoot))
+			errs := []error{k.Remove(agg), k.Close(), bandwidth.Unload(b.bpfRoot)}
+			for _, ifindex := range fresh {
+				errs = append(errs, delClsact(ifindex))
+			}
+			return errors.Join(errs...)
 		})
 	}
 	return undo, counters, nil
@@ -622,6 +642,41 @@ type iperf3Result struct {
 
 // udpPayload keeps UDP datagrams within one 1500-byte packet.
 const udpPayload = 1400
+
+// hasClsact reports whether the device has a clsact qdisc.
+func hasClsact(ifindex int) (bool, error) {
+	q, err := clsactOf(ifindex)
+	return q != nil, err
+}
+
+// delClsact deletes the device's clsact qdisc, if it has one.
+func delClsact(ifindex int) error {
+	q, err := clsactOf(ifindex)
+	if err != nil || q == nil {
+		return err
+	}
+	if err := netlink.QdiscDel(q); err != nil {
+		return fmt.Errorf("delete clsact qdisc of ifindex %d: %w", ifindex, err)
+	}
+	return nil
+}
+
+func clsactOf(ifindex int) (netlink.Qdisc, error) {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return nil, err
+	}
+	qs, err := netlink.QdiscList(l)
+	if err != nil {
+		return nil, fmt.Errorf("qdiscs of %s: %w", l.Attrs().Name, err)
+	}
+	for _, q := range qs {
+		if q.Type() == "clsact" {
+			return q, nil
+		}
+	}
+	return nil, nil
+}
 
 // iperf runs one iperf3 client in the pod, in the bench's cgroup, against
 // the server on port, on cpu (-1: where the scheduler puts it), and fills r

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -243,12 +244,46 @@ func groupedBars(path, title, ylabel string, names []string, groups []string, va
 			p.Add(lbl)
 		}
 	}
+	if lo, hi := positiveRange(values); lo > 0 && hi/lo >= logBarsSpread {
+		// After the bars, which set the axis from 0. A linear axis would flatten the small bars to nothing (1 ms
+		// next to 1,200 ms): log, the bars standing on its floor.
+		p.Y.Scale = barLogScale{}
+		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+		p.Y.Min, p.Y.Max = math.Pow(10, math.Floor(math.Log10(lo))-1), hi*2
+		p.Y.Label.Text = ylabel + " (log scale)"
+	}
 	p.Legend.Top = true
 	p.NominalX(names...)
 	if err := p.Save(10*vg.Inch, 5*vg.Inch, path); err != nil {
 		return false, fmt.Errorf("save plot %s: %w", path, err)
 	}
 	return true, nil
+}
+
+// logBarsSpread is the ratio of the largest bar to the smallest from
+// which groupedBars draws a log axis.
+const logBarsSpread = 50
+
+// positiveRange is the smallest and largest positive value, zeros when
+// there is none.
+func positiveRange(values [][]float64) (lo, hi float64) {
+	for _, vs := range values {
+		for _, v := range vs {
+			if v > 0 && (lo == 0 || v < lo) {
+				lo = v
+			}
+			hi = max(hi, v)
+		}
+	}
+	return lo, hi
+}
+
+// barLogScale is a log scale on which a bar's base (0) lies on the axis's
+// floor: plot.LogScale cannot place 0.
+type barLogScale struct{}
+
+func (barLogScale) Normalize(min, max, x float64) float64 {
+	return plot.LogScale{}.Normalize(min, max, math.Max(x, min))
 }
 
 // accuracyPlot: per direction and contender, the median over the TCP runs

@@ -2,6 +2,9 @@ package bench
 
 import (
 	"bytes"
+	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -101,5 +104,33 @@ func TestBandwidthPins(t *testing.T) {
 	}
 	if got, want := strings.Join(n.ipArgs(-1, "iperf3", "-s"), " "), "netns exec x iperf3 -s"; got != want {
 		t.Errorf("not pinned: %q, want %q", got, want)
+	}
+}
+
+// TestGroupedBarsLog: bars from 1 ms to over a second are drawn on a log
+// axis, where a bar's base of 0 stands on the axis's floor (plot.LogScale
+// panics on 0); a zero (a skipped contender) draws no bar.
+func TestGroupedBarsLog(t *testing.T) {
+	values := [][]float64{{1.5, 116.2, 0}, {1.05, 12.0, 153.9}}
+	if lo, hi := positiveRange(values); lo != 1.05 || hi != 153.9 {
+		t.Errorf("positiveRange = %v, %v, want 1.05, 153.9", lo, hi)
+	}
+	if lo, hi := positiveRange([][]float64{{0}}); lo != 0 || hi != 0 {
+		t.Errorf("positiveRange of zeros = %v, %v", lo, hi)
+	}
+	var s barLogScale
+	if got := s.Normalize(1, 100, 0); got != 0 {
+		t.Errorf("a bar's base at 0 normalizes to %v, want the floor (0)", got)
+	}
+	if got := s.Normalize(1, 100, 10); math.Abs(got-0.5) > 1e-9 {
+		t.Errorf("10 between 1 and 100 normalizes to %v, want 0.5", got)
+	}
+	path := filepath.Join(t.TempDir(), "latency.png")
+	drawn, err := groupedBars(path, "t", "ms", []string{"a", "b", "c"}, []string{"10M", "200M"}, values, "%.1f")
+	if err != nil || !drawn {
+		t.Fatalf("groupedBars: drawn %v, %v", drawn, err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Size() == 0 {
+		t.Errorf("plot file: %v", err)
 	}
 }
