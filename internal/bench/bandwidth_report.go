@@ -213,7 +213,8 @@ func groupedBars(path, title, ylabel string, names []string, groups []string, va
 	p.Y.Label.Text = ylabel
 	p.Y.Min = 0
 	p.Add(plotter.NewGrid())
-	w := vg.Points(min(60, 360/float64(len(groups)*len(names)+1)*4))
+	// A name's bars share 80% of its slot of the ~9 in the axis spans.
+	w := vg.Points(min(60, 0.8*9*72/float64(len(groups)*len(names))))
 	for g, group := range groups {
 		bars, err := plotter.NewBarChart(plotter.Values(values[g]), w)
 		if err != nil {
@@ -244,12 +245,17 @@ func groupedBars(path, title, ylabel string, names []string, groups []string, va
 			p.Add(lbl)
 		}
 	}
-	if lo, hi := positiveRange(values); lo > 0 && hi/lo >= logBarsSpread {
-		// After the bars, which set the axis from 0. A linear axis would flatten the small bars to nothing (1 ms
-		// next to 1,200 ms): log, the bars standing on its floor.
+	// After the bars, which set the axis from 0: room above the tallest
+	// for the legend.
+	lo, hi := positiveRange(values)
+	p.Y.Max = max(p.Y.Max, hi*1.25)
+	if lo > 0 && hi/lo >= logBarsSpread {
+		// A linear axis would flatten the small bars to nothing (1 ms
+		// next to 1,200 ms): log, the bars standing on its floor, a
+		// power of ten at least half a decade below the smallest.
 		p.Y.Scale = barLogScale{}
 		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
-		p.Y.Min, p.Y.Max = math.Pow(10, math.Floor(math.Log10(lo))-1), hi*2
+		p.Y.Min, p.Y.Max = math.Pow(10, math.Floor(math.Log10(lo)-0.5)), hi*3
 		p.Y.Label.Text = ylabel + " (log scale)"
 	}
 	p.Legend.Top = true

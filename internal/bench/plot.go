@@ -23,13 +23,7 @@ type series struct {
 
 // linePlot draws series on a log Service axis and saves a PNG.
 func linePlot(path, title, ylabel string, logY bool, ss []series) (err error) {
-	// gonum/plot panics on what it cannot draw; a report must still be
-	// written.
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("plot %s: %v", path, r)
-		}
-	}()
+	defer recoverPlot(path, &err)
 	p := plot.New()
 	p.Title.Text = title
 	p.X.Label.Text = "Services (10 endpoints each)"

@@ -19,11 +19,7 @@ type TimeSeries struct {
 // TimePlot draws series against time (seconds) and saves a PNG at path;
 // it draws nothing (and returns false) when no series has a point.
 func TimePlot(path, title, ylabel string, ss []TimeSeries) (drawn bool, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("plot %s: %v", path, r)
-		}
-	}()
+	defer recoverPlot(path, &err)
 	sort.Slice(ss, func(i, j int) bool { return ss[i].Label < ss[j].Label })
 	p := plot.New()
 	p.Title.Text = title
