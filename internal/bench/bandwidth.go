@@ -188,11 +188,14 @@ func RunBandwidth(ctx context.Context, cfg BandwidthConfig) (_ *BandwidthReport,
 			return nil, fmt.Errorf("unknown contender %q: want one of %s", c, strings.Join(BWContenders, ", "))
 		}
 	}
-	pin := cpuPins{bulk: -1, probe: -1, why: "not pinned (--pin=false): the scheduler places the probe and the bulk stream"}
-	if cfg.Pin && cfg.Latency {
+	pin := cpuPins{bulk: -1, probe: -1}
+	switch {
+	case cfg.Latency && cfg.Pin:
 		if pin, err = pinCPUs(); err != nil {
 			return nil, err
 		}
+	case cfg.Latency:
+		pin.why = "not pinned (--pin=false): the scheduler places the probe and the bulk stream"
 	}
 	b, err := newBWBench(cfg.Progress, pin)
 	if err != nil {
