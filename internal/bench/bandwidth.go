@@ -191,9 +191,7 @@ func RunBandwidth(ctx context.Context, cfg BandwidthConfig) (_ *BandwidthReport,
 	pin := cpuPins{bulk: -1, probe: -1}
 	switch {
 	case cfg.Latency && cfg.Pin:
-		if pin, err = pinCPUs(); err != nil {
-			return nil, err
-		}
+		pin = pinCPUs(AllowedCPUs())
 	case cfg.Latency:
 		pin.why = "not pinned (--pin=false): the scheduler places the probe and the bulk stream"
 	}
@@ -519,9 +517,11 @@ func (b *bwBench) limit(c, dir string, rate bandwidth.Rate) (undo func() error, 
 	var fresh []int
 	err = b.node.do(func() error {
 		for _, ifindex := range []int{b.lxc, b.eth0} {
-			if has, err := hasClsact(ifindex); err != nil {
+			q, err := clsactOf(ifindex)
+			if err != nil {
 				return err
-			} else if !has {
+			}
+			if q == nil {
 				fresh = append(fresh, ifindex)
 			}
 		}
@@ -646,12 +646,6 @@ type iperf3Result struct {
 // udpPayload keeps UDP datagrams within one 1500-byte packet.
 const udpPayload = 1400
 
-// hasClsact reports whether the device has a clsact qdisc.
-func hasClsact(ifindex int) (bool, error) {
-	q, err := clsactOf(ifindex)
-	return q != nil, err
-}
-
 // delClsact deletes the device's clsact qdisc, if it has one.
 func delClsact(ifindex int) error {
 	q, err := clsactOf(ifindex)
@@ -664,6 +658,7 @@ func delClsact(ifindex int) error {
 	return nil
 }
 
+// clsactOf is the device's clsact qdisc, nil when it has none.
 func clsactOf(ifindex int) (netlink.Qdisc, error) {
 	l, err := netlink.LinkByIndex(ifindex)
 	if err != nil {

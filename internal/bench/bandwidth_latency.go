@@ -14,8 +14,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // The servers' TCP ports on the remote host: iperf3's for the accuracy
@@ -197,23 +195,9 @@ type cpuPins struct {
 	why         string
 }
 
-// pinCPUs puts the bulk stream on the first CPU this process may use and
-// the probe on the last.
-func pinCPUs() (cpuPins, error) {
-	var set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &set); err != nil {
-		return cpuPins{}, fmt.Errorf("sched_getaffinity: %w", err)
-	}
-	return pinsOf(&set), nil
-}
-
-func pinsOf(set *unix.CPUSet) cpuPins {
-	var cpus []int
-	for c := range len(set) * 64 {
-		if set.IsSet(c) {
-			cpus = append(cpus, c)
-		}
-	}
+// pinCPUs puts the bulk stream on the first of cpus (those this process
+// may use: AllowedCPUs) and the probe on the last.
+func pinCPUs(cpus []int) cpuPins {
 	if len(cpus) < 2 {
 		return cpuPins{bulk: -1, probe: -1, why: "not pinned: one CPU, which the probe shares with the bulk stream"}
 	}

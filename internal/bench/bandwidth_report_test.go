@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"golang.org/x/sys/unix"
 )
 
 // TestBandwidthLatencyFloor: the report shows the probe's floor (no limit,
@@ -85,16 +83,10 @@ func TestRecoverPlot(t *testing.T) {
 // use and the probe to the last; with one CPU nothing is pinned and the
 // report says why.
 func TestBandwidthPins(t *testing.T) {
-	var set unix.CPUSet
-	for _, c := range []int{2, 3, 70} {
-		set.Set(c)
-	}
-	if p := pinsOf(&set); p.bulk != 2 || p.probe != 70 || !strings.Contains(p.why, "on CPU 2, probe") {
+	if p := pinCPUs([]int{2, 3, 70}); p.bulk != 2 || p.probe != 70 || !strings.Contains(p.why, "on CPU 2, probe") {
 		t.Errorf("CPUs 2, 3, 70: %+v, want bulk 2, probe 70", p)
 	}
-	set.Zero()
-	set.Set(5)
-	if p := pinsOf(&set); p.bulk != -1 || p.probe != -1 || !strings.Contains(p.why, "one CPU") {
+	if p := pinCPUs([]int{5}); p.bulk != -1 || p.probe != -1 || !strings.Contains(p.why, "one CPU") {
 		t.Errorf("CPU 5 alone: %+v, want nothing pinned, and why", p)
 	}
 	var n netNS
