@@ -4,7 +4,8 @@
  *   xdp_pps_gen       traffic generator, run with BPF_PROG_RUN and
  *                     BPF_F_TEST_XDP_LIVE_FRAMES: writes the frame's headers
  *                     from the template, varies the UDP source port over
- *                     `flows` flows, and returns XDP_TX
+ *                     `flows` flows, and returns XDP_TX (with gen_shape:
+ *                     the frames of a `sluice lab flood --shape`)
  *   xdp_pps_gen_win   the same with at most `window` frames in flight,
  *                     for `--node-cpu`: the node's NAPI thread on another
  *                     CPU gets frames as fast as it takes them, none lost
@@ -185,6 +186,201 @@ static __always_inline void pps_next_syn(__u8 *hdr)
 	__builtin_memcpy(hdr + PPS_TCSUM_OFF, &tcsum, 2);
 }
 
+/* `sluice lab flood`'s shapes (internal/bench/flood_shape.go builds the
+ * same frames in Go for the paced sender, and says what each shape is for).
+ * With gen_shape set, xdp_pps_gen writes frame n of the shape, n counted in
+ * flood_state. A shape's frames are of up to three kinds (a SYN, an ACK,
+ * ...), each a whole frame in shape_tmpl[kind], set by the loader with its
+ * checksums right as it stands. Frame n picks a kind and a source s:
+ *
+ *   syn     n: the SYN of source n
+ *   udp     2s: source s's first datagram; 2s+1: the second datagram of
+ *           source s - udp_lag, none (XDP_DROP) while s < udp_lag
+ *   ack     2s: a SYN, 2s+1: an ACK, both of source s
+ *   synack  2s: a SYN-ACK, 2s+1: an ACK, both of flow s
+ *   dsr3    3s: a SYN, 3s+1: an ACK, 3s+2: an ACK with data, of source s
+ *
+ * and is its kind's template with s's fields written, both checksums
+ * updated (RFC 1624), cut to shape_len[kind]:
+ *
+ *   all but synack  source address the template's + (s >> 15 & 0xffff),
+ *                   port 1024 + (s & 0x7fff): the sources of gen_syn
+ *   synack          destination port shape_ports_lo + s % shape_ports_n
+ *   TCP but syn     sequence number the template's + flood_mix(s), and
+ *                   with ACK set the acknowledgment number the
+ *                   template's + flood_mix(~s)
+ *
+ * udp's second datagram is meant to come a second or more after the first:
+ * udp_lag is how many sources start in that time, which the loader sets
+ * between runs from the rate the generator has reached so far (it does not
+ * know the rate before). */
+#define FLOOD_ROOM  64 /* the frame the generator runs on */
+#define FLOOD_KINDS 3
+
+enum {
+	FLOOD_SHAPE_NONE,
+	FLOOD_SHAPE_SYN,
+	FLOOD_SHAPE_UDP,
+	FLOOD_SHAPE_ACK,
+	FLOOD_SHAPE_SYNACK,
+	FLOOD_SHAPE_DSR3,
+};
+
+volatile const __u8 gen_shape;
+volatile const __u8 shape_tmpl[FLOOD_KINDS][FLOOD_ROOM] __attribute__((aligned(8)));
+volatile const __u16 shape_len[FLOOD_KINDS];
+volatile const __u16 shape_ports_lo;
+volatile const __u32 shape_ports_n = 1;
+
+/* The flood's frame sequence, shared by all CPUs: the flood runs one
+ * generator at a time, so the counter needs no atomics. */
+struct flood_state {
+	__u64 seq;               /* the next frame's n */
+	__u64 udp_lag;           /* udp: sources between a source's two datagrams */
+	__u64 sent[FLOOD_KINDS]; /* frames sent, by kind */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct flood_state);
+} flood_state SEC(".maps");
+
+/* flood_mix spreads a source's number over 32 bits, a bijection of
+ * multiplies and xorshifts (as hash finalizers mix): sequence numbers
+ * that look random, every source's its own, and 0 for source 0. */
+static __always_inline __u32 flood_mix(__u32 x)
+{
+	x *= 0x9e3779b1;
+	x ^= x >> 15;
+	x *= 0x85ebca77;
+	x ^= x >> 13;
+	return x;
+}
+
+/* flood_set16 and flood_set32 write a field (network order) and fold its
+ * change into the checksum csum. */
+static __always_inline void flood_set16(__u8 *p, int off, __u16 v, __u16 *csum)
+{
+	__u16 old;
+
+	__builtin_memcpy(&old, p + off, 2);
+	*csum = csum_move(*csum, old, v);
+	__builtin_memcpy(p + off, &v, 2);
+}
+
+static __always_inline void flood_set32(__u8 *p, int off, __u32 v, __u16 *csum)
+{
+	__u32 old;
+
+	__builtin_memcpy(&old, p + off, 4);
+	*csum = csum_move32(*csum, old, v);
+	__builtin_memcpy(p + off, &v, 4);
+}
+
+/* flood_add32 adds delta to the 32-bit field at off (a TCP sequence or
+ * acknowledgment number), csum updated. */
+static __always_inline void flood_add32(__u8 *p, int off, __u32 delta, __u16 *csum)
+{
+	__u32 v;
+
+	__builtin_memcpy(&v, p + off, 4);
+	flood_set32(p, off, bpf_htonl(bpf_ntohl(v) + delta), csum);
+}
+
+/* flood_next writes frame n of gen_shape into ctx's frame: 0 to send it,
+ * 1 when frame n is none (udp, the first udp_lag sources' seconds), -1 on
+ * error. */
+static __always_inline int flood_next(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	const volatile __u64 *src;
+	__u64 *dst = data, n, half;
+	struct flood_state *st;
+	__u32 key = 0, s, kind = 0, saddr, old;
+	__u16 icsum, l4csum;
+	__u8 *p = data;
+	int i, tcp, delta;
+
+	st = bpf_map_lookup_elem(&flood_state, &key);
+	if (!st || data + FLOOD_ROOM > data_end)
+		return -1;
+	n = st->seq++;
+	switch (gen_shape) {
+	case FLOOD_SHAPE_SYN:
+		s = n;
+		break;
+	case FLOOD_SHAPE_UDP:
+		half = n >> 1;
+		if (n & 1) {
+			if (half < st->udp_lag)
+				return 1;
+			half -= st->udp_lag;
+			kind = 1;
+		}
+		s = half;
+		break;
+	case FLOOD_SHAPE_ACK:
+	case FLOOD_SHAPE_SYNACK:
+		s = n >> 1;
+		kind = n & 1;
+		break;
+	case FLOOD_SHAPE_DSR3:
+		s = n / 3;
+		kind = n % 3;
+		break;
+	default:
+		return -1;
+	}
+	/* Clang knows kind < 3 and would drop the check the verifier needs
+	 * for the variable offsets below. */
+	asm volatile("" : "+r"(kind));
+	if (kind >= FLOOD_KINDS)
+		return -1;
+	src = (const volatile __u64 *)shape_tmpl[kind];
+#pragma unroll
+	for (i = 0; i < FLOOD_ROOM / 8; i++)
+		dst[i] = src[i];
+
+	tcp = p[23] == 6;
+	__builtin_memcpy(&icsum, p + PPS_ICSUM_OFF, 2);
+	if (tcp)
+		__builtin_memcpy(&l4csum, p + PPS_TCSUM_OFF, 2);
+	else
+		__builtin_memcpy(&l4csum, p + PPS_UCSUM_OFF, 2);
+	if (gen_shape == FLOOD_SHAPE_SYNACK) {
+		flood_set16(p, PPS_SPORT_OFF + 2, bpf_htons(shape_ports_lo + s % shape_ports_n), &l4csum);
+	} else {
+		/* The address is in the L4 checksum's pseudo-header too. */
+		__builtin_memcpy(&old, p + PPS_SADDR_OFF, 4);
+		saddr = bpf_htonl(bpf_ntohl(old) + ((s >> 15) & 0xffff));
+		icsum = csum_move32(icsum, old, saddr);
+		flood_set32(p, PPS_SADDR_OFF, saddr, &l4csum);
+		flood_set16(p, PPS_SPORT_OFF, bpf_htons(1024 + (s & 0x7fff)), &l4csum);
+	}
+	if (tcp && gen_shape != FLOOD_SHAPE_SYN) {
+		flood_add32(p, 38, flood_mix(s), &l4csum);
+		if (p[47] & 0x10) /* ACK */
+			flood_add32(p, 42, flood_mix(~s), &l4csum);
+	}
+	__builtin_memcpy(p + PPS_ICSUM_OFF, &icsum, 2);
+	if (tcp) {
+		__builtin_memcpy(p + PPS_TCSUM_OFF, &l4csum, 2);
+	} else {
+		/* UDP sends a checksum of 0 as 0xffff: 0 is none. */
+		if (!l4csum)
+			l4csum = 0xffff;
+		__builtin_memcpy(p + PPS_UCSUM_OFF, &l4csum, 2);
+	}
+	delta = (int)shape_len[kind] - (int)bpf_xdp_get_buff_len(ctx);
+	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta))
+		return -1;
+	st->sent[kind]++;
+	return 0;
+}
+
 /* xdp_write_header rewrites the frame's headers; a frame from the live
  * frames page pool may hold what the device under test made of it. */
 static __always_inline int xdp_write_header(struct xdp_md *ctx)
@@ -207,6 +403,16 @@ static __always_inline int xdp_write_header(struct xdp_md *ctx)
 SEC("xdp")
 int xdp_pps_gen(struct xdp_md *ctx)
 {
+	if (gen_shape) {
+		switch (flood_next(ctx)) {
+		case 0:
+			return XDP_TX;
+		case 1:
+			return XDP_DROP; /* nothing sent, the page recycled */
+		default:
+			return XDP_ABORTED;
+		}
+	}
 	if (xdp_write_header(ctx))
 		return XDP_ABORTED;
 	return XDP_TX;

@@ -16,6 +16,7 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	ppsMapFloodState     = "flood_state"
 	ppsMapPpsCount       = "pps_count"
 	ppsMapPpsPub         = "pps_pub"
 	ppsMapPpsSeq         = "pps_seq"
@@ -42,12 +43,17 @@ const (
 	ppsVarFwdIfindex     = "fwd_ifindex"
 	ppsVarFwdSaddr       = "fwd_saddr"
 	ppsVarFwdSmac        = "fwd_smac"
+	ppsVarGenShape       = "gen_shape"
 	ppsVarGenSyn         = "gen_syn"
 	ppsVarL4Proto        = "l4_proto"
 	ppsVarNextHopMac     = "next_hop_mac"
 	ppsVarNodeAddrs      = "node_addrs"
 	ppsVarNodeCpu        = "node_cpu"
 	ppsVarPpsTmpl        = "pps_tmpl"
+	ppsVarShapeLen       = "shape_len"
+	ppsVarShapePortsLo   = "shape_ports_lo"
+	ppsVarShapePortsN    = "shape_ports_n"
+	ppsVarShapeTmpl      = "shape_tmpl"
 	ppsVarStallNs        = "stall_ns"
 	ppsVarSynSaddr       = "syn_saddr"
 	ppsVarSynTmpl        = "syn_tmpl"
@@ -112,6 +118,7 @@ type ppsProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ppsMapSpecs struct {
+	FloodState   *ebpf.MapSpec `ebpf:"flood_state"`
 	PpsCount     *ebpf.MapSpec `ebpf:"pps_count"`
 	PpsPub       *ebpf.MapSpec `ebpf:"pps_pub"`
 	PpsSeq       *ebpf.MapSpec `ebpf:"pps_seq"`
@@ -124,28 +131,33 @@ type ppsMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ppsVariableSpecs struct {
-	BackendAddr *ebpf.VariableSpec `ebpf:"backend_addr"`
-	BackendPort *ebpf.VariableSpec `ebpf:"backend_port"`
-	BaseSport   *ebpf.VariableSpec `ebpf:"base_sport"`
-	Batch       *ebpf.VariableSpec `ebpf:"batch"`
-	Flows       *ebpf.VariableSpec `ebpf:"flows"`
-	FwdDaddr    *ebpf.VariableSpec `ebpf:"fwd_daddr"`
-	FwdDmac     *ebpf.VariableSpec `ebpf:"fwd_dmac"`
-	FwdDport    *ebpf.VariableSpec `ebpf:"fwd_dport"`
-	FwdIfindex  *ebpf.VariableSpec `ebpf:"fwd_ifindex"`
-	FwdSaddr    *ebpf.VariableSpec `ebpf:"fwd_saddr"`
-	FwdSmac     *ebpf.VariableSpec `ebpf:"fwd_smac"`
-	GenSyn      *ebpf.VariableSpec `ebpf:"gen_syn"`
-	L4Proto     *ebpf.VariableSpec `ebpf:"l4_proto"`
-	NextHopMac  *ebpf.VariableSpec `ebpf:"next_hop_mac"`
-	NodeAddrs   *ebpf.VariableSpec `ebpf:"node_addrs"`
-	NodeCpu     *ebpf.VariableSpec `ebpf:"node_cpu"`
-	PpsTmpl     *ebpf.VariableSpec `ebpf:"pps_tmpl"`
-	StallNs     *ebpf.VariableSpec `ebpf:"stall_ns"`
-	SynSaddr    *ebpf.VariableSpec `ebpf:"syn_saddr"`
-	SynTmpl     *ebpf.VariableSpec `ebpf:"syn_tmpl"`
-	WaitNs      *ebpf.VariableSpec `ebpf:"wait_ns"`
-	Window      *ebpf.VariableSpec `ebpf:"window"`
+	BackendAddr  *ebpf.VariableSpec `ebpf:"backend_addr"`
+	BackendPort  *ebpf.VariableSpec `ebpf:"backend_port"`
+	BaseSport    *ebpf.VariableSpec `ebpf:"base_sport"`
+	Batch        *ebpf.VariableSpec `ebpf:"batch"`
+	Flows        *ebpf.VariableSpec `ebpf:"flows"`
+	FwdDaddr     *ebpf.VariableSpec `ebpf:"fwd_daddr"`
+	FwdDmac      *ebpf.VariableSpec `ebpf:"fwd_dmac"`
+	FwdDport     *ebpf.VariableSpec `ebpf:"fwd_dport"`
+	FwdIfindex   *ebpf.VariableSpec `ebpf:"fwd_ifindex"`
+	FwdSaddr     *ebpf.VariableSpec `ebpf:"fwd_saddr"`
+	FwdSmac      *ebpf.VariableSpec `ebpf:"fwd_smac"`
+	GenShape     *ebpf.VariableSpec `ebpf:"gen_shape"`
+	GenSyn       *ebpf.VariableSpec `ebpf:"gen_syn"`
+	L4Proto      *ebpf.VariableSpec `ebpf:"l4_proto"`
+	NextHopMac   *ebpf.VariableSpec `ebpf:"next_hop_mac"`
+	NodeAddrs    *ebpf.VariableSpec `ebpf:"node_addrs"`
+	NodeCpu      *ebpf.VariableSpec `ebpf:"node_cpu"`
+	PpsTmpl      *ebpf.VariableSpec `ebpf:"pps_tmpl"`
+	ShapeLen     *ebpf.VariableSpec `ebpf:"shape_len"`
+	ShapePortsLo *ebpf.VariableSpec `ebpf:"shape_ports_lo"`
+	ShapePortsN  *ebpf.VariableSpec `ebpf:"shape_ports_n"`
+	ShapeTmpl    *ebpf.VariableSpec `ebpf:"shape_tmpl"`
+	StallNs      *ebpf.VariableSpec `ebpf:"stall_ns"`
+	SynSaddr     *ebpf.VariableSpec `ebpf:"syn_saddr"`
+	SynTmpl      *ebpf.VariableSpec `ebpf:"syn_tmpl"`
+	WaitNs       *ebpf.VariableSpec `ebpf:"wait_ns"`
+	Window       *ebpf.VariableSpec `ebpf:"window"`
 }
 
 // ppsObjects contains all objects after they have been loaded into the kernel.
@@ -168,6 +180,7 @@ func (o *ppsObjects) Close() error {
 //
 // It can be passed to loadPpsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ppsMaps struct {
+	FloodState   *ebpf.Map `ebpf:"flood_state"`
 	PpsCount     *ebpf.Map `ebpf:"pps_count"`
 	PpsPub       *ebpf.Map `ebpf:"pps_pub"`
 	PpsSeq       *ebpf.Map `ebpf:"pps_seq"`
@@ -178,6 +191,7 @@ type ppsMaps struct {
 
 func (m *ppsMaps) Close() error {
 	return _PpsClose(
+		m.FloodState,
 		m.PpsCount,
 		m.PpsPub,
 		m.PpsSeq,
@@ -191,28 +205,33 @@ func (m *ppsMaps) Close() error {
 //
 // It can be passed to loadPpsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ppsVariables struct {
-	BackendAddr *ebpf.Variable `ebpf:"backend_addr"`
-	BackendPort *ebpf.Variable `ebpf:"backend_port"`
-	BaseSport   *ebpf.Variable `ebpf:"base_sport"`
-	Batch       *ebpf.Variable `ebpf:"batch"`
-	Flows       *ebpf.Variable `ebpf:"flows"`
-	FwdDaddr    *ebpf.Variable `ebpf:"fwd_daddr"`
-	FwdDmac     *ebpf.Variable `ebpf:"fwd_dmac"`
-	FwdDport    *ebpf.Variable `ebpf:"fwd_dport"`
-	FwdIfindex  *ebpf.Variable `ebpf:"fwd_ifindex"`
-	FwdSaddr    *ebpf.Variable `ebpf:"fwd_saddr"`
-	FwdSmac     *ebpf.Variable `ebpf:"fwd_smac"`
-	GenSyn      *ebpf.Variable `ebpf:"gen_syn"`
-	L4Proto     *ebpf.Variable `ebpf:"l4_proto"`
-	NextHopMac  *ebpf.Variable `ebpf:"next_hop_mac"`
-	NodeAddrs   *ebpf.Variable `ebpf:"node_addrs"`
-	NodeCpu     *ebpf.Variable `ebpf:"node_cpu"`
-	PpsTmpl     *ebpf.Variable `ebpf:"pps_tmpl"`
-	StallNs     *ebpf.Variable `ebpf:"stall_ns"`
-	SynSaddr    *ebpf.Variable `ebpf:"syn_saddr"`
-	SynTmpl     *ebpf.Variable `ebpf:"syn_tmpl"`
-	WaitNs      *ebpf.Variable `ebpf:"wait_ns"`
-	Window      *ebpf.Variable `ebpf:"window"`
+	BackendAddr  *ebpf.Variable `ebpf:"backend_addr"`
+	BackendPort  *ebpf.Variable `ebpf:"backend_port"`
+	BaseSport    *ebpf.Variable `ebpf:"base_sport"`
+	Batch        *ebpf.Variable `ebpf:"batch"`
+	Flows        *ebpf.Variable `ebpf:"flows"`
+	FwdDaddr     *ebpf.Variable `ebpf:"fwd_daddr"`
+	FwdDmac      *ebpf.Variable `ebpf:"fwd_dmac"`
+	FwdDport     *ebpf.Variable `ebpf:"fwd_dport"`
+	FwdIfindex   *ebpf.Variable `ebpf:"fwd_ifindex"`
+	FwdSaddr     *ebpf.Variable `ebpf:"fwd_saddr"`
+	FwdSmac      *ebpf.Variable `ebpf:"fwd_smac"`
+	GenShape     *ebpf.Variable `ebpf:"gen_shape"`
+	GenSyn       *ebpf.Variable `ebpf:"gen_syn"`
+	L4Proto      *ebpf.Variable `ebpf:"l4_proto"`
+	NextHopMac   *ebpf.Variable `ebpf:"next_hop_mac"`
+	NodeAddrs    *ebpf.Variable `ebpf:"node_addrs"`
+	NodeCpu      *ebpf.Variable `ebpf:"node_cpu"`
+	PpsTmpl      *ebpf.Variable `ebpf:"pps_tmpl"`
+	ShapeLen     *ebpf.Variable `ebpf:"shape_len"`
+	ShapePortsLo *ebpf.Variable `ebpf:"shape_ports_lo"`
+	ShapePortsN  *ebpf.Variable `ebpf:"shape_ports_n"`
+	ShapeTmpl    *ebpf.Variable `ebpf:"shape_tmpl"`
+	StallNs      *ebpf.Variable `ebpf:"stall_ns"`
+	SynSaddr     *ebpf.Variable `ebpf:"syn_saddr"`
+	SynTmpl      *ebpf.Variable `ebpf:"syn_tmpl"`
+	WaitNs       *ebpf.Variable `ebpf:"wait_ns"`
+	Window       *ebpf.Variable `ebpf:"window"`
 }
 
 // ppsPrograms contains all programs after they have been loaded into the kernel.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"runtime"
 
@@ -252,6 +253,18 @@ func (l *Lab) AddTrafficSource(ctx context.Context) (string, func() error, error
 		return "", nil, errors.Join(err, remove())
 	}
 	return ns, remove, nil
+}
+
+// AddressTrafficSource gives the traffic source ns (AddTrafficSource) of
+// this process its fabric address, TrafficSourceIPv4, for a flood of real
+// connections; frames written whole need none. The address goes with the
+// namespace.
+func AddressTrafficSource(ctx context.Context, ns string) (netip.Addr, error) {
+	addr := TrafficSourceIPv4(os.Getpid())
+	if err := ipBatch(ctx, ns, []string{fmt.Sprintf("addr add %s/%d dev %s", addr, FabricPrefixV4.Bits(), uplinkName)}); err != nil {
+		return netip.Addr{}, fmt.Errorf("address the traffic source: %w", err)
+	}
+	return addr, nil
 }
 
 // LinkMAC returns the MAC address of dev in the lab namespace ns.

@@ -2,7 +2,8 @@ package lab
 
 // Address plan (BRIEF section 3, RFC 2544 benchmarking ranges):
 //
-//	fabric          198.18.0.0/24       fd00:198:18::/64      client .2, node N .(10+N)
+//	fabric          198.18.0.0/24       fd00:198:18::/64      client .2, node N .(10+N),
+//	                                                          traffic sources .211-.250
 //	pods of node N  198.18.N.0/24       fd00:198:18:N::/64    pod i .(10+i), gateway .1
 //	ClusterIPs      198.19.0.0/17       fd00:198:19::/108
 //
@@ -70,6 +71,13 @@ var (
 	ControlPlaneIPv4 = netip.AddrFrom4([4]byte{198, 18, 0, 3})
 	ControlPlaneIPv6 = v6(0xfd00, 0x198, 0x18, 0, 0, 0, 0, 0x3)
 )
+
+// TrafficSourceIPv4 is the fabric address AddressTrafficSource gives the
+// traffic source of process pid: above the nodes' (.11 to .210), one of 40
+// by pid, so that two floods of real connections at once rarely share one.
+func TrafficSourceIPv4(pid int) netip.Addr {
+	return netip.AddrFrom4([4]byte{198, 18, 0, byte(211 + pid%40)})
+}
 
 // FabricPrefixV4 and FabricPrefixV6 are the node underlay subnets.
 var (

@@ -2,7 +2,8 @@ package lab
 
 // Address plan under test (BRIEF section 3):
 //
-//	fabric          198.18.0.0/24   fd00:198:18::/64    client .2, node N .(10+N)
+//	fabric          198.18.0.0/24   fd00:198:18::/64    client .2, node N .(10+N),
+//	                                                    traffic sources .211-.250
 //	pods of node N  198.18.N.0/24   fd00:198:18:N::/64  pod i .(10+i), gateway .1
 //	external / LB   198.19.200.0/24 fd00:198:19:c8::/64 reached by the client via node 1
 
@@ -32,6 +33,8 @@ func TestAddressPlan(t *testing.T) {
 		{"pod 1 of node 10 v6", PodIPv6(10, 1), "fd00:198:18:10::11"},
 		{"external v4", ExternalPrefixV4.Addr(), "198.19.200.0"},
 		{"external v6", ExternalPrefixV6.Addr(), "fd00:198:19:c8::"},
+		{"traffic source of pid 0", TrafficSourceIPv4(0), "198.18.0.211"},
+		{"traffic source of pid 79", TrafficSourceIPv4(79), "198.18.0.250"},
 	}
 	for _, tt := range tests {
 		if tt.got.String() != tt.want {
@@ -47,6 +50,12 @@ func TestAddressPlan(t *testing.T) {
 		}
 		if !FabricPrefixV4.Contains(NodeIPv4(n)) || !FabricPrefixV6.Contains(NodeIPv6(n)) {
 			t.Errorf("node %d (%s, %s) outside the fabric", n, NodeIPv4(n), NodeIPv6(n))
+		}
+	}
+	// Traffic sources stay on the fabric, above every node.
+	for pid := range 100 {
+		if a := TrafficSourceIPv4(pid); !FabricPrefixV4.Contains(a) || a.Compare(NodeIPv4(MaxNodes)) <= 0 || a.As4()[3] > 254 {
+			t.Errorf("traffic source of pid %d at %s: want on the fabric, above node %d's %s", pid, a, MaxNodes, NodeIPv4(MaxNodes))
 		}
 	}
 	if got := PodIPv4(MaxNodes, MaxPodsPerNode); got.As4()[3] > 254 {
