@@ -45,12 +45,9 @@ func RunBackend(ctx context.Context, cfg BackendConfig) error {
 		return fmt.Errorf("backend: listen udp %s: %w", cfg.UDPAddr, err)
 	}
 	srv := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Content-Type", "application/json")
-			_ = json.NewEncoder(w).Encode(EchoReply{Pod: cfg.Name, Client: r.RemoteAddr})
-		}),
+		Handler:           echoHandler(cfg.Name),
 		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		IdleTimeout:       echoIdleTimeout,
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
@@ -72,6 +69,19 @@ func RunBackend(ctx context.Context, cfg BackendConfig) error {
 		return fmt.Errorf("backend %s: %w", cfg.Name, err)
 	}
 	return nil
+}
+
+// echoIdleTimeout is how long the echo backend keeps an idle keep-alive
+// connection: a hold probe that holds longer sees every connection closed
+// by the backend, not by the path.
+const echoIdleTimeout = 2 * time.Minute
+
+// echoHandler answers every request with an EchoReply as JSON.
+func echoHandler(name string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(EchoReply{Pod: name, Client: r.RemoteAddr})
+	})
 }
 
 func serveUDPEcho(pc net.PacketConn, reply []byte) error {

@@ -298,17 +298,7 @@ func probeCommand() *cobra.Command {
 			Use:   k.name,
 			Short: "probe " + k.name,
 			Args:  cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error {
-				asJSON, err := jsonOutput(output)
-				if err != nil {
-					return err
-				}
-				rep, err := k.run(cmd.Context(), cfg)
-				if err != nil {
-					return err
-				}
-				return rep.Print(cmd.OutOrStdout(), asJSON)
-			},
+			RunE:  probeRunE(&output, func(ctx context.Context) (*ProbeReport, error) { return k.run(ctx, cfg) }),
 		}
 		f := sub.Flags()
 		f.StringArrayVar(&cfg.Targets, k.flag, nil, k.help)
@@ -337,6 +327,63 @@ func probeCommand() *cobra.Command {
 		}
 		cmd.AddCommand(sub)
 	}
+	cmd.AddCommand(churnCommand(), holdCommand())
+	return cmd
+}
+
+// probeRunE runs a probe and prints its report as -o asks.
+func probeRunE(output *string, run func(context.Context) (*ProbeReport, error)) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		asJSON, err := jsonOutput(*output)
+		if err != nil {
+			return err
+		}
+		rep, err := run(cmd.Context())
+		if err != nil {
+			return err
+		}
+		return rep.Print(cmd.OutOrStdout(), asJSON)
+	}
+}
+
+// churnCommand is `lab probe churn`: short connections at a fixed rate.
+func churnCommand() *cobra.Command {
+	var cfg ChurnConfig
+	cmd := connProbeCommand("churn", "probe churn: --rate new connections a second for --duration, each one GET and a close (a front door's traffic)",
+		&cfg.ConnLoad, 300, "duration + 3 × timeout + 10s", func(ctx context.Context) (*ProbeReport, error) { return ProbeChurn(ctx, cfg) })
+	f := cmd.Flags()
+	f.DurationVar(&cfg.Duration, "duration", 10*time.Second, fmt.Sprintf("how long to start connections (at most %v)", MaxChurnDuration))
+	f.StringVar(&cfg.Close, "close", CloseClient,
+		"who closes: client (its FIN first: the client holds TIME_WAIT), server (Connection: close: the server does) or rst (SO_LINGER 0: no TIME_WAIT)")
+	return cmd
+}
+
+// holdCommand is `lab probe hold`: many idle connections, asked again at
+// the end.
+func holdCommand() *cobra.Command {
+	var cfg HoldConfig
+	cmd := connProbeCommand("hold", "probe hold: open --connections (one GET each), hold them idle for --hold, then check every one still answers",
+		&cfg.ConnLoad, 2000, "open-timeout + hold + 4 × timeout + 30s", func(ctx context.Context) (*ProbeReport, error) { return ProbeHold(ctx, cfg) })
+	f := cmd.Flags()
+	f.IntVar(&cfg.Connections, "connections", 1000, fmt.Sprintf("connections to open and hold (at most %d)", MaxHoldConnections))
+	f.DurationVar(&cfg.OpenTimeout, "open-timeout", 2*time.Minute, "time to open them all: later ones are not started")
+	f.DurationVar(&cfg.Hold, "hold", 30*time.Second, fmt.Sprintf("how long to hold them idle (at most %v)", MaxHold))
+	return cmd
+}
+
+// connProbeCommand is a churn or hold command with the flags of its
+// ConnLoad and -o.
+func connProbeCommand(use, short string, load *ConnLoad, rate int, budget string, run func(context.Context) (*ProbeReport, error)) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{Use: use, Short: short, Args: cobra.NoArgs, RunE: probeRunE(&output, run)}
+	f := cmd.Flags()
+	f.StringArrayVar(&load.Targets, "addr", nil, "IP:PORT of an echo backend or Service (repeatable: used round-robin)")
+	f.IntVar(&load.Rate, "rate", rate, fmt.Sprintf("connections started a second, on schedule whatever earlier ones do (at most %d)", MaxChurnRate))
+	f.DurationVar(&load.Timeout, "timeout", 2*time.Second, "timeout of each connect, each request and (churn --close server) the server's close")
+	f.IntVar(&load.MaxInFlight, "max-in-flight", 0,
+		"connections in flight at most (0: rate × timeout × 2, at least 1000); one due beyond fails as start:in-flight-bound")
+	f.DurationVar(&load.Budget, "budget", 0, "time limit of the whole run (0: "+budget+")")
+	f.StringVarP(&output, "output", "o", "", "output format: json")
 	return cmd
 }
 
@@ -359,6 +406,15 @@ func (r *ProbeReport) Print(w io.Writer, asJSON bool) error {
 	}
 	if r.FirstError != "" {
 		fmt.Fprintf(w, "  first error: %s\n", r.FirstError)
+	}
+	if c := r.Churn; c != nil {
+		fmt.Fprintf(w, "  churn    %d failed, close %s, %.0f ms\n", c.Failed, c.Close, c.DurationMS)
+		c.print(w)
+	}
+	if h := r.Hold; h != nil {
+		fmt.Fprintf(w, "  hold     %d connections: %d opened (%d failed) in %.0f ms, held %.0f ms, %d answered, %d failed at the end\n",
+			h.Connections, h.Opened, h.OpenFailed, h.OpenMS, h.HoldMS, h.Answered, h.FinalFailed)
+		h.print(w)
 	}
 	return nil
 }

@@ -25,7 +25,7 @@ import (
 // ProbeReport is the JSON a probe prints with -o json: the contract tests
 // and the demo rely on.
 type ProbeReport struct {
-	Kind    string   `json:"kind"` // http, udp, tcp
+	Kind    string   `json:"kind"` // http, udp, tcp, stream, dns, churn, hold
 	Targets []string `json:"targets"`
 	Count   int      `json:"count"` // requests attempted
 	OK      int      `json:"ok"`
@@ -38,13 +38,20 @@ type ProbeReport struct {
 	// Clients counts the client IP the backend saw (http).
 	Clients map[string]int `json:"clients,omitempty"`
 	// Errors counts failures by kind: ECONNREFUSED, ETIMEDOUT, ENETUNREACH,
-	// EHOSTUNREACH, ECONNRESET, http-status, bad-reply, other.
+	// EHOSTUNREACH, ECONNRESET, http-status, bad-reply, other. Churn and
+	// hold prefix the phase: start:in-flight-bound, start:open-timeout,
+	// connect:ETIMEDOUT, connect:ECONNREFUSED, connect:EADDRNOTAVAIL,
+	// request:ECONNRESET, request:ETIMEDOUT, request:EOF, close:…
+	// (churn), final:… (hold), phase:cancelled.
 	Errors     map[string]int `json:"errors,omitempty"`
 	FirstError string         `json:"firstError,omitempty"`
 	Latency    LatencyStats   `json:"latencyMicros"`
 	// Truncated is set when the time budget ended the run before Count.
 	Truncated bool    `json:"truncated,omitempty"`
 	ElapsedMS float64 `json:"elapsedMillis"`
+	// Churn and Hold are what only those probes measure (probe_churn.go).
+	Churn *ChurnReport `json:"churn,omitempty"`
+	Hold  *HoldReport  `json:"hold,omitempty"`
 }
 
 // LatencyStats summarises successful requests' latencies in microseconds.
@@ -702,19 +709,9 @@ func streamConn(ctx context.Context, cfg ProbeConfig, target string, rec *record
 
 // streamGet sends one keep-alive GET on conn and reads the echo reply.
 func streamGet(conn net.Conn, br *bufio.Reader, host string, deadline time.Time) (EchoReply, error) {
-	if err := conn.SetDeadline(deadline); err != nil {
-		return EchoReply{}, err
-	}
-	req, err := http.NewRequest(http.MethodGet, "http://"+host+"/", nil)
+	x, err := newEchoExchange(host, false)
 	if err != nil {
 		return EchoReply{}, err
 	}
-	if err := req.Write(conn); err != nil {
-		return EchoReply{}, err
-	}
-	resp, err := http.ReadResponse(br, req)
-	if err != nil {
-		return EchoReply{}, err
-	}
-	return readEchoReply(resp, req.URL.String())
+	return x.get(conn, br, deadline)
 }
