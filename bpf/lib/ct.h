@@ -10,13 +10,31 @@
  * State and lifetime follow the packets seen on each entry; the agent
  * deletes dead entries (lifetime in the past), LRU eviction is the backstop.
  *
- * Two tables (ns_maps.h): a flow's entries are written to ct_new, flagged
- * CT_F_NEW, and move to ct when the flow is established (ct_ready, then
+ * Tables (ns_maps.h): a flow's entries are written to ct_new, flagged
+ * CT_F_NEW, and move to the established table of its protocol (ct for
+ * TCP, ct_any for the rest) when the flow is established (ct_ready, then
  * ct_promote in nat.h, which moves its SNAT mappings too): TCP when the
- * client completes the handshake (ACK without SYN after the first packet),
- * anything else when the client sends in a later CT second than the one it
- * started in. Lookups try ct first, so an established flow's packets cost
- * one lookup; a flood of new flows churns ct_new alone.
+ * client acknowledges the backend's SYN-ACK exactly, anything else when the
+ * client sends in a later CT second than the one it started in, after a
+ * reply. Lookups try the established table first, so an established
+ * flow's packets cost one lookup; a flood of new flows churns ct_new alone.
+ *
+ * A TCP SYN makes the least state it can (nodeport.h): none on a DSR LB
+ * node (the backend follows from the flow's hash), and elsewhere only the
+ * half of the flow its backend's SYN-ACK needs: the ingress entry, in
+ * ct_new (with a masqueraded flow's nat port in it, and its reply mapping).
+ * The client's ACK that acknowledges the SYN-ACK exactly makes the service
+ * entry, straight into the established table (ct_complete): a spoofed SYN
+ * costs one entry a flood churns, a blind ACK none.
+ *
+ * Closing: a FIN or RST either way closes both entries of a flow (the
+ * reply side's through ct_reply_closed, the client's through
+ * ct_restore_ingress). A backend that closes first holds the tuple in
+ * TIME_WAIT: its flow's entries then live CT_TIME_WAIT past the close, so
+ * that its nat port goes to no other client meanwhile (nat.h). A flow has
+ * the 6-hour established lifetime only once its backend has sent something
+ * after its SYN-ACK (CT_F_REPLY_DATA), which a DSR LB node never sees: until
+ * then, the SYN timeout.
  * The clock is jiffies turned into seconds, so the lifetime changes - and
  * the entry is written - at most once a second per flow.
  */
@@ -37,6 +55,9 @@
 #define CT_DEFAULT_TCP_CLOSE 10
 #define CT_DEFAULT_UDP       60
 #define CT_DEFAULT_HZ        250
+/* How long a TCP endpoint that closes first holds the tuple: Linux's
+ * TCP_TIMEWAIT_LEN. */
+#define CT_TIME_WAIT         60
 
 static __always_inline const struct ns_config *ns_cfg(void)
 {
@@ -80,11 +101,18 @@ static __always_inline __u32 or_default(__u32 v, __u32 def)
 static __always_inline __u32 ct_timeout(const struct ns_config *cfg, __u8 proto,
 					__u16 flags)
 {
+	__u32 t;
+
 	if (proto != IPPROTO_TCP)
 		return or_default(cfg->udp_timeout, CT_DEFAULT_UDP);
-	if (flags & CT_F_CLOSING)
-		return or_default(cfg->tcp_close_timeout, CT_DEFAULT_TCP_CLOSE);
-	if (flags & CT_F_ESTABLISHED)
+	if (flags & CT_F_CLOSING) {
+		t = or_default(cfg->tcp_close_timeout, CT_DEFAULT_TCP_CLOSE);
+		return (flags & CT_F_TW_BACKEND) && t < CT_TIME_WAIT ? CT_TIME_WAIT : t;
+	}
+	/* Established, and the backend answered beyond its SYN-ACK: a flow
+	 * promoted on its handshake alone (or seen from a DSR LB node, where
+	 * no reply passes) keeps the SYN timeout. */
+	if ((flags & (CT_F_ESTABLISHED | CT_F_REPLY_DATA)) == (CT_F_ESTABLISHED | CT_F_REPLY_DATA))
 		return or_default(cfg->tcp_est_timeout, CT_DEFAULT_TCP_EST);
 	return or_default(cfg->tcp_syn_timeout, CT_DEFAULT_TCP_SYN);
 }
@@ -97,10 +125,15 @@ static __always_inline __u16 ct_next_flags(__u16 flags, __u8 proto, __u8 tcp_fla
 		flags |= CT_F_SEEN_REPLY;
 	if (proto != IPPROTO_TCP)
 		return flags;
-	if (tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
-		return flags | CT_F_CLOSING;
+	if (tcp_flags & TCP_FLAG_RST)
+		return flags | CT_F_CLOSING | CT_F_RST;
+	if (tcp_flags & TCP_FLAG_FIN)
+		return flags | CT_F_CLOSING | (reply ? CT_F_FIN_REPLY | CT_F_REPLY_DATA : 0);
 	if (tcp_flags & TCP_FLAG_SYN)
 		return reply ? flags : flags | CT_F_SYN;
+	/* The backend answers beyond its SYN-ACK: the flow is real. */
+	if (reply)
+		return flags | CT_F_REPLY_DATA;
 	/* The client only ACKs without SYN once the handshake is done. */
 	if (!reply && (tcp_flags & TCP_FLAG_ACK))
 		return flags | CT_F_ESTABLISHED;
@@ -118,15 +151,20 @@ static __always_inline bool ct_is_new_syn(const struct ct_entry *e, __u8 proto,
 	       (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
 }
 
+/* What ct_update did. */
+#define CT_UPD_LIFETIME 1 /* the lifetime moved (at most once a CT second) */
+#define CT_UPD_CLOSED   2 /* the entry closed (a FIN or RST) */
+
 /* ct_update accounts one packet on e and moves its state and lifetime
  * forward. Flags and lifetime are written only when they change; it
- * returns whether the lifetime moved (at most once a CT second). */
-static __always_inline bool ct_update(struct ct_entry *e, const struct ns_config *cfg,
+ * returns CT_UPD_* of what changed, 0 when nothing did. */
+static __always_inline int ct_update(struct ct_entry *e, const struct ns_config *cfg,
 				      const struct ns_pkt *p, __u32 len, __u32 now,
 				      bool reply)
 {
 	__u16 flags = ct_next_flags(e->flags, p->proto, p->tcp_flags, reply);
 	__u32 lifetime = now + ct_timeout(cfg, p->proto, flags);
+	int ret = 0;
 
 	if (reply) {
 		__sync_fetch_and_add(&e->rx_packets, 1);
@@ -137,17 +175,19 @@ static __always_inline bool ct_update(struct ct_entry *e, const struct ns_config
 	}
 	if (flags != e->flags) {
 		/* A FIN or RST: the flow closes (an event when traced). */
-		if ((flags & CT_F_CLOSING) && !(e->flags & CT_F_CLOSING) &&
-		    sl_ev_wanted(SL_EVF_CT))
-			sl_ns_event(p, sl_what(SL_EV_CT_CLOSE, 0, sl_ns_mode(flags, false),
-					       SL_HOOK_THIS),
-				    sl_rev_len(e->rev_nat_id, len), e->backend_id, 0);
+		if ((flags & CT_F_CLOSING) && !(e->flags & CT_F_CLOSING)) {
+			ret = CT_UPD_CLOSED;
+			if (sl_ev_wanted(SL_EVF_CT))
+				sl_ns_event(p, sl_what(SL_EV_CT_CLOSE, 0, sl_ns_mode(flags, false),
+						       SL_HOOK_THIS),
+					    sl_rev_len(e->rev_nat_id, len), e->backend_id, 0);
+		}
 		WRITE_ONCE(e->flags, flags);
 	}
 	if (lifetime == e->lifetime)
-		return false;
+		return ret;
 	WRITE_ONCE(e->lifetime, lifetime);
-	return true;
+	return ret | CT_UPD_LIFETIME;
 }
 
 static __always_inline void ct_tuple_set(struct ct_tuple *t, const union lb_addr *saddr,
@@ -241,12 +281,12 @@ __noinline int ct_clash_sport(const struct ns_pkt *p, __u32 now)
 
 	ct_tuple_set(t, &p->saddr, (const union lb_addr *)s->entry.nat_addr, p->sport,
 		     s->entry.nat_port, p->proto, CT_DIR_INGRESS);
-	if (!ct_ingress_clash(bpf_map_lookup_elem(&ct, t), p, now) &&
+	if (!ct_ingress_clash(ct_est_lookup(t), p, now) &&
 	    !ct_ingress_clash(bpf_map_lookup_elem(&ct_new, t), p, now))
 		return 0;
 	for (i = 0; i < CT_SPORT_TRIES; i++) {
 		t->sport = bpf_htons(1024 + bpf_get_prandom_u32() % (65536 - 1024));
-		if (bpf_map_lookup_elem(&ct, t) || bpf_map_lookup_elem(&ct_new, t))
+		if (ct_est_lookup(t) || bpf_map_lookup_elem(&ct_new, t))
 			continue;
 		s->entry.flags |= CT_F_SPORT;
 		s->entry.snat_port = t->sport;
@@ -262,14 +302,20 @@ static __always_inline int ct_put(const struct ct_tuple *t, const struct ct_entr
 {
 	if (e->flags & CT_F_NEW)
 		return bpf_map_update_elem(&ct_new, t, e, uflags);
-	return bpf_map_update_elem(&ct, t, e, uflags);
+	return ct_est_update(t, e, uflags);
 }
 
-/* The client's ack numbers ct_promote takes as acknowledging the backend's
- * SYN-ACK: from the one it asks for to this much past it (data the backend
- * sent before the client's packet that promotes). A sender that spoofs its
- * address never sees the SYN-ACK: a blind guess passes 1 time in 256. */
-#define CT_ACK_WINDOW (1U << 24)
+/* ct_promote takes the client's ack as acknowledging the backend's SYN-ACK
+ * only when it is exactly the one the SYN-ACK asks for (its sequence + 1),
+ * as the handshake's ACK always is: a sender that spoofs its address never
+ * sees the SYN-ACK and guesses it 1 time in 2^32. */
+
+/* ct_has_ingress: the flow's translation has an ingress entry to keep
+ * (not DSR seen from the LB node, whose replies bypass it). */
+static __always_inline bool ct_has_ingress(const struct ct_entry *svc)
+{
+	return (svc->flags & (CT_F_DSR | CT_F_LOCAL)) != CT_F_DSR;
+}
 
 /* ct_note_syn_ack records in the ingress entry e of a new TCP flow the ack
  * its backend's SYN-ACK p asks of the client (TCP sequence + 1), for
@@ -300,10 +346,15 @@ static __always_inline bool ct_ready(const struct ct_entry *e, __u8 proto, __u32
 {
 	if (!(e->flags & CT_F_NEW))
 		return false;
+	/* A DSR LB node sees no reply, so nothing it sees tells a real
+	 * client from a blind one: its flows stay in ct_new, which floods
+	 * churn, and their packets follow the flow's hash when their entry
+	 * is gone (nodeport.h). */
+	if (!ct_has_ingress(e))
+		return false;
 	if (proto == IPPROTO_TCP)
 		return (e->flags & (CT_F_ESTABLISHED | CT_F_CLOSING)) == CT_F_ESTABLISHED &&
-		       e->packets > ((e->flags & CT_F_SYN) &&
-				     (e->flags & (CT_F_DSR | CT_F_LOCAL)) != CT_F_DSR ? 1 : 2);
+		       e->packets > ((e->flags & CT_F_SYN) ? 1 : 2);
 	return now != e->created;
 }
 
@@ -311,14 +362,17 @@ static __always_inline bool ct_ready(const struct ct_entry *e, __u8 proto, __u32
  * the key in s->tuple (ct_ingress_tuple) from its service entry, held in
  * s->entry (which it turns into the ingress entry, in the service entry's
  * table), with the update flags uflags. The ingress entry counts replies
- * only (rx_*). */
+ * only (rx_*), but a half-open flow's (half) keeps its SYN's in packets and
+ * bytes, for its service entry (ct_complete). */
 static __always_inline int ct_write_ingress(struct ct_scratch *s, const struct ns_pkt *p,
-					    __u64 uflags)
+					    __u64 uflags, bool half)
 {
 	struct ct_entry *e = &s->entry;
 
-	e->packets = 0;
-	e->bytes = 0;
+	if (!half) {
+		e->packets = 0;
+		e->bytes = 0;
+	}
 	e->rx_packets = 0;
 	e->rx_bytes = 0;
 	e->alive_at = 0;
@@ -333,10 +387,14 @@ static __always_inline int ct_write_ingress(struct ct_scratch *s, const struct n
 
 /* ct_put_flow writes the entries of the new flow p whose service entry
  * ct_create_flow made in the scratch (s->entry) into ct_new, with the
- * ingress entry unless its kind (CT_F_*) has none. A global function,
- * verified once: one call instead of the map updates inlined into the
- * service path, whose stack 6.1's limit holds to 512 bytes. */
-__noinline int ct_put_flow(const struct ns_pkt *p, __u32 kind)
+ * ingress entry unless its kind (CT_F_*) has none. half: a TCP SYN, whose
+ * flow needs only its ingress entry until the client's ACK (ct_complete);
+ * a SYN given another client port (CT_F_SPORT) keeps its service entry, the
+ * only place that port is kept. s->half then says which was written. A
+ * global function, verified once: one call instead of the map updates
+ * inlined into the service path, whose stack 6.1's limit holds to 512
+ * bytes. */
+__noinline int ct_put_flow(const struct ns_pkt *p, __u32 kind, __u32 half)
 {
 	struct ct_scratch *s = ns_scratch();
 	struct ct_tuple *t;
@@ -350,31 +408,38 @@ __noinline int ct_put_flow(const struct ns_pkt *p, __u32 kind)
 	ct_tuple_set(t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     CT_DIR_SERVICE);
 	__builtin_memcpy(&s->svc_key, t, sizeof(s->svc_key));
-	err = bpf_map_update_elem(&ct_new, t, e, BPF_ANY);
-	/* DSR on the LB node: replies bypass it. */
-	if (err || (kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
-		return err;
+	s->half = half && !(e->flags & CT_F_SPORT);
+	if (!s->half) {
+		err = bpf_map_update_elem(&ct_new, t, e, BPF_ANY);
+		/* DSR on the LB node: replies bypass it. */
+		if (err || (kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
+			return err;
+	}
 
 	ct_ingress_tuple(t, p, e);
+	__builtin_memcpy(&s->half_key, t, sizeof(s->half_key));
 	/* An earlier flow's entry that gives way (dead, closing, this
 	 * flow's own, or any when no other client port was free:
-	 * docs/semantics.md) leaves ct, which lookups read first: its
-	 * replies would leave from its frontend. */
-	if (bpf_map_lookup_elem(&ct, t))
-		bpf_map_delete_elem(&ct, t);
-	return ct_write_ingress(s, p, BPF_ANY);
+	 * docs/semantics.md) leaves the established table, which lookups
+	 * read first: its replies would leave from its frontend. */
+	if (ct_est_lookup(t))
+		ct_est_delete(t);
+	/* A half-open flow's ingress entry keeps the SYN's counts, the
+	 * client's, for the service entry ct_complete makes. */
+	return ct_write_ingress(s, p, BPF_ANY, s->half);
 }
 
-/* ct_create_flow writes both entries of a new translated flow into ct_new:
+/* ct_create_flow writes the entries of a new translated flow into ct_new:
  * the service entry for the client's tuple (p, before DNAT) and the
- * ingress entry for the tuple after DNAT to be_addr:be_port. kind is
+ * ingress entry for the tuple after DNAT to be_addr:be_port; with half (a
+ * TCP SYN), the ingress entry alone when it can (ct_put_flow). kind is
  * CT_F_LOCAL, CT_F_SNAT or CT_F_DSR (with CT_F_LOCAL on the backend
  * node). The scratch's sport is then the client port the backend is to
  * see when it is not p's (CT_F_SPORT), else 0. */
 static __always_inline int ct_create_flow(const struct ns_config *cfg,
 					  const struct ns_pkt *p, __u32 len, __u32 now,
 					  const union lb_addr *be_addr, __be16 be_port,
-					  __u32 backend_id, __u16 rev_nat_id, __u16 kind)
+					  __u32 backend_id, __u16 rev_nat_id, __u16 kind, bool half)
 {
 	struct ct_scratch *s = ns_scratch();
 	struct ct_entry *e;
@@ -401,42 +466,116 @@ static __always_inline int ct_create_flow(const struct ns_config *cfg,
 	s->sport = 0;
 	if ((kind & (CT_F_LOCAL | CT_F_HAIRPIN)) == CT_F_LOCAL || kind == CT_F_SNAT)
 		ct_clash_sport(p, now);
-	return ct_put_flow(p, kind);
-}
-
-/* ct_has_ingress: the flow's translation has an ingress entry to keep
- * (not DSR seen from the LB node, whose replies bypass it). */
-static __always_inline bool ct_has_ingress(const struct ct_entry *svc)
-{
-	return (svc->flags & (CT_F_DSR | CT_F_LOCAL)) != CT_F_DSR;
+	return ct_put_flow(p, kind, half);
 }
 
 /* ct_restore_ingress keeps the ingress entry of the established flow p
- * (before DNAT) alive with its service entry. It writes it back when it is
- * gone: LRU eviction picks entries one by one, and a flow whose service
- * entry survives while its ingress entry does not would have its replies
- * go out untranslated. And it moves its lifetime up to the service
+ * (before DNAT) in step with its service entry svc. It writes it back when
+ * it is gone: LRU eviction picks entries one by one, and a flow whose
+ * service entry survives while its ingress entry does not would have its
+ * replies go out untranslated. It moves its lifetime up to the service
  * entry's: a flow that only sends (no replies) would otherwise lose the
- * ingress entry, and with it, to the agent's GC, its SNAT port. Called when
- * the service entry's lifetime moves, so at most once a CT second per flow;
- * the lookup also keeps the ingress entry recently used. */
-static __always_inline void ct_restore_ingress(const struct ns_pkt *p,
-					       const struct ct_entry *svc,
-					       struct ct_scratch *s)
+ * ingress entry, and with it, to the agent's GC, its SNAT port. A client's
+ * FIN or RST closes it too (its lifetime then follows the service entry's
+ * down, past a backend's TIME_WAIT), and what the backend sent beyond its
+ * SYN-ACK (CT_F_REPLY_DATA) gives the service entry the established
+ * lifetime. Called when the service entry's lifetime moves, so at most
+ * once a CT second per flow (and at a close); the lookup also keeps the
+ * ingress entry recently used. */
+__noinline int ct_restore_ingress(const struct ns_config *cfg, const struct ns_pkt *p,
+				  struct ct_entry *svc, struct ct_scratch *s, __u32 now)
 {
 	struct ct_entry *in;
+	__u32 lifetime;
+	__u16 flags;
 
-	if (!ct_has_ingress(svc))
-		return;
+	if (!cfg || !p || !svc || !s || !ct_has_ingress(svc))
+		return 0;
 	ct_ingress_tuple(&s->tuple, p, svc);
 	in = ct_lookup(&s->tuple);
-	if (in) {
-		if (in->lifetime < svc->lifetime)
-			WRITE_ONCE(in->lifetime, svc->lifetime);
-		return;
+	if (!in) {
+		__builtin_memcpy(&s->entry, svc, sizeof(s->entry));
+		ct_write_ingress(s, p, BPF_NOEXIST, false);
+		return 0;
 	}
-	__builtin_memcpy(&s->entry, svc, sizeof(s->entry));
-	ct_write_ingress(s, p, BPF_NOEXIST);
+	if ((in->flags & CT_F_REPLY_DATA) && !(svc->flags & CT_F_REPLY_DATA)) {
+		flags = svc->flags | CT_F_REPLY_DATA;
+		WRITE_ONCE(svc->flags, flags);
+		lifetime = now + ct_timeout(cfg, p->proto, flags);
+		if (lifetime > svc->lifetime)
+			WRITE_ONCE(svc->lifetime, lifetime);
+	}
+	lifetime = svc->lifetime;
+	if (svc->flags & CT_F_CLOSING) {
+		flags = in->flags | CT_F_CLOSING | (svc->flags & CT_F_RST);
+		if (flags != in->flags)
+			WRITE_ONCE(in->flags, flags);
+		/* The backend's TIME_WAIT outlasts the client's close. */
+		if ((flags & CT_F_TW_BACKEND) && in->lifetime > lifetime)
+			return 0;
+		if (in->lifetime != lifetime)
+			WRITE_ONCE(in->lifetime, lifetime);
+		return 0;
+	}
+	if (in->lifetime < lifetime)
+		WRITE_ONCE(in->lifetime, lifetime);
+	return 0;
+}
+
+/* ct_reply_closed closes the service entry of the flow whose reply p (a
+ * FIN or a RST from its backend) just closed its ingress entry in: the
+ * flow is over either way (a client that goes silent after its backend's
+ * RST would otherwise keep the service entry for the established
+ * lifetime). client:client_port is the client as it sent (before any
+ * rewrite of its port). A FIN before the client's is a backend that closes
+ * first and holds the tuple in TIME_WAIT: the ingress entry, which keeps
+ * the flow's nat port, lives that long (CT_F_TW_BACKEND). A global
+ * function, verified once: a close is rare. */
+__noinline int ct_reply_closed(const struct ns_pkt *p, const union lb_addr *client,
+			       __u32 client_port, struct ct_entry *in, __u32 now)
+{
+	struct ct_scratch *s = ns_scratch();
+	const struct ns_config *cfg = ns_cfg();
+	struct ct_entry *svc;
+	__u16 flags;
+
+	if (!s || !cfg || !p || !client || !in)
+		return 0;
+	ct_tuple_set(&s->tuple2, client, (const union lb_addr *)in->nat_addr,
+		     (__be16)client_port, in->nat_port, p->proto, CT_DIR_SERVICE);
+	svc = ct_lookup(&s->tuple2);
+	/* Its own: the backend it names is the reply's. */
+	if (svc && (svc->nat_port != p->sport || !addr_equal(&p->saddr, svc->nat_addr)))
+		svc = NULL;
+	flags = in->flags;
+	if (!(flags & CT_F_RST) && !(svc && (svc->flags & CT_F_CLOSING)) &&
+	    !(flags & CT_F_TW_BACKEND)) {
+		flags |= CT_F_TW_BACKEND;
+		WRITE_ONCE(in->flags, flags);
+		WRITE_ONCE(in->lifetime, now + ct_timeout(cfg, p->proto, flags));
+	}
+	if (!svc)
+		return 0;
+	flags = svc->flags | CT_F_CLOSING | (in->flags & (CT_F_RST | CT_F_TW_BACKEND));
+	if (flags != svc->flags)
+		WRITE_ONCE(svc->flags, flags);
+	WRITE_ONCE(svc->lifetime, now + ct_timeout(cfg, p->proto, flags));
+	return 0;
+}
+
+/* ct_reply accounts a reply p (backend -> client) on its flow's ingress
+ * entry e: its state and lifetime (ct_update), a new flow's SYN-ACK
+ * (ct_note_syn_ack), and a close, which closes the service entry too
+ * (ct_reply_closed; client:client_port as for it). */
+static __always_inline void ct_reply(struct __ctx_buff *ctx, const struct ns_config *cfg,
+				     struct ns_pkt *p, struct ct_entry *e, __u32 len, __u32 now,
+				     const union lb_addr *client, __be16 client_port)
+{
+	int upd = ct_update(e, cfg, p, len, now, true);
+
+	ct_note_syn_ack(ctx, p, e);
+	if (upd & CT_UPD_CLOSED)
+		ct_reply_closed(p, client, client_port, e, now);
 }
 
 /* ct_delete_flow deletes the entries in ct of the flow of p (before DNAT)
@@ -454,13 +593,13 @@ __noinline int ct_delete_flow(const struct ns_pkt *p, const struct ct_entry *e)
 		return 0;
 	if (ct_has_ingress(e)) {
 		ct_ingress_tuple(&s->tuple2, p, e);
-		in = bpf_map_lookup_elem(&ct, &s->tuple2);
+		in = ct_est_lookup(&s->tuple2);
 		if (in && ct_ingress_of(in, p))
-			bpf_map_delete_elem(&ct, &s->tuple2);
+			ct_est_delete(&s->tuple2);
 	}
 	ct_tuple_set(&s->tuple2, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     CT_DIR_SERVICE);
-	bpf_map_delete_elem(&ct, &s->tuple2);
+	ct_est_delete(&s->tuple2);
 	return 0;
 }
 

@@ -45,6 +45,17 @@
 				    * key has the port the backend sees); a
 				    * CT_F_SNAT flow keeps no copy of its nat
 				    * port then (ct_snat_copy) */
+#define CT_F_RST         (1 << 11) /* TCP: closed by a RST (either way): no
+				    * TIME_WAIT on either side */
+#define CT_F_FIN_REPLY   (1 << 12) /* TCP: the backend sent its FIN */
+#define CT_F_TW_BACKEND  (1 << 13) /* TCP: the backend closed first, so it
+				    * holds the tuple in TIME_WAIT: the entry
+				    * lives CT_TIME_WAIT seconds past the
+				    * close, and its nat port is not given to
+				    * another client before (ct.h) */
+#define CT_F_REPLY_DATA  (1 << 14) /* TCP: the backend sent something after
+				    * its SYN-ACK (not a RST): the flow earns
+				    * the established lifetime (ct.h) */
 
 /* ns_config.mode, --lb-mode. */
 #define NS_MODE_SNAT   0
@@ -196,6 +207,12 @@ struct ns_config {
 	__u32 udp_timeout;
 	__u16 snat_port_min;     /* host order, inclusive */
 	__u16 snat_port_max;
+	__u16 snat_hole_min;     /* host order, inclusive: ports of the range
+				  * never used (the NodePorts and the host's
+				  * ephemeral ports in it); 0: none */
+	__u16 snat_hole_max;
+	__u32 hash_key;          /* keys the flow hash (backend slot, nat port):
+				  * random per boot, kept by the pin */
 	__u32 pad;
 };
 

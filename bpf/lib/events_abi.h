@@ -23,6 +23,14 @@ enum sl_drop_reason {
 	SL_DROP_DSR_NO_SERVICE,    /* a DSR packet for a frontend with no local backend here */
 	SL_DROP_FAMILY,            /* the backend is of the other IP family */
 	SL_DROP_NO_CT,             /* a reply to a nat port whose flow is gone */
+	SL_DROP_MARTIAN,           /* an address no packet from the wire may have
+				    * (loopback, 0.0.0.0/8, v4-mapped, a multicast
+				    * source; TCP to multicast or broadcast) */
+	SL_DROP_HANDSHAKE,         /* a client packet of a half-open TCP flow that
+				    * is not its handshake's ACK (a blind ACK) */
+	SL_DROP_DSR_SPOOFED,       /* a DSR tunnel from a node's address, on a
+				    * device or from a MAC the route to that node
+				    * does not lead to */
 	SL_DROP_MAX,
 };
 

@@ -35,14 +35,20 @@ static __always_inline bool lb_is_node_addr(const union lb_addr *a)
 	return lb_node_addr_has(a, LB_NODE_IP_LOCAL);
 }
 
-/* A NodePort answers on loopback and on the node addresses of
- * LB_NODEPORT_NODES (maps.h) but those --nodeport-addresses leaves out. */
+/* A NodePort answers on the node addresses of LB_NODEPORT_NODES (maps.h)
+ * but those --nodeport-addresses leaves out, and, to the node's own
+ * sockets (the socket LB), on loopback. Never on loopback from the wire
+ * (tc, XDP): a neighbour sending to 127.0.0.1 would reach NodePorts that
+ * --nodeport-addresses keeps from it (CVE-2020-8558's class; ns_martian
+ * drops such packets first). */
 static __always_inline bool lb_is_nodeport_addr(const union lb_addr *a)
 {
 	__u32 *flags;
 
+#if !defined(SLUICE_TC) && !defined(SLUICE_XDP)
 	if (addr_is_loopback(a))
 		return true;
+#endif
 	flags = bpf_map_lookup_elem(&lb_node_ips, a->b);
 	return flags && (*flags & LB_NODEPORT_NODES) && !(*flags & LB_NODE_IP_NO_NODEPORT);
 }
@@ -199,9 +205,14 @@ lb_select_backend(struct lb_svc_key *key, const struct lb_svc_val *svc,
 #define ns_svc_served(svc) ((svc)->flags & NS_SVC_FLAGS)
 #endif /* SLUICE_POD_LB */
 
+/* ns_flow_hash hashes p's 5-tuple, keyed with ns_config's hash_key (per
+ * boot): the backend slot and first nat port of a new flow follow from
+ * it, so a client that could compute it would choose source ports that
+ * all land on one backend, or one nat port. */
 static __always_inline __u32 ns_flow_hash(const struct ns_pkt *p)
 {
-	__u32 h = p->proto;
+	const struct ns_config *cfg = ns_cfg();
+	__u32 h = hash_fmix32(p->proto ^ (cfg ? cfg->hash_key : 0));
 	int i;
 
 #pragma unroll
@@ -226,13 +237,58 @@ static __noinline __u32 ns_maglev_backend_id(const struct ns_pkt *p, __u16 rev_n
 						     p->dport, p->proto));
 }
 
+#endif /* SLUICE_POD_LB */
+
 /* ns_src_range_allowed reports whether a new flow's client lies in one of
- * the frontend's loadBalancerSourceRanges. Not inlined, like
- * ns_maglev_backend_id: the key lives in this small frame, not in the
- * service path's. */
+ * the frontend's loadBalancerSourceRanges: north-south, and for local
+ * pods through the per-packet LB, as kube-proxy's KUBE-FW chain drops them
+ * whatever their source. Not inlined, like ns_maglev_backend_id: the key
+ * lives in this small frame, not in the service path's. */
 static __noinline bool ns_src_range_allowed(const struct ns_pkt *p, __u16 rev_nat_id)
 {
 	return lb_src_range_allowed(p->saddr.b, rev_nat_id);
+}
+
+#ifndef SLUICE_POD_LB
+/* ns_v4_martian: a's IPv4 address (host order) is in 0.0.0.0/8 or
+ * 127.0.0.0/8. */
+static __always_inline bool ns_v4_martian(__u32 a)
+{
+	return (a >> 24) == 0 || (a >> 24) == 127;
+}
+
+/* ns_v4_group: a (host order) is multicast (224.0.0.0/4) or the limited
+ * broadcast. */
+static __always_inline bool ns_v4_group(__u32 a)
+{
+	return (a >> 28) == 0xe || a == 0xffffffff;
+}
+
+/* ns_martian: a packet from the wire that no frontend may serve, dropped
+ * before any lookup, as the kernel drops it (ip_route_input's martians,
+ * ipv6_rcv's checks): loopback or 0.0.0.0/8 (::, ::1) on either side, a
+ * v4-mapped address in an IPv6 header, a multicast or broadcast source;
+ * and TCP to a multicast or broadcast address (tcp_v4_rcv takes only its
+ * host's). UDP to a group (DHCP, mDNS, a node's own use) and link-local
+ * destinations pass untouched: no frontend is ever one (the apiserver
+ * refuses them as external and load balancer IPs, and a NodePort answers on
+ * node addresses only), so they never reach a Service. */
+static __always_inline bool ns_martian(const struct ns_pkt *p)
+{
+	if (!p->v6) {
+		__u32 d = bpf_ntohl(p->daddr.w[3]), s = bpf_ntohl(p->saddr.w[3]);
+
+		/* 0.0.0.0 to the broadcast is a DHCP client's. */
+		if (ns_v4_martian(d) || (ns_v4_martian(s) && !(s == 0 && d == 0xffffffff)) ||
+		    ns_v4_group(s))
+			return true;
+		return p->proto == IPPROTO_TCP && ns_v4_group(d);
+	}
+	if (addr_is_v4(&p->daddr) || addr_is_v4(&p->saddr) || addr_is_any(&p->daddr) ||
+	    addr_is_loopback(&p->daddr) || addr_is_loopback(&p->saddr) ||
+	    p->saddr.b[0] == 0xff)
+		return true;
+	return p->proto == IPPROTO_TCP && p->daddr.b[0] == 0xff;
 }
 #endif /* SLUICE_POD_LB */
 

@@ -4,13 +4,20 @@
  * A mapping is two snat entries written together:
  *   NAT_DIR_EGRESS   client:cport -> backend:bport  gives  node IP:nat port
  *   NAT_DIR_INGRESS  backend:bport -> node:nat port gives  client:cport
- * The nat port is a hash of the flow in [snat_port_min, snat_port_max],
- * hashed again while the ingress tuple is taken (bounded): random probes,
- * not the next port, which in a range half full of a flood's ports finds
- * long runs of taken ones (linear probing's clusters).
- * A new flow's mappings are in snat_new and move to snat with its
- * conntrack entries (ct_promote); a port is taken when either table holds
- * its ingress tuple.
+ * The nat port is a keyed hash of the flow in [snat_port_min,
+ * snat_port_max] less the hole (the NodePorts and the host's own ephemeral
+ * ports), hashed again while the ingress tuple is taken (bounded): random
+ * probes, not the next port, which in a range half full of a flood's ports
+ * finds long runs of taken ones (linear probing's clusters); a range too
+ * full for them is then searched port by port (snat_scan), so a SYN is
+ * dropped as nat-exhausted only when every port to that backend is held.
+ * A port whose flow is over is taken over at once (snat_port_free), as
+ * netfilter reuses the tuples of closed connections, but not while the
+ * backend holds it in TIME_WAIT.
+ * A new flow's mappings are in snat_new and move to snat (snat_any for UDP)
+ * with its conntrack entries (ct_promote, ct_complete); a port is taken
+ * when either table holds its ingress tuple. A TCP SYN writes only the
+ * ingress mapping, its SYN-ACK's (ct.h).
  */
 #ifndef __SLUICE_NAT_H
 #define __SLUICE_NAT_H
@@ -28,17 +35,46 @@ static __always_inline const union lb_addr *snat_conf_addr(const struct ns_confi
 	return (const union lb_addr *)(v6 ? cfg->snat_addr6 : cfg->snat_addr4);
 }
 
+/* snat_range_of gives the nat ports of cfg (struct snat_range, ns_maps.h). */
+static __always_inline int snat_range_of(const struct ns_config *cfg, struct snat_range *r)
+{
+	__u32 max = or_default(cfg->snat_port_max, SNAT_PORT_MAX_DEFAULT);
+
+	r->min = or_default(cfg->snat_port_min, SNAT_PORT_MIN_DEFAULT);
+	if (max < r->min)
+		return -1;
+	r->size = max - r->min + 1;
+	r->hole_min = cfg->snat_hole_min;
+	r->hole_size = 0;
+	if (r->hole_min > r->min && cfg->snat_hole_max >= r->hole_min && cfg->snat_hole_max < max)
+		r->hole_size = cfg->snat_hole_max - r->hole_min + 1;
+	r->size -= r->hole_size;
+	return 0;
+}
+
+/* snat_port_at is the i-th nat port of r (i < r->size). */
+static __always_inline __u32 snat_port_at(const struct snat_range *r, __u32 i)
+{
+	__u32 port = r->min + i;
+
+	return port >= r->hole_min && r->hole_size ? port + r->hole_size : port;
+}
+
 /* snat_is_nat_port: port (network order) may be a nat port, where the
- * replies of masqueraded flows come to. The bound never moves up with the
- * range: mappings outlive the agent and a change of the range (an upgrade,
- * a new ip_local_port_range), so a port a flow took under an earlier range
- * (32768-65535 before) keeps its replies. Below it lie the NodePorts and
- * the well-known ports, which need no snat lookup. */
+ * replies of masqueraded flows come to. Every port from 32768 stays one
+ * whatever the range: mappings outlive the agent and a change of the range
+ * (an upgrade, a new ip_local_port_range), so a port a flow took under an
+ * earlier range (32768-65535, 61000-65535 before) keeps its replies. The
+ * NodePorts and the well-known ports need no snat lookup. */
 static __always_inline bool snat_is_nat_port(const struct ns_config *cfg, __be16 port)
 {
 	__u32 min = or_default(cfg->snat_port_min, SNAT_PORT_MIN_DEFAULT);
+	__u32 p = bpf_ntohs(port);
 
-	return bpf_ntohs(port) >= (min < SNAT_PORT_MIN_DEFAULT ? min : SNAT_PORT_MIN_DEFAULT);
+	if (p >= SNAT_PORT_MIN_DEFAULT)
+		return true;
+	return p >= min && !(cfg->snat_hole_min && p >= cfg->snat_hole_min &&
+			     p <= cfg->snat_hole_max);
 }
 
 /* snat_source is the node address a flow to a remote backend leaves with:
@@ -61,39 +97,151 @@ static __always_inline int snat_put(const struct ct_tuple *t, const struct nat_e
 {
 	if (fresh)
 		return bpf_map_update_elem(&snat_new, t, n, uflags);
-	return bpf_map_update_elem(&snat, t, n, uflags);
+	return snat_est_update(t, n, uflags);
 }
 
-/* snat_claim takes the scratch's ingress tuple (tuple2) for the mapping in
- * its nat, in the table of its flow (fresh: snat_new), unless either table
- * has it: 0 when taken. It claims first and then checks the other table,
- * undoing its claim on a hit: two claims of one tuple racing on two CPUs
- * into the two tables (or a claim racing snat_move of the same tuple) can
- * then both fail, for the next port, but never both succeed and map one
- * port to two clients. A global function: verified once, a return of
- * unknown value to its callers (the retry loop's paths stay few). Key and
- * value come from the scratch, a map value: 6.1's verifier takes no other
- * memory as a map key in a global function. */
-__noinline int snat_claim(__u32 fresh)
+/* snat_port_free: the mapping n under the ingress tuple t (backend:bport
+ * -> node:nat port) belongs to a flow that is over, so another client may
+ * take its port: its ingress entry (k, built here) is dead; or it was
+ * reset; or both sides sent their FIN and the client's came first (the
+ * backend, in LAST_ACK, holds no TIME_WAIT). A backend that closed first
+ * holds the tuple in TIME_WAIT, where a SYN with another client's TCP
+ * timestamps fails PAWS about half the time (a challenge ACK, a RST, a
+ * retry a second later): its entry lives CT_TIME_WAIT past the close
+ * (ct.h), and the port waits that long. A mapping without an ingress entry
+ * is free after the agent's GC grace (two CT seconds: its flow's entries
+ * may have been written just after it). */
+static __always_inline bool snat_port_free(const struct ct_tuple *t, const struct nat_entry *n,
+					   __u32 now, struct ct_tuple *k)
 {
-	struct ct_scratch *s = ns_scratch();
+	const struct ct_entry *in;
 
-	if (!s)
-		return -1;
+	ct_tuple_set(k, (const union lb_addr *)n->to_addr, (const union lb_addr *)t->saddr,
+		     n->to_port, t->sport, t->proto, CT_DIR_INGRESS);
+	in = ct_lookup(k);
+	if (!in)
+		return n->created + 2 < now;
+	if (in->lifetime < now)
+		return true;
+	if (t->proto != IPPROTO_TCP || !(in->flags & CT_F_CLOSING))
+		return false;
+	return (in->flags & CT_F_RST) ||
+	       (in->flags & (CT_F_FIN_REPLY | CT_F_TW_BACKEND)) == CT_F_FIN_REPLY;
+}
+
+/* snat_try_claim takes the scratch's ingress tuple (tuple2) for the
+ * mapping in its nat, in the table of its flow (fresh: snat_new), unless
+ * either table has it: 0 when taken. It claims first and then checks the
+ * other table, undoing its claim on a hit: two claims of one tuple racing
+ * on two CPUs into the two tables (or a claim racing snat_move of the same
+ * tuple) can then both fail, for the next port, but never both succeed and
+ * map one port to two clients. */
+static __always_inline int snat_try_claim(struct ct_scratch *s, __u32 fresh)
+{
 	if (fresh) {
 		if (bpf_map_update_elem(&snat_new, &s->tuple2, &s->nat, BPF_NOEXIST))
 			return -1;
-		if (!bpf_map_lookup_elem(&snat, &s->tuple2))
+		if (!snat_est_lookup(&s->tuple2))
 			return 0;
 		bpf_map_delete_elem(&snat_new, &s->tuple2);
 		return -1;
 	}
-	if (bpf_map_update_elem(&snat, &s->tuple2, &s->nat, BPF_NOEXIST))
+	if (snat_est_update(&s->tuple2, &s->nat, BPF_NOEXIST))
 		return -1;
 	if (!bpf_map_lookup_elem(&snat_new, &s->tuple2))
 		return 0;
-	bpf_map_delete_elem(&snat, &s->tuple2);
+	snat_est_delete(&s->tuple2);
 	return -1;
+}
+
+/* snat_claim claims the scratch's ingress tuple (tuple2) for the mapping
+ * in its nat (snat_try_claim), in the table claim_fresh says, at CT second
+ * claim_now (the scratch's, set by snat_claim_args: this frame stays one
+ * 32-byte step of 6.1's rounding): 0 when this flow has it. A tuple held for
+ * the same client already is its own (a SYN sent again, a flow made again
+ * after its entries were evicted). One held by a flow that is over
+ * (snat_port_free at CT second now) is taken over: that flow's mappings go,
+ * and the claim is tried once more. A global function: verified once, a
+ * return of unknown value to its callers (the retry loop's paths stay few).
+ * Key and value come from the scratch, a map value: 6.1's verifier takes
+ * no other memory as a map key in a global function. */
+__noinline int snat_claim(void)
+{
+	struct ct_scratch *s = ns_scratch();
+	const struct nat_entry *n;
+
+	if (!s)
+		return -1;
+	if (!snat_try_claim(s, s->claim_fresh))
+		return 0;
+	n = snat_lookup(&s->tuple2);
+	if (!n)
+		return snat_try_claim(s, s->claim_fresh);
+	if (n->to_port == s->nat.to_port &&
+	    addr_equal((const union lb_addr *)s->nat.to_addr, n->to_addr))
+		return 0;
+	if (!snat_port_free(&s->tuple2, n, s->claim_now, &s->tuple3))
+		return -1;
+	/* The old flow's egress mapping (client -> backend), while it still
+	 * gives this port: its key is in tuple3, less the direction. */
+	s->tuple3.dir = NAT_DIR_EGRESS;
+	n = snat_lookup(&s->tuple3);
+	if (n && n->to_port == s->tuple2.dport) {
+		snat_est_delete(&s->tuple3);
+		bpf_map_delete_elem(&snat_new, &s->tuple3);
+	}
+	snat_est_delete(&s->tuple2);
+	bpf_map_delete_elem(&snat_new, &s->tuple2);
+	return snat_try_claim(s, s->claim_fresh);
+}
+
+/* snat_claim_args sets snat_claim's arguments in the scratch s. */
+static __always_inline void snat_claim_args(struct ct_scratch *s, bool fresh, __u32 now)
+{
+	s->claim_fresh = fresh;
+	s->claim_now = now;
+}
+
+static long snat_scan_step(__u64 i, void *unused)
+{
+	struct ct_scratch *s = ns_scratch();
+	struct snat_scan *c;
+	__u32 idx;
+
+	if (!s)
+		return 1;
+	c = &s->scan;
+	if (!c->r.size)
+		return 1;
+	idx = c->start + (__u32)i;
+	if (idx >= c->r.size)
+		idx -= c->r.size;
+	s->tuple2.dport = bpf_htons(snat_port_at(&c->r, idx));
+	if (snat_claim())
+		return 0;
+	c->claimed = 1;
+	return 1;
+}
+
+/* snat_scan claims, for the ingress tuple in the scratch's tuple2, the
+ * first free port of the range r from a random one on, every port once at
+ * most (bpf_loop): where SNAT_RETRIES random probes found every port they
+ * tried taken, the range is nearly full, and a port still free is found
+ * here if there is one (snat_claim's arguments set as for them). 0 when
+ * claimed (tuple2.dport the port). Its state
+ * is in the scratch, not on the stack: bpf_loop's steps are frames of
+ * their own on the service path's chain. */
+static __noinline int snat_scan(const struct snat_range *r)
+{
+	struct ct_scratch *s = ns_scratch();
+
+	if (!s || !r || !r->size)
+		return -1;
+	s->scan.r = *r;
+	s->scan.start = bpf_get_prandom_u32() % r->size;
+	s->scan.claimed = 0;
+	bpf_loop(r->size, snat_scan_step, NULL, 0);
+	return s->scan.claimed ? 0 : -1;
 }
 
 /* snat_reuse checks the egress mapping of p (client -> backend, after
@@ -102,7 +250,8 @@ __noinline int snat_claim(__u32 fresh)
  * and is written back into the flow's table (fresh: snat_new) when it is
  * gone. 0 leaves the egress mapping in s->nat; -1 when the port went to
  * another flow meanwhile: the stale mapping is deleted, for a new one. */
-static __noinline int snat_reuse(const struct ns_pkt *p, struct ct_scratch *s, bool fresh)
+static __noinline int snat_reuse(const struct ns_pkt *p, struct ct_scratch *s, bool fresh,
+				 __u32 now)
 {
 	const struct nat_entry *n;
 
@@ -117,14 +266,15 @@ static __noinline int snat_reuse(const struct ns_pkt *p, struct ct_scratch *s, b
 	} else {
 		__builtin_memcpy(s->nat.to_addr, p->saddr.b, sizeof(s->nat.to_addr));
 		s->nat.to_port = p->sport;
-		if (!snat_claim(fresh)) {
+		snat_claim_args(s, fresh, now);
+		if (!snat_claim()) {
 			/* Back to the egress mapping: its key's node and port. */
 			__builtin_memcpy(s->nat.to_addr, s->tuple2.daddr, sizeof(s->nat.to_addr));
 			s->nat.to_port = s->tuple2.dport;
 			return 0;
 		}
 	}
-	bpf_map_delete_elem(&snat, &s->tuple);
+	snat_est_delete(&s->tuple);
 	bpf_map_delete_elem(&snat_new, &s->tuple);
 	return -1;
 }
@@ -132,18 +282,20 @@ static __noinline int snat_reuse(const struct ns_pkt *p, struct ct_scratch *s, b
 /* snat_egress finds or allocates the mapping of p (client -> backend,
  * after DNAT) and rewrites its source to the node IP and nat port; a new
  * mapping goes into the table of the flow's CT entry (fresh: a new flow's,
- * snat_new). Its keys and values are built in the per-CPU scratch: a new
- * flow's path would otherwise be the deepest of the service path's frame. */
+ * snat_new). half: a half-open TCP flow's (a SYN, ct.h), which needs only
+ * the ingress mapping until its handshake completes. Its keys and values
+ * are built in the per-CPU scratch: a new flow's path would otherwise be
+ * the deepest of the service path's frame. */
 static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 				       const struct ns_config *cfg,
 				       const union lb_addr *frontend, __u32 hash, __u32 now,
-				       bool fresh)
+				       bool fresh, bool half)
 {
 	struct ct_scratch *s = ns_scratch();
 	struct ct_tuple *out, *in;
 	union lb_addr node __align_stack_8;
+	struct snat_range r;
 	struct nat_entry *n;
-	__u32 min, max, port;
 	int i;
 
 	if (!s)
@@ -156,20 +308,14 @@ static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 	if (n) {
 		/* The scratch's nat is the flow's mapping for ct_note_snat. */
 		__builtin_memcpy(&s->nat, n, sizeof(s->nat));
-		if (!snat_reuse(p, s, fresh)) {
+		if (!snat_reuse(p, s, fresh, now)) {
 			__builtin_memcpy(node.b, s->nat.to_addr, sizeof(node.b));
 			return pkt_rewrite(ctx, p, false, &node, s->nat.to_port);
 		}
 	}
 
-	if (snat_source(cfg, p->v6, frontend, &node))
+	if (snat_source(cfg, p->v6, frontend, &node) || snat_range_of(cfg, &r) || !r.size)
 		return -1;
-	min = or_default(cfg->snat_port_min, SNAT_PORT_MIN_DEFAULT);
-	max = or_default(cfg->snat_port_max, SNAT_PORT_MAX_DEFAULT);
-	if (max < min)
-		return -1;
-	max = max - min + 1; /* the range's size from here on */
-	port = min + hash % max;
 
 	/* The reverse mapping: backend -> node:nat port gives the client. */
 	__builtin_memcpy(s->nat.to_addr, p->saddr.b, sizeof(s->nat.to_addr));
@@ -177,24 +323,24 @@ static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 	s->nat.pad = 0;
 	s->nat.created = now;
 	ct_tuple_set(in, &p->daddr, &node, p->dport, 0, p->proto, NAT_DIR_INGRESS);
+	snat_claim_args(s, fresh, now);
 	for (i = 0; i < SNAT_RETRIES; i++) {
-		in->dport = bpf_htons(port);
-		if (!snat_claim(fresh) /* in is the scratch's tuple2 */)
+		in->dport = bpf_htons(snat_port_at(&r, hash % r.size));
+		if (!snat_claim() /* in is the scratch's tuple2 */)
 			break;
 		hash = hash_fmix32(hash + 0x9e3779b9);
-		port = min + hash % max;
 	}
-	if (i == SNAT_RETRIES)
+	if (i == SNAT_RETRIES && snat_scan(&r))
 		return -1;
 
 	/* The forward mapping: gives node IP and nat port. */
 	__builtin_memcpy(s->nat.to_addr, node.b, sizeof(s->nat.to_addr));
 	s->nat.to_port = in->dport;
-	if (snat_put(out, &s->nat, fresh, BPF_ANY)) {
+	if (!half && snat_put(out, &s->nat, fresh, BPF_ANY)) {
 		if (fresh)
 			bpf_map_delete_elem(&snat_new, in);
 		else
-			bpf_map_delete_elem(&snat, in);
+			snat_est_delete(in);
 		return -1;
 	}
 	return pkt_rewrite(ctx, p, false, &node, s->nat.to_port);
@@ -239,9 +385,11 @@ static __always_inline void snat_cache(const struct ns_config *cfg, struct ct_en
  * flow: under a flood, the new flows' mappings may be evicted before the
  * client completes its handshake, and the copy keeps the flow's nat port
  * (its next packets translate with it, snat_refresh writes the mappings
- * back). frontend is the flow's, v6 its family. A global function, off
- * the established flows' path. */
-__noinline int ct_note_snat(const union lb_addr *frontend, __u32 v6)
+ * back). A half-open flow (half, ct.h) has no service entry: the copy goes
+ * into its ingress entry (half_key), which ct_complete reads it from.
+ * frontend is the flow's, v6 its family. A global function, off the
+ * established flows' path. */
+__noinline int ct_note_snat(const union lb_addr *frontend, __u32 v6, __u32 half)
 {
 	struct ct_scratch *s = ns_scratch();
 	const struct ns_config *cfg = ns_cfg();
@@ -249,7 +397,7 @@ __noinline int ct_note_snat(const union lb_addr *frontend, __u32 v6)
 
 	if (!s || !cfg || !frontend)
 		return 0;
-	e = bpf_map_lookup_elem(&ct_new, &s->svc_key);
+	e = bpf_map_lookup_elem(&ct_new, half ? &s->half_key : &s->svc_key);
 	if (e)
 		snat_cache(cfg, e, v6, frontend, &s->nat);
 	return 0;
@@ -265,7 +413,7 @@ __noinline int ct_note_snat(const union lb_addr *frontend, __u32 v6)
  * service path's frame, and its own fits one 32-byte step of 6.1's
  * rounding (ns_maps.h). */
 static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry *e,
-				    const struct ns_pkt *p, struct ct_scratch *s)
+				    const struct ns_pkt *p, struct ct_scratch *s, __u32 now)
 {
 	const union lb_addr *node;
 	const struct nat_entry *n;
@@ -295,12 +443,14 @@ static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry
 		}
 		/* The ingress mapping may have been evicted alone. */
 		n = snat_lookup(&s->tuple2);
+		snat_claim_args(s, fresh, now);
 		if (n ? n->to_port != p->sport || !addr_equal(&p->saddr, n->to_addr) :
-			snat_claim(fresh))
+			snat_claim())
 			WRITE_ONCE(e->snat_port, 0); /* the port went to another flow */
 		return;
 	}
-	if (snat_claim(fresh)) {
+	snat_claim_args(s, fresh, now);
+	if (snat_claim()) {
 		n = snat_lookup(&s->tuple2);
 		if (!n || n->to_port != p->sport || !addr_equal(&p->saddr, n->to_addr)) {
 			WRITE_ONCE(e->snat_port, 0); /* the port went to another flow */
@@ -324,7 +474,7 @@ static __always_inline int ct_move(const struct ct_tuple *t, struct ct_scratch *
 		return -1;
 	__builtin_memcpy(&s->entry, e, sizeof(s->entry));
 	s->entry.flags &= ~CT_F_NEW;
-	if (bpf_map_update_elem(&ct, t, &s->entry, BPF_ANY))
+	if (ct_est_update(t, &s->entry, BPF_ANY))
 		return -1;
 	bpf_map_delete_elem(&ct_new, t);
 	return 0;
@@ -339,7 +489,7 @@ static __always_inline int snat_move(const struct ct_tuple *t, struct ct_scratch
 	if (!n)
 		return -1;
 	__builtin_memcpy(&s->nat, n, sizeof(s->nat));
-	if (bpf_map_update_elem(&snat, t, &s->nat, BPF_ANY))
+	if (snat_est_update(t, &s->nat, BPF_ANY))
 		return -1;
 	bpf_map_delete_elem(&snat_new, t);
 	return 0;
@@ -373,10 +523,9 @@ __noinline int ct_promote(const struct ns_pkt *p)
 		e = ct_lookup(&s->tuple2);
 		if (!e || (e->flags & (CT_F_SEEN_REPLY | CT_F_CLOSING)) != CT_F_SEEN_REPLY)
 			return -1;
-		/* TCP: the client acknowledged the backend's SYN-ACK (its
-		 * ack, in the scratch from ct_promote_if_ready). */
-		if (p->proto == IPPROTO_TCP && e->alive_at &&
-		    s->ack_seq - e->alive_at >= CT_ACK_WINDOW)
+		/* TCP: the client acknowledged the backend's SYN-ACK, exactly
+		 * (its ack, in the scratch from ct_promote_if_ready). */
+		if (p->proto == IPPROTO_TCP && e->alive_at && s->ack_seq != e->alive_at)
 			return -1;
 	}
 	if (ct_move(&s->tuple, s))
@@ -434,10 +583,123 @@ static __always_inline bool ct_promote_if_ready(struct __ctx_buff *ctx, const st
 	}
 	if (ct_promote(p))
 		return false;
-	moved = bpf_map_lookup_elem(&ct, &s->tuple);
+	moved = ct_est_lookup(&s->tuple);
 	if (moved)
 		*e = moved;
 	return true;
+}
+
+/* ct_complete completes the half-open TCP flow (ct.h) of the client's
+ * packet p (not a SYN; its ack in the scratch's ack_seq) to the backend the
+ * flow's hash picks again, whose ingress entry's key is in the scratch's
+ * tuple2 (an address passed in would pin the caller's variable to a stack
+ * slot of its own), when p acknowledges the backend's SYN-ACK exactly: a
+ * masqueraded flow's reply mapping moves to the established table (or,
+ * evicted meanwhile, is claimed again) and its egress mapping is made
+ * there; ct_complete_svc then makes its service entry. It returns 1 then
+ * (the ingress entry's key kept in half_key), 0 when p's flow has no
+ * half-open state (p starts a flow mid-stream, as when a port its half-open
+ * flow held went to another flow meanwhile), -1 when it has but p is not
+ * the handshake's ACK: a blind ACK, which nf_conntrack would take as
+ * INVALID and kube-proxy drops; a RST closes the half-open state. A global
+ * function, verified once, off the established flows' path; two, so that
+ * neither frame holds all the values of both halves. */
+__noinline int ct_complete(const struct ns_pkt *p)
+{
+	struct ct_scratch *s = ns_scratch();
+	const struct ns_config *cfg = ns_cfg();
+	const union lb_addr *node;
+	struct ct_entry *in;
+	__be16 nat_port;
+	__u16 flags;
+
+	if (!s || !cfg || !p)
+		return 0;
+	s->claim_now = ct_now(cfg);
+	__builtin_memcpy(&s->half_key, &s->tuple2, sizeof(s->half_key));
+	in = bpf_map_lookup_elem(&ct_new, &s->tuple2);
+	if (!in || (in->flags & CT_F_SPORT) || !ct_ingress_of(in, p))
+		return 0;
+	if ((in->flags & (CT_F_SEEN_REPLY | CT_F_CLOSING)) != CT_F_SEEN_REPLY ||
+	    !in->alive_at || s->ack_seq != in->alive_at) {
+		if (p->tcp_flags & TCP_FLAG_RST) {
+			flags = in->flags | CT_F_CLOSING | CT_F_RST;
+			WRITE_ONCE(in->flags, flags);
+			WRITE_ONCE(in->lifetime, s->claim_now + ct_timeout(cfg, p->proto, flags));
+		}
+		return -1;
+	}
+	nat_port = (in->flags & CT_F_SNAT) ? in->snat_port : 0;
+	if (!nat_port)
+		return 1;
+	node = (in->flags & CT_F_SNAT_FE) ? &p->daddr : snat_conf_addr(cfg, p->v6);
+	/* The reply mapping first: it moves to the established table, or,
+	 * evicted meanwhile (a flood churns snat_new), is claimed again; a
+	 * port another flow took since leaves this one to start anew (0), as
+	 * one picked up mid-stream. */
+	ct_tuple_set(&s->tuple2, (const union lb_addr *)s->half_key.daddr, node,
+		     s->half_key.dport, nat_port, p->proto, NAT_DIR_INGRESS);
+	if (snat_move(&s->tuple2, s)) {
+		__builtin_memcpy(s->nat.to_addr, p->saddr.b, sizeof(s->nat.to_addr));
+		s->nat.to_port = p->sport;
+		s->nat.pad = 0;
+		s->nat.created = s->claim_now;
+		s->claim_fresh = false;
+		if (snat_claim())
+			return 0;
+	}
+	/* The egress mapping: client -> backend gives node:nat port. */
+	__builtin_memcpy(s->nat.to_addr, s->tuple2.daddr, sizeof(s->nat.to_addr));
+	s->nat.to_port = s->tuple2.dport;
+	s->nat.pad = 0;
+	s->nat.created = s->claim_now;
+	ct_tuple_set(&s->tuple2, &p->saddr, (const union lb_addr *)s->half_key.daddr, p->sport,
+		     s->half_key.dport, p->proto, NAT_DIR_EGRESS);
+	snat_est_update(&s->tuple2, &s->nat, BPF_ANY);
+	return 1;
+}
+
+/* ct_complete_svc makes the service entry of the half-open flow of p that
+ * ct_complete found complete (its ingress entry's key in the scratch's
+ * half_key, the CT second in claim_now), of len bytes, in the established
+ * table, and moves the ingress entry there. 1 when made (the service
+ * entry's key in the scratch's tuple), else 0. */
+__noinline int ct_complete_svc(const struct ns_pkt *p, __u32 len)
+{
+	struct ct_scratch *s = ns_scratch();
+	const struct ns_config *cfg = ns_cfg();
+	struct ct_entry *in, *e;
+
+	if (!s || !cfg || !p)
+		return 0;
+	in = bpf_map_lookup_elem(&ct_new, &s->half_key);
+	if (!in)
+		return 0;
+	/* The SYN and this packet, established (its replies are the ingress
+	 * entry's to count). */
+	e = &s->entry;
+	__builtin_memcpy(e, in, sizeof(*e));
+	__builtin_memcpy(e->nat_addr, s->half_key.daddr, sizeof(e->nat_addr));
+	e->nat_port = s->half_key.dport;
+	e->flags = (in->flags & (NS_KIND_FLAGS | CT_F_SNAT_FE)) | CT_F_SYN | CT_F_ESTABLISHED;
+	e->snat_port = (in->flags & CT_F_SNAT) ? in->snat_port : 0;
+	e->packets = in->packets + 1;
+	e->bytes = in->bytes + len;
+	e->rx_packets = 0;
+	e->rx_bytes = 0;
+	e->lifetime = s->claim_now + ct_timeout(cfg, p->proto, e->flags);
+	e->alive_at = s->claim_now;
+	__builtin_memset(&e->fib, 0, sizeof(e->fib));
+	ct_tuple_set(&s->tuple, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
+		     CT_DIR_SERVICE);
+	if (ct_est_update(&s->tuple, e, BPF_ANY))
+		return 0;
+	/* The ingress entry follows it, counting replies only from now on;
+	 * ct_restore_ingress would write it back if it were gone. */
+	in->packets = 0;
+	in->bytes = 0;
+	ct_move(&s->half_key, s);
+	return 1;
 }
 
 /* snat_lookup_reply returns the mapping of a reply to node IP:nat port
@@ -467,12 +729,11 @@ static __always_inline int ns_rev_dnat(struct __ctx_buff *ctx, struct ns_pkt *p,
 	e = ct_lookup_reply(p, &t);
 	if (!e)
 		return 0;
-	ct_update(e, cfg, p, ctx_len(ctx), now, true);
-	ct_note_syn_ack(ctx, p, e);
-	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
-	port = e->nat_port;
 	/* A flow whose client port was rewritten gets it back. */
 	client_port = (e->flags & CT_F_SPORT) ? e->snat_port : p->dport;
+	ct_reply(ctx, cfg, p, e, ctx_len(ctx), now, &p->daddr, client_port);
+	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
+	port = e->nat_port;
 	if (pkt_rewrite(ctx, p, false, &fe, port) ||
 	    pkt_rewrite_port(ctx, p, true, client_port))
 		return -1;

@@ -201,8 +201,7 @@ static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_p
 	/* A flow given another client port: the client's own. */
 	if (e->flags & CT_F_SPORT)
 		port = e->snat_port;
-	ct_update(e, cfg, p, ctx_len(ctx), now, true);
-	ct_note_syn_ack(ctx, p, e);
+	ct_reply(ctx, cfg, p, e, ctx_len(ctx), now, &client, port);
 	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
 	fe_port = e->nat_port;
 	/* The route of the packet it becomes, kept in the ingress entry. */
@@ -271,8 +270,9 @@ static __always_inline int ns_hairpin_reply(struct __ctx_buff *ctx, struct ns_pk
 	e = ct_lookup_reply(p, &s->tuple);
 	if (!e || !(e->flags & CT_F_HAIRPIN))
 		return -1;
-	ct_update(e, cfg, p, ctx_len(ctx), now, true);
-	ct_note_syn_ack(ctx, p, e);
+	/* The pod is the client too: its service entry is pod -> frontend. */
+	ct_reply(ctx, cfg, p, e, ctx_len(ctx), now, &pod,
+		 (e->flags & CT_F_SPORT) ? e->snat_port : p->dport);
 	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
 	if (pkt_rewrite(ctx, p, false, &fe, e->nat_port) ||
 	    pkt_rewrite_addr(ctx, p, true, &pod))
@@ -297,6 +297,25 @@ static __always_inline int ns_rewrite_sport(struct __ctx_buff *ctx, struct ns_pk
 	return pkt_rewrite_port(ctx, p, false, s->sport);
 }
 
+#ifndef SLUICE_POD_LB
+/* ns_complete completes p's half-open flow to be_addr:be_port when p is
+ * its handshake's ACK (ct_complete: 1, its service entry's key in the
+ * scratch's tuple; 0 when it has none; -1 when p is not that ACK). */
+static __always_inline int ns_complete(struct __ctx_buff *ctx, const struct ns_pkt *p,
+				       const union lb_addr *be_addr, __be16 be_port, __u32 len)
+{
+	struct ct_scratch *s = ns_scratch();
+	int ret;
+
+	if (!s || ctx_load_bytes(ctx, p->l4_off + 8, &s->ack_seq, sizeof(s->ack_seq)))
+		return 0;
+	s->ack_seq = bpf_ntohl(s->ack_seq);
+	ct_tuple_set(&s->tuple2, &p->saddr, be_addr, p->sport, be_port, p->proto, CT_DIR_INGRESS);
+	ret = ct_complete(p);
+	return ret > 0 ? ct_complete_svc(p, len) : ret;
+}
+#endif /* SLUICE_POD_LB */
+
 /* nodeport_lb load-balances a packet to a frontend served here. tunnel is
  * NULL, or on a DSR backend node what the LB node that sent the packet
  * said: then only local backends are used, and a frontend of no service
@@ -320,7 +339,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	__u16 rev_nat_id, kind = 0;
 	struct ct_entry *e;
 	__be16 be_port;
-	bool created = false;
+	bool created = false, half;
 	int ret;
 
 	if (!tunnel) {
@@ -336,8 +355,8 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 			/* Once a CT second: the ingress entry and the SNAT
 			 * mapping kept with it. */
 			if (ct_update(e, cfg, p, len, now, false) && (s = ns_scratch())) {
-				ct_restore_ingress(p, e, s);
-				snat_refresh(cfg, e, p, s);
+				ct_restore_ingress(cfg, p, e, s, now);
+				snat_refresh(cfg, e, p, s, now);
 			}
 			/* A new flow that this packet established moves to
 			 * the established flows' tables. */
@@ -365,6 +384,11 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 #endif /* SLUICE_POD_LB */
 	}
 
+#ifndef SLUICE_POD_LB
+	/* Before any lookup: no state, no translation for these. */
+	if (ns_martian(p))
+		return NS_DROP(SL_DROP_MARTIAN);
+#endif /* SLUICE_POD_LB */
 	lb_key_init(&key, &p->daddr, p->dport, p->proto);
 	svc = lb_lookup_service(&key, NS_SCOPE);
 	if (!svc && tunnel) {
@@ -390,10 +414,10 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	/* On the backend node only a local delivery: an entry of this node
 	 * as the LB node (the same tuple, sent here by a client) would send
 	 * the packet back into a tunnel. That flow is stale (the client's
-	 * packets come tunnelled now: an ECMP change) and goes: left in ct,
-	 * which ct_lookup reads first, it would hide the tunnelled flow made
-	 * below in ct_new, which would then be made anew for every packet
-	 * and never promoted. */
+	 * packets come tunnelled now: an ECMP change) and goes: left in the
+	 * established table, which ct_lookup reads first, it would hide the
+	 * tunnelled flow made below in ct_new, which would then be made anew
+	 * for every packet and never promoted. */
 	if (e && tunnel && !(e->flags & CT_F_LOCAL)) {
 		if (!(e->flags & CT_F_NEW))
 			ct_delete_flow(p, e);
@@ -403,27 +427,34 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		backend_id = e->backend_id;
 		kind = e->flags & NS_KIND_FLAGS;
 		be = bpf_map_lookup_elem(&lb_backends, &backend_id);
+		/* A backend ID given to another address since (after an agent
+		 * restart) names another backend: the flow's is gone. */
+		if (be && (be->port != e->nat_port ||
+			   !addr_equal((const union lb_addr *)e->nat_addr, be->addr)))
+			be = NULL;
 		/* An established TCP flow whose backend left keeps it (the
 		 * tunnel's flows on a DSR backend node come here): all it
 		 * needs is in its entry, as on the fast path. */
 		if (!be && ns_flow_kept(e, p->proto)) {
 			if (ct_update(e, cfg, p, len, now, false))
-				ct_restore_ingress(p, e, s);
+				ct_restore_ingress(cfg, p, e, s, now);
 			__builtin_memcpy(be_addr.b, e->nat_addr, sizeof(be_addr.b));
 			be_port = e->nat_port;
 			goto translate;
 		}
 		if (be && ct_update(e, cfg, p, len, now, false))
-			ct_restore_ingress(p, e, s);
+			ct_restore_ingress(cfg, p, e, s, now);
 		if (be)
 			ct_promote_if_ready(ctx, p, &e, now);
 	}
-	/* An earlier flow's entry in ct (dead, a SYN reusing a closing tuple,
-	 * its backend gone) gives way to the new flow made below: found
-	 * first, it would hide it. */
+	/* An earlier flow's entry in the established table (dead, a SYN
+	 * reusing a closing tuple, its backend gone) gives way to the new flow
+	 * made below: found first, it would hide it. */
 	if (!be && e && !(e->flags & CT_F_NEW))
 		ct_delete_flow(p, e);
 	if (!be) {
+		bool syn = false;
+
 		/* No backend. A traffic policy Local without a local one:
 		 * dropped, as kube-proxy drops. None at all: port
 		 * unreachable, as kube-proxy's REJECT answers, so that the
@@ -434,10 +465,6 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 			return ns_reply_icmp(ctx, p, 0, SL_DROP_NO_BACKEND);
 		}
 #ifndef SLUICE_POD_LB
-		/* A new flow only: an established one passed this check when
-		 * it was created. */
-		if ((svc->flags & SVC_F_SRC_RANGES) && !ns_src_range_allowed(p, rev_nat_id))
-			return NS_DROP(SL_DROP_SRC_RANGE);
 		if (tunnel && tunnel->has_backend)
 			be = dsr_find_named(&key, svc, &backend_id);
 		if (!be && tunnel)
@@ -472,18 +499,65 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		/* No NAT46/64 here: a backend of the other family is a config error. */
 		if (addr_is_v4(&be_addr) == p->v6)
 			return NS_DROP(SL_DROP_FAMILY);
+#ifndef SLUICE_POD_LB
+		/* A new TCP flow makes the least state it can (ct.h): a SYN
+		 * only the half its SYN-ACK needs, none on a DSR LB node (the
+		 * backend follows from the hash); the ACK that acknowledges
+		 * the SYN-ACK completes it. */
+		if (p->proto == IPPROTO_TCP) {
+			if ((p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST | TCP_FLAG_FIN)) ==
+			    TCP_FLAG_SYN)
+				syn = true;
+			else if ((kind & (CT_F_DSR | CT_F_LOCAL)) != CT_F_DSR) {
+				ret = ns_complete(ctx, p, &be_addr, be_port, len);
+				if (ret < 0)
+					return NS_DROP(SL_DROP_HANDSHAKE);
+				if (ret > 0)
+					goto completed;
+			}
+		}
+#endif /* SLUICE_POD_LB */
+		/* A new flow only: an established one passed this check when
+		 * it was created, and a half-open one when it was made (its
+		 * ACK above completes it whatever the ranges say since, as
+		 * conntrack's flow is past kube-proxy's NEW rules). */
+		if ((svc->flags & SVC_F_SRC_RANGES) && !ns_src_range_allowed(p, rev_nat_id))
+			return NS_DROP(SL_DROP_SRC_RANGE);
+#ifndef SLUICE_POD_LB
+		if (syn && (kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
+			e = NULL; /* no state */
+		else
+#endif /* SLUICE_POD_LB */
 		if (ct_create_flow(cfg, p, len, now, &be_addr, be_port, backend_id,
-				   rev_nat_id, kind))
+				   rev_nat_id, kind, syn))
 			return NS_DROP(SL_DROP_CT_FULL);
 		e = NULL; /* replaced: the new entry learns its nat port later */
-		created = true;
-		if (sl_ev_wanted(SL_EVF_SERVICE))
+		/* A new connection, counted and told once: a DSR LB node's TCP
+		 * flow was, at its SYN (which made no state). */
+		created = syn || p->proto != IPPROTO_TCP || (kind & (CT_F_DSR | CT_F_LOCAL)) != CT_F_DSR;
+		if (created && sl_ev_wanted(SL_EVF_SERVICE))
 			sl_ns_event(p, sl_what(SL_EV_SERVICE, 0, sl_ns_mode(kind, tunnel),
 					       SL_HOOK_THIS),
 				    sl_rev_len(rev_nat_id, len), backend_id, ctx_ifindex(ctx));
 	} else {
 		__builtin_memcpy(be_addr.b, be->addr, sizeof(be_addr.b));
 		be_port = be->port;
+	}
+	if (0) {
+#ifndef SLUICE_POD_LB
+completed:
+		/* The flow as ct_complete made it: all from its service entry
+		 * (nothing else lives across that call). */
+		s = ns_scratch();
+		e = s ? ct_est_lookup(&s->tuple) : NULL;
+		if (!e)
+			return CTX_ACT_DROP;
+		kind = e->flags & NS_KIND_FLAGS;
+		rev_nat_id = e->rev_nat_id;
+		backend_id = e->backend_id;
+		__builtin_memcpy(be_addr.b, e->nat_addr, sizeof(be_addr.b));
+		be_port = e->nat_port;
+#endif /* SLUICE_POD_LB */
 	}
 
 translate:
@@ -543,12 +617,14 @@ translate:
 		return ns_forward(ctx, p, FWD_LOCAL, NULL, 0);
 	/* A new mapping goes with its flow: a new flow's (e replaced by
 	 * ct_create_flow, or still new) into snat_new, its nat port copied
-	 * into the new service entry. */
+	 * into the new service entry, or a half-open flow's ingress entry
+	 * (its SYN-ACK's mapping alone). */
+	half = created && (s = ns_scratch()) && s->half;
 	if (snat_egress(ctx, p, cfg, &frontend, hash ? hash : ns_flow_hash(p), now,
-			!e || (e->flags & CT_F_NEW)))
+			!e || (e->flags & CT_F_NEW), half))
 		return NS_DROP(SL_DROP_NAT_EXHAUSTED);
 	if (!e)
-		ct_note_snat(&frontend, p->v6);
+		ct_note_snat(&frontend, p->v6, half);
 	return ns_forward(ctx, p, FWD_ROUTE, e, now);
 }
 
@@ -608,6 +684,40 @@ static __always_inline bool ns_vlan_tagged(struct __ctx_buff *ctx)
 #endif
 }
 
+#ifndef SLUICE_POD_LB
+/* ns_tunnel_rpf: the DSR tunnel packet p, from a node's address
+ * (dsr_from_node), came the way this node's route back to that address
+ * leads: in on the device the route leaves by, and from the MAC of its
+ * next hop (that node, or the router before it), when the neighbour is
+ * known. A host on the node network that puts a node's address on its
+ * own packets fails the second, one behind another device the first
+ * (docs/dsr-security.md). One FIB lookup per tunnelled packet, on backend
+ * nodes only. A function of its own: its MAC stays out of the service
+ * path's frame. */
+static __noinline bool ns_tunnel_rpf(struct __ctx_buff *ctx, const struct ns_pkt *p)
+{
+	struct bpf_fib_lookup *fib = ns_fib_buf();
+	__u8 smac[ETH_ALEN];
+	long rc;
+
+	if (!fib || !p)
+		return false;
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->ifindex = ctx_ifindex(ctx);
+	ns_fib_addrs(fib, p->v6, &p->daddr, &p->saddr);
+	rc = bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return false;
+	if (fib->ifindex != ctx_ifindex(ctx))
+		return false;
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+		return true;
+	if (ctx_load_bytes(ctx, ETH_ALEN, smac, ETH_ALEN))
+		return false;
+	return !__builtin_memcmp(smac, fib->dmac, ETH_ALEN);
+}
+#endif /* SLUICE_POD_LB */
+
 /* nodeport_dispatch sends a parsed packet to its path. */
 static __always_inline int nodeport_dispatch(struct __ctx_buff *ctx, struct ns_pkt *p,
 					     const struct ns_config *cfg)
@@ -622,7 +732,8 @@ static __always_inline int nodeport_dispatch(struct __ctx_buff *ctx, struct ns_p
 		if (cfg->mode == NS_MODE_SNAT)
 			return CTX_ACT_OK;
 		if (dsr_from_node(p))
-			return nodeport_dsr_backend(ctx, p, cfg);
+			return ns_tunnel_rpf(ctx, p) ? nodeport_dsr_backend(ctx, p, cfg) :
+						       NS_DROP(SL_DROP_DSR_SPOOFED);
 		/* An outer header with an option (IPv4) or a destination
 		 * options header (IPv6) is how sluice's DSR names the backend:
 		 * ours, from no node. Any other tunnel is the stack's. */

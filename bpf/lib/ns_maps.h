@@ -10,7 +10,8 @@
 #include "ct_abi.h"
 #include "l4.h"
 
-/* Conntrack, both families: ct_tuple (CT_DIR_*) -> ct_entry. */
+/* Conntrack of established TCP flows, both families: ct_tuple (CT_DIR_*)
+ * -> ct_entry. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct ct_tuple);
@@ -19,8 +20,19 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ct SEC(".maps");
 
-/* SNAT mappings, both families and directions: ct_tuple (NAT_DIR_*) ->
- * the address and port to translate to. */
+/* Conntrack of the established flows of every other protocol (UDP), as
+ * Cilium keeps ct_any beside its TCP table: a flood of UDP flows that get
+ * answers (DNS, QUIC) churns this one and never evicts a TCP connection. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_tuple);
+	__type(value, struct ct_entry);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ct_any SEC(".maps");
+
+/* SNAT mappings of established TCP flows, both families and directions:
+ * ct_tuple (NAT_DIR_*) -> the address and port to translate to. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct ct_tuple);
@@ -28,6 +40,50 @@ struct {
 	__uint(max_entries, 65536);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } snat SEC(".maps");
+
+/* SNAT mappings of the other protocols' established flows. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_tuple);
+	__type(value, struct nat_entry);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} snat_any SEC(".maps");
+
+/* The established tables by protocol, [0] TCP's (ct, snat), [1] the
+ * rest's (ct_any, snat_any), filled by the loader. Looked up through these
+ * rather than by name: the verifier sees one inner map either way, so the
+ * paths after a lookup stay one (two map pointers would double every state
+ * from there on). Not pinned: each object holds its own, of the same pins. */
+struct ct_est_inner {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_tuple);
+	__type(value, struct ct_entry);
+	__uint(max_entries, 65536);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 2);
+	__array(values, struct ct_est_inner);
+} ct_est SEC(".maps");
+
+struct snat_est_inner {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_tuple);
+	__type(value, struct nat_entry);
+	__uint(max_entries, 65536);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 2);
+	__array(values, struct snat_est_inner);
+} snat_est SEC(".maps");
 
 /* The new flows' conntrack and SNAT mappings, as ct and snat: a flow is
  * written here first (CT_F_NEW) and moves to ct and snat once established
@@ -37,14 +93,18 @@ struct {
  * these two tables only, and an established flow is never evicted by a new
  * one, as the kernel's conntrack evicts unreplied entries first
  * (early_drop). A legitimate new flow must complete its handshake before
- * the flood pushes it out: at 2 Mpps of SYNs a 64Ki-entry table keeps one
- * for about 16 ms. max_entries is set at load (the agent sizes them from
- * memory, a quarter of ct and snat). */
+ * the flood pushes it out: each CPU evicts its own oldest
+ * (BPF_F_NO_COMMON_LRU: an LRU list per CPU, a third cheaper to evict from
+ * under a flood than the shared one, measured), so with N CPUs a table of
+ * E entries keeps one for about E / N / (the flood's rate on that CPU).
+ * max_entries is set at load (the agent sizes them from memory, a quarter
+ * of ct and snat; snat_new at most an entry per nat port). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct ct_tuple);
 	__type(value, struct ct_entry);
 	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ct_new SEC(".maps");
 
@@ -53,29 +113,92 @@ struct {
 	__type(key, struct ct_tuple);
 	__type(value, struct nat_entry);
 	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } snat_new SEC(".maps");
 
-/* ct_lookup finds the entry under key t: an established flow's in ct (one
- * lookup for the common case), else a new flow's in ct_new (CT_F_NEW).
- * ct_move writes ct before it deletes from ct_new, so a miss in both can
- * only be a move on another CPU between the two lookups: ct has the entry
- * then, and a second look there finds it (a cost only on misses). */
+/* ct_est_of is the established flows' conntrack table of proto. */
+static __always_inline void *ct_est_of(__u8 proto)
+{
+	__u32 i = proto != IPPROTO_TCP;
+
+	return bpf_map_lookup_elem(&ct_est, &i);
+}
+
+/* snat_est_of is the established flows' SNAT table of proto. */
+static __always_inline void *snat_est_of(__u8 proto)
+{
+	__u32 i = proto != IPPROTO_TCP;
+
+	return bpf_map_lookup_elem(&snat_est, &i);
+}
+
+/* ct_est_lookup finds the entry under key t among the established flows. */
+static __always_inline struct ct_entry *ct_est_lookup(const struct ct_tuple *t)
+{
+	void *m = ct_est_of(t->proto);
+
+	return m ? bpf_map_lookup_elem(m, t) : NULL;
+}
+
+static __always_inline long ct_est_update(const struct ct_tuple *t, const struct ct_entry *e,
+					  __u64 uflags)
+{
+	void *m = ct_est_of(t->proto);
+
+	return m ? bpf_map_update_elem(m, t, e, uflags) : -1;
+}
+
+static __always_inline long ct_est_delete(const struct ct_tuple *t)
+{
+	void *m = ct_est_of(t->proto);
+
+	return m ? bpf_map_delete_elem(m, t) : -1;
+}
+
+static __always_inline struct nat_entry *snat_est_lookup(const struct ct_tuple *t)
+{
+	void *m = snat_est_of(t->proto);
+
+	return m ? bpf_map_lookup_elem(m, t) : NULL;
+}
+
+static __always_inline long snat_est_update(const struct ct_tuple *t, const struct nat_entry *n,
+					    __u64 uflags)
+{
+	void *m = snat_est_of(t->proto);
+
+	return m ? bpf_map_update_elem(m, t, n, uflags) : -1;
+}
+
+static __always_inline long snat_est_delete(const struct ct_tuple *t)
+{
+	void *m = snat_est_of(t->proto);
+
+	return m ? bpf_map_delete_elem(m, t) : -1;
+}
+
+/* ct_lookup finds the entry under key t: an established flow's in its
+ * protocol's table (one lookup for the common case), else a new flow's in
+ * ct_new (CT_F_NEW). ct_move writes the established table before it
+ * deletes from ct_new, so a miss in both can only be a move on another CPU
+ * between the two lookups: the established table has the entry then, and
+ * a second look there finds it (a cost only on misses). */
 static __always_inline struct ct_entry *ct_lookup(const struct ct_tuple *t)
 {
-	struct ct_entry *e = bpf_map_lookup_elem(&ct, t);
+	struct ct_entry *e = ct_est_lookup(t);
 
 	if (e)
 		return e;
 	e = bpf_map_lookup_elem(&ct_new, t);
-	return e ? e : bpf_map_lookup_elem(&ct, t);
+	return e ? e : ct_est_lookup(t);
 }
 
-/* snat_lookup finds the mapping under key t: an established flow's in
- * snat, else a new flow's in snat_new. */
+/* snat_lookup finds the mapping under key t: an established flow's in its
+ * protocol's table, else a new flow's in snat_new. */
 static __always_inline struct nat_entry *snat_lookup(const struct ct_tuple *t)
 {
-	struct nat_entry *n = bpf_map_lookup_elem(&snat, t);
+	struct nat_entry *n = snat_est_lookup(t);
 
 	return n ? n : bpf_map_lookup_elem(&snat_new, t);
 }
@@ -186,6 +309,23 @@ struct dsr_scratch {
 	struct lb_svc_key key;
 };
 
+/* snat_range is the nat ports of a configuration (nat.h, snat_range_of):
+ * size ports from min on, less the hole (hole_size ports from hole_min; 0:
+ * none), which snat_port_at skips. */
+struct snat_range {
+	__u32 min;
+	__u32 size;
+	__u32 hole_min;
+	__u32 hole_size;
+};
+
+/* snat_scan's state (nat.h), shared by its bpf_loop steps. */
+struct snat_scan {
+	struct snat_range r;
+	__u32 start;
+	__u32 claimed;
+};
+
 struct ct_scratch {
 	struct ct_tuple tuple;
 	struct ct_entry entry;
@@ -201,8 +341,14 @@ struct ct_scratch {
 	__be16 sport;              /* ct_create_flow: the client port a new local
 				    * flow's backend sees when rewritten
 				    * (CT_F_SPORT), else 0 */
-	__u16 pad;
+	__u16 half;                /* ct_put_flow: a half-open flow's (its
+				    * ingress entry alone) */
 	struct ct_tuple svc_key;   /* ct_create_flow: the new flow's service entry */
+	struct ct_tuple half_key;  /* ct_put_flow: the new flow's ingress entry */
+	struct ct_tuple tuple3;    /* snat_claim: the keys of a mapping it takes over */
+	struct snat_scan scan;     /* snat_scan */
+	__u32 claim_fresh;         /* snat_claim's arguments: the flow's table */
+	__u32 claim_now;           /* (fresh: snat_new) and the CT second */
 	struct dsr_scratch dsr;
 };
 

@@ -52,7 +52,8 @@ type Packet struct {
 	// MayFragment clears IPv4's don't-fragment bit (set by default).
 	MayFragment bool
 	// Seq and Ack are TCP's sequence and acknowledgment numbers (0: 1000
-	// and, with ACK set, 2000).
+	// and, with ACK set, 1001: what a peer whose SYN had the default
+	// sequence asks for, so that a handshake of default packets is exact).
 	Seq, Ack uint32
 }
 
@@ -122,7 +123,7 @@ func (p Packet) Bytes() ([]byte, error) {
 			tcp.Seq = p.Seq
 		}
 		if tcp.ACK {
-			tcp.Ack = 2000
+			tcp.Ack = 1001
 			if p.Ack != 0 {
 				tcp.Ack = p.Ack
 			}

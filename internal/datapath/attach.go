@@ -335,11 +335,12 @@ func removeStaleDevicePins(dir string, devices []Device) error {
 // shared LB maps are the socket LB's to report).
 func (n *NorthSouth) MapFill() []MapFill {
 	m := &n.tc.tclbMaps
-	out := make([]MapFill, 0, 5)
+	out := make([]MapFill, 0, 9)
 	for _, x := range []struct {
 		name string
 		m    *ebpf.Map
-	}{{tclbMapCt, m.Ct}, {tclbMapSnat, m.Snat}, {tclbMapCtNew, m.CtNew}, {tclbMapSnatNew, m.SnatNew}, {tclbMapLbMaglev, m.LbMaglev},
+	}{{tclbMapCt, m.Ct}, {tclbMapCtAny, m.CtAny}, {tclbMapSnat, m.Snat}, {tclbMapSnatAny, m.SnatAny},
+		{tclbMapCtNew, m.CtNew}, {tclbMapSnatNew, m.SnatNew}, {tclbMapLbMaglev, m.LbMaglev},
 		{tclbMapNsTunnel, m.NsTunnel}, {tclbMapLbSrcRanges, m.LbSrcRanges}} {
 		out = append(out, MapFill{Name: x.name, Entries: countEntries(x.m), Max: int(x.m.MaxEntries())})
 	}

@@ -25,13 +25,18 @@ type migratable struct {
 	// migration finishes. A map only the agent writes is copied once: a
 	// second copy would bring back entries the agent deleted meanwhile.
 	refill bool
+	// flags: a pin with other map flags is taken over too (ct_new and
+	// snat_new became per-CPU LRUs, BPF_F_NO_COMMON_LRU).
+	flags bool
 }
 
 var migratableMaps = []migratable{
 	{name: lbmap.CTMapName, grow: true, refill: true},
 	{name: lbmap.NATMapName, grow: true, refill: true},
-	{name: lbmap.CTNewMapName, grow: true, refill: true},
-	{name: lbmap.NATNewMapName, grow: true, refill: true},
+	{name: lbmap.CTNewMapName, grow: true, refill: true, flags: true},
+	{name: lbmap.NATNewMapName, grow: true, refill: true, flags: true},
+	{name: lbmap.CTAnyMapName, grow: true, refill: true},
+	{name: lbmap.NATAnyMapName, grow: true, refill: true},
 	{name: socklbMapLbServices},
 	{name: socklbMapLbBackends},
 	{name: socklbMapLbSockRev, refill: true},
@@ -64,7 +69,7 @@ func migratePins(spec *ebpf.CollectionSpec, root string, logf func(format string
 		if !ok || ms.Pinning != ebpf.PinByName {
 			continue
 		}
-		m, copied, err := migratePin(ms, filepath.Join(root, mm.name), mm.grow)
+		m, copied, err := migratePin(ms, filepath.Join(root, mm.name), mm.grow, mm.flags)
 		if err != nil {
 			closeMigrations(done)
 			return nil, fmt.Errorf("migrate pinned map %s: %w", mm.name, err)
@@ -92,7 +97,7 @@ type copyCount struct {
 // migratePin does migratePins' work for one map; it returns nil when the
 // pin needs no migration (or cannot have one), else the migration and what
 // it copied. grow allows a longer value (migratable.grow).
-func migratePin(ms *ebpf.MapSpec, path string, grow bool) (*migration, copyCount, error) {
+func migratePin(ms *ebpf.MapSpec, path string, grow, flags bool) (*migration, copyCount, error) {
 	old, err := ebpf.LoadPinnedMap(path, nil)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, copyCount{}, nil
@@ -102,7 +107,7 @@ func migratePin(ms *ebpf.MapSpec, path string, grow bool) (*migration, copyCount
 	}
 	valueOK := old.ValueSize() == ms.ValueSize || (grow && old.ValueSize() < ms.ValueSize)
 	if ms.Compatible(old) == nil ||
-		old.Type() != ms.Type || old.KeySize() != ms.KeySize || !valueOK || old.Flags() != ms.Flags {
+		old.Type() != ms.Type || old.KeySize() != ms.KeySize || !valueOK || (old.Flags() != ms.Flags && !flags) {
 		old.Close()
 		return nil, copyCount{}, nil // nothing to do, or not a layout or size change: checkPins names it
 	}

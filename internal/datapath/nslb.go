@@ -86,11 +86,54 @@ func (opts NorthSouthOptions) mapSizes() map[string]uint32 {
 	sizes := opts.Sizes.withDefaults().byName()
 	sizes[lbmap.CTMapName] = orDefault(opts.CTEntries, defaultNSEntries)
 	sizes[lbmap.NATMapName] = orDefault(opts.NATEntries, defaultNSEntries)
+	// The other protocols' tables as TCP's: the programs look both up
+	// through one inner map template (ct_est, snat_est), which the kernel
+	// holds every inner map to the size of.
+	sizes[lbmap.CTAnyMapName] = sizes[lbmap.CTMapName]
+	sizes[lbmap.NATAnyMapName] = sizes[lbmap.NATMapName]
 	sizes[lbmap.CTNewMapName] = orDefault(opts.CTNewEntries, NewFlowEntries(sizes[lbmap.CTMapName]))
 	sizes[lbmap.NATNewMapName] = orDefault(opts.NATNewEntries, NewFlowEntries(sizes[lbmap.NATMapName]))
 	sizes[tclbMapNsFrag] = orDefault(opts.FragEntries, defaultFragEntries)
 	sizes[lbmap.TunnelMapName] = TunnelEntries(opts.Sizes)
 	return sizes
+}
+
+// Inner map templates of the established tables by protocol (ns_maps.h).
+const (
+	ctEstMapName   = "ct_est"
+	snatEstMapName = "snat_est"
+)
+
+// sizeMaps gives spec's maps the sizes by name, and the established
+// tables' inner map templates those of ct and snat.
+func sizeMaps(spec *ebpf.CollectionSpec, sizes map[string]uint32) {
+	for name, size := range sizes {
+		if ms, ok := spec.Maps[name]; ok {
+			ms.MaxEntries = size
+		}
+	}
+	for outer, inner := range map[string]string{ctEstMapName: lbmap.CTMapName, snatEstMapName: lbmap.NATMapName} {
+		if ms, ok := spec.Maps[outer]; ok && ms.InnerMap != nil {
+			ms.InnerMap.MaxEntries = sizes[inner]
+		}
+	}
+}
+
+// fillEstTables puts each protocol's established tables into an object's
+// ct_est and snat_est: [0] TCP's, [1] the others'.
+func fillEstTables(ctEst, snatEst, ct, ctAny, snat, snatAny *ebpf.Map) error {
+	for _, f := range []struct {
+		name  string
+		outer *ebpf.Map
+		inner [2]*ebpf.Map
+	}{{ctEstMapName, ctEst, [2]*ebpf.Map{ct, ctAny}}, {snatEstMapName, snatEst, [2]*ebpf.Map{snat, snatAny}}} {
+		for i, m := range f.inner {
+			if err := f.outer.Update(uint32(i), m, ebpf.UpdateAny); err != nil {
+				return fmt.Errorf("fill %s[%d] with %s: %w", f.name, i, m, err)
+			}
+		}
+	}
+	return nil
 }
 
 // NewFlowEntries is the size of a new flows' table (ct_new, snat_new) for
@@ -196,11 +239,7 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 		{"XDP", xdpSpec, &n.xdp},
 	}
 	for _, o := range objs {
-		for name, size := range sizes {
-			if ms, ok := o.spec.Maps[name]; ok {
-				ms.MaxEntries = size
-			}
-		}
+		sizeMaps(o.spec, sizes)
 		if err := replaceTransientPins(o.spec, opts.BPFRoot); err != nil {
 			closeMigrations(n.migrations)
 			return nil, fmt.Errorf("load %s LB: %w", o.name, err)
@@ -245,9 +284,22 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 		return nil, err
 	}
 	m := &n.tc.tclbMaps
+	x := &n.xdp.xdplbMaps
+	for _, e := range [][2]*ebpf.Map{{m.CtEst, m.SnatEst}, {x.CtEst, x.SnatEst}} {
+		if err := fillEstTables(e[0], e[1], m.Ct, m.CtAny, m.Snat, m.SnatAny); err != nil {
+			n.Close()
+			return nil, fmt.Errorf("load north-south LB: %w", err)
+		}
+	}
 	n.lb = lbmap.NewKernel(m.LbServices, m.LbBackends, m.LbRevNat, m.LbNodeIps)
-	n.ct = lbmap.NewCT(m.Ct, m.CtNew, n.tc.NsFlowCache, n.xdp.NsFlowCache)
-	n.nat = lbmap.NewNAT(m.Snat, m.SnatNew)
+	n.ct = lbmap.NewCT(m.Ct, m.CtAny, m.CtNew, n.tc.NsFlowCache, n.xdp.NsFlowCache)
+	n.nat = lbmap.NewNAT(m.Snat, m.SnatAny, m.SnatNew)
+	// Established UDP flows an earlier build kept in ct and snat move to
+	// ct_any and snat_any, where the programs look for them now.
+	if err := n.moveOtherProtocols(); err != nil {
+		n.Close()
+		return nil, fmt.Errorf("load north-south LB: %w", err)
+	}
 	return n, nil
 }
 
@@ -493,7 +545,48 @@ func (n *NorthSouth) Close() error {
 func (n *NorthSouth) FinishMigration() error {
 	err := finishMigrations(n.migrations, n.logf)
 	n.migrations = nil
-	return err
+	// What the old programs wrote meanwhile: their UDP flows in ct.
+	return errors.Join(err, n.moveOtherProtocols())
+}
+
+// moveOtherProtocols moves the entries of every protocol but TCP from ct
+// and snat, where a build before ct_any and snat_any kept them, to those
+// tables. Each entry is written first and deleted after: a packet in
+// between finds it in one or both.
+func (n *NorthSouth) moveOtherProtocols() error {
+	m := &n.tc.tclbMaps
+	moved := 0
+	for _, t := range []struct {
+		name     string
+		from, to *ebpf.Map
+	}{{lbmap.CTMapName, m.Ct, m.CtAny}, {lbmap.NATMapName, m.Snat, m.SnatAny}} {
+		var k lbmap.CTTuple
+		val := make([]byte, t.from.ValueSize())
+		var keys []lbmap.CTTuple
+		it := t.from.Iterate()
+		for it.Next(&k, &val) {
+			if k.Proto == 6 {
+				continue
+			}
+			if err := t.to.Update(&k, val, ebpf.UpdateAny); err != nil {
+				return fmt.Errorf("move %s from %s: %w", k, t.name, err)
+			}
+			keys = append(keys, k)
+		}
+		if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
+			return fmt.Errorf("read %s: %w", t.name, err)
+		}
+		for _, k := range keys {
+			if err := t.from.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("move %s from %s: %w", k, t.name, err)
+			}
+		}
+		moved += len(keys)
+	}
+	if moved > 0 && n.logf != nil {
+		n.logf("%d established entries of protocols other than TCP moved from ct and snat to ct_any and snat_any", moved)
+	}
+	return nil
 }
 
 // UnpinNorthSouth removes the pins of the maps only the tc/XDP programs

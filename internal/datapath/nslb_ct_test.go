@@ -65,9 +65,21 @@ func checkCT(t *testing.T, n *NorthSouth, step string, src, dst netip.AddrPort, 
 	return e
 }
 
+// noCT fails the test when conntrack holds an entry of src -> dst in
+// direction dir.
+func noCT(t *testing.T, n *NorthSouth, step string, src, dst netip.AddrPort, proto, dir uint8) {
+	t.Helper()
+	if e, ok := ctEntry(t, n, src, dst, proto, dir); ok {
+		t.Errorf("%s: ct %s -> %s dir %d: flags %s, want no entry", step, src, dst, dir, lbmap.CTFlagsString(e.Flags))
+	}
+}
+
 // A TCP flow through a NodePort to a local backend, step by step: the CT
 // state, lifetime and counters after each packet, the reply through the
-// tc egress program, expiry and re-creation.
+// tc egress program, expiry and re-creation. A SYN makes only the ingress
+// entry its SYN-ACK needs; the ACK that acknowledges the SYN-ACK makes the
+// service entry, established, with the SYN timeout until the backend sends
+// something after its SYN-ACK (then the established one).
 func TestPrivilegedNorthSouthConntrackTCP(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
 		egress := n.Programs().TCEgress
@@ -79,6 +91,7 @@ func TestPrivilegedNorthSouthConntrackTCP(t *testing.T) {
 			est   = lbmap.CTFlagEstablished
 			fin   = lbmap.CTFlagClosing
 			reply = lbmap.CTFlagSeenReply
+			data  = lbmap.CTFlagReplyData
 			fresh = lbmap.CTFlagNew // in ct_new until the handshake completes
 		)
 		pkt := func(flags uint8) bpftest.Packet {
@@ -91,52 +104,70 @@ func TestPrivilegedNorthSouthConntrackTCP(t *testing.T) {
 			t.Helper()
 			runPacket(t, kind, prog, step, pkt(flags), vPass, dnat(pkt(flags)))
 		}
-		send("SYN", bpftest.SYN)
-		svc := checkCT(t, n, "SYN", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
-			ctWant{local | syn | fresh, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 1, 0})
-		if svc.BackendID != 1 || svc.RevNatID != 1 || svc.NATAddr.NetIP() != apLocal.Addr() || svc.NATPort.Host() != apLocal.Port() {
-			t.Errorf("SYN: service entry backend %d rev NAT %d to %s:%d, want 1, 1, %s",
-				svc.BackendID, svc.RevNatID, svc.NATAddr.NetIP(), svc.NATPort.Host(), apLocal)
+		fromBackend := func(step string, flags uint8) {
+			t.Helper()
+			p := bpftest.Packet{Src: apLocal, Dst: c, Proto: bpftest.TCP, Flags: flags}
+			runPacket(t, tcpKind, egress, step, p, vPass, p.With(func(p *bpftest.Packet) { p.Src = apNodePort }))
 		}
+		send("SYN", bpftest.SYN)
+		noCT(t, n, "SYN", c, apNodePort, bpftest.TCP, lbmap.CTDirService)
+		// The ingress entry holds the SYN's count until the service
+		// entry takes it.
 		in := checkCT(t, n, "SYN", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
-			ctWant{local | syn | fresh, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 0, 0})
-		if in.NATAddr.NetIP() != ipNode || in.NATPort.Host() != apNodePort.Port() {
-			t.Errorf("SYN: ingress entry restores %s:%d, want the frontend the client used, %s",
-				in.NATAddr.NetIP(), in.NATPort.Host(), apNodePort)
+			ctWant{local | syn | fresh, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 1, 0})
+		if in.BackendID != 1 || in.RevNatID != 1 || in.NATAddr.NetIP() != ipNode || in.NATPort.Host() != apNodePort.Port() {
+			t.Errorf("SYN: ingress entry backend %d rev NAT %d restores %s:%d, want 1, 1, the frontend the client used, %s",
+				in.BackendID, in.RevNatID, in.NATAddr.NetIP(), in.NATPort.Host(), apNodePort)
 		}
 
 		// The backend's SYN-ACK leaves through tc egress with the
 		// frontend as its source.
-		synAck := bpftest.Packet{Src: apLocal, Dst: c, Proto: bpftest.TCP, Flags: bpftest.SYN | bpftest.ACK}
-		runPacket(t, tcpKind, egress, "SYN-ACK", synAck, vPass,
-			synAck.With(func(p *bpftest.Packet) { p.Src = apNodePort }))
+		fromBackend("SYN-ACK", bpftest.SYN|bpftest.ACK)
 		checkCT(t, n, "SYN-ACK", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
-			ctWant{local | syn | reply | fresh, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 0, 1})
+			ctWant{local | syn | reply | fresh, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 1, 1})
 
-		// The client's ACK establishes the flow: both entries move to
-		// ct (no NEW flag), each counting what it counted.
+		// The client's ACK completes the flow: the service entry, made
+		// in ct (no NEW flag), and the ingress entry moved there.
 		send("ACK", bpftest.ACK)
-		checkCT(t, n, "ACK", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
-			ctWant{local | syn | est, ctNow + lbmap.DefaultTCPEstTimeout, ctNow, 2, 0})
+		svc := checkCT(t, n, "ACK", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
+			ctWant{local | syn | est, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 2, 0})
+		if svc.BackendID != 1 || svc.RevNatID != 1 || svc.NATAddr.NetIP() != apLocal.Addr() || svc.NATPort.Host() != apLocal.Port() {
+			t.Errorf("ACK: service entry backend %d rev NAT %d to %s:%d, want 1, 1, %s",
+				svc.BackendID, svc.RevNatID, svc.NATAddr.NetIP(), svc.NATPort.Host(), apLocal)
+		}
 		checkCT(t, n, "ACK", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
-			ctWant{local | syn | reply, ctNow + lbmap.DefaultTCPEstTimeout, ctNow, 0, 1})
+			ctWant{local | syn | reply, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 0, 1})
 
-		// Same second: the lifetime stays; later: it moves on.
+		// Same second: the lifetime stays; later: it moves on, the SYN
+		// timeout still: the backend sent nothing after its SYN-ACK.
 		send("data, same second", bpftest.ACK|bpftest.PSH)
 		setClock(t, n, ctNow+5)
 		send("data, 5 s later", bpftest.ACK|bpftest.PSH)
 		checkCT(t, n, "data", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
-			ctWant{local | syn | est, ctNow + 5 + lbmap.DefaultTCPEstTimeout, ctNow, 4, 0})
+			ctWant{local | syn | est, ctNow + 5 + lbmap.DefaultTCPSynTimeout, ctNow, 4, 0})
+
+		// The backend answers; the client's next packet in a later second
+		// gives the flow the established lifetime.
+		fromBackend("the backend's data", bpftest.ACK|bpftest.PSH)
+		setClock(t, n, ctNow+6)
+		send("data after the backend's", bpftest.ACK|bpftest.PSH)
+		checkCT(t, n, "data after the backend's", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
+			ctWant{local | syn | est | data, ctNow + 6 + lbmap.DefaultTCPEstTimeout, ctNow, 5, 0})
+		checkCT(t, n, "data after the backend's", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
+			ctWant{local | syn | reply | data, ctNow + 6 + lbmap.DefaultTCPEstTimeout, ctNow, 0, 2})
 
 		send("FIN", bpftest.FIN|bpftest.ACK)
 		checkCT(t, n, "FIN", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
-			ctWant{local | syn | est | fin, ctNow + 5 + lbmap.DefaultTCPCloseTimeout, ctNow, 5, 0})
+			ctWant{local | syn | est | data | fin, ctNow + 6 + lbmap.DefaultTCPCloseTimeout, ctNow, 6, 0})
+		checkCT(t, n, "FIN: the ingress entry closes with it", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
+			ctWant{local | syn | reply | data | fin, ctNow + 6 + lbmap.DefaultTCPCloseTimeout, ctNow, 0, 2})
 
 		// Past the closing timeout a SYN on the same tuple is a new flow.
-		later := uint32(ctNow + 5 + lbmap.DefaultTCPCloseTimeout + 1)
+		later := uint32(ctNow + 6 + lbmap.DefaultTCPCloseTimeout + 1)
 		setClock(t, n, uint64(later))
 		send("SYN after close", bpftest.SYN)
-		checkCT(t, n, "SYN after close", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
+		noCT(t, n, "SYN after close", c, apNodePort, bpftest.TCP, lbmap.CTDirService)
+		checkCT(t, n, "SYN after close", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
 			ctWant{local | syn | fresh, later + lbmap.DefaultTCPSynTimeout, later, 1, 0})
 	})
 }
@@ -461,45 +492,55 @@ func addFrontend(t *testing.T, n *NorthSouth, ap netip.AddrPort, proto uint8, re
 	must(t, m.UpdateRevNat(revNat, lbmap.RevNatValue{Addr: lbmap.AddrFrom(ap.Addr()), Port: lbmap.PortFrom(ap.Port())}))
 }
 
-// A new TCP flow moves to the established table only when the client
-// acknowledges the backend's SYN-ACK: a sender that spoofs its address
-// never sees it, and its blind ACK leaves the flow among the new ones
-// (ct_new), which a flood churns without touching established flows. The
-// flow still forwards either way.
+// A new TCP flow is established only by the client's ACK of the backend's
+// SYN-ACK, exactly (its sequence + 1): a sender that spoofs its address
+// never sees it, and a client packet of the half-open flow with any other
+// ack is dropped (nf_conntrack takes it as INVALID, which kube-proxy
+// drops), making no state; the flow completes when the right ACK comes.
 func TestPrivilegedNorthSouthPromoteNeedsAck(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
 		egress := attachKind{"tc egress", nil, ingressKinds[0].verdicts}
 		for _, c := range []struct {
-			name     string
-			client   netip.AddrPort
-			ack      uint32
-			promoted bool
+			name   string
+			client netip.AddrPort
+			ack    uint32
+			want   verdict
 		}{
-			{"the client acknowledges the SYN-ACK", client(46501), 5001, true},
-			{"data acknowledged past it", client(46502), 5001 + 70000, true},
-			{"a blind ACK", client(46503), 0x7000_0000, false},
-			{"an ACK before the SYN-ACK's sequence", client(46504), 4000, false},
+			{"the client acknowledges the SYN-ACK", client(46501), 5001, vPass},
+			{"data acknowledged past it", client(46502), 5001 + 70000, vDrop},
+			{"a blind ACK", client(46503), 0x7000_0000, vDrop},
+			{"an ACK before the SYN-ACK's sequence", client(46504), 4000, vDrop},
+			{"one past it", client(46505), 5002, vDrop},
 		} {
 			pkt := func(flags uint8, ack uint32) bpftest.Packet {
 				return bpftest.Packet{Src: c.client, Dst: apNodePort, Proto: bpftest.TCP, Flags: flags, Ack: ack}
 			}
-			send := func(step string, p bpftest.Packet) {
+			send := func(step string, p bpftest.Packet, want verdict) {
 				t.Helper()
-				runPacket(t, kind, prog, c.name+": "+step, p, vPass, p.With(func(p *bpftest.Packet) { p.Dst = apLocal }))
+				runPacket(t, kind, prog, c.name+": "+step, p, want, p.With(func(p *bpftest.Packet) {
+					if want == vPass {
+						p.Dst = apLocal
+					}
+				}))
 			}
-			send("SYN", pkt(bpftest.SYN, 0))
+			send("SYN", pkt(bpftest.SYN, 0), vPass)
 			synAck := bpftest.Packet{Src: apLocal, Dst: c.client, Proto: bpftest.TCP, Flags: bpftest.SYN | bpftest.ACK, Seq: 5000}
 			runPacket(t, egress, n.Programs().TCEgress, c.name+": SYN-ACK", synAck, vPass,
 				synAck.With(func(p *bpftest.Packet) { p.Src = apNodePort }))
-			send("ACK", pkt(bpftest.ACK, c.ack))
-			send("data", pkt(bpftest.ACK|bpftest.PSH, c.ack))
+			send("ACK", pkt(bpftest.ACK, c.ack), c.want)
+			send("data", pkt(bpftest.ACK|bpftest.PSH, c.ack), c.want)
 			e, ok := ctEntry(t, n, c.client, apNodePort, bpftest.TCP, lbmap.CTDirService)
-			if !ok {
-				t.Fatalf("%s: no service entry", c.name)
+			if ok != (c.want == vPass) || (ok && e.Flags&lbmap.CTFlagNew != 0) {
+				t.Errorf("%s (ack %d, the SYN-ACK asks 5001): service entry %v (flags %s), want %v, established",
+					c.name, c.ack, ok, lbmap.CTFlagsString(e.Flags), c.want == vPass)
 			}
-			if promoted := e.Flags&lbmap.CTFlagNew == 0; promoted != c.promoted {
-				t.Errorf("%s (ack %d, the SYN-ACK asks 5001): established table %v, want %v (flags %s)",
-					c.name, c.ack, promoted, c.promoted, lbmap.CTFlagsString(e.Flags))
+			if c.want == vPass {
+				continue
+			}
+			// The half-open flow is still there: the right ACK completes it.
+			send("the right ACK after", pkt(bpftest.ACK, 5001), vPass)
+			if e, ok := ctEntry(t, n, c.client, apNodePort, bpftest.TCP, lbmap.CTDirService); !ok || e.Flags&lbmap.CTFlagNew != 0 {
+				t.Errorf("%s: the right ACK after it: service entry %v (flags %s), want established", c.name, ok, lbmap.CTFlagsString(e.Flags))
 			}
 		}
 	})
@@ -686,7 +727,8 @@ func TestPrivilegedNorthSouthConntrackIngressKept(t *testing.T) {
 			runPacket(t, tcpKind, egress, step, reply, vPass, reply.With(func(p *bpftest.Packet) { p.Src = apNodePort }))
 		}
 		send("SYN", bpftest.SYN)
-		replyTranslated("reply")
+		synAck := reply.With(func(p *bpftest.Packet) { p.Flags = bpftest.SYN | bpftest.ACK })
+		runPacket(t, tcpKind, egress, "SYN-ACK", synAck, vPass, synAck.With(func(p *bpftest.Packet) { p.Src = apNodePort }))
 		send("ACK", bpftest.ACK)
 
 		inKey := lbmap.CTTuple{SAddr: lbmap.AddrFrom(c.Addr()), DAddr: lbmap.AddrFrom(apLocal.Addr()),
@@ -701,7 +743,7 @@ func TestPrivilegedNorthSouthConntrackIngressKept(t *testing.T) {
 		setClock(t, n, ctNow+2)
 		send("data, 2 s later", bpftest.ACK|bpftest.PSH)
 		in := checkCT(t, n, "restored", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
-			ctWant{state, ctNow + 2 + lbmap.DefaultTCPEstTimeout, ctNow, 0, 0})
+			ctWant{state, ctNow + 2 + lbmap.DefaultTCPSynTimeout, ctNow, 0, 0})
 		if in.NATAddr.NetIP() != ipNode || in.NATPort.Host() != apNodePort.Port() || in.RevNatID != 1 {
 			t.Errorf("restored ingress entry: frontend %s:%d rev NAT %d, want %s, 1",
 				in.NATAddr.NetIP(), in.NATPort.Host(), in.RevNatID, apNodePort)
@@ -715,7 +757,7 @@ func TestPrivilegedNorthSouthConntrackIngressKept(t *testing.T) {
 		setClock(t, n, ctNow+4)
 		send("data, 4 s later", bpftest.ACK|bpftest.PSH)
 		checkCT(t, n, "kept alive", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
-			ctWant{state | lbmap.CTFlagSeenReply, ctNow + 4 + lbmap.DefaultTCPEstTimeout, ctNow, 0, 1})
+			ctWant{state | lbmap.CTFlagSeenReply | lbmap.CTFlagReplyData, ctNow + 4 + lbmap.DefaultTCPEstTimeout, ctNow, 0, 1})
 	})
 }
 
@@ -776,12 +818,13 @@ func TestPrivilegedNorthSouthSNATCopy(t *testing.T) {
 				SPort: lbmap.PortFrom(tc.in.Src.Port()), DPort: lbmap.PortFrom(tc.backend.Port()), Proto: tc.in.Proto, Dir: lbmap.NATDirEgress}
 			ingress := lbmap.CTTuple{SAddr: lbmap.AddrFrom(tc.backend.Addr()), DAddr: lbmap.AddrFrom(tc.node),
 				SPort: lbmap.PortFrom(tc.backend.Port()), DPort: lbmap.PortFrom(port), Proto: tc.in.Proto, Dir: lbmap.NATDirIngress}
-			must(t, n.tc.Snat.Delete(&egress))
-			must(t, n.tc.Snat.Delete(&ingress))
+			snat := snatMapOf(n, tc.in.Proto)
+			must(t, snat.Delete(&egress))
+			must(t, snat.Delete(&ingress))
 			send("mapping gone, same CT second", port)
 			for _, k := range []lbmap.CTTuple{egress, ingress} {
 				var v lbmap.NATEntry
-				if err := n.tc.Snat.Lookup(&k, &v); !errors.Is(err, ebpf.ErrKeyNotExist) {
+				if err := snat.Lookup(&k, &v); !errors.Is(err, ebpf.ErrKeyNotExist) {
 					t.Fatalf("%s: mapping %s within the same CT second: %v, want none", tc.name, k, err)
 				}
 			}
@@ -800,9 +843,9 @@ func TestPrivilegedNorthSouthSNATCopy(t *testing.T) {
 			// A mapping that now says another port: it wins, from the
 			// next CT second on.
 			var fwd lbmap.NATEntry
-			must(t, n.tc.Snat.Lookup(&egress, &fwd))
+			must(t, snat.Lookup(&egress, &fwd))
 			fwd.ToPort = lbmap.PortFrom(port + 1)
-			must(t, n.tc.Snat.Update(&egress, &fwd, ebpf.UpdateExist))
+			must(t, snat.Update(&egress, &fwd, ebpf.UpdateExist))
 			setClock(t, n, ctNow+4)
 			send("mapping changed, 4 s later", port+1)
 			send("mapping changed, next packet", port+1)

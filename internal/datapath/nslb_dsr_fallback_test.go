@@ -55,7 +55,7 @@ func TestPrivilegedNorthSouthDSRFallbackSNAT(t *testing.T) {
 			checkResult(t, kind, tc.name+", backend's node unknown: SNAT", in, res, vPass, in.With(func(p *bpftest.Packet) {
 				p.Src, p.Dst = netip.AddrPortFrom(tc.node, port), tc.backend
 			}))
-			if e, ok := ctEntry(t, n, in.Src, in.Dst, in.Proto, lbmap.CTDirService); !ok || e.Flags&lbmap.CTFlagDSR != 0 || e.Flags&lbmap.CTFlagSNAT == 0 {
+			if e, ok := flowEntry(t, n, in.Src, in.Dst, tc.backend, in.Proto); !ok || e.Flags&lbmap.CTFlagDSR != 0 || e.Flags&lbmap.CTFlagSNAT == 0 {
 				t.Errorf("%s (%s): ct entry %v (found %v), want SNAT without DSR", tc.name, kind.name, lbmap.CTFlagsString(e.Flags), ok)
 			}
 

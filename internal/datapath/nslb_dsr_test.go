@@ -3,9 +3,12 @@ package datapath
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"testing"
 
@@ -13,6 +16,7 @@ import (
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
@@ -25,6 +29,27 @@ var (
 	ipNode2   = netip.MustParseAddr("198.18.0.12")
 	ipNode2v6 = netip.MustParseAddr("fd00:198:18::12")
 )
+
+// nodesViaLo routes the node network (198.18.0.0/24, fd00:198:18::/64)
+// through lo in the test's namespace, with forwarding on (the FIB answers
+// only for a device that forwards), as a backend node needs it: lo is the
+// device BPF_PROG_RUN's packets come in on, so a tunnel from a node passes
+// the reverse path check (ns_tunnel_rpf: no neighbour on lo, the device
+// alone is checked). Routes that exist already are fine.
+func nodesViaLo(t testing.TB) {
+	t.Helper()
+	lo, err := netlink.LinkByName("lo")
+	must(t, err)
+	must(t, netlink.LinkSetUp(lo))
+	for _, p := range []string{"198.18.0.0/24", "fd00:198:18::/64"} {
+		_, dst, _ := net.ParseCIDR(p)
+		if err := netlink.RouteAdd(&netlink.Route{Dst: dst, LinkIndex: lo.Attrs().Index}); err != nil && !errors.Is(err, unix.EEXIST) {
+			t.Fatalf("route %s dev lo: %v", p, err)
+		}
+	}
+	must(t, os.WriteFile("/proc/sys/net/ipv4/conf/all/forwarding", []byte("1"), 0))
+	must(t, os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0))
+}
 
 func setMode(t testing.TB, n *NorthSouth, mode uint32) {
 	t.Helper()
@@ -76,11 +101,14 @@ func TestPrivilegedNorthSouthDSREncap(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			e, ok := ctEntry(t, n, tc.in.Src, tc.in.Dst, tc.in.Proto, lbmap.CTDirService)
-			if !ok {
-				t.Fatalf("%s: no ct entry for %s", tc.name, tc.in)
+			// A SYN on the LB node makes no state: the backend follows
+			// from the flow's hash (the next packet's too).
+			e, ok := flowEntry(t, n, tc.in.Src, tc.in.Dst, tc.backend, tc.in.Proto)
+			stateless := tc.dsr && tc.in.Proto == bpftest.TCP
+			if ok == stateless {
+				t.Fatalf("%s: ct entry for %s: %v, want %v", tc.name, tc.in, ok, !stateless)
 			}
-			if got := e.Flags&lbmap.CTFlagDSR != 0; got != tc.dsr {
+			if got := e.Flags&lbmap.CTFlagDSR != 0; ok && got != tc.dsr {
 				t.Errorf("%s: ct flags %s, want DSR %v", tc.name, lbmap.CTFlagsString(e.Flags), tc.dsr)
 			}
 			if !tc.dsr {
@@ -98,6 +126,17 @@ func TestPrivilegedNorthSouthDSREncap(t *testing.T) {
 			next := tc.in.With(func(p *bpftest.Packet) { p.Flags = ackIfTCP(p.Proto) })
 			runPacket(t, kind, prog, tc.name+": next packet", next, vPass,
 				bpftest.Encap{Src: tc.node, Dst: tc.tunnelTo, Backend: tc.backend, Inner: next})
+			// What sees no reply never earns more than a new flow's place
+			// and the SYN timeout (ct.h): a blind sender's three packets
+			// look the same from here.
+			checkCT(t, n, tc.name+": after the next packet", tc.in.Src, tc.in.Dst, tc.in.Proto, lbmap.CTDirService,
+				ctWant{e.Flags | lbmap.CTFlagDSR | lbmap.CTFlagNew | dsrNextFlags(tc.in.Proto),
+					ctNow + dsrTimeout(tc.in.Proto), ctNow, 1 + uint64(btoi(!stateless)), 0})
+			runPacket(t, kind, prog, tc.name+": a third packet", next, vPass,
+				bpftest.Encap{Src: tc.node, Dst: tc.tunnelTo, Backend: tc.backend, Inner: next})
+			if e, _ := ctEntry(t, n, tc.in.Src, tc.in.Dst, tc.in.Proto, lbmap.CTDirService); e.Flags&lbmap.CTFlagNew == 0 {
+				t.Errorf("%s: a DSR LB node's flow left the new flows' table (flags %s)", tc.name, lbmap.CTFlagsString(e.Flags))
+			}
 		}
 
 		// DSR without a tunnel endpoint for the backend: SNAT.
@@ -115,12 +154,39 @@ func TestPrivilegedNorthSouthDSREncap(t *testing.T) {
 	})
 }
 
+// dsrNextFlags are the flags a DSR LB node's flow of proto has after a
+// packet that is no SYN: a TCP flow is taken as established (it cannot
+// tell), and stays new.
+func dsrNextFlags(proto uint8) uint16 {
+	if proto == bpftest.TCP {
+		return lbmap.CTFlagEstablished
+	}
+	return 0
+}
+
+// dsrTimeout is a DSR LB node flow's lifetime of proto: TCP's SYN timeout
+// (never the established one: no reply is seen), UDP's.
+func dsrTimeout(proto uint8) uint32 {
+	if proto == bpftest.TCP {
+		return lbmap.DefaultTCPSynTimeout
+	}
+	return lbmap.DefaultUDPTimeout
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // On the backend node: the tunnel is stripped, the inner packet goes to a
 // local backend, and the reply leaves through tc egress with the frontend
 // the client used as its source.
 func TestPrivilegedNorthSouthDSRBackend(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
 		setMode(t, n, lbmap.ModeDSR)
+		nodesViaLo(t)
 		for _, tc := range []struct {
 			name  string
 			inner bpftest.Packet
@@ -146,11 +212,14 @@ func TestPrivilegedNorthSouthDSRBackend(t *testing.T) {
 			reply := bpftest.Packet{Src: tc.local, Dst: tc.inner.Src, Proto: tc.inner.Proto,
 				SrcMAC: bpftest.MACNode, DstMAC: bpftest.MACClient}
 			if tc.inner.Proto == bpftest.TCP {
+				// A SYN: only the ingress entry, for the SYN-ACK.
 				want.flags |= lbmap.CTFlagSYN
 				want.lifetime = ctNow + lbmap.DefaultTCPSynTimeout
 				reply.Flags = bpftest.SYN | bpftest.ACK
+				checkCT(t, n, tc.name, tc.inner.Src, tc.local, tc.inner.Proto, lbmap.CTDirIngress, want)
+			} else {
+				checkCT(t, n, tc.name, tc.inner.Src, tc.inner.Dst, tc.inner.Proto, lbmap.CTDirService, want)
 			}
-			checkCT(t, n, tc.name, tc.inner.Src, tc.inner.Dst, tc.inner.Proto, lbmap.CTDirService, want)
 			runPacket(t, ingressKinds[0], n.Programs().TCEgress, tc.name+": reply straight to the client", reply, vPass,
 				reply.With(func(p *bpftest.Packet) { p.Src = tc.inner.Dst }))
 		}
@@ -352,6 +421,7 @@ func TestPrivilegedNorthSouthDSRDecapOnlyDSR(t *testing.T) {
 		tcpIn := bpftest.Encap{Src: ipNode2, Dst: ipNode, Inner: tcpSyn(client(49100), netip.AddrPortFrom(ipNode2, 30080))}
 		udpIn := bpftest.Encap{Src: ipNode2, Dst: ipNode, Inner: udpPkt(client(49101), apExtIP)}
 		setMode(t, n, lbmap.ModeSNAT)
+		nodesViaLo(t) // the tunnels come from node 2 (ns_tunnel_rpf)
 		runPacket(t, kind, prog, "snat mode: TCP in a tunnel", tcpIn, vPass, tcpIn)
 		runPacket(t, kind, prog, "snat mode: UDP in a tunnel", udpIn, vPass, udpIn)
 
@@ -422,6 +492,7 @@ func TestPrivilegedNorthSouthVLANTagged(t *testing.T) {
 func TestPrivilegedNorthSouthDSRNamedBackend(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
 		setMode(t, n, lbmap.ModeDSR)
+		nodesViaLo(t) // the tunnels come from node 2 (ns_tunnel_rpf)
 		m := n.Maps()
 		type service struct {
 			fe           netip.AddrPort
@@ -514,6 +585,7 @@ func frameDst(frame []byte) netip.AddrPort {
 func TestPrivilegedNorthSouthDSRTunnelReplacesOwnFlow(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
 		setMode(t, n, lbmap.ModeDSR)
+		nodesViaLo(t) // the tunnels come from node 2 (ns_tunnel_rpf)
 		m := n.Maps()
 		fe := netip.MustParseAddrPort("198.19.200.7:80")
 		key := lbmap.ServiceKey{Addr: lbmap.AddrFrom(fe.Addr()), Port: lbmap.PortFrom(fe.Port()), Proto: bpftest.TCP, Scope: lbmap.ScopeExternal}
@@ -526,10 +598,15 @@ func TestPrivilegedNorthSouthDSRTunnelReplacesOwnFlow(t *testing.T) {
 		must(t, m.UpdateRevNat(30, lbmap.RevNatValue{Addr: key.Addr, Port: key.Port}))
 		setBackend(2) // remote: this node sends the flow to node 2 (DSR)
 		syn := tcpSyn(client(44000), fe)
-		if _, err := bpftest.Run(prog, bpftest.Must(syn)); err != nil {
-			t.Fatal(err)
+		// Its SYN makes no state here (DSR from the LB node); its ACK
+		// does.
+		for _, p := range []bpftest.Packet{syn, syn.With(func(p *bpftest.Packet) { p.Flags = bpftest.ACK })} {
+			if _, err := bpftest.Run(prog, bpftest.Must(p)); err != nil {
+				t.Fatal(err)
+			}
 		}
-		// The flow established on this node: its entry moves to ct.
+		// The flow established on this node (as an older build, or a
+		// mode change, leaves it): its entry moves to ct.
 		var k, v []byte
 		moved := 0
 		for it := n.tc.CtNew.Iterate(); it.Next(&k, &v); {
@@ -540,15 +617,17 @@ func TestPrivilegedNorthSouthDSRTunnelReplacesOwnFlow(t *testing.T) {
 			moved++
 		}
 		if moved != 1 {
-			t.Fatalf("%d new flows after the SYN, want 1", moved)
+			t.Fatalf("%d new flows after the SYN and ACK, want 1", moved)
 		}
 		// Now the same tuple comes tunnelled from node 2, naming this
 		// node's backend.
 		setBackend(1)
-		for _, p := range []bpftest.Packet{syn, syn.With(func(p *bpftest.Packet) { p.Flags = bpftest.ACK })} {
-			in := bpftest.Encap{Src: ipNode2, Dst: ipNode, Backend: apLocal, Inner: p}
-			wantVerdict(t, kind, prog, "tunnelled "+p.String(), in, vPass)
-		}
+		in := bpftest.Encap{Src: ipNode2, Dst: ipNode, Backend: apLocal, Inner: syn}
+		wantVerdict(t, kind, prog, "tunnelled "+syn.String(), in, vPass)
+		synAck := bpftest.Packet{Src: apLocal, Dst: syn.Src, Proto: bpftest.TCP, Flags: bpftest.SYN | bpftest.ACK}
+		wantVerdict(t, ingressKinds[0], n.Programs().TCEgress, "the local backend's SYN-ACK", synAck, vPass)
+		in.Inner = syn.With(func(p *bpftest.Packet) { p.Flags = bpftest.ACK })
+		wantVerdict(t, kind, prog, "tunnelled ACK", in, vPass)
 		recs, err := n.CT().Dump()
 		must(t, err)
 		var svc []lbmap.CTRecord
@@ -562,6 +641,59 @@ func TestPrivilegedNorthSouthDSRTunnelReplacesOwnFlow(t *testing.T) {
 				t.Logf("%s: %s packets %d", r.Key, lbmap.CTFlagsString(r.Entry.Flags), r.Entry.Packets)
 			}
 			t.Errorf("%d service entries for the flow, want one, LOCAL, of 2 packets", len(svc))
+		}
+	})
+}
+
+// A backend node decapsulates a DSR tunnel from a node's address only when
+// it came the way the route back to that node leads (ns_tunnel_rpf): in on
+// the device the route leaves by, and from the MAC of its next hop. A host
+// on the node network that writes node 2's address on its own tunnel
+// packets (its own MAC), or one behind another device, reaches no pod
+// through it: dropped as dsr-spoofed. Node 2 here is behind
+// sluice-ns-fwd0 with its neighbour entry (setupFIB).
+func TestPrivilegedNorthSouthDSRSpoofedNode(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		fwd0 := setupFIB(t)
+		setMode(t, n, lbmap.ModeDSR)
+		inner := tcpSyn(client(49500), netip.AddrPortFrom(ipNode2, 30080))
+		run := func(in bpftest.Encap, ifindex int) bpftest.Result {
+			t.Helper()
+			var res bpftest.Result
+			var err error
+			if kind.name == "xdp" {
+				res, err = bpftest.RunXDPOn(prog, bpftest.Must(in), ifindex)
+			} else {
+				res, err = bpftest.RunSKB(prog, bpftest.Must(in), bpftest.SKBuff{IngressIfindex: uint32(ifindex), Ifindex: uint32(ifindex)})
+			}
+			must(t, err)
+			return res
+		}
+		for _, tc := range []struct {
+			name    string
+			in      bpftest.Encap
+			ifindex int
+			want    verdict
+		}{
+			{"from node 2's MAC, on the device toward it", bpftest.Encap{SrcMAC: macRemoteNode, Src: ipNode2, Dst: ipNode, Inner: inner}, fwd0, vPass},
+			{"node 2's address from another MAC (a host on the segment)", bpftest.Encap{SrcMAC: bpftest.MACClient, Src: ipNode2, Dst: ipNode,
+				Inner: inner.With(func(p *bpftest.Packet) { p.Src = client(49501) })}, fwd0, vDrop},
+			{"node 2's address on another device (lo)", bpftest.Encap{SrcMAC: macRemoteNode, Src: ipNode2, Dst: ipNode,
+				Inner: inner.With(func(p *bpftest.Packet) { p.Src = client(49502) })}, 1, vDrop},
+		} {
+			before := dropCount(t, n, "dsr-spoofed")
+			res := run(tc.in, tc.ifindex)
+			checkResult(t, kind, tc.name, tc.in, res, tc.want, map[verdict]bpftest.Frame{
+				vPass: tc.in.Inner.With(func(p *bpftest.Packet) { p.Dst, p.SrcMAC = apLocal, macRemoteNode }),
+				vDrop: tc.in,
+			}[tc.want])
+			if got := dropCount(t, n, "dsr-spoofed") - before; (got == 1) != (tc.want == vDrop) {
+				t.Errorf("%s (%s): dsr-spoofed drops went up by %d", tc.name, kind.name, got)
+			}
+			_, made := ctEntry(t, n, tc.in.Inner.Src, apLocal, bpftest.TCP, lbmap.CTDirIngress)
+			if made != (tc.want == vPass) {
+				t.Errorf("%s (%s): conntrack state made %v, want %v", tc.name, kind.name, made, tc.want == vPass)
+			}
 		}
 	})
 }

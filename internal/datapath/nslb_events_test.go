@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
+	"github.com/vishvananda/netlink"
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
@@ -218,8 +219,21 @@ func TestPrivilegedNorthSouthDropReasons(t *testing.T) {
 		}{
 			{"malformed", nil, [][]byte{malformed}},
 			{"family", nil, [][]byte{bpftest.Must(tcpSyn(client(43001), lbFamily))}},
-			{"dsr-no-service", func() { setMode(t, n, lbmap.ModeDSR) },
+			{"dsr-no-service", func() { setMode(t, n, lbmap.ModeDSR); nodesViaLo(t) },
 				[][]byte{bpftest.Must(bpftest.Encap{Src: ipNode2, Dst: ipNode, Inner: tcpSyn(client(43002), netip.AddrPortFrom(ipNode2, 22))})}},
+			// Node 2's address on lo, whose route now leaves by another
+			// device.
+			{"dsr-spoofed", func() {
+				other := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: nsTestPrefix + "oth0"}, PeerName: nsTestPrefix + "oth1"}
+				must(t, netlink.LinkAdd(other))
+				must(t, netlink.LinkSetUp(other))
+				must(t, netlink.RouteAdd(&netlink.Route{Dst: netlink.NewIPNet(ipNode2.AsSlice()), LinkIndex: other.Attrs().Index}))
+			}, [][]byte{bpftest.Must(bpftest.Encap{Src: ipNode2, Dst: ipNode, Inner: tcpSyn(client(43005), netip.AddrPortFrom(ipNode2, 30080))})}},
+			{"martian", nil, [][]byte{bpftest.Must(tcpSyn(client(43006), netip.MustParseAddrPort("127.0.0.1:30080")))}},
+			// A half-open flow's ACK that is not the handshake's.
+			{"handshake", func() { setModeOnly(t, n, lbmap.ModeSNAT) }, [][]byte{
+				bpftest.Must(tcpSyn(client(43007), apNodePort)),
+				bpftest.Must(tcpSyn(client(43007), apNodePort).With(func(p *bpftest.Packet) { p.Flags, p.Ack = bpftest.ACK, 77 }))}},
 			// One nat port: the second flow to the same backend finds none.
 			{"nat-exhausted", func() {
 				must(t, n.SetConfig(lbmap.NSConfig{SNATAddr4: lbmap.AddrFrom(ipNode), SNATAddr6: lbmap.AddrFrom(ipNode6), HZ: 250,

@@ -196,7 +196,7 @@ func testFlowCache(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Prog
 	}
 	wantBytes := size(syn) + size(ack) + 3*size(data) + size(dying) + size(longer)
 	checkCT(t, n, "dump after the data", c, apLBTCP, bpftest.TCP, lbmap.CTDirService,
-		ctWant{lbmap.CTFlagSYN | lbmap.CTFlagEstablished | lbmap.CTFlagSNAT, ctNow + lbmap.DefaultTCPEstTimeout, ctNow, 7, 0})
+		ctWant{lbmap.CTFlagSYN | lbmap.CTFlagEstablished | lbmap.CTFlagSNAT, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 7, 0})
 	if got, _ := ctEntry(t, n, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); got.Bytes != wantBytes {
 		t.Errorf("dump after the data: %d bytes, want %d", got.Bytes, wantBytes)
 	}
@@ -304,20 +304,21 @@ func TestPrivilegedNorthSouthFlowCacheTupleReuse(t *testing.T) {
 				a, _ := netip.AddrFromSlice(ip.DstIP.To4())
 				return netip.AddrPortFrom(a, uint16(tcp.DstPort))
 			}
-			open := func(step string) {
+			open := func(step string, backend netip.AddrPort) {
 				t.Helper()
 				run(step+": SYN", pkt(bpftest.SYN))
+				backendAnswers(t, prog, backend, ipNode, natPort(t, n, c, backend, bpftest.TCP), bpftest.TCP)
 				run(step+": ACK", pkt(bpftest.ACK))
 				run(step+": data", pkt(bpftest.ACK|bpftest.PSH))
 				if e, ok := cacheEntry(t, cache, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); !ok || e.Packets != 1 {
 					t.Fatalf("%s: cache entry %v (found %v), want the data packet in it", step, e, ok)
 				}
 			}
-			open("first flow")
+			open("first flow", apRemote)
 			run("RST", pkt(bpftest.RST|bpftest.ACK))
 			must(t, n.Maps().UpdateBackend(2, lbmap.BackendValue{Addr: lbmap.AddrFrom(apRemote2.Addr()),
 				Port: lbmap.PortFrom(apRemote2.Port()), Proto: bpftest.TCP}))
-			open("same tuple, same second, backend changed")
+			open("same tuple, same second, backend changed", apRemote2)
 			if got := dstOf(run("new flow's data", pkt(bpftest.ACK|bpftest.PSH))); got != apRemote2 {
 				t.Errorf("the new flow's data went to %s, want the Service's backend now, %s", got, apRemote2)
 			}
@@ -335,6 +336,7 @@ func TestPrivilegedNorthSouthFlowCacheTupleReuse(t *testing.T) {
 			if e, _ := cacheEntry(t, cache, c, apLBTCP, bpftest.TCP, lbmap.CTDirService); e.Packets != 0 || e.FIB.At != 0 {
 				t.Errorf("after expiry, SYN: stale entry at %d with %d packets, want ended", e.FIB.At, e.Packets)
 			}
+			backendAnswers(t, prog, apRemote2, ipNode, natPort(t, n, c, apRemote2, bpftest.TCP), bpftest.TCP)
 			run("after expiry: ACK", pkt(bpftest.ACK))
 			after := rawCT(t, n, c, apLBTCP, bpftest.TCP, lbmap.CTDirService)
 			if after.Created != uint32(later) || after.Packets != 2 || before.Packets != 2 {

@@ -147,6 +147,7 @@ func TestPrivilegedNorthSouthFragmentsDSR(t *testing.T) {
 
 		// The backend node (this one) for node 2: the ExternalIP's UDP
 		// port has a local backend.
+		nodesViaLo(t) // the tunnels come from node 2 (ns_tunnel_rpf)
 		for _, tc := range []struct {
 			name   string
 			client netip.AddrPort

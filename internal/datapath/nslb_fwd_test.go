@@ -163,6 +163,9 @@ func TestPrivilegedNorthSouthFIBKept(t *testing.T) {
 		}
 		port := natPort(t, n, c, apRemote, bpftest.TCP)
 		checkResult(t, kind, "SYN: redirect", syn, res, vRedirect, forwarded(syn, port, macRemoteNode, lookedUp))
+		synAck := bpftest.Packet{Src: apRemote, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP,
+			Flags: bpftest.SYN | bpftest.ACK, TTL: 64, SrcMAC: macRemoteNode, DstMAC: bpftest.MACNode}
+		wantVerdict(t, kind, prog, "SYN-ACK", synAck, vRedirect)
 		ack := pkt(bpftest.ACK, 10)
 		runPacket(t, kind, prog, "ACK: redirect", ack, vRedirect, forwarded(ack, port, macRemoteNode, lookedUp))
 		kept("after the ACK", lbmap.CTDirService, c, apLBTCP, ctNow, l3(ack), macRemoteNode)

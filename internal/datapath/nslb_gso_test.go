@@ -53,6 +53,7 @@ func TestPrivilegedNorthSouthGSO(t *testing.T) {
 					})
 				}
 				checkResult(t, kind, "first packet", tc.first, res, vRedirect, forwarded(tc.first, false))
+				backendAnswers(t, prog, tc.backend, ipNode, port, tc.first.Proto)
 
 				// A GSO packet of two MTU-sized segments (1500 bytes each
 				// with the headers): forwarded, translated as a whole.

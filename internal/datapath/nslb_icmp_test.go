@@ -152,6 +152,7 @@ func TestPrivilegedNorthSouthICMPFromClientSide(t *testing.T) {
 			if _, err := bpftest.Run(prog, tc.flow.MustBytes()); err != nil {
 				t.Fatal(err)
 			}
+			establish(t, n, prog, tc.flow, tc.backend, tc.snat)
 			// The reply as the client got it, and as the backend sent it.
 			got := bpftest.Packet{Src: tc.flow.Dst, Dst: tc.flow.Src, Proto: tc.flow.Proto}
 			sent := got.With(func(p *bpftest.Packet) { p.Src = tc.backend })
@@ -187,6 +188,7 @@ func TestPrivilegedNorthSouthICMPFromClientSideMappingEvicted(t *testing.T) {
 		if _, err := bpftest.Run(prog, flow.MustBytes()); err != nil {
 			t.Fatal(err)
 		}
+		establish(t, n, prog, flow, apRemote, ipNode)
 		port := natPort(t, n, flow.Src, apRemote, flow.Proto)
 		// Evict the egress mapping (client -> backend) from both tables.
 		evicted := 0

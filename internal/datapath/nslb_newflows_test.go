@@ -20,10 +20,10 @@ func tableOf(t *testing.T, n *NorthSouth, key lbmap.CTTuple, nat bool) string {
 		name string
 		m    *ebpf.Map
 	}
-	tables := []table{{"ct", n.tc.Ct}, {"ct_new", n.tc.CtNew}}
+	tables := []table{{"ct", n.tc.Ct}, {"ct_any", n.tc.CtAny}, {"ct_new", n.tc.CtNew}}
 	var value any = new(lbmap.CTEntry)
 	if nat {
-		tables = []table{{"snat", n.tc.Snat}, {"snat_new", n.tc.SnatNew}}
+		tables = []table{{"snat", n.tc.Snat}, {"snat_any", n.tc.SnatAny}, {"snat_new", n.tc.SnatNew}}
 		value = new(lbmap.NATEntry)
 	}
 	var found []string
@@ -51,14 +51,20 @@ func (f masqueradedFlow) keys(natPort uint16) (svc, in, egress, ingress lbmap.CT
 }
 
 // A new flow lives in ct_new and snat_new until it is established, then
-// moves to ct and snat with everything it had: TCP at the client's ACK
-// after the handshake (not at the backend's SYN-ACK), UDP when the client
-// sends in a later CT second after a reply; never before the backend
-// answered, so a blind sender's SYN and ACK stay new; a lone ACK of an
-// unknown flow (picked up mid-stream) at its third packet after a reply.
+// moves to the established tables of its protocol (ct and snat for TCP,
+// ct_any and snat_any for UDP) with everything it had. A TCP SYN makes
+// only the half its SYN-ACK needs (the ingress entry, the reply mapping);
+// the client's ACK of the SYN-ACK makes the service entry and the egress
+// mapping, straight into ct and snat. UDP moves when the client sends in a
+// later CT second after a reply; never before the backend answered, so a
+// blind sender's SYN and ACKs make nothing beyond the SYN's half (the ACKs
+// are dropped); a lone ACK of an unknown flow (picked up mid-stream) moves
+// at its third packet after a reply.
 func TestPrivilegedNorthSouthNewFlows(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
-		where := func(step string, f masqueradedFlow, natPort uint16, wantCT, wantNAT string) {
+		// where checks the tables of the flow's service and ingress
+		// entries and of its egress and ingress mappings ("": none).
+		where := func(step string, f masqueradedFlow, natPort uint16, svcT, inT, egT, ingT string) {
 			t.Helper()
 			svc, in, eg, ing := f.keys(natPort)
 			for _, k := range []struct {
@@ -66,8 +72,8 @@ func TestPrivilegedNorthSouthNewFlows(t *testing.T) {
 				key  lbmap.CTTuple
 				nat  bool
 				want string
-			}{{"service entry", svc, false, wantCT}, {"ingress entry", in, false, wantCT},
-				{"egress mapping", eg, true, wantNAT}, {"ingress mapping", ing, true, wantNAT}} {
+			}{{"service entry", svc, false, svcT}, {"ingress entry", in, false, inT},
+				{"egress mapping", eg, true, egT}, {"ingress mapping", ing, true, ingT}} {
 				if got := tableOf(t, n, k.key, k.nat); got != k.want {
 					t.Errorf("%s: %s %s in %q, want %q", step, k.what, k.key, got, k.want)
 				}
@@ -85,19 +91,22 @@ func TestPrivilegedNorthSouthNewFlows(t *testing.T) {
 		}
 		run(pkt(tcp, bpftest.SYN))
 		port := natPort(t, n, tcp.c, tcp.be, tcp.proto)
-		where("TCP SYN", tcp, port, "ct_new", "snat_new")
+		where("TCP SYN", tcp, port, "", "ct_new", "", "snat_new")
+		if in, _ := ctEntry(t, n, tcp.c, tcp.be, tcp.proto, lbmap.CTDirIngress); in.SNATPort.Host() != port {
+			t.Errorf("TCP SYN: the ingress entry keeps nat port %d, want %d", in.SNATPort.Host(), port)
+		}
 		synAck := bpftest.Packet{Src: tcp.be, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP, Flags: bpftest.SYN | bpftest.ACK}
 		runPacket(t, kind, prog, "SYN-ACK", synAck, vPass, synAck.With(func(p *bpftest.Packet) { p.Src, p.Dst = tcp.fe, tcp.c }))
-		where("TCP SYN-ACK", tcp, port, "ct_new", "snat_new")
+		where("TCP SYN-ACK", tcp, port, "", "ct_new", "", "snat_new")
 		run(pkt(tcp, bpftest.ACK))
-		where("TCP ACK", tcp, port, "ct", "snat")
+		where("TCP ACK", tcp, port, "ct", "ct", "snat", "snat")
 		runPacket(t, kind, prog, "data after the move", pkt(tcp, bpftest.ACK|bpftest.PSH), vPass,
 			pkt(tcp, bpftest.ACK|bpftest.PSH).With(func(p *bpftest.Packet) { p.Src, p.Dst = netip.AddrPortFrom(ipNode, port), tcp.be }))
 		svc, _ := ctEntry(t, n, tcp.c, tcp.fe, tcp.proto, lbmap.CTDirService)
 		in, _ := ctEntry(t, n, tcp.c, tcp.be, tcp.proto, lbmap.CTDirIngress)
-		if svc.Packets != 3 || in.RxPackets != 1 || svc.Flags&lbmap.CTFlagNew != 0 {
-			t.Errorf("after the move: service entry %d packets, flags %s; ingress entry %d replies; want 3, no NEW, 1",
-				svc.Packets, lbmap.CTFlagsString(svc.Flags), in.RxPackets)
+		if svc.Packets != 3 || in.RxPackets != 1 || in.Packets != 0 || svc.Flags&lbmap.CTFlagNew != 0 || svc.SNATPort.Host() != port {
+			t.Errorf("after the move: service entry %d packets, flags %s, nat port %d; ingress entry %d replies, %d packets; want 3, no NEW, %d, 1, 0",
+				svc.Packets, lbmap.CTFlagsString(svc.Flags), svc.SNATPort.Host(), in.RxPackets, in.Packets, port)
 		}
 
 		reply := func(f masqueradedFlow, port uint16, flags uint8) {
@@ -108,30 +117,30 @@ func TestPrivilegedNorthSouthNewFlows(t *testing.T) {
 		run(pkt(udp, 0))
 		run(pkt(udp, 0))
 		uport := natPort(t, n, udp.c, udp.be, udp.proto)
-		where("UDP, two datagrams in one CT second", udp, uport, "ct_new", "snat_new")
+		where("UDP, two datagrams in one CT second", udp, uport, "ct_new", "ct_new", "snat_new", "snat_new")
 		setClock(t, n, ctNow+1)
 		run(pkt(udp, 0))
-		where("UDP, a later second, no reply yet", udp, uport, "ct_new", "snat_new")
+		where("UDP, a later second, no reply yet", udp, uport, "ct_new", "ct_new", "snat_new", "snat_new")
 		reply(udp, uport, 0)
 		run(pkt(udp, 0))
-		where("UDP, after a reply", udp, uport, "ct", "snat")
+		where("UDP, after a reply", udp, uport, "ct_any", "ct_any", "snat_any", "snat_any")
 		setClock(t, n, ctNow)
 
 		blind := masqueradedFlow{client(45103), apLBTCP, apRemote, bpftest.TCP}
 		run(pkt(blind, bpftest.SYN))
-		run(pkt(blind, bpftest.ACK))
-		run(pkt(blind, bpftest.ACK))
-		where("a blind SYN and ACKs", blind, natPort(t, n, blind.c, blind.be, blind.proto), "ct_new", "snat_new")
+		wantVerdict(t, kind, prog, "a blind ACK", pkt(blind, bpftest.ACK), vDrop)
+		wantVerdict(t, kind, prog, "another blind ACK", pkt(blind, bpftest.ACK), vDrop)
+		where("a blind SYN and ACKs", blind, natPort(t, n, blind.c, blind.be, blind.proto), "", "ct_new", "", "snat_new")
 
 		lone := masqueradedFlow{client(45102), apLBTCP, apRemote, bpftest.TCP}
 		run(pkt(lone, bpftest.ACK))
 		lport := natPort(t, n, lone.c, lone.be, lone.proto)
-		where("a lone ACK", lone, lport, "ct_new", "snat_new")
+		where("a lone ACK", lone, lport, "ct_new", "ct_new", "snat_new", "snat_new")
 		run(pkt(lone, bpftest.ACK))
 		reply(lone, lport, bpftest.ACK)
-		where("its second packet and a reply", lone, lport, "ct_new", "snat_new")
+		where("its second packet and a reply", lone, lport, "ct_new", "ct_new", "snat_new", "snat_new")
 		run(pkt(lone, bpftest.ACK))
-		where("its third packet", lone, lport, "ct", "snat")
+		where("its third packet", lone, lport, "ct", "ct", "snat", "snat")
 	})
 }
 
@@ -210,11 +219,11 @@ func TestPrivilegedNorthSouthSYNFlood(t *testing.T) {
 	}
 }
 
-// A new flow's mappings evicted from snat_new before the client completes
-// its handshake (a flood churns that table) do not change its nat port:
-// the service entry keeps a copy from the start (ct_note_snat), the ACK
-// translates with it, and the mappings come back with it and move to snat
-// with the flow.
+// A half-open flow's reply mapping evicted from snat_new between its
+// SYN-ACK and the client's ACK (a flood churns that table) does not change
+// its nat port: the ingress entry keeps it from the start (ct_note_snat),
+// the ACK completes the flow with it, claims the mapping again and makes
+// both in snat.
 func TestPrivilegedNorthSouthNewFlowMappingEvicted(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
 		f := masqueradedFlow{client(45200), apLBTCP, apRemote, bpftest.TCP}
@@ -223,16 +232,15 @@ func TestPrivilegedNorthSouthNewFlowMappingEvicted(t *testing.T) {
 			t.Fatal(err)
 		}
 		port := natPort(t, n, f.c, f.be, f.proto)
-		if svc, _ := ctEntry(t, n, f.c, f.fe, f.proto, lbmap.CTDirService); svc.SNATPort.Host() != port {
-			t.Errorf("after the SYN: service entry's copy %d, want the nat port %d", svc.SNATPort.Host(), port)
+		if in, _ := ctEntry(t, n, f.c, f.be, f.proto, lbmap.CTDirIngress); in.SNATPort.Host() != port {
+			t.Errorf("after the SYN: ingress entry's copy %d, want the nat port %d", in.SNATPort.Host(), port)
 		}
 		_, _, eg, ing := f.keys(port)
 		synAck := bpftest.Packet{Src: f.be, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP, Flags: bpftest.SYN | bpftest.ACK}
 		runPacket(t, kind, prog, "SYN-ACK", synAck, vPass, synAck.With(func(p *bpftest.Packet) { p.Src, p.Dst = f.fe, f.c }))
-		must(t, n.tc.SnatNew.Delete(&eg))
 		must(t, n.tc.SnatNew.Delete(&ing))
 		ack := syn.With(func(p *bpftest.Packet) { p.Flags = bpftest.ACK })
-		runPacket(t, kind, prog, "ACK after the mappings went", ack, vPass,
+		runPacket(t, kind, prog, "ACK after the mapping went", ack, vPass,
 			ack.With(func(p *bpftest.Packet) { p.Src, p.Dst = netip.AddrPortFrom(ipNode, port), f.be }))
 		for _, k := range []lbmap.CTTuple{eg, ing} {
 			if got := tableOf(t, n, k, true); got != "snat" {

@@ -47,6 +47,13 @@ func TestPrivilegedNorthSouthSharedPins(t *testing.T) {
 			t.Fatal(err)
 		}
 		port := natPort(t, n, in.Src, apRemote, bpftest.TCP)
+		// The handshake: the flow is established before the reload.
+		synAck := bpftest.Packet{Src: apRemote, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP, Flags: bpftest.SYN | bpftest.ACK}
+		for _, p := range []bpftest.Packet{synAck, in.With(func(p *bpftest.Packet) { p.Flags = bpftest.ACK })} {
+			if _, err := bpftest.Run(n.Programs().TCIngress, p.MustBytes()); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if err := n.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -56,7 +63,7 @@ func TestPrivilegedNorthSouthSharedPins(t *testing.T) {
 		if _, ok := ctEntry(t, n, in.Src, in.Dst, bpftest.TCP, lbmap.CTDirService); !ok {
 			t.Errorf("after reload: ct entry of %s gone", in)
 		}
-		next := in.With(func(p *bpftest.Packet) { p.Flags = bpftest.ACK })
+		next := in.With(func(p *bpftest.Packet) { p.Flags = bpftest.ACK | bpftest.PSH })
 		for _, kind := range ingressKinds {
 			runPacket(t, kind, kind.prog(n), "after reload", next, vPass, next.With(func(p *bpftest.Packet) {
 				p.Src, p.Dst = netip.AddrPortFrom(ipNode, port), apRemote

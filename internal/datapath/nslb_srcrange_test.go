@@ -216,21 +216,28 @@ func TestPrivilegedNorthSouthSourceRangesEstablished(t *testing.T) {
 				for _, tc := range []struct {
 					name    string
 					flow    bpftest.Packet
+					backend netip.AddrPort
+					node    netip.Addr
 					revNat  uint16
 					allowed netip.Prefix
 					newFlow bpftest.Packet
 				}{
-					{"IPv4", tcpSyn(client(45000), apLBTCP), 2, srAllowed4, tcpSyn(client(45001), apLBTCP)},
-					{"IPv6", tcpSyn(client6(45000), apLBTCP6), 8, srAllowed6, tcpSyn(client6(45001), apLBTCP6)},
+					{"IPv4", tcpSyn(client(45000), apLBTCP), apRemote, ipNode, 2, srAllowed4, tcpSyn(client(45001), apLBTCP)},
+					{"IPv6", tcpSyn(client6(45000), apLBTCP6), apRemote6, ipNode6, 8, srAllowed6, tcpSyn(client6(45001), apLBTCP6)},
 				} {
 					if v, tr := runVerdict(t, kind, prog, tc.name+": SYN", tc.flow); v != vPass || !tr {
 						t.Fatalf("%s (%s): SYN from an allowed client: verdict %s, translated %v; want pass, translated",
 							tc.name, kind.name, v, tr)
 					}
+					port := natPort(t, n, tc.flow.Src, tc.backend, bpftest.TCP)
+					synAck := bpftest.Packet{Src: tc.backend, Dst: netip.AddrPortFrom(tc.node, port), Proto: bpftest.TCP, Flags: bpftest.SYN | bpftest.ACK}
+					if v, tr := runVerdict(t, kind, prog, tc.name+": SYN-ACK", synAck); v != vPass || !tr {
+						t.Fatalf("%s (%s): SYN-ACK: verdict %s, translated %v; want pass, translated", tc.name, kind.name, v, tr)
+					}
 					must(t, sr.DeleteSourceRange(tc.revNat, tc.allowed))
 					ack := tc.flow.With(func(p *bpftest.Packet) { p.Flags = bpftest.ACK })
 					if v, tr := runVerdict(t, kind, prog, tc.name+": ACK", ack); v != vPass || !tr {
-						t.Errorf("%s (%s): ACK of the established flow after its range went: verdict %s, translated %v; want pass, translated",
+						t.Errorf("%s (%s): ACK of the flow after its range went: verdict %s, translated %v; want pass, translated",
 							tc.name, kind.name, v, tr)
 					}
 					if v, tr := runVerdict(t, kind, prog, tc.name+": new SYN", tc.newFlow); v != vDrop || tr {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/monitor"
 	"github.com/sluice-dataplane/sluice/internal/probe"
 	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
@@ -263,19 +264,134 @@ func natPort(t *testing.T, n *NorthSouth, client, backend netip.AddrPort, proto 
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range recs {
-		k := r.Key
-		if k.Dir == lbmap.NATDirEgress && k.Proto == proto &&
-			k.SAddr.NetIP() == client.Addr() && k.SPort.Host() == client.Port() &&
-			k.DAddr.NetIP() == backend.Addr() && k.DPort.Host() == backend.Port() {
-			if p := r.Entry.ToPort.Host(); p < snatMin || p > snatMax {
-				t.Errorf("SNAT port %d of %s -> %s outside %d-%d", p, client, backend, snatMin, snatMax)
+	// The egress mapping, or a half-open TCP flow's reply mapping alone.
+	for _, dir := range []uint8{lbmap.NATDirEgress, lbmap.NATDirIngress} {
+		for _, r := range recs {
+			k := r.Key
+			if k.Dir != dir || k.Proto != proto {
+				continue
 			}
-			return r.Entry.ToPort.Host()
+			port := r.Entry.ToPort.Host()
+			if dir == lbmap.NATDirEgress && (k.SAddr.NetIP() != client.Addr() || k.SPort.Host() != client.Port() ||
+				k.DAddr.NetIP() != backend.Addr() || k.DPort.Host() != backend.Port()) {
+				continue
+			}
+			if dir == lbmap.NATDirIngress {
+				if r.Entry.ToAddr.NetIP() != client.Addr() || r.Entry.ToPort.Host() != client.Port() ||
+					k.SAddr.NetIP() != backend.Addr() || k.SPort.Host() != backend.Port() {
+					continue
+				}
+				port = k.DPort.Host()
+			}
+			if port < snatMin || port > snatMax {
+				t.Errorf("SNAT port %d of %s -> %s outside %d-%d", port, client, backend, snatMin, snatMax)
+			}
+			return port
 		}
 	}
 	t.Fatalf("no SNAT mapping for %s -> %s", client, backend)
 	return 0
+}
+
+// flowEntry returns the service entry of the flow client -> frontend, or,
+// for a half-open TCP flow (a SYN's, ct.h), its ingress entry toward
+// backend: what says how the flow is translated.
+func flowEntry(t *testing.T, n *NorthSouth, client, frontend, backend netip.AddrPort, proto uint8) (lbmap.CTEntry, bool) {
+	t.Helper()
+	if e, ok := ctEntry(t, n, client, frontend, proto, lbmap.CTDirService); ok {
+		return e, true
+	}
+	return ctEntry(t, n, client, backend, proto, lbmap.CTDirIngress)
+}
+
+// backendAnswers runs, through prog, a masqueraded flow's first answer
+// from backend to node:port: a SYN-ACK for TCP (which the client's ACK
+// must acknowledge to complete the flow, ct.h), a datagram for UDP.
+func backendAnswers(t *testing.T, prog *ebpf.Program, backend netip.AddrPort, node netip.Addr, port uint16, proto uint8) {
+	t.Helper()
+	p := bpftest.Packet{Src: backend, Dst: netip.AddrPortFrom(node, port), Proto: proto, Flags: synAckIfTCP(proto), TTL: 64}
+	if _, err := bpftest.Run(prog, p.MustBytes()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// establish runs the rest of TCP flow's handshake after its SYN (first)
+// went through prog: the backend's SYN-ACK (from backend, to the nat port
+// on node through prog when masqueraded, else to the client through tc
+// egress) and the client's ACK, so the flow is complete (ct.h). Anything
+// but TCP is left as it is.
+func establish(t *testing.T, n *NorthSouth, prog *ebpf.Program, first bpftest.Packet, backend netip.AddrPort, node netip.Addr) {
+	t.Helper()
+	if first.Proto != bpftest.TCP {
+		return
+	}
+	synAck := bpftest.Packet{Src: backend, Dst: first.Src, Proto: bpftest.TCP, Flags: bpftest.SYN | bpftest.ACK}
+	via := n.Programs().TCEgress
+	if node.IsValid() {
+		synAck.Dst, via = netip.AddrPortFrom(node, natPort(t, n, first.Src, backend, bpftest.TCP)), prog
+	}
+	for _, step := range []struct {
+		prog *ebpf.Program
+		p    bpftest.Packet
+	}{{via, synAck}, {prog, first.With(func(p *bpftest.Packet) { p.Flags = bpftest.ACK })}} {
+		if _, err := bpftest.Run(step.prog, step.p.MustBytes()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok := ctEntry(t, n, first.Src, first.Dst, bpftest.TCP, lbmap.CTDirService); !ok {
+		t.Fatalf("%s: no service entry after the handshake", first)
+	}
+}
+
+// halfOpenEntry returns the ingress entry of client's half-open TCP flow,
+// whichever backend it names.
+func halfOpenEntry(t *testing.T, n *NorthSouth, client netip.AddrPort) (lbmap.CTEntry, bool) {
+	t.Helper()
+	recs, err := n.CT().Dump()
+	must(t, err)
+	for _, r := range recs {
+		k := r.Key
+		if k.Dir == lbmap.CTDirIngress && k.Proto == bpftest.TCP && k.SAddr.NetIP() == client.Addr() &&
+			k.SPort.Host() == client.Port() && r.Entry.Flags&lbmap.CTFlagNew != 0 {
+			return r.Entry, true
+		}
+	}
+	return lbmap.CTEntry{}, false
+}
+
+// dropCount is how many packets the programs of n dropped with the reason
+// named name (monitor.DropReasons).
+func dropCount(t *testing.T, n *NorthSouth, name string) uint64 {
+	t.Helper()
+	v, err := n.Visibility()
+	must(t, err)
+	defer v.Close()
+	drops, err := v.Drops()
+	must(t, err)
+	for i, r := range monitor.DropReasons {
+		if r.Name == name {
+			return drops[i].Packets
+		}
+	}
+	t.Fatalf("no drop reason %q", name)
+	return 0
+}
+
+// ctMapOf is the established flows' conntrack table of proto: ct for TCP,
+// ct_any for the rest.
+func ctMapOf(n *NorthSouth, proto uint8) *ebpf.Map {
+	if proto == bpftest.TCP {
+		return n.tc.Ct
+	}
+	return n.tc.CtAny
+}
+
+// snatMapOf is the established flows' SNAT table of proto.
+func snatMapOf(n *NorthSouth, proto uint8) *ebpf.Map {
+	if proto == bpftest.TCP {
+		return n.tc.Snat
+	}
+	return n.tc.SnatAny
 }
 
 // forEachIngress runs fn once per ingress program (tc, XDP), each with
@@ -355,16 +471,19 @@ func testTranslation(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Pr
 			return p.With(func(p *bpftest.Packet) { p.Src = netip.AddrPortFrom(tc.node, port); p.Dst = tc.backend })
 		}
 		checkResult(t, kind, tc.name+": DNAT+SNAT", tc.in, res, vPass, snat(tc.in))
+		reply := bpftest.Packet{
+			Src: tc.backend, Dst: netip.AddrPortFrom(tc.node, port), Proto: tc.in.Proto,
+			Flags: synAckIfTCP(tc.in.Proto), Payload: []byte("reply"),
+		}
+		back := func(p bpftest.Packet) bpftest.Packet {
+			return p.With(func(p *bpftest.Packet) { p.Src = tc.in.Dst; p.Dst = tc.in.Src })
+		}
+		runPacket(t, kind, prog, tc.name+": reply, reverse SNAT+DNAT", reply, vPass, back(reply))
 		// The next packet of the flow takes the same backend and port.
 		next := tc.in.With(func(p *bpftest.Packet) { p.Flags = ackIfTCP(p.Proto) })
 		runPacket(t, kind, prog, tc.name+": next packet", next, vPass, snat(next))
-
-		reply := bpftest.Packet{
-			Src: tc.backend, Dst: netip.AddrPortFrom(tc.node, port), Proto: tc.in.Proto,
-			Flags: ackIfTCP(tc.in.Proto), Payload: []byte("reply"),
-		}
-		back := reply.With(func(p *bpftest.Packet) { p.Src = tc.in.Dst; p.Dst = tc.in.Src })
-		runPacket(t, kind, prog, tc.name+": reply, reverse SNAT+DNAT", reply, vPass, back)
+		data := reply.With(func(p *bpftest.Packet) { p.Flags = ackIfTCP(p.Proto) })
+		runPacket(t, kind, prog, tc.name+": the backend's data", data, vPass, back(data))
 	}
 }
 

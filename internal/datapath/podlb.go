@@ -46,11 +46,7 @@ func LoadPodLB(opts NorthSouthOptions) (*PodLB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load pod LB: %w", err)
 	}
-	for name, size := range opts.mapSizes() {
-		if ms, ok := spec.Maps[name]; ok {
-			ms.MaxEntries = size
-		}
-	}
+	sizeMaps(spec, opts.mapSizes())
 	maglevSize := orDefault(opts.MaglevTableSize, maglev.DefaultTableSize)
 	if err := lbmap.ConfigureMaglev(spec, maglevSize, opts.MaglevSeed); err != nil {
 		return nil, fmt.Errorf("load pod LB: %w", err)
@@ -83,6 +79,11 @@ func LoadPodLB(opts NorthSouthOptions) (*PodLB, error) {
 		if errors.As(err, &verr) {
 			return nil, fmt.Errorf("load pod LB: %+v", verr)
 		}
+		return nil, fmt.Errorf("load pod LB: %w", err)
+	}
+	m := &p.objs.tcpodMaps
+	if err := fillEstTables(m.CtEst, m.SnatEst, m.Ct, m.CtAny, m.Snat, m.SnatAny); err != nil {
+		p.objs.Close()
 		return nil, fmt.Errorf("load pod LB: %w", err)
 	}
 	return p, nil

@@ -17,6 +17,8 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	tclbMapCt                = "ct"
+	tclbMapCtAny             = "ct_any"
+	tclbMapCtEst             = "ct_est"
 	tclbMapCtNew             = "ct_new"
 	tclbMapLbAffinity        = "lb_affinity"
 	tclbMapLbBackends        = "lb_backends"
@@ -41,6 +43,8 @@ const (
 	tclbMapSlEvents          = "sl_events"
 	tclbMapSlFeStats         = "sl_fe_stats"
 	tclbMapSnat              = "snat"
+	tclbMapSnatAny           = "snat_any"
+	tclbMapSnatEst           = "snat_est"
 	tclbMapSnatNew           = "snat_new"
 	tclbProgTcLbEgress       = "tc_lb_egress"
 	tclbProgTcLbIngress      = "tc_lb_ingress"
@@ -101,6 +105,8 @@ type tclbProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type tclbMapSpecs struct {
 	Ct            *ebpf.MapSpec `ebpf:"ct"`
+	CtAny         *ebpf.MapSpec `ebpf:"ct_any"`
+	CtEst         *ebpf.MapSpec `ebpf:"ct_est"`
 	CtNew         *ebpf.MapSpec `ebpf:"ct_new"`
 	LbAffinity    *ebpf.MapSpec `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.MapSpec `ebpf:"lb_backends"`
@@ -125,6 +131,8 @@ type tclbMapSpecs struct {
 	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
 	SlFeStats     *ebpf.MapSpec `ebpf:"sl_fe_stats"`
 	Snat          *ebpf.MapSpec `ebpf:"snat"`
+	SnatAny       *ebpf.MapSpec `ebpf:"snat_any"`
+	SnatEst       *ebpf.MapSpec `ebpf:"snat_est"`
 	SnatNew       *ebpf.MapSpec `ebpf:"snat_new"`
 }
 
@@ -159,6 +167,8 @@ func (o *tclbObjects) Close() error {
 // It can be passed to loadTclbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tclbMaps struct {
 	Ct            *ebpf.Map `ebpf:"ct"`
+	CtAny         *ebpf.Map `ebpf:"ct_any"`
+	CtEst         *ebpf.Map `ebpf:"ct_est"`
 	CtNew         *ebpf.Map `ebpf:"ct_new"`
 	LbAffinity    *ebpf.Map `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.Map `ebpf:"lb_backends"`
@@ -183,12 +193,16 @@ type tclbMaps struct {
 	SlEvents      *ebpf.Map `ebpf:"sl_events"`
 	SlFeStats     *ebpf.Map `ebpf:"sl_fe_stats"`
 	Snat          *ebpf.Map `ebpf:"snat"`
+	SnatAny       *ebpf.Map `ebpf:"snat_any"`
+	SnatEst       *ebpf.Map `ebpf:"snat_est"`
 	SnatNew       *ebpf.Map `ebpf:"snat_new"`
 }
 
 func (m *tclbMaps) Close() error {
 	return _TclbClose(
 		m.Ct,
+		m.CtAny,
+		m.CtEst,
 		m.CtNew,
 		m.LbAffinity,
 		m.LbBackends,
@@ -213,6 +227,8 @@ func (m *tclbMaps) Close() error {
 		m.SlEvents,
 		m.SlFeStats,
 		m.Snat,
+		m.SnatAny,
+		m.SnatEst,
 		m.SnatNew,
 	)
 }

@@ -17,6 +17,8 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	tcpodMapCt                = "ct"
+	tcpodMapCtAny             = "ct_any"
+	tcpodMapCtEst             = "ct_est"
 	tcpodMapCtNew             = "ct_new"
 	tcpodMapLbAffinity        = "lb_affinity"
 	tcpodMapLbBackends        = "lb_backends"
@@ -40,6 +42,8 @@ const (
 	tcpodMapSlEvents          = "sl_events"
 	tcpodMapSlFeStats         = "sl_fe_stats"
 	tcpodMapSnat              = "snat"
+	tcpodMapSnatAny           = "snat_any"
+	tcpodMapSnatEst           = "snat_est"
 	tcpodMapSnatNew           = "snat_new"
 	tcpodProgTcPodFromPod     = "tc_pod_from_pod"
 	tcpodProgTcPodToPod       = "tc_pod_to_pod"
@@ -99,6 +103,8 @@ type tcpodProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcpodMapSpecs struct {
 	Ct            *ebpf.MapSpec `ebpf:"ct"`
+	CtAny         *ebpf.MapSpec `ebpf:"ct_any"`
+	CtEst         *ebpf.MapSpec `ebpf:"ct_est"`
 	CtNew         *ebpf.MapSpec `ebpf:"ct_new"`
 	LbAffinity    *ebpf.MapSpec `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.MapSpec `ebpf:"lb_backends"`
@@ -122,6 +128,8 @@ type tcpodMapSpecs struct {
 	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
 	SlFeStats     *ebpf.MapSpec `ebpf:"sl_fe_stats"`
 	Snat          *ebpf.MapSpec `ebpf:"snat"`
+	SnatAny       *ebpf.MapSpec `ebpf:"snat_any"`
+	SnatEst       *ebpf.MapSpec `ebpf:"snat_est"`
 	SnatNew       *ebpf.MapSpec `ebpf:"snat_new"`
 }
 
@@ -155,6 +163,8 @@ func (o *tcpodObjects) Close() error {
 // It can be passed to loadTcpodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcpodMaps struct {
 	Ct            *ebpf.Map `ebpf:"ct"`
+	CtAny         *ebpf.Map `ebpf:"ct_any"`
+	CtEst         *ebpf.Map `ebpf:"ct_est"`
 	CtNew         *ebpf.Map `ebpf:"ct_new"`
 	LbAffinity    *ebpf.Map `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.Map `ebpf:"lb_backends"`
@@ -178,12 +188,16 @@ type tcpodMaps struct {
 	SlEvents      *ebpf.Map `ebpf:"sl_events"`
 	SlFeStats     *ebpf.Map `ebpf:"sl_fe_stats"`
 	Snat          *ebpf.Map `ebpf:"snat"`
+	SnatAny       *ebpf.Map `ebpf:"snat_any"`
+	SnatEst       *ebpf.Map `ebpf:"snat_est"`
 	SnatNew       *ebpf.Map `ebpf:"snat_new"`
 }
 
 func (m *tcpodMaps) Close() error {
 	return _TcpodClose(
 		m.Ct,
+		m.CtAny,
+		m.CtEst,
 		m.CtNew,
 		m.LbAffinity,
 		m.LbBackends,
@@ -207,6 +221,8 @@ func (m *tcpodMaps) Close() error {
 		m.SlEvents,
 		m.SlFeStats,
 		m.Snat,
+		m.SnatAny,
+		m.SnatEst,
 		m.SnatNew,
 	)
 }

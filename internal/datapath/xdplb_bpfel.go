@@ -17,6 +17,8 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	xdplbMapCt                = "ct"
+	xdplbMapCtAny             = "ct_any"
+	xdplbMapCtEst             = "ct_est"
 	xdplbMapCtNew             = "ct_new"
 	xdplbMapLbAffinity        = "lb_affinity"
 	xdplbMapLbBackends        = "lb_backends"
@@ -41,6 +43,8 @@ const (
 	xdplbMapSlEvents          = "sl_events"
 	xdplbMapSlFeStats         = "sl_fe_stats"
 	xdplbMapSnat              = "snat"
+	xdplbMapSnatAny           = "snat_any"
+	xdplbMapSnatEst           = "snat_est"
 	xdplbMapSnatNew           = "snat_new"
 	xdplbProgXdpCtClock       = "xdp_ct_clock"
 	xdplbProgXdpLbIngress     = "xdp_lb_ingress"
@@ -101,6 +105,8 @@ type xdplbProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdplbMapSpecs struct {
 	Ct            *ebpf.MapSpec `ebpf:"ct"`
+	CtAny         *ebpf.MapSpec `ebpf:"ct_any"`
+	CtEst         *ebpf.MapSpec `ebpf:"ct_est"`
 	CtNew         *ebpf.MapSpec `ebpf:"ct_new"`
 	LbAffinity    *ebpf.MapSpec `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.MapSpec `ebpf:"lb_backends"`
@@ -125,6 +131,8 @@ type xdplbMapSpecs struct {
 	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
 	SlFeStats     *ebpf.MapSpec `ebpf:"sl_fe_stats"`
 	Snat          *ebpf.MapSpec `ebpf:"snat"`
+	SnatAny       *ebpf.MapSpec `ebpf:"snat_any"`
+	SnatEst       *ebpf.MapSpec `ebpf:"snat_est"`
 	SnatNew       *ebpf.MapSpec `ebpf:"snat_new"`
 }
 
@@ -159,6 +167,8 @@ func (o *xdplbObjects) Close() error {
 // It can be passed to loadXdplbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdplbMaps struct {
 	Ct            *ebpf.Map `ebpf:"ct"`
+	CtAny         *ebpf.Map `ebpf:"ct_any"`
+	CtEst         *ebpf.Map `ebpf:"ct_est"`
 	CtNew         *ebpf.Map `ebpf:"ct_new"`
 	LbAffinity    *ebpf.Map `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.Map `ebpf:"lb_backends"`
@@ -183,12 +193,16 @@ type xdplbMaps struct {
 	SlEvents      *ebpf.Map `ebpf:"sl_events"`
 	SlFeStats     *ebpf.Map `ebpf:"sl_fe_stats"`
 	Snat          *ebpf.Map `ebpf:"snat"`
+	SnatAny       *ebpf.Map `ebpf:"snat_any"`
+	SnatEst       *ebpf.Map `ebpf:"snat_est"`
 	SnatNew       *ebpf.Map `ebpf:"snat_new"`
 }
 
 func (m *xdplbMaps) Close() error {
 	return _XdplbClose(
 		m.Ct,
+		m.CtAny,
+		m.CtEst,
 		m.CtNew,
 		m.LbAffinity,
 		m.LbBackends,
@@ -213,6 +227,8 @@ func (m *xdplbMaps) Close() error {
 		m.SlEvents,
 		m.SlFeStats,
 		m.Snat,
+		m.SnatAny,
+		m.SnatEst,
 		m.SnatNew,
 	)
 }

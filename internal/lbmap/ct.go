@@ -14,8 +14,14 @@ const (
 	NATMapName = "snat"
 	// CTNewMapName and NATNewMapName hold new flows until they are
 	// established (bpf/lib/ct.h): a flood of new flows churns these alone.
-	CTNewMapName     = "ct_new"
-	NATNewMapName    = "snat_new"
+	CTNewMapName  = "ct_new"
+	NATNewMapName = "snat_new"
+	// CTAnyMapName and NATAnyMapName hold the established flows of every
+	// protocol but TCP (ct and snat hold TCP's), as Cilium's ct_any beside
+	// its TCP table: a flood of UDP flows that answer never evicts a TCP
+	// connection's state.
+	CTAnyMapName     = "ct_any"
+	NATAnyMapName    = "snat_any"
 	NSConfigMapName  = "ns_config"
 	PodIfacesMapName = "ns_pod_ifaces"
 	TunnelMapName    = "ns_tunnel"
@@ -48,6 +54,16 @@ const (
 	// masqueraded flow's nat port is then in its mapping only) or the
 	// client's own (ingress entry).
 	CTFlagSPort uint16 = 1 << 10
+	// CTFlagRST: closed by a RST, either way (no TIME_WAIT anywhere).
+	CTFlagRST uint16 = 1 << 11
+	// CTFlagFINReply: the backend sent its FIN.
+	CTFlagFINReply uint16 = 1 << 12
+	// CTFlagTWBackend: the backend closed first and holds the tuple in
+	// TIME_WAIT; the entry lives that long, and its nat port waits.
+	CTFlagTWBackend uint16 = 1 << 13
+	// CTFlagReplyData: the backend sent something after its SYN-ACK; the
+	// flow has the established lifetime only from then on.
+	CTFlagReplyData uint16 = 1 << 14
 )
 
 // Load balancing modes for remote backends (NS_MODE_*), --lb-mode.
@@ -130,7 +146,17 @@ type NSConfig struct {
 	UDPTimeout      uint32
 	SNATPortMin     uint16 // host order
 	SNATPortMax     uint16
-	Pad             uint32
+	// SNATHoleMin and SNATHoleMax are ports of the range never used as
+	// nat ports (the NodePorts and the host's ephemeral ports inside it);
+	// zero: none.
+	SNATHoleMin uint16
+	SNATHoleMax uint16
+	// HashKey keys the datapath's flow hash (a new flow's backend slot
+	// and first nat port), so that a client cannot choose ports that all
+	// land on one backend or one nat port: random per boot, kept in the
+	// pinned map across agent restarts. 0: unkeyed.
+	HashKey uint32
+	Pad     uint32
 }
 
 // CTFlagsString names the set flags, e.g. "SYN|ESTABLISHED|SNAT".
@@ -142,7 +168,8 @@ func CTFlagsString(f uint16) string {
 		{CTFlagSYN, "SYN"}, {CTFlagEstablished, "ESTABLISHED"}, {CTFlagClosing, "CLOSING"},
 		{CTFlagSeenReply, "SEEN_REPLY"}, {CTFlagLocal, "LOCAL"}, {CTFlagSNAT, "SNAT"}, {CTFlagDSR, "DSR"},
 		{CTFlagHairpin, "HAIRPIN"}, {CTFlagSNATFE, "SNAT_FE"}, {CTFlagNew, "NEW"},
-		{CTFlagSPort, "SPORT"},
+		{CTFlagSPort, "SPORT"}, {CTFlagRST, "RST"}, {CTFlagFINReply, "FIN_REPLY"},
+		{CTFlagTWBackend, "TW_BACKEND"}, {CTFlagReplyData, "REPLY_DATA"},
 	}
 	var out []string
 	for _, n := range names {
@@ -157,20 +184,40 @@ func CTFlagsString(f uint16) string {
 	return strings.Join(out, "|")
 }
 
-// CT reads and collects the conntrack maps: ct, the established flows,
-// and ct_new, the new ones (their entries flagged CTFlagNew).
+// CT reads and collects the conntrack maps: ct and ct_any, the established
+// TCP flows and those of every other protocol, and ct_new, the new ones
+// (their entries flagged CTFlagNew).
 type CT struct {
-	m, fresh *ebpf.Map
+	m, anyProto, fresh *ebpf.Map
 	// flowCaches hold counters of established flows that their CT
 	// entries have not counted yet (FlowCacheMapName).
 	flowCaches []*ebpf.Map
 }
 
-// NewCT wraps the loaded ct and ct_new maps and the flow caches of the
-// programs that use them; the caller keeps ownership.
-func NewCT(m, fresh *ebpf.Map, flowCaches ...*ebpf.Map) *CT {
-	return &CT{m: m, fresh: fresh, flowCaches: flowCaches}
+// NewCT wraps the loaded ct, ct_any and ct_new maps and the flow caches of
+// the programs that use them; the caller keeps ownership. anyProto may be
+// nil (a datapath before ct_any: every protocol in m).
+func NewCT(m, anyProto, fresh *ebpf.Map, flowCaches ...*ebpf.Map) *CT {
+	return &CT{m: m, anyProto: anyProto, fresh: fresh, flowCaches: flowCaches}
 }
+
+// established is the established table of proto and its name.
+func (c *CT) established(proto uint8) (*ebpf.Map, string) {
+	if proto != protoTCP && c.anyProto != nil {
+		return c.anyProto, CTAnyMapName
+	}
+	return c.m, CTMapName
+}
+
+// table is the table an entry of key with flags is in, and its name.
+func (c *CT) table(key CTTuple, flags uint16) (*ebpf.Map, string) {
+	if flags&CTFlagNew != 0 {
+		return c.fresh, CTNewMapName
+	}
+	return c.established(key.Proto)
+}
+
+const protoTCP = 6
 
 // CTRecord is one conntrack entry.
 type CTRecord struct {
@@ -228,10 +275,11 @@ func IngressOf(in CTEntry, key CTTuple) bool {
 // are the entry's own (no flow cache read).
 func (c *CT) Lookup(key CTTuple) (CTEntry, bool, error) {
 	var e CTEntry
+	est, name := c.established(key.Proto)
 	for _, m := range []struct {
 		m    *ebpf.Map
 		name string
-	}{{c.m, CTMapName}, {c.fresh, CTNewMapName}} {
+	}{{est, name}, {c.fresh, CTNewMapName}} {
 		if m.m == nil {
 			continue
 		}
@@ -252,9 +300,10 @@ func (c *CT) Len() (int, error) {
 	return len(recs), err
 }
 
-// dump reads ct_new before ct: entries only move from ct_new to ct, and
-// the datapath writes ct before it deletes from ct_new, so an entry moving
-// meanwhile is in one of the two dumps at least (NAT.GC relies on it).
+// dump reads ct_new before the established tables: entries only move from
+// ct_new to them, and the datapath writes there before it deletes from
+// ct_new, so an entry moving meanwhile is in one of the dumps at least
+// (NAT.GC relies on it).
 func (c *CT) dump() ([]CTRecord, error) {
 	rec := func(k CTTuple, v CTEntry) CTRecord { return CTRecord{k, v} }
 	var recs []CTRecord
@@ -264,6 +313,13 @@ func (c *CT) dump() ([]CTRecord, error) {
 			return nil, err
 		}
 		recs = fresh
+	}
+	if c.anyProto != nil {
+		other, err := records(c.anyProto, CTAnyMapName, rec)
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, other...)
 	}
 	established, err := records(c.m, CTMapName, rec)
 	return append(recs, established...), err
@@ -294,10 +350,7 @@ func (c *CT) GC(now uint32) (int, error) {
 		if r.Entry.Alive(now) {
 			continue
 		}
-		m, name := c.m, CTMapName
-		if r.Entry.Flags&CTFlagNew != 0 {
-			m, name = c.fresh, CTNewMapName
-		}
+		m, name := c.table(r.Key, r.Entry.Flags)
 		err := m.Delete(&r.Key)
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			continue

@@ -47,7 +47,8 @@ func TestCTFlagsString(t *testing.T) {
 		{0, ""},
 		{lbmap.CTFlagSYN | lbmap.CTFlagEstablished | lbmap.CTFlagSNAT, "SYN|ESTABLISHED|SNAT"},
 		{lbmap.CTFlagLocal | lbmap.CTFlagDSR | lbmap.CTFlagClosing | lbmap.CTFlagSeenReply, "CLOSING|SEEN_REPLY|LOCAL|DSR"},
-		{1 << 12, "0x1000"},
+		{lbmap.CTFlagRST | lbmap.CTFlagFINReply | lbmap.CTFlagTWBackend | lbmap.CTFlagReplyData, "RST|FIN_REPLY|TW_BACKEND|REPLY_DATA"},
+		{1 << 15, "0x8000"},
 	} {
 		if got := lbmap.CTFlagsString(tc.flags); got != tc.want {
 			t.Errorf("CTFlagsString(%#x) = %q, want %q", tc.flags, got, tc.want)

@@ -21,16 +21,28 @@ func (e NATEntry) String() string {
 	return fmt.Sprintf("-> %s", addrPort(e.ToAddr, e.ToPort))
 }
 
-// NAT reads the SNAT maps: snat, the established flows' mappings, and
-// snat_new, the new flows'.
+// NAT reads the SNAT maps: snat and snat_any, the established TCP and
+// other flows' mappings, and snat_new, the new flows'.
 type NAT struct {
-	m, fresh *ebpf.Map
+	m, anyProto, fresh *ebpf.Map
 }
 
-// NewNAT wraps the loaded snat and snat_new maps; the caller keeps
-// ownership.
-func NewNAT(m, fresh *ebpf.Map) *NAT {
-	return &NAT{m: m, fresh: fresh}
+// NewNAT wraps the loaded snat, snat_any and snat_new maps; the caller
+// keeps ownership. anyProto may be nil (every protocol in m).
+func NewNAT(m, anyProto, fresh *ebpf.Map) *NAT {
+	return &NAT{m: m, anyProto: anyProto, fresh: fresh}
+}
+
+// table is the table a mapping of key is in (fresh: snat_new's), and its
+// name.
+func (n *NAT) table(key CTTuple, fresh bool) (*ebpf.Map, string) {
+	switch {
+	case fresh:
+		return n.fresh, NATNewMapName
+	case key.Proto != protoTCP && n.anyProto != nil:
+		return n.anyProto, NATAnyMapName
+	}
+	return n.m, NATMapName
 }
 
 // NATRecord is one SNAT mapping direction; New: a new flow's (snat_new).
@@ -43,8 +55,18 @@ type NATRecord struct {
 // Dump returns every mapping of both tables, a snapshot of LRU maps.
 func (n *NAT) Dump() ([]NATRecord, error) {
 	recs, err := records(n.m, NATMapName, func(k CTTuple, v NATEntry) NATRecord { return NATRecord{k, v, false} })
-	if err != nil || n.fresh == nil {
-		return recs, err
+	if err != nil {
+		return nil, err
+	}
+	if n.anyProto != nil {
+		other, err := records(n.anyProto, NATAnyMapName, func(k CTTuple, v NATEntry) NATRecord { return NATRecord{k, v, false} })
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, other...)
+	}
+	if n.fresh == nil {
+		return recs, nil
 	}
 	fresh, err := records(n.fresh, NATNewMapName, func(k CTTuple, v NATEntry) NATRecord { return NATRecord{k, v, true} })
 	return append(recs, fresh...), err
@@ -113,10 +135,7 @@ func (n *NAT) GC(ct *CT, now uint32) (int, error) {
 		if live[flow] || r.Entry.Created+1 >= now {
 			continue
 		}
-		m, name := n.m, NATMapName
-		if r.New {
-			m, name = n.fresh, NATNewMapName
-		}
+		m, name := n.table(r.Key, r.New)
 		err := m.Delete(&r.Key)
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			continue

@@ -27,6 +27,9 @@ var DropReasons = []Reason{
 	{"dsr-no-service", "SL_DROP_DSR_NO_SERVICE", "a DSR packet for a frontend with no local endpoint here"},
 	{"family", "SL_DROP_FAMILY", "the backend is of the other IP family"},
 	{"no-ct", "SL_DROP_NO_CT", "a reply to a nat port whose flow is gone"},
+	{"martian", "SL_DROP_MARTIAN", "an address no packet from the wire may have: loopback, 0.0.0.0/8, v4-mapped, a multicast source; TCP to multicast or broadcast"},
+	{"handshake", "SL_DROP_HANDSHAKE", "a client packet of a half-open TCP flow that is not its handshake's ACK (a blind ACK)"},
+	{"dsr-spoofed", "SL_DROP_DSR_SPOOFED", "a DSR tunnel packet from a node's address, on a device or from a MAC the route to that node does not lead to"},
 }
 
 // Reason is one drop reason: its name in events and metrics, its C
