@@ -329,9 +329,10 @@ func nilIfNil[T any, P interface {
 // ClusterRoleBinding to a real API server, runs the agent's Kubernetes
 // source (the code the DaemonSet runs) as that ServiceAccount, and checks
 // that it syncs, that none of its requests is refused, that what it
-// requests is exactly agentAPIAccess plus posting an Event (which
-// TestSluiceClusterRole holds the ClusterRole to), and that the
-// ServiceAccount may do nothing else.
+// requests is exactly agentAPIAccess plus posting an Event and getting the
+// kube-system Namespace for the Maglev seed (which TestSluiceClusterRole
+// holds the ClusterRole to), and that the ServiceAccount may do nothing
+// else.
 func TestPrivilegedRBAC(t *testing.T) {
 	probetest.RequireRoot(t, "a kube-apiserver in a network namespace")
 	const ns = "sluice-rbac-test"
@@ -435,9 +436,14 @@ func TestPrivilegedRBAC(t *testing.T) {
 	}
 	// An Event about a skipped Service, as the agent posts one.
 	src.EventRecorder().ServiceEvent(types.NamespacedName{Namespace: "default", Name: "web"}, "FrontendConflict", "RBAC test")
+	// The Maglev seed, as the agent derives it at start (maglev.hashSeed
+	// is empty by default).
+	if uid, err := agent.KubeSystemUID(ctx, client); err != nil || uid == "" {
+		t.Errorf("the kube-system Namespace's UID as %s: %q, %v", user, uid, err)
+	}
 	// Every informer has its watch open once its events flow, and the
 	// Event is posted asynchronously; give them the same deadline.
-	want := append(append([]string(nil), agentAPIAccess...), "/events/create")
+	want := append(append([]string(nil), agentAPIAccess...), "/events/create", strings.Split(agentSeedAccess, ":")[0])
 	sort.Strings(want)
 	for {
 		access, _ := rec.snapshot()
@@ -474,6 +480,19 @@ func TestPrivilegedRBAC(t *testing.T) {
 		parts := strings.SplitN(a, "/", 3)
 		if !sar("", parts[0], parts[1], parts[2]) {
 			t.Errorf("%s may not %s %s/%s", user, parts[2], parts[0], parts[1])
+		}
+	}
+	// One Namespace by name: kube-system's, no other.
+	for name, want := range map[string]bool{"kube-system": true, "default": false, ns: false} {
+		r, err := admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+			Spec: authorizationv1.SubjectAccessReviewSpec{User: user, Groups: groups,
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Resource: "namespaces", Verb: "get", Name: name}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("SubjectAccessReview get namespaces/%s: %v", name, err)
+		}
+		if r.Status.Allowed != want {
+			t.Errorf("%s may get namespaces/%s: %v, want %v", user, name, r.Status.Allowed, want)
 		}
 	}
 	for _, d := range []struct{ ns, group, resource, verb string }{

@@ -266,6 +266,13 @@ var notExposed = map[string]string{
 	"manifests":  "in a cluster the agent watches the API server",
 }
 
+// setWhenGiven lists the agent flags the chart passes only when their
+// value is set (ci/dsr-maglev-values.yaml sets them), and why: the
+// agent's default is to leave them out.
+var setWhenGiven = map[string]string{
+	"bpf-lb-maglev-hash-seed": "maglev.hashSeed empty: the agent derives the seed from the kube-system Namespace's UID",
+}
+
 // TestSluiceChartCoversAgentFlags fails when the agent gains a flag that
 // the chart neither sets nor lists as deliberately not exposed.
 func TestSluiceChartCoversAgentFlags(t *testing.T) {
@@ -276,19 +283,31 @@ func TestSluiceChartCoversAgentFlags(t *testing.T) {
 	if env["NODE_NAME"] != "" {
 		set["node-name"] = true // its default is $NODE_NAME
 	}
+	args, env = agentCommand(t, renderSluice(t, filepath.Join(sluiceChart, "ci", "dsr-maglev-values.yaml")))
+	_, given := agentFlags(t, args, env)
 	fs.VisitAll(func(f *pflag.Flag) {
 		why, skip := notExposed[f.Name]
+		optional, hasOptional := setWhenGiven[f.Name]
 		switch {
 		case f.Hidden:
 		case skip && set[f.Name]:
 			t.Errorf("--%s is set by the chart but listed as not exposed (%s)", f.Name, why)
-		case !skip && !set[f.Name]:
+		case hasOptional && set[f.Name]:
+			t.Errorf("--%s is set by the chart's defaults but listed as set only when given (%s)", f.Name, optional)
+		case hasOptional && !given.Changed(f.Name):
+			t.Errorf("--%s is not set by ci/dsr-maglev-values.yaml, which sets the values of setWhenGiven", f.Name)
+		case !skip && !hasOptional && !set[f.Name]:
 			t.Errorf("--%s (%s) is not set by the chart: add a value or list it in notExposed", f.Name, f.Usage)
 		}
 	})
 	for name := range notExposed {
 		if fs.Lookup(name) == nil {
 			t.Errorf("notExposed lists --%s, which the agent no longer has", name)
+		}
+	}
+	for name := range setWhenGiven {
+		if fs.Lookup(name) == nil {
+			t.Errorf("setWhenGiven lists --%s, which the agent no longer has", name)
 		}
 	}
 }
@@ -305,8 +324,8 @@ func TestSluiceChartValues(t *testing.T) {
 			cfg: func(c *agent.Config) {
 				c.Devices = []string{"eth0", "ens+"}
 				c.LBMode, c.LBAlgorithm, c.LBAcceleration = "dsr", "maglev", "best-effort"
-				c.MaglevTableSize, c.MaglevSeed = 65521, 42
-				c.NodePortRange = "20000-22767"
+				c.MaglevTableSize, c.MaglevSeed, c.MaglevSeedSet = 65521, 42, true
+				c.NodePortRange, c.SNATRange = "20000-22767", "1024-19999"
 				c.BPFRoot, c.LBMapMax, c.CTGCInterval = "/sys/fs/bpf/sluice-test", 262144, time.Minute
 				c.MapSizeRatio = 0.005
 				c.CTTimeoutTCP, c.CTTimeoutAny = 2*time.Hour, 30*time.Second
@@ -366,7 +385,7 @@ func TestSluiceChartValues(t *testing.T) {
 				}
 				// The bandwidth manager watches its node's Pods.
 				cr := convert[rbacv1.ClusterRole](t, find(t, objs, "ClusterRole", "sluice"))
-				want := append(append([]string{"/pods/list", "/pods/watch"}, agentAPIAccess...), agentEventAccess...)
+				want := append(append([]string{"/pods/list", "/pods/watch", agentSeedAccess}, agentAPIAccess...), agentEventAccess...)
 				sort.Strings(want)
 				if got := ruleAccess(t, cr.Rules); !reflect.DeepEqual(got, want) {
 					t.Errorf("ClusterRole with the bandwidth manager grants\n %v\nthe agent needs\n %v", got, want)
@@ -517,18 +536,28 @@ var agentAPIAccess = []string{
 // create, and patch for a repeat the broadcaster aggregates.
 var agentEventAccess = []string{"/events/create", "/events/patch"}
 
-// ruleAccess expands RBAC rules to sorted group/resource/verb triples.
+// agentSeedAccess is what deriving the Maglev seed takes when
+// maglev.hashSeed is empty (agent.KubeSystemUID): get on the kube-system
+// Namespace alone (ruleAccess's form; the request is /namespaces/get).
+const agentSeedAccess = "/namespaces/get:kube-system"
+
+// ruleAccess expands RBAC rules to sorted group/resource/verb triples,
+// with ":name,..." for a rule limited to some objects.
 func ruleAccess(t testing.TB, rules []rbacv1.PolicyRule) []string {
 	t.Helper()
 	var out []string
 	for _, r := range rules {
-		if len(r.ResourceNames) > 0 || len(r.NonResourceURLs) > 0 {
-			t.Errorf("rule %+v: want plain resource rules", r)
+		if len(r.NonResourceURLs) > 0 {
+			t.Errorf("rule %+v: want resource rules", r)
+		}
+		names := ""
+		if len(r.ResourceNames) > 0 {
+			names = ":" + strings.Join(r.ResourceNames, ",")
 		}
 		for _, g := range r.APIGroups {
 			for _, res := range r.Resources {
 				for _, v := range r.Verbs {
-					out = append(out, g+"/"+res+"/"+v)
+					out = append(out, g+"/"+res+"/"+v+names)
 				}
 			}
 		}
@@ -538,13 +567,30 @@ func ruleAccess(t testing.TB, rules []rbacv1.PolicyRule) []string {
 }
 
 // TestSluiceClusterRole checks the rendered ClusterRole grants exactly the
-// access the agent needs.
+// access the agent needs: with maglev.hashSeed empty (the default) get on
+// the kube-system Namespace, without it not.
 func TestSluiceClusterRole(t *testing.T) {
-	cr := convert[rbacv1.ClusterRole](t, find(t, renderSluice(t, ""), "ClusterRole", "sluice"))
-	want := append(append([]string(nil), agentAPIAccess...), agentEventAccess...)
-	sort.Strings(want)
-	if got := ruleAccess(t, cr.Rules); !reflect.DeepEqual(got, want) {
-		t.Errorf("ClusterRole sluice grants\n %v\nthe agent needs\n %v", got, want)
+	for _, c := range []struct {
+		name string
+		set  []string
+		seed bool
+	}{
+		{"default: the seed derived", nil, true},
+		{"hashSeed 0 set", []string{"--set", "maglev.hashSeed=0"}, false},
+	} {
+		out, err := render(t, sluiceChart, c.set...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cr := convert[rbacv1.ClusterRole](t, find(t, decodeString(t, sluiceChart, out), "ClusterRole", "sluice"))
+		want := append(append([]string(nil), agentAPIAccess...), agentEventAccess...)
+		if c.seed {
+			want = append(want, agentSeedAccess)
+		}
+		sort.Strings(want)
+		if got := ruleAccess(t, cr.Rules); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: ClusterRole sluice grants\n %v\nthe agent needs\n %v", c.name, got, want)
+		}
 	}
 }
 
@@ -563,6 +609,11 @@ func TestSluiceChartRejects(t *testing.T) {
 		{"maglev not prime", []string{"maglev.tableSize=16383"}, []string{"maglev.tableSize=16383: must be a prime", "divisible by 3"}},
 		{"maglev too small", []string{"maglev.tableSize=100"}, []string{"/maglev/tableSize", "minimum"}},
 		{"maglev seed", []string{"maglev.hashSeed=-1"}, []string{"/maglev/hashSeed", "minimum"}},
+		{"maglev seed text", []string{"maglev.hashSeed=auto"}, []string{"/maglev/hashSeed", "auto"}},
+		{"snatPortRange text", []string{"snatPortRange=high"}, []string{"/snatPortRange", "does not match"}},
+		{"snatPortRange well-known ports", []string{"snatPortRange=1000-5000"}, []string{`snatPortRange="1000-5000"`, "MIN at least 1024"}},
+		{"snatPortRange reversed", []string{"snatPortRange=5000-2000"}, []string{`snatPortRange="5000-2000"`, "MIN <= MAX"}},
+		{"snatPortRange above 65535", []string{"snatPortRange=2000-70000"}, []string{`snatPortRange="2000-70000"`, "MAX at most 65535"}},
 		{"device with slash", []string{"devices={eth0/1}"}, []string{"/devices/0", "eth0/1"}},
 		{"device too long", []string{"devices={averyveryverylongname}"}, []string{"/devices/0", "averyveryverylongname"}},
 		{"nodePortRange reversed", []string{"nodePortRange=32767-30000"}, []string{`nodePortRange="32767-30000"`, "MIN <= MAX"}},

@@ -68,6 +68,14 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return fmt.Errorf("%w (check --kubeconfig, or run in a cluster with a service account)", err)
 	}
+	// Before anything reads the seed: the pipeline's Maglev tables and the
+	// programs' flow hash.
+	seed, err := chooseMaglevSeed(ctx, &cfg, namespaceUIDGetter(src))
+	if err != nil {
+		return err
+	}
+	cfg.MaglevSeed = seed.seed
+	log.Info("Maglev seed", "source", seed.source)
 	features := probeKernel()
 	for _, f := range features {
 		log.Debug("kernel feature", "name", f.Name, "available", f.Available, "detail", f.Detail)
@@ -82,6 +90,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	a := newAgent(&cfg, log, src, nil, pl, features)
 	a.started = started
+	a.useMaglevSeed(seed)
 	if cfg.BandwidthMgr {
 		a.bw = newBandwidthSide(cfg.NodeName) // before the source: it feeds Pods
 	}
@@ -216,8 +225,12 @@ type Agent struct {
 	// events posts Kubernetes Events about skipped Services when an API
 	// server is the source.
 	events eventRecorder
-	// snatPorts is the nat port range last written (status).
-	snatPorts string
+	// snatPorts is the nat ports last written, snatInUse how many each
+	// backend held at the latest conntrack garbage collection (snatuse.go).
+	snatPorts SNATPorts
+	snatInUse map[snatBackend]int
+	// seed is the Maglev seed and where it came from (maglevseed.go).
+	seed maglevSeed
 	// bw is the bandwidth manager (--enable-bandwidth-manager), else nil.
 	bw *bandwidthSide
 	// udp hands removed UDP backends to the socket reaper (udpsockets.go).
@@ -241,7 +254,7 @@ func newAgent(cfg *Config, log *slog.Logger, src Source, dp dataplane, pl pipeli
 		healthz:     api.ProxierHealth{Address: cfg.HealthzAddr},
 	}
 	a.metrics = newMetrics(src, func() dataplane { return a.dp })
-	a.metrics.register(&visCollector{vis: a.visibility, perBackend: cfg.MetricsPerBackend})
+	a.metrics.register(&visCollector{vis: a.visibility, perBackend: cfg.MetricsPerBackend}, snatCollector{a})
 	if es, ok := src.(eventSource); ok {
 		a.events = es.EventRecorder()
 	}

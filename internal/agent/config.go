@@ -39,6 +39,10 @@ type Config struct {
 	LBMode          string
 	LBAcceleration  string
 	NodePortRange   string
+	// SNATRange is --snat-port-range: the nat ports of masqueraded flows,
+	// MIN-MAX; empty: 1024-65535 less the NodePorts and the node's
+	// ephemeral ports (SNATPortRange).
+	SNATRange string
 	// NodePortAddresses narrows the local addresses NodePorts answer on
 	// (--nodeport-addresses): CIDRs, or "primary" for the Node's
 	// InternalIPs only; empty is every local address.
@@ -58,7 +62,11 @@ type Config struct {
 	CTMapMax        uint32 // 0: from MapSizeRatio
 	NATMapMax       uint32 // 0: from MapSizeRatio
 	MaglevSeed      uint32
-	XDPGeneric      bool // tests only
+	// MaglevSeedSet: --bpf-lb-maglev-hash-seed was given (pflag's Changed,
+	// kept by seedFlag); else Run derives the seed per cluster
+	// (maglevseed.go).
+	MaglevSeedSet bool
+	XDPGeneric    bool // tests only
 	// TestHooks lets SIGUSR2 stop the sync loop for good, as a hung agent
 	// (tests of the liveness probe; hidden flag).
 	TestHooks    bool
@@ -92,6 +100,7 @@ type Config struct {
 
 	// Derived by Validate.
 	nodePortRange [2]uint16
+	snatRange     [2]uint16      // {0, 0}: no --snat-port-range
 	nodePortCIDRs []netip.Prefix // nil: every local address
 	nodePortAll   bool           // no --nodeport-addresses
 	inCluster     bool
@@ -150,6 +159,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 		"or best-effort (driver mode where the driver allows it, else tc; a veth stays on tc: native XDP on a veth needs an XDP program "+
 		"on its peer and senders without TX checksum offload, see docs/xdp-on-veth.md)")
 	fs.StringVar(&c.NodePortRange, "node-port-range", DefaultNodePortRange, "NodePort range, MIN-MAX")
+	fs.StringVar(&c.SNATRange, "snat-port-range", "", "nat ports of masqueraded flows, MIN-MAX (MIN at least 1024), less the parts --node-port-range "+
+		"and the node's ip_local_port_range take; empty: 1024-65535 less both (`sluice status` shows the ports)")
 	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", nil, "the local addresses NodePorts answer on, "+
 		"as kube-proxy's flag: CIDRs (comma separated; the Node's InternalIPs outside them too get no NodePorts), or primary (the InternalIPs only); "+
 		"default every local address but loopback and link-local, and the InternalIPs")
@@ -168,7 +179,9 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 
 	fs.Uint32Var(&c.MaglevTableSize, "bpf-lb-maglev-table-size", maglev.DefaultTableSize,
 		fmt.Sprintf("entries of each Maglev lookup table: a prime from %d to %d, the same on every node", maglev.MinTableSize, maglev.MaxTableSize))
-	fs.Uint32Var(&c.MaglevSeed, "bpf-lb-maglev-hash-seed", 0, "seed of the Maglev permutations and flow hash; the same on every node")
+	fs.Var(seedFlag{&c.MaglevSeed, &c.MaglevSeedSet}, "bpf-lb-maglev-hash-seed",
+		"seed of the Maglev permutations and flow hash, the same on every node; default: derived from the kube-system Namespace's UID "+
+			"(from the API server, or a Namespace kube-system in --manifests; else 0)")
 	fs.Uint32Var(&c.FlowCacheSets, "bpf-lb-flow-cache-sets", lbmap.DefaultFlowCacheSets,
 		fmt.Sprintf("sets of %d entries in each CPU's cache of established masqueraded flows in front of conntrack (%d bytes a set, for tc and for XDP): a power of two from %d to %d, or 0 for none",
 			lbmap.FlowCacheWays, binary.Size(lbmap.FlowCacheSet{}), lbmap.MinFlowCacheSets, lbmap.MaxFlowCacheSets))
@@ -304,6 +317,19 @@ func (c *Config) Validate() error {
 	} else {
 		c.nodePortRange = r
 	}
+	c.snatRange = [2]uint16{}
+	if c.SNATRange != "" {
+		if r, err := ParsePortRange(c.SNATRange); err != nil {
+			bad("snat-port-range", c.SNATRange, "%v", err)
+		} else if r[0] < defaultSNATRange[0] {
+			bad("snat-port-range", c.SNATRange, "want MIN at least %d: the well-known ports are never nat ports", defaultSNATRange[0])
+		} else if n := carve(portSpan(r), portSpan(c.nodePortRange)).Size(); n < minSNATPorts {
+			// The ephemeral ports are checked at start, against the node's.
+			bad("snat-port-range", c.SNATRange, "%d ports are left outside --node-port-range=%s, want at least %d", n, c.NodePortRange, minSNATPorts)
+		} else {
+			c.snatRange = r
+		}
+	}
 	for _, f := range []struct {
 		flag string
 		v    uint32
@@ -400,97 +426,6 @@ func (c *Config) SlogLevel() slog.Level {
 		return slog.LevelError
 	}
 	return slog.LevelInfo
-}
-
-// minSNATPorts is the fewest nat ports SNATPortRange may leave: flows to
-// one backend address and port share them.
-const minSNATPorts = 1024
-
-// SNATPorts is the range the datapath takes nat ports from for
-// masqueraded flows (SNATPortRange).
-type SNATPorts struct {
-	Range [2]uint16
-	// Ephemeral is the node's ip_local_port_range, which Range keeps out
-	// of when at least minSNATPorts ports are left outside it; Overlap
-	// says they were not and Range overlaps it.
-	Ephemeral [2]uint16
-	Overlap   bool
-	// EphemeralUnknown says why ip_local_port_range could not be read
-	// (Linux's default was assumed).
-	EphemeralUnknown string
-}
-
-func (p SNATPorts) String() string {
-	s := fmt.Sprintf("%d-%d", p.Range[0], p.Range[1])
-	if p.Overlap {
-		return s + fmt.Sprintf(" (overlaps ip_local_port_range %d-%d)", p.Ephemeral[0], p.Ephemeral[1])
-	}
-	return s + fmt.Sprintf(" (outside ip_local_port_range %d-%d)", p.Ephemeral[0], p.Ephemeral[1])
-}
-
-// SNATPortRange chooses the nat ports of masqueraded flows: above the
-// NodePort range and never below 32768 (as Cilium does), so that a reply
-// to a nat port is never mistaken for a packet to a NodePort; and outside
-// the node's ephemeral ports (ip_local_port_range, 32768-60999 by
-// default: nat ports 61000-65535), which the node's own connections take:
-// a masqueraded flow and a host socket holding the same address and port
-// toward the same peer would have their replies mixed up (the datapath
-// takes the host socket's for the flow's). The largest piece outside the
-// ephemeral range wins; when none has minSNATPorts ports, the range
-// overlaps it and Overlap says so (narrow ip_local_port_range, or put the
-// range into ip_local_reserved_ports).
-func SNATPortRange(nodePorts, ephemeral [2]uint16) SNATPorts {
-	lo := max(32768, uint32(nodePorts[1])+1)
-	out := SNATPorts{Range: [2]uint16{uint16(min(lo, 65535)), 65535}, Ephemeral: ephemeral}
-	e0, e1 := uint32(ephemeral[0]), uint32(ephemeral[1])
-	if e1 < lo || e0 > 65535 || e0 > e1 {
-		return out // no overlap to avoid
-	}
-	var pieces [][2]uint32 // below and above the ephemeral ports
-	if e0 > lo {
-		pieces = append(pieces, [2]uint32{lo, e0 - 1})
-	}
-	if e1 < 65535 {
-		pieces = append(pieces, [2]uint32{max(lo, e1+1), 65535})
-	}
-	var best [2]uint32
-	size := uint32(0)
-	for _, p := range pieces {
-		if n := p[1] - p[0] + 1; n > size {
-			best, size = p, n
-		}
-	}
-	if size < minSNATPorts {
-		out.Overlap = true
-		return out
-	}
-	out.Range = [2]uint16{uint16(best[0]), uint16(best[1])}
-	return out
-}
-
-// DefaultEphemeralPorts is Linux's default ip_local_port_range.
-var DefaultEphemeralPorts = [2]uint16{32768, 60999}
-
-// EphemeralPorts reads ip_local_port_range of the network namespace this
-// process is in (procSys: /proc/sys).
-func EphemeralPorts(procSys string) ([2]uint16, error) {
-	b, err := os.ReadFile(filepath.Join(procSys, "net/ipv4/ip_local_port_range"))
-	if err != nil {
-		return [2]uint16{}, err
-	}
-	f := strings.Fields(string(b))
-	if len(f) != 2 {
-		return [2]uint16{}, fmt.Errorf("ip_local_port_range %q: want two ports", strings.TrimSpace(string(b)))
-	}
-	var r [2]uint16
-	for i, s := range f {
-		v, err := strconv.ParseUint(s, 10, 16)
-		if err != nil {
-			return [2]uint16{}, fmt.Errorf("ip_local_port_range %q: %w", strings.TrimSpace(string(b)), err)
-		}
-		r[i] = uint16(v)
-	}
-	return r, nil
 }
 
 // ParsePortRange parses "MIN-MAX" (or a single port).

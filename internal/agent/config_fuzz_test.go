@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,10 +19,12 @@ import (
 // the DaemonSet's and the README's. Invariants: no panic, bounded time;
 // every error of Validate starts with the flag it is about (--name=value,
 // a flag sluice-agent has); an accepted configuration has a node port
-// range and an SNAT port range that do not overlap and leave the SNAT
-// range at least minSNATPorts ports above 32767, devices the kernel would
-// take as names (devValidName), and an --lb-algorithm the Service
-// annotation parser takes too.
+// range and nat ports (with Linux's default ephemeral ports) that do not
+// overlap, at least minSNATPorts of them from 1024 on, outside the
+// ephemeral ports unless they say they overlap, with a hole strictly
+// inside their range (the datapath ignores one at an edge); devices the
+// kernel would take as names (devValidName), and an --lb-algorithm the
+// Service annotation parser takes too.
 func FuzzAgentFlags(f *testing.F) {
 	for _, args := range [][]string{
 		{"--node-name=node1", "--manifests=/tmp", "--cgroup-root=/sys/fs/cgroup/unified/sluice-x/node1",
@@ -32,6 +35,8 @@ func FuzzAgentFlags(f *testing.F) {
 			"--bpf-lb-maglev-table-size=16381", "--node-port-range=30000-32767", "--bpf-map-dynamic-size-ratio=0.0025"},
 		{"--node-name=n", "--manifests=/tmp", "--cgroup-root=/sys/fs/cgroup/x", "--node-port-range= 100 - 64511 ",
 			"--bpf-ct-timeout-regular-tcp=1h", "--sync-period-min=0", "--healthz-bind-address=", "--metrics-addr=[::1]:0"},
+		{"--node-name=n", "--manifests=/tmp", "--cgroup-root=/sys/fs/cgroup/x", "--snat-port-range=20000-40000",
+			"--bpf-lb-maglev-hash-seed=0"},
 	} {
 		f.Add(strings.Join(args, "\n"))
 	}
@@ -78,9 +83,24 @@ func checkFlagErrors(t *testing.T, fs *pflag.FlagSet, err error) {
 func checkValidConfig(t *testing.T, c *Config) {
 	t.Helper()
 	np := c.nodePortRange
-	snat := SNATPortRange(np, DefaultEphemeralPorts).Range
-	if np[0] == 0 || np[0] > np[1] || snat[0] <= np[1] || snat[0] < 32768 || int(snat[1])-int(snat[0])+1 < minSNATPorts {
-		t.Errorf("--node-port-range=%q: node ports %v and SNAT ports %v", c.NodePortRange, np, snat)
+	if np[0] == 0 || np[0] > np[1] {
+		t.Errorf("--node-port-range=%q: node ports %v", c.NodePortRange, np)
+	}
+	// An explicit range the ephemeral ports leave too little of is
+	// refused at start, against the node's own.
+	if snat, err := c.snatPorts(DefaultEphemeralPorts); err == nil {
+		name := fmt.Sprintf("--node-port-range=%q --snat-port-range=%q", c.NodePortRange, c.SNATRange)
+		h := snat.Hole
+		if snat.Size() < minSNATPorts || snat.Range[0] < 1024 ||
+			(h != [2]uint16{} && (h[0] <= snat.Range[0] || h[1] >= snat.Range[1] || h[0] > h[1])) {
+			t.Errorf("%s: nat ports %s (%d)", name, snat.Ranges(), snat.Size())
+		}
+		checkNoNatPortIn(t, name, snat, np)
+		if !snat.Overlap {
+			checkNoNatPortIn(t, name, snat, DefaultEphemeralPorts)
+		}
+	} else if c.snatRange == ([2]uint16{}) {
+		t.Errorf("--node-port-range=%q: %v", c.NodePortRange, err)
 	}
 	for _, d := range c.Devices {
 		if !devValidName(strings.TrimSuffix(d, "+")) {

@@ -50,7 +50,8 @@ func TestConfigValid(t *testing.T) {
 		"--node-port-range=30000-30100", "--enable-bandwidth-manager", "--socket-lb=false", "--bpf-lb-map-max=1024",
 		"--sync-period-min=10ms", "--sync-period=1m", "--log-level=debug",
 		"--bpf-lb-maglev-table-size=251", "--bpf-lb-maglev-hash-seed=42", "--bpf-ct-gc-interval=5s", "--xdp-generic", "--unload-on-exit",
-		"--bpf-ct-global-max=131072", "--bpf-nat-global-max=2048", "--bpf-lb-flow-cache-sets=256", "--bpf-map-dynamic-size-ratio=0.01")
+		"--bpf-ct-global-max=131072", "--bpf-nat-global-max=2048", "--bpf-lb-flow-cache-sets=256", "--bpf-map-dynamic-size-ratio=0.01",
+		"--snat-port-range=20000-40000")
 	if err != nil {
 		t.Fatalf("Validate: %v", err)
 	}
@@ -60,8 +61,12 @@ func TestConfigValid(t *testing.T) {
 	if c.HealthzAddr != "[::1]:10266" {
 		t.Errorf("healthz address = %q, want [::1]:10266", c.HealthzAddr)
 	}
-	if c.MaglevTableSize != 251 || c.MaglevSeed != 42 || c.CTGCInterval != 5*time.Second || !c.XDPGeneric || !c.UnloadOnExit {
-		t.Errorf("north-south flags: table %d seed %d gc %v xdp-generic %v unload %v", c.MaglevTableSize, c.MaglevSeed, c.CTGCInterval, c.XDPGeneric, c.UnloadOnExit)
+	if c.MaglevTableSize != 251 || c.MaglevSeed != 42 || !c.MaglevSeedSet || c.CTGCInterval != 5*time.Second || !c.XDPGeneric || !c.UnloadOnExit {
+		t.Errorf("north-south flags: table %d seed %d (set %v) gc %v xdp-generic %v unload %v",
+			c.MaglevTableSize, c.MaglevSeed, c.MaglevSeedSet, c.CTGCInterval, c.XDPGeneric, c.UnloadOnExit)
+	}
+	if c.snatRange != [2]uint16{20000, 40000} {
+		t.Errorf("snat port range = %v, want [20000 40000]", c.snatRange)
 	}
 	if c.CTMapMax != 131072 || c.NATMapMax != 2048 || c.LBMapMax != 1024 || c.MapSizeRatio != 0.01 {
 		t.Errorf("map sizes: ct %d nat %d lb %d ratio %v, want 131072, 2048, 1024, 0.01", c.CTMapMax, c.NATMapMax, c.LBMapMax, c.MapSizeRatio)
@@ -87,6 +92,11 @@ func TestConfigDefaults(t *testing.T) {
 		c.SyncPeriodMin != DefaultSyncPeriodMin || len(c.NotImplemented()) != 0 ||
 		c.HealthzAddr != "0.0.0.0:10256" || c.MaglevTableSize != 16381 || c.CTGCInterval != 30*time.Second || c.UnloadOnExit {
 		t.Errorf("defaults: %+v", c)
+	}
+	// The seed is derived per cluster and the nat ports chosen at start
+	// unless given.
+	if c.MaglevSeedSet || c.MaglevSeed != 0 || c.SNATRange != "" || c.snatRange != [2]uint16{} {
+		t.Errorf("seed %d (set %v), snat port range %q %v: want unset", c.MaglevSeed, c.MaglevSeedSet, c.SNATRange, c.snatRange)
 	}
 	// Map sizes are derived from memory unless given.
 	if c.LBMapMax != 0 || c.CTMapMax != 0 || c.NATMapMax != 0 || c.MapSizeRatio != 0.0025 {
@@ -159,6 +169,13 @@ func TestConfigInvalid(t *testing.T) {
 		{"maglev table size small", []string{"--bpf-lb-maglev-table-size=13"}, "--bpf-lb-maglev-table-size=13: want a prime"},
 		{"maglev table size large", []string{"--bpf-lb-maglev-table-size=131101"}, "--bpf-lb-maglev-table-size=131101: want a prime"},
 		{"maglev hash seed syntax", []string{"--bpf-lb-maglev-hash-seed=-1"}, `invalid argument "-1" for "--bpf-lb-maglev-hash-seed"`},
+		{"maglev hash seed too large", []string{"--bpf-lb-maglev-hash-seed=4294967296"}, `invalid argument "4294967296" for "--bpf-lb-maglev-hash-seed"`},
+		{"snat-port-range syntax", []string{"--snat-port-range=high"}, "--snat-port-range=high: want MIN-MAX"},
+		{"snat-port-range well-known ports", []string{"--snat-port-range=80-5000"}, "--snat-port-range=80-5000: want MIN at least 1024"},
+		{"snat-port-range inside the node ports", []string{"--snat-port-range=30000-32767"},
+			"--snat-port-range=30000-32767: 0 ports are left outside --node-port-range=30000-32767, want at least 1024"},
+		{"snat-port-range mostly node ports", []string{"--node-port-range=30000-32767", "--snat-port-range=29000-32767"},
+			"--snat-port-range=29000-32767: 1000 ports are left outside --node-port-range=30000-32767, want at least 1024"},
 		{"xdp-generic without acceleration", []string{"--xdp-generic"}, "--xdp-generic=true: needs --lb-acceleration=native or best-effort"},
 		{"ct gc interval short", []string{"--bpf-ct-gc-interval=10ms"}, "--bpf-ct-gc-interval=10ms: want 1s to 1h"},
 		{"ct timeout fraction", []string{"--bpf-ct-timeout-regular-tcp=1.5s"}, "--bpf-ct-timeout-regular-tcp=1.5s: want whole seconds"},
@@ -212,54 +229,6 @@ func TestParsePortRange(t *testing.T) {
 		if got, err := ParsePortRange(in); err == nil {
 			t.Errorf("ParsePortRange(%q) = %v, want an error", in, got)
 		}
-	}
-}
-
-// The nat ports lie above the NodePort range, never below 32768, and
-// outside the node's ephemeral ports while at least 1024 are left there.
-func TestSNATPortRange(t *testing.T) {
-	for _, c := range []struct {
-		name                 string
-		nodePorts, ephemeral [2]uint16
-		want                 [2]uint16
-		overlap              bool
-	}{
-		{"defaults", [2]uint16{30000, 32767}, DefaultEphemeralPorts, [2]uint16{61000, 65535}, false},
-		{"low node ports", [2]uint16{1000, 2000}, DefaultEphemeralPorts, [2]uint16{61000, 65535}, false},
-		{"node ports into the ephemeral range", [2]uint16{30000, 40000}, DefaultEphemeralPorts, [2]uint16{61000, 65535}, false},
-		{"node ports past the ephemeral range", [2]uint16{60000, 62000}, DefaultEphemeralPorts, [2]uint16{62001, 65535}, false},
-		{"a narrowed ephemeral range", [2]uint16{30000, 32767}, [2]uint16{50000, 60999}, [2]uint16{32768, 49999}, false},
-		{"the larger piece wins", [2]uint16{30000, 32767}, [2]uint16{40000, 50000}, [2]uint16{50001, 65535}, false},
-		{"ephemeral below", [2]uint16{30000, 32767}, [2]uint16{1024, 32000}, [2]uint16{32768, 65535}, false},
-		{"ephemeral to the top", [2]uint16{30000, 32767}, [2]uint16{32768, 65535}, [2]uint16{32768, 65535}, true},
-		{"too few left", [2]uint16{30000, 32767}, [2]uint16{33000, 65000}, [2]uint16{32768, 65535}, true},
-		{"just enough left", [2]uint16{60000, 64511}, [2]uint16{32768, 60999}, [2]uint16{64512, 65535}, false},
-	} {
-		got := SNATPortRange(c.nodePorts, c.ephemeral)
-		if got.Range != c.want || got.Overlap != c.overlap {
-			t.Errorf("%s: SNATPortRange(%v, %v) = %v overlap %v, want %v overlap %v",
-				c.name, c.nodePorts, c.ephemeral, got.Range, got.Overlap, c.want, c.overlap)
-		}
-	}
-}
-
-func TestEphemeralPorts(t *testing.T) {
-	dir := t.TempDir()
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	must(os.MkdirAll(filepath.Join(dir, "net/ipv4"), 0o755))
-	file := filepath.Join(dir, "net/ipv4/ip_local_port_range")
-	must(os.WriteFile(file, []byte("32768\t60999\n"), 0o644))
-	if got, err := EphemeralPorts(dir); err != nil || got != [2]uint16{32768, 60999} {
-		t.Errorf("EphemeralPorts = %v, %v", got, err)
-	}
-	must(os.WriteFile(file, []byte("nope\n"), 0o644))
-	if _, err := EphemeralPorts(dir); err == nil || !strings.Contains(err.Error(), "ip_local_port_range") {
-		t.Errorf("a bad file: %v, want an error naming ip_local_port_range", err)
 	}
 }
 

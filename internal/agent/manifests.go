@@ -35,15 +35,18 @@ import (
 )
 
 // Kinds a manifest directory may hold, in the order changes are delivered:
-// Nodes before the Services whose NodePorts they carry.
+// Nodes before the Services whose NodePorts they carry. A Namespace is
+// read at start only, kube-system's UID for the Maglev seed
+// (maglevseed.go); no handler gets one.
 const (
 	kindNode          = "Node"
 	kindService       = "Service"
 	kindEndpointSlice = "EndpointSlice"
 	kindPod           = "Pod"
+	kindNamespace     = "Namespace"
 )
 
-var kindOrder = map[string]int{kindNode: 0, kindService: 1, kindEndpointSlice: 2, kindPod: 3}
+var kindOrder = map[string]int{kindNode: 0, kindService: 1, kindEndpointSlice: 2, kindPod: 3, kindNamespace: 4}
 
 // strictDecoder decodes YAML or JSON with the Kubernetes scheme, rejecting
 // unknown and duplicate fields as the API server's strict validation does.
@@ -290,6 +293,8 @@ func kindOf(obj runtime.Object) string {
 		return kindNode
 	case *corev1.Pod:
 		return kindPod
+	case *corev1.Namespace:
+		return kindNamespace
 	}
 	return ""
 }
@@ -324,7 +329,8 @@ func readManifestFile(path string) ([]runtime.Object, error) {
 }
 
 // decodeManifests decodes a multi-document YAML (or JSON) stream of
-// Services, EndpointSlices, Nodes and Pods, and of Lists of them.
+// Services, EndpointSlices, Nodes, Pods and Namespaces, and of Lists of
+// them.
 func decodeManifests(data []byte) ([]runtime.Object, error) {
 	var out []runtime.Object
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
@@ -384,12 +390,12 @@ func decodeObject(raw []byte) ([]runtime.Object, error) {
 		if err := checkMeta(obj, true); err != nil {
 			return nil, fmt.Errorf("%s: %w", gvk.Kind, err)
 		}
-	case *corev1.Node:
+	case *corev1.Node, *corev1.Namespace:
 		if err := checkMeta(obj, false); err != nil {
 			return nil, fmt.Errorf("%s: %w", gvk.Kind, err)
 		}
 	default:
-		return nil, fmt.Errorf("kind %s is not supported here (want Service, EndpointSlice, Node or Pod)", gvk.Kind)
+		return nil, fmt.Errorf("kind %s is not supported here (want Service, EndpointSlice, Node, Pod or Namespace)", gvk.Kind)
 	}
 	return []runtime.Object{obj}, nil
 }

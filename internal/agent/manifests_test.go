@@ -175,6 +175,8 @@ items:
 		{name: "bad name", in: "apiVersion: v1\nkind: Service\nmetadata: {name: Web_1}\n", wantErr: `metadata.name "Web_1"`},
 		{name: "unknown field", in: "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {clusterIp: 1.2.3.4}\n", wantErr: `unknown field "spec.clusterIp"`},
 		{name: "wrong type", in: "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {ports: [{port: http}]}\n", wantErr: "document 1:"},
+		{name: "Namespace", in: "apiVersion: v1\nkind: Namespace\nmetadata: {name: kube-system, uid: 6f3c1e0a}\n", want: []string{"Namespace kube-system"}},
+		{name: "namespaced Namespace", in: "apiVersion: v1\nkind: Namespace\nmetadata: {name: kube-system, namespace: x}\n", wantErr: "Namespace: kube-system is cluster-scoped"},
 		{name: "namespaced Node", in: "apiVersion: v1\nkind: Node\nmetadata: {name: node2, namespace: x}\n", wantErr: "cluster-scoped"},
 		{name: "second document bad", in: svcWeb + "---\nkind: Service\n", wantErr: "document 2:"},
 		// apimachinery's ParseQuantity never returns on these exponents.
@@ -223,6 +225,8 @@ func TestManifestReload(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, dir, "web.yaml", svcWeb+"---\n"+sliceWeb)
 	writeFile(t, dir, "node.yml", nodeOne)
+	// Read at start for the Maglev seed only: accepted, given to no handler.
+	writeFile(t, dir, "namespaces.yaml", "apiVersion: v1\nkind: Namespace\nmetadata: {name: kube-system, uid: 6f3c1e0a}\n")
 	writeFile(t, dir, "README.md", "not a manifest")
 	writeFile(t, dir, "web.yaml~", "editor backup: kind: Gadget")
 	writeFile(t, dir, ".hidden.yaml", "kind: Gadget")
@@ -234,7 +238,7 @@ func TestManifestReload(t *testing.T) {
 	if got := r.take(); !slices.Equal(got, want) {
 		t.Fatalf("first read: %q, want %q (Nodes first, ignored files skipped)", got, want)
 	}
-	if st := s.Status(); len(st.FileErrors) != 0 || st.Objects["Service"] != 1 {
+	if st := s.Status(); len(st.FileErrors) != 0 || st.Objects["Service"] != 1 || st.Objects["Namespace"] != 1 {
 		t.Fatalf("status after a good read: %+v", st)
 	}
 

@@ -54,6 +54,8 @@ type tunneler interface {
 // gcResult is one conntrack garbage collection.
 type gcResult struct {
 	ctDeleted, natDeleted, ctEntries int
+	// snatInUse is the nat ports each backend holds after it.
+	snatInUse map[snatBackend]int
 }
 
 // errNoNorthSouth answers ct/nat queries of an agent without --devices.
@@ -99,7 +101,7 @@ func (a *Agent) startNorthSouth() error {
 func (a *Agent) newNorthSouthStatus(devs []api.Device) *api.NorthSouth {
 	st := &api.NorthSouth{
 		Enabled: true, Mode: a.cfg.LBMode, Algorithm: a.cfg.LBAlgorithm,
-		MaglevTableSize: a.cfg.MaglevTableSize, Acceleration: a.cfg.LBAcceleration,
+		MaglevTableSize: a.cfg.MaglevTableSize, MaglevSeedSource: a.seed.source, Acceleration: a.cfg.LBAcceleration,
 		FlowCacheSets: a.cfg.FlowCacheSets, FlowCacheWays: lbmap.FlowCacheWays,
 		Devices: devs, CTGC: api.CTGC{Interval: a.cfg.CTGCInterval},
 	}
@@ -129,7 +131,7 @@ func (a *Agent) applyNodeConfig(ns northSouthDataplane) error {
 		return fmt.Errorf("write north-south config: %w", err)
 	}
 	a.mu.Lock()
-	a.snatPorts = ports.String()
+	a.snatPorts = ports
 	a.mu.Unlock()
 	a.reportSNATPorts(ports)
 	return nil
@@ -146,7 +148,7 @@ func (a *Agent) reportSNATPorts(p SNATPorts) {
 			Fix:     "check /proc/sys/net/ipv4/ip_local_port_range in the agent's network namespace"})
 	case p.Overlap:
 		a.warn("snat-ports", api.Warning{Subsystem: "north-south",
-			Message: fmt.Sprintf("nat ports %s: fewer than %d ports are left above --node-port-range outside the node's ephemeral ports, so a masqueraded flow and a connection of the node's own may take the same port toward the same peer and mix up their replies", p, minSNATPorts),
+			Message: fmt.Sprintf("nat ports %s: fewer than %d ports of %d-%d are left outside --node-port-range and the node's ephemeral ports, so a masqueraded flow and a connection of the node's own may take the same port toward the same peer and mix up their replies", p, minSNATPorts, defaultSNATRange[0], defaultSNATRange[1]),
 			Fix:     "narrow net.ipv4.ip_local_port_range (e.g. 32768 49999), or lower --node-port-range's maximum"})
 	default:
 		a.unwarn("snat-ports")
@@ -208,6 +210,7 @@ func every(ctx context.Context, interval time.Duration, fn func()) {
 func (a *Agent) collectGarbage(ns northSouthDataplane) {
 	r, err := ns.CollectGarbage()
 	a.metrics.observeGC(r, err)
+	a.observeSNATUse(r.snatInUse)
 	if v := a.visibility(); v != nil {
 		v.publishGC(r.ctDeleted, r.natDeleted)
 	}
@@ -260,7 +263,7 @@ func (a *Agent) northSouthStatus() *api.NorthSouth {
 		st.DSRTunnels, st.DSRSNATFallback, st.DSRSNATFallbackExamples = d.entries, d.fallback.Backends, d.fallback.Examples
 	}
 	st.PerPacket, st.PodDevices = perPacket, pods
-	st.SNATPorts = a.snatPorts
+	a.snatStatus(&st)
 	return &st
 }
 

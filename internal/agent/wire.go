@@ -86,16 +86,17 @@ func openDataplane(cfg *Config) (dataplane, error) {
 	if len(cfg.Devices) == 0 && cfg.SocketLB {
 		return d, nil
 	}
-	eph, err := EphemeralPorts("/proc/sys")
+	// An explicit --snat-port-range that the node's ephemeral ports leave
+	// too little of stops the agent here, naming the flag.
+	natPorts, err := nodeSNATPorts(cfg)
 	if err != nil {
-		eph = DefaultEphemeralPorts
+		return nil, errors.Join(err, d.close())
 	}
-	natPorts := SNATPortRange(cfg.nodePortRange, eph).Range
 	opts := datapath.NorthSouthOptions{
 		BPFRoot: cfg.BPFRoot, Sizes: sizes.LB,
 		MaglevTableSize: cfg.MaglevTableSize, MaglevSeed: cfg.MaglevSeed,
 		CTEntries: sizes.CT, NATEntries: sizes.NAT, FragEntries: sizes.Frag,
-		NATNewEntries: datapath.NewNATEntries(sizes.NAT, int(natPorts[1])-int(natPorts[0])+1),
+		NATNewEntries: datapath.NewNATEntries(sizes.NAT, natPorts.Size()),
 		FlowCacheSets: cfg.FlowCacheSets, NoFlowCache: cfg.FlowCacheSets == 0,
 		Logf: logf,
 	}
@@ -106,6 +107,16 @@ func openDataplane(cfg *Config) (dataplane, error) {
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("load north-south LB: %w", err), d.close())
 	}
+	// After the load, which pins ns_config when it was not: the key read
+	// is the one the programs use.
+	pinned, err := pinnedHashKey(cfg.BPFRoot)
+	if err != nil {
+		slog.Warn("no flow hash key to keep; drawing a new one (new flows may hash to other backends than before the restart)", "err", err)
+	}
+	if d.hashKey, err = chooseHashKey(pinned, randomHashKey); err != nil {
+		return nil, errors.Join(err, d.close())
+	}
+	slog.Info("flow hash key", "kept", pinned != 0)
 	if !cfg.SocketLB {
 		if d.pod, err = datapath.LoadPodLB(opts); err != nil {
 			return nil, errors.Join(fmt.Errorf("load per-packet pod LB (--socket-lb=false): %w", err), d.close())
@@ -130,6 +141,9 @@ type nodeDataplane struct {
 	// sock_diag's SOCK_DESTROY (sockDestroyWhy says why).
 	sockDestroy    datapath.UDPDestroyer
 	sockDestroyWhy string
+	// hashKey keys the tc/XDP flow hash: the pinned ns_config's at
+	// start, else a new one (hashkey.go); every SetNodeConfig writes it.
+	hashKey uint32
 
 	mu        sync.Mutex
 	podIfaces map[netip.Addr]uint32       // local backend -> host-side veth
@@ -342,20 +356,20 @@ func resolveDevices(names []string) ([]datapath.Device, error) {
 }
 
 // SetNodeConfig writes the tc/XDP configuration: the mode, the node's
-// addresses as SNAT sources, the nat ports (above the NodePort range) and
-// the conntrack timeouts.
+// addresses as SNAT sources, the nat ports (outside the NodePorts and the
+// node's ephemeral ports: SNATPorts), the flow hash key and the
+// conntrack timeouts.
 func (d *nodeDataplane) SetNodeConfig(nodeIPs []netip.Addr) (SNATPorts, error) {
-	eph, ephErr := EphemeralPorts("/proc/sys")
-	if ephErr != nil {
-		eph = DefaultEphemeralPorts
-	}
-	snatPorts := SNATPortRange(d.cfg.nodePortRange, eph)
-	if ephErr != nil {
-		snatPorts.EphemeralUnknown = ephErr.Error()
+	snatPorts, err := nodeSNATPorts(d.cfg)
+	if err != nil {
+		return snatPorts, err
 	}
 	c := lbmap.NSConfig{
 		SNATPortMin:     snatPorts.Range[0],
 		SNATPortMax:     snatPorts.Range[1],
+		SNATHoleMin:     snatPorts.Hole[0],
+		SNATHoleMax:     snatPorts.Hole[1],
+		HashKey:         d.hashKey,
 		Mode:            map[string]uint32{"snat": lbmap.ModeSNAT, "dsr": lbmap.ModeDSR, "hybrid": lbmap.ModeHybrid}[d.cfg.LBMode],
 		TCPSynTimeout:   uint32(d.cfg.CTTimeoutSYN / time.Second),
 		TCPEstTimeout:   uint32(d.cfg.CTTimeoutTCP / time.Second),
@@ -754,8 +768,15 @@ func (d *nodeDataplane) CollectGarbage() (gcResult, error) {
 	if r.natDeleted, err = d.ns.NAT().GC(d.ns.CT(), now); err != nil {
 		return r, err
 	}
-	r.ctEntries, err = d.ns.CT().Len()
-	return r, err
+	if r.ctEntries, err = d.ns.CT().Len(); err != nil {
+		return r, err
+	}
+	nat, err := d.ns.NAT().Dump()
+	if err != nil {
+		return r, fmt.Errorf("count nat ports in use: %w", err)
+	}
+	r.snatInUse = countSNATPorts(nat)
+	return r, nil
 }
 
 func (d *nodeDataplane) DumpCT() (*api.BPFCT, error) {

@@ -284,15 +284,28 @@ type NorthSouth struct {
 	Mode            string `json:"mode,omitempty"`      // snat, dsr or hybrid
 	Algorithm       string `json:"algorithm,omitempty"` // random or maglev (the default)
 	MaglevTableSize uint32 `json:"maglevTableSize,omitempty"`
+	// MaglevSeedSource is where the seed of the Maglev tables came from:
+	// MaglevSeedFlag, MaglevSeedKubeSystem or MaglevSeedDefault.
+	MaglevSeedSource string `json:"maglevSeedSource,omitempty"`
 	// FlowCacheSets is the size of each CPU's flow cache, in sets of
 	// FlowCacheWays entries; 0: off (--bpf-lb-flow-cache-sets).
 	FlowCacheSets uint32 `json:"flowCacheSets"`
 	FlowCacheWays uint32 `json:"flowCacheWays,omitempty"`
 	// SNATPorts is the nat port range of masqueraded flows and how it
 	// sits against the node's ephemeral ports.
-	SNATPorts    string   `json:"snatPorts,omitempty"`
-	Acceleration string   `json:"acceleration,omitempty"` // --lb-acceleration
-	Devices      []Device `json:"devices,omitempty"`
+	SNATPorts string `json:"snatPorts,omitempty"`
+	// SNATPortRanges is the nat ports alone ("1024-65535 less
+	// 30000-60999"), SNATPortsPerBackend how many they are: each backend
+	// address, port and protocol has them all.
+	SNATPortRanges      string `json:"snatPortRanges,omitempty"`
+	SNATPortsPerBackend int    `json:"snatPortsPerBackend,omitempty"`
+	// SNATPortsInUse are the nat ports held per backend after the last
+	// conntrack garbage collection, the busiest first, at most
+	// MaxSNATPortsInUse of the SNATBackendsInUse backends that hold any.
+	SNATPortsInUse    []SNATPortUse `json:"snatPortsInUse,omitempty"`
+	SNATBackendsInUse int           `json:"snatBackendsInUse,omitempty"`
+	Acceleration      string        `json:"acceleration,omitempty"` // --lb-acceleration
+	Devices           []Device      `json:"devices,omitempty"`
 	// PodDevices are the local pods' host-side veths with the per-packet
 	// LB (--socket-lb=false).
 	PodDevices []PodDevice `json:"podDevices,omitempty"`
@@ -307,6 +320,23 @@ type NorthSouth struct {
 	DSRTunnels              int      `json:"dsrTunnels,omitempty"`
 	DSRSNATFallback         int      `json:"dsrSNATFallback,omitempty"`
 	DSRSNATFallbackExamples []string `json:"dsrSNATFallbackExamples,omitempty"`
+}
+
+// Where the Maglev seed came from (NorthSouth.MaglevSeedSource).
+const (
+	MaglevSeedFlag       = "flag"            // --bpf-lb-maglev-hash-seed
+	MaglevSeedKubeSystem = "kube-system-uid" // derived from the kube-system Namespace's UID
+	MaglevSeedDefault    = "default"         // 0: nothing to derive it from
+)
+
+// MaxSNATPortsInUse bounds NorthSouth.SNATPortsInUse.
+const MaxSNATPortsInUse = 20
+
+// SNATPortUse is the nat ports masqueraded flows hold toward one backend.
+type SNATPortUse struct {
+	Backend string `json:"backend"` // addr:port
+	Proto   string `json:"proto"`   // TCP or UDP
+	Ports   int    `json:"ports"`
 }
 
 // Device is one external device and what is attached to it.

@@ -238,6 +238,9 @@ func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns 
 	if ns.SNATPorts != "" {
 		line("  NAT ports", "%s", ns.SNATPorts)
 	}
+	if ns.SNATPortsPerBackend > 0 {
+		line("  SNAT ports", "%s", snatPortsLine(ns))
+	}
 	if ns.Mode == "dsr" || ns.Mode == "hybrid" {
 		fb := "every remote backend's node is known"
 		if ns.DSRSNATFallback > 0 {
@@ -250,6 +253,9 @@ func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns 
 		alg = "Maglev"
 	}
 	line("  Backend selection", "%s (Maglev table size: %d)", alg, ns.MaglevTableSize)
+	if seed := maglevSeedLine(ns.MaglevSeedSource); seed != "" {
+		line("  Maglev seed", "%s", seed)
+	}
 	line("  XDP acceleration", "%s", ns.Acceleration)
 	if ns.FlowCacheSets == 0 {
 		line("  Flow cache", "Disabled (--bpf-lb-flow-cache-sets=0): every packet looks up conntrack")
@@ -280,6 +286,35 @@ func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns 
 	for _, n := range ns.Notes {
 		line("  Note", "%s", n)
 	}
+}
+
+// snatPortsLine is the nat ports each backend has and the busiest
+// backend's share of them, e.g. "33512 per backend (1024-65535 less
+// 30000-60999); busiest 198.18.2.10:8080/TCP 1203 (3.6%)".
+func snatPortsLine(ns *api.NorthSouth) string {
+	s := fmt.Sprintf("%d per backend (%s)", ns.SNATPortsPerBackend, ns.SNATPortRanges)
+	switch {
+	case len(ns.SNATPortsInUse) > 0:
+		b := ns.SNATPortsInUse[0]
+		return s + fmt.Sprintf("; busiest %s/%s %d (%.1f%%)", b.Backend, b.Proto, b.Ports,
+			100*float64(b.Ports)/float64(ns.SNATPortsPerBackend))
+	case ns.CTGC.Runs == 0:
+		return s + "; in use: counted at the first CT garbage collection"
+	}
+	return s + "; none in use"
+}
+
+// maglevSeedLine says where the Maglev seed came from.
+func maglevSeedLine(source string) string {
+	switch source {
+	case api.MaglevSeedFlag:
+		return "--bpf-lb-maglev-hash-seed"
+	case api.MaglevSeedKubeSystem:
+		return "derived from the kube-system Namespace's UID (the same on every node of the cluster)"
+	case api.MaglevSeedDefault:
+		return "0, the default: nodes must agree; set --bpf-lb-maglev-hash-seed on every node, or give the manifests a kube-system Namespace"
+	}
+	return source
 }
 
 func writeJSON(w io.Writer, v any) error {

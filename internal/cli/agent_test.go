@@ -29,7 +29,10 @@ func (fakeAgent) Status(context.Context) (*api.Status, error) {
 		Skipped: []api.Skipped{{Object: "Service default/young", Value: "198.19.200.1:80/TCP", Reason: "conflict",
 			Message: "held by the older Service default/web"}},
 		NorthSouth: &api.NorthSouth{Enabled: true, Mode: "snat", Algorithm: "maglev", MaglevTableSize: 16381, Acceleration: "best-effort",
-			FlowCacheSets: 1024, FlowCacheWays: 4,
+			MaglevSeedSource: api.MaglevSeedKubeSystem, FlowCacheSets: 1024, FlowCacheWays: 4,
+			SNATPorts:      "1024-65535 less 30000-60999 (33512 ports; NodePorts 30000-32767, ip_local_port_range 32768-60999)",
+			SNATPortRanges: "1024-65535 less 30000-60999", SNATPortsPerBackend: 33512, SNATBackendsInUse: 1,
+			SNATPortsInUse: []api.SNATPortUse{{Backend: "198.18.2.10:8080", Proto: "TCP", Ports: 1203}},
 			Devices: []api.Device{
 				{Name: "eth0", Ifindex: 2, TC: "tcx", XDP: "native", LinkIDs: []uint32{21, 22, 23}, Replaced: true},
 				{Name: "eth1", Ifindex: 3, TC: "tc", XDP: "disabled", XDPError: "native XDP refused: operation not supported"},
@@ -126,7 +129,9 @@ func TestAgentCommandsTable(t *testing.T) {
 			"Skipped:", "1 (everything else is programmed)",
 			"conflict", "Service default/young 198.19.200.1:80/TCP: held by the older Service default/web",
 			"NorthSouth:", "eth0 (tcx, XDP native), eth1 (tc, no XDP)", "Mode:", "SNAT",
-			"Maglev (Maglev table size: 16381)", "XDP acceleration:", "best-effort",
+			"Maglev (Maglev table size: 16381)", "Maglev seed:", "derived from the kube-system Namespace's UID", "XDP acceleration:", "best-effort",
+			"NAT ports:", "1024-65535 less 30000-60999 (33512 ports; NodePorts 30000-32767, ip_local_port_range 32768-60999)",
+			"SNAT ports:", "33512 per backend (1024-65535 less 30000-60999); busiest 198.18.2.10:8080/TCP 1203 (3.6%)",
 			"Flow cache:", "1024 sets × 4 ways per CPU",
 			"ifindex 2, links 21,22,23, programs replaced in pinned links",
 			"every 30s, 3 runs, 7 ct and 2 nat entries deleted", "eth1: native XDP refused: operation not supported; tc only",
@@ -202,6 +207,12 @@ func TestAgentCommandsJSON(t *testing.T) {
 	out, _ := run(t, "status", "-o", "json")
 	if err := json.Unmarshal([]byte(out), &st); err != nil || st.NodeName != "node1" || st.Backends != 4 {
 		t.Errorf("status JSON %s", out)
+	}
+	// The nat ports per backend, for scripts.
+	if ns := st.NorthSouth; ns == nil || ns.SNATPortsPerBackend != 33512 || len(ns.SNATPortsInUse) != 1 ||
+		ns.SNATPortsInUse[0] != (api.SNATPortUse{Backend: "198.18.2.10:8080", Proto: "TCP", Ports: 1203}) ||
+		!strings.Contains(out, `"snatPortsInUse"`) || ns.MaglevSeedSource != api.MaglevSeedKubeSystem {
+		t.Errorf("status JSON's north-south section %+v", ns)
 	}
 }
 

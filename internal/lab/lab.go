@@ -482,8 +482,11 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 			}
 		}
 	} else {
-		l.step("writing nodes and pods to %s", l.ManifestsDir)
+		l.step("writing nodes, pods and the kube-system Namespace to %s", l.ManifestsDir)
 		if err := writeClusterObjects(l.ManifestsDir, l.nodeInfos(), l.podInfos()); err != nil {
+			return err
+		}
+		if err := writeKubeSystemNamespace(l.ManifestsDir); err != nil {
 			return err
 		}
 	}

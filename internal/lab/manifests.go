@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/apimachinery/pkg/util/validation"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
@@ -26,7 +27,8 @@ import (
 const (
 	nodesFile      = "nodes.yaml"
 	podsFile       = "pods.yaml"
-	serviceFilePfx = "svc-" // svc-<namespace>-<name>.yaml: a Service and its EndpointSlices
+	namespacesFile = "namespaces.yaml" // kube-system, whose UID seeds Maglev on every node
+	serviceFilePfx = "svc-"            // svc-<namespace>-<name>.yaml: a Service and its EndpointSlices
 )
 
 // DecodeObjects reads multi-document Kubernetes YAML. It accepts Services
@@ -282,4 +284,25 @@ func writeClusterObjects(dir string, nodes []NodeInfo, pods []PodInfo) error {
 		}
 	}
 	return nil
+}
+
+// writeKubeSystemNamespace writes, once per lab, a kube-system Namespace
+// with a random UID: the agents derive their Maglev seed from it
+// (internal/agent/maglevseed.go), so every node of the lab agrees and
+// another lab differs, as the nodes of a real cluster. An existing file
+// is kept: an agent restarted later must find the same seed.
+func writeKubeSystemNamespace(dir string) error {
+	path := filepath.Join(dir, namespacesFile)
+	if _, err := os.Stat(path); err == nil || !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	ns := &corev1.Namespace{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Namespace"},
+		ObjectMeta: metav1.ObjectMeta{Name: metav1.NamespaceSystem, UID: uuid.NewUUID()},
+	}
+	data, err := encodeObjects(ns)
+	if err != nil {
+		return err
+	}
+	return writeAtomic(path, data)
 }

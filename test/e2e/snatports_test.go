@@ -17,7 +17,9 @@ import (
 // to one of those, toward the same pod, would take the pod's reply for the
 // masqueraded flow (the datapath sees it first): the node's socket would
 // never hear back. Before the nat ports left the ephemeral range (they
-// were 32768-65535) about 18 of the 300 went unanswered; now none may.
+// were 32768-65535) about 18 of the 300 went unanswered; now none may
+// (they are 1024-65535 less a hole over the NodePorts and the ephemeral
+// ports).
 // Address plan: k = 92.
 func TestPrivilegedSNATPortsAvoidHostConnections(t *testing.T) {
 	l := nsLab(t, lab.LBModeSNAT, lab.AccelerationBestEffort)
@@ -37,8 +39,12 @@ func TestPrivilegedSNATPortsAvoidHostConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.NorthSouth == nil || !strings.HasPrefix(st.NorthSouth.SNATPorts, "61000-65535 (outside ip_local_port_range 32768-60999)") {
-		t.Errorf("node1's status: nat ports %q, want 61000-65535 outside Linux's default ephemeral ports", st.NorthSouth.SNATPorts)
+	const want = "1024-65535 less 30000-60999 (33512 ports; NodePorts 30000-32767, ip_local_port_range 32768-60999)"
+	if st.NorthSouth == nil {
+		t.Fatal("node1's status has no north-south section")
+	}
+	if got := st.NorthSouth.SNATPorts; !strings.HasPrefix(got, want) {
+		t.Errorf("node1's status: nat ports %q, want %q: 1024-65535 less the NodePorts and Linux's default ephemeral ports", got, want)
 	}
 
 	pod := hostPort(backend.IPv4, lab.EchoUDPPort)

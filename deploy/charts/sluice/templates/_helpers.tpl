@@ -59,6 +59,12 @@ Checks a JSON schema cannot express; each failure names the value.
 {{- if gt $hi 64511 -}}
 {{- fail (printf "nodePortRange=%q: want MAX at most 64511: the ports above it are for SNAT (at least 1024)" .Values.nodePortRange) -}}
 {{- end -}}
+{{- with .Values.snatPortRange -}}
+{{- $s := splitList "-" . -}}
+{{- if or (lt (int (first $s)) 1024) (gt (int (last $s)) 65535) (gt (int (first $s)) (int (last $s))) -}}
+{{- fail (printf "snatPortRange=%q: want MIN-MAX with MIN at least 1024, MAX at most 65535 and MIN <= MAX" .) -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.metrics.enabled (eq (int .Values.metrics.port) (int .Values.healthz.port)) -}}
 {{- fail (printf "metrics.port=%d: the same port as healthz.port" (int .Values.metrics.port)) -}}
 {{- end -}}
@@ -87,7 +93,9 @@ bpf-ct-timeout-regular-tcp: {{ .Values.bpf.ctTimeout.tcp | quote }}
 bpf-ct-timeout-regular-tcp-fin: {{ .Values.bpf.ctTimeout.tcpFin | quote }}
 bpf-ct-timeout-regular-tcp-syn: {{ .Values.bpf.ctTimeout.tcpSyn | quote }}
 bpf-lb-flow-cache-sets: {{ .Values.bpf.flowCacheSets | int64 | toString | quote }}
+{{- if include "sluice.maglevSeedSet" . }}
 bpf-lb-maglev-hash-seed: {{ .Values.maglev.hashSeed | int64 | toString | quote }}
+{{- end }}
 bpf-lb-maglev-table-size: {{ .Values.maglev.tableSize | int64 | toString | quote }}
 bpf-lb-map-max: {{ .Values.bpf.lbMapMax | int64 | toString | quote }}
 bpf-map-dynamic-size-ratio: {{ .Values.bpf.mapDynamicSizeRatio | toString | quote }}
@@ -111,11 +119,22 @@ monitor-history: {{ .Values.monitor.history | int64 | toString | quote }}
 monitor-rate: {{ .Values.monitor.rate | int64 | toString | quote }}
 node-port-range: {{ .Values.nodePortRange | quote }}
 nodeport-addresses: {{ join "," .Values.nodePortAddresses | quote }}
+snat-port-range: {{ .Values.snatPortRange | quote }}
 socket-lb: {{ .Values.socketLB | quote }}
 sync-period: {{ .Values.syncPeriod | quote }}
 sync-period-min: {{ .Values.syncPeriodMin | quote }}
 unload-on-exit: {{ .Values.unloadOnExit | quote }}
 unload-on-uninstall: {{ .Values.unloadOnUninstall | quote }}
+{{- end }}
+
+{{/*
+"true" when maglev.hashSeed is set (0 too); empty or null leaves
+--bpf-lb-maglev-hash-seed out, and the agent derives the seed from the
+kube-system Namespace's UID.
+*/}}
+{{- define "sluice.maglevSeedSet" -}}
+{{- $seed := .Values.maglev.hashSeed -}}
+{{- if and (not (kindIs "invalid" $seed)) (ne (toString $seed) "") -}}true{{- end -}}
 {{- end }}
 
 {{/* SLUICE_LB_MODE for lb-mode. */}}
