@@ -63,6 +63,16 @@ func TestPrivilegedNorthSouthEstablishedFastPath(t *testing.T) {
 					want = to(c.wantTo)
 				}
 				runPacket(t, kind, prog, c.name+": third packet, next CT second", in, c.wantV, want)
+				if !c.wantTo.IsValid() {
+					return
+				}
+				// The backend it now reaches is answered for: its reply
+				// leaves from the frontend (a reused ID's flow kept the
+				// old backend's ingress entry before, and the reply left
+				// from the pod's address).
+				reply := bpftest.Packet{Src: c.wantTo, Dst: client(45000), Proto: bpftest.UDP, Payload: []byte("r")}
+				runPacket(t, attachKind{"tc egress", nil, ingressKinds[0].verdicts}, n.Programs().TCEgress,
+					c.name+": the backend's reply", reply, vPass, reply.With(func(p *bpftest.Packet) { p.Src = apExtIP }))
 			})
 		})
 	}

@@ -250,3 +250,29 @@ func TestPrivilegedPodLBAttach(t *testing.T) {
 		attached("after DetachPod", false)
 	})
 }
+
+// With the per-packet pod LB (--socket-lb=false) a pod outside a
+// LoadBalancer's loadBalancerSourceRanges is dropped as kube-proxy's
+// KUBE-FW chain drops it, whatever its source; one inside is load-balanced.
+// Before, the pod LB never read the ranges (the socket LB's cgroup hook
+// enforced them, and it is not attached then): docs/semantics.md promised
+// more than it did.
+func TestPrivilegedPodLBSourceRanges(t *testing.T) {
+	n, p, _ := newPodLB(t)
+	sr, err := n.SourceRanges()
+	must(t, err)
+	must(t, sr.UpdateSourceRange(2, netip.MustParsePrefix("198.18.1.0/28"))) // holds 198.18.1.5, not the pod
+	key := lbmap.ServiceKey{Addr: lbmap.AddrFrom(apLBTCP.Addr()), Port: lbmap.PortFrom(apLBTCP.Port()), Proto: bpftest.TCP}
+	must(t, n.Maps().UpdateService(key, lbmap.ServiceValue{Count: 1, RevNatID: 2, Flags: lbmap.SvcFlagLoadBalancer | lbmap.SvcFlagSourceRanges}))
+	bpftest.InNewNetNS(t, func() {
+		outside := tcpSyn(netip.AddrPortFrom(ipPod, 43300), apLBTCP)
+		before := dropCount(t, n, "src-range")
+		runPacket(t, podKind, p.FromPod(), "a pod outside the ranges", outside, vDrop, outside)
+		if got := dropCount(t, n, "src-range") - before; got != 1 {
+			t.Errorf("src-range drops went up by %d, want 1", got)
+		}
+		inside := tcpSyn(netip.MustParseAddrPort("198.18.1.5:43301"), apLBTCP)
+		runPacket(t, podKind, p.FromPod(), "a pod inside the ranges", inside, vPass,
+			inside.With(func(p *bpftest.Packet) { p.Dst = apRemote }))
+	})
+}
