@@ -653,6 +653,59 @@ int xdp_pps_sink_to(struct xdp_md *ctx)
 	return XDP_DROP;
 }
 
+/* The DSR tunnel's outer destination (network byte order): the backend's
+ * node, where an LB node in dsr mode sends new flows in IPIP. */
+volatile const __u32 tunnel_addr;
+
+/* xdp_pps_sink_tunnel counts only the frames the node sent to the next
+ * hop in an IPIP header (an IPv4 option or none) from node_addrs to
+ * tunnel_addr: a DSR LB node's. */
+SEC("xdp")
+int xdp_pps_sink_tunnel(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u8 *pkt = __builtin_assume_aligned(data, 8);
+	__u32 saddr, daddr;
+	__u16 proto;
+
+	if (data + 34 > data_end)
+		return XDP_DROP;
+	if (*(__u32 *)pkt != *(const volatile __u32 *)next_hop_mac ||
+	    *(__u16 *)(pkt + 4) != *(const volatile __u16 *)(next_hop_mac + 4))
+		return XDP_DROP;
+	__builtin_memcpy(&proto, pkt + 12, 2);
+	__builtin_memcpy(&saddr, pkt + 26, 4);
+	__builtin_memcpy(&daddr, pkt + 30, 4);
+	if (proto != bpf_htons(0x0800) || (pkt[14] >> 4) != 4 || pkt[23] != 4 /* IPIP */ ||
+	    (saddr != node_addrs[0] && saddr != node_addrs[1]) || daddr != tunnel_addr)
+		return XDP_DROP;
+	pps_count_frame();
+	return XDP_DROP;
+}
+
+/* tc_pps_sink_local counts, at tc ingress after XDP passed them to the
+ * stack, the frames the node translated for a local backend (IPv4 to
+ * backend_addr:backend_port), and drops every frame: the cost of a local
+ * delivery up to the stack, without the pod's. */
+SEC("tc")
+int tc_pps_sink_local(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	__u8 *pkt = data;
+	__u32 daddr;
+	__u16 dport;
+
+	if (data + PPS_HDR_LEN > data_end)
+		return TC_ACT_SHOT;
+	__builtin_memcpy(&daddr, pkt + 30, 4);
+	__builtin_memcpy(&dport, pkt + 36, 2);
+	if (pkt[14] == 0x45 && daddr == backend_addr && dport == backend_port)
+		pps_count_frame();
+	return TC_ACT_SHOT;
+}
+
 /* The forwarder's rewrite: the MACs of the next hop and of the egress
  * device, the node's address as source (as masquerading gives it), the
  * backend's address and port as destination; fwd_ifindex 0 sends back out

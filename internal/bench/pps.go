@@ -61,12 +61,29 @@ type PPSConfig struct {
 	NewFlows bool
 	// Contenders to run (Contender*); empty: all.
 	Contenders []string
+	// Modes are the load-balancing modes sluice's contenders run in
+	// (LBMode*): snat, the default, masquerades to the remote backend;
+	// dsr sends it there in IPIP (a DSR LB node: no state for a SYN);
+	// local reaches a backend on the node (DNAT, to the stack: the rate
+	// counted at tc ingress). A mode other than snat adds rows
+	// sluice-xdp-<mode> and sluice-tc-<mode>; the kernel's stay snat's.
+	Modes []string
 	// Progress gets one line per step; nil discards them.
 	Progress io.Writer
 }
 
 // AllContenders in the order they run.
 var AllContenders = []string{ContenderForwarder, ContenderXDP, ContenderTC, ContenderNFTables, ContenderIPTables}
+
+// Load-balancing modes of sluice's contenders (PPSConfig.Modes).
+const (
+	LBModeSNAT  = "snat"
+	LBModeDSR   = "dsr"
+	LBModeLocal = "local"
+)
+
+// LBModes are the modes PPSConfig.Modes takes.
+var LBModes = []string{LBModeSNAT, LBModeDSR, LBModeLocal}
 
 // MonitorContenders are the XDP program's event settings, beside
 // sluice-xdp (drops only, no reader): run with --contenders.
@@ -102,6 +119,11 @@ func (c PPSConfig) Validate() error {
 	for _, name := range c.Contenders {
 		if !slices.Contains(AllContenders, name) && !slices.Contains(MonitorContenders, name) {
 			return fmt.Errorf("contender %q: want one of %v", name, slices.Concat(AllContenders, MonitorContenders[:1], MonitorContenders[2:]))
+		}
+	}
+	for _, m := range c.Modes {
+		if !slices.Contains(LBModes, m) {
+			return fmt.Errorf("mode %q: want one of %v", m, LBModes)
 		}
 	}
 	return nil
@@ -334,6 +356,8 @@ func (p *pps) setup() error {
 		// The forwarding ceiling's rewrite.
 		"fwd_dmac": [6]byte(p.topo.nextHop), "fwd_smac": [6]byte(fwdSMAC), "fwd_saddr": ipNode.As4(),
 		"fwd_daddr": ipBackend.As4(), "fwd_dport": lbmap.PortFrom(backendPort), "fwd_ifindex": fwdIfindex,
+		// A DSR LB node's tunnel to the backend's node.
+		"tunnel_addr": ipNode2.As4(),
 	}
 	for name, v := range consts {
 		if err := spec.Variables[name].Set(v); err != nil {
@@ -367,16 +391,44 @@ func (p *pps) setup() error {
 		return err
 	}
 	p.progress("installing NodePort *:%d/UDP and /TCP -> remote backend %s:%d (snat)", nodePort, ipBackend, backendPort)
-	return installService(p.ns.Maps())
+	return installService(p.ns.Maps(), false)
+}
+
+// useMode puts the node's datapath in mode (LBMode*): the configuration's
+// mode, the backend on this node (local) or on node 2, and the DSR tunnel
+// to node 2 (dsr). The flows of an earlier mode stay in conntrack: with
+// --new-flows every packet is a flow of its own, without it the flows of
+// each mode are made anew by its warm-up.
+func (p *pps) useMode(mode string) error {
+	m := lbmap.ModeSNAT
+	if mode == LBModeDSR {
+		m = lbmap.ModeDSR
+	}
+	if err := p.ns.SetConfig(lbmap.NSConfig{SNATAddr4: lbmap.AddrFrom(ipNode), Mode: m}); err != nil {
+		return err
+	}
+	host := netip.PrefixFrom(ipBackend, 32)
+	if mode == LBModeDSR {
+		if err := p.ns.SetTunnel(host, ipNode2); err != nil {
+			return err
+		}
+	} else if err := p.ns.DeleteTunnel(host); err != nil {
+		return err
+	}
+	return installService(p.ns.Maps(), mode == LBModeLocal)
 }
 
 // installService writes the one Service through the reconciler, as the
-// agent would for this node.
-func installService(m lbmap.Maps) error {
+// agent would for this node; local puts its backend on this node.
+func installService(m lbmap.Maps, local bool) error {
 	const nodeName = Prefix + "node"
 	r, err := reconciler.New(m, nodeName)
 	if err != nil {
 		return fmt.Errorf("reconciler: %w", err)
+	}
+	backendNode := Prefix + "backend-node"
+	if local {
+		backendNode = nodeName
 	}
 	name := types.NamespacedName{Namespace: "bench", Name: "pps"}
 	st := &lb.State{
@@ -384,13 +436,13 @@ func installService(m lbmap.Maps) error {
 			Name:      lb.ServiceName{NamespacedName: name},
 			Type:      lb.NodePort,
 			Frontend:  lb.Frontend{Addr: netip.IPv4Unspecified(), Port: nodePort, Proto: lb.UDP},
-			Backends:  []lb.Backend{{Addr: ipBackend, Port: backendPort, Proto: lb.UDP, NodeName: Prefix + "backend-node"}},
+			Backends:  []lb.Backend{{Addr: ipBackend, Port: backendPort, Proto: lb.UDP, NodeName: backendNode}},
 			Algorithm: lb.AlgorithmRandom,
 		}, {
 			Name:      lb.ServiceName{NamespacedName: name},
 			Type:      lb.NodePort,
 			Frontend:  lb.Frontend{Addr: netip.IPv4Unspecified(), Port: nodePort, Proto: lb.TCP},
-			Backends:  []lb.Backend{{Addr: ipBackend, Port: backendPort, Proto: lb.TCP, NodeName: Prefix + "backend-node"}},
+			Backends:  []lb.Backend{{Addr: ipBackend, Port: backendPort, Proto: lb.TCP, NodeName: backendNode}},
 			Algorithm: lb.AlgorithmRandom,
 		}}},
 		NodeIPs: map[netip.Addr]bool{ipNode: true},
@@ -458,6 +510,7 @@ func (p *pps) measureRates(ctx context.Context) error {
 			run = append(run, c)
 		}
 	}
+	run = append(run, p.modeContenders(sinkLink)...)
 	rows := make([]RateRow, len(run))
 	rates := make([][]float64, len(run))
 	offered := make([][]float64, len(run))
@@ -506,6 +559,94 @@ func (p *pps) measureRates(ctx context.Context) error {
 	p.report.Rates = rows[1:]
 	p.report.ComputeNodeCost()
 	return nil
+}
+
+// modeContenders are sluice's XDP and tc contenders (those asked for) in
+// each mode of PPSConfig.Modes but snat, which their own rows are: named
+// <contender>-<mode>. Each puts the datapath in its mode and back, and
+// counts where the mode's packets go: a DSR LB node's IPIP frames at the
+// sink (its program swapped on sink, the sink's XDP link), a local
+// backend's packets at eth0's tc ingress, after XDP passed them to the
+// stack.
+func (p *pps) modeContenders(sink link.Link) []contender {
+	var out []contender
+	for _, mode := range p.cfg.Modes {
+		if mode == LBModeSNAT {
+			continue
+		}
+		for _, base := range contenders {
+			if (base.name != ContenderXDP && base.name != ContenderTC) || !slices.Contains(p.cfg.Contenders, base.name) {
+				continue
+			}
+			// tc hands a local delivery to the stack by ending tcx's
+			// chain (TC_ACT_OK is TCX_PASS): no program after it can
+			// count what it passed. XDP's row measures that path.
+			if base.name == ContenderTC && mode == LBModeLocal {
+				continue
+			}
+			c := contender{name: base.name + "-" + mode, descr: modeDescr[mode] + base.descr}
+			attach := base.attach
+			// The program first: the local sink goes after it at tcx
+			// ingress (tc's own program there passes a local delivery on).
+			c.attach = func(p *pps) (func() error, error) {
+				detach, err := attach(p)
+				if err != nil {
+					return nil, err
+				}
+				undo, err := p.enterMode(mode, sink)
+				if err != nil {
+					return nil, errors.Join(err, undo(), detach())
+				}
+				return func() error { return errors.Join(undo(), detach()) }, nil
+			}
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// modeDescr heads a mode contender's description.
+var modeDescr = map[string]string{
+	LBModeDSR:   "--lb-mode dsr (a DSR LB node: IPIP to the backend's node, counted at the sink; no state for a SYN): ",
+	LBModeLocal: "a backend on the node (DNAT, passed to the stack: counted and dropped at eth0's tc ingress): ",
+}
+
+// enterMode puts the datapath in mode and the sink where its packets are
+// counted; the function it returns (also on error) puts both back.
+func (p *pps) enterMode(mode string, sink link.Link) (undo func() error, err error) {
+	var undos []func() error
+	undo = func() error {
+		var errs []error
+		for i := len(undos) - 1; i >= 0; i-- {
+			errs = append(errs, undos[i]())
+		}
+		return errors.Join(errs...)
+	}
+	undos = append(undos, func() error { return p.useMode(LBModeSNAT) })
+	if err := p.useMode(mode); err != nil {
+		return undo, fmt.Errorf("mode %s: %w", mode, err)
+	}
+	switch mode {
+	case LBModeDSR:
+		if sink == nil {
+			return undo, errors.New("no sink")
+		}
+		if err := sink.Update(p.helpers.XdpPpsSinkTunnel); err != nil {
+			return undo, fmt.Errorf("the sink's program for IPIP frames: %w", err)
+		}
+		undos = append(undos, func() error { return sink.Update(p.helpers.XdpPpsSinkTo) })
+	case LBModeLocal:
+		var tcx link.Link
+		err := p.topo.node.do(func() (err error) {
+			tcx, err = link.AttachTCX(link.TCXOptions{Program: p.helpers.TcPpsSinkLocal, Interface: p.topo.eth0, Attach: ebpf.AttachTCXIngress})
+			return err
+		})
+		if err != nil {
+			return undo, fmt.Errorf("the local sink at tcx ingress on eth0 (6.6): %w", err)
+		}
+		undos = append(undos, tcx.Close)
+	}
+	return undo, nil
 }
 
 // skipError is the reason a contender cannot run on this kernel.

@@ -16,49 +16,52 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	ppsMapFloodState     = "flood_state"
-	ppsMapPpsCount       = "pps_count"
-	ppsMapPpsPub         = "pps_pub"
-	ppsMapPpsSeq         = "pps_seq"
-	ppsMapPpsTcTarget    = "pps_tc_target"
-	ppsMapPpsWin         = "pps_win"
-	ppsMapPpsXdpTarget   = "pps_xdp_target"
-	ppsProgTcPpsPass     = "tc_pps_pass"
-	ppsProgTcPpsRestore  = "tc_pps_restore"
-	ppsProgXdpPpsFwd     = "xdp_pps_fwd"
-	ppsProgXdpPpsGen     = "xdp_pps_gen"
-	ppsProgXdpPpsGenWin  = "xdp_pps_gen_win"
-	ppsProgXdpPpsPass    = "xdp_pps_pass"
-	ppsProgXdpPpsRestore = "xdp_pps_restore"
-	ppsProgXdpPpsSink    = "xdp_pps_sink"
-	ppsProgXdpPpsSinkTo  = "xdp_pps_sink_to"
-	ppsVarBackendAddr    = "backend_addr"
-	ppsVarBackendPort    = "backend_port"
-	ppsVarBaseSport      = "base_sport"
-	ppsVarBatch          = "batch"
-	ppsVarFlows          = "flows"
-	ppsVarFwdDaddr       = "fwd_daddr"
-	ppsVarFwdDmac        = "fwd_dmac"
-	ppsVarFwdDport       = "fwd_dport"
-	ppsVarFwdIfindex     = "fwd_ifindex"
-	ppsVarFwdSaddr       = "fwd_saddr"
-	ppsVarFwdSmac        = "fwd_smac"
-	ppsVarGenShape       = "gen_shape"
-	ppsVarGenSyn         = "gen_syn"
-	ppsVarL4Proto        = "l4_proto"
-	ppsVarNextHopMac     = "next_hop_mac"
-	ppsVarNodeAddrs      = "node_addrs"
-	ppsVarNodeCpu        = "node_cpu"
-	ppsVarPpsTmpl        = "pps_tmpl"
-	ppsVarShapeLen       = "shape_len"
-	ppsVarShapePortsLo   = "shape_ports_lo"
-	ppsVarShapePortsN    = "shape_ports_n"
-	ppsVarShapeTmpl      = "shape_tmpl"
-	ppsVarStallNs        = "stall_ns"
-	ppsVarSynSaddr       = "syn_saddr"
-	ppsVarSynTmpl        = "syn_tmpl"
-	ppsVarWaitNs         = "wait_ns"
-	ppsVarWindow         = "window"
+	ppsMapFloodState        = "flood_state"
+	ppsMapPpsCount          = "pps_count"
+	ppsMapPpsPub            = "pps_pub"
+	ppsMapPpsSeq            = "pps_seq"
+	ppsMapPpsTcTarget       = "pps_tc_target"
+	ppsMapPpsWin            = "pps_win"
+	ppsMapPpsXdpTarget      = "pps_xdp_target"
+	ppsProgTcPpsPass        = "tc_pps_pass"
+	ppsProgTcPpsRestore     = "tc_pps_restore"
+	ppsProgTcPpsSinkLocal   = "tc_pps_sink_local"
+	ppsProgXdpPpsFwd        = "xdp_pps_fwd"
+	ppsProgXdpPpsGen        = "xdp_pps_gen"
+	ppsProgXdpPpsGenWin     = "xdp_pps_gen_win"
+	ppsProgXdpPpsPass       = "xdp_pps_pass"
+	ppsProgXdpPpsRestore    = "xdp_pps_restore"
+	ppsProgXdpPpsSink       = "xdp_pps_sink"
+	ppsProgXdpPpsSinkTo     = "xdp_pps_sink_to"
+	ppsProgXdpPpsSinkTunnel = "xdp_pps_sink_tunnel"
+	ppsVarBackendAddr       = "backend_addr"
+	ppsVarBackendPort       = "backend_port"
+	ppsVarBaseSport         = "base_sport"
+	ppsVarBatch             = "batch"
+	ppsVarFlows             = "flows"
+	ppsVarFwdDaddr          = "fwd_daddr"
+	ppsVarFwdDmac           = "fwd_dmac"
+	ppsVarFwdDport          = "fwd_dport"
+	ppsVarFwdIfindex        = "fwd_ifindex"
+	ppsVarFwdSaddr          = "fwd_saddr"
+	ppsVarFwdSmac           = "fwd_smac"
+	ppsVarGenShape          = "gen_shape"
+	ppsVarGenSyn            = "gen_syn"
+	ppsVarL4Proto           = "l4_proto"
+	ppsVarNextHopMac        = "next_hop_mac"
+	ppsVarNodeAddrs         = "node_addrs"
+	ppsVarNodeCpu           = "node_cpu"
+	ppsVarPpsTmpl           = "pps_tmpl"
+	ppsVarShapeLen          = "shape_len"
+	ppsVarShapePortsLo      = "shape_ports_lo"
+	ppsVarShapePortsN       = "shape_ports_n"
+	ppsVarShapeTmpl         = "shape_tmpl"
+	ppsVarStallNs           = "stall_ns"
+	ppsVarSynSaddr          = "syn_saddr"
+	ppsVarSynTmpl           = "syn_tmpl"
+	ppsVarTunnelAddr        = "tunnel_addr"
+	ppsVarWaitNs            = "wait_ns"
+	ppsVarWindow            = "window"
 )
 
 // loadPps returns the embedded CollectionSpec for pps.
@@ -103,15 +106,17 @@ type ppsSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ppsProgramSpecs struct {
-	TcPpsPass     *ebpf.ProgramSpec `ebpf:"tc_pps_pass"`
-	TcPpsRestore  *ebpf.ProgramSpec `ebpf:"tc_pps_restore"`
-	XdpPpsFwd     *ebpf.ProgramSpec `ebpf:"xdp_pps_fwd"`
-	XdpPpsGen     *ebpf.ProgramSpec `ebpf:"xdp_pps_gen"`
-	XdpPpsGenWin  *ebpf.ProgramSpec `ebpf:"xdp_pps_gen_win"`
-	XdpPpsPass    *ebpf.ProgramSpec `ebpf:"xdp_pps_pass"`
-	XdpPpsRestore *ebpf.ProgramSpec `ebpf:"xdp_pps_restore"`
-	XdpPpsSink    *ebpf.ProgramSpec `ebpf:"xdp_pps_sink"`
-	XdpPpsSinkTo  *ebpf.ProgramSpec `ebpf:"xdp_pps_sink_to"`
+	TcPpsPass        *ebpf.ProgramSpec `ebpf:"tc_pps_pass"`
+	TcPpsRestore     *ebpf.ProgramSpec `ebpf:"tc_pps_restore"`
+	TcPpsSinkLocal   *ebpf.ProgramSpec `ebpf:"tc_pps_sink_local"`
+	XdpPpsFwd        *ebpf.ProgramSpec `ebpf:"xdp_pps_fwd"`
+	XdpPpsGen        *ebpf.ProgramSpec `ebpf:"xdp_pps_gen"`
+	XdpPpsGenWin     *ebpf.ProgramSpec `ebpf:"xdp_pps_gen_win"`
+	XdpPpsPass       *ebpf.ProgramSpec `ebpf:"xdp_pps_pass"`
+	XdpPpsRestore    *ebpf.ProgramSpec `ebpf:"xdp_pps_restore"`
+	XdpPpsSink       *ebpf.ProgramSpec `ebpf:"xdp_pps_sink"`
+	XdpPpsSinkTo     *ebpf.ProgramSpec `ebpf:"xdp_pps_sink_to"`
+	XdpPpsSinkTunnel *ebpf.ProgramSpec `ebpf:"xdp_pps_sink_tunnel"`
 }
 
 // ppsMapSpecs contains maps before they are loaded into the kernel.
@@ -156,6 +161,7 @@ type ppsVariableSpecs struct {
 	StallNs      *ebpf.VariableSpec `ebpf:"stall_ns"`
 	SynSaddr     *ebpf.VariableSpec `ebpf:"syn_saddr"`
 	SynTmpl      *ebpf.VariableSpec `ebpf:"syn_tmpl"`
+	TunnelAddr   *ebpf.VariableSpec `ebpf:"tunnel_addr"`
 	WaitNs       *ebpf.VariableSpec `ebpf:"wait_ns"`
 	Window       *ebpf.VariableSpec `ebpf:"window"`
 }
@@ -230,6 +236,7 @@ type ppsVariables struct {
 	StallNs      *ebpf.Variable `ebpf:"stall_ns"`
 	SynSaddr     *ebpf.Variable `ebpf:"syn_saddr"`
 	SynTmpl      *ebpf.Variable `ebpf:"syn_tmpl"`
+	TunnelAddr   *ebpf.Variable `ebpf:"tunnel_addr"`
 	WaitNs       *ebpf.Variable `ebpf:"wait_ns"`
 	Window       *ebpf.Variable `ebpf:"window"`
 }
@@ -238,21 +245,24 @@ type ppsVariables struct {
 //
 // It can be passed to loadPpsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ppsPrograms struct {
-	TcPpsPass     *ebpf.Program `ebpf:"tc_pps_pass"`
-	TcPpsRestore  *ebpf.Program `ebpf:"tc_pps_restore"`
-	XdpPpsFwd     *ebpf.Program `ebpf:"xdp_pps_fwd"`
-	XdpPpsGen     *ebpf.Program `ebpf:"xdp_pps_gen"`
-	XdpPpsGenWin  *ebpf.Program `ebpf:"xdp_pps_gen_win"`
-	XdpPpsPass    *ebpf.Program `ebpf:"xdp_pps_pass"`
-	XdpPpsRestore *ebpf.Program `ebpf:"xdp_pps_restore"`
-	XdpPpsSink    *ebpf.Program `ebpf:"xdp_pps_sink"`
-	XdpPpsSinkTo  *ebpf.Program `ebpf:"xdp_pps_sink_to"`
+	TcPpsPass        *ebpf.Program `ebpf:"tc_pps_pass"`
+	TcPpsRestore     *ebpf.Program `ebpf:"tc_pps_restore"`
+	TcPpsSinkLocal   *ebpf.Program `ebpf:"tc_pps_sink_local"`
+	XdpPpsFwd        *ebpf.Program `ebpf:"xdp_pps_fwd"`
+	XdpPpsGen        *ebpf.Program `ebpf:"xdp_pps_gen"`
+	XdpPpsGenWin     *ebpf.Program `ebpf:"xdp_pps_gen_win"`
+	XdpPpsPass       *ebpf.Program `ebpf:"xdp_pps_pass"`
+	XdpPpsRestore    *ebpf.Program `ebpf:"xdp_pps_restore"`
+	XdpPpsSink       *ebpf.Program `ebpf:"xdp_pps_sink"`
+	XdpPpsSinkTo     *ebpf.Program `ebpf:"xdp_pps_sink_to"`
+	XdpPpsSinkTunnel *ebpf.Program `ebpf:"xdp_pps_sink_tunnel"`
 }
 
 func (p *ppsPrograms) Close() error {
 	return _PpsClose(
 		p.TcPpsPass,
 		p.TcPpsRestore,
+		p.TcPpsSinkLocal,
 		p.XdpPpsFwd,
 		p.XdpPpsGen,
 		p.XdpPpsGenWin,
@@ -260,6 +270,7 @@ func (p *ppsPrograms) Close() error {
 		p.XdpPpsRestore,
 		p.XdpPpsSink,
 		p.XdpPpsSinkTo,
+		p.XdpPpsSinkTunnel,
 	)
 }
 

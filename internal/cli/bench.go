@@ -184,6 +184,7 @@ Markdown and a bar chart (PNG) under --out. Needs root.`,
 	f.IntVar(&cfg.ProgRepeat, "prog-repeat", cfg.ProgRepeat, "BPF_PROG_RUN repeat count of one ns/packet sample")
 	f.IntVar(&cfg.NodeCPU, "node-cpu", cfg.NodeCPU, "CPU for the node's receive work: eth0's NAPI in a thread pinned there (-1: the generator's CPU, the last one)")
 	f.StringVar(&cfg.Topology, "topology", cfg.Topology, fmt.Sprintf("%s: client and backend node behind eth0 (XDP_TX); %s: the backend behind a second device (bpf_redirect)", bench.TopologyOneNIC, bench.TopologyTwoNIC))
+	f.StringSliceVar(&cfg.Modes, "modes", []string{bench.LBModeSNAT}, fmt.Sprintf("load-balancing modes of sluice's XDP and tc contenders, %v: snat masquerades to a remote backend, dsr sends it in IPIP (a DSR LB node), local reaches a backend on the node; each mode but snat adds rows <contender>-<mode>", bench.LBModes))
 	f.StringSliceVar(&cfg.Contenders, "contenders", nil, fmt.Sprintf("contenders to run (default all: %v; the cost of the datapath's events: %v)", bench.AllContenders, bench.MonitorContenders))
 	f.StringVar(&out, "out", "results/pps", "directory for the JSON, Markdown and PNG results")
 	f.StringVarP(&output, "output", "o", "table", "stdout format: table or json")
