@@ -85,6 +85,7 @@ func sizesAt(mem uint64, fixed map[string]*ebpf.MapSpec) map[string]uint32 {
 	}
 	out[lbmap.CTMapName], out[lbmap.NATMapName], out[tclbMapNsFrag] = c.CT, c.NAT, c.Frag
 	out[lbmap.CTNewMapName], out[lbmap.NATNewMapName] = NewFlowEntries(c.CT), NewFlowEntries(c.NAT)
+	out[lbmap.CTAnyMapName], out[lbmap.NATAnyMapName] = c.CT, c.NAT // as mapSizes: one inner map template
 	return out
 }
 
