@@ -483,8 +483,11 @@ static __always_inline int ct_create_flow(const struct ns_config *cfg,
  * once a CT second per flow (and at a close); the lookup also keeps the
  * ingress entry recently used. */
 __noinline int ct_restore_ingress(const struct ns_config *cfg, const struct ns_pkt *p,
-				  struct ct_entry *svc, struct ct_scratch *s, __u32 now)
+				  struct ct_entry *svc, __u32 now)
 {
+	/* The scratch from its map, not an argument: 6.1's verifier takes a
+	 * map value as a key, not a global function's memory argument. */
+	struct ct_scratch *s = ns_scratch();
 	struct ct_entry *in;
 	__u32 lifetime;
 	__u16 flags;

@@ -355,7 +355,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 			/* Once a CT second: the ingress entry and the SNAT
 			 * mapping kept with it. */
 			if (ct_update(e, cfg, p, len, now, false) && (s = ns_scratch())) {
-				ct_restore_ingress(cfg, p, e, s, now);
+				ct_restore_ingress(cfg, p, e, now);
 				snat_refresh(cfg, e, p, s, now);
 			}
 			/* A new flow that this packet established moves to
@@ -437,13 +437,13 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		 * needs is in its entry, as on the fast path. */
 		if (!be && ns_flow_kept(e, p->proto)) {
 			if (ct_update(e, cfg, p, len, now, false))
-				ct_restore_ingress(cfg, p, e, s, now);
+				ct_restore_ingress(cfg, p, e, now);
 			__builtin_memcpy(be_addr.b, e->nat_addr, sizeof(be_addr.b));
 			be_port = e->nat_port;
 			goto translate;
 		}
 		if (be && ct_update(e, cfg, p, len, now, false))
-			ct_restore_ingress(cfg, p, e, s, now);
+			ct_restore_ingress(cfg, p, e, now);
 		if (be)
 			ct_promote_if_ready(ctx, p, &e, now);
 	}
