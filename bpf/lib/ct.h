@@ -272,6 +272,7 @@ static __always_inline bool ct_ingress_clash(const struct ct_entry *in, const st
 __noinline int ct_clash_sport(const struct ns_pkt *p, __u32 now)
 {
 	struct ct_scratch *s = ns_scratch();
+	struct ct_entry *in;
 	struct ct_tuple *t;
 	int i;
 
@@ -281,7 +282,9 @@ __noinline int ct_clash_sport(const struct ns_pkt *p, __u32 now)
 
 	ct_tuple_set(t, &p->saddr, (const union lb_addr *)s->entry.nat_addr, p->sport,
 		     s->entry.nat_port, p->proto, CT_DIR_INGRESS);
-	if (!ct_ingress_clash(ct_est_lookup(t), p, now) &&
+	in = ct_est_lookup(t);
+	s->in_est = !!in;
+	if (!ct_ingress_clash(in, p, now) &&
 	    !ct_ingress_clash(bpf_map_lookup_elem(&ct_new, t), p, now))
 		return 0;
 	for (i = 0; i < CT_SPORT_TRIES; i++) {
@@ -291,6 +294,7 @@ __noinline int ct_clash_sport(const struct ns_pkt *p, __u32 now)
 		s->entry.flags |= CT_F_SPORT;
 		s->entry.snat_port = t->sport;
 		s->sport = t->sport;
+		s->in_est = 0; /* the tuple given is in neither table */
 		return 0;
 	}
 	return 0;
@@ -422,7 +426,7 @@ __noinline int ct_put_flow(const struct ns_pkt *p, __u32 kind, __u32 half)
 	 * flow's own, or any when no other client port was free:
 	 * docs/semantics.md) leaves the established table, which lookups
 	 * read first: its replies would leave from its frontend. */
-	if (ct_est_lookup(t))
+	if (s->in_est)
 		ct_est_delete(t);
 	/* A half-open flow's ingress entry keeps the SYN's counts, the
 	 * client's, for the service entry ct_complete makes. */
@@ -464,6 +468,7 @@ static __always_inline int ct_create_flow(const struct ns_config *cfg,
 	 * (a masqueraded one's would share one mapping). This one gets
 	 * another client port, as netfilter's implicit source NAT gives. */
 	s->sport = 0;
+	s->in_est = 1; /* unknown: ct_put_flow looks */
 	if ((kind & (CT_F_LOCAL | CT_F_HAIRPIN)) == CT_F_LOCAL || kind == CT_F_SNAT)
 		ct_clash_sport(p, now);
 	return ct_put_flow(p, kind, half);

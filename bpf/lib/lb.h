@@ -361,7 +361,7 @@ static __always_inline struct ct_entry *ns_established(const struct ns_pkt *p, _
 	t = &s->tuple;
 	ct_tuple_set(t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     CT_DIR_SERVICE);
-	e = ct_lookup(t);
+	e = (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN ? ct_lookup_syn(t) : ct_lookup(t);
 	s->ct_absent = !e;
 	if (!e || ct_is_new_syn(e, p->proto, p->tcp_flags, now))
 		return NULL;
