@@ -103,17 +103,22 @@ static __always_inline int snat_put(const struct ct_tuple *t, const struct nat_e
 /* snat_port_free: the mapping n under the ingress tuple t (backend:bport
  * -> node:nat port) belongs to a flow that is over, so another client may
  * take its port: its ingress entry (k, built here) is dead; or it was
- * reset; or both sides sent their FIN and the client's came first (the
- * backend, in LAST_ACK, holds no TIME_WAIT). A backend that closed first
- * holds the tuple in TIME_WAIT, where a SYN with another client's TCP
- * timestamps fails PAWS about half the time (a challenge ACK, a RST, a
- * retry a second later): its entry lives CT_TIME_WAIT past the close
- * (ct.h), and the port waits that long. A mapping without an ingress entry
- * is free after the agent's GC grace (two CT seconds: its flow's entries
- * may have been written just after it). */
+ * reset; or both sides sent their FIN, the client's first, and the last
+ * packet passed two CT seconds ago (one second at least): the backend was
+ * in LAST_ACK until the client's last ACK reached it, a round trip after
+ * its FIN, and a SYN on the tuple before then meets that socket (a
+ * challenge ACK, the client's RST: a failed connect, seen at 2,000 short
+ * connections a second when ports went at the backend's FIN). A backend
+ * that closed first holds the tuple in TIME_WAIT, where a SYN with another
+ * client's TCP timestamps fails PAWS about half the time (a challenge
+ * ACK, a RST, a retry a second later): its entry lives CT_TIME_WAIT past
+ * the close (ct.h), and the port waits that long. A mapping without an
+ * ingress entry is free after the agent's GC grace (two CT seconds: its
+ * flow's entries may have been written just after it). */
 static __always_inline bool snat_port_free(const struct ct_tuple *t, const struct nat_entry *n,
 					   __u32 now, struct ct_tuple *k)
 {
+	const struct ns_config *cfg;
 	const struct ct_entry *in;
 
 	ct_tuple_set(k, (const union lb_addr *)n->to_addr, (const union lb_addr *)t->saddr,
@@ -125,8 +130,12 @@ static __always_inline bool snat_port_free(const struct ct_tuple *t, const struc
 		return true;
 	if (t->proto != IPPROTO_TCP || !(in->flags & CT_F_CLOSING))
 		return false;
-	return (in->flags & CT_F_RST) ||
-	       (in->flags & (CT_F_FIN_REPLY | CT_F_TW_BACKEND)) == CT_F_FIN_REPLY;
+	if (in->flags & CT_F_RST)
+		return true;
+	if ((in->flags & (CT_F_FIN_REPLY | CT_F_TW_BACKEND)) != CT_F_FIN_REPLY || !(cfg = ns_cfg()))
+		return false;
+	/* The last packet came at lifetime less the close timeout. */
+	return in->lifetime + 2 <= now + or_default(cfg->tcp_close_timeout, CT_DEFAULT_TCP_CLOSE);
 }
 
 /* snat_try_claim takes the scratch's ingress tuple (tuple2) for the

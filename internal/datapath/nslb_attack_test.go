@@ -33,9 +33,10 @@ func setNATRange(t *testing.T, n *NorthSouth, lo, hi uint16, now uint64) {
 // of 12,001 short connections at 300/s). TIME_WAIT is respected as
 // netfilter does: a backend that closed first holds the tuple in
 // TIME_WAIT, where another client's SYN fails PAWS about half the time, so
-// its port waits CT_TIME_WAIT (60 s); a flow reset, or one whose client
-// closed first (the backend in LAST_ACK, then CLOSED), gives its port at
-// once. The old flow's mappings go with the take-over.
+// its port waits CT_TIME_WAIT (60 s); a flow reset gives its port at once,
+// one whose client closed first a second after its last packet (the
+// backend in LAST_ACK until the client's last ACK, then CLOSED). The old
+// flow's mappings go with the take-over.
 func TestPrivilegedNorthSouthNATPortTakeover(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
 		const ports = 64
@@ -93,11 +94,13 @@ func TestPrivilegedNorthSouthNATPortTakeover(t *testing.T) {
 			t.Fatalf("%d flows hold %d nat ports, want every one of %d", ports, len(taken), ports)
 		}
 
-		// A second later, nothing collected: 32 new clients get the
-		// ports of the reset and client-closed flows.
-		setNATRange(t, n, snatMin, snatMin+ports-1, ctNow+1)
+		// Nothing collected since: in the same CT second, 16 new clients
+		// get the ports of the reset flows; the next waits (the
+		// client-closed flows' backends may still be in LAST_ACK); two
+		// seconds on, 16 more get the client-closed flows' ports.
 		reused := map[uint16]bool{}
-		for i := range 32 {
+		newClient := func(i int) {
+			t.Helper()
 			f := masqueradedFlow{client(uint16(47000 + i)), apLBTCP, apRemote, bpftest.TCP}
 			syn := bpftest.Packet{Src: f.c, Dst: f.fe, Proto: bpftest.TCP, Flags: bpftest.SYN}
 			res := run(syn)
@@ -109,6 +112,20 @@ func TestPrivilegedNorthSouthNATPortTakeover(t *testing.T) {
 				t.Errorf("new client %d: nat port %d, want one of the closed flows' (each once)", i, p)
 			}
 			reused[p] = true
+		}
+		for i := range 16 {
+			newClient(i)
+		}
+		for i := range 16 {
+			if !reused[natPorts[i]] {
+				t.Errorf("flow %d (reset): its port %d not taken within its second", i, natPorts[i])
+			}
+		}
+		early := bpftest.Packet{Src: client(47090), Dst: apLBTCP, Proto: bpftest.TCP, Flags: bpftest.SYN}
+		wantVerdict(t, kind, prog, "a client in the client-closed flows' second", early, vDrop)
+		setNATRange(t, n, snatMin, snatMin+ports-1, ctNow+2)
+		for i := 16; i < 32; i++ {
+			newClient(i)
 		}
 		for i, f := range flows[:32] {
 			if !reused[natPorts[i]] {
@@ -129,7 +146,7 @@ func TestPrivilegedNorthSouthNATPortTakeover(t *testing.T) {
 		late := bpftest.Packet{Src: client(47100), Dst: apLBTCP, Proto: bpftest.TCP, Flags: bpftest.SYN}
 		wantVerdict(t, kind, prog, "a client while every port is held", late, vDrop)
 		// Past TIME_WAIT the backend-closed flows' ports are free.
-		setNATRange(t, n, snatMin, snatMin+ports-1, ctNow+2+60)
+		setNATRange(t, n, snatMin, snatMin+ports-1, ctNow+3+60)
 		late.Src = client(47101)
 		wantVerdict(t, kind, prog, "a client past the backends' TIME_WAIT", late, vPass)
 	})
