@@ -201,9 +201,9 @@ func (r *BandwidthReport) latencyOf(contender, dir, rate string) *LatencyRow {
 }
 
 // groupedBars draws groups of bars (a colour per group, a bar per x
-// name), each labelled with its value, and saves a PNG; false when there
-// is nothing to draw.
-func groupedBars(path, title, ylabel string, names []string, groups []string, values [][]float64, format string) (drawn bool, err error) {
+// name), each labelled with its value, then whatever extras add (a
+// reference line), and saves a PNG; false when there is nothing to draw.
+func groupedBars(path, title, ylabel string, names []string, groups []string, values [][]float64, format string, extras ...func(*plot.Plot) error) (drawn bool, err error) {
 	defer recoverPlot(path, &err)
 	if len(names) == 0 || len(groups) == 0 {
 		return false, nil
@@ -260,6 +260,11 @@ func groupedBars(path, title, ylabel string, names []string, groups []string, va
 	}
 	p.Legend.Top = true
 	p.NominalX(names...)
+	for _, extra := range extras {
+		if err := extra(p); err != nil {
+			return false, fmt.Errorf("plot %s: %w", path, err)
+		}
+	}
 	if err := p.Save(10*vg.Inch, 5*vg.Inch, path); err != nil {
 		return false, fmt.Errorf("save plot %s: %w", path, err)
 	}

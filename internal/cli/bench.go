@@ -22,7 +22,7 @@ func benchCommand() *cobra.Command {
 		Use:   "bench",
 		Short: "Benchmarks: every contender in one run, min/median/max over repeats",
 	}
-	cmd.AddCommand(benchPPSCommand(), benchScaleCommand(), benchBandwidthCommand(), benchQperfCommand(), benchDNSCommand())
+	cmd.AddCommand(benchPPSCommand(), benchScaleCommand(), benchBandwidthCommand(), benchQperfCommand(), benchDNSCommand(), benchConnsCommand())
 	return cmd
 }
 
@@ -196,6 +196,22 @@ Markdown and a bar chart (PNG) under --out. Needs root.`,
 type benchReport interface {
 	WriteMarkdown(w io.Writer)
 	WriteFiles(dir string) ([]string, error)
+}
+
+// runLabBench runs a benchmark that brings up labs, whose nodes run this
+// executable (probes, backends) and the sluice-agent beside it; run gets
+// both and the progress writer, and its report (nil: none) is printed and
+// written under out, also when the run stopped early.
+func runLabBench(cmd *cobra.Command, out string, run func(exe, agentBin string, progress io.Writer) (benchReport, error)) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	report, runErr := run(exe, filepath.Join(filepath.Dir(exe), "sluice-agent"), cmd.ErrOrStderr())
+	if report == nil {
+		return runErr
+	}
+	return writeBenchReport(cmd, report, runErr, out)
 }
 
 // writeBenchReport prints the report, writes its files under out and

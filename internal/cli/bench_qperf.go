@@ -1,8 +1,7 @@
 package cli
 
 import (
-	"os"
-	"path/filepath"
+	"io"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -40,18 +39,14 @@ A dataplane this machine cannot run (kube-proxy without ./scripts/k8s-build.sh)
 is reported as skipped. Needs root, qperf and sockperf (scripts/deps.sh).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			exe, err := os.Executable()
-			if err != nil {
-				return err
-			}
-			cfg.Exe = exe
-			cfg.AgentBin = filepath.Join(filepath.Dir(exe), "sluice-agent")
-			cfg.Progress = cmd.ErrOrStderr()
-			report, runErr := bench.RunQperf(cmd.Context(), cfg)
-			if report == nil {
-				return runErr
-			}
-			return writeBenchReport(cmd, report, runErr, out)
+			return runLabBench(cmd, out, func(exe, agentBin string, progress io.Writer) (benchReport, error) {
+				cfg.Exe, cfg.AgentBin, cfg.Progress = exe, agentBin, progress
+				report, err := bench.RunQperf(cmd.Context(), cfg)
+				if report == nil {
+					return nil, err // a nil interface, not a nil *QperfReport
+				}
+				return report, err
+			})
 		},
 	}
 	f := cmd.Flags()

@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -9,8 +10,12 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"strconv"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // EchoReply is the echo backend's HTTP answer: who answered and the client
@@ -26,6 +31,14 @@ type BackendConfig struct {
 	HTTPAddr  string // ":8080"; dual-stack
 	UDPAddr   string // ":9000"; dual-stack
 	ReadyFile string // created once both sockets listen; optional
+	// Connections is how many TCP connections the backend must hold at
+	// once (0: as many as its descriptor limit allows). Past what one
+	// process may have (RLIMIT_NOFILE, which it raises where it may), it
+	// serves its HTTP port from more processes of its own: helpers.
+	Connections int
+	// Helper is such a process: HTTP alone, on a port it shares with its
+	// parent (SO_REUSEPORT); it says "ready" on stdout once it listens.
+	Helper bool
 }
 
 // RunBackend serves HTTP and UDP echo until ctx ends. HTTP answers an
@@ -34,15 +47,33 @@ func RunBackend(ctx context.Context, cfg BackendConfig) error {
 	if cfg.Name == "" {
 		return errors.New("backend: --name is required")
 	}
+	// A hold of 20,000 connections to one pod needs 20,000 descriptors in
+	// the backend. Lab processes inherit the limit of whoever started the
+	// lab (20,000 hard on the CI VM, which root there may not raise: no
+	// CAP_SYS_RESOURCE); past it accept() fails with EMFILE, net/http
+	// retries with a backoff, and the probe's requests time out although
+	// the path is fine. So the backend spreads over processes instead.
+	helpers := 0
+	if cfg.Connections > 0 && !cfg.Helper {
+		// The kernel spreads a SO_REUSEPORT group's connections by their
+		// hash, not evenly: a quarter more room in each.
+		n, limit, err := fdProcesses(cfg.Connections, 1.25)
+		if err != nil {
+			return fmt.Errorf("backend %s: --connections %d: %w", cfg.Name, cfg.Connections, err)
+		}
+		if n > 1 {
+			helpers = n - 1
+			fmt.Fprintf(os.Stderr, "backend %s: %d connections at once need %d processes of RLIMIT_NOFILE %d: starting %d helpers on %s (SO_REUSEPORT)\n",
+				cfg.Name, cfg.Connections, n, limit, helpers, cfg.HTTPAddr)
+		}
+	}
 	var lc net.ListenConfig
+	if helpers > 0 || cfg.Helper {
+		lc.Control = setReusePort
+	}
 	ln, err := lc.Listen(ctx, "tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("backend: listen http %s: %w", cfg.HTTPAddr, err)
-	}
-	pc, err := lc.ListenPacket(ctx, "udp", cfg.UDPAddr)
-	if err != nil {
-		ln.Close()
-		return fmt.Errorf("backend: listen udp %s: %w", cfg.UDPAddr, err)
 	}
 	srv := &http.Server{
 		Handler:           echoHandler(cfg.Name),
@@ -51,17 +82,39 @@ func RunBackend(ctx context.Context, cfg BackendConfig) error {
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
-	go func() { errc <- serveUDPEcho(pc, []byte(cfg.Name)) }()
-	if cfg.ReadyFile != "" {
-		if err := os.WriteFile(cfg.ReadyFile, nil, 0o644); err != nil {
-			return fmt.Errorf("backend: ready file: %w", err)
+	var pc net.PacketConn
+	if cfg.Helper {
+		fmt.Println("ready")
+	} else {
+		var plain net.ListenConfig
+		pc, err = plain.ListenPacket(ctx, "udp", cfg.UDPAddr)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("backend: listen udp %s: %w", cfg.UDPAddr, err)
+		}
+		go func() { errc <- serveUDPEcho(pc, []byte(cfg.Name)) }()
+		hctx, stop := context.WithCancel(ctx)
+		// The port the listener got: ":0" gives each process its own.
+		wait, err := startBackendHelpers(hctx, cfg.Name, ln.Addr().String(), helpers)
+		defer func() { stop(); wait() }() // the helpers go with this process
+		if err != nil {
+			pc.Close()
+			ln.Close()
+			return err
+		}
+		if cfg.ReadyFile != "" {
+			if err := os.WriteFile(cfg.ReadyFile, nil, 0o644); err != nil {
+				return fmt.Errorf("backend: ready file: %w", err)
+			}
 		}
 	}
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
 	}
-	pc.Close()
+	if pc != nil {
+		pc.Close()
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = srv.Shutdown(sctx)
@@ -69,6 +122,78 @@ func RunBackend(ctx context.Context, cfg BackendConfig) error {
 		return fmt.Errorf("backend %s: %w", cfg.Name, err)
 	}
 	return nil
+}
+
+// backendHelperReady bounds a helper's start: it only listens.
+const backendHelperReady = 15 * time.Second
+
+// startBackendHelpers starts n helpers of backend name on addr, this
+// program again (`lab backend --helper`), in this process's namespace and
+// cgroup, and waits until each listens. They stop when ctx ends (or this
+// process dies: SIGKILL as their parent-death signal); wait reaps them.
+func startBackendHelpers(ctx context.Context, name, addr string, n int) (wait func(), err error) {
+	var cmds []*exec.Cmd
+	wait = func() {
+		for _, c := range cmds {
+			_ = c.Wait()
+		}
+	}
+	if n == 0 {
+		return wait, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return wait, fmt.Errorf("backend %s: helpers: %w", name, err)
+	}
+	ready := make(chan error, n)
+	for i := range n {
+		c := exec.CommandContext(ctx, exe, "lab", "backend", "--name", name, "--http", addr, "--helper")
+		c.Stderr = os.Stderr
+		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		out, err := c.StdoutPipe()
+		if err != nil {
+			return wait, err
+		}
+		if err := c.Start(); err != nil {
+			return wait, fmt.Errorf("backend %s: helper %d: %w", name, i+1, err)
+		}
+		cmds = append(cmds, c)
+		go func() {
+			line, err := bufio.NewReader(out).ReadString('\n')
+			if err == nil && line != "ready\n" {
+				err = fmt.Errorf("said %q", line)
+			}
+			if err != nil {
+				err = fmt.Errorf("backend %s: helper %d (pid %d) did not start listening: %w", name, i+1, c.Process.Pid, err)
+			}
+			ready <- err
+		}()
+	}
+	timeout := time.After(backendHelperReady)
+	for range n {
+		select {
+		case err := <-ready:
+			if err != nil {
+				return wait, err
+			}
+		case <-timeout:
+			return wait, fmt.Errorf("backend %s: %d helpers not listening after %v", name, n, backendHelperReady)
+		case <-ctx.Done():
+			return wait, ctx.Err()
+		}
+	}
+	return wait, nil
+}
+
+// setReusePort lets the backend's processes listen on one port together.
+func setReusePort(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+	}); err != nil {
+		return err
+	}
+	return serr
 }
 
 // echoIdleTimeout is how long the echo backend keeps an idle keep-alive

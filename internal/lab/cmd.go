@@ -107,6 +107,8 @@ func upCommand(prefix *string) *cobra.Command {
 	for _, f := range []string{"veth-no-peer-xdp", "veth-checksums", "veth-gro"} {
 		_ = cmd.Flags().MarkHidden(f)
 	}
+	cmd.Flags().IntVar(&cfg.EchoConnections, "echo-connections", 0,
+		"TCP connections each echo backend holds at once (for lab probe hold; 0: what one process's RLIMIT_NOFILE allows)")
 	cmd.Flags().IntVar(&cfg.ClusterDNS, "cluster-dns", 0,
 		"CoreDNS replicas behind the kube-dns Service ("+ClusterDNSIPv4.String()+"), pods' resolv.conf pointing at it (scripts/coredns-build.sh builds CoreDNS)")
 	cmd.Flags().BoolVar(&cfg.BandwidthManager, "bandwidth-manager", false,
@@ -272,6 +274,10 @@ func backendCommand() *cobra.Command {
 	cmd.Flags().StringVar(&cfg.HTTPAddr, "http", ":8080", "HTTP listen address")
 	cmd.Flags().StringVar(&cfg.UDPAddr, "udp", ":9000", "UDP listen address")
 	cmd.Flags().StringVar(&cfg.ReadyFile, "ready-file", "", "file to create once listening")
+	cmd.Flags().IntVar(&cfg.Connections, "connections", 0,
+		"TCP connections to hold at once (0: what the descriptor limit allows); past one process's RLIMIT_NOFILE more processes share the HTTP port")
+	cmd.Flags().BoolVar(&cfg.Helper, "helper", false, "serve HTTP alone on a port shared with the parent backend (SO_REUSEPORT)")
+	_ = cmd.Flags().MarkHidden("helper")
 	return cmd
 }
 

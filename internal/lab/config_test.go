@@ -92,3 +92,22 @@ func TestConfigClusterDNS(t *testing.T) {
 		}
 	}
 }
+
+func TestConfigEchoConnections(t *testing.T) {
+	for _, tt := range []struct {
+		conns   int
+		wantErr string // substring; "" for none
+	}{
+		{0, ""},
+		{20000, ""},
+		{MaxHoldConnections, ""},
+		{-1, "echo connections -1: want 0..100000"},
+		{MaxHoldConnections + 1, "echo connections 100001"},
+	} {
+		c := Config{Nodes: 1, EchoConnections: tt.conns, Exe: "/bin/true", AgentBin: "/bin/true"}
+		err := c.setDefaults()
+		if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+			t.Errorf("setDefaults(echo connections %d) = %v, want %q", tt.conns, err, tt.wantErr)
+		}
+	}
+}

@@ -96,6 +96,11 @@ type Config struct {
 	// DataplaneKubeProxy* (the real kube-proxy as a node process, the
 	// comparison), and PodsPerNode 0.
 	Kubelet bool
+	// EchoConnections is how many TCP connections each echo backend must
+	// hold at once (a hold probe's to one pod); 0: as many as one process's
+	// descriptor limit allows. Past it a backend serves its HTTP port from
+	// more processes (RunBackend).
+	EchoConnections int
 	// Exe is a binary with the `lab backend` and `lab probe` subcommands;
 	// default: this executable.
 	Exe string
@@ -115,6 +120,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.PodsPerNode < 0 || c.PodsPerNode > MaxPodsPerNode {
 		return fmt.Errorf("pods per node %d: want 0..%d", c.PodsPerNode, MaxPodsPerNode)
+	}
+	if c.EchoConnections < 0 || c.EchoConnections > MaxHoldConnections {
+		return fmt.Errorf("echo connections %d: want 0..%d", c.EchoConnections, MaxHoldConnections)
 	}
 	if c.ClusterDNS < 0 || c.ClusterDNS > c.Nodes*c.PodsPerNode {
 		return fmt.Errorf("cluster DNS replicas %d: want 0..%d (one per pod at most)", c.ClusterDNS, c.Nodes*c.PodsPerNode)
@@ -492,7 +500,7 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 	}
 
 	l.step("starting echo backends in %d pods", cfg.Nodes*cfg.PodsPerNode)
-	if err := l.startBackends(ctx); err != nil {
+	if err := l.startBackends(ctx, cfg.EchoConnections); err != nil {
 		return err
 	}
 	if l.ClusterDNS != nil {

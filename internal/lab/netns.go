@@ -115,6 +115,24 @@ func setSysctls(ns string, kv map[string]string) error {
 	})
 }
 
+// SetSysctls writes net.* sysctls in one of the lab's namespaces (a node,
+// a pod or the client), such as a benchmark's client port range. Only
+// net.* keys: in a namespace other than the root one, /proc/sys/net holds
+// only what is the namespace's own, while the rest of /proc/sys is the
+// machine's.
+func (l *Lab) SetSysctls(target string, kv map[string]string) error {
+	ep, ok := l.Endpoint(target)
+	if !ok {
+		return fmt.Errorf("sysctls: lab %s has no pod, node or client named %q", newNames(l.Prefix).base, target)
+	}
+	for k, v := range kv {
+		if !strings.HasPrefix(k, "net.") {
+			return fmt.Errorf("sysctl %s=%s in %s: want a net.* sysctl, one of the namespace's own", k, v, target)
+		}
+	}
+	return setSysctls(ep.Netns, kv)
+}
+
 // Sysctls of every lab namespace: addresses usable at once (no DAD), and no
 // reverse-path filter, which some hosts set by default for new namespaces.
 var baseSysctls = map[string]string{

@@ -117,15 +117,21 @@ func (l *Lab) startDaemonNS(target, log string, nsenter, env []string, args ...s
 	return cmd.Process.Pid, nil
 }
 
-func (l *Lab) startBackends(ctx context.Context) error {
+// startBackends starts every pod's echo backend, each able to hold conns
+// TCP connections at once (Config.EchoConnections).
+func (l *Lab) startBackends(ctx context.Context, conns int) error {
 	podsDir := filepath.Join(l.RunDir, "pods")
 	for ni := range l.Nodes {
 		for pi := range l.Nodes[ni].Pods {
 			p := &l.Nodes[ni].Pods[pi]
 			p.Log = filepath.Join(podsDir, p.Name+".log")
-			pid, err := l.startDaemon(p.Name, p.Log, l.Exe, "lab", "backend", "--name", p.Name,
-				"--http", ":"+strconv.Itoa(EchoHTTPPort), "--udp", ":"+strconv.Itoa(EchoUDPPort),
-				"--ready-file", filepath.Join(podsDir, p.Name+".ready"))
+			args := []string{l.Exe, "lab", "backend", "--name", p.Name,
+				"--http", ":" + strconv.Itoa(EchoHTTPPort), "--udp", ":" + strconv.Itoa(EchoUDPPort),
+				"--ready-file", filepath.Join(podsDir, p.Name+".ready")}
+			if conns > 0 {
+				args = append(args, "--connections", strconv.Itoa(conns))
+			}
+			pid, err := l.startDaemon(p.Name, p.Log, args...)
 			if err != nil {
 				return err
 			}
