@@ -109,9 +109,10 @@ static __always_inline __u32 ct_timeout(const struct ns_config *cfg, __u8 proto,
 		t = or_default(cfg->tcp_close_timeout, CT_DEFAULT_TCP_CLOSE);
 		return (flags & CT_F_TW_BACKEND) && t < CT_TIME_WAIT ? CT_TIME_WAIT : t;
 	}
-	/* Established, and the backend answered beyond its SYN-ACK: a flow
-	 * promoted on its handshake alone (or seen from a DSR LB node, where
-	 * no reply passes) keeps the SYN timeout. */
+	/* Established (an ingress entry is marked so when its flow is), and
+	 * the backend answered beyond its SYN-ACK: a flow promoted on its
+	 * handshake alone (or seen from a DSR LB node, where no reply passes)
+	 * keeps the SYN timeout. */
 	if ((flags & (CT_F_ESTABLISHED | CT_F_REPLY_DATA)) == (CT_F_ESTABLISHED | CT_F_REPLY_DATA))
 		return or_default(cfg->tcp_est_timeout, CT_DEFAULT_TCP_EST);
 	return or_default(cfg->tcp_syn_timeout, CT_DEFAULT_TCP_SYN);
@@ -329,13 +330,27 @@ static __always_inline void ct_note_syn_ack(struct __ctx_buff *ctx, const struct
 					    struct ct_entry *e)
 {
 	__be32 seq;
+	__u32 ack;
 
 	if (p->proto != IPPROTO_TCP || !(e->flags & CT_F_NEW) ||
 	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != (TCP_FLAG_SYN | TCP_FLAG_ACK))
 		return;
 	if (ctx_load_bytes(ctx, p->l4_off + 4, &seq, sizeof(seq)))
 		return;
-	WRITE_ONCE(e->alive_at, bpf_ntohl(seq) + 1);
+	ack = bpf_ntohl(seq) + 1;
+	/* A SYN-ACK of another sequence (SYN cookies answer each SYN the
+	 * client sends again anew): the client acknowledges whichever it got,
+	 * so the one before is kept too. */
+	if (e->alive_at && e->alive_at != ack)
+		WRITE_ONCE(e->ack_prev, e->alive_at);
+	WRITE_ONCE(e->alive_at, ack);
+}
+
+/* ct_acks_syn_ack: ack (host order) acknowledges a SYN-ACK the ingress
+ * entry in of a new TCP flow saw, exactly. */
+static __always_inline bool ct_acks_syn_ack(const struct ct_entry *in, __u32 ack)
+{
+	return in->alive_at && (ack == in->alive_at || (in->ack_prev && ack == in->ack_prev));
 }
 
 /* ct_ready: the new flow of service entry e (CT_F_NEW) may be
@@ -380,6 +395,7 @@ static __always_inline int ct_write_ingress(struct ct_scratch *s, const struct n
 	e->rx_packets = 0;
 	e->rx_bytes = 0;
 	e->alive_at = 0;
+	e->ack_prev = 0;
 	/* The service entry's FIB result is for the other direction. */
 	__builtin_memset(&e->fib, 0, sizeof(e->fib));
 	__builtin_memcpy(e->nat_addr, p->daddr.b, sizeof(e->nat_addr));
@@ -531,7 +547,9 @@ __noinline int ct_restore_ingress(const struct ns_config *cfg, const struct ns_p
 }
 
 /* ct_reply_closed closes the service entry of the flow whose reply p (a
- * FIN or a RST from its backend) just closed its ingress entry in: the
+ * FIN or a RST from its backend) just closed its ingress entry in (or,
+ * the ingress entry still open, gives it the backend's first answer past
+ * its SYN-ACK, CT_F_REPLY_DATA, and with it the established lifetime): the
  * flow is over either way (a client that goes silent after its backend's
  * RST would otherwise keep the service entry for the established
  * lifetime). client:client_port is the client as it sent (before any
@@ -539,22 +557,35 @@ __noinline int ct_restore_ingress(const struct ns_config *cfg, const struct ns_p
  * first and holds the tuple in TIME_WAIT: the ingress entry, which keeps
  * the flow's nat port, lives that long (CT_F_TW_BACKEND). A global
  * function, verified once: a close is rare. */
-__noinline int ct_reply_closed(const struct ns_pkt *p, const union lb_addr *client,
-			       __u32 client_port, struct ct_entry *in, __u32 now)
+__noinline int ct_reply_closed(const struct ns_pkt *p, struct ct_entry *in, __u32 now)
 {
 	struct ct_scratch *s = ns_scratch();
 	const struct ns_config *cfg = ns_cfg();
 	struct ct_entry *svc;
+	__u32 lifetime;
 	__u16 flags;
 
-	if (!s || !cfg || !p || !client || !in)
+	if (!s || !cfg || !p || !in)
 		return 0;
-	ct_tuple_set(&s->tuple2, client, (const union lb_addr *)in->nat_addr,
-		     (__be16)client_port, in->nat_port, p->proto, CT_DIR_SERVICE);
+	/* The client, as ct_reply left it in tuple3. */
+	ct_tuple_set(&s->tuple2, (const union lb_addr *)s->tuple3.saddr,
+		     (const union lb_addr *)in->nat_addr, s->tuple3.sport, in->nat_port, p->proto,
+		     CT_DIR_SERVICE);
 	svc = ct_lookup(&s->tuple2);
 	/* Its own: the backend it names is the reply's. */
 	if (svc && (svc->nat_port != p->sport || !addr_equal(&p->saddr, svc->nat_addr)))
 		svc = NULL;
+	if (!(in->flags & CT_F_CLOSING)) {
+		/* The backend's first answer: the flow is real. */
+		if (!svc || (svc->flags & CT_F_REPLY_DATA))
+			return 0;
+		flags = svc->flags | CT_F_REPLY_DATA;
+		WRITE_ONCE(svc->flags, flags);
+		lifetime = now + ct_timeout(cfg, p->proto, flags);
+		if (lifetime > svc->lifetime)
+			WRITE_ONCE(svc->lifetime, lifetime);
+		return 0;
+	}
 	flags = in->flags;
 	if (!(flags & CT_F_RST) && !(svc && (svc->flags & CT_F_CLOSING)) &&
 	    !(flags & CT_F_TW_BACKEND)) {
@@ -571,19 +602,52 @@ __noinline int ct_reply_closed(const struct ns_pkt *p, const union lb_addr *clie
 	return 0;
 }
 
+/* ct_reply_done finishes a reply p (backend -> client) that ct_reply
+ * accounted on its flow's ingress entry e, whose flags were had (the high
+ * half of arg; the low half: the client's own port): a new flow's SYN-ACK
+ * (ct_note_syn_ack); a close, which closes the service entry too; or the
+ * backend's first answer past its SYN-ACK, which gives the service entry
+ * the established lifetime at once (both ct_reply_closed): a client whose
+ * next packet comes in the same CT second (the ACK of the answer), then
+ * none for a while (an idle pool), would otherwise keep the SYN timeout.
+ * A global function, verified once, with no event of its own below it: its
+ * frame and ct_reply_closed's stay within 6.1's stack beside the service
+ * path's. */
+__noinline int ct_reply_done(struct __ctx_buff *ctx, const struct ns_pkt *p, struct ct_entry *e,
+			     const union lb_addr *client, __u32 arg)
+{
+	const struct ns_config *cfg;
+	struct ct_scratch *s;
+	__u16 had = arg >> 16;
+
+	if (!p || !e || !client)
+		return 0;
+	ct_note_syn_ack(ctx, p, e);
+	if (p->proto != IPPROTO_TCP ||
+	    !(((e->flags & ~had) & (CT_F_CLOSING | CT_F_REPLY_DATA))))
+		return 0;
+	s = ns_scratch();
+	cfg = ns_cfg();
+	if (!s || !cfg)
+		return 0;
+	/* The client, for ct_reply_closed: in the scratch, not this frame. */
+	__builtin_memcpy(s->tuple3.saddr, client->b, sizeof(s->tuple3.saddr));
+	s->tuple3.sport = (__be16)arg;
+	ct_reply_closed(p, e, ct_now(cfg));
+	return 0;
+}
+
 /* ct_reply accounts a reply p (backend -> client) on its flow's ingress
- * entry e: its state and lifetime (ct_update), a new flow's SYN-ACK
- * (ct_note_syn_ack), and a close, which closes the service entry too
- * (ct_reply_closed; client:client_port as for it). */
+ * entry e: its state and lifetime (ct_update), then what follows from it
+ * (ct_reply_done; client:client_port is the client as it sent). */
 static __always_inline void ct_reply(struct __ctx_buff *ctx, const struct ns_config *cfg,
 				     struct ns_pkt *p, struct ct_entry *e, __u32 len, __u32 now,
 				     const union lb_addr *client, __be16 client_port)
 {
-	int upd = ct_update(e, cfg, p, len, now, true);
+	__u32 had = e->flags;
 
-	ct_note_syn_ack(ctx, p, e);
-	if (upd & CT_UPD_CLOSED)
-		ct_reply_closed(p, client, client_port, e, now);
+	ct_update(e, cfg, p, len, now, true);
+	ct_reply_done(ctx, p, e, client, (had << 16) | (__u16)client_port);
 }
 
 /* ct_delete_flow deletes the entries in ct of the flow of p (before DNAT)

@@ -109,6 +109,11 @@ struct ct_entry {
 			      * client (sequence + 1, host order; 0: none seen) */
 	struct ct_fib fib;   /* the FIB result of the flow's forwarding, this
 			      * entry's direction */
+	__u32  ack_prev;     /* INGRESS of a new TCP flow: the ack an earlier
+			      * SYN-ACK of another sequence asked of the client
+			      * (a backend answering a SYN sent again with a new
+			      * SYN cookie), 0: none */
+	__u32  pad2;
 };
 
 struct nat_entry {

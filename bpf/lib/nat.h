@@ -515,6 +515,7 @@ static __always_inline int snat_move(const struct ct_tuple *t, struct ct_scratch
 __noinline int ct_promote(const struct ns_pkt *p)
 {
 	const struct ct_entry *e;
+	struct ct_entry *in;
 	struct ct_scratch *s;
 	__u32 zero = 0;
 
@@ -534,7 +535,7 @@ __noinline int ct_promote(const struct ns_pkt *p)
 			return -1;
 		/* TCP: the client acknowledged the backend's SYN-ACK, exactly
 		 * (its ack, in the scratch from ct_promote_if_ready). */
-		if (p->proto == IPPROTO_TCP && e->alive_at && s->ack_seq != e->alive_at)
+		if (p->proto == IPPROTO_TCP && e->alive_at && !ct_acks_syn_ack(e, s->ack_seq))
 			return -1;
 	}
 	if (ct_move(&s->tuple, s))
@@ -565,6 +566,9 @@ __noinline int ct_promote(const struct ns_pkt *p)
 ingress:
 	if (ct_has_ingress(&s->entry)) {
 		ct_ingress_tuple(&s->tuple2, p, &s->entry);
+		in = bpf_map_lookup_elem(&ct_new, &s->tuple2);
+		if (in && p->proto == IPPROTO_TCP)
+			in->flags |= CT_F_ESTABLISHED; /* as its service entry */
 		ct_move(&s->tuple2, s);
 	}
 	return 0;
@@ -610,7 +614,8 @@ static __always_inline bool ct_promote_if_ready(struct __ctx_buff *ctx, const st
  * half-open state (p starts a flow mid-stream, as when a port its half-open
  * flow held went to another flow meanwhile), -1 when it has but p is not
  * the handshake's ACK: a blind ACK, which nf_conntrack would take as
- * INVALID and kube-proxy drops; a RST closes the half-open state. A global
+ * INVALID and kube-proxy drops; 2 for the client's RST, which closes the
+ * half-open state and goes on to the backend (ns_rst_forward). A global
  * function, verified once, off the established flows' path; two, so that
  * neither frame holds all the values of both halves. */
 __noinline int ct_complete(const struct ns_pkt *p)
@@ -630,13 +635,24 @@ __noinline int ct_complete(const struct ns_pkt *p)
 	if (!in || (in->flags & CT_F_SPORT) || !ct_ingress_of(in, p))
 		return 0;
 	if ((in->flags & (CT_F_SEEN_REPLY | CT_F_CLOSING)) != CT_F_SEEN_REPLY ||
-	    !in->alive_at || s->ack_seq != in->alive_at) {
-		if (p->tcp_flags & TCP_FLAG_RST) {
-			flags = in->flags | CT_F_CLOSING | CT_F_RST;
-			WRITE_ONCE(in->flags, flags);
-			WRITE_ONCE(in->lifetime, s->claim_now + ct_timeout(cfg, p->proto, flags));
-		}
-		return -1;
+	    !ct_acks_syn_ack(in, s->ack_seq)) {
+		if (!(p->tcp_flags & TCP_FLAG_RST))
+			return -1;
+		/* The client's RST goes on to the backend, which checks its
+		 * sequence (RFC 5961) as the client's stack had it: it answers
+		 * what the backend sent, a SYN-ACK, or the ACK a socket it
+		 * still holds on the tuple sent for a SYN (a flood's half-open
+		 * connection on a nat port handed on, with its SYN-ACK
+		 * retries for a minute), which the RST clears. The half-open
+		 * state closes; s->nat says where the RST goes from
+		 * (ns_rst_forward). */
+		flags = in->flags | CT_F_CLOSING | CT_F_RST;
+		WRITE_ONCE(in->flags, flags);
+		WRITE_ONCE(in->lifetime, s->claim_now + ct_timeout(cfg, p->proto, flags));
+		s->nat.to_port = (flags & CT_F_SNAT) ? in->snat_port : 0;
+		node = (flags & CT_F_SNAT_FE) ? &p->daddr : snat_conf_addr(cfg, p->v6);
+		__builtin_memcpy(s->nat.to_addr, node->b, sizeof(s->nat.to_addr));
+		return 2;
 	}
 	nat_port = (in->flags & CT_F_SNAT) ? in->snat_port : 0;
 	if (!nat_port)
@@ -703,10 +719,13 @@ __noinline int ct_complete_svc(const struct ns_pkt *p, __u32 len)
 		     CT_DIR_SERVICE);
 	if (ct_est_update(&s->tuple, e, BPF_ANY))
 		return 0;
-	/* The ingress entry follows it, counting replies only from now on;
-	 * ct_restore_ingress would write it back if it were gone. */
+	/* The ingress entry follows it, established too (its lifetime the
+	 * established one once the backend answers), counting replies only
+	 * from now on; ct_restore_ingress would write it back if it were
+	 * gone. */
 	in->packets = 0;
 	in->bytes = 0;
+	in->flags |= CT_F_ESTABLISHED;
 	ct_move(&s->half_key, s);
 	return 1;
 }

@@ -300,7 +300,8 @@ static __always_inline int ns_rewrite_sport(struct __ctx_buff *ctx, struct ns_pk
 #ifndef SLUICE_POD_LB
 /* ns_complete completes p's half-open flow to be_addr:be_port when p is
  * its handshake's ACK (ct_complete: 1, its service entry's key in the
- * scratch's tuple; 0 when it has none; -1 when p is not that ACK). */
+ * scratch's tuple; 0 when it has none; -1 when p is not that ACK; 2 when
+ * p is the client's RST, for ns_rst_forward). */
 static __always_inline int ns_complete(struct __ctx_buff *ctx, const struct ns_pkt *p,
 				       const union lb_addr *be_addr, __be16 be_port, __u32 len)
 {
@@ -312,7 +313,29 @@ static __always_inline int ns_complete(struct __ctx_buff *ctx, const struct ns_p
 	s->ack_seq = bpf_ntohl(s->ack_seq);
 	ct_tuple_set(&s->tuple2, &p->saddr, be_addr, p->sport, be_port, p->proto, CT_DIR_INGRESS);
 	ret = ct_complete(p);
-	return ret > 0 ? ct_complete_svc(p, len) : ret;
+	return ret == 1 ? ct_complete_svc(p, len) : ret;
+}
+
+/* ns_rst_forward sends the client's RST p of a half-open flow on to its
+ * backend (ct_complete: the backend in the scratch's half_key, and where a
+ * masqueraded flow leaves from in its nat: 0 port for a local backend),
+ * translated as the flow's packets are, with no state made or kept. A
+ * global function, verified once: a RST of a half-open flow is rare. */
+__noinline int ns_rst_forward(struct __ctx_buff *ctx, struct ns_pkt *p)
+{
+	struct ct_scratch *s = ns_scratch();
+
+	if (!s || !p)
+		return CTX_ACT_DROP;
+	if (!s->nat.to_port) {
+		if (pkt_rewrite(ctx, p, true, (const union lb_addr *)s->half_key.daddr, s->half_key.dport))
+			return CTX_ACT_DROP;
+		return ns_forward(ctx, p, FWD_LOCAL, NULL, 0);
+	}
+	if (pkt_rewrite_nat(ctx, p, (const union lb_addr *)s->half_key.daddr, s->half_key.dport,
+			    (const union lb_addr *)s->nat.to_addr, s->nat.to_port))
+		return CTX_ACT_DROP;
+	return ns_forward(ctx, p, FWD_ROUTE, NULL, 0);
 }
 #endif /* SLUICE_POD_LB */
 
@@ -510,6 +533,8 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 				syn = true;
 			else if ((kind & (CT_F_DSR | CT_F_LOCAL)) != CT_F_DSR) {
 				ret = ns_complete(ctx, p, &be_addr, be_port, len);
+				if (ret == 2)
+					return ns_rst_forward(ctx, p);
 				if (ret < 0)
 					return NS_DROP(SL_DROP_HANDSHAKE);
 				if (ret > 0)

@@ -83,7 +83,7 @@ var sizedMaps = []sizedMap{
 	{socklbMapLbBackends, "", 1 << 19, 1 << 18, 1 << 22, 4 + 20},
 	{socklbMapLbSockRev, "", 1 << 18, 1 << 18, 1 << 22, 32 + 20},
 	{socklbMapLbAffinity, "", 1 << 16, 1 << 16, 1 << 20, 16 + 8},
-	{lbmap.CTMapName, "bpf-ct-global-max", 1 << 18, 1 << 16, 1 << 24, 40 + 96},
+	{lbmap.CTMapName, "bpf-ct-global-max", 1 << 18, 1 << 16, 1 << 24, 40 + 104},
 	{lbmap.NATMapName, "bpf-nat-global-max", 1 << 18, 1 << 16, 1 << 24, 40 + 24},
 	// A fragmented datagram's first-fragment ports, for as long as its
 	// fragments are on the way (milliseconds): a sixteenth of conntrack.

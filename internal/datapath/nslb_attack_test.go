@@ -383,3 +383,61 @@ func TestPrivilegedNorthSouthMartians(t *testing.T) {
 		}
 	})
 }
+
+// A client's RST of a half-open flow goes on to the backend, translated as
+// the flow's packets are: a backend that still holds a half-open connection
+// of a flood SYN on a nat port handed on answers a new client's SYN with
+// that connection's ACK, the client's stack answers it with a RST, and the
+// RST must reach the backend to clear it (before, it was dropped as a
+// blind packet, and the connect took 2-3 s of SYN retries). The half-open
+// state closes; no state is made for it.
+func TestPrivilegedNorthSouthHalfOpenRST(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		egress := attachKind{"tc egress", nil, ingressKinds[0].verdicts}
+		for _, c := range []struct {
+			name    string
+			in      bpftest.Packet
+			backend netip.AddrPort
+			masq    bool
+		}{
+			{"masqueraded", tcpSyn(client(46700), apLBTCP), apRemote, true},
+			{"local", tcpSyn(client(46701), apNodePort), apLocal, false},
+		} {
+			res, err := bpftest.Run(prog, c.in.MustBytes())
+			must(t, err)
+			checkResult(t, kind, c.name+": SYN", c.in, res, vPass, c.in.With(func(p *bpftest.Packet) {
+				if c.masq {
+					p.Src = netip.AddrPortFrom(ipNode, natPort(t, n, c.in.Src, c.backend, bpftest.TCP))
+				}
+				p.Dst = c.backend
+			}))
+			// The stale socket's ACK, acknowledging nothing of this SYN.
+			stale := bpftest.Packet{Src: c.backend, Dst: c.in.Src, Proto: bpftest.TCP, Flags: bpftest.ACK, Seq: 7000, Ack: 1001}
+			if c.masq {
+				port := natPort(t, n, c.in.Src, c.backend, bpftest.TCP)
+				stale.Dst = netip.AddrPortFrom(ipNode, port)
+				runPacket(t, kind, prog, c.name+": the stale ACK", stale, vPass, stale.With(func(p *bpftest.Packet) { p.Src, p.Dst = c.in.Dst, c.in.Src }))
+			} else {
+				runPacket(t, egress, n.Programs().TCEgress, c.name+": the stale ACK", stale, vPass, stale.With(func(p *bpftest.Packet) { p.Src = c.in.Dst }))
+			}
+			rst := c.in.With(func(p *bpftest.Packet) { p.Flags, p.Seq, p.Ack = bpftest.RST, 1001, 0 })
+			before := dropCount(t, n, "handshake")
+			runPacket(t, kind, prog, c.name+": the client's RST", rst, vPass, rst.With(func(p *bpftest.Packet) {
+				if c.masq {
+					p.Src = netip.AddrPortFrom(ipNode, natPort(t, n, c.in.Src, c.backend, bpftest.TCP))
+				}
+				p.Dst = c.backend
+			}))
+			if got := dropCount(t, n, "handshake") - before; got != 0 {
+				t.Errorf("%s (%s): the client's RST dropped (%d handshake drops)", c.name, kind.name, got)
+			}
+			in, _ := ctEntry(t, n, c.in.Src, c.backend, bpftest.TCP, lbmap.CTDirIngress)
+			if in.Flags&lbmap.CTFlagRST == 0 {
+				t.Errorf("%s (%s): half-open state after the RST: flags %s, want closed by RST", c.name, kind.name, lbmap.CTFlagsString(in.Flags))
+			}
+			if _, ok := ctEntry(t, n, c.in.Src, c.in.Dst, bpftest.TCP, lbmap.CTDirService); ok {
+				t.Errorf("%s (%s): a service entry for the RST", c.name, kind.name)
+			}
+		}
+	})
+}

@@ -136,7 +136,7 @@ func TestPrivilegedNorthSouthConntrackTCP(t *testing.T) {
 				svc.BackendID, svc.RevNatID, svc.NATAddr.NetIP(), svc.NATPort.Host(), apLocal)
 		}
 		checkCT(t, n, "ACK", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
-			ctWant{local | syn | reply, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 0, 1})
+			ctWant{local | syn | est | reply, ctNow + lbmap.DefaultTCPSynTimeout, ctNow, 0, 1})
 
 		// Same second: the lifetime stays; later: it moves on, the SYN
 		// timeout still: the backend sent nothing after its SYN-ACK.
@@ -146,21 +146,24 @@ func TestPrivilegedNorthSouthConntrackTCP(t *testing.T) {
 		checkCT(t, n, "data", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
 			ctWant{local | syn | est, ctNow + 5 + lbmap.DefaultTCPSynTimeout, ctNow, 4, 0})
 
-		// The backend answers; the client's next packet in a later second
-		// gives the flow the established lifetime.
+		// The backend answers: the flow has the established lifetime from
+		// that answer on (its service entry told at once, not at the
+		// client's next packet in a later second).
 		fromBackend("the backend's data", bpftest.ACK|bpftest.PSH)
+		checkCT(t, n, "the backend's data", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
+			ctWant{local | syn | est | data, ctNow + 5 + lbmap.DefaultTCPEstTimeout, ctNow, 4, 0})
 		setClock(t, n, ctNow+6)
 		send("data after the backend's", bpftest.ACK|bpftest.PSH)
 		checkCT(t, n, "data after the backend's", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
 			ctWant{local | syn | est | data, ctNow + 6 + lbmap.DefaultTCPEstTimeout, ctNow, 5, 0})
 		checkCT(t, n, "data after the backend's", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
-			ctWant{local | syn | reply | data, ctNow + 6 + lbmap.DefaultTCPEstTimeout, ctNow, 0, 2})
+			ctWant{local | syn | est | reply | data, ctNow + 6 + lbmap.DefaultTCPEstTimeout, ctNow, 0, 2})
 
 		send("FIN", bpftest.FIN|bpftest.ACK)
 		checkCT(t, n, "FIN", c, apNodePort, bpftest.TCP, lbmap.CTDirService,
 			ctWant{local | syn | est | data | fin, ctNow + 6 + lbmap.DefaultTCPCloseTimeout, ctNow, 6, 0})
 		checkCT(t, n, "FIN: the ingress entry closes with it", c, apLocal, bpftest.TCP, lbmap.CTDirIngress,
-			ctWant{local | syn | reply | data | fin, ctNow + 6 + lbmap.DefaultTCPCloseTimeout, ctNow, 0, 2})
+			ctWant{local | syn | est | reply | data | fin, ctNow + 6 + lbmap.DefaultTCPCloseTimeout, ctNow, 0, 2})
 
 		// Past the closing timeout a SYN on the same tuple is a new flow.
 		later := uint32(ctNow + 6 + lbmap.DefaultTCPCloseTimeout + 1)

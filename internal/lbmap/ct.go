@@ -114,6 +114,10 @@ type CTEntry struct {
 	BackendID uint32
 	AliveAt   uint32 // service entry: when its frontend and backend were last found installed
 	FIB       CTFIB  // the flow's last FIB result in this entry's direction
+	// AckPrev is, in the ingress entry of a new TCP flow, the ack an
+	// earlier SYN-ACK of another sequence asked for (SYN cookies); 0: none.
+	AckPrev uint32
+	Pad2    uint32
 }
 
 // CTFIB mirrors struct ct_fib: a FIB result the datapath keeps for a flow
