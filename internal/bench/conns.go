@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
 	"runtime"
 	"slices"
@@ -232,6 +233,9 @@ type NATPortReading struct {
 	// PerBackend is the nat ports each backend has.
 	PerBackend int    `json:"per_backend"`
 	Error      string `json:"error,omitempty"` // the last failed status read
+	// Drops are the packets node1's datapath dropped during the run, by
+	// reason (docs/monitor.md): where a failed connection's packets went.
+	Drops map[string]uint64 `json:"drops,omitempty"`
 }
 
 // RunConns runs every contender in turn on a lab of its own and judges
@@ -428,6 +432,8 @@ type natWatch struct {
 	firstGC uint64 // CT GC runs before the start
 	lastGC  uint64
 	known   bool // firstGC read
+	// drops by reason at the first read and the last.
+	firstDrops, lastDrops map[string]uint64
 }
 
 func watchNATPorts(ctx context.Context, socket string) *natWatch {
@@ -466,8 +472,14 @@ func (w *natWatch) read(ctx context.Context) *api.Status {
 	w.r.PerBackend = ns.SNATPortsPerBackend
 	if !w.known {
 		w.firstGC, w.known = ns.CTGC.Runs, true
+		if st.Monitor != nil {
+			w.firstDrops = st.Monitor.DropsByReason
+		}
 	}
 	w.lastGC = ns.CTGC.Runs
+	if st.Monitor != nil {
+		w.lastDrops = st.Monitor.DropsByReason
+	}
 	if len(ns.SNATPortsInUse) > 0 && ns.CTGC.Last.After(w.start) {
 		if b := ns.SNATPortsInUse[0]; b.Ports > w.r.Peak {
 			w.r.Peak, w.r.Backend = b.Ports, b.Backend
@@ -485,6 +497,14 @@ func (w *natWatch) stop(ctx context.Context) *NATPortReading {
 	defer w.mu.Unlock()
 	r := w.r
 	r.GCs = int(w.lastGC - w.firstGC)
+	for reason, n := range w.lastDrops {
+		if d := n - w.firstDrops[reason]; d > 0 {
+			if r.Drops == nil {
+				r.Drops = map[string]uint64{}
+			}
+			r.Drops[reason] = d
+		}
+	}
 	if st != nil {
 		ns := st.NorthSouth
 		if len(ns.SNATPortsInUse) > 0 {
@@ -510,6 +530,13 @@ func (r *NATPortReading) describe() string {
 		r.End, r.Peak, r.PerBackend, r.GCs)
 	if r.EndCountedMS == nil {
 		s = "; node1's nat ports: not counted yet (no conntrack garbage collection since the agent started)"
+	}
+	if len(r.Drops) > 0 {
+		var parts []string
+		for _, reason := range slices.Sorted(maps.Keys(r.Drops)) {
+			parts = append(parts, fmt.Sprintf("%s %d", reason, r.Drops[reason]))
+		}
+		s += "; node1 dropped: " + strings.Join(parts, ", ")
 	}
 	if r.Error != "" {
 		s += "; " + r.Error
