@@ -475,6 +475,14 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	 * made below: found first, it would hide it. */
 	if (!be && e && !(e->flags & CT_F_NEW))
 		ct_delete_flow(p, e);
+	/* One in ct_new (a closed flow retired there, ct_retire) goes too:
+	 * a SYN's half-open flow writes no service entry over it, and the
+	 * client's ACK would find the old flow's. */
+	else if (!be && e) {
+		ct_tuple_set(&s->tuple, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
+			     CT_DIR_SERVICE);
+		bpf_map_delete_elem(&ct_new, &s->tuple);
+	}
 	if (!be) {
 		bool syn = false;
 

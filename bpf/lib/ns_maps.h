@@ -360,6 +360,8 @@ struct ct_scratch {
 	struct ct_tuple half_key;  /* ct_put_flow: the new flow's ingress entry */
 	struct ct_tuple tuple3;    /* snat_claim: the keys of a mapping it takes over */
 	struct snat_scan scan;     /* snat_scan */
+	struct ct_tuple retire_svc; /* ct_retire: the closed flow's service entry, */
+	struct ct_tuple retire_in;  /* and its ingress entry */
 	__u32 in_est;              /* ct_clash_sport: the new flow's ingress tuple
 				    * is in the established table (ct_put_flow
 				    * need not look again) */

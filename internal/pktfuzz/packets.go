@@ -159,6 +159,18 @@ func tcp(src, dst netip.AddrPort, flags uint8, data int, ttl uint8) []byte {
 	return serialize(ether(dst.Addr().Is6()), ip.(gopacket.SerializableLayer), t, payload(data))
 }
 
+// tcpSeq is tcp with a given sequence and (with ACK) acknowledgement.
+func tcpSeq(src, dst netip.AddrPort, flags uint8, seq, ack uint32) []byte {
+	ip := ipLayer(src.Addr(), dst.Addr(), layers.IPProtocolTCP, 64)
+	t := tcpLayer(src, dst, flags)
+	t.Seq = seq
+	if t.ACK {
+		t.Ack = ack
+	}
+	_ = t.SetNetworkLayerForChecksum(ip)
+	return serialize(ether(dst.Addr().Is6()), ip.(gopacket.SerializableLayer), t)
+}
+
 func tcpLayer(src, dst netip.AddrPort, flags uint8) *layers.TCP {
 	t := &layers.TCP{SrcPort: layers.TCPPort(src.Port()), DstPort: layers.TCPPort(dst.Port()), Seq: 1000, Window: 64240,
 		SYN: flags&bpftest.SYN != 0, ACK: flags&bpftest.ACK != 0, FIN: flags&bpftest.FIN != 0,
