@@ -128,7 +128,7 @@ static __always_inline int __sock_xlate(struct bpf_sock_addr *ctx,
 	__u64 cookie, client = 0;
 	__u32 hash, backend_id = 0;
 
-	if (!sock_proto_supported(proto))
+	if (!sock_proto_supported(proto) || !sock_served(ctx))
 		return SYS_PROCEED;
 	/* A pod's loopback is its own: only the node's namespace reaches
 	 * NodePorts on 127.0.0.1 / ::1, as with kube-proxy.
@@ -192,7 +192,7 @@ static __always_inline int __sock_rev_xlate(struct bpf_sock_addr *ctx,
 	union lb_addr front __align_stack_8;
 	const struct lb_sock_rev_val *val;
 
-	if (!sock_proto_supported(ctx->protocol))
+	if (!sock_proto_supported(ctx->protocol) || !sock_served(ctx))
 		return SYS_PROCEED;
 	if (v4)
 		sock4_get_addr(ctx, &peer);

@@ -108,8 +108,15 @@ struct lb_src_range_key {
 /* Agent-written configuration, array index 0. */
 struct lb_config {
 	__u64 host_netns_cookie; /* the node's own namespace: bind protection applies there */
-	__u32 flags;
+	__u32 flags;             /* LB_CFG_* */
 	__u32 pad;
 };
+
+/* lb_config.flags */
+/* The socket LB serves the node's own namespace only (a service mesh's
+ * sidecars redirect pods' connections to the VIP with iptables and read
+ * it back with SO_ORIGINAL_DST): pods' sockets keep the Service's address,
+ * and the per-packet LB on their veths balances their packets. */
+#define LB_CFG_HOSTNS_ONLY (1 << 0)
 
 #endif /* __SLUICE_LB_ABI_H */

@@ -151,4 +151,16 @@ static __always_inline bool sock_is_host_netns(struct bpf_sock_addr *ctx)
 	       bpf_get_netns_cookie(ctx) == cfg->host_netns_cookie;
 }
 
+/* sock_served: the socket LB translates this socket's addresses. All
+ * sockets of the cgroup it is attached to, or with LB_CFG_HOSTNS_ONLY the
+ * node's own namespace's only. */
+static __always_inline bool sock_served(struct bpf_sock_addr *ctx)
+{
+	const struct lb_config *cfg = lb_get_config();
+
+	if (!cfg || !(cfg->flags & LB_CFG_HOSTNS_ONLY))
+		return true;
+	return cfg->host_netns_cookie && bpf_get_netns_cookie(ctx) == cfg->host_netns_cookie;
+}
+
 #endif /* __SLUICE_SOCK_H */

@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/datapath"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 	"github.com/sluice-dataplane/sluice/internal/maglev"
+	"github.com/sluice-dataplane/sluice/internal/uninstall"
 )
 
 // Config is the agent's configuration, one field per flag.
@@ -50,11 +51,15 @@ type Config struct {
 	BandwidthMgr      bool
 	BBR               bool // --enable-bbr: Pods' TCP on BBR (with the bandwidth manager)
 	SocketLB          bool
-	LBMapMax          uint32 // 0: from MapSizeRatio
-	SyncPeriodMin     time.Duration
-	SyncPeriod        time.Duration
-	SyncTimeout       time.Duration // the source's initial list
-	LogLevel          string
+	// SocketLBHostnsOnly: the socket LB serves the node's own namespace
+	// only, pods are balanced per packet on their veths (a service mesh's
+	// sidecars then see the Service's address, SO_ORIGINAL_DST).
+	SocketLBHostnsOnly bool
+	LBMapMax           uint32 // 0: from MapSizeRatio
+	SyncPeriodMin      time.Duration
+	SyncPeriod         time.Duration
+	SyncTimeout        time.Duration // the source's initial list
+	LogLevel           string
 
 	// North-south (tc/XDP) datapath, on --devices.
 	MaglevTableSize uint32
@@ -79,9 +84,10 @@ type Config struct {
 	// by default the datapath stays in place so a restart drops no flow.
 	UnloadOnExit bool
 	// UnloadOnUninstall does what UnloadOnExit does when the agent runs as
-	// a DaemonSet's pod ($POD_NAME, $POD_NAMESPACE) and that DaemonSet is
-	// gone or being deleted when the agent exits: `helm uninstall`, not a
-	// rolling update or a deleted pod (uninstall.go).
+	// a DaemonSet's pod ($POD_NAME, $POD_NAMESPACE) and that DaemonSet was
+	// deleted carrying the uninstall mark (internal/uninstall): `helm
+	// uninstall`, whose pre-delete hook sets it, not a DaemonSet deleted
+	// and applied again, a rolling update or a deleted pod.
 	UnloadOnUninstall bool
 
 	// Visibility (docs/monitor.md): the events ring's size in bytes, the
@@ -169,6 +175,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.BBR, "enable-bbr", false, "TCP congestion control BBR for the Pods' connections (needs --enable-bandwidth-manager and a 5.18 kernel), "+
 		"and the server sysctls of the tuning list in the agent's network namespace")
 	fs.BoolVar(&c.SocketLB, "socket-lb", true, "load balance at the socket layer (connect, sendmsg, recvmsg, getpeername, bind)")
+	fs.BoolVar(&c.SocketLBHostnsOnly, "socket-lb-hostns-only", false, "socket LB for the node's own namespace only; pods' Service traffic is balanced per packet on their veths, so a service mesh sidecar (iptables REDIRECT, SO_ORIGINAL_DST) sees the Service's address (Cilium's bpf-lb-sock-hostns-only)")
 	fs.Uint32Var(&c.LBMapMax, "bpf-lb-map-max", 0,
 		"entries of the service map (one per frontend and backend slot); 0: sized by --bpf-map-dynamic-size-ratio (65536 at least)")
 	fs.DurationVar(&c.SyncPeriodMin, "sync-period-min", DefaultSyncPeriodMin, "minimum interval between two syncs to the maps")
@@ -197,7 +204,9 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.CTTimeoutFIN, "bpf-ct-timeout-regular-tcp-fin", lbmap.DefaultTCPCloseTimeout*time.Second, "conntrack lifetime of a closing TCP flow")
 	fs.DurationVar(&c.CTTimeoutAny, "bpf-ct-timeout-regular-any", lbmap.DefaultUDPTimeout*time.Second, "conntrack lifetime of a UDP flow")
 	fs.BoolVar(&c.UnloadOnExit, "unload-on-exit", false, "detach every program and remove the pins on exit (default: leave the datapath in place so a restart drops no flow)")
-	fs.BoolVar(&c.UnloadOnUninstall, "unload-on-uninstall", true, "as --unload-on-exit when the agent is a DaemonSet's pod ($POD_NAME, $POD_NAMESPACE) and the DaemonSet is gone or being deleted at exit (helm uninstall)")
+	fs.BoolVar(&c.UnloadOnUninstall, "unload-on-uninstall", true, "as --unload-on-exit when the agent is a DaemonSet's pod ($POD_NAME, $POD_NAMESPACE) whose DaemonSet was deleted carrying the annotation "+
+		uninstall.Annotation+"=true (set by helm uninstall's pre-delete hook, `sluice uninstall mark` or kubectl annotate); "+
+		"a DaemonSet deleted without it (kubectl delete, then apply), a rolling update or a deleted pod keep the datapath")
 	fs.Uint32Var(&c.MonitorBufferSize, "monitor-buffer-size", datapath.DefaultEventsBytes,
 		"bytes of the datapath's events ring (`sluice monitor`): a power of two, at least a page")
 	fs.Uint32Var(&c.MonitorRate, "monitor-rate", DefaultMonitorRate,
@@ -218,6 +227,10 @@ const lbMapLimit = 1 << 24
 
 // Validate checks every flag and fills the derived fields. Each error names
 // the flag and the bad value.
+// podsPerPacket: pods' Service traffic is balanced per packet on their
+// veths (the pod LB), not by the socket LB.
+func (c *Config) podsPerPacket() bool { return !c.SocketLB || c.SocketLBHostnsOnly }
+
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(flag string, value any, why string, args ...any) {
@@ -288,6 +301,9 @@ func (c *Config) Validate() error {
 			}
 		}
 		bad(flag, quoteEmpty(v), "want one of %s", strings.Join(allowed, ", "))
+	}
+	if c.SocketLBHostnsOnly && !c.SocketLB {
+		bad("socket-lb-hostns-only", true, "needs --socket-lb (it narrows the socket LB to the node's namespace; --socket-lb=false already balances every pod per packet)")
 	}
 	checkEnum("lb-algorithm", c.LBAlgorithm, "random", "maglev")
 	checkEnum("lb-mode", c.LBMode, "snat", "dsr", "hybrid")

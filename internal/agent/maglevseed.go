@@ -122,7 +122,7 @@ func chooseMaglevSeed(ctx context.Context, cfg *Config, kubeUID func(context.Con
 // a warning (logged) where the tc/XDP programs, its only users, load.
 func (a *Agent) useMaglevSeed(s maglevSeed) {
 	a.seed = s
-	if s.warning != nil && (len(a.cfg.Devices) > 0 || !a.cfg.SocketLB) {
+	if s.warning != nil && (len(a.cfg.Devices) > 0 || a.cfg.podsPerPacket()) {
 		a.warn("maglev-seed", *s.warning)
 	}
 }

@@ -263,6 +263,12 @@ func (a *Agent) northSouthStatus() *api.NorthSouth {
 		st.DSRTunnels, st.DSRSNATFallback, st.DSRSNATFallbackExamples = d.entries, d.fallback.Backends, d.fallback.Examples
 	}
 	st.PerPacket, st.PodDevices = perPacket, pods
+	if perPacket {
+		st.PerPacketFlag = "--socket-lb=false"
+		if a.cfg.SocketLBHostnsOnly {
+			st.PerPacketFlag = "--socket-lb-hostns-only"
+		}
+	}
 	a.snatStatus(&st)
 	return &st
 }

@@ -74,16 +74,23 @@ func openDataplane(cfg *Config) (dataplane, error) {
 	// the other mode. Sockets the socket LB connected talk to backends and
 	// keep working; flows the per-packet LB translated do not survive a
 	// switch back, and new ones wait for this agent's attach.
-	unpin := datapath.UnpinPodLinks
-	if !cfg.SocketLB {
+	// --socket-lb-hostns-only keeps both.
+	var unpin func(string) error
+	switch {
+	case !cfg.SocketLB:
 		unpin = datapath.UnpinSocketLinks
+	case !cfg.SocketLBHostnsOnly:
+		unpin = datapath.UnpinPodLinks
 	}
-	if err := unpin(cfg.BPFRoot); err != nil {
-		return nil, errors.Join(fmt.Errorf("--socket-lb=%t: %w", cfg.SocketLB, err), lb.Close())
+	if unpin != nil {
+		if err := unpin(cfg.BPFRoot); err != nil {
+			return nil, errors.Join(fmt.Errorf("--socket-lb=%t: %w", cfg.SocketLB, err), lb.Close())
+		}
 	}
-	// --socket-lb=false balances pods' traffic per packet with the
-	// north-south service path and conntrack, so it loads them too.
-	if len(cfg.Devices) == 0 && cfg.SocketLB {
+	// Balancing pods' traffic per packet (--socket-lb=false, or
+	// --socket-lb-hostns-only) takes the north-south service path and
+	// conntrack, so it loads them too.
+	if len(cfg.Devices) == 0 && !cfg.podsPerPacket() {
 		return d, nil
 	}
 	// An explicit --snat-port-range that the node's ephemeral ports leave
@@ -117,9 +124,9 @@ func openDataplane(cfg *Config) (dataplane, error) {
 		return nil, errors.Join(err, d.close())
 	}
 	slog.Info("flow hash key", "kept", pinned != 0)
-	if !cfg.SocketLB {
+	if cfg.podsPerPacket() {
 		if d.pod, err = datapath.LoadPodLB(opts); err != nil {
-			return nil, errors.Join(fmt.Errorf("load per-packet pod LB (--socket-lb=false): %w", err), d.close())
+			return nil, errors.Join(fmt.Errorf("load per-packet pod LB (--socket-lb=false or --socket-lb-hostns-only): %w", err), d.close())
 		}
 	}
 	return d, nil
@@ -674,7 +681,8 @@ func (d *nodeDataplane) syncPodLB(backendIfaces map[uint32]bool) error {
 	return errors.Join(errs...)
 }
 
-// PodLBLoaded: the per-packet LB is loaded (--socket-lb=false).
+// PodLBLoaded: the per-packet LB is loaded (--socket-lb=false, or
+// --socket-lb-hostns-only).
 func (d *nodeDataplane) PodLBLoaded() bool { return d.pod != nil }
 
 // PodDevices lists the veths the per-packet LB is attached to, by name.

@@ -142,7 +142,10 @@ type Feature struct {
 
 // SocketLB describes the socket-level load balancer.
 type SocketLB struct {
-	Enabled      bool          `json:"enabled"`
+	Enabled bool `json:"enabled"`
+	// HostnsOnly: the node's own namespace only (--socket-lb-hostns-only);
+	// pods are balanced per packet.
+	HostnsOnly   bool          `json:"hostnsOnly,omitempty"`
 	Cgroup       string        `json:"cgroup,omitempty"`
 	AttachPoints []AttachPoint `json:"attachPoints,omitempty"`
 }
@@ -309,7 +312,9 @@ type NorthSouth struct {
 	// PodDevices are the local pods' host-side veths with the per-packet
 	// LB (--socket-lb=false).
 	PodDevices []PodDevice `json:"podDevices,omitempty"`
-	PerPacket  bool        `json:"perPacket,omitempty"` // --socket-lb=false
+	PerPacket  bool        `json:"perPacket,omitempty"` // --socket-lb=false or --socket-lb-hostns-only
+	// PerPacketFlag names the flag that turned the per-packet LB on.
+	PerPacketFlag string `json:"perPacketFlag,omitempty"`
 	// Notes say what was degraded, e.g. native XDP refused in best-effort.
 	Notes []string `json:"notes,omitempty"`
 	CTGC  CTGC     `json:"ctGC"`

@@ -216,7 +216,7 @@ func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns 
 		for _, d := range ns.PodDevices {
 			pods = append(pods, cmp.Or(d.Name, fmt.Sprintf("ifindex %d", d.Ifindex)))
 		}
-		line("PerPacketLB", "Enabled (--socket-lb=false)\ton %d pod veths: [%s]", len(pods), strings.Join(pods, ", "))
+		line("PerPacketLB", "Enabled (%s)\ton %d pod veths: [%s]", cmp.Or(ns.PerPacketFlag, "--socket-lb=false"), len(pods), strings.Join(pods, ", "))
 	}
 	if !ns.Enabled {
 		line("NorthSouth", "Disabled (no --devices)")
@@ -369,6 +369,8 @@ func writeStatus(w io.Writer, st *api.Status) error {
 		line("SocketLB", "Disabled")
 	} else if len(st.SocketLB.AttachPoints) == 0 {
 		line("SocketLB", "Enabled, not attached yet (cgroup %s)", st.SocketLB.Cgroup)
+	} else if st.SocketLB.HostnsOnly {
+		line("SocketLB", "Enabled for the node's namespace only (--socket-lb-hostns-only; pods per packet, so mesh sidecars see Service addresses), cgroup %s", st.SocketLB.Cgroup)
 	} else {
 		line("SocketLB", "Enabled, cgroup %s", st.SocketLB.Cgroup)
 		var hooks []string

@@ -4,16 +4,19 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strconv"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -23,6 +26,10 @@ import (
 type EchoReply struct {
 	Pod    string `json:"pod"`
 	Client string `json:"client"`
+	// OrigDst is the destination the connection had before an iptables
+	// REDIRECT or DNAT in the backend's namespace took it here
+	// (SO_ORIGINAL_DST), as a mesh sidecar reads it; empty when none did.
+	OrigDst string `json:"origDst,omitempty"`
 }
 
 // BackendConfig configures the echo backend a pod runs.
@@ -77,6 +84,7 @@ func RunBackend(ctx context.Context, cfg BackendConfig) error {
 	}
 	srv := &http.Server{
 		Handler:           echoHandler(cfg.Name),
+		ConnContext:       withOrigDst,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       echoIdleTimeout,
 	}
@@ -205,8 +213,66 @@ const echoIdleTimeout = 2 * time.Minute
 func echoHandler(name string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(EchoReply{Pod: name, Client: r.RemoteAddr})
+		orig, _ := r.Context().Value(origDstKey{}).(string)
+		_ = json.NewEncoder(w).Encode(EchoReply{Pod: name, Client: r.RemoteAddr, OrigDst: orig})
 	})
+}
+
+type origDstKey struct{}
+
+// withOrigDst puts the connection's original destination (originalDst)
+// into its requests' context.
+func withOrigDst(ctx context.Context, c net.Conn) context.Context {
+	if ap, ok := originalDst(c); ok {
+		return context.WithValue(ctx, origDstKey{}, ap.String())
+	}
+	return ctx
+}
+
+// originalDst reads SO_ORIGINAL_DST (IP6T_SO_ORIGINAL_DST for IPv6) of an
+// accepted TCP connection: the destination netfilter's conntrack recorded
+// before a REDIRECT or DNAT. false when no NAT touched it (ENOENT).
+func originalDst(c net.Conn) (netip.AddrPort, bool) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	local, ok := tc.LocalAddr().(*net.TCPAddr)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, false
+	}
+	var ap netip.AddrPort
+	_ = rc.Control(func(fd uintptr) {
+		if local.IP.To4() != nil { // IPv4, or IPv4-mapped on a dual-stack socket
+			var sa unix.RawSockaddrInet4
+			if getsockoptRaw(int(fd), unix.SOL_IP, unix.SO_ORIGINAL_DST, unsafe.Pointer(&sa), unsafe.Sizeof(sa)) == nil {
+				port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:])
+				ap = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), port)
+			}
+			return
+		}
+		var sa unix.RawSockaddrInet6
+		if getsockoptRaw(int(fd), unix.SOL_IPV6, unix.SO_ORIGINAL_DST, unsafe.Pointer(&sa), unsafe.Sizeof(sa)) == nil {
+			port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:])
+			ap = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), port)
+		}
+	})
+	return ap, ap.IsValid()
+}
+
+// getsockoptRaw is getsockopt(2) into size bytes at p.
+func getsockoptRaw(fd, level, opt int, p unsafe.Pointer, size uintptr) error {
+	l := uint32(size)
+	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt),
+		uintptr(p), uintptr(unsafe.Pointer(&l)), 0)
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 func serveUDPEcho(pc net.PacketConn, reply []byte) error {

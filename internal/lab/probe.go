@@ -37,6 +37,10 @@ type ProbeReport struct {
 	Peers map[string]int `json:"peers,omitempty"`
 	// Clients counts the client IP the backend saw (http).
 	Clients map[string]int `json:"clients,omitempty"`
+	// OrigDsts counts the original destinations (SO_ORIGINAL_DST) the
+	// backend read, for connections an iptables REDIRECT or DNAT in its
+	// namespace took to it (http: a sidecar's view).
+	OrigDsts map[string]int `json:"origDsts,omitempty"`
 	// Errors counts failures by kind: ECONNREFUSED, ETIMEDOUT, ENETUNREACH,
 	// EHOSTUNREACH, ECONNRESET, http-status, bad-reply, other. Churn and
 	// hold prefix the phase: start:in-flight-bound, start:open-timeout,
@@ -333,6 +337,12 @@ func ProbeHTTP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
 			rec.ok(time.Since(start))
 			rec.r.Backends[reply.Pod]++
 			rec.r.Clients[hostOf(reply.Client)]++
+			if reply.OrigDst != "" {
+				if rec.r.OrigDsts == nil {
+					rec.r.OrigDsts = map[string]int{}
+				}
+				rec.r.OrigDsts[reply.OrigDst]++
+			}
 			if peer != "" {
 				rec.r.Peers[peer]++
 			}

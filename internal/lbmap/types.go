@@ -105,9 +105,14 @@ type RevNatValue struct {
 // Config mirrors struct lb_config.
 type Config struct {
 	HostNetnsCookie uint64
-	Flags           uint32
+	Flags           uint32 // ConfigHostnsOnly
 	Pad             uint32
 }
+
+// ConfigHostnsOnly (LB_CFG_HOSTNS_ONLY): the socket LB translates the
+// node's own namespace's sockets only; pods' packets are balanced on their
+// veths (--socket-lb-hostns-only).
+const ConfigHostnsOnly uint32 = 1 << 0
 
 // MapFullError is an update refused because the map already holds
 // MaxEntries entries. Deleting entries, or a larger map, makes room.
