@@ -124,6 +124,9 @@ func (n *NAT) GC(ct *CT, now uint32) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	if gcAfterDump != nil {
+		gcAfterDump()
+	}
 	deleted := 0
 	for _, r := range recs {
 		flow := r.Key // NATDirEgress: client -> backend, as in conntrack
@@ -135,7 +138,17 @@ func (n *NAT) GC(ct *CT, now uint32) (int, error) {
 		if live[flow] || r.Entry.Created+1 >= now {
 			continue
 		}
+		// Again just before the delete: a flow made since the dump may
+		// have the mapping now (a client reusing its port takes its old
+		// mapping back) or its own under the key.
 		m, name := n.table(r.Key, r.New)
+		var cur NATEntry
+		if err := m.Lookup(&r.Key, &cur); err != nil || cur != r.Entry {
+			continue
+		}
+		if in, ok, err := ct.Lookup(flow); err != nil || ok && in.Alive(now) {
+			continue
+		}
 		err := m.Delete(&r.Key)
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			continue
