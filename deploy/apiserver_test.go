@@ -336,7 +336,8 @@ func nilIfNil[T any, P interface {
 func TestPrivilegedRBAC(t *testing.T) {
 	probetest.RequireRoot(t, "a kube-apiserver in a network namespace")
 	const ns = "sluice-rbac-test"
-	out, err := helm(t, "template", releaseName, sluiceChart, "--namespace", ns)
+	// The agent's objects, without the uninstall hook's (uninstall_test.go).
+	out, err := helm(t, "template", releaseName, sluiceChart, "--namespace", ns, "--no-hooks")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,12 +23,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/healthcheck"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
+	"github.com/sluice-dataplane/sluice/internal/uninstall"
 )
 
 // Version is the agent's version, set at build time with
@@ -143,19 +143,18 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		signal.Notify(a.hang, syscall.SIGUSR2)
 		defer signal.Stop(a.hang)
 	}
-	var uw *uninstallWatch
-	var uwClient kubernetes.Interface
+	// The chart sets $POD_NAME and $POD_NAMESPACE from the downward API.
+	var uw *uninstall.Watch
 	if cfg.UnloadOnUninstall && !cfg.UnloadOnExit && cfg.Manifests == "" {
 		if c, _, err := KubeClient(cfg.Kubeconfig); err == nil {
-			uwClient = c
-			uw = watchUninstall(ctx, c, log)
+			uw = uninstall.Start(ctx, c, os.Getenv("POD_NAMESPACE"), os.Getenv("POD_NAME"), log)
 		}
 	}
 	err = a.run(ctx)
-	if uw.uninstalling(uwClient) {
-		// dp.Close, deferred above, reads cfg.UnloadOnExit.
-		cfg.UnloadOnExit = true
-	}
+	v := uw.Verdict()
+	v.Log(log, cfg.BPFRoot)
+	// dp.Close, deferred above, reads cfg.UnloadOnExit.
+	cfg.UnloadOnExit = cfg.UnloadOnExit || v.Unload
 	return err
 }
 

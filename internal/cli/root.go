@@ -22,6 +22,7 @@ func NewRoot() *cobra.Command {
 	root.AddCommand(benchCommand())
 	root.AddCommand(dnsCommand())
 	root.AddCommand(tuneCommand())
-	root.AddCommand(vmCommand()) // vm: internal/vmtest
+	root.AddCommand(uninstallCommand()) // uninstall mark: internal/uninstall
+	root.AddCommand(vmCommand())        // vm: internal/vmtest
 	return root
 }

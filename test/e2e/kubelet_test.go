@@ -81,7 +81,12 @@ spec:
 //   - a hung agent (--test-hooks, SIGUSR2 stops its sync loop) is
 //     restarted by the liveness probe, and nothing else is: the echo and
 //     client pods keep their restart counts, traffic keeps flowing;
-//   - `helm uninstall` leaves the node as it found it: the same pins,
+//   - `kubectl delete daemonset` and creating it again (helm upgrade), as
+//     tooling does, is no uninstall: the agent exits leaving the node's
+//     datapath as it was, the ClusterIP answers with no agent running, and
+//     the streams lose nothing (issue 43);
+//   - `helm uninstall` (its pre-delete hook Job marks the DaemonSet
+//     sluice.io/uninstall=true) leaves the node as it found it: the same pins,
 //     cgroup programs, qdiscs, XDP and tc state and network sysctls as
 //     before the install, and the Service no longer answers.
 func TestPrivilegedKubeletHelm(t *testing.T) {
@@ -92,7 +97,7 @@ func TestPrivilegedKubeletHelm(t *testing.T) {
 	cfg := lab.Config{Prefix: newPrefix(t), Nodes: 1, Kubelet: true, Exe: filepath.Join(env.binDir, "sluice")}
 	l := upLab(t, cfg, 4*time.Minute, " with a kubelet")
 	node := l.Nodes[0]
-	ctx, cancel := context.WithTimeout(t.Context(), 12*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
 	defer cancel()
 
 	before := nodeState(t, l, node)
@@ -223,11 +228,34 @@ func TestPrivilegedKubeletHelm(t *testing.T) {
 	}
 	streams.check(t, "a hung agent and its restart")
 
+	// The DaemonSet deleted without the uninstall mark, then created again
+	// (helm upgrade creates what is missing): the agent exits keeping the
+	// datapath, which serves with no agent at all until the new DaemonSet's
+	// agent takes it over.
+	streams = startStreams(ctx, t, l, vip+":80", node.IPv4.String()+":30080", 1200)
+	installed := nodeState(t, l, node)
+	kubectl(t, l, "-n", lab.ChartNamespace, "delete", "daemonset", lab.ChartRelease, "--wait=true")
+	waitNoAgentPods(t, l, "kubectl delete daemonset")
+	gap := nodeState(t, l, node)
+	for _, k := range slices.Sorted(maps.Keys(installed)) {
+		if installed[k] != gap[k] {
+			t.Errorf("after kubectl delete daemonset (no uninstall mark), %s changed:\nbefore:\n%s\nafter:\n%s", k, installed[k], gap[k])
+		}
+	}
+	r = podProbe(t, l, "client", "http", "--url", vipURL, "--count", "5")
+	if r.OK != 5 {
+		t.Errorf("ClusterIP %s with the DaemonSet deleted: %s, want 5 of 5 (the datapath stays)", vip, describe(r))
+	}
+	if err := l.InstallChart(ctx, chart, append(testValues, "--set", "image.tag=e2e-upgrade")...); err != nil {
+		t.Fatalf("helm upgrade, creating the DaemonSet again: %v", err)
+	}
+	streams.check(t, "kubectl delete daemonset and creating it again")
+
 	// Uninstall: the node as it was.
 	if _, err := l.Helm(ctx, "uninstall", lab.ChartRelease, "--namespace", lab.ChartNamespace, "--wait"); err != nil {
 		t.Fatal(err)
 	}
-	waitNoAgentPods(t, l)
+	waitNoAgentPods(t, l, "helm uninstall")
 	after := nodeState(t, l, node)
 	for _, k := range slices.Sorted(maps.Keys(before)) {
 		if before[k] != after[k] {
@@ -360,16 +388,17 @@ func podRestarts(t *testing.T, l *lab.Lab) restartCounts {
 	return out
 }
 
-func waitNoAgentPods(t *testing.T, l *lab.Lab) {
+// waitNoAgentPods waits until the agents' pods are gone after step.
+func waitNoAgentPods(t *testing.T, l *lab.Lab, step string) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
-		out := kubectl(t, l, "-n", lab.ChartNamespace, "get", "pods", "-l", "app.kubernetes.io/name=sluice", "-o", "name")
+		out := kubectl(t, l, "-n", lab.ChartNamespace, "get", "pods", "-l", "app.kubernetes.io/name=sluice,app.kubernetes.io/component=agent", "-o", "name")
 		if strings.TrimSpace(out) == "" {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("agent pods still there a minute after helm uninstall: %s", out)
+			t.Fatalf("agent pods still there a minute after %s: %s", step, out)
 		}
 		time.Sleep(time.Second)
 	}

@@ -16,6 +16,14 @@ app.kubernetes.io/part-of: sluice
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- end }}
 
+{{/* The pre-delete hook's objects: not the agent's selector. */}}
+{{- define "sluice.uninstallLabels" -}}
+app.kubernetes.io/name: sluice
+app.kubernetes.io/component: uninstall
+app.kubernetes.io/part-of: sluice
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+
 {{- define "sluice.image" -}}
 {{- if .Values.image.digest -}}
 {{ .Values.image.repository }}@{{ .Values.image.digest }}
