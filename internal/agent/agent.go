@@ -127,7 +127,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return fmt.Errorf("host network namespace cookie: %w", err)
 	}
-	if err := dp.SetConfig(lbmap.Config{HostNetnsCookie: cookie}); err != nil {
+	lbcfg := lbmap.Config{HostNetnsCookie: cookie}
+	if cfg.SocketLBHostnsOnly {
+		lbcfg.Flags |= lbmap.ConfigHostnsOnly
+	}
+	if err := dp.SetConfig(lbcfg); err != nil {
 		return fmt.Errorf("write lb_config: %w", err)
 	}
 	// The bandwidth manager's pins carry its limits over a restart; off,
@@ -679,7 +683,7 @@ func (a *Agent) Status(context.Context) (*api.Status, error) {
 		Started:    a.started,
 		Source:     a.src.Status(),
 		Features:   a.features,
-		SocketLB:   api.SocketLB{Enabled: a.cfg.SocketLB, Cgroup: a.cfg.CgroupRoot, AttachPoints: points},
+		SocketLB:   api.SocketLB{Enabled: a.cfg.SocketLB, HostnsOnly: a.cfg.SocketLBHostnsOnly, Cgroup: a.cfg.CgroupRoot, AttachPoints: points},
 		NorthSouth: a.northSouthStatus(),
 
 		BandwidthManager:     a.bandwidthStatus(),

@@ -129,6 +129,7 @@ node-port-range: {{ .Values.nodePortRange | quote }}
 nodeport-addresses: {{ join "," .Values.nodePortAddresses | quote }}
 snat-port-range: {{ .Values.snatPortRange | quote }}
 socket-lb: {{ .Values.socketLB | quote }}
+socket-lb-hostns-only: {{ .Values.socketLBHostnsOnly | quote }}
 sync-period: {{ .Values.syncPeriod | quote }}
 sync-period-min: {{ .Values.syncPeriodMin | quote }}
 unload-on-exit: {{ .Values.unloadOnExit | quote }}
