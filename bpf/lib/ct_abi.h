@@ -218,7 +218,15 @@ struct ns_config {
 	__u16 snat_hole_max;
 	__u32 hash_key;          /* keys the flow hash (backend slot, nat port):
 				  * random per boot, kept by the pin */
-	__u32 pad;
+	__u32 flags;             /* NS_CFG_* */
 };
+
+/* ns_config.flags */
+/* tc delivers to a local pod through the host's stack (TC_ACT_OK: its
+ * FORWARD chain, rp_filter and the veth's egress qdisc, where a policy
+ * engine and the Pod's ingress limit live), not straight into the pod with
+ * bpf_redirect_peer. The agent sets it unless --local-delivery=peer. XDP
+ * always hands a local pod's packets to the stack. */
+#define NS_CFG_LOCAL_VIA_STACK (1 << 0)
 
 #endif /* __SLUICE_CT_ABI_H */

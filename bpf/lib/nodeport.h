@@ -126,10 +126,14 @@ static __always_inline int ns_forward(struct __ctx_buff *ctx, const struct ns_pk
 				      int how, struct ct_entry *keep, __u32 now)
 {
 	struct bpf_fib_lookup *fib = ns_fib_buf();
+	const struct ns_config *cfg;
 	long rc;
 
 	if (!fib)
 		return CTX_ACT_DROP;
+	/* Through the host's stack: no route to look up here. */
+	if (how == FWD_LOCAL && (cfg = ns_cfg()) && (cfg->flags & NS_CFG_LOCAL_VIA_STACK))
+		return CTX_ACT_OK;
 	rc = ns_fib(ctx, p, &p->saddr, p->sport, &p->daddr, p->dport, keep, now, fib);
 	return ns_send(ctx, p, how, fib, rc);
 }

@@ -55,11 +55,17 @@ type Config struct {
 	// only, pods are balanced per packet on their veths (a service mesh's
 	// sidecars then see the Service's address, SO_ORIGINAL_DST).
 	SocketLBHostnsOnly bool
-	LBMapMax           uint32 // 0: from MapSizeRatio
-	SyncPeriodMin      time.Duration
-	SyncPeriod         time.Duration
-	SyncTimeout        time.Duration // the source's initial list
-	LogLevel           string
+	// LocalDelivery is how tc hands a packet to a local backend pod:
+	// LocalDeliveryStack (through the host's forwarding path: netfilter's
+	// FORWARD chain, where a policy engine lives, rp_filter, the veth's
+	// qdisc) or LocalDeliveryPeer (bpf_redirect_peer, straight into the
+	// pod: faster, and past all of those).
+	LocalDelivery string
+	LBMapMax      uint32 // 0: from MapSizeRatio
+	SyncPeriodMin time.Duration
+	SyncPeriod    time.Duration
+	SyncTimeout   time.Duration // the source's initial list
+	LogLevel      string
 
 	// North-south (tc/XDP) datapath, on --devices.
 	MaglevTableSize uint32
@@ -175,6 +181,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.BBR, "enable-bbr", false, "TCP congestion control BBR for the Pods' connections (needs --enable-bandwidth-manager and a 5.18 kernel), "+
 		"and the server sysctls of the tuning list in the agent's network namespace")
 	fs.BoolVar(&c.SocketLB, "socket-lb", true, "load balance at the socket layer (connect, sendmsg, recvmsg, getpeername, bind)")
+	fs.StringVar(&c.LocalDelivery, "local-delivery", LocalDeliveryStack, "how tc delivers Service traffic to a pod on this node: stack (the host's forwarding path: its iptables/nftables FORWARD chain and a NetworkPolicy engine there, rp_filter, the pod veth's qdisc and ingress limit; as kube-proxy, and as XDP always does) or peer (bpf_redirect_peer straight into the pod: faster, bypasses all of those)")
 	fs.BoolVar(&c.SocketLBHostnsOnly, "socket-lb-hostns-only", false, "socket LB for the node's own namespace only; pods' Service traffic is balanced per packet on their veths, so a service mesh sidecar (iptables REDIRECT, SO_ORIGINAL_DST) sees the Service's address (Cilium's bpf-lb-sock-hostns-only)")
 	fs.Uint32Var(&c.LBMapMax, "bpf-lb-map-max", 0,
 		"entries of the service map (one per frontend and backend slot); 0: sized by --bpf-map-dynamic-size-ratio (65536 at least)")
@@ -227,6 +234,12 @@ const lbMapLimit = 1 << 24
 
 // Validate checks every flag and fills the derived fields. Each error names
 // the flag and the bad value.
+// --local-delivery values.
+const (
+	LocalDeliveryStack = "stack"
+	LocalDeliveryPeer  = "peer"
+)
+
 // podsPerPacket: pods' Service traffic is balanced per packet on their
 // veths (the pod LB), not by the socket LB.
 func (c *Config) podsPerPacket() bool { return !c.SocketLB || c.SocketLBHostnsOnly }
@@ -306,6 +319,7 @@ func (c *Config) Validate() error {
 		bad("socket-lb-hostns-only", true, "needs --socket-lb (it narrows the socket LB to the node's namespace; --socket-lb=false already balances every pod per packet)")
 	}
 	checkEnum("lb-algorithm", c.LBAlgorithm, "random", "maglev")
+	checkEnum("local-delivery", c.LocalDelivery, LocalDeliveryStack, LocalDeliveryPeer)
 	checkEnum("lb-mode", c.LBMode, "snat", "dsr", "hybrid")
 	checkEnum("lb-acceleration", c.LBAcceleration, "disabled", "native", "best-effort")
 	checkEnum("log-level", c.LogLevel, "debug", "info", "warn", "error")

@@ -104,6 +104,7 @@ func (a *Agent) newNorthSouthStatus(devs []api.Device) *api.NorthSouth {
 		MaglevTableSize: a.cfg.MaglevTableSize, MaglevSeedSource: a.seed.source, Acceleration: a.cfg.LBAcceleration,
 		FlowCacheSets: a.cfg.FlowCacheSets, FlowCacheWays: lbmap.FlowCacheWays,
 		Devices: devs, CTGC: api.CTGC{Interval: a.cfg.CTGCInterval},
+		LocalDelivery: cmp.Or(a.cfg.LocalDelivery, LocalDeliveryStack),
 	}
 	if a.cfg.XDPGeneric {
 		st.Notes = append(st.Notes, "XDP in generic mode (--xdp-generic, tests only)")

@@ -383,6 +383,9 @@ func (d *nodeDataplane) SetNodeConfig(nodeIPs []netip.Addr) (SNATPorts, error) {
 		TCPCloseTimeout: uint32(d.cfg.CTTimeoutFIN / time.Second),
 		UDPTimeout:      uint32(d.cfg.CTTimeoutAny / time.Second),
 	}
+	if d.cfg.LocalDelivery != LocalDeliveryPeer {
+		c.Flags |= lbmap.NSConfigLocalViaStack
+	}
 	var have4, have6 bool
 	for _, ip := range nodeIPs {
 		switch {

@@ -308,7 +308,11 @@ type NorthSouth struct {
 	SNATPortsInUse    []SNATPortUse `json:"snatPortsInUse,omitempty"`
 	SNATBackendsInUse int           `json:"snatBackendsInUse,omitempty"`
 	Acceleration      string        `json:"acceleration,omitempty"` // --lb-acceleration
-	Devices           []Device      `json:"devices,omitempty"`
+	// LocalDelivery is how tc hands traffic to a local backend:
+	// "stack" (the host's FORWARD chain, rp_filter and the veth's qdisc
+	// apply) or "peer" (bpf_redirect_peer, past them); --local-delivery.
+	LocalDelivery string   `json:"localDelivery,omitempty"`
+	Devices       []Device `json:"devices,omitempty"`
 	// PodDevices are the local pods' host-side veths with the per-packet
 	// LB (--socket-lb=false).
 	PodDevices []PodDevice `json:"podDevices,omitempty"`

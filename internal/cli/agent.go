@@ -257,6 +257,12 @@ func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns 
 		line("  Maglev seed", "%s", seed)
 	}
 	line("  XDP acceleration", "%s", ns.Acceleration)
+	switch ns.LocalDelivery {
+	case "stack":
+		line("  Local delivery", "through the host's stack (--local-delivery=stack): its FORWARD chain (NetworkPolicy engines), rp_filter and the pod veth's qdisc apply to Service traffic into local pods")
+	case "peer":
+		line("  Local delivery", "bpf_redirect_peer on tc (--local-delivery=peer): faster, but Service traffic into local pods bypasses the host's FORWARD chain (NetworkPolicy engines there), rp_filter and the veth's qdisc; XDP hands it to the stack")
+	}
 	if ns.FlowCacheSets == 0 {
 		line("  Flow cache", "Disabled (--bpf-lb-flow-cache-sets=0): every packet looks up conntrack")
 	} else {

@@ -219,3 +219,60 @@ func TestPrivilegedNorthSouthFIBKept(t *testing.T) {
 		kept("after the reply", lbmap.CTDirIngress, c, apRemote, ctNow+1, l3(reply), bpftest.MACClient)
 	})
 }
+
+// Local delivery (issue 43): a NodePort flow to a pod on this node goes
+// through the host's stack by default (NS_CFG_LOCAL_VIA_STACK: its FORWARD
+// chain, rp_filter and the pod veth's qdisc apply, where policy engines
+// and the Pod's ingress limit are), and straight into the pod with
+// bpf_redirect_peer only without the flag (--local-delivery=peer), on tc.
+// XDP hands it to the stack either way.
+func TestPrivilegedNorthSouthLocalDelivery(t *testing.T) {
+	podMAC := net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x01, 0x0a}
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		setupFIB(t)
+		// The local pod's veth: its host side carries the pod's route and
+		// is one the agent listed (ns_pod_ifaces).
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: nsTestPrefix + "pod0"}, PeerName: nsTestPrefix + "pod1"}
+		must(t, netlink.LinkAdd(veth))
+		dev, err := netlink.LinkByName(veth.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		peer, err := netlink.LinkByName(veth.PeerName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		must(t, netlink.LinkSetUp(dev))
+		must(t, netlink.LinkSetUp(peer))
+		must(t, netlink.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: apLocal.Addr().AsSlice(), Mask: net.CIDRMask(32, 32)},
+			LinkIndex: dev.Attrs().Index, Scope: netlink.SCOPE_LINK}))
+		must(t, netlink.NeighAdd(&netlink.Neigh{LinkIndex: dev.Attrs().Index, Family: netlink.FAMILY_V4,
+			State: netlink.NUD_PERMANENT, IP: apLocal.Addr().AsSlice(), HardwareAddr: podMAC}))
+		must(t, n.SetPodIface(uint32(dev.Attrs().Index)))
+
+		for i, tc := range []struct {
+			name  string
+			flags uint32
+			want  verdict
+		}{
+			{"--local-delivery=peer", 0, map[string]verdict{"tc": vRedirect, "xdp": vPass}[kind.name]},
+			{"--local-delivery=stack", lbmap.NSConfigLocalViaStack, vPass},
+		} {
+			must(t, n.SetConfig(lbmap.NSConfig{SNATAddr4: lbmap.AddrFrom(ipNode), SNATAddr6: lbmap.AddrFrom(ipNode6), HZ: 250,
+				ClockOverride: ctNow, SNATPortMin: snatMin, SNATPortMax: snatMax, Flags: tc.flags}))
+			in := bpftest.Packet{Src: client(45500 + uint16(i)), Dst: apNodePort, Proto: bpftest.TCP, Flags: bpftest.SYN, TTL: 64}
+			res, err := bpftest.Run(prog, in.MustBytes())
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := in.With(func(p *bpftest.Packet) { p.Dst = apLocal })
+			if tc.want == vRedirect {
+				// Straight into the pod: this node routed it.
+				out = out.With(func(p *bpftest.Packet) {
+					p.TTL, p.SrcMAC, p.DstMAC = 63, dev.Attrs().HardwareAddr, podMAC
+				})
+			}
+			checkResult(t, kind, tc.name, in, res, tc.want, out)
+		}
+	})
+}

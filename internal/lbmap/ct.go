@@ -160,8 +160,13 @@ type NSConfig struct {
 	// land on one backend or one nat port: random per boot, kept in the
 	// pinned map across agent restarts. 0: unkeyed.
 	HashKey uint32
-	Pad     uint32
+	Flags   uint32 // NSConfig*
 }
+
+// NSConfigLocalViaStack (NS_CFG_LOCAL_VIA_STACK): tc delivers to local
+// pods through the host's stack (its FORWARD chain, rp_filter, the veth's
+// qdisc), not with bpf_redirect_peer (--local-delivery).
+const NSConfigLocalViaStack uint32 = 1 << 0
 
 // CTFlagsString names the set flags, e.g. "SYN|ESTABLISHED|SNAT".
 func CTFlagsString(f uint16) string {

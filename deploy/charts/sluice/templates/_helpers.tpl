@@ -118,6 +118,7 @@ k8s-sync-timeout: {{ .Values.k8sSyncTimeout | quote }}
 lb-acceleration: {{ .Values.lbAcceleration | quote }}
 lb-algorithm: {{ .Values.lbAlgorithm | quote }}
 lb-mode: {{ .Values.lbMode | quote }}
+local-delivery: {{ .Values.localDelivery | quote }}
 log-level: {{ .Values.logLevel | quote }}
 metrics-addr: {{ if .Values.metrics.enabled }}{{ include "sluice.hostPort" (list .Values.metrics.bindAddress .Values.metrics.port) | quote }}{{ else }}""{{ end }}
 metrics-per-backend: {{ .Values.metrics.perBackend | quote }}
