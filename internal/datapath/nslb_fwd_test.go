@@ -29,21 +29,7 @@ func setupFIB(t *testing.T) int {
 		t.Fatal(err)
 	}
 	must(t, netlink.LinkSetUp(lo))
-	veth := &netlink.Veth{
-		LinkAttrs: netlink.LinkAttrs{Name: nsTestPrefix + "fwd0", HardwareAddr: bpftest.MACNode},
-		PeerName:  nsTestPrefix + "fwd1",
-	}
-	must(t, netlink.LinkAdd(veth))
-	dev, err := netlink.LinkByName(veth.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err := netlink.LinkByName(veth.PeerName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	must(t, netlink.LinkSetUp(dev))
-	must(t, netlink.LinkSetUp(peer))
+	dev := addVeth(t, nsTestPrefix+"fwd0", nsTestPrefix+"fwd1", bpftest.MACNode)
 	addr, _ := netlink.ParseAddr("198.18.0.11/24")
 	must(t, netlink.AddrAdd(dev, addr))
 	for ip, mac := range map[string]net.HardwareAddr{"198.18.0.12": macRemoteNode, "198.18.0.2": bpftest.MACClient} {
@@ -58,6 +44,25 @@ func setupFIB(t *testing.T) int {
 	// need forwarding on the ingress device.
 	must(t, os.WriteFile("/proc/sys/net/ipv4/conf/all/forwarding", []byte("1"), 0))
 	return dev.Attrs().Index
+}
+
+// addVeth adds a veth pair, both ends up, and returns the first (mac: its
+// address; nil, the kernel's).
+func addVeth(t *testing.T, name, peerName string, mac net.HardwareAddr) netlink.Link {
+	t.Helper()
+	must(t, netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, HardwareAddr: mac}, PeerName: peerName}))
+	var dev netlink.Link
+	for _, n := range []string{name, peerName} {
+		l, err := netlink.LinkByName(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		must(t, netlink.LinkSetUp(l))
+		if dev == nil {
+			dev = l
+		}
+	}
+	return dev
 }
 
 func TestPrivilegedNorthSouthForward(t *testing.T) {
@@ -232,18 +237,7 @@ func TestPrivilegedNorthSouthLocalDelivery(t *testing.T) {
 		setupFIB(t)
 		// The local pod's veth: its host side carries the pod's route and
 		// is one the agent listed (ns_pod_ifaces).
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: nsTestPrefix + "pod0"}, PeerName: nsTestPrefix + "pod1"}
-		must(t, netlink.LinkAdd(veth))
-		dev, err := netlink.LinkByName(veth.Name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		peer, err := netlink.LinkByName(veth.PeerName)
-		if err != nil {
-			t.Fatal(err)
-		}
-		must(t, netlink.LinkSetUp(dev))
-		must(t, netlink.LinkSetUp(peer))
+		dev := addVeth(t, nsTestPrefix+"pod0", nsTestPrefix+"pod1", nil)
 		must(t, netlink.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: apLocal.Addr().AsSlice(), Mask: net.CIDRMask(32, 32)},
 			LinkIndex: dev.Attrs().Index, Scope: netlink.SCOPE_LINK}))
 		must(t, netlink.NeighAdd(&netlink.Neigh{LinkIndex: dev.Attrs().Index, Family: netlink.FAMILY_V4,
