@@ -253,9 +253,13 @@ func newAgent(cfg *Config, log *slog.Logger, src Source, dp dataplane, pl pipeli
 		trigger:     make(chan struct{}, 1),
 		podTrigger:  make(chan struct{}, 1),
 		proxyHealth: ph,
-		hcServers:   healthcheck.NewServiceServer(healthcheck.ServiceServerOptions{ProxyHealthy: ph.IsHealthy, Log: log}),
 		healthz:     api.ProxierHealth{Address: cfg.HealthzAddr},
 	}
+	hcOpts := healthcheck.ServiceServerOptions{ProxyHealthy: ph.IsHealthy, Log: log}
+	if !cfg.nodePortAll {
+		hcOpts.HostsFunc = a.nodePortHosts
+	}
+	a.hcServers = healthcheck.NewServiceServer(hcOpts)
 	a.metrics = newMetrics(src, func() dataplane { return a.dp })
 	a.metrics.register(&visCollector{vis: a.visibility, perBackend: cfg.MetricsPerBackend}, snatCollector{a})
 	if es, ok := src.(eventSource); ok {

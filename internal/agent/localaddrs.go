@@ -38,6 +38,29 @@ func (c *Config) nodePortAddress(a netip.Addr) bool {
 	return false
 }
 
+// nodePortHosts are the addresses the healthCheckNodePort servers bind
+// with --nodeport-addresses, as kube-proxy's: this node's addresses that
+// answer NodePorts (lb_node_ips: local, not NoNodePort). Empty until the
+// first sync wrote them (the servers are then retried).
+func (a *Agent) nodePortHosts() []string {
+	out := []string{}
+	if a.dp == nil {
+		return out
+	}
+	ips, err := a.dp.Maps().NodeIPs()
+	if err != nil {
+		a.log.Warn("health check servers: cannot read this node's NodePort addresses", "err", err)
+		return out
+	}
+	for addr, ip := range ips {
+		if ip.Local && !ip.NoNodePort {
+			out = append(out, addr.NetIP().Unmap().String())
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // watchLocalAddresses keeps the pipeline's NodePort addresses those of the
 // agent's network namespace, as addresses come and go. A lost
 // subscription is renewed with backoff and reported once.

@@ -66,6 +66,12 @@ type ServiceServerOptions struct {
 	// Hosts are the addresses to listen on; empty means every address of
 	// both families (kube-proxy's default, 0.0.0.0).
 	Hosts []string
+	// HostsFunc, when set, gives the addresses at each Sync instead (the
+	// node's NodePort addresses, as kube-proxy binds its health check
+	// servers to --nodeport-addresses): nil means every address; an empty
+	// list, none (each server then fails and is retried). A server whose
+	// addresses changed is opened again.
+	HostsFunc func() []string
 	// ProxyHealthy reports the proxier's health; nil means always healthy.
 	ProxyHealthy func() bool
 	Log          *slog.Logger
@@ -76,9 +82,10 @@ type ServiceServerOptions struct {
 // that cannot be bound is logged and reported in Status, and retried on the
 // next Sync; it never stops the others.
 type ServiceServer struct {
-	hosts   []string
-	healthy func() bool
-	log     *slog.Logger
+	hosts     []string
+	hostsFunc func() []string
+	healthy   func() bool
+	log       *slog.Logger
 
 	mu      sync.Mutex
 	servers map[types.NamespacedName]*hcServer
@@ -94,6 +101,7 @@ type failure struct {
 // hcServer serves one Service's port on every host.
 type hcServer struct {
 	port      uint16
+	hosts     []string // what it was asked to bind
 	endpoints atomic.Int64
 	servers   []*http.Server
 	addrs     []string
@@ -102,11 +110,12 @@ type hcServer struct {
 // NewServiceServer returns a ServiceServer with no servers.
 func NewServiceServer(opts ServiceServerOptions) *ServiceServer {
 	s := &ServiceServer{
-		hosts:   opts.Hosts,
-		healthy: opts.ProxyHealthy,
-		log:     opts.Log,
-		servers: map[types.NamespacedName]*hcServer{},
-		failed:  map[types.NamespacedName]failure{},
+		hosts:     opts.Hosts,
+		hostsFunc: opts.HostsFunc,
+		healthy:   opts.ProxyHealthy,
+		log:       opts.Log,
+		servers:   map[types.NamespacedName]*hcServer{},
+		failed:    map[types.NamespacedName]failure{},
 	}
 	if len(s.hosts) == 0 {
 		s.hosts = []string{""}
@@ -126,8 +135,14 @@ func NewServiceServer(opts ServiceServerOptions) *ServiceServer {
 func (s *ServiceServer) Sync(want map[types.NamespacedName]Service) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	hosts := s.hosts
+	if s.hostsFunc != nil {
+		if hosts = s.hostsFunc(); hosts == nil {
+			hosts = []string{""}
+		}
+	}
 	for name, hc := range s.servers {
-		if w, ok := want[name]; !ok || w.Port != hc.port {
+		if w, ok := want[name]; !ok || w.Port != hc.port || !slices.Equal(hosts, hc.hosts) {
 			s.log.Info("closing health check server", "service", name, "port", hc.port)
 			hc.close()
 			delete(s.servers, name)
@@ -145,7 +160,7 @@ func (s *ServiceServer) Sync(want map[types.NamespacedName]Service) error {
 			hc.endpoints.Store(int64(w.LocalEndpoints))
 			continue
 		}
-		hc, err := s.open(name, w)
+		hc, err := s.open(name, w, hosts)
 		if err != nil {
 			// Log a failure once, not on every sync that retries it.
 			if prev, ok := s.failed[name]; !ok || prev.err != err.Error() || prev.svc.Port != w.Port {
@@ -164,8 +179,11 @@ func (s *ServiceServer) Sync(want map[types.NamespacedName]Service) error {
 
 // open binds the port on every host and starts serving; on a failure it
 // closes what it opened, so that the next Sync retries from scratch.
-func (s *ServiceServer) open(name types.NamespacedName, w Service) (*hcServer, error) {
-	hc := &hcServer{port: w.Port}
+func (s *ServiceServer) open(name types.NamespacedName, w Service, hosts []string) (*hcServer, error) {
+	if len(hosts) == 0 {
+		return nil, errors.New("no address of this node is a NodePort address (--nodeport-addresses) to bind")
+	}
+	hc := &hcServer{port: w.Port, hosts: slices.Clone(hosts)}
 	hc.endpoints.Store(int64(w.LocalEndpoints))
 	handler := http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 		n := int(hc.endpoints.Load())
@@ -176,7 +194,7 @@ func (s *ServiceServer) open(name types.NamespacedName, w Service) (*hcServer, e
 		rw.WriteHeader(code)
 		_, _ = rw.Write(body)
 	})
-	for _, host := range s.hosts {
+	for _, host := range hosts {
 		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(int(w.Port))))
 		if err != nil {
 			hc.close()

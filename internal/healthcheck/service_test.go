@@ -188,3 +188,40 @@ func TestServiceServerBindFailure(t *testing.T) {
 		t.Errorf("taken after retry: %+v, %v", a, err)
 	}
 }
+
+// With HostsFunc (the agent's --nodeport-addresses) the servers bind the
+// node's NodePort addresses only, as kube-proxy's: opened again where the
+// addresses change, and refused, reported and retried while there is none.
+func TestServiceServerNodePortAddresses(t *testing.T) {
+	var hosts atomic.Value
+	hosts.Store([]string{"127.0.0.1"})
+	s := NewServiceServer(ServiceServerOptions{HostsFunc: func() []string { return hosts.Load().([]string) }})
+	t.Cleanup(s.Close)
+	web := types.NamespacedName{Namespace: "default", Name: "web"}
+	want := map[types.NamespacedName]Service{web: {LocalEndpoints: 1}}
+
+	if err := s.Sync(want); err != nil {
+		t.Fatal(err)
+	}
+	first := addrOf(t, s, web)
+	if !strings.HasPrefix(first, "127.0.0.1:") {
+		t.Fatalf("bound %s, want 127.0.0.1 only", first)
+	}
+	hosts.Store([]string{"127.0.0.2"})
+	if err := s.Sync(want); err != nil {
+		t.Fatal(err)
+	}
+	if second := addrOf(t, s, web); !strings.HasPrefix(second, "127.0.0.2:") {
+		t.Errorf("after the NodePort addresses changed: bound %s, want 127.0.0.2", second)
+	}
+	if _, err := get(t, first); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("GET %s after its address left the NodePort addresses: %v, want connection refused", first, err)
+	}
+	hosts.Store([]string{})
+	if err := s.Sync(want); err == nil || !strings.Contains(err.Error(), "nodeport-addresses") {
+		t.Errorf("Sync without a NodePort address: %v, want an error naming --nodeport-addresses", err)
+	}
+	if st := s.Status(); len(st) != 1 || len(st[0].Addresses) != 0 || st[0].Error == "" {
+		t.Errorf("status without a NodePort address: %+v, want the server failed with its reason", st)
+	}
+}

@@ -453,11 +453,12 @@ func endpoints(own []*discoveryv1.EndpointSlice, v6 bool, portName string, proto
 			continue
 		}
 		for _, ep := range s.Endpoints {
+			// As kube-proxy's endpointslicecache: a nil ready or serving is
+			// true, a nil terminating false (the API's field comment asks
+			// to defer a nil serving to ready; kube-proxy does not, and a
+			// terminating endpoint without conditions set stays usable).
 			ready := ep.Conditions.Ready == nil || *ep.Conditions.Ready
-			serving := ready
-			if ep.Conditions.Serving != nil {
-				serving = *ep.Conditions.Serving
-			}
+			serving := ep.Conditions.Serving == nil || *ep.Conditions.Serving
 			terminating := ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
 			if !ready && !(serving && terminating) {
 				continue

@@ -353,14 +353,15 @@ func TestTranslate(t *testing.T) {
 			want: []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080 198.18.1.8:8080"},
 		},
 		{
-			name: "conditions: none ready, serving-terminating ones used; nil serving follows ready",
+			name: "conditions: none ready, serving-terminating ones used; nil serving is serving, as kube-proxy",
 			svc:  service(),
 			slices: web(
 				terminating("198.18.1.7", "node-1"),
-				endpoint{addr: "198.18.1.8", ready: ptr(false), terminat: ptr(true)},                      // not serving
-				endpoint{addr: "198.18.1.9", ready: ptr(false), serving: ptr(true), terminat: ptr(false)}, // not terminating
+				endpoint{addr: "198.18.1.8", ready: ptr(false), terminat: ptr(true)},                       // nil serving: serving
+				endpoint{addr: "198.18.1.9", ready: ptr(false), serving: ptr(true), terminat: ptr(false)},  // not terminating
+				endpoint{addr: "198.18.1.10", ready: ptr(false), serving: ptr(false), terminat: ptr(true)}, // not serving
 			),
-			want: []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.7:8080~"},
+			want: []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.7:8080~ 198.18.1.8:8080~"},
 		},
 		{
 			name: "the same endpoint in two slices once; the ready copy wins",
