@@ -294,7 +294,7 @@ func TestPrivilegedNorthSouthReplyClosesFlow(t *testing.T) {
 					lbmap.CTFlagsString(svc.Flags), svc.Lifetime, want)
 			}
 		}
-		gone, err := n.CT().GC(ctNow + 61)
+		gone, err := n.CT().GC(ctNow + 61 + lbmap.CTGCGrace)
 		must(t, err)
 		for i := range 2 {
 			if _, ok := ctEntry(t, n, client(uint16(46000+i)), apLBTCP, bpftest.TCP, lbmap.CTDirService); ok {

@@ -589,6 +589,8 @@ func TestPrivilegedNorthSouthConntrackUDPAndGC(t *testing.T) {
 		if err != nil || now != expired {
 			t.Fatalf("CTNow() = %d, %v; want the override %d", now, err, expired)
 		}
+		// Past the collector's grace.
+		now += lbmap.CTGCGrace + 1
 		deleted, err := n.CT().GC(now)
 		if err != nil || deleted != 2 {
 			t.Errorf("GC(%d) deleted %d (%v), want b's 2 entries", now, deleted, err)
@@ -686,10 +688,11 @@ func TestPrivilegedNorthSouthNATGC(t *testing.T) {
 			t.Fatal(err)
 		}
 		livePort := natPort(t, n, live.Src, apRemoteU, bpftest.UDP)
-		if _, err := n.CT().GC(uint32(later)); err != nil {
+		// Past the collector's grace.
+		if _, err := n.CT().GC(uint32(later) + lbmap.CTGCGrace + 1); err != nil {
 			t.Fatal(err)
 		}
-		deleted, err := n.NAT().GC(n.CT(), uint32(later))
+		deleted, err := n.NAT().GC(n.CT(), uint32(later)+lbmap.CTGCGrace+1)
 		if err != nil || deleted != 2 {
 			t.Errorf("NAT GC deleted %d (%v), want the 2 entries of %s", deleted, err, old)
 		}

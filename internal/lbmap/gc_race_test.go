@@ -47,7 +47,7 @@ var (
 func TestPrivilegedCTGCKeepsKeyTakenMeanwhile(t *testing.T) {
 	for _, taken := range []bool{false, true} {
 		ct, _ := gcMaps(t)
-		if err := ct.m.Put(&gcIngress, &CTEntry{Lifetime: 5}); err != nil {
+		if err := ct.m.Put(&gcIngress, &CTEntry{Lifetime: 5}); err != nil { // dead long since at 100
 			t.Fatal(err)
 		}
 		gcRace(t, func() {
@@ -103,6 +103,26 @@ func TestPrivilegedNATGCKeepsMappingTakenMeanwhile(t *testing.T) {
 			t.Errorf("the mapping's flow was made again during GC: deleted %d, kept %v; want it kept", n, kept)
 		case !taken && (kept || n != 1):
 			t.Errorf("a mapping without a flow: deleted %d, kept %v; want it gone", n, kept)
+		}
+	}
+}
+
+// A dead entry stays CTGCGrace seconds: its key is often taken again right
+// as it dies (a client's port after its TIME_WAIT).
+func TestPrivilegedCTGCGrace(t *testing.T) {
+	for _, tc := range []struct {
+		lifetime uint32
+		gone     bool
+	}{{100, false}, {99, false}, {100 - CTGCGrace, false}, {100 - CTGCGrace - 1, true}} {
+		ct, _ := gcMaps(t)
+		if err := ct.m.Put(&gcIngress, &CTEntry{Lifetime: tc.lifetime}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ct.GC(100); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok, err := ct.Lookup(gcIngress); err != nil || ok == tc.gone {
+			t.Errorf("an entry of lifetime %d at 100: still there %v (%v), want gone %v", tc.lifetime, ok, err, tc.gone)
 		}
 	}
 }

@@ -146,7 +146,7 @@ func (n *NAT) GC(ct *CT, now uint32) (int, error) {
 		if err := m.Lookup(&r.Key, &cur); err != nil || cur != r.Entry {
 			continue
 		}
-		if in, ok, err := ct.Lookup(flow); err != nil || ok && in.Alive(now) {
+		if in, ok, err := ct.Lookup(flow); err != nil || ok && !in.Collectable(now) {
 			continue
 		}
 		err := m.Delete(&r.Key)
