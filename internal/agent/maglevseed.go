@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -151,7 +152,7 @@ func kubeSystemUID(ctx context.Context, get func(context.Context) (string, error
 		case refused(err) || apierrors.IsNotFound(err):
 			return "", err
 		}
-		if last == nil || ctx.Err() == nil {
+		if last == nil || ctx.Err() == nil && !deadlineError(err) {
 			last = err
 		}
 		select {
@@ -160,6 +161,14 @@ func kubeSystemUID(ctx context.Context, get func(context.Context) (string, error
 		case <-time.After(kubeSystemRetry):
 		}
 	}
+}
+
+// deadlineError: err says only that the deadline came (or that client-go's
+// rate limiter saw it would, before the context ended), not why the
+// requests before it failed.
+func deadlineError(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		strings.Contains(err.Error(), "would exceed context deadline")
 }
 
 // refused: the API server answered that the agent may not.
