@@ -235,10 +235,26 @@ func (l *Lab) AddTrafficSource(ctx context.Context) (string, func() error, error
 	id := os.Getpid() % 100000
 	ns := fmt.Sprintf("%ssource-%d", newNames(l.Prefix).prefix, id)
 	floodPortName := fmt.Sprintf("src%d", id)
+	// The fabric port goes first, at once: a namespace's devices go
+	// with it only when the kernel's cleanup of the namespace runs,
+	// after `ip netns delete` returned, and the next flood's source of
+	// this process (the same port name) would find its port still there
+	// ("RTNETLINK answers: File exists"). One left by a removal that
+	// failed goes before the port is made again.
+	delPort := func() error {
+		err := ipBatch(context.Background(), l.FabricNetns, []string{"link del " + floodPortName})
+		if err != nil && !linkMissing(l.FabricNetns, floodPortName) {
+			return err
+		}
+		return nil
+	}
+	if err := delPort(); err != nil {
+		return "", nil, err
+	}
 	if err := addNetns(ctx, ns); err != nil {
 		return "", nil, err
 	}
-	remove := func() error { return deleteNetns(ns) }
+	remove := func() error { return errors.Join(delPort(), deleteNetns(ns)) }
 	err := ipBatch(ctx, l.FabricNetns, []string{
 		fmt.Sprintf("link add %s type veth peer name %s netns %s", floodPortName, uplinkName, ns),
 		fmt.Sprintf("link set %s master %s up", floodPortName, bridgeName),
@@ -253,6 +269,16 @@ func (l *Lab) AddTrafficSource(ctx context.Context) (string, func() error, error
 		return "", nil, errors.Join(err, remove())
 	}
 	return ns, remove, nil
+}
+
+// linkMissing: the lab namespace ns has no device dev.
+func linkMissing(ns, dev string) bool {
+	err := inNetns(ns, func() error {
+		_, err := netlink.LinkByName(dev)
+		return err
+	})
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf)
 }
 
 // AddressTrafficSource gives the traffic source ns (AddTrafficSource) of
