@@ -93,6 +93,11 @@ type Failure struct {
 	Package, Test string
 	Subtests      []string // its failed subtests
 	Reason        string
+	// Messages are the failed test's and failed subtests' log entries
+	// (t.Error, t.Fatal, t.Log), the last few, each cut short: the
+	// closing summary repeats them, so a log that keeps only its end
+	// still says why.
+	Messages []string
 }
 
 // Report is what Finish returns.
@@ -245,6 +250,7 @@ func (s *Summary) endTest(e Event, p *pkgRun) {
 	case "fail":
 		p.tests.Failed++
 		f := Failure{Package: e.Package, Test: e.Test, Subtests: p.failedSubtests(e.Test)}
+		f.Messages = failureMessages(p.output, append([]string{e.Test}, f.Subtests...))
 		s.report.Failures = append(s.report.Failures, f)
 		fmt.Fprintf(s.Out, "--- FAIL: %s %s (%.2fs)\n", s.pkgName(e.Package), e.Test, e.Elapsed)
 		s.writeLines(testLines(p.output, e.Test, true))
@@ -266,8 +272,9 @@ func (s *Summary) endPackage(e Event, p *pkgRun) {
 		explained = true
 		p.tests.Failed++
 		s.report.Tests.Failed++
-		s.report.Failures = append(s.report.Failures, Failure{Package: e.Package, Test: t,
-			Subtests: p.failedSubtests(t), Reason: "did not finish"})
+		f := Failure{Package: e.Package, Test: t, Subtests: p.failedSubtests(t), Reason: "did not finish"}
+		f.Messages = failureMessages(p.output, append([]string{t}, f.Subtests...))
+		s.report.Failures = append(s.report.Failures, f)
 		fmt.Fprintf(s.Out, "--- FAIL: %s %s (did not finish: the test binary exited or timed out)\n", s.pkgName(e.Package), t)
 		s.writeLines(testLines(p.output, t, true))
 	}
@@ -431,6 +438,66 @@ func skipMessage(lines []string) string {
 	return strings.Join(entry, "\n")
 }
 
+// Bounds of a failure's messages in the closing summary.
+const (
+	maxMessages     = 8
+	maxMessageLines = 6
+	maxLineBytes    = 400
+)
+
+// failureMessages is the log entries of the named tests (each only its
+// own: a passing subtest's logs are not the failure's), the last
+// maxMessages of them, each "Test: file.go:NN: text" with at most
+// maxMessageLines lines of maxLineBytes.
+func failureMessages(out []outLine, tests []string) []string {
+	own := map[string]bool{}
+	for _, t := range tests {
+		own[t] = true
+	}
+	var msgs []string
+	var cur []string
+	flush := func() {
+		if len(cur) > 0 {
+			msgs = append(msgs, strings.Join(cur, "\n"))
+		}
+		cur = nil
+	}
+	for _, l := range out {
+		text := strings.TrimRight(l.text, "\n")
+		switch {
+		case !own[l.test]:
+			continue
+		case anyLogStart.MatchString(text):
+			flush()
+			cur = []string{l.test + ": " + clip(strings.TrimLeft(text, " "))}
+		case len(cur) > 0 && strings.HasPrefix(text, strings.Repeat(" ", 8)) && !strings.HasPrefix(text, "=== "):
+			if len(cur) < maxMessageLines {
+				cur = append(cur, clip(strings.TrimLeft(text, " ")))
+			} else if len(cur) == maxMessageLines {
+				cur = append(cur, "…")
+			}
+		default:
+			flush()
+		}
+	}
+	flush()
+	if len(msgs) > maxMessages {
+		msgs = msgs[len(msgs)-maxMessages:]
+	}
+	return msgs
+}
+
+// anyLogStart is a log line of a test at any depth (a subtest's are
+// indented four spaces a level more).
+var anyLogStart = regexp.MustCompile(`^( {4})+[^ ]\S*\.go:\d+: `)
+
+func clip(s string) string {
+	if len(s) <= maxLineBytes {
+		return s
+	}
+	return s[:maxLineBytes] + "…"
+}
+
 func classify(reason string) SkipKind {
 	switch {
 	case strings.HasPrefix(reason, FeatureSkip):
@@ -484,6 +551,15 @@ func (s *Summary) Write(r Report) {
 				line += " (" + strings.Join(notes, "; ") + ")"
 			}
 			fmt.Fprintf(w, "  %s\n", line)
+			for _, m := range f.Messages {
+				for i, ml := range strings.Split(m, "\n") {
+					if i == 0 {
+						fmt.Fprintf(w, "    - %s\n", ml)
+					} else {
+						fmt.Fprintf(w, "      %s\n", ml)
+					}
+				}
+			}
 		}
 	}
 	fmt.Fprintf(w, "tests:    %s  (Test and Example functions, in %d package runs)\n", r.Tests, r.Packages)

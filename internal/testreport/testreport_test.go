@@ -89,9 +89,11 @@ func TestSampleAsRoot(t *testing.T) {
 	}
 	wantFailures := []Failure{
 		{Package: "example.com/sample/build", Reason: "build failed: example.com/sample/build [example.com/sample/build.test]"},
-		{Package: "example.com/sample/fails", Test: "TestFails", Subtests: []string{"TestFails/bad"}},
+		{Package: "example.com/sample/fails", Test: "TestFails", Subtests: []string{"TestFails/bad"},
+			Messages: []string{"TestFails/bad: fails_test.go:12: want 1, got 2\nand a second line"}},
 		{Package: "example.com/sample/mainfail", Reason: "failed outside its tests (TestMain, init, or the test binary's exit)"},
-		{Package: "example.com/sample/hang", Test: "TestHangs", Subtests: []string{"TestHangs/forever"}, Reason: "did not finish"},
+		{Package: "example.com/sample/hang", Test: "TestHangs", Subtests: []string{"TestHangs/forever"}, Reason: "did not finish",
+			Messages: []string{"TestHangs/forever: hang_test.go:12: waiting"}},
 	}
 	if !reflect.DeepEqual(r.Failures, wantFailures) {
 		t.Errorf("failures:\n%+v\nwant\n%+v", r.Failures, wantFailures)
@@ -107,6 +109,8 @@ func TestSampleAsRoot(t *testing.T) {
 		"mainfail: teardown failed: lab down: device busy\n",
 		"build/build_test.go:5:33: undefined: undefined\n",
 		"panic: test timed out after 3s\n",
+		// The closing list repeats why, for a log cut to its end.
+		"  ./fails TestFails (subtests: TestFails/bad)\n    - TestFails/bad: fails_test.go:12: want 1, got 2\n      and a second line\n",
 		"FAIL: 2 failed tests; 2 packages failed outside their tests; 4 skips not allowed\n",
 	} {
 		if !strings.Contains(out, want) {
