@@ -128,12 +128,15 @@ const (
 )
 
 // newClientBound is how long each of a new client's requests may take
-// during a flood: a second; at the generator's fastest, which holds both
-// CPUs of this VM itself, a client's SYN can be lost before it reaches
-// the node, so one SYN retransmission more (3 s).
+// during a flood: a second. At the generator's fastest, which holds both
+// CPUs of this VM and fills the ring of the node's veth ahead of the
+// client's packets, a client's SYN can be dropped before it reaches the
+// node, once or twice in a row (a run at 05:20 on 2026-11-29 took 2.04 s):
+// two SYN retransmissions more, at 1 s and 3 s, so 7 s. A datapath that
+// dropped the client itself would still fail it: the request never ends.
 func newClientBound(rate float64) time.Duration {
 	if rate == 0 {
-		return 3 * time.Second
+		return 7 * time.Second
 	}
 	return time.Second
 }
