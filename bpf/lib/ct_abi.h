@@ -113,8 +113,19 @@ struct ct_entry {
 			      * SYN-ACK of another sequence asked of the client
 			      * (a backend answering a SYN sent again with a new
 			      * SYN cookie), 0: none */
-	__u32  pad2;
+	__u32  completing;   /* INGRESS of a half-open TCP flow: nonzero once a
+			      * CPU took its completion (ct_complete, whose
+			      * compare and swap is of the 64-bit word with
+			      * ack_prev: -mcpu=v1 has no 32-bit one) */
 };
+
+/* ct_ack_word is the 64-bit word of e's ack_prev and completing, the
+ * latter its high half (bpfel). */
+#define ct_ack_word(e) ((__u64 *)&(e)->ack_prev)
+_Static_assert(__builtin_offsetof(struct ct_entry, ack_prev) % 8 == 0 &&
+		       __builtin_offsetof(struct ct_entry, completing) ==
+			       __builtin_offsetof(struct ct_entry, ack_prev) + 4,
+	       "ct_entry: ack_prev and completing, an aligned word for a 64-bit compare and swap");
 
 struct nat_entry {
 	__u8   to_addr[16]; /* EGRESS: node IP; INGRESS: the client */

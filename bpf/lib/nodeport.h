@@ -303,9 +303,11 @@ static __always_inline int ns_rewrite_sport(struct __ctx_buff *ctx, struct ns_pk
 
 #ifndef SLUICE_POD_LB
 /* ns_complete completes p's half-open flow to be_addr:be_port when p is
- * its handshake's ACK (ct_complete: 1, its service entry's key in the
- * scratch's tuple; 0 when it has none; -1 when p is not that ACK; 2 when
- * p is the client's RST, for ns_rst_forward). */
+ * its handshake's ACK (ct_complete: 1, or 3 when another CPU just did, its
+ * service entry's key in the scratch's tuple; 0 when it has none; -1 when
+ * p is not that ACK; 2 when p goes on with no state made, for
+ * ns_half_forward: the client's RST, or a packet of a flow another CPU is
+ * completing). */
 static __always_inline int ns_complete(struct __ctx_buff *ctx, const struct ns_pkt *p,
 				       const union lb_addr *be_addr, __be16 be_port, __u32 len)
 {
@@ -320,12 +322,13 @@ static __always_inline int ns_complete(struct __ctx_buff *ctx, const struct ns_p
 	return ret == 1 ? ct_complete_svc(p, len) : ret;
 }
 
-/* ns_rst_forward sends the client's RST p of a half-open flow on to its
+/* ns_half_forward sends the client's packet p of a half-open flow on to its
  * backend (ct_complete: the backend in the scratch's half_key, and where a
  * masqueraded flow leaves from in its nat: 0 port for a local backend),
- * translated as the flow's packets are, with no state made or kept. A
- * global function, verified once: a RST of a half-open flow is rare. */
-__noinline int ns_rst_forward(struct __ctx_buff *ctx, struct ns_pkt *p)
+ * translated as the flow's packets are, with no state made or kept: the
+ * client's RST, or a packet whose flow another CPU is completing. A global
+ * function, verified once: both are rare. */
+__noinline int ns_half_forward(struct __ctx_buff *ctx, struct ns_pkt *p)
 {
 	struct ct_scratch *s = ns_scratch();
 
@@ -546,7 +549,7 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 			else if ((kind & (CT_F_DSR | CT_F_LOCAL)) != CT_F_DSR) {
 				ret = ns_complete(ctx, p, &be_addr, be_port, len);
 				if (ret == 2)
-					return ns_rst_forward(ctx, p);
+					return ns_half_forward(ctx, p);
 				if (ret < 0)
 					return NS_DROP(SL_DROP_HANDSHAKE);
 				if (ret > 0)

@@ -117,7 +117,9 @@ type CTEntry struct {
 	// AckPrev is, in the ingress entry of a new TCP flow, the ack an
 	// earlier SYN-ACK of another sequence asked for (SYN cookies); 0: none.
 	AckPrev uint32
-	Pad2    uint32
+	// Completing is, in the ingress entry of a half-open TCP flow,
+	// nonzero once a CPU took its completion (bpf/lib/nat.h ct_complete).
+	Completing uint32
 }
 
 // CTFIB mirrors struct ct_fib: a FIB result the datapath keeps for a flow
