@@ -65,12 +65,7 @@ func TestPrivilegedNorthSouthConcurrentCompletion(t *testing.T) {
 		}()
 		must(t, <-ready)
 
-		run := func(p bpftest.Packet) bpftest.Result {
-			t.Helper()
-			res, err := bpftest.Run(prog, p.MustBytes())
-			must(t, err)
-			return res
-		}
+		run := runner(t, prog)
 		wrong := 0
 		for i := range flows {
 			f := masqueradedFlow{client(uint16(20000 + i)), apLBTCP, apRemote, bpftest.TCP}
@@ -125,12 +120,7 @@ func TestPrivilegedNorthSouthConcurrentCompletion(t *testing.T) {
 // still set and goes on the same way).
 func TestPrivilegedNorthSouthCompletionTakenElsewhere(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
-		run := func(p bpftest.Packet) bpftest.Result {
-			t.Helper()
-			res, err := bpftest.Run(prog, p.MustBytes())
-			must(t, err)
-			return res
-		}
+		run := runner(t, prog)
 		f := masqueradedFlow{client(46800), apLBTCP, apRemote, bpftest.TCP}
 		run(bpftest.Packet{Src: f.c, Dst: f.fe, Proto: bpftest.TCP, Flags: bpftest.SYN})
 		port := natPort(t, n, f.c, f.be, f.proto)
@@ -168,6 +158,16 @@ func TestPrivilegedNorthSouthCompletionTakenElsewhere(t *testing.T) {
 			t.Errorf("the half-open ingress entry: %v, completing %d; want it in ct_new, still marked", err, e.Completing)
 		}
 	})
+}
+
+// runner runs a packet through prog (BPF_PROG_RUN), failing t on an error.
+func runner(t *testing.T, prog *ebpf.Program) func(bpftest.Packet) bpftest.Result {
+	return func(p bpftest.Packet) bpftest.Result {
+		t.Helper()
+		res, err := bpftest.Run(prog, p.MustBytes())
+		must(t, err)
+		return res
+	}
 }
 
 type runOut struct {

@@ -19,12 +19,7 @@ import (
 // mid-stream, and the backend reset it).
 func TestPrivilegedNorthSouthTupleReuseAfterClose(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
-		run := func(p bpftest.Packet) bpftest.Result {
-			t.Helper()
-			res, err := bpftest.Run(prog, p.MustBytes())
-			must(t, err)
-			return res
-		}
+		run := runner(t, prog)
 		srcPort := func(res bpftest.Result) uint16 {
 			pk := gopacket.NewPacket(res.Frame, layers.LayerTypeEthernet, gopacket.Default)
 			tcp, _ := pk.Layer(layers.LayerTypeTCP).(*layers.TCP)
