@@ -43,6 +43,7 @@
 #include "fib.h"
 #include "icmp.h"
 #include "dsr.h"
+#include "nfct.h"
 #ifndef SLUICE_POD_LB
 #include "flowcache.h"
 #endif /* SLUICE_POD_LB */
@@ -557,6 +558,12 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 			}
 		}
 #endif /* SLUICE_POD_LB */
+		/* No state, and not a flow's first packet (a TCP SYN): a flow
+		 * netfilter balanced before sluice ran (kube-proxy's) stays
+		 * netfilter's (nfct.h). */
+		if (!tunnel && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN &&
+		    ns_nf_tracked(ctx, p, len))
+			return CTX_ACT_OK;
 		/* A new flow only: an established one passed this check when
 		 * it was created, and a half-open one when it was made (its
 		 * ACK above completes it whatever the ranges say since, as

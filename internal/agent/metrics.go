@@ -140,6 +140,24 @@ func newMetrics(src Source, dp func() dataplane) *metrics {
 	for _, r := range skipReasons {
 		m.skipped.WithLabelValues(r) // present at 0, so that alerts see the series
 	}
+	// Packets of flows netfilter's conntrack already tracked (kube-proxy's,
+	// before a migration) that tc and XDP left to it: it falls to 0 growth
+	// as those flows end (docs/install.md, migrating from kube-proxy).
+	nfHandoff := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Name: "netfilter_handoff_packets_total",
+		Help: "Packets of flows netfilter's conntrack already tracked (kube-proxy's, from before sluice) that tc and XDP left to netfilter.",
+	}, func() float64 {
+		c, ok := dp().(nfHandoffCounter)
+		if !ok {
+			return 0
+		}
+		n, err := c.NetfilterHandoffs()
+		if err != nil {
+			return 0
+		}
+		return float64(n)
+	})
+	m.register(nfHandoff)
 	m.dsrFallback = newDSRFallbackGauge()
 	m.bandwidthPods = newBandwidthPodsGauge()
 	m.register(m.ctEntries, m.gcDeleted, m.gcRuns, m.gcFailures, m.skipped, m.dsrFallback, m.bandwidthPods)

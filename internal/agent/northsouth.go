@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/probe"
 )
 
 // northSouthDataplane is implemented by a dataplane that may have the
@@ -105,6 +106,17 @@ func (a *Agent) newNorthSouthStatus(devs []api.Device) *api.NorthSouth {
 		FlowCacheSets: a.cfg.FlowCacheSets, FlowCacheWays: lbmap.FlowCacheWays,
 		Devices: devs, CTGC: api.CTGC{Interval: a.cfg.CTGCInterval},
 		LocalDelivery: cmp.Or(a.cfg.LocalDelivery, LocalDeliveryStack),
+	}
+	st.NetfilterHandoff = "off: not probed"
+	for _, f := range a.features {
+		if f.Name != probe.NFConntrackKfuncs {
+			continue
+		}
+		if f.Available {
+			st.NetfilterHandoff = "on (" + f.Detail + ")"
+		} else {
+			st.NetfilterHandoff = "off: " + f.Detail
+		}
 	}
 	if a.cfg.XDPGeneric {
 		st.Notes = append(st.Notes, "XDP in generic mode (--xdp-generic, tests only)")
@@ -271,7 +283,17 @@ func (a *Agent) northSouthStatus() *api.NorthSouth {
 		}
 	}
 	a.snatStatus(&st)
+	if c, ok := a.dp.(nfHandoffCounter); ok && st.Enabled {
+		// A read error leaves the count out; status shows the rest.
+		st.NetfilterHandoffPackets, _ = c.NetfilterHandoffs()
+	}
 	return &st
+}
+
+// nfHandoffCounter is a dataplane that counts the packets tc and XDP left
+// to netfilter's conntrack (bpf/lib/nfct.h).
+type nfHandoffCounter interface {
+	NetfilterHandoffs() (uint64, error)
 }
 
 // BPFCT implements api.Provider.

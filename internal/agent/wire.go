@@ -802,6 +802,14 @@ func (d *nodeDataplane) DumpCT() (*api.BPFCT, error) {
 	return ctTable(now, recs), nil
 }
 
+// NetfilterHandoffs implements nfHandoffCounter.
+func (d *nodeDataplane) NetfilterHandoffs() (uint64, error) {
+	if d.ns == nil {
+		return 0, nil
+	}
+	return d.ns.NetfilterHandoffs()
+}
+
 func (d *nodeDataplane) DumpNAT() (*api.BPFNAT, error) {
 	now, err := d.ns.CTNow()
 	if err != nil {

@@ -311,8 +311,14 @@ type NorthSouth struct {
 	// LocalDelivery is how tc hands traffic to a local backend:
 	// "stack" (the host's FORWARD chain, rp_filter and the veth's qdisc
 	// apply) or "peer" (bpf_redirect_peer, past them); --local-delivery.
-	LocalDelivery string   `json:"localDelivery,omitempty"`
-	Devices       []Device `json:"devices,omitempty"`
+	LocalDelivery string `json:"localDelivery,omitempty"`
+	// NetfilterHandoff says whether tc and XDP leave a flow netfilter's
+	// conntrack already tracks (kube-proxy's, from before sluice ran) to
+	// netfilter ("on: ..."), or why not ("off: ..."); NetfilterHandoffPackets
+	// counts the packets they left to it.
+	NetfilterHandoff        string   `json:"netfilterHandoff,omitempty"`
+	NetfilterHandoffPackets uint64   `json:"netfilterHandoffPackets,omitempty"`
+	Devices                 []Device `json:"devices,omitempty"`
 	// PodDevices are the local pods' host-side veths with the per-packet
 	// LB (--socket-lb=false).
 	PodDevices []PodDevice `json:"podDevices,omitempty"`

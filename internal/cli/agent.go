@@ -263,6 +263,10 @@ func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns 
 	case "peer":
 		line("  Local delivery", "bpf_redirect_peer on tc (--local-delivery=peer): faster, but Service traffic into local pods bypasses the host's FORWARD chain (NetworkPolicy engines there), rp_filter and the veth's qdisc; XDP hands it to the stack")
 	}
+	if ns.NetfilterHandoff != "" {
+		line("  Netfilter handoff", "%s; %d packets of flows netfilter's conntrack already tracked (kube-proxy's) left to it",
+			ns.NetfilterHandoff, ns.NetfilterHandoffPackets)
+	}
 	if ns.FlowCacheSets == 0 {
 		line("  Flow cache", "Disabled (--bpf-lb-flow-cache-sets=0): every packet looks up conntrack")
 	} else {

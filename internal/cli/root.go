@@ -23,6 +23,7 @@ func NewRoot() *cobra.Command {
 	root.AddCommand(dnsCommand())
 	root.AddCommand(tuneCommand())
 	root.AddCommand(uninstallCommand()) // uninstall mark: internal/uninstall
+	root.AddCommand(cleanupKubeProxyCommand())
 	root.AddCommand(vmCommand())        // vm: internal/vmtest
 	return root
 }

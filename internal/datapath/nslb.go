@@ -404,6 +404,20 @@ func (n *NorthSouth) CT() *lbmap.CT { return n.ct }
 // NAT returns the SNAT map.
 func (n *NorthSouth) NAT() *lbmap.NAT { return n.nat }
 
+// NetfilterHandoffs is how many packets tc and XDP left to netfilter's
+// conntrack, which tracked their flows already (bpf/lib/nfct.h).
+func (n *NorthSouth) NetfilterHandoffs() (uint64, error) {
+	var per []DropCount
+	if err := n.tc.SlNfHandoff.Lookup(uint32(0), &per); err != nil {
+		return 0, fmt.Errorf("read %s: %w", n.tc.SlNfHandoff, err)
+	}
+	var sum uint64
+	for _, c := range per {
+		sum += c.Packets
+	}
+	return sum, nil
+}
+
 // SetConfig writes the tc/XDP configuration. A zero HZ is filled in from
 // the kernel config (KernelHZ).
 func (n *NorthSouth) SetConfig(c lbmap.NSConfig) error {

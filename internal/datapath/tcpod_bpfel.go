@@ -41,6 +41,7 @@ const (
 	tcpodMapSlEvRate          = "sl_ev_rate"
 	tcpodMapSlEvents          = "sl_events"
 	tcpodMapSlFeStats         = "sl_fe_stats"
+	tcpodMapSlNfHandoff       = "sl_nf_handoff"
 	tcpodMapSnat              = "snat"
 	tcpodMapSnatAny           = "snat_any"
 	tcpodMapSnatEst           = "snat_est"
@@ -127,6 +128,7 @@ type tcpodMapSpecs struct {
 	SlEvRate      *ebpf.MapSpec `ebpf:"sl_ev_rate"`
 	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
 	SlFeStats     *ebpf.MapSpec `ebpf:"sl_fe_stats"`
+	SlNfHandoff   *ebpf.MapSpec `ebpf:"sl_nf_handoff"`
 	Snat          *ebpf.MapSpec `ebpf:"snat"`
 	SnatAny       *ebpf.MapSpec `ebpf:"snat_any"`
 	SnatEst       *ebpf.MapSpec `ebpf:"snat_est"`
@@ -187,6 +189,7 @@ type tcpodMaps struct {
 	SlEvRate      *ebpf.Map `ebpf:"sl_ev_rate"`
 	SlEvents      *ebpf.Map `ebpf:"sl_events"`
 	SlFeStats     *ebpf.Map `ebpf:"sl_fe_stats"`
+	SlNfHandoff   *ebpf.Map `ebpf:"sl_nf_handoff"`
 	Snat          *ebpf.Map `ebpf:"snat"`
 	SnatAny       *ebpf.Map `ebpf:"snat_any"`
 	SnatEst       *ebpf.Map `ebpf:"snat_est"`
@@ -220,6 +223,7 @@ func (m *tcpodMaps) Close() error {
 		m.SlEvRate,
 		m.SlEvents,
 		m.SlFeStats,
+		m.SlNfHandoff,
 		m.Snat,
 		m.SnatAny,
 		m.SnatEst,

@@ -42,6 +42,7 @@ const (
 	xdplbMapSlEvRate          = "sl_ev_rate"
 	xdplbMapSlEvents          = "sl_events"
 	xdplbMapSlFeStats         = "sl_fe_stats"
+	xdplbMapSlNfHandoff       = "sl_nf_handoff"
 	xdplbMapSnat              = "snat"
 	xdplbMapSnatAny           = "snat_any"
 	xdplbMapSnatEst           = "snat_est"
@@ -130,6 +131,7 @@ type xdplbMapSpecs struct {
 	SlEvRate      *ebpf.MapSpec `ebpf:"sl_ev_rate"`
 	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
 	SlFeStats     *ebpf.MapSpec `ebpf:"sl_fe_stats"`
+	SlNfHandoff   *ebpf.MapSpec `ebpf:"sl_nf_handoff"`
 	Snat          *ebpf.MapSpec `ebpf:"snat"`
 	SnatAny       *ebpf.MapSpec `ebpf:"snat_any"`
 	SnatEst       *ebpf.MapSpec `ebpf:"snat_est"`
@@ -192,6 +194,7 @@ type xdplbMaps struct {
 	SlEvRate      *ebpf.Map `ebpf:"sl_ev_rate"`
 	SlEvents      *ebpf.Map `ebpf:"sl_events"`
 	SlFeStats     *ebpf.Map `ebpf:"sl_fe_stats"`
+	SlNfHandoff   *ebpf.Map `ebpf:"sl_nf_handoff"`
 	Snat          *ebpf.Map `ebpf:"snat"`
 	SnatAny       *ebpf.Map `ebpf:"snat_any"`
 	SnatEst       *ebpf.Map `ebpf:"snat_est"`
@@ -226,6 +229,7 @@ func (m *xdplbMaps) Close() error {
 		m.SlEvRate,
 		m.SlEvents,
 		m.SlFeStats,
+		m.SlNfHandoff,
 		m.Snat,
 		m.SnatAny,
 		m.SnatEst,

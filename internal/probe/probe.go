@@ -67,6 +67,11 @@ const (
 	// SockDestroy: the bpf_sock_destroy kfunc (6.5), with which the agent
 	// destroys connected UDP sockets whose backend went away.
 	SockDestroy = "bpf_sock_destroy"
+	// NFConntrackKfuncs: bpf_skb_ct_lookup and bpf_xdp_ct_lookup (5.18),
+	// in vmlinux's BTF or the nf_conntrack module's (loaded), with which
+	// tc and XDP leave a flow netfilter already tracks (kube-proxy's,
+	// before a migration) to netfilter.
+	NFConntrackKfuncs = "nf_conntrack kfuncs"
 	// SockDiagDestroy: sock_diag's SOCK_DESTROY for UDP sockets
 	// (CONFIG_INET_DIAG_DESTROY), the agent's way to the same where
 	// bpf_sock_destroy is missing.
@@ -187,6 +192,7 @@ func probeAll() Features {
 		{MapMemoryPerEntry, "6.4", mapMemoryPerEntry},
 		{L4CsumIPv6, "6.16", l4CsumIPv6},
 		{SockDestroy, "6.5", sockDestroy},
+		{NFConntrackKfuncs, "5.18", nfConntrackKfuncs},
 		// Config options (CONFIG_IP_VS, CONFIG_NET_SCH_FQ,
 		// CONFIG_INET_DIAG_DESTROY), not releases: no since.
 		{SockDiagDestroy, "", sockDiagDestroy},
@@ -344,6 +350,38 @@ func sockDestroy() (string, error) {
 		return "", fmt.Errorf("no kfunc bpf_sock_destroy in the kernel's BTF: %w", err)
 	}
 	return "kfunc in vmlinux BTF", nil
+}
+
+// nfConntrackKfuncs finds the conntrack lookup kfuncs of tc and XDP in
+// vmlinux's BTF, or in nf_conntrack's where it is a module (loaded: the
+// datapath resolves them at load, and a module loaded later needs an
+// agent restart to be used).
+func nfConntrackKfuncs() (string, error) {
+	names := []string{"bpf_skb_ct_lookup", "bpf_xdp_ct_lookup", "bpf_ct_release"}
+	find := func(spec *btf.Spec) error {
+		for _, n := range names {
+			var fn *btf.Func
+			if err := spec.TypeByName(n, &fn); err != nil {
+				return fmt.Errorf("no kfunc %s: %w", n, err)
+			}
+		}
+		return nil
+	}
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return "", fmt.Errorf("kernel BTF: %w", err)
+	}
+	if find(spec) == nil {
+		return "kfuncs in vmlinux BTF", nil
+	}
+	mod, err := btf.LoadKernelModuleSpec("nf_conntrack")
+	if err != nil {
+		return "", fmt.Errorf("no bpf_skb_ct_lookup in vmlinux BTF, and no nf_conntrack module BTF (not loaded? modprobe nf_conntrack, then restart the agent): %w", err)
+	}
+	if err := find(mod); err != nil {
+		return "", fmt.Errorf("nf_conntrack module: %w", err)
+	}
+	return "kfuncs in the nf_conntrack module's BTF", nil
 }
 
 // sockDiagDestroy destroys a connected loopback UDP socket of its own
