@@ -239,5 +239,7 @@ struct ns_config {
  * bpf_redirect_peer. The agent sets it unless --local-delivery=peer. XDP
  * always hands a local pod's packets to the stack. */
 #define NS_CFG_LOCAL_VIA_STACK (1 << 0)
+/* No netfilter handoff (nfct.h): --netfilter-handoff=false. */
+#define NS_CFG_NO_NF_HANDOFF (1 << 1)
 
 #endif /* __SLUICE_CT_ABI_H */

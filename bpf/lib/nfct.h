@@ -86,6 +86,7 @@ __noinline int ns_nf_tracked(struct __ctx_buff *ctx, const struct ns_pkt *p, __u
 {
 	struct bpf_ct_opts___sl opts = { .netns_id = SL_CURRENT_NETNS };
 	struct bpf_sock_tuple t = {};
+	const struct ns_config *cfg;
 	struct sl_drop_count *c;
 	struct nf_conn___sl *ct;
 	__u32 zero = 0;
@@ -94,6 +95,9 @@ __noinline int ns_nf_tracked(struct __ctx_buff *ctx, const struct ns_pkt *p, __u
 	if (!p || !bpf_ksym_exists(sl_ct_lookup) || !bpf_ksym_exists(bpf_ct_release))
 		return 0;
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return 0;
+	cfg = ns_cfg();
+	if (!cfg || (cfg->flags & NS_CFG_NO_NF_HANDOFF))
 		return 0;
 	opts.l4proto = p->proto;
 	if (p->v6) {

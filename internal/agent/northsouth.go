@@ -109,6 +109,10 @@ func (a *Agent) newNorthSouthStatus(devs []api.Device) *api.NorthSouth {
 	}
 	st.NetfilterHandoff = "off: not probed"
 	for _, f := range a.features {
+		if !a.cfg.NetfilterHandoff {
+			st.NetfilterHandoff = "off: --netfilter-handoff=false"
+			break
+		}
 		if f.Name != probe.NFConntrackKfuncs {
 			continue
 		}

@@ -386,6 +386,9 @@ func (d *nodeDataplane) SetNodeConfig(nodeIPs []netip.Addr) (SNATPorts, error) {
 	if d.cfg.LocalDelivery != LocalDeliveryPeer {
 		c.Flags |= lbmap.NSConfigLocalViaStack
 	}
+	if !d.cfg.NetfilterHandoff {
+		c.Flags |= lbmap.NSConfigNoNFHandoff
+	}
 	var have4, have6 bool
 	for _, ip := range nodeIPs {
 		switch {

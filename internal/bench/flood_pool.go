@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -43,12 +44,15 @@ type floodPool struct {
 }
 
 // floodWay is one way into the lab the pool takes: a node's NodePort
-// and the Service behind it.
+// and the Service behind it, or (From a pod) a Service's ClusterIP.
 type floodWay struct {
 	Name        string         `json:"name"` // "node1 → node2's pods"
-	Via         string         `json:"via"`  // the node whose NodePort it is
+	Via         string         `json:"via"`  // the node whose NodePort it is, or the pod's node
 	Addr        netip.AddrPort `json:"addr"`
 	Connections int            `json:"connections"`
+	// From is the network namespace the connections are opened in; ""
+	// is the lab's external client's.
+	From string `json:"from,omitempty"`
 }
 
 // poolRequest is one request of the pool: which connection, when it
@@ -71,9 +75,10 @@ func openFloodPool(ctx context.Context, l *lab.Lab, ways []floodWay, interval, t
 		addr string
 	}
 	var conns []opened
-	err := lab.InNetns(l.Client.Netns, func() error {
-		d := net.Dialer{Timeout: timeout}
-		for _, w := range ways {
+	var err error
+	for _, w := range ways {
+		err = lab.InNetns(cmp.Or(w.From, l.Client.Netns), func() error {
+			d := net.Dialer{Timeout: timeout}
 			for range w.Connections {
 				c, err := d.DialContext(ctx, "tcp4", w.Addr.String())
 				if err != nil {
@@ -81,9 +86,12 @@ func openFloodPool(ctx context.Context, l *lab.Lab, ways []floodWay, interval, t
 				}
 				conns = append(conns, opened{c, w.Addr.String()})
 			}
+			return nil
+		})
+		if err != nil {
+			break
 		}
-		return nil
-	})
+	}
 	if err != nil {
 		for _, c := range conns {
 			c.conn.Close()

@@ -360,25 +360,16 @@ func floodPhase(ctx context.Context, l *lab.Lab, node lab.Node, ph FloodPhase, c
 	return row, nil
 }
 
-// waitFloodWays waits until every way answers a request (the dataplane
-// has the Services), within a minute.
+// waitFloodWays waits until every way answers a request from its
+// source (the dataplane has the Services), within a minute each.
 func waitFloodWays(ctx context.Context, l *lab.Lab, ways []floodWay) error {
-	deadline := time.Now().Add(time.Minute)
 	for _, w := range ways {
-		for {
-			rep, err := l.Probe(ctx, "client", "http", "--url", fmt.Sprintf("http://%s/", w.Addr), "--count", "1", "--timeout", "1s", "--budget", "5s")
-			if err == nil && rep.OK == 1 {
-				break
-			}
-			if time.Now().After(deadline) {
-				if err == nil {
-					err = fmt.Errorf("%s", describeProbe(rep))
-				}
-				return fmt.Errorf("flood run: %s (%s) never answered: %w", w.Addr, w.Name, err)
-			}
-			if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
-				return err
-			}
+		from := "client"
+		if w.From != "" {
+			from = podName(l, w.From)
+		}
+		if err := waitWayFrom(ctx, l, from, w); err != nil {
+			return fmt.Errorf("flood run: %w", err)
 		}
 	}
 	return nil

@@ -24,6 +24,6 @@ func NewRoot() *cobra.Command {
 	root.AddCommand(tuneCommand())
 	root.AddCommand(uninstallCommand()) // uninstall mark: internal/uninstall
 	root.AddCommand(cleanupKubeProxyCommand())
-	root.AddCommand(vmCommand())        // vm: internal/vmtest
+	root.AddCommand(vmCommand()) // vm: internal/vmtest
 	return root
 }

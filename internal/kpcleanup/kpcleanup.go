@@ -5,6 +5,16 @@
 // device. Conntrack is left alone: the flows kube-proxy balanced keep their
 // translation there until they end, and sluice's tc and XDP programs leave
 // them to it (bpf/lib/nfct.h).
+//
+// But netfilter tracks and translates packets in a network namespace only
+// while some rule asks for conntrack (a conntrack match, a NAT target or
+// chain): the hooks come and go with the ruleset. Where kube-proxy's rules
+// were the last such, removing them stops every flow they balanced (found
+// by the migration test: all 60 pooled connections lost, through the
+// kernel alone too). So before removing anything the cleanup installs a
+// keeper, the nftables table inet sluice_migration: a conntrack rule and
+// empty NAT chains at the four hooks, which keep conntrack and its NAT
+// bindings applied. Finish removes it once kube-proxy's flows are gone.
 package kpcleanup
 
 import (
@@ -121,6 +131,7 @@ type Step struct {
 	Where string // "iptables-nft-save nat", "nftables ip kube-proxy", "kube-ipvs0"
 	What  string
 	Err   error
+	do    func() error // the removal, run after the keeper is in place
 }
 
 func (s Step) String() string {
@@ -130,23 +141,100 @@ func (s Step) String() string {
 	return fmt.Sprintf("%s: %s", s.Where, s.What)
 }
 
+// KeeperTable is the nftables table (family inet) that keeps conntrack and
+// NAT on for kube-proxy's flows once its rules are gone.
+const KeeperTable = "sluice_migration"
+
+// keeperRuleset is KeeperTable: a conntrack expression (the conntrack
+// hooks, IPv4 and IPv6) and a NAT chain at each hook NAT runs at (the NAT
+// hooks: a flow's binding is applied only where a NAT chain is).
+const keeperRuleset = `table inet ` + KeeperTable + ` {
+	comment "sluice: conntrack and NAT on for kube-proxy's flows; sluice cleanup-kube-proxy --finish removes it"
+	chain conntrack {
+		type filter hook prerouting priority raw; policy accept;
+		ct state established counter
+	}
+	chain nat_prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+	}
+	chain nat_input {
+		type nat hook input priority 100; policy accept;
+	}
+	chain nat_output {
+		type nat hook output priority -100; policy accept;
+	}
+	chain nat_postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+	}
+}
+`
+
 // Run removes kube-proxy's rules from the calling thread's network
-// namespace (dry: only says what it would remove). A backend or tool this
-// machine lacks is skipped; each failure is one step's, and the rest goes
-// on. Nothing of kube-proxy's found gives no steps.
+// namespace (dry: only says what it would do), the keeper installed first
+// when there is anything to remove. A backend or tool this machine lacks
+// is skipped; each failure is one step's, and the rest goes on, but
+// nothing is removed without the keeper. Nothing of kube-proxy's found
+// gives no steps.
 func Run(ctx context.Context, dry bool) []Step {
 	var steps []Step
 	for _, b := range Backends {
-		steps = append(steps, iptablesSteps(ctx, b, dry)...)
+		steps = append(steps, iptablesSteps(ctx, b)...)
 	}
-	steps = append(steps, nftSteps(ctx, dry)...)
-	if s, ok := ipvsStep(dry); ok {
+	steps = append(steps, nftSteps(ctx)...)
+	if s, ok := ipvsStep(); ok {
 		steps = append(steps, s)
 	}
-	return steps
+	if !slices.ContainsFunc(steps, func(s Step) bool { return s.do != nil }) {
+		return steps // nothing, or only the errors of reading
+	}
+	keep := Step{Where: "nftables inet " + KeeperTable,
+		What: "keeper installed: conntrack and NAT stay on for kube-proxy's flows (--finish removes it)"}
+	if !dry {
+		if keep.Err = installKeeper(ctx); keep.Err != nil {
+			keep.Err = fmt.Errorf("%w; nothing removed: without it, removing kube-proxy's rules can stop netfilter from translating the flows it balanced", keep.Err)
+			return append([]Step{keep}, steps...)
+		}
+		for i := range steps {
+			if steps[i].do != nil {
+				steps[i].Err = steps[i].do()
+			}
+		}
+	}
+	return append([]Step{keep}, steps...)
 }
 
-func iptablesSteps(ctx context.Context, b Backend, dry bool) []Step {
+func installKeeper(ctx context.Context) error {
+	if _, err := exec.LookPath("nft"); err != nil {
+		return fmt.Errorf("nft: %w (install nftables)", err)
+	}
+	cmd := exec.CommandContext(ctx, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(keeperRuleset)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("nft -f: %w: %s", err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// Finish removes the keeper (dry: says whether it is there), once the
+// flows kube-proxy balanced have ended: sluice status shows no more
+// packets left to netfilter. No keeper gives no steps.
+func Finish(ctx context.Context, dry bool) []Step {
+	if _, err := exec.LookPath("nft"); err != nil {
+		return nil
+	}
+	if exec.CommandContext(ctx, "nft", "list", "table", "inet", KeeperTable).Run() != nil {
+		return nil
+	}
+	st := Step{Where: "nftables inet " + KeeperTable, What: "keeper removed"}
+	if !dry {
+		if out, err := exec.CommandContext(ctx, "nft", "delete", "table", "inet", KeeperTable).CombinedOutput(); err != nil {
+			st.Err = fmt.Errorf("nft delete table: %w: %s", err, bytes.TrimSpace(out))
+		}
+	}
+	return []Step{st}
+}
+
+func iptablesSteps(ctx context.Context, b Backend) []Step {
 	if _, err := exec.LookPath(b.Save); err != nil {
 		return nil
 	}
@@ -160,16 +248,16 @@ func iptablesSteps(ctx context.Context, b Backend, dry bool) []Step {
 	}
 	var steps []Step
 	for _, t := range tables {
-		st := Step{Where: b.Save + " " + t.Name,
-			What: fmt.Sprintf("%d chains and %d jumps to them removed", len(t.Chains), len(t.Jumps))}
-		if !dry {
-			cmd := exec.CommandContext(ctx, b.Restore, "--noflush")
-			cmd.Stdin = strings.NewReader(t.Restore())
-			if out, err := cmd.CombinedOutput(); err != nil {
-				st.Err = fmt.Errorf("%s: %w: %s", b.Restore, err, bytes.TrimSpace(out))
-			}
-		}
-		steps = append(steps, st)
+		steps = append(steps, Step{Where: b.Save + " " + t.Name,
+			What: fmt.Sprintf("%d chains and %d jumps to them removed", len(t.Chains), len(t.Jumps)),
+			do: func() error {
+				cmd := exec.CommandContext(ctx, b.Restore, "--noflush")
+				cmd.Stdin = strings.NewReader(t.Restore())
+				if out, err := cmd.CombinedOutput(); err != nil {
+					return fmt.Errorf("%s: %w: %s", b.Restore, err, bytes.TrimSpace(out))
+				}
+				return nil
+			}})
 	}
 	return steps
 }
@@ -177,7 +265,7 @@ func iptablesSteps(ctx context.Context, b Backend, dry bool) []Step {
 // nftTables are the tables kube-proxy's nftables mode makes.
 var nftTables = []string{"ip kube-proxy", "ip6 kube-proxy"}
 
-func nftSteps(ctx context.Context, dry bool) []Step {
+func nftSteps(ctx context.Context) []Step {
 	if _, err := exec.LookPath("nft"); err != nil {
 		return nil
 	}
@@ -191,14 +279,13 @@ func nftSteps(ctx context.Context, dry bool) []Step {
 		if !slices.Contains(nftTables, t) {
 			continue
 		}
-		st := Step{Where: "nftables " + t, What: "table deleted"}
-		if !dry {
-			args := append([]string{"delete", "table"}, strings.Fields(t)...)
+		args := append([]string{"delete", "table"}, strings.Fields(t)...)
+		steps = append(steps, Step{Where: "nftables " + t, What: "table deleted", do: func() error {
 			if out, err := exec.CommandContext(ctx, "nft", args...).CombinedOutput(); err != nil {
-				st.Err = fmt.Errorf("nft %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+				return fmt.Errorf("nft %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
 			}
-		}
-		steps = append(steps, st)
+			return nil
+		}})
 	}
 	return steps
 }
@@ -210,7 +297,7 @@ const ipvsDevice = "kube-ipvs0"
 // ipvsStep removes kube-ipvs0. IPVS virtual servers themselves go with
 // `ipvsadm --clear` (the runbook), which this does not run: it clears
 // every virtual server, kube-proxy's or not.
-func ipvsStep(dry bool) (Step, bool) {
+func ipvsStep() (Step, bool) {
 	l, err := netlink.LinkByName(ipvsDevice)
 	if err != nil {
 		var nf netlink.LinkNotFoundError
@@ -219,11 +306,8 @@ func ipvsStep(dry bool) (Step, bool) {
 		}
 		return Step{Where: ipvsDevice, What: "look up", Err: err}, true
 	}
-	st := Step{Where: ipvsDevice, What: "device deleted (its Service addresses with it)"}
-	if !dry {
-		st.Err = netlink.LinkDel(l)
-	}
-	return st, true
+	return Step{Where: ipvsDevice, What: "device deleted (its Service addresses with it)",
+		do: func() error { return netlink.LinkDel(l) }}, true
 }
 
 func cmdErr(err error) error {

@@ -2,6 +2,8 @@ package kpcleanup
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"reflect"
@@ -9,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
 
@@ -113,7 +116,7 @@ func TestPrivilegedRun(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: network namespaces, iptables")
 	}
-	for _, bin := range []string{"iptables-nft-restore", "iptables-nft-save", "nft"} {
+	for _, bin := range []string{"iptables-nft-restore", "iptables-nft-save", "nft", "conntrack"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			t.Fatalf("%s: %v (scripts/deps.sh installs iptables and nftables)", bin, err)
 		}
@@ -147,8 +150,8 @@ func TestPrivilegedRun(t *testing.T) {
 		t.Fatalf("nft: %v: %s", err, out)
 	}
 
-	if dry := Run(t.Context(), true); len(dry) != 5 {
-		t.Errorf("dry run: %d steps, want 5 (mangle, filter, nat, two nftables tables): %v", len(dry), dry)
+	if dry := Run(t.Context(), true); len(dry) != 6 {
+		t.Errorf("dry run: %d steps, want 6 (the keeper; mangle, filter, nat; two nftables tables): %v", len(dry), dry)
 	}
 	steps := Run(t.Context(), false)
 	for _, s := range steps {
@@ -177,10 +180,40 @@ func TestPrivilegedRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(string(tables), "kube-proxy") || !strings.Contains(string(tables), "table inet other") {
-		t.Errorf("nftables after the cleanup:\n%s", tables)
+	if strings.Contains(string(tables), "kube-proxy") || !strings.Contains(string(tables), "table inet other") ||
+		!strings.Contains(string(tables), "table inet "+KeeperTable) {
+		t.Errorf("nftables after the cleanup: want the keeper and table inet other, no kube-proxy table:\n%s", tables)
+	}
+	// The keeper keeps conntrack on in the namespace: a TCP connection
+	// over loopback is tracked.
+	lo, err := netlink.LinkByName("lo")
+	if err == nil {
+		err = netlink.LinkSetUp(lo)
+	}
+	if err != nil {
+		t.Fatalf("loopback up: %v", err)
+	}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ct, err := exec.Command("conntrack", "-L", "-p", "tcp", "--dport", fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)).CombinedOutput()
+	if err != nil || !strings.Contains(string(ct), "ESTABLISHED") {
+		t.Errorf("with the keeper, a loopback connection is not tracked (%v):\n%s", err, ct)
 	}
 	if again := Run(context.Background(), false); len(again) != 0 {
 		t.Errorf("a second run found more: %v", again)
+	}
+	if fin := Finish(t.Context(), false); len(fin) != 1 || fin[0].Err != nil {
+		t.Errorf("finish: %v, want the keeper removed", fin)
+	}
+	if fin := Finish(t.Context(), false); len(fin) != 0 {
+		t.Errorf("finish again: %v, want nothing", fin)
 	}
 }

@@ -378,18 +378,8 @@ func (l *Lab) restartKubeProxy(ctx context.Context, n *Node, sig os.Signal) erro
 		return fmt.Errorf("restart kube-proxy on %s: signal %v is not a syscall.Signal", n.Name, sig)
 	}
 	old := n.KubeProxy.PID
-	if err := syscall.Kill(old, s); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("restart kube-proxy on %s: send %v to pid %d: %w", n.Name, sig, old, err)
-	}
-	const exitTimeout = 15 * time.Second
-	deadline := time.Now().Add(exitTimeout)
-	for processAlive(old) {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("restart kube-proxy on %s: pid %d still running %s after %v", n.Name, old, exitTimeout, sig)
-		}
-		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
-			return err
-		}
+	if err := stopProcess(ctx, old, s, 15*time.Second); err != nil {
+		return fmt.Errorf("restart kube-proxy on %s: %w", n.Name, err)
 	}
 	l.step("kube-proxy on %s (pid %d) stopped by %v; starting it again", n.Name, old, sig)
 	if err := l.startKubeProxy(n); err != nil {

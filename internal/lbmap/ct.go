@@ -186,6 +186,10 @@ type NSConfig struct {
 // qdisc), not with bpf_redirect_peer (--local-delivery).
 const NSConfigLocalViaStack uint32 = 1 << 0
 
+// NSConfigNoNFHandoff (NS_CFG_NO_NF_HANDOFF): tc and XDP never leave a
+// flow to netfilter's conntrack (--netfilter-handoff=false).
+const NSConfigNoNFHandoff uint32 = 1 << 1
+
 // CTFlagsString names the set flags, e.g. "SYN|ESTABLISHED|SNAT".
 func CTFlagsString(f uint16) string {
 	names := []struct {

@@ -1,0 +1,94 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// MigrateToSluice takes a lab that runs kube-proxy to sluice as the
+// runbook in docs/install.md does on a cluster: sluice's agent started on
+// every node beside kube-proxy (its ports 10249 and 10256 taken, which the
+// agent reports and retries), kube-proxy stopped (its rules and conntrack
+// stay, as when its DaemonSet is deleted), then `sluice cleanup-kube-proxy`
+// on every node. cfg gives the agent's binary and flags (AgentBin, as for
+// Up with the sluice dataplane). Connections kube-proxy balanced keep
+// their translation in netfilter's conntrack, to which sluice's tc and XDP
+// programs leave them.
+func (l *Lab) MigrateToSluice(ctx context.Context, cfg Config) error {
+	if !IsKubeProxy(l.Dataplane) {
+		return fmt.Errorf("migrate: the lab runs %s, not kube-proxy", l.Dataplane)
+	}
+	cfg.Dataplane = DataplaneSluice
+	if err := cfg.setDefaults(); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	l.LBMode, l.LBAcceleration, l.Devices = cfg.LBMode, cfg.LBAcceleration, []string{uplinkName}
+	cli := filepath.Join(filepath.Dir(cfg.AgentBin), "sluice")
+	if _, err := os.Stat(cli); err != nil {
+		return fmt.Errorf("migrate: the sluice CLI beside the agent: %w (build both with ./scripts/build.sh)", err)
+	}
+	l.step("migrating from %s: starting sluice-agent on %d nodes beside kube-proxy (%s)", l.Dataplane, len(l.Nodes), cfg.AgentBin)
+	if err := l.startAgents(ctx, cfg); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	for i := range l.Nodes {
+		n := &l.Nodes[i]
+		kp := n.KubeProxy
+		if kp == nil {
+			continue
+		}
+		if err := stopProcess(ctx, kp.PID, syscall.SIGTERM, 15*time.Second); err != nil {
+			return fmt.Errorf("migrate: stop kube-proxy on %s: %w", n.Name, err)
+		}
+		l.step("kube-proxy on %s (pid %d) stopped; its rules and conntrack entries stay", n.Name, kp.PID)
+		out, err := l.runIn(ctx, n.Netns, kp.Env, cli, "cleanup-kube-proxy")
+		if err != nil {
+			return fmt.Errorf("migrate: sluice cleanup-kube-proxy on %s: %w: %s", n.Name, err, out)
+		}
+		l.step("sluice cleanup-kube-proxy on %s:\n%s", n.Name, indentLines(out, "    "))
+		n.KubeProxy = nil
+	}
+	l.Dataplane = DataplaneSluice
+	return l.save()
+}
+
+// stopProcess sends sig to pid and waits until it is gone, within timeout.
+func stopProcess(ctx context.Context, pid int, sig syscall.Signal, timeout time.Duration) error {
+	if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("send %v to pid %d: %w", sig, pid, err)
+	}
+	deadline := time.Now().Add(timeout)
+	for processAlive(pid) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pid %d still running %s after %v", pid, timeout, sig)
+		}
+		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runIn runs a command to its end in network namespace ns (ip netns exec),
+// with env added to this process's environment, and returns its output.
+func (l *Lab) runIn(ctx context.Context, ns string, env []string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+func indentLines(s, prefix string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = prefix + l
+	}
+	return strings.Join(lines, "\n")
+}
