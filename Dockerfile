@@ -28,6 +28,10 @@ RUN go generate ./internal/datapath/... ./internal/bench/... \
 
 FROM debian:${DEBIAN}-slim
 # The chart's bpffs init container needs only sh, stat and mount, which the
-# base image has.
+# base image has. iptables, nftables and conntrack are for `sluice
+# cleanup-kube-proxy` (deploy/migrate/cleanup-kube-proxy.yaml).
+RUN apt-get update \
+	&& apt-get install -y --no-install-recommends iptables nftables conntrack \
+	&& rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/bin/ /usr/local/bin/
 ENTRYPOINT ["/usr/local/bin/sluice-agent"]

@@ -18,8 +18,12 @@
  * never handed over, and a flow netfilter does not know is sluice's.
  *
  * The kfuncs are weak: a kernel without them (or without nf_conntrack
- * loaded) loads the programs with the check compiled out by the verifier
- * (the symbol's address is 0), and the agent says so in sluice status.
+ * loaded) loads the programs with the calls poisoned by the loader and
+ * dropped by the verifier, which knows nf_ct_kfuncs is 0 then (the agent
+ * sets it from its probe; sluice status says which). Not bpf_ksym_exists:
+ * before 6.3 the verifier refuses the ld_imm64 of a kfunc's address that
+ * it compiles to ("BPF_LD_IMM64 uses reserved fields", 6.1 with
+ * nf_conntrack loaded).
  */
 #ifndef __SLUICE_NFCT_H
 #define __SLUICE_NFCT_H
@@ -47,14 +51,9 @@ struct nf_conn___sl {
 	int opaque;
 };
 
-/* libbpf's, where its headers lack it: a weak ksym the kernel lacks has
- * address 0, a constant the verifier prunes the branch on. */
-#ifndef bpf_ksym_exists
-#define bpf_ksym_exists(sym) ({                                              \
-	_Static_assert(!__builtin_constant_p(!!(sym)), #sym " must be __weak"); \
-	!!(sym);                                                              \
-})
-#endif
+/* 1 where the kernel has the kfuncs below, set by the agent before load
+ * (probe.NFConntrackKfuncs). */
+volatile const __u32 nf_ct_kfuncs = 0;
 
 #ifdef SLUICE_TC
 extern struct nf_conn___sl *bpf_skb_ct_lookup(struct __sk_buff *ctx, struct bpf_sock_tuple *tuple,
@@ -92,7 +91,7 @@ __noinline int ns_nf_tracked(struct __ctx_buff *ctx, const struct ns_pkt *p, __u
 	__u32 zero = 0;
 	__u32 sz;
 
-	if (!p || !bpf_ksym_exists(sl_ct_lookup) || !bpf_ksym_exists(bpf_ct_release))
+	if (!p || !nf_ct_kfuncs)
 		return 0;
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return 0;

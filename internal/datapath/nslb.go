@@ -172,22 +172,39 @@ func LoadNorthSouthSpecs() (tc, xdp *ebpf.CollectionSpec, err error) {
 	return tc, xdp, nil
 }
 
-// csumV6FlagVar is csum.h's csum_v6_flag.
-const csumV6FlagVar = "csum_v6_flag"
+// csumV6FlagVar is csum.h's csum_v6_flag; nfKfuncsVar nfct.h's
+// nf_ct_kfuncs.
+const (
+	csumV6FlagVar = "csum_v6_flag"
+	nfKfuncsVar   = "nf_ct_kfuncs"
+)
 
-// configureChecksums sets csum.h's csum_v6_flag to BPF_F_IPV6 where the
-// kernel's bpf_l4_csum_replace takes it (probe.L4CsumIPv6, 6.16): IPv6
-// NAT then keeps skb->csum of CHECKSUM_COMPLETE packets right.
-func configureChecksums(spec *ebpf.CollectionSpec) error {
-	vs, ok := spec.Variables[csumV6FlagVar]
-	if !ok {
-		return fmt.Errorf("no variable %s in the object", csumV6FlagVar)
-	}
-	if !probe.Probe().Has(probe.L4CsumIPv6) {
-		return nil
-	}
-	if err := vs.Set(uint32(probe.BPFFlagIPv6)); err != nil {
-		return fmt.Errorf("set %s: %w", csumV6FlagVar, err)
+// configureKernel sets the objects' constants that follow the kernel:
+// csum.h's csum_v6_flag to BPF_F_IPV6 where bpf_l4_csum_replace takes it
+// (probe.L4CsumIPv6, 6.16: IPv6 NAT then keeps skb->csum of
+// CHECKSUM_COMPLETE packets right), and nfct.h's nf_ct_kfuncs where the
+// conntrack lookup kfuncs are (probe.NFConntrackKfuncs): without them the
+// verifier drops the calls, which the loader has poisoned.
+func configureKernel(spec *ebpf.CollectionSpec) error {
+	fs := probe.Probe()
+	for _, c := range []struct {
+		name string
+		on   bool
+		val  uint32
+	}{
+		{csumV6FlagVar, fs.Has(probe.L4CsumIPv6), uint32(probe.BPFFlagIPv6)},
+		{nfKfuncsVar, fs.Has(probe.NFConntrackKfuncs), 1},
+	} {
+		vs, ok := spec.Variables[c.name]
+		if !ok {
+			return fmt.Errorf("no variable %s in the object", c.name)
+		}
+		if !c.on {
+			continue
+		}
+		if err := vs.Set(c.val); err != nil {
+			return fmt.Errorf("set %s: %w", c.name, err)
+		}
 	}
 	return nil
 }
@@ -221,7 +238,7 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 		if err := lbmap.ConfigureFlowCache(spec, flowSets); err != nil {
 			return nil, fmt.Errorf("load north-south LB: %w", err)
 		}
-		if err := configureChecksums(spec); err != nil {
+		if err := configureKernel(spec); err != nil {
 			return nil, fmt.Errorf("load north-south LB: %w", err)
 		}
 	}

@@ -11,6 +11,8 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/probe"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
 
 // nfTrack writes an entry for src -> dst (proto) into netfilter's
@@ -44,6 +46,7 @@ func nfTrack(t *testing.T, src, dst netip.AddrPort, proto uint8) {
 // A SYN is never handed over, and a flow netfilter does not know is
 // sluice's, as before.
 func TestPrivilegedNorthSouthNetfilterHandoff(t *testing.T) {
+	probetest.SkipUnless(t, probe.NFConntrackKfuncs)
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
 		run := runner(t, prog)
 		handed := func() uint64 {

@@ -51,7 +51,7 @@ func LoadPodLB(opts NorthSouthOptions) (*PodLB, error) {
 	if err := lbmap.ConfigureMaglev(spec, maglevSize, opts.MaglevSeed); err != nil {
 		return nil, fmt.Errorf("load pod LB: %w", err)
 	}
-	if err := configureChecksums(spec); err != nil {
+	if err := configureKernel(spec); err != nil {
 		return nil, fmt.Errorf("load pod LB: %w", err)
 	}
 	if err := prepareMaglevPin(opts.BPFRoot, maglevSize); err != nil {

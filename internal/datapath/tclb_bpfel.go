@@ -53,6 +53,7 @@ const (
 	tclbVarFcSetBits         = "fc_set_bits"
 	tclbVarLbMaglevHashSeed  = "lb_maglev_hash_seed"
 	tclbVarLbMaglevTableSize = "lb_maglev_table_size"
+	tclbVarNfCtKfuncs        = "nf_ct_kfuncs"
 )
 
 // loadTclb returns the embedded CollectionSpec for tclb.
@@ -146,6 +147,7 @@ type tclbVariableSpecs struct {
 	FcSetBits         *ebpf.VariableSpec `ebpf:"fc_set_bits"`
 	LbMaglevHashSeed  *ebpf.VariableSpec `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.VariableSpec `ebpf:"lb_maglev_table_size"`
+	NfCtKfuncs        *ebpf.VariableSpec `ebpf:"nf_ct_kfuncs"`
 }
 
 // tclbObjects contains all objects after they have been loaded into the kernel.
@@ -245,6 +247,7 @@ type tclbVariables struct {
 	FcSetBits         *ebpf.Variable `ebpf:"fc_set_bits"`
 	LbMaglevHashSeed  *ebpf.Variable `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.Variable `ebpf:"lb_maglev_table_size"`
+	NfCtKfuncs        *ebpf.Variable `ebpf:"nf_ct_kfuncs"`
 }
 
 // tclbPrograms contains all programs after they have been loaded into the kernel.

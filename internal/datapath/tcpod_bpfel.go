@@ -51,6 +51,7 @@ const (
 	tcpodVarCsumV6Flag        = "csum_v6_flag"
 	tcpodVarLbMaglevHashSeed  = "lb_maglev_hash_seed"
 	tcpodVarLbMaglevTableSize = "lb_maglev_table_size"
+	tcpodVarNfCtKfuncs        = "nf_ct_kfuncs"
 )
 
 // loadTcpod returns the embedded CollectionSpec for tcpod.
@@ -142,6 +143,7 @@ type tcpodVariableSpecs struct {
 	CsumV6Flag        *ebpf.VariableSpec `ebpf:"csum_v6_flag"`
 	LbMaglevHashSeed  *ebpf.VariableSpec `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.VariableSpec `ebpf:"lb_maglev_table_size"`
+	NfCtKfuncs        *ebpf.VariableSpec `ebpf:"nf_ct_kfuncs"`
 }
 
 // tcpodObjects contains all objects after they have been loaded into the kernel.
@@ -238,6 +240,7 @@ type tcpodVariables struct {
 	CsumV6Flag        *ebpf.Variable `ebpf:"csum_v6_flag"`
 	LbMaglevHashSeed  *ebpf.Variable `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.Variable `ebpf:"lb_maglev_table_size"`
+	NfCtKfuncs        *ebpf.Variable `ebpf:"nf_ct_kfuncs"`
 }
 
 // tcpodPrograms contains all programs after they have been loaded into the kernel.

@@ -55,13 +55,21 @@ func headroomObjects(short bool) []headroomObject {
 	var nsConfigs, podConfigs []headroomConfig
 	for _, m := range maglevSizes {
 		podConfigs = append(podConfigs, headroomConfig{
-			name:      fmt.Sprintf("maglev=%d", m),
-			configure: func(s *ebpf.CollectionSpec) error { return lbmap.ConfigureMaglev(s, m, 0) },
+			name: fmt.Sprintf("maglev=%d", m),
+			configure: func(s *ebpf.CollectionSpec) error {
+				if err := configureKernel(s); err != nil { // as the agent loads it here
+					return err
+				}
+				return lbmap.ConfigureMaglev(s, m, 0)
+			},
 		})
 		for _, f := range flowSets {
 			nsConfigs = append(nsConfigs, headroomConfig{
 				name: fmt.Sprintf("flowcache=%d,maglev=%d", f, m),
 				configure: func(s *ebpf.CollectionSpec) error {
+					if err := configureKernel(s); err != nil { // as the agent loads it here
+						return err
+					}
 					if err := lbmap.ConfigureMaglev(s, m, 0); err != nil {
 						return err
 					}

@@ -53,6 +53,7 @@ const (
 	xdplbVarFcSetBits         = "fc_set_bits"
 	xdplbVarLbMaglevHashSeed  = "lb_maglev_hash_seed"
 	xdplbVarLbMaglevTableSize = "lb_maglev_table_size"
+	xdplbVarNfCtKfuncs        = "nf_ct_kfuncs"
 )
 
 // loadXdplb returns the embedded CollectionSpec for xdplb.
@@ -146,6 +147,7 @@ type xdplbVariableSpecs struct {
 	FcSetBits         *ebpf.VariableSpec `ebpf:"fc_set_bits"`
 	LbMaglevHashSeed  *ebpf.VariableSpec `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.VariableSpec `ebpf:"lb_maglev_table_size"`
+	NfCtKfuncs        *ebpf.VariableSpec `ebpf:"nf_ct_kfuncs"`
 }
 
 // xdplbObjects contains all objects after they have been loaded into the kernel.
@@ -245,6 +247,7 @@ type xdplbVariables struct {
 	FcSetBits         *ebpf.Variable `ebpf:"fc_set_bits"`
 	LbMaglevHashSeed  *ebpf.Variable `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.Variable `ebpf:"lb_maglev_table_size"`
+	NfCtKfuncs        *ebpf.Variable `ebpf:"nf_ct_kfuncs"`
 }
 
 // xdplbPrograms contains all programs after they have been loaded into the kernel.
