@@ -126,6 +126,7 @@ monitor-buffer-size: {{ .Values.monitor.bufferSize | int64 | toString | quote }}
 monitor-drops: {{ .Values.monitor.drops | quote }}
 monitor-history: {{ .Values.monitor.history | int64 | toString | quote }}
 monitor-rate: {{ .Values.monitor.rate | int64 | toString | quote }}
+netfilter-handoff: {{ .Values.netfilterHandoff | quote }}
 node-port-range: {{ .Values.nodePortRange | quote }}
 nodeport-addresses: {{ join "," .Values.nodePortAddresses | quote }}
 snat-port-range: {{ .Values.snatPortRange | quote }}
