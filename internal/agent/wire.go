@@ -28,6 +28,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 	"github.com/sluice-dataplane/sluice/internal/maglev"
+	"github.com/sluice-dataplane/sluice/internal/nfexport"
 	"github.com/sluice-dataplane/sluice/internal/probe"
 	"github.com/sluice-dataplane/sluice/internal/reconciler"
 )
@@ -240,7 +241,12 @@ func (d *nodeDataplane) Close() error {
 	}
 	var errs []error
 	if d.ns != nil {
+		// The live flows go to netfilter's conntrack before the programs
+		// detach, and those made meanwhile once after: kube-proxy (back
+		// on the node) translates them as sluice did (internal/nfexport).
+		d.exportFlows("before detaching")
 		errs = append(errs, d.ns.DetachDevices())
+		d.exportFlows("after detaching")
 	}
 	errs = append(errs, d.SockLB.UnpinAttached(), d.close(),
 		datapath.UnpinPodLinks(d.cfg.BPFRoot), datapath.UnpinLinks(d.cfg.BPFRoot), datapath.Unpin(d.cfg.BPFRoot), datapath.UnpinNorthSouth(d.cfg.BPFRoot))
@@ -249,6 +255,39 @@ func (d *nodeDataplane) Close() error {
 		errs = append(errs, fmt.Errorf("remove %s: %w", d.cfg.BPFRoot, err))
 	}
 	return errors.Join(errs...)
+}
+
+// exportFlows hands the live north-south flows to netfilter's conntrack
+// (internal/nfexport), unless --netfilter-handoff=false, and logs what it
+// did: when the agent unloads for good, so that the flows it balanced go
+// on through netfilter (kube-proxy's way back) instead of being balanced
+// anew and reset. A failure loses those flows only, and is logged.
+func (d *nodeDataplane) exportFlows(when string) {
+	if !d.cfg.NetfilterHandoff {
+		return
+	}
+	log := slog.Default()
+	now, err := d.ns.CTNow()
+	var recs []lbmap.CTRecord
+	if err == nil {
+		recs, err = d.ns.CT().Dump()
+	}
+	var cfg lbmap.NSConfig
+	if err == nil {
+		cfg, err = d.ns.Config()
+	}
+	if err != nil {
+		log.Warn("live flows not handed to netfilter: reading the BPF conntrack failed; they will be balanced anew", "when", when, "err", err)
+		return
+	}
+	flows := nfexport.Flows(recs, now, cfg.SNATAddr4.NetIP(), cfg.SNATAddr6.NetIP())
+	r := nfexport.Create(flows)
+	attrs := []any{"when", when, "flows", len(flows), "created", r.Created, "existed", r.Existed, "failed", r.Failed}
+	if r.FirstErr != nil {
+		log.Warn("live flows handed to netfilter's conntrack, some failed (nf_conntrack and nf_nat needed; a failed one is balanced anew)", append(attrs, "first", r.FirstErr)...)
+		return
+	}
+	log.Info("live flows handed to netfilter's conntrack", attrs...)
 }
 
 func (d *nodeDataplane) close() error {

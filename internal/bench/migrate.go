@@ -21,14 +21,18 @@ type MigrationConfig struct {
 	Connections int
 	Interval    time.Duration
 	// Agent is the sluice agents' configuration (lab.Config's AgentBin,
-	// LBMode, LBAcceleration, AgentArgs).
-	Agent    lab.Config
+	// LBMode, LBAcceleration, AgentArgs), for the way in.
+	Agent lab.Config
+	// Back is the kube-proxy dataplane to go back to, for a lab that runs
+	// sluice (the way back).
+	Back     string
 	Progress io.Writer
 }
 
 // MigrationReport is a migration from kube-proxy under load.
 type MigrationReport struct {
-	From string          `json:"from"` // the kube-proxy dataplane
+	From string          `json:"from"` // the dataplane before
+	To   string          `json:"to"`   // and after
 	Pool FloodPoolReport `json:"pool"`
 	// Breaks describes each failed request of the pool.
 	Breaks []string `json:"breaks,omitempty"`
@@ -45,10 +49,11 @@ type MigrationReport struct {
 	RulesLeft map[string][]string `json:"rules_left,omitempty"`
 }
 
-// RunMigration takes l, which runs kube-proxy, to sluice under load: a
-// pool of idle connections through NodePorts (from the external client)
-// and ClusterIPs (from pods), opened while kube-proxy balances them, asks
-// on every connection through the migration (lab.MigrateToSluice) and
+// RunMigration takes l, which runs kube-proxy, to sluice under load (or,
+// running sluice, back to cfg.Back): a pool of idle connections through
+// NodePorts (from the external client) and ClusterIPs (from pods), opened
+// while the first dataplane balances them, asks on every connection
+// through the migration (lab.MigrateToSluice, lab.MigrateToKubeProxy) and
 // twice after it; new connections then go through every way. Nothing may
 // fail: the report says what did.
 func RunMigration(ctx context.Context, l *lab.Lab, cfg MigrationConfig) (*MigrationReport, error) {
@@ -96,11 +101,18 @@ func RunMigration(ctx context.Context, l *lab.Lab, cfg MigrationConfig) (*Migrat
 	if err := pool.settle(ctx, time.Now()); err != nil {
 		return nil, err
 	}
-	floodStep(cfg.Progress, "migrating: sluice's agents beside kube-proxy, kube-proxy stopped, sluice cleanup-kube-proxy")
 	l.SetProgress(indent{cfg.Progress})
-	if err := l.MigrateToSluice(ctx, cfg.Agent); err != nil {
+	if l.Dataplane == lab.DataplaneSluice {
+		floodStep(cfg.Progress, "migrating back to %s: sluice's agents set to unload, kube-proxy started beside them, the agents stopped", cfg.Back)
+		err = l.MigrateToKubeProxy(ctx, cfg.Back)
+	} else {
+		floodStep(cfg.Progress, "migrating: sluice's agents beside kube-proxy, kube-proxy stopped, sluice cleanup-kube-proxy")
+		err = l.MigrateToSluice(ctx, cfg.Agent)
+	}
+	if err != nil {
 		return nil, err
 	}
+	rep.To = l.Dataplane
 	// Twice more on every connection, sluice alone.
 	for range 2 {
 		if err := pool.settle(ctx, time.Now()); err != nil {
@@ -129,6 +141,9 @@ func RunMigration(ctx context.Context, l *lab.Lab, cfg MigrationConfig) (*Migrat
 		}
 	}
 	floodStep(cfg.Progress, "new connections through every way: %d of %d answered", rep.NewOK, rep.NewConnections)
+	if l.Dataplane != lab.DataplaneSluice {
+		return rep, nil
+	}
 	for _, n := range l.Nodes {
 		st, err := api.NewClient(n.Agent.Socket).Status(ctx)
 		if err != nil {

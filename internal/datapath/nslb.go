@@ -435,6 +435,15 @@ func (n *NorthSouth) NetfilterHandoffs() (uint64, error) {
 	return sum, nil
 }
 
+// Config reads the tc/XDP configuration SetConfig last wrote.
+func (n *NorthSouth) Config() (lbmap.NSConfig, error) {
+	var c lbmap.NSConfig
+	if err := n.tc.NsConfig.Lookup(uint32(0), &c); err != nil {
+		return c, fmt.Errorf("read %s: %w", lbmap.NSConfigMapName, err)
+	}
+	return c, nil
+}
+
 // SetConfig writes the tc/XDP configuration. A zero HZ is filled in from
 // the kernel config (KernelHZ).
 func (n *NorthSouth) SetConfig(c lbmap.NSConfig) error {

@@ -7,12 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"reflect"
-	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
+
+	"github.com/sluice-dataplane/sluice/internal/bpftest"
 )
 
 // A nat and a filter table as kube-proxy's iptables mode leaves them
@@ -121,99 +121,83 @@ func TestPrivilegedRun(t *testing.T) {
 			t.Fatalf("%s: %v (scripts/deps.sh installs iptables and nftables)", bin, err)
 		}
 	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	ns, err := netns.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			runtime.LockOSThread() // dies with the goroutine
-			t.Errorf("restore netns: %v", err)
+	bpftest.InNewNetNS(t, func() {
+		load := exec.Command("iptables-nft-restore")
+		load.Stdin = strings.NewReader(sample)
+		if out, err := load.CombinedOutput(); err != nil {
+			t.Fatalf("load the sample: %v: %s", err, out)
 		}
-		ns.Close()
-	}()
-	load := exec.Command("iptables-nft-restore")
-	load.Stdin = strings.NewReader(sample)
-	if out, err := load.CombinedOutput(); err != nil {
-		t.Fatalf("load the sample: %v: %s", err, out)
-	}
-	nft := exec.Command("nft", "-f", "-")
-	nft.Stdin = strings.NewReader("table ip kube-proxy {\n\tchain services {\n\t}\n}\ntable ip6 kube-proxy {\n}\ntable inet other {\n}\n")
-	if out, err := nft.CombinedOutput(); err != nil {
-		t.Fatalf("nft: %v: %s", err, out)
-	}
+		nft := exec.Command("nft", "-f", "-")
+		nft.Stdin = strings.NewReader("table ip kube-proxy {\n\tchain services {\n\t}\n}\ntable ip6 kube-proxy {\n}\ntable inet other {\n}\n")
+		if out, err := nft.CombinedOutput(); err != nil {
+			t.Fatalf("nft: %v: %s", err, out)
+		}
 
-	if dry := Run(t.Context(), true); len(dry) != 6 {
-		t.Errorf("dry run: %d steps, want 6 (the keeper; mangle, filter, nat; two nftables tables): %v", len(dry), dry)
-	}
-	steps := Run(t.Context(), false)
-	for _, s := range steps {
-		if s.Err != nil {
-			t.Errorf("step %s", s)
+		if dry := Run(t.Context(), true); len(dry) != 6 {
+			t.Errorf("dry run: %d steps, want 6 (the keeper; mangle, filter, nat; two nftables tables): %v", len(dry), dry)
 		}
-	}
-	after, err := exec.Command("iptables-nft-save").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	left, err := ParseSave(after)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(left) > 0 {
-		t.Errorf("kube-proxy's rules left: %+v\n%s", left, after)
-	}
-	for _, keep := range []string{":KUBE-KUBELET-CANARY", ":KUBE-FIREWALL", "-A INPUT -j KUBE-FIREWALL",
-		"-A FORWARD -j CALICO-FORWARD", "-A CALICO-FORWARD -d 10.244.1.5/32 -j DROP", "-A POSTROUTING -s 10.244.0.0/16 -j MASQUERADE"} {
-		if !strings.Contains(string(after), keep) {
-			t.Errorf("%q gone with the cleanup:\n%s", keep, after)
+		steps := Run(t.Context(), false)
+		for _, s := range steps {
+			if s.Err != nil {
+				t.Errorf("step %s", s)
+			}
 		}
-	}
-	tables, err := exec.Command("nft", "list", "tables").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(string(tables), "kube-proxy") || !strings.Contains(string(tables), "table inet other") ||
-		!strings.Contains(string(tables), "table inet "+KeeperTable) {
-		t.Errorf("nftables after the cleanup: want the keeper and table inet other, no kube-proxy table:\n%s", tables)
-	}
-	// The keeper keeps conntrack on in the namespace: a TCP connection
-	// over loopback is tracked.
-	lo, err := netlink.LinkByName("lo")
-	if err == nil {
-		err = netlink.LinkSetUp(lo)
-	}
-	if err != nil {
-		t.Fatalf("loopback up: %v", err)
-	}
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp4", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ct, err := exec.Command("conntrack", "-L", "-p", "tcp", "--dport", fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)).CombinedOutput()
-	if err != nil || !strings.Contains(string(ct), "ESTABLISHED") {
-		t.Errorf("with the keeper, a loopback connection is not tracked (%v):\n%s", err, ct)
-	}
-	if again := Run(context.Background(), false); len(again) != 0 {
-		t.Errorf("a second run found more: %v", again)
-	}
-	if fin := Finish(t.Context(), false); len(fin) != 1 || fin[0].Err != nil {
-		t.Errorf("finish: %v, want the keeper removed", fin)
-	}
-	if fin := Finish(t.Context(), false); len(fin) != 0 {
-		t.Errorf("finish again: %v, want nothing", fin)
-	}
+		after, err := exec.Command("iptables-nft-save").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		left, err := ParseSave(after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(left) > 0 {
+			t.Errorf("kube-proxy's rules left: %+v\n%s", left, after)
+		}
+		for _, keep := range []string{":KUBE-KUBELET-CANARY", ":KUBE-FIREWALL", "-A INPUT -j KUBE-FIREWALL",
+			"-A FORWARD -j CALICO-FORWARD", "-A CALICO-FORWARD -d 10.244.1.5/32 -j DROP", "-A POSTROUTING -s 10.244.0.0/16 -j MASQUERADE"} {
+			if !strings.Contains(string(after), keep) {
+				t.Errorf("%q gone with the cleanup:\n%s", keep, after)
+			}
+		}
+		tables, err := exec.Command("nft", "list", "tables").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(tables), "kube-proxy") || !strings.Contains(string(tables), "table inet other") ||
+			!strings.Contains(string(tables), "table inet "+KeeperTable) {
+			t.Errorf("nftables after the cleanup: want the keeper and table inet other, no kube-proxy table:\n%s", tables)
+		}
+		// The keeper keeps conntrack on in the namespace: a TCP connection
+		// over loopback is tracked.
+		lo, err := netlink.LinkByName("lo")
+		if err == nil {
+			err = netlink.LinkSetUp(lo)
+		}
+		if err != nil {
+			t.Fatalf("loopback up: %v", err)
+		}
+		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		c, err := net.Dial("tcp4", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		ct, err := exec.Command("conntrack", "-L", "-p", "tcp", "--dport", fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)).CombinedOutput()
+		if err != nil || !strings.Contains(string(ct), "ESTABLISHED") {
+			t.Errorf("with the keeper, a loopback connection is not tracked (%v):\n%s", err, ct)
+		}
+		if again := Run(context.Background(), false); len(again) != 0 {
+			t.Errorf("a second run found more: %v", again)
+		}
+		if fin := Finish(t.Context(), false); len(fin) != 1 || fin[0].Err != nil {
+			t.Errorf("finish: %v, want the keeper removed", fin)
+		}
+		if fin := Finish(t.Context(), false); len(fin) != 0 {
+			t.Errorf("finish again: %v, want nothing", fin)
+		}
+	})
 }

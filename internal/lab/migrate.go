@@ -92,3 +92,63 @@ func indentLines(s, prefix string) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// MigrateToKubeProxy takes a lab that runs sluice back to kube-proxy
+// (dataplane, a kube-proxy-* one) as the runbook in docs/install.md does:
+// each agent restarted with --unload-on-exit and off kube-proxy's ports
+// (as `sluice uninstall mark` then a DaemonSet deletion unload it),
+// kube-proxy started and synced on every node while sluice still serves,
+// then the agents stopped: each hands its live flows to netfilter's
+// conntrack (internal/nfexport) before its programs detach, so that
+// kube-proxy's netfilter translates them as sluice did.
+func (l *Lab) MigrateToKubeProxy(ctx context.Context, dataplane string) error {
+	if l.Dataplane != DataplaneSluice || !IsKubeProxy(dataplane) {
+		return fmt.Errorf("migrate back: from %s to %s: want from sluice to kube-proxy-*", l.Dataplane, dataplane)
+	}
+	if err := checkDataplane(dataplane); err != nil {
+		return fmt.Errorf("migrate back: %w", err)
+	}
+	for i := range l.Nodes {
+		n := &l.Nodes[i]
+		if n.Agent == nil {
+			continue
+		}
+		n.Agent.Args = append(n.Agent.Args, "--unload-on-exit",
+			"--metrics-addr", "127.0.0.1:10251", "--healthz-bind-address", "0.0.0.0:10257")
+		if err := l.RestartAgent(ctx, n.Name, syscall.SIGTERM); err != nil {
+			return fmt.Errorf("migrate back: %w", err)
+		}
+	}
+	l.step("migrating back to %s: starting kube-proxy on %d nodes beside sluice", dataplane, len(l.Nodes))
+	l.Dataplane = dataplane
+	if err := l.startKubeProxies(ctx, Config{Dataplane: dataplane}); err != nil {
+		return fmt.Errorf("migrate back: %w", err)
+	}
+	for i := range l.Nodes {
+		n := &l.Nodes[i]
+		if n.Agent == nil {
+			continue
+		}
+		if err := stopProcess(ctx, n.Agent.PID, syscall.SIGTERM, time.Minute); err != nil {
+			return fmt.Errorf("migrate back: stop the agent on %s: %w", n.Name, err)
+		}
+		l.step("agent on %s stopped, unloaded (%s):\n%s", n.Name, n.Agent.Log, indentLines(grepLines(n.Agent.Log, "handed to netfilter"), "    "))
+		n.Agent = nil
+	}
+	return l.save()
+}
+
+// grepLines is the lines of file that contain s.
+func grepLines(file, s string) string {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(line, s) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
+}

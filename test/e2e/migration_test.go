@@ -33,14 +33,7 @@ func TestPrivilegedMigrationFromKubeProxy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p := rep.Pool
-			if p.Failed > 0 || p.Broken > 0 || p.OK < 3*p.Connections {
-				t.Errorf("the pool through the migration: %d requests, %d answered, %d failed %v, %d of %d connections broken; want none failed, at least %d answered; the failures:\n%s",
-					p.Requests, p.OK, p.Failed, p.Errors, p.Broken, p.Connections, 3*p.Connections, strings.Join(rep.Breaks, "\n"))
-			}
-			if rep.NewOK != rep.NewConnections || rep.NewConnections == 0 {
-				t.Errorf("new connections after the migration: %d of %d answered: %v", rep.NewOK, rep.NewConnections, rep.NewErrors)
-			}
+			checkMigration(t, rep)
 			if len(rep.RulesLeft) > 0 {
 				t.Errorf("kube-proxy's rules left after sluice cleanup-kube-proxy: %v", rep.RulesLeft)
 			}
@@ -50,5 +43,47 @@ func TestPrivilegedMigrationFromKubeProxy(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// And back (docs/install.md, the runbook): on the real control plane,
+// sluice balances the pool's connections (NodePorts from outside, node1
+// XDP and node2 tc; ClusterIPs from pods through the socket LB); kube-proxy
+// starts beside it and the agents unload. Each agent hands its live flows
+// to netfilter's conntrack before its programs detach, so every pooled
+// connection answers on through kube-proxy: 0 broken, new connections
+// through kube-proxy's rules. Without the handoff, the NodePort connections
+// would be balanced anew by kube-proxy's rules and reset.
+func TestPrivilegedMigrationBackToKubeProxy(t *testing.T) {
+	const to = lab.DataplaneKubeProxyIPTables
+	requireControlPlane(t)
+	cfg := labConfig(newPrefix(t), labNodes, labPodsPerNode)
+	cfg.ControlPlane = lab.ControlPlaneReal
+	cfg.LBAcceleration = lab.AccelerationBestEffort
+	cfg.NodeLBAcceleration = map[string]string{"node1": lab.AccelerationNative}
+	l := upLab(t, cfg, 3*time.Minute, " --control-plane real (node1 native XDP, node2 tc)")
+	rep, err := bench.RunMigration(t.Context(), l, bench.MigrationConfig{
+		Connections: 60, Interval: 3 * time.Second, Back: to, Progress: t.Output()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.To != to {
+		t.Fatalf("migrated to %s, want %s", rep.To, to)
+	}
+	checkMigration(t, rep)
+}
+
+// checkMigration fails t unless every pooled request was answered, each
+// connection asked at least three times (before, through and twice
+// after), and every new connection after it was answered.
+func checkMigration(t *testing.T, rep *bench.MigrationReport) {
+	t.Helper()
+	p := rep.Pool
+	if p.Failed > 0 || p.Broken > 0 || p.OK < 3*p.Connections {
+		t.Errorf("the pool through the migration from %s to %s: %d requests, %d answered, %d failed %v, %d of %d connections broken; want none failed, at least %d answered; the failures:\n%s",
+			rep.From, rep.To, p.Requests, p.OK, p.Failed, p.Errors, p.Broken, p.Connections, 3*p.Connections, strings.Join(rep.Breaks, "\n"))
+	}
+	if rep.NewOK != rep.NewConnections || rep.NewConnections == 0 {
+		t.Errorf("new connections after the migration to %s: %d of %d answered: %v", rep.To, rep.NewOK, rep.NewConnections, rep.NewErrors)
 	}
 }
