@@ -183,6 +183,12 @@ const (
 	tcpConntrackEstabl  = 3
 	ctaProtoinfoTCP     = 1
 	ctaProtoinfoTCPStat = 1
+	// CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, _REPLY: struct nf_ct_tcp_flags
+	// {flags, mask}; IP_CT_TCP_FLAG_*.
+	ctaProtoinfoTCPFlagsOrig  = 4
+	ctaProtoinfoTCPFlagsReply = 5
+	ipCTTCPFlagSackPerm       = 0x02
+	ipCTTCPFlagBeLiberal      = 0x08
 )
 
 func create(f Flow) error {
@@ -218,6 +224,12 @@ func create(f Flow) error {
 		info := nl.NewRtAttr(unix.NLA_F_NESTED|nl.CTA_PROTOINFO, nil)
 		tcp := nl.NewRtAttr(unix.NLA_F_NESTED|ctaProtoinfoTCP, nil)
 		tcp.AddChild(nl.NewRtAttr(ctaProtoinfoTCPStat, []byte{tcpConntrackEstabl}))
+		// Liberal window tracking both ways, as for a connection
+		// netfilter picks up mid-stream: the window scale was in the
+		// SYNs it never saw.
+		flags := []byte{ipCTTCPFlagBeLiberal | ipCTTCPFlagSackPerm, ipCTTCPFlagBeLiberal | ipCTTCPFlagSackPerm}
+		tcp.AddChild(nl.NewRtAttr(ctaProtoinfoTCPFlagsOrig, flags))
+		tcp.AddChild(nl.NewRtAttr(ctaProtoinfoTCPFlagsReply, flags))
 		info.AddChild(tcp)
 		req.AddData(info)
 	}
