@@ -68,7 +68,11 @@ func RunMigration(ctx context.Context, l *lab.Lab, cfg MigrationConfig) (*Migrat
 		return nil, fmt.Errorf("migration: apply the Services: %w", err)
 	}
 	var ways []floodWay
-	per := cfg.Connections / 6
+	nWays := 6
+	if l.Dataplane == lab.DataplaneSluice {
+		nWays = 4 // the NodePorts only: see below
+	}
+	per := cfg.Connections / nWays
 	for n := 1; n <= 2; n++ {
 		node := l.Nodes[n-1]
 		for s := 1; s <= 2; s++ {
@@ -76,7 +80,11 @@ func RunMigration(ctx context.Context, l *lab.Lab, cfg MigrationConfig) (*Migrat
 				Via: node.Name, Addr: netip.AddrPortFrom(node.IPv4, floodNodePort(s, "TCP")), Connections: per})
 		}
 	}
-	for n := 1; n <= 2; n++ {
+	// From pods, only where netfilter balances them: the pool dials in
+	// this process, in the pod's namespace but not its cgroup, where
+	// sluice's socket LB would. Under sluice a pod's connection is
+	// connected to its backend itself, with no state to hand over.
+	for n := 1; n <= 2 && l.Dataplane != lab.DataplaneSluice; n++ {
 		pod, ok := firstPod(l, lab.NodeName(n))
 		if !ok {
 			return nil, fmt.Errorf("migration: %s has no pod", lab.NodeName(n))
@@ -87,7 +95,7 @@ func RunMigration(ctx context.Context, l *lab.Lab, cfg MigrationConfig) (*Migrat
 			Via: lab.NodeName(n), Addr: netip.AddrPortFrom(netip.MustParseAddr(vip), 80), Connections: per, From: pod.Netns}
 		ways = append(ways, w)
 	}
-	ways[0].Connections += cfg.Connections - 6*per
+	ways[0].Connections += cfg.Connections - nWays*per
 	if err := waitFloodWays(ctx, l, ways); err != nil {
 		return nil, err
 	}

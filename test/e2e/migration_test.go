@@ -48,7 +48,9 @@ func TestPrivilegedMigrationFromKubeProxy(t *testing.T) {
 
 // And back (docs/install.md, the runbook): on the real control plane,
 // sluice balances the pool's connections (NodePorts from outside, node1
-// XDP and node2 tc; ClusterIPs from pods through the socket LB); kube-proxy
+// XDP and node2 tc; pods' connections through the socket LB are connected
+// to their backend itself, nothing to hand over, and not in the pool,
+// which dials outside the pods' cgroups); kube-proxy
 // starts beside it and the agents unload. Each agent hands its live flows
 // to netfilter's conntrack before its programs detach, so every pooled
 // connection answers on through kube-proxy: 0 broken, new connections
