@@ -1,6 +1,7 @@
 package nfexport
 
 import (
+	"errors"
 	"net/netip"
 	"os"
 	"slices"
@@ -116,6 +117,11 @@ func TestPrivilegedCreate(t *testing.T) {
 				SrcPort: backend.Port(), DstPort: local.Client.Port(), Protocol: unix.IPPROTO_TCP}}
 		if err := netlink.ConntrackCreate(netlink.ConntrackTable, unix.AF_INET, plain); err != nil {
 			t.Fatal(err)
+		}
+		// Its reply tuple taken, the flow is refused, not given another
+		// client port the backend does not know.
+		if err := create(local); !errors.Is(err, unix.EEXIST) {
+			t.Errorf("a local flow whose translated entry is there: %v, want EEXIST", err)
 		}
 		if r := Create([]Flow{local}); r.Created != 1 {
 			t.Fatalf("a local flow conntrack has after the DNAT: %+v, want it created in its place", r)
