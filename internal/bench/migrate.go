@@ -149,6 +149,17 @@ func RunMigration(ctx context.Context, l *lab.Lab, cfg MigrationConfig) (*Migrat
 		}
 	}
 	floodStep(cfg.Progress, "new connections through every way: %d of %d answered", rep.NewOK, rep.NewConnections)
+	if l.Dataplane == lab.DataplaneSluice {
+		var accel []string
+		for _, n := range l.Nodes[:2] {
+			a, err := floodAcceleration(ctx, l, n)
+			if err != nil {
+				return nil, err
+			}
+			accel = append(accel, n.Name+" "+a)
+		}
+		floodStep(cfg.Progress, "sluice's NodePort path: %s", strings.Join(accel, ", "))
+	}
 	if l.Dataplane != lab.DataplaneSluice {
 		return rep, nil
 	}

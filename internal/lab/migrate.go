@@ -30,6 +30,11 @@ func (l *Lab) MigrateToSluice(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	l.LBMode, l.LBAcceleration, l.Devices = cfg.LBMode, cfg.LBAcceleration, []string{uplinkName}
+	for i := range l.Nodes {
+		if a := cfg.NodeLBAcceleration[l.Nodes[i].Name]; a != "" && a != cfg.LBAcceleration {
+			l.Nodes[i].LBAcceleration = a
+		}
+	}
 	cli := filepath.Join(filepath.Dir(cfg.AgentBin), "sluice")
 	if _, err := os.Stat(cli); err != nil {
 		return fmt.Errorf("migrate: the sluice CLI beside the agent: %w (build both with ./scripts/build.sh)", err)
