@@ -171,7 +171,7 @@ func RunMigration(ctx context.Context, l *lab.Lab, cfg MigrationConfig) (*Migrat
 		if st.NorthSouth != nil {
 			rep.Handoff[n.Name] = st.NorthSouth.NetfilterHandoffPackets
 		}
-		left, err := kubeProxyLeft(ctx, n.Netns)
+		left, err := kubeProxyLeft(ctx, l, n.Name)
 		if err != nil {
 			return nil, fmt.Errorf("migration: %s: %w", n.Name, err)
 		}
@@ -188,13 +188,13 @@ func RunMigration(ctx context.Context, l *lab.Lab, cfg MigrationConfig) (*Migrat
 
 // kubeProxyLeft is what of kube-proxy's the node's namespace still has:
 // iptables chains and jumps (legacy and nft, v4 and v6), nftables tables.
-func kubeProxyLeft(ctx context.Context, netns string) ([]string, error) {
+func kubeProxyLeft(ctx context.Context, l *lab.Lab, node string) ([]string, error) {
 	var left []string
 	for _, b := range kpcleanup.Backends {
 		if _, err := exec.LookPath(b.Save); err != nil {
 			continue
 		}
-		out, err := exec.CommandContext(ctx, "ip", "netns", "exec", netns, b.Save).Output()
+		out, err := l.Command(ctx, node, b.Save).Output()
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", b.Save, err)
 		}
@@ -206,7 +206,7 @@ func kubeProxyLeft(ctx context.Context, netns string) ([]string, error) {
 			left = append(left, fmt.Sprintf("%s %s: chains %v, jumps %v", b.Save, t.Name, t.Chains, t.Jumps))
 		}
 	}
-	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", netns, "nft", "list", "tables").Output()
+	out, err := l.Command(ctx, node, "nft", "list", "tables").Output()
 	if err != nil {
 		return nil, fmt.Errorf("nft list tables: %w", err)
 	}

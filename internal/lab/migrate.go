@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -53,7 +52,10 @@ func (l *Lab) MigrateToSluice(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("migrate: stop kube-proxy on %s: %w", n.Name, err)
 		}
 		l.step("kube-proxy on %s (pid %d) stopped; its rules and conntrack entries stay", n.Name, kp.PID)
-		out, err := l.runIn(ctx, n.Netns, kp.Env, cli, "cleanup-kube-proxy")
+		cmd := l.Command(ctx, n.Name, cli, "cleanup-kube-proxy")
+		cmd.Env = append(os.Environ(), kp.Env...) // its xtables lock
+		b, err := cmd.CombinedOutput()
+		out := strings.TrimSpace(string(b))
 		if err != nil {
 			return fmt.Errorf("migrate: sluice cleanup-kube-proxy on %s: %w: %s", n.Name, err, out)
 		}
@@ -79,15 +81,6 @@ func stopProcess(ctx context.Context, pid int, sig syscall.Signal, timeout time.
 		}
 	}
 	return nil
-}
-
-// runIn runs a command to its end in network namespace ns (ip netns exec),
-// with env added to this process's environment, and returns its output.
-func (l *Lab) runIn(ctx context.Context, ns string, env []string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns}, args...)...)
-	cmd.Env = append(os.Environ(), env...)
-	out, err := cmd.CombinedOutput()
-	return strings.TrimSpace(string(out)), err
 }
 
 func indentLines(s, prefix string) string {

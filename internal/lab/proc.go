@@ -242,19 +242,8 @@ func (l *Lab) RestartAgent(ctx context.Context, node string, sig os.Signal) erro
 		return fmt.Errorf("restart agent on %s: signal %v is not a syscall.Signal", node, sig)
 	}
 	old := n.Agent.PID
-	if err := syscall.Kill(old, s); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("restart agent on %s: send %v to pid %d: %w", node, sig, old, err)
-	}
-	const exitTimeout = 15 * time.Second
-	deadline := time.Now().Add(exitTimeout)
-	for processAlive(old) {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("restart agent on %s: pid %d still running %s after %v; log %s:\n%s",
-				node, old, exitTimeout, sig, n.Agent.Log, logTail(n.Agent.Log, 20))
-		}
-		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
-			return err
-		}
+	if err := stopProcess(ctx, old, s, 15*time.Second); err != nil {
+		return fmt.Errorf("restart agent on %s: %w; log %s:\n%s", node, err, n.Agent.Log, logTail(n.Agent.Log, 20))
 	}
 	l.step("agent on %s (pid %d) stopped by %v; starting it again", node, old, sig)
 	// The old socket file may outlive a killed agent; the new one replaces it.
