@@ -477,7 +477,7 @@ func TestPrivilegedRBAC(t *testing.T) {
 		}
 		return r.Status.Allowed
 	}
-	for _, a := range append(append([]string(nil), agentAPIAccess...), agentEventAccess...) {
+	for _, a := range append(append(append([]string(nil), agentAPIAccess...), agentEventAccess...), agentPodAccess...) {
 		parts := strings.SplitN(a, "/", 3)
 		if !sar("", parts[0], parts[1], parts[2]) {
 			t.Errorf("%s may not %s %s/%s", user, parts[2], parts[0], parts[1])
@@ -508,8 +508,8 @@ func TestPrivilegedRBAC(t *testing.T) {
 		{"default", "discovery.k8s.io", "endpointslices", "create"},
 		{"default", "discovery.k8s.io", "endpointslices", "get"},
 		{"", "", "endpoints", "list"},
-		{"", "", "pods", "list"},
-		{"", "", "pods", "watch"},
+		{"", "", "pods", "get"},
+		{"default", "", "pods", "delete"},
 		{"kube-system", "", "secrets", "get"},
 		{"", "", "secrets", "list"},
 		{"", "", "configmaps", "list"},

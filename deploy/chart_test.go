@@ -385,7 +385,7 @@ func TestSluiceChartValues(t *testing.T) {
 				}
 				// The bandwidth manager watches its node's Pods.
 				cr := convert[rbacv1.ClusterRole](t, find(t, objs, "ClusterRole", "sluice"))
-				want := append(append([]string{"/pods/list", "/pods/watch", agentSeedAccess}, agentAPIAccess...), agentEventAccess...)
+				want := append(append(append([]string{agentSeedAccess}, agentPodAccess...), agentAPIAccess...), agentEventAccess...)
 				sort.Strings(want)
 				if got := ruleAccess(t, cr.Rules); !reflect.DeepEqual(got, want) {
 					t.Errorf("ClusterRole with the bandwidth manager grants\n %v\nthe agent needs\n %v", got, want)
@@ -566,17 +566,25 @@ func ruleAccess(t testing.TB, rules []rbacv1.PolicyRule) []string {
 	return out
 }
 
+// agentPodAccess is what watching its node's Pods takes (hostPort
+// serving, the bandwidth manager).
+var agentPodAccess = []string{"/pods/list", "/pods/watch"}
+
 // TestSluiceClusterRole checks the rendered ClusterRole grants exactly the
 // access the agent needs: with maglev.hashSeed empty (the default) get on
-// the kube-system Namespace, without it not.
+// the kube-system Namespace, without it not; its node's Pods unless
+// hostPort is false and the bandwidth manager off.
 func TestSluiceClusterRole(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		set  []string
 		seed bool
+		pods bool
 	}{
-		{"default: the seed derived", nil, true},
-		{"hashSeed 0 set", []string{"--set", "maglev.hashSeed=0"}, false},
+		{"default: the seed derived, hostPort auto", nil, true, true},
+		{"hashSeed 0 set", []string{"--set", "maglev.hashSeed=0"}, false, true},
+		{"hostPort false", []string{"--set", "hostPort=false"}, true, false},
+		{"hostPort true", []string{"--set", "hostPort=true"}, true, true},
 	} {
 		out, err := render(t, sluiceChart, c.set...)
 		if err != nil {
@@ -586,6 +594,9 @@ func TestSluiceClusterRole(t *testing.T) {
 		want := append(append([]string(nil), agentAPIAccess...), agentEventAccess...)
 		if c.seed {
 			want = append(want, agentSeedAccess)
+		}
+		if c.pods {
+			want = append(want, agentPodAccess...)
 		}
 		sort.Strings(want)
 		if got := ruleAccess(t, cr.Rules); !reflect.DeepEqual(got, want) {

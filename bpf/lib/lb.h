@@ -200,7 +200,7 @@ lb_select_backend(struct lb_svc_key *key, const struct lb_svc_val *svc,
 #define ns_svc_served(svc) true
 #else
 /* Frontends served here; a ClusterIP is for traffic from this node's pods. */
-#define NS_SVC_FLAGS (SVC_F_NODEPORT | SVC_F_EXTERNAL_IP | SVC_F_LOADBALANCER)
+#define NS_SVC_FLAGS (SVC_F_NODEPORT | SVC_F_EXTERNAL_IP | SVC_F_LOADBALANCER | SVC_F_HOSTPORT)
 #define NS_SCOPE LB_SCOPE_EXT
 #define ns_svc_served(svc) ((svc)->flags & NS_SVC_FLAGS)
 #endif /* SLUICE_POD_LB */

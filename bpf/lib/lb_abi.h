@@ -29,6 +29,7 @@
 #define SVC_F_WILDCARD      (1 << 7) /* NodePort entry keyed by :: (any node IP, loopback) */
 #define SVC_F_MAGLEV        (1 << 8) /* EXT backends chosen by the lb_maglev table */
 #define SVC_F_SRC_RANGES    (1 << 9) /* loadBalancerSourceRanges: new flows only from lb_src_ranges */
+#define SVC_F_HOSTPORT      (1 << 10) /* a Pod's hostPort on this node (its address or loopback) */
 
 /* Backend flags. */
 #define BE_F_TERMINATING (1 << 0) /* serving but terminating: fallback only */

@@ -171,7 +171,7 @@ func newSource(cfg *Config, log *slog.Logger) (Source, error) {
 		return nil, err
 	}
 	src := NewKubeSource(client, host, cfg.NodeName, log)
-	if cfg.BandwidthMgr {
+	if cfg.BandwidthMgr || cfg.HostPort != HostPortOff {
 		src.WithPods()
 	}
 	return src, nil
@@ -222,6 +222,7 @@ type Agent struct {
 	ns           *api.NorthSouth   // after the devices are attached
 	nodeIPs      []netip.Addr      // this node's InternalIPs: SNAT sources
 	nodeIPsDirty bool
+	hostPortLine string   // whether the Pods' hostPorts are served, and why (hostport.go)
 	warnings     warnings // what status shows under Warnings
 	skips        skipped  // what the last sync left out of the maps
 	lastFailure  string   // the last sync failure, logged once per change or retry
@@ -316,6 +317,10 @@ func (a *Agent) run(ctx context.Context) error {
 		return a.syncTimeoutError()
 	}
 
+	a.applyHostPort()
+	if a.cfg.HostPort == HostPortAuto {
+		wg.Go(func() { a.watchHostPort(ctx) })
+	}
 	// A partial failure (one full map, one conflicting frontend) must not
 	// keep every other Service down: attach anyway and retry in the loop.
 	first := a.syncOnce(true, false)
@@ -664,6 +669,9 @@ func (a *Agent) OnNodeUpdate(prev, cur *corev1.Node) {
 
 func (a *Agent) OnPodUpdate(prev, cur *corev1.Pod) {
 	ph, ok := a.pl.(PodHandler)
+	// The pipeline uses the Pods with hostPorts alone: another Pod's
+	// change wakes no sync of its.
+	ok = ok && (prev != nil && loadbalancer.HasHostPorts(prev) || cur != nil && loadbalancer.HasHostPorts(cur))
 	if ok {
 		ph.OnPodUpdate(prev, cur)
 	}
@@ -693,6 +701,7 @@ func (a *Agent) Status(context.Context) (*api.Status, error) {
 		BandwidthManager:     a.bandwidthStatus(),
 		Monitor:              a.monitorStatus(),
 		UDPSocketTermination: a.udpTerminationStatus(),
+		HostPort:             a.hostPortStatus(),
 
 		Services:  sum.Services,
 		Frontends: sum.Frontends,

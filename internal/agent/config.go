@@ -65,11 +65,15 @@ type Config struct {
 	// already tracks (kube-proxy's, before a migration) to netfilter
 	// (bpf/lib/nfct.h) instead of balancing it anew.
 	NetfilterHandoff bool
-	LBMapMax         uint32 // 0: from MapSizeRatio
-	SyncPeriodMin    time.Duration
-	SyncPeriod       time.Duration
-	SyncTimeout      time.Duration // the source's initial list
-	LogLevel         string
+	// HostPort serves the Pods' hostPorts (HostPortAuto: unless the CNI's
+	// portmap plugin in CNIConfDir does; HostPortOn, HostPortOff).
+	HostPort      string
+	CNIConfDir    string
+	LBMapMax      uint32 // 0: from MapSizeRatio
+	SyncPeriodMin time.Duration
+	SyncPeriod    time.Duration
+	SyncTimeout   time.Duration // the source's initial list
+	LogLevel      string
 
 	// North-south (tc/XDP) datapath, on --devices.
 	MaglevTableSize uint32
@@ -187,6 +191,9 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.SocketLB, "socket-lb", true, "load balance at the socket layer (connect, sendmsg, recvmsg, getpeername, bind)")
 	fs.StringVar(&c.LocalDelivery, "local-delivery", LocalDeliveryStack, "how tc delivers Service traffic to a pod on this node: stack (the host's forwarding path: its iptables/nftables FORWARD chain and a NetworkPolicy engine there, rp_filter, the pod veth's qdisc and ingress limit; as kube-proxy, and as XDP always does) or peer (bpf_redirect_peer straight into the pod: faster, bypasses all of those)")
 	fs.BoolVar(&c.NetfilterHandoff, "netfilter-handoff", true, "tc and XDP leave a connection netfilter's conntrack already tracks (one kube-proxy balanced before sluice started) to netfilter instead of balancing it anew, so that a migration from kube-proxy breaks none (docs/install.md); a lookup in netfilter's conntrack for a flow's first packet that is not a TCP SYN, where the kernel has the kfuncs (5.18+, nf_conntrack loaded)")
+	fs.StringVar(&c.HostPort, "hostport", HostPortAuto, "serve the Pods' hostPorts (containers[].ports[].hostPort, hostIP honoured) in the dataplane, for CNIs without the portmap plugin: "+
+		"the node's own connections through the socket LB, clients outside through tc and XDP; auto (on unless the first network in --cni-conf-dir has the portmap plugin, checked again as it changes), true or false")
+	fs.StringVar(&c.CNIConfDir, "cni-conf-dir", "/etc/cni/net.d", "the node's CNI network configurations, read for the portmap plugin (--hostport=auto)")
 	fs.BoolVar(&c.SocketLBHostnsOnly, "socket-lb-hostns-only", false, "socket LB for the node's own namespace only; pods' Service traffic is balanced per packet on their veths, so a service mesh sidecar (iptables REDIRECT, SO_ORIGINAL_DST) sees the Service's address (Cilium's bpf-lb-sock-hostns-only)")
 	fs.Uint32Var(&c.LBMapMax, "bpf-lb-map-max", 0,
 		"entries of the service map (one per frontend and backend slot); 0: sized by --bpf-map-dynamic-size-ratio (65536 at least)")
@@ -243,6 +250,13 @@ const lbMapLimit = 1 << 24
 const (
 	LocalDeliveryStack = "stack"
 	LocalDeliveryPeer  = "peer"
+)
+
+// --hostport values.
+const (
+	HostPortAuto = "auto"
+	HostPortOn   = "true"
+	HostPortOff  = "false"
 )
 
 // podsPerPacket: pods' Service traffic is balanced per packet on their
@@ -325,6 +339,7 @@ func (c *Config) Validate() error {
 	}
 	checkEnum("lb-algorithm", c.LBAlgorithm, "random", "maglev")
 	checkEnum("local-delivery", c.LocalDelivery, LocalDeliveryStack, LocalDeliveryPeer)
+	checkEnum("hostport", c.HostPort, HostPortAuto, HostPortOn, HostPortOff)
 	checkEnum("lb-mode", c.LBMode, "snat", "dsr", "hybrid")
 	checkEnum("lb-acceleration", c.LBAcceleration, "disabled", "native", "best-effort")
 	checkEnum("log-level", c.LogLevel, "debug", "info", "warn", "error")

@@ -19,6 +19,7 @@ func TestServiceFlags(t *testing.T) {
 		{"affinity shows its timeout", lbmap.SvcFlagAffinity, 60, []string{"affinity=60s"}},
 		{"maglev and source ranges", lbmap.SvcFlagLoadBalancer | lbmap.SvcFlagMaglev | lbmap.SvcFlagSourceRanges, 0,
 			[]string{"loadbalancer", "maglev", "source-ranges"}},
+		{"hostport", lbmap.SvcFlagHostPort | lbmap.SvcFlagETPLocal, 0, []string{"etp=Local", "hostport"}},
 		{"unknown bits in hex", lbmap.SvcFlagETPLocal | 1<<12, 0, []string{"etp=Local", "0x1000"}},
 	}
 	for _, tt := range tests {

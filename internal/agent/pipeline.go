@@ -117,6 +117,7 @@ var svcFlagNames = []struct {
 	{lbmap.SvcFlagWildcard, "wildcard"},
 	{lbmap.SvcFlagMaglev, "maglev"},
 	{lbmap.SvcFlagSourceRanges, "source-ranges"},
+	{lbmap.SvcFlagHostPort, "hostport"},
 }
 
 // serviceFlags names the set bits of a master entry's flags; affinity

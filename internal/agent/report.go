@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 )
 
 // eventRecorder posts a Kubernetes Event about a Service; a source backed
@@ -257,7 +258,7 @@ func eventReason(reason string) string {
 
 func skipEventMessage(k skip) string {
 	if k.Value == "" {
-		return "sluice-agent skipped this Service: " + k.Message
+		return "sluice-agent skipped this " + strings.Fields(loadbalancer.OwnerObject(k.Service))[0] + ": " + k.Message
 	}
 	return fmt.Sprintf("sluice-agent skipped frontend %s: %s", k.Value, k.Message)
 }
@@ -284,5 +285,8 @@ func (a *Agent) postEvents(ks []skip) {
 
 // serviceRef is the reference an Event about a Service carries.
 func serviceRef(svc types.NamespacedName) *corev1.ObjectReference {
+	if pod, ok := loadbalancer.HostPortPod(svc); ok { // a Pod's HostPort frontends
+		return &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name}
+	}
 	return &corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: svc.Namespace, Name: svc.Name}
 }

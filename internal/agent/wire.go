@@ -999,12 +999,19 @@ func modelSkips(st *loadbalancer.State) []skip {
 			ns, name, _ := strings.Cut(rest, "/")
 			s.Service = types.NamespacedName{Namespace: ns, Name: name}
 		}
+		if rest, ok := strings.CutPrefix(obj, "Pod "); ok {
+			// A Pod's spec does not change: the bad hostPort is left out,
+			// its others are served.
+			ns, name, _ := strings.Cut(rest, "/")
+			s.Service = loadbalancer.HostPortOwner(types.NamespacedName{Namespace: ns, Name: name})
+			s.Message = msg + " (its other hostPorts are served)"
+		}
 		out = append(out, s)
 	}
 	for name, us := range st.Unsupported {
 		for _, u := range us {
 			out = append(out, skip{
-				Object: loadbalancer.ServiceObject(name.Namespace, name.Name), Value: u.Field + " " + u.Value,
+				Object: loadbalancer.OwnerObject(name), Value: u.Field + " " + u.Value,
 				Reason: skipUnsupported, Service: name, Port: u.Port, Message: u.Reason,
 			})
 		}
@@ -1012,9 +1019,9 @@ func modelSkips(st *loadbalancer.State) []skip {
 	for name, cs := range st.Conflicts {
 		for _, c := range cs {
 			out = append(out, skip{
-				Object: loadbalancer.ServiceObject(name.Namespace, name.Name), Value: c.Frontend.String(),
+				Object: loadbalancer.OwnerObject(name), Value: c.Frontend.String(),
 				Reason: skipConflict, Service: name, Type: string(c.Type), Port: c.Port,
-				Message: fmt.Sprintf("%s frontend %s is held by the older Service %s; this one is skipped for it", c.Type, c.Frontend, c.Winner),
+				Message: fmt.Sprintf("%s frontend %s is held by the older %s; this one is skipped for it", c.Type, c.Frontend, loadbalancer.OwnerObject(c.Winner)),
 			})
 		}
 	}
@@ -1024,7 +1031,7 @@ func modelSkips(st *loadbalancer.State) []skip {
 // frontendSkip is a frontend the reconciler could not write.
 func frontendSkip(fe reconciler.FrontendError) skip {
 	s := skip{
-		Object: loadbalancer.ServiceObject(fe.Service.Namespace, fe.Service.Name), Value: fe.Frontend.String(),
+		Object: loadbalancer.OwnerObject(fe.Service), Value: fe.Frontend.String(),
 		Service: fe.Service, Type: string(fe.Type), Port: fe.Name.Port,
 		Message: fe.Err.Error(), Retry: fe.Retry, Reason: skipWriteFailed,
 	}

@@ -43,6 +43,9 @@ type Status struct {
 	// their Service are destroyed (bpf_sock_destroy, 6.5, or sock_diag's
 	// SOCK_DESTROY), and why not.
 	UDPSocketTermination string `json:"udpSocketTermination,omitempty"`
+	// HostPort says whether the Pods' hostPorts are served by the
+	// dataplane ("on: ...") or not ("off: ..."), and why (--hostport).
+	HostPort string `json:"hostPort,omitempty"`
 
 	Services  int `json:"services"`  // Service objects with at least one frontend
 	Frontends int `json:"frontends"` // frontends (address, port, protocol)
@@ -196,7 +199,7 @@ type SyncState struct {
 type Service struct {
 	ID       uint16    `json:"id"`   // reverse-NAT ID
 	Name     string    `json:"name"` // namespace/name[:port]
-	Type     string    `json:"type"` // ClusterIP, NodePort, ExternalIP, LoadBalancer
+	Type     string    `json:"type"` // ClusterIP, NodePort, ExternalIP, LoadBalancer, HostPort
 	Frontend string    `json:"frontend"`
 	Flags    []string  `json:"flags,omitempty"` // e.g. affinity=10800s, itp=Local
 	Backends []Backend `json:"backends"`

@@ -393,6 +393,9 @@ func writeStatus(w io.Writer, st *api.Status) error {
 	writeNorthSouth(tw, line, st.NorthSouth)
 	writeBandwidthManager(line, st.BandwidthManager)
 	writeMonitor(line, st.Monitor)
+	if st.HostPort != "" {
+		line("HostPort", "%s", st.HostPort)
+	}
 	if st.UDPSocketTermination != "" {
 		line("UDP sockets", "%s", st.UDPSocketTermination)
 	}

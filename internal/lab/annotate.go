@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -167,4 +168,32 @@ func (l *Lab) patchPodAnnotations(ctx context.Context, pod string, set map[strin
 		return fmt.Errorf("annotate %s: %w", pod, err)
 	}
 	return nil
+}
+
+// SetHostPorts publishes ports of the lab pod named pod on its node
+// (containers[].ports[].hostPort, with hostIP when set), replacing those it
+// had: the Pod object in the manifests directory, where the agents read
+// it. The apiserver keeps a Pod's ports as created, so the real control
+// plane refuses (the kubelet lab's Pods have their own).
+func (l *Lab) SetHostPorts(pod string, ports []corev1.ContainerPort) error {
+	if l.ControlPlane == ControlPlaneReal {
+		return fmt.Errorf("hostport %s: a Pod's ports cannot change through the apiserver; use the manifests control plane (or a Pod of the kubelet lab)", pod)
+	}
+	for _, cp := range ports {
+		if cp.HostPort <= 0 || cp.HostPort > 65535 || cp.ContainerPort <= 0 || cp.ContainerPort > 65535 {
+			return fmt.Errorf("hostport %s: port %d -> %d out of range", pod, cp.HostPort, cp.ContainerPort)
+		}
+	}
+	for i := range l.Nodes {
+		for j := range l.Nodes[i].Pods {
+			if p := &l.Nodes[i].Pods[j]; p.Name == pod {
+				p.HostPorts = slices.Clone(ports)
+				if err := writeClusterObjects(l.ManifestsDir, l.nodeInfos(), l.podInfos()); err != nil {
+					return fmt.Errorf("hostport %s: %w", pod, err)
+				}
+				return l.save()
+			}
+		}
+	}
+	return fmt.Errorf("hostport: no pod %q in lab %s", pod, l.Prefix)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/controlplane"
 	"github.com/sluice-dataplane/sluice/internal/datapath"
 	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 )
 
@@ -291,6 +292,9 @@ type Pod struct {
 	// Annotations are the Pod object's (lab annotate): the bandwidth
 	// annotations, for one.
 	Annotations map[string]string `json:"annotations,omitempty"`
+	// HostPorts are published ports of the echo container besides its
+	// own (lab hostport; manifests control plane).
+	HostPorts []corev1.ContainerPort `json:"hostPorts,omitempty"`
 }
 
 // Agent is a node's sluice-agent process.
@@ -752,7 +756,8 @@ func (l *Lab) nodeInfos() []NodeInfo {
 func (l *Lab) podInfos() []PodInfo {
 	var out []PodInfo
 	for _, p := range l.Pods() {
-		out = append(out, PodInfo{Name: p.Name, Node: p.Node, IPv4: p.IPv4, IPv6: p.IPv6, Annotations: p.Annotations, Labels: l.dnsLabels(p.Name)})
+		out = append(out, PodInfo{Name: p.Name, Node: p.Node, IPv4: p.IPv4, IPv6: p.IPv6, Annotations: p.Annotations,
+			Labels: l.dnsLabels(p.Name), HostPorts: p.HostPorts})
 	}
 	return out
 }

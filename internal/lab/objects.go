@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 
@@ -42,6 +43,8 @@ type PodInfo struct {
 	// Labels are added to the lab's own (k8s-app: kube-dns on the pods
 	// of cluster DNS).
 	Labels map[string]string `json:"labels,omitempty"`
+	// HostPorts are published besides the echo container's own ports.
+	HostPorts []corev1.ContainerPort `json:"hostPorts,omitempty"`
 }
 
 // NodeInfo is what the manifests need to know about one lab node.
@@ -118,7 +121,7 @@ func podObject(p PodInfo, node NodeInfo) *corev1.Pod {
 			Containers: []corev1.Container{{
 				Name:  "echo",
 				Image: "sluice-lab/echo",
-				Ports: echoPorts,
+				Ports: append(slices.Clone(echoPorts), p.HostPorts...),
 			}},
 		},
 		Status: corev1.PodStatus{

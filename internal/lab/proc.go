@@ -194,6 +194,9 @@ func (l *Lab) startAgents(ctx context.Context, cfg Config) error {
 			"--lb-acceleration", accel,
 			// Where kube-proxy serves its metrics too: one address per node.
 			"--metrics-addr", MetricsAddr,
+			// The lab wires its pods itself: no CNI network, no portmap
+			// (the machine's own /etc/cni/net.d is not the lab's).
+			"--cni-conf-dir", filepath.Join(dir, "cni"),
 		)
 		if cfg.BandwidthManager {
 			a.Args = append(a.Args, "--enable-bandwidth-manager")

@@ -29,6 +29,8 @@ const (
 	SvcFlagETPLocal     uint16 = 1 << 5
 	SvcFlagITPLocal     uint16 = 1 << 6
 	SvcFlagWildcard     uint16 = 1 << 7
+	// SvcFlagHostPort (SVC_F_HOSTPORT): a Pod's hostPort on this node.
+	SvcFlagHostPort uint16 = 1 << 10
 )
 
 // Backend flags (BE_F_*).

@@ -1,6 +1,7 @@
 package loadbalancer
 
 import (
+	"cmp"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -47,6 +48,7 @@ type Tracker struct {
 	pendingSvcs   map[types.NamespacedName]*corev1.Service // nil: deleted
 	pendingSlices map[types.NamespacedName]*discoveryv1.EndpointSlice
 	pendingNodes  map[string]*corev1.Node
+	pendingPods   map[types.NamespacedName]*corev1.Pod
 	// localAddrs are this node's own interface addresses (SetLocalAddresses),
 	// NodePort addresses besides the InternalIPs; localDirty: changed since
 	// the last Sync.
@@ -56,7 +58,13 @@ type Tracker struct {
 	slices     map[types.NamespacedName]*discoveryv1.EndpointSlice // last good, by slice name
 	slicesOf   map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice
 	nodes      map[string]nodeInfo
-	tunnels    *tunnelIndex // State.Tunnels, kept per backend (tunnels.go)
+	// pods are this node's Pods that ask for a hostPort; hostPorts says
+	// whether their HostPort frontends are served (SetHostPorts), and
+	// hostPortsDirty that it changed since the last Sync.
+	pods           map[types.NamespacedName]*corev1.Pod
+	hostPorts      bool
+	hostPortsDirty bool
+	tunnels        *tunnelIndex // State.Tunnels, kept per backend (tunnels.go)
 	// translated is each Service's whole translation, before conflicts;
 	// claims indexes it by frontend.
 	translated map[types.NamespacedName][]LBService
@@ -72,10 +80,12 @@ func NewTracker(opts Options) *Tracker {
 		pendingSvcs:   map[types.NamespacedName]*corev1.Service{},
 		pendingSlices: map[types.NamespacedName]*discoveryv1.EndpointSlice{},
 		pendingNodes:  map[string]*corev1.Node{},
+		pendingPods:   map[types.NamespacedName]*corev1.Pod{},
 		services:      map[types.NamespacedName]*corev1.Service{},
 		slices:        map[types.NamespacedName]*discoveryv1.EndpointSlice{},
 		slicesOf:      map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice{},
 		nodes:         map[string]nodeInfo{},
+		pods:          map[types.NamespacedName]*corev1.Pod{},
 		translated:    map[types.NamespacedName][]LBService{},
 		created:       map[types.NamespacedName]int64{},
 		claims:        claimants{},
@@ -134,6 +144,32 @@ func (t *Tracker) OnNodeUpdate(prev, cur *corev1.Node) {
 	t.mu.Unlock()
 }
 
+// OnPodUpdate records a Pod change, as OnServiceUpdate. Only Pods of this
+// node that ask for a hostPort (before or after the change) matter.
+func (t *Tracker) OnPodUpdate(prev, cur *corev1.Pod) {
+	mine := func(p *corev1.Pod) bool { return p != nil && p.Spec.NodeName == t.opts.NodeName && HasHostPorts(p) }
+	if !mine(prev) && !mine(cur) {
+		return
+	}
+	obj := cmp.Or(cur, prev)
+	t.mu.Lock()
+	if !mine(cur) {
+		cur = nil
+	}
+	t.pendingPods[types.NamespacedName{Namespace: obj.Namespace, Name: obj.Name}] = cur
+	t.mu.Unlock()
+}
+
+// SetHostPorts turns the HostPort frontends of this node's Pods on or off
+// (off while the CNI's portmap plugin serves them).
+func (t *Tracker) SetHostPorts(on bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if on != t.hostPorts {
+		t.hostPorts, t.hostPortsDirty = on, true
+	}
+}
+
 // SetLocalAddresses records this node's interface addresses that NodePorts
 // answer on besides the Nodes' InternalIPs (kube-proxy's every local
 // address, narrowed by --nodeport-addresses): State.NodeIPs marks them as
@@ -153,7 +189,8 @@ func (t *Tracker) SetLocalAddresses(addrs []netip.Addr) {
 func (t *Tracker) Pending() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.pendingSvcs)+len(t.pendingSlices)+len(t.pendingNodes) > 0 || t.localDirty
+	return len(t.pendingSvcs)+len(t.pendingSlices)+len(t.pendingNodes)+len(t.pendingPods) > 0 ||
+		t.localDirty || t.hostPortsDirty
 }
 
 // Sync folds the recorded changes into the desired state. changed lists the
@@ -240,6 +277,23 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 	}
 	t.localDirty = false
 
+	for name, pod := range t.pendingPods {
+		if pod == nil {
+			delete(t.pods, name)
+		} else {
+			t.pods[name] = pod
+		}
+		dirty[HostPortOwner(name)] = true
+	}
+	clear(t.pendingPods)
+	if nodesChanged || t.hostPortsDirty {
+		// A hostPort without a hostIP answers on every node address.
+		for name := range t.pods {
+			dirty[HostPortOwner(name)] = true
+		}
+		t.hostPortsDirty = false
+	}
+
 	changed = map[types.NamespacedName]bool{}
 	delete(dirty, types.NamespacedName{}) // slices without a Service label
 	// Translate, then settle who holds each frontend the translations
@@ -268,6 +322,9 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 // frontends whose claimants it changed. An invalid Service keeps its last
 // good translation.
 func (t *Tracker) translate(name types.NamespacedName) []Frontend {
+	if pod, ok := HostPortPod(name); ok {
+		return t.translateHostPorts(name, pod)
+	}
 	key := ServiceObject(name.Namespace, name.Name)
 	var lbs []LBService
 	var created int64
@@ -290,6 +347,45 @@ func (t *Tracker) translate(name types.NamespacedName) []Frontend {
 		delete(t.state.Unsupported, name)
 	}
 	return t.setTranslation(name, lbs, created)
+}
+
+// translateHostPorts refreshes a Pod's HostPort frontends (owner is its
+// State.Services key) and returns the frontends whose claimants changed.
+// A hostPort that does not translate is reported; the Pod's others are
+// served.
+func (t *Tracker) translateHostPorts(owner, pod types.NamespacedName) []Frontend {
+	key := PodObject(pod.Namespace, pod.Name)
+	var lbs []LBService
+	var unsupported []UnsupportedPort
+	var err error
+	var created int64
+	if p := t.pods[pod]; p != nil && t.hostPorts {
+		created = p.CreationTimestamp.UnixNano()
+		lbs, unsupported, err = TranslateHostPorts(p, t.opts.NodeName, t.ownAddrs())
+	}
+	if err != nil {
+		t.state.Errors[key] = err.Error()
+	} else {
+		delete(t.state.Errors, key)
+	}
+	if len(unsupported) > 0 {
+		t.state.Unsupported[owner] = unsupported
+	} else {
+		delete(t.state.Unsupported, owner)
+	}
+	return t.setTranslation(owner, lbs, created)
+}
+
+// ownAddrs are this node's addresses in State.NodeIPs, sorted.
+func (t *Tracker) ownAddrs() []netip.Addr {
+	var out []netip.Addr
+	for a, own := range t.state.NodeIPs {
+		if own {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
 }
 
 // nodeInfo is what the load balancer needs of a Node.

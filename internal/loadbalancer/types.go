@@ -121,5 +121,5 @@ type LBService struct {
 // NorthSouth reports whether the frontend is reached from outside the
 // cluster, where the tc and XDP load balancers serve it.
 func (s *LBService) NorthSouth() bool {
-	return s.Type == NodePort || s.Type == ExternalIP || s.Type == LoadBalancer
+	return s.Type == NodePort || s.Type == ExternalIP || s.Type == LoadBalancer || s.Type == HostPort
 }

@@ -106,6 +106,8 @@ func typeOf(flags uint16) loadbalancer.FrontendType {
 		return loadbalancer.ExternalIP
 	case flags&lbmap.SvcFlagLoadBalancer != 0:
 		return loadbalancer.LoadBalancer
+	case flags&lbmap.SvcFlagHostPort != 0:
+		return loadbalancer.HostPort
 	}
 	return loadbalancer.ClusterIP
 }

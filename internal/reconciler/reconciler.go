@@ -741,6 +741,8 @@ func masterValue(fe *frontend, lbs *loadbalancer.LBService, count int, twoScopes
 		v.Flags |= lbmap.SvcFlagExternalIP
 	case loadbalancer.LoadBalancer:
 		v.Flags |= lbmap.SvcFlagLoadBalancer
+	case loadbalancer.HostPort:
+		v.Flags |= lbmap.SvcFlagHostPort
 	}
 	if lbs.Affinity {
 		v.Flags |= lbmap.SvcFlagAffinity

@@ -110,9 +110,11 @@ bpf-map-dynamic-size-ratio: {{ .Values.bpf.mapDynamicSizeRatio | toString | quot
 bpf-nat-global-max: {{ .Values.bpf.natMapMax | int64 | toString | quote }}
 bpf-root: {{ .Values.bpf.root | quote }}
 cgroup-root: {{ include "sluice.cgroupMountPath" . | quote }}
+cni-conf-dir: {{ .Values.cniConfDir | quote }}
 devices: {{ join "," .Values.devices | quote }}
 enable-bandwidth-manager: {{ .Values.bandwidthManager.enabled | quote }}
 enable-bbr: {{ .Values.bandwidthManager.bbr | quote }}
+hostport: {{ .Values.hostPort | toString | quote }}
 healthz-bind-address: {{ include "sluice.hostPort" (list .Values.healthz.bindAddress .Values.healthz.port) | quote }}
 k8s-sync-timeout: {{ .Values.k8sSyncTimeout | quote }}
 lb-acceleration: {{ .Values.lbAcceleration | quote }}
