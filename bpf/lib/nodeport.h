@@ -52,6 +52,11 @@ enum {
 	FWD_ROUTE, /* to another host: TTL decremented */
 	FWD_LOCAL, /* to a pod on this node */
 	FWD_ENCAP, /* in an outer header this node just made */
+	/* A pod's hairpin flow whose frontend, now its source, is this
+	 * node's address (a NodePort or hostPort reached by the pod LB):
+	 * never through the stack, which drops a packet from a pod's veth
+	 * with a local address as its source (a martian). */
+	FWD_LOCAL_DIRECT,
 };
 
 /* ns_set_macs writes the next hop's and the egress device's MACs into the
@@ -84,7 +89,7 @@ static __always_inline int ns_xmit(struct __ctx_buff *ctx, __u32 ifindex, const 
 static __always_inline int ns_send(struct __ctx_buff *ctx, const struct ns_pkt *p,
 				   int how, const struct bpf_fib_lookup *fib, long rc)
 {
-	bool local = how == FWD_LOCAL;
+	bool local = how == FWD_LOCAL || how == FWD_LOCAL_DIRECT;
 	bool dec_ttl = how != FWD_ENCAP;
 
 #ifdef SLUICE_TC
@@ -259,6 +264,13 @@ static __always_inline int ns_cached(struct __ctx_buff *ctx, struct ns_pkt *p,
 #endif /* SLUICE_POD_LB */
 
 #ifdef SLUICE_POD_LB
+/* ns_hairpin_how is how a hairpin flow's packet, from frontend fe, goes
+ * back into its pod. */
+static __always_inline int ns_hairpin_how(const union lb_addr *fe)
+{
+	return lb_is_node_addr(fe) ? FWD_LOCAL_DIRECT : FWD_LOCAL;
+}
+
 /* ns_hairpin_reply handles a pod's reply to a hairpin flow (pod:backend
  * port -> frontend:client port): it becomes frontend:port -> pod:client
  * port and goes back into the pod. It returns -1 when p is no such reply. */
@@ -282,7 +294,7 @@ static __always_inline int ns_hairpin_reply(struct __ctx_buff *ctx, struct ns_pk
 	if (pkt_rewrite(ctx, p, false, &fe, e->nat_port) ||
 	    pkt_rewrite_addr(ctx, p, true, &pod))
 		return CTX_ACT_DROP;
-	return ns_forward(ctx, p, FWD_LOCAL, NULL, 0);
+	return ns_forward(ctx, p, ns_hairpin_how(&fe), NULL, 0);
 }
 #endif /* SLUICE_POD_LB */
 
@@ -657,8 +669,11 @@ translate:
 	    ns_rewrite_sport(ctx, p, e, created))
 		return CTX_ACT_DROP;
 #ifdef SLUICE_POD_LB
-	if ((kind & CT_F_HAIRPIN) && pkt_rewrite_addr(ctx, p, false, &frontend))
-		return CTX_ACT_DROP;
+	if (kind & CT_F_HAIRPIN) {
+		if (pkt_rewrite_addr(ctx, p, false, &frontend))
+			return CTX_ACT_DROP;
+		return ns_forward(ctx, p, ns_hairpin_how(&frontend), NULL, 0);
+	}
 #endif /* SLUICE_POD_LB */
 	if (kind & CT_F_LOCAL)
 		return ns_forward(ctx, p, FWD_LOCAL, NULL, 0);

@@ -59,6 +59,9 @@ func upCommand(prefix *string) *cobra.Command {
 				}
 			} else if chart != "" {
 				return fmt.Errorf("--chart needs --kubelet: only a kubelet lab runs a DaemonSet")
+			}
+			if cfg.NoPortmap && !cfg.Kubelet {
+				return fmt.Errorf("--no-portmap needs --kubelet: only a kubelet lab has a CNI network (its netns pods are the lab's own, with no portmap)")
 			} else if dnsAutoscaler != "" {
 				return fmt.Errorf("--dns-autoscaler needs --kubelet: the autoscaler scales CoreDNS's Deployment, which only a kubelet lab's controllers turn into pods")
 			}
@@ -82,6 +85,8 @@ func upCommand(prefix *string) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&cfg.Kubelet, "kubelet", false,
 		"a real kubelet and containerd on every node, with kube-controller-manager and kube-scheduler: workloads are real Pods, sluice is installed with its Helm chart (--chart); docs/kubelet-lab.md")
+	cmd.Flags().BoolVar(&cfg.NoPortmap, "no-portmap", false,
+		"with --kubelet: no portmap plugin in the nodes' CNI network, as with a CNI that has none (Pods' hostPorts are then sluice's to serve, --hostport; kube-proxy serves none)")
 	cmd.Flags().StringVar(&chart, "chart", "", "with --kubelet: helm install this chart (deploy/charts/sluice) with the lab's values and wait for it")
 	cmd.Flags().StringVar(&dnsAutoscaler, "dns-autoscaler", "",
 		"with --kubelet: helm install this chart (deploy/charts/sluice-dns-autoscaler) into kube-system, scaling the lab's CoreDNS Deployment; lab status shows its replicas")

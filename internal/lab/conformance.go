@@ -35,6 +35,9 @@ type ConformanceConfig struct {
 	Focus      string
 	Skip       string
 	Chart      string // sluice's chart directory
+	// NoPortmap: the kubelet labs' CNI network has no portmap plugin
+	// (Config.NoPortmap): hostPorts are the dataplane's to serve.
+	NoPortmap bool
 	Out        string // results: <dataplane>/junit_01.xml, e2e.log; conformance.json and .md
 	Exe        string
 	Progress   io.Writer
@@ -52,6 +55,7 @@ type ConformanceResult struct {
 type ConformanceReport struct {
 	Version    string              `json:"version"`
 	Focus      string              `json:"focus"`
+	NoPortmap  bool                `json:"noPortmap,omitempty"`
 	Dataplanes []string            `json:"dataplanes"`
 	Nodes      int                 `json:"nodes"`
 	Started    time.Time           `json:"started"`
@@ -104,7 +108,7 @@ func RunConformance(ctx context.Context, cfg ConformanceConfig) (*ConformanceRep
 	}
 	defer os.Remove(dnsutils.File)
 	images := []ImageArchive{agnhost, dnsutils}
-	rep := &ConformanceReport{Version: controlplane.Version, Focus: cfg.Focus, Dataplanes: cfg.Dataplanes,
+	rep := &ConformanceReport{Version: controlplane.Version, Focus: cfg.Focus, NoPortmap: cfg.NoPortmap, Dataplanes: cfg.Dataplanes,
 		Nodes: cfg.Nodes, Started: time.Now().UTC(), Durations: map[string]string{}}
 	byName := map[string]*ConformanceResult{}
 	for _, dp := range cfg.Dataplanes {
@@ -167,7 +171,7 @@ func (c junitCase) outcome() string {
 }
 
 func conformanceOne(ctx context.Context, cfg ConformanceConfig, dp, dir string, images []ImageArchive) ([]junitCase, error) {
-	lc := Config{Prefix: "sluice-conf-", Nodes: cfg.Nodes, Kubelet: true, Exe: cfg.Exe, Progress: cfg.Progress}
+	lc := Config{Prefix: "sluice-conf-", Nodes: cfg.Nodes, Kubelet: true, NoPortmap: cfg.NoPortmap, Exe: cfg.Exe, Progress: cfg.Progress}
 	if dp != DataplaneSluice {
 		lc.Dataplane = dp
 	}
@@ -299,7 +303,11 @@ func readJUnit(file string) ([]junitCase, error) {
 // Markdown is the per-test table.
 func (r *ConformanceReport) Markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Kubernetes %s e2e.test, focus `%s`, %d kubelet node(s), run %s.\n\n", r.Version, r.Focus, r.Nodes,
+	cni := ""
+	if r.NoPortmap {
+		cni = ", no portmap plugin in the CNI network (hostPorts are the dataplane's)"
+	}
+	fmt.Fprintf(&b, "Kubernetes %s e2e.test, focus `%s`, %d kubelet node(s)%s, run %s.\n\n", r.Version, r.Focus, r.Nodes, cni,
 		r.Started.Format("2006-01-02 15:04 UTC"))
 	b.WriteString("| test |")
 	for _, dp := range r.Dataplanes {
@@ -376,6 +384,7 @@ func conformanceCommand() *cobra.Command {
 	cmd.Flags().IntVar(&cfg.Nodes, "nodes", 2, "kubelet nodes")
 	cmd.Flags().StringVar(&cfg.Focus, "focus", DefaultConformanceFocus, "ginkgo focus: which tests")
 	cmd.Flags().StringVar(&cfg.Skip, "skip", "", "ginkgo skip")
+	cmd.Flags().BoolVar(&cfg.NoPortmap, "no-portmap", false, "no portmap plugin in the nodes' CNI network: the HostPort tests then pass only where the dataplane serves hostPorts")
 	cmd.Flags().StringVar(&cfg.Chart, "chart", "deploy/charts/sluice", "sluice's chart")
 	cmd.Flags().StringVar(&cfg.Out, "out", "results/conformance", "results directory")
 	return cmd

@@ -201,7 +201,7 @@ func (l *Lab) startKubelet(ctx context.Context, nm names, n *Node, t kubeletTool
 	if err := l.makeMountNS(ctx, nm, n); err != nil {
 		return err
 	}
-	if err := writeCNIConfig(filepath.Join(k.Dir, "cni-conf"), n.Index); err != nil {
+	if err := writeCNIConfig(filepath.Join(k.Dir, "cni-conf"), n.Index, !l.NoPortmap); err != nil {
 		return err
 	}
 	ctrdConfig := filepath.Join(k.Dir, "containerd.toml")
@@ -462,8 +462,8 @@ func KubeletPodRange(node int) (v4first, v4last, v6first, v6last netip.Addr) {
 // writeCNIConfig writes the node's CNI network: Debian's ptp plugin (a veth
 // per pod, the gateway address on the host side, a host route per pod: the
 // lab's own pod wiring) with host-local addresses from KubeletPodRange,
-// then portmap for hostPort.
-func writeCNIConfig(dir string, node int) error {
+// then portmap for hostPort unless told not to (the dataplane's then).
+func writeCNIConfig(dir string, node int, portmap bool) error {
 	v4a, v4b, v6a, v6b := KubeletPodRange(node)
 	conf := map[string]any{
 		"cniVersion": "0.4.0",
@@ -481,12 +481,15 @@ func writeCNIConfig(dir string, node int) error {
 				},
 				"routes": []any{map[string]string{"dst": "0.0.0.0/0"}, map[string]string{"dst": "::/0"}},
 			},
-		}, map[string]any{
-			// hostPort, as most clusters' CNI chains have it (its DNAT
-			// rules are the node's, in its namespace).
+		}},
+	}
+	if portmap {
+		// hostPort, as most clusters' CNI chains have it (its DNAT
+		// rules are the node's, in its namespace).
+		conf["plugins"] = append(conf["plugins"].([]any), map[string]any{
 			"type":         "portmap",
 			"capabilities": map[string]bool{"portMappings": true},
-		}},
+		})
 	}
 	data, err := json.MarshalIndent(conf, "", "  ")
 	if err != nil {

@@ -44,9 +44,10 @@ func TestChartImageMatchesChart(t *testing.T) {
 // enough of them for the kubelet's maxPods (110). A kubelet lab has no
 // netns pods (TestKubeletConfigRejects), so nothing else uses them.
 func TestKubeletCNIConfig(t *testing.T) {
-	for _, node := range []int{1, 2, MaxNodes} {
+	for i, node := range []int{1, 2, MaxNodes} {
+		portmap := i != 1 // node 2 as with --no-portmap
 		dir := t.TempDir()
-		if err := writeCNIConfig(dir, node); err != nil {
+		if err := writeCNIConfig(dir, node, portmap); err != nil {
 			t.Fatal(err)
 		}
 		data, err := os.ReadFile(filepath.Join(dir, "10-sluice-lab.conflist"))
@@ -69,8 +70,9 @@ func TestKubeletCNIConfig(t *testing.T) {
 		if err := json.Unmarshal(data, &conf); err != nil {
 			t.Fatal(err)
 		}
-		if len(conf.Plugins) != 2 || conf.Plugins[0].Type != "ptp" || conf.Plugins[1].Type != "portmap" || len(conf.Plugins[0].IPAM.Ranges) != 2 {
-			t.Fatalf("node %d: %s", node, data)
+		if conf.Plugins[0].Type != "ptp" || len(conf.Plugins[0].IPAM.Ranges) != 2 ||
+			portmap && (len(conf.Plugins) != 2 || conf.Plugins[1].Type != "portmap") || !portmap && len(conf.Plugins) != 1 {
+			t.Fatalf("node %d (portmap %v): %s", node, portmap, data)
 		}
 		subnets := []netip.Prefix{PodCIDRv4(node), PodCIDRv6(node)}
 		gateways := []netip.Addr{GatewayIPv4(node), GatewayIPv6(node)}

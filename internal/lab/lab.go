@@ -97,6 +97,10 @@ type Config struct {
 	// DataplaneKubeProxy* (the real kube-proxy as a node process, the
 	// comparison), and PodsPerNode 0.
 	Kubelet bool
+	// NoPortmap leaves the portmap plugin out of a kubelet lab's CNI
+	// network: hostPorts are then the dataplane's (sluice's --hostport)
+	// or nobody's (kube-proxy).
+	NoPortmap bool
 	// EchoConnections is how many TCP connections each echo backend must
 	// hold at once (a hold probe's to one pod); 0: as many as one process's
 	// descriptor limit allows. Past it a backend serves its HTTP port from
@@ -235,6 +239,9 @@ type State struct {
 	LBAcceleration string `json:"lbAcceleration,omitempty"`
 	// Devices are the agents' --devices: the nodes' fabric interface.
 	Devices []string `json:"devices,omitempty"`
+	// NoPortmap: the kubelet nodes' CNI network has no portmap plugin
+	// (Config.NoPortmap).
+	NoPortmap bool `json:"noPortmap,omitempty"`
 	// Veths is how the veths were readied for native XDP.
 	Veths        VethPrep  `json:"veths"`
 	Exe          string    `json:"exe"`
@@ -382,6 +389,7 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 		BPFRoot:      nm.bpfRoot(),
 		FabricNetns:  nm.fabricNetns(),
 		Veths:        cfg.Veths,
+		NoPortmap:    cfg.NoPortmap,
 		Created:      time.Now().UTC(),
 	}
 	if cfg.Dataplane == DataplaneSluice {

@@ -27,13 +27,22 @@ import (
 // TestPrivilegedHostPort publishes three ports of a pod on node1 (TCP on
 // every address, TCP on node1's IPv4 alone, UDP on every address) and
 // reaches them from the external client, from node1's own namespace (its
-// addresses and loopback), from a pod on node1 and from node2; node2's
+// addresses and loopback), from a pod on node1, from the pod itself and
+// from node2 and its pod; node2's
 // addresses do not answer them. Removing the ports takes them away. On tc
-// and on native XDP.
+// and on native XDP, and with pods balanced per packet.
 func TestPrivilegedHostPort(t *testing.T) {
-	for _, accel := range nsAccelerations {
-		t.Run(accel, func(t *testing.T) {
-			l := nsLab(t, lab.LBModeSNAT, accel)
+	for _, c := range []struct {
+		name, accel string
+		args        []string
+	}{
+		{"XDP", lab.AccelerationNative, nil},
+		{"tc", lab.AccelerationBestEffort, nil},
+		// Pods' connections balanced per packet on their veths.
+		{"tc, --socket-lb-hostns-only", lab.AccelerationBestEffort, []string{"--socket-lb-hostns-only"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l := nsLab(t, lab.LBModeSNAT, c.accel, c.args...)
 			node1, node2 := l.Nodes[0], l.Nodes[1]
 			pod := node1.Pods[0]
 			st := agentStatus(t, l, node1)
@@ -70,6 +79,7 @@ func TestPrivilegedHostPort(t *testing.T) {
 				{node1.Name, loop6, 18080, netip.Addr{}},
 				{node1.Name, node1.IPv4, 18081, netip.Addr{}},
 				{node1.Pods[1].Name, node1.IPv4, 18080, netip.Addr{}},
+				{pod.Name, node1.IPv4, 18080, netip.Addr{}}, // hairpin: the pod to its own hostPort
 				{node2.Name, node1.IPv4, 18080, netip.Addr{}},
 				{node2.Pods[0].Name, node1.IPv6, 18080, netip.Addr{}},
 			} {
