@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -196,4 +198,36 @@ func (l *Lab) SetHostPorts(pod string, ports []corev1.ContainerPort) error {
 		}
 	}
 	return fmt.Errorf("hostport: no pod %q in lab %s", pod, l.Prefix)
+}
+
+// ParseHostPorts reads `lab hostport`'s arguments:
+// HOSTPORT:CONTAINERPORT[/tcp|/udp][@HOSTIP].
+func ParseHostPorts(args []string) ([]corev1.ContainerPort, error) {
+	var out []corev1.ContainerPort
+	for _, a := range args {
+		spec, hostIP, _ := strings.Cut(a, "@")
+		spec, proto, _ := strings.Cut(spec, "/")
+		host, container, ok := strings.Cut(spec, ":")
+		cp := corev1.ContainerPort{Protocol: corev1.ProtocolTCP, HostIP: hostIP}
+		hp, err1 := strconv.ParseUint(host, 10, 16)
+		ctr, err2 := strconv.ParseUint(container, 10, 16)
+		if !ok || err1 != nil || err2 != nil || hp == 0 || ctr == 0 {
+			return nil, fmt.Errorf("hostport %q: want HOSTPORT:CONTAINERPORT[/tcp|/udp][@HOSTIP], ports 1-65535", a)
+		}
+		cp.HostPort, cp.ContainerPort = int32(hp), int32(ctr)
+		switch strings.ToLower(proto) {
+		case "", "tcp":
+		case "udp":
+			cp.Protocol = corev1.ProtocolUDP
+		default:
+			return nil, fmt.Errorf("hostport %q: protocol %q: want tcp or udp", a, proto)
+		}
+		if hostIP != "" {
+			if _, err := netip.ParseAddr(hostIP); err != nil {
+				return nil, fmt.Errorf("hostport %q: hostIP %q: %v", a, hostIP, err)
+			}
+		}
+		out = append(out, cp)
+	}
+	return out, nil
 }

@@ -33,7 +33,7 @@ and UDP echo backend in every pod.`,
 	_ = cmd.PersistentFlags().MarkHidden("prefix")
 	p := &prefix
 	cmd.AddCommand(upCommand(p), downCommand(p), statusCommand(p), execCommand(p),
-		applyCommand(p, true), applyCommand(p, false), annotateCommand(p), labelCommand(p), demoCommand(p), backendCommand(), probeCommand(), tuneCommand(p),
+		applyCommand(p, true), applyCommand(p, false), annotateCommand(p), labelCommand(p), hostPortCommand(p), demoCommand(p), backendCommand(), probeCommand(), tuneCommand(p),
 		toolCommand(p, "kubectl", KubectlBin), toolCommand(p, "helm", HelmBin), imageCommand(p), conformanceCommand())
 	return cmd
 }
@@ -232,6 +232,28 @@ func annotateCommand(prefix *string) *cobra.Command {
 	return keyValueCommand(prefix, "annotate POD KEY=VALUE... | KEY-...",
 		"Set or remove annotations of a lab pod's Pod object, as kubectl annotate does (e.g. kubernetes.io/egress-bandwidth=50M)",
 		ParseAnnotations, (*Lab).Annotate)
+}
+
+func hostPortCommand(prefix *string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "hostport POD [HOSTPORT:CONTAINERPORT[/tcp|/udp][@HOSTIP]...]",
+		Short: "Publish ports of a lab pod on its node (its Pod's ports[].hostPort, manifests control plane); none: remove them",
+		Example: "  sluice lab hostport node1-pod1 18080:8080 18053:5353/udp@198.18.0.11\n" +
+			"  sluice lab hostport node1-pod1",
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ports, err := ParseHostPorts(args[1:])
+			if err != nil {
+				return err
+			}
+			l, err := Load(*prefix)
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			return l.SetHostPorts(args[0], ports)
+		},
+	}
 }
 
 func labelCommand(prefix *string) *cobra.Command {

@@ -5,8 +5,11 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"sigs.k8s.io/yaml"
 )
@@ -151,6 +154,28 @@ func TestKubeletDNSStatusString(t *testing.T) {
 			if !strings.Contains(got, w) {
 				t.Errorf("%+v: %q lacks %q", tc.st, got, w)
 			}
+		}
+	}
+}
+
+// TestParseHostPorts: lab hostport's arguments, and errors that name the
+// argument.
+func TestParseHostPorts(t *testing.T) {
+	got, err := ParseHostPorts([]string{"18080:8080", "18053:5353/udp@198.18.0.11", "80:80/TCP@::"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []corev1.ContainerPort{
+		{HostPort: 18080, ContainerPort: 8080, Protocol: corev1.ProtocolTCP},
+		{HostPort: 18053, ContainerPort: 5353, Protocol: corev1.ProtocolUDP, HostIP: "198.18.0.11"},
+		{HostPort: 80, ContainerPort: 80, Protocol: corev1.ProtocolTCP, HostIP: "::"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("ParseHostPorts = %+v, want %+v", got, want)
+	}
+	for _, bad := range []string{"18080", "0:80", "80:70000", "80:80/sctp", "80:80@nope", "a:80"} {
+		if _, err := ParseHostPorts([]string{bad}); err == nil || !strings.Contains(err.Error(), bad) {
+			t.Errorf("ParseHostPorts(%q) = %v, want an error naming it", bad, err)
 		}
 	}
 }
