@@ -146,6 +146,11 @@ func TestPrivilegedKubeletHelm(t *testing.T) {
 		t.Errorf("sluice status through kubectl exec: source %+v, socket LB %v, north-south %v, %d services; want a healthy agent",
 			st.Source, st.SocketLB.Enabled, st.NorthSouth != nil, st.Services)
 	}
+	// The lab's CNI network chains portmap, found through the chart's
+	// cniConfDir mount: hostPorts stay portmap's.
+	if !strings.HasPrefix(st.HostPort, "off: the CNI's portmap plugin serves them (/etc/cni/net.d/10-sluice-lab.conflist)") {
+		t.Errorf("sluice status through kubectl exec: HostPort %q, want off, portmap found in /etc/cni/net.d/10-sluice-lab.conflist", st.HostPort)
+	}
 
 	// Cluster DNS scaled by sluice-dns-autoscaler: its params give 2
 	// CoreDNS replicas for this one node, then 3 after a live edit of its
