@@ -40,7 +40,7 @@ func CheckLBService(l loadbalancer.LBService, nodePorts [2]uint16) error {
 		if fe.Port < nodePorts[0] || fe.Port > nodePorts[1] {
 			return bad("node port outside %d-%d", nodePorts[0], nodePorts[1])
 		}
-	case loadbalancer.ClusterIP, loadbalancer.ExternalIP, loadbalancer.LoadBalancer:
+	case loadbalancer.ClusterIP, loadbalancer.ExternalIP, loadbalancer.LoadBalancer, loadbalancer.HostPort:
 		if fe.Addr.IsUnspecified() {
 			return bad("unspecified address")
 		}

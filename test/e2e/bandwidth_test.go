@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -108,6 +109,18 @@ func TestPrivilegedBandwidthManager(t *testing.T) {
 	held(t, "ingress of "+limited.Name+" from "+free.Name+" on its node", iperf(t, l, limited.Name, free.IPv4.String(), true), bwIngress)
 	unlimited(t, "egress of its neighbour "+free.Name, iperf(t, l, free.Name, server.IPv4.String(), false))
 	unlimited(t, "ingress of its neighbour "+free.Name, iperf(t, l, free.Name, server.IPv4.String(), true))
+	// From outside the cluster through a NodePort on the Pod's node: tc
+	// translates and hands the packets to the host's stack
+	// (--local-delivery=stack), so they cross the veth's ingress limit as
+	// after kube-proxy's DNAT (issue 43). k = 85.
+	startIperfServer(t, l, limited.Name)
+	a := addrs{k: 85}
+	ns := iperfService(a, node1.Name)
+	ns.Spec.Selector = map[string]string{lab.LabelPod: limited.Name}
+	apply(t, l, ns)
+	programmed(t, l, 1, frontend(netip.IPv4Unspecified(), a.nodePort(), "TCP"))
+	held(t, "ingress of "+limited.Name+" from the external client through NodePort "+hostPort(node1.IPv4, a.nodePort()),
+		iperf(t, l, "client", node1.IPv4.String(), false, "-p", strconv.Itoa(int(a.nodePort()))), bwIngress)
 
 	// A bad value: reported with the Pod and the value, the Pod left
 	// unlimited, the others untouched.
@@ -281,12 +294,13 @@ func startIperfServer(t *testing.T, l *lab.Lab, pod string) {
 	time.Sleep(300 * time.Millisecond)
 }
 
-// iperf runs a 3-second iperf3 TCP stream between pod and server (reverse:
-// server to pod) and returns the wire rate in bits/s (payload + 66 bytes of
+// iperf runs a 3-second iperf3 TCP stream between pod (or the client) and
+// server (reverse: server to pod; extra: more iperf3 arguments, a port) and
+// returns the wire rate in bits/s (payload + 66 bytes of
 // headers per segment, what a limit counts).
-func iperf(t *testing.T, l *lab.Lab, pod, server string, reverse bool) float64 {
+func iperf(t *testing.T, l *lab.Lab, pod, server string, reverse bool, extra ...string) float64 {
 	t.Helper()
-	args := []string{"iperf3", "-c", server, "-J", "-t", "3", "-O", "1"}
+	args := append([]string{"iperf3", "-c", server, "-J", "-t", "3", "-O", "1"}, extra...)
 	if reverse {
 		args = append(args, "-R")
 	}
