@@ -55,7 +55,7 @@ bin_dir="$cache_root/kube-router/$version/bin"
 ldflags="-s -w -X $module/pkg/version.Version=$version"
 up_to_date() {
 	[ -x "$bin_dir/kube-router" ] || return 1
-	"$bin_dir/kube-router" --version 2>/dev/null | grep -q "version $version"
+	"$bin_dir/kube-router" --version 2>&1 | grep -q "version $version"
 }
 
 mkdir -p "$cache_root/kube-router/$version" 2>/dev/null ||
@@ -75,7 +75,7 @@ tmp=$(mktemp -d "$cache_root/kube-router/$version/.build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 step "building kube-router $version; a cold build downloads its modules and takes a few minutes"
 go build -trimpath -ldflags "$ldflags" -o "$tmp/kube-router" "$module/cmd/kube-router" || die "go build kube-router failed"
-"$tmp/kube-router" --version 2>/dev/null | grep -q "version $version" ||
+"$tmp/kube-router" --version 2>&1 | grep -q "version $version" ||
 	die "kube-router --version says '$("$tmp/kube-router" --version 2>&1 | head -n 1)', want version $version"
 
 chmod 0755 "$tmp"
