@@ -5,7 +5,8 @@
 # apiserver), CoreDNS (the cluster's DNS, as pods) and helm, brings up a lab whose nodes run a real kubelet and
 # containerd, and installs sluice's Helm chart and the DNS autoscaler's into it
 # (docs/kubelet-lab.md).
-# Extra arguments go to `sluice lab up` (e.g. --nodes 1). Then:
+# Extra arguments go to `sluice lab up` (e.g. --nodes 1, --network-policy
+# kube-router, --no-portmap). Then:
 #   ./bin/sluice lab kubectl -- get pods -A
 #   ./bin/sluice lab kubectl -- -n kube-system exec ds/sluice -- sluice status
 #   ./bin/sluice lab down
@@ -17,5 +18,8 @@ cd "$(dirname "$0")/.."
 ./scripts/k8s-build.sh >/dev/null
 ./scripts/coredns-build.sh >/dev/null
 ./scripts/helm-build.sh >/dev/null
+case " $* " in
+*" --network-policy"*) ./scripts/kube-router-build.sh >/dev/null ;; # the NetworkPolicy engine
+esac
 exec ./bin/sluice lab up --kubelet --chart deploy/charts/sluice \
   --dns-autoscaler deploy/charts/sluice-dns-autoscaler "$@"

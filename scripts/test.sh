@@ -22,6 +22,9 @@ export SLUICE_K8S_BIN_DIR
 echo "==> CoreDNS (the lab's cluster DNS) built from its Go module (a few minutes once, then cached)"
 SLUICE_COREDNS_BIN=$(./scripts/coredns-build.sh | tail -n 1)/coredns
 export SLUICE_COREDNS_BIN
+echo "==> kube-router (the kubelet lab's NetworkPolicy engine) built from its Go module (a minute or two once, then cached)"
+SLUICE_KUBE_ROUTER_BIN=$(./scripts/kube-router-build.sh | tail -n 1)/kube-router
+export SLUICE_KUBE_ROUTER_BIN
 echo "==> helm (the deploy/ tests lint and render the charts with it; built once, cached)"
 ./scripts/helm-build.sh >/dev/null
 echo "==> guest kernel for the kernel smoke (Debian 12's 6.1 under QEMU; downloaded once, cached)"

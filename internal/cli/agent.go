@@ -261,7 +261,7 @@ func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns 
 	case "stack":
 		line("  Local delivery", "through the host's stack (--local-delivery=stack): its FORWARD chain (NetworkPolicy engines), rp_filter and the pod veth's qdisc apply to Service traffic into local pods")
 	case "peer":
-		line("  Local delivery", "bpf_redirect_peer on tc (--local-delivery=peer): faster, but Service traffic into local pods bypasses the host's FORWARD chain (NetworkPolicy engines there), rp_filter and the veth's qdisc; XDP hands it to the stack")
+		line("  Local delivery", "bpf_redirect_peer on tc (--local-delivery=peer): faster, but Service traffic into local pods bypasses the host's FORWARD chain (NetworkPolicy engines there; a stateful one drops the pods' replies as INVALID), rp_filter and the veth's qdisc; XDP hands it to the stack")
 	}
 	if ns.NetfilterHandoff != "" {
 		line("  Netfilter handoff", "%s; %d packets of flows netfilter's conntrack already tracked (kube-proxy's) left to it",

@@ -101,6 +101,9 @@ type Config struct {
 	// network: hostPorts are then the dataplane's (sluice's --hostport)
 	// or nobody's (kube-proxy).
 	NoPortmap bool
+	// NetworkPolicy runs a NetworkPolicy engine on every kubelet node:
+	// "" (none) or NetworkPolicyKubeRouter.
+	NetworkPolicy string
 	// EchoConnections is how many TCP connections each echo backend must
 	// hold at once (a hold probe's to one pod); 0: as many as one process's
 	// descriptor limit allows. Past it a backend serves its HTTP port from
@@ -172,6 +175,15 @@ func (c *Config) setDefaults() error {
 	default:
 		return fmt.Errorf("control-plane %q: want %s or %s", c.ControlPlane, ControlPlaneManifests, ControlPlaneReal)
 	}
+	switch c.NetworkPolicy {
+	case "":
+	case NetworkPolicyKubeRouter:
+		if !c.Kubelet {
+			return fmt.Errorf("network-policy %s needs a kubelet lab (--kubelet): NetworkPolicies select Pods", c.NetworkPolicy)
+		}
+	default:
+		return fmt.Errorf("network-policy %q: want %s (or none)", c.NetworkPolicy, NetworkPolicyKubeRouter)
+	}
 	switch c.LBMode {
 	case "":
 		c.LBMode = LBModeSNAT
@@ -242,6 +254,9 @@ type State struct {
 	// NoPortmap: the kubelet nodes' CNI network has no portmap plugin
 	// (Config.NoPortmap).
 	NoPortmap bool `json:"noPortmap,omitempty"`
+	// NetworkPolicy is the kubelet nodes' NetworkPolicy engine, if any
+	// (Config.NetworkPolicy).
+	NetworkPolicy string `json:"networkPolicy,omitempty"`
 	// Veths is how the veths were readied for native XDP.
 	Veths        VethPrep  `json:"veths"`
 	Exe          string    `json:"exe"`
@@ -288,6 +303,8 @@ type Node struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Kubelet is the node's kubelet and containerd in a kubelet lab.
 	Kubelet *Kubelet `json:"kubelet,omitempty"`
+	// PolicyEngine is the node's NetworkPolicy engine (Config.NetworkPolicy).
+	PolicyEngine *PolicyEngine `json:"policyEngine,omitempty"`
 }
 
 // Pod is one lab pod with its echo backend.
@@ -379,18 +396,19 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 		return err
 	}
 	l.State = State{
-		Prefix:       nm.prefix,
-		Dataplane:    cfg.Dataplane,
-		ControlPlane: cfg.ControlPlane,
-		Exe:          cfg.Exe,
-		CgroupRoot:   filepath.Join(mount, nm.base),
-		RunDir:       nm.runDir(),
-		ManifestsDir: nm.manifestsDir(),
-		BPFRoot:      nm.bpfRoot(),
-		FabricNetns:  nm.fabricNetns(),
-		Veths:        cfg.Veths,
-		NoPortmap:    cfg.NoPortmap,
-		Created:      time.Now().UTC(),
+		Prefix:        nm.prefix,
+		Dataplane:     cfg.Dataplane,
+		ControlPlane:  cfg.ControlPlane,
+		Exe:           cfg.Exe,
+		CgroupRoot:    filepath.Join(mount, nm.base),
+		RunDir:        nm.runDir(),
+		ManifestsDir:  nm.manifestsDir(),
+		BPFRoot:       nm.bpfRoot(),
+		FabricNetns:   nm.fabricNetns(),
+		Veths:         cfg.Veths,
+		NoPortmap:     cfg.NoPortmap,
+		NetworkPolicy: cfg.NetworkPolicy,
+		Created:       time.Now().UTC(),
 	}
 	if cfg.Dataplane == DataplaneSluice {
 		l.LBMode, l.LBAcceleration, l.Devices = cfg.LBMode, cfg.LBAcceleration, []string{uplinkName}
@@ -491,6 +509,11 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 			}
 			if err := l.startKubelets(ctx, nm, l.tools, l.Images); err != nil {
 				return err
+			}
+			if l.NetworkPolicy != "" {
+				if err := l.startPolicyEngines(ctx); err != nil {
+					return err
+				}
 			}
 			if err := l.writeChartValues(); err != nil {
 				return err
