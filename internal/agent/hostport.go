@@ -121,16 +121,7 @@ func (a *Agent) applyHostPort() {
 // hostPortCheckInterval (--hostport=auto): a CNI installs or changes its
 // network while the agent runs.
 func (a *Agent) watchHostPort(ctx context.Context) {
-	t := time.NewTicker(hostPortCheckInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			a.applyHostPort()
-		}
-	}
+	every(ctx, hostPortCheckInterval, a.applyHostPort)
 }
 
 func (a *Agent) hostPortStatus() string {

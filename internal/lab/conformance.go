@@ -38,9 +38,9 @@ type ConformanceConfig struct {
 	// NoPortmap: the kubelet labs' CNI network has no portmap plugin
 	// (Config.NoPortmap): hostPorts are the dataplane's to serve.
 	NoPortmap bool
-	Out        string // results: <dataplane>/junit_01.xml, e2e.log; conformance.json and .md
-	Exe        string
-	Progress   io.Writer
+	Out       string // results: <dataplane>/junit_01.xml, e2e.log; conformance.json and .md
+	Exe       string
+	Progress  io.Writer
 }
 
 // ConformanceResult is one test's outcome per dataplane: "passed",

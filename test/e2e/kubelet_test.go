@@ -112,15 +112,7 @@ func TestPrivilegedKubeletHelm(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	image := lab.ChartImageRepository + ":" + lab.ChartAppVersion
-	manifest := filepath.Join(t.TempDir(), "workloads.yaml")
-	if err := os.WriteFile(manifest, []byte(strings.ReplaceAll(kubeletWorkloads, "IMAGE", image)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	kubectl(t, l, "apply", "-f", manifest)
-	kubectl(t, l, "wait", "--for=condition=Available", "deployment/echo", "--timeout=90s")
-	kubectl(t, l, "wait", "--for=condition=Ready", "pod/client", "--timeout=90s")
-	vip := strings.TrimSpace(kubectl(t, l, "get", "service", "echo", "-o", "jsonpath={.spec.clusterIP}"))
+	vip := applyKubeletWorkloads(t, l)
 	vipURL := "http://" + vip + "/"
 	nodePorts := []string{"http://" + node.IPv4.String() + ":30080/", "http://[" + node.IPv6.String() + "]:30080/"}
 
@@ -324,6 +316,22 @@ func checkScaledDNS(t *testing.T, l *lab.Lab, want int32) {
 }
 
 // kubectl runs kubectl against the lab's apiserver and returns its output.
+// applyKubeletWorkloads creates kubeletWorkloads with sluice's image,
+// waits until the echo pods and the client are ready and returns the
+// echo Service's ClusterIP.
+func applyKubeletWorkloads(t *testing.T, l *lab.Lab) string {
+	t.Helper()
+	image := lab.ChartImageRepository + ":" + lab.ChartAppVersion
+	manifest := filepath.Join(t.TempDir(), "workloads.yaml")
+	if err := os.WriteFile(manifest, []byte(strings.ReplaceAll(kubeletWorkloads, "IMAGE", image)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, l, "apply", "-f", manifest)
+	kubectl(t, l, "wait", "--for=condition=Available", "deployment/echo", "--timeout=90s")
+	kubectl(t, l, "wait", "--for=condition=Ready", "pod/client", "--timeout=90s")
+	return strings.TrimSpace(kubectl(t, l, "get", "service", "echo", "-o", "jsonpath={.spec.clusterIP}"))
+}
+
 func kubectl(t *testing.T, l *lab.Lab, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)

@@ -58,16 +58,8 @@ func TestPrivilegedKubeletNetworkPolicy(t *testing.T) {
 	if err := l.InstallChart(ctx, filepath.Join("..", "..", "deploy", "charts", "sluice")); err != nil {
 		t.Fatal(err)
 	}
-	image := lab.ChartImageRepository + ":" + lab.ChartAppVersion
 	dir := t.TempDir()
-	manifest := filepath.Join(dir, "workloads.yaml")
-	if err := os.WriteFile(manifest, []byte(strings.ReplaceAll(kubeletWorkloads, "IMAGE", image)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	kubectl(t, l, "apply", "-f", manifest)
-	kubectl(t, l, "wait", "--for=condition=Available", "deployment/echo", "--timeout=90s")
-	kubectl(t, l, "wait", "--for=condition=Ready", "pod/client", "--timeout=90s")
-	vip := strings.TrimSpace(kubectl(t, l, "get", "service", "echo", "-o", "jsonpath={.spec.clusterIP}"))
+	vip := applyKubeletWorkloads(t, l)
 	clusterIP := "http://" + vip + "/"
 	nodePort := "http://" + node.IPv4.String() + ":30080/"
 
