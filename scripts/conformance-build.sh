@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Kubernetes' conformance test binary e2e.test (the test of package
-# k8s.io/kubernetes/test/e2e, with `go test -c`) and the agnhost test image's
-# static binary (k8s.io/kubernetes/test/images/agnhost), at the release pinned
+# k8s.io/kubernetes/test/e2e, with `go test -c`) and the static binaries of the
+# agnhost and regression-issue-74839 test images, at the release pinned
 # in third_party/k8s/go.mod, into the cache that scripts/k8s-build.sh uses:
 #   ${SLUICE_CACHE:-/var/cache/sluice}/k8s/<version>/conformance
 # Safe to run again: it does nothing when both are there, e2e.test -version
@@ -86,7 +86,11 @@ if command -v flock >/dev/null 2>&1; then
 	flock 9
 fi
 
-if [ "$force" -eq 0 ] && e2e_ok "$out_dir" && agnhost_ok "$out_dir"; then
+# The invalid-conntrack-state test's image (registry.k8s.io/e2e-test-images/
+# regression-issue-74839), a static binary with no version flag.
+regression_ok() { [ -x "$1/regression-issue-74839" ]; }
+
+if [ "$force" -eq 0 ] && e2e_ok "$out_dir" && agnhost_ok "$out_dir" && regression_ok "$out_dir"; then
 	step "e2e.test $version and agnhost $agnhost_version already built"
 	echo "$out_dir"
 	exit 0
@@ -126,6 +130,10 @@ cp "$src/test/images/agnhost/porter/localhost.crt" "$src/test/images/agnhost/por
 	die "no porter key pair in $src/test/images/agnhost/porter"
 chmod 0644 "$tmp/localhost.crt" "$tmp/localhost.key"
 agnhost_ok "$tmp" || die "agnhost --version says '$("$tmp/agnhost" --version 2>&1 | head -1)', want 'app version $agnhost_version'"
+
+step "building regression-issue-74839 (the invalid-conntrack-state test's server)"
+go build -trimpath -ldflags "-s -w" -o "$tmp/regression-issue-74839" k8s.io/kubernetes/test/images/regression-issue-74839 ||
+	die "go build k8s.io/kubernetes/test/images/regression-issue-74839 failed"
 
 # -vet=off: go test -c would otherwise vet the whole e2e tree (minutes), which
 # says nothing about the pinned upstream code we only want to run.

@@ -71,7 +71,7 @@ func ConformanceDir() (string, error) {
 		return "", err
 	}
 	dir := filepath.Join(filepath.Dir(bin), "conformance")
-	for _, b := range []string{"e2e.test", "agnhost"} {
+	for _, b := range []string{"e2e.test", "agnhost", "regression-issue-74839"} {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
 			return "", fmt.Errorf("%s not built (run ./scripts/conformance-build.sh): %w", b, err)
 		}
@@ -98,7 +98,7 @@ func RunConformance(ctx context.Context, cfg ConformanceConfig) (*ConformanceRep
 	}
 	agnhost := ImageArchive{Ref: AgnhostImage, File: filepath.Join(cfg.Out, "agnhost.tar")}
 	dnsutils := ImageArchive{Ref: JessieDNSUtilsImage, File: filepath.Join(cfg.Out, "jessie-dnsutils.tar")}
-	fmt.Fprintf(cfg.Progress, "==> building images %s and %s\n", agnhost.Ref, dnsutils.Ref)
+	fmt.Fprintf(cfg.Progress, "==> building images %s, %s and %s\n", agnhost.Ref, dnsutils.Ref, RegressionIssue74839Image)
 	if err := BuildAgnhostImage(filepath.Join(dir, "agnhost"), coredns, agnhost.File); err != nil {
 		return nil, err
 	}
@@ -107,7 +107,12 @@ func RunConformance(ctx context.Context, cfg ConformanceConfig) (*ConformanceRep
 		return nil, err
 	}
 	defer os.Remove(dnsutils.File)
-	images := []ImageArchive{agnhost, dnsutils}
+	regression := ImageArchive{Ref: RegressionIssue74839Image, File: filepath.Join(cfg.Out, "regression-issue-74839.tar")}
+	if err := BuildRegressionIssue74839Image(filepath.Join(dir, "regression-issue-74839"), regression.File); err != nil {
+		return nil, err
+	}
+	defer os.Remove(regression.File)
+	images := []ImageArchive{agnhost, dnsutils, regression}
 	rep := &ConformanceReport{Version: controlplane.Version, Focus: cfg.Focus, NoPortmap: cfg.NoPortmap, Dataplanes: cfg.Dataplanes,
 		Nodes: cfg.Nodes, Started: time.Now().UTC(), Durations: map[string]string{}}
 	byName := map[string]*ConformanceResult{}

@@ -26,7 +26,8 @@ import (
 
 // The kubelet lab (Config.Kubelet, docs/kubelet-lab.md): each node runs a
 // real kubelet and containerd (Debian's, with runc and the CNI plugins),
-// in the node's network namespace and in a mount namespace of its own, so
+// in the node's network namespace and in a mount namespace of its own (and
+// a UTS namespace whose hostname is the node's name), so
 // that two nodes on one machine each see their own /var/lib/kubelet,
 // /run/containerd, /run/sluice, /sys/fs/bpf and so on at the paths a real
 // node has. A DaemonSet's hostPath means the same thing it means on a real
@@ -81,6 +82,10 @@ type Kubelet struct {
 	Dir string `json:"dir"`
 	// MountNS is the nsfs file that keeps the node's mount namespace.
 	MountNS string `json:"mountNs"`
+	// UTSNS keeps the node's UTS namespace, whose hostname is the node's
+	// name: hostNetwork pods (their containers share it) report their
+	// node's name, as on separate machines.
+	UTSNS string `json:"utsNs,omitempty"`
 	// Cgroup is the node's cgroup v2 subtree (the socket LB's root); the
 	// kubelet's pods are under its kubepods, the node's own processes
 	// (kubelet, containerd, lab commands) under system.
@@ -189,7 +194,7 @@ func (l *Lab) setPodCIDRs(ctx context.Context) error {
 }
 
 func (l *Lab) startKubelet(ctx context.Context, nm names, n *Node, t kubeletTools, images []ImageArchive) error {
-	k := &Kubelet{Dir: nm.kubeletDir(n.Index), MountNS: nm.mountNSFile(n.Index),
+	k := &Kubelet{Dir: nm.kubeletDir(n.Index), MountNS: nm.mountNSFile(n.Index), UTSNS: nm.mountNSFile(n.Index) + ".uts",
 		Cgroup: filepath.Dir(n.Cgroup)}
 	k.ContainerdLog = filepath.Join(k.Dir, "containerd.log")
 	k.KubeletLog = filepath.Join(k.Dir, "kubelet.log")
@@ -275,8 +280,10 @@ func (l *Lab) makeMountNS(ctx context.Context, nm names, n *Node) error {
 			return err
 		}
 	}
-	if err := os.WriteFile(k.MountNS, nil, 0o644); err != nil {
-		return err
+	for _, f := range []string{k.MountNS, k.UTSNS} {
+		if err := os.WriteFile(f, nil, 0o644); err != nil {
+			return err
+		}
 	}
 	bpf := nm.kubeletBPFRoot(n.Index)
 	if err := os.MkdirAll(bpf, 0o755); err != nil {
@@ -338,10 +345,11 @@ func (l *Lab) makeMountNS(ctx context.Context, nm names, n *Node) error {
 		}
 		bind(shadow, proc)
 	}
-	cmd := exec.CommandContext(ctx, "unshare", "--mount="+k.MountNS, "--propagation", "slave", "--",
+	script = append(script, fmt.Sprintf("echo %q > /proc/sys/kernel/hostname", n.Name))
+	cmd := exec.CommandContext(ctx, "unshare", "--mount="+k.MountNS, "--uts="+k.UTSNS, "--propagation", "slave", "--",
 		"sh", "-ec", strings.Join(script, "\n"))
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("node mount namespace: %v: %s", err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("node mount and UTS namespaces: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return l.save()
 }
@@ -369,7 +377,17 @@ func (l *Lab) mkdirRecorded(k *Kubelet, dir string) error {
 // startInNode starts a daemon in the node's network and mount namespaces,
 // in its cgroup (CLONE_INTO_CGROUP), as startDaemon does for the others.
 func (l *Lab) startInNode(n *Node, log string, args ...string) (int, error) {
-	return l.startDaemonNS(n.Name, log, []string{"--mount=" + n.Kubelet.MountNS}, nil, args...)
+	return l.startDaemonNS(n.Name, log, n.Kubelet.nsenterArgs(), nil, args...)
+}
+
+// nsenterArgs enter the node's mount and UTS namespaces (a lab from before
+// the UTS namespace: the mount namespace alone).
+func (k *Kubelet) nsenterArgs() []string {
+	args := []string{"--mount=" + k.MountNS}
+	if k.UTSNS != "" {
+		args = append(args, "--uts="+k.UTSNS)
+	}
+	return args
 }
 
 // kubeletConfig is every node's KubeletConfiguration: the node's pods in

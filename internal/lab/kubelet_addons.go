@@ -79,6 +79,17 @@ func BuildAgnhostImage(agnhost, coredns, file string) error {
 	return toolImage(AgnhostImage, file, agnhostTools, extra, []string{"/agnhost"}, []string{"pause"})
 }
 
+// RegressionIssue74839Image is the invalid-conntrack-state test's server
+// (test/images/regression-issue-74839), at the tag e2e.test asks for.
+const RegressionIssue74839Image = "registry.k8s.io/e2e-test-images/regression-issue-74839:1.2"
+
+// BuildRegressionIssue74839Image writes an archive of
+// RegressionIssue74839Image: the static binary scripts/conformance-build.sh
+// builds, as its entrypoint, as upstream's Dockerfile has it.
+func BuildRegressionIssue74839Image(bin, file string) error {
+	return staticBinaryImage(RegressionIssue74839Image, "/regression-issue-74839", bin, file)
+}
+
 // BuildDNSUtilsImage writes an archive of JessieDNSUtilsImage.
 func BuildDNSUtilsImage(file string) error {
 	return toolImage(JessieDNSUtilsImage, file, dnsutilsTools, nil, nil, []string{"/bin/sh"})

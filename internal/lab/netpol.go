@@ -84,7 +84,7 @@ func (l *Lab) startPolicyEngines(ctx context.Context) error {
 				// a lab's test should not wait kube-router's 5 min.
 				"--iptables-sync-period=10s",
 			}}
-		pid, err := l.startDaemonNS(n.Name, pe.Log, []string{"--mount=" + n.Kubelet.MountNS}, pe.Env, pe.Args...)
+		pid, err := l.startDaemonNS(n.Name, pe.Log, n.Kubelet.nsenterArgs(), pe.Env, pe.Args...)
 		if err != nil {
 			return fmt.Errorf("start kube-router on %s: %w", n.Name, err)
 		}

@@ -138,6 +138,12 @@ func TestPrivilegedKubeletHelm(t *testing.T) {
 		t.Errorf("sluice status through kubectl exec: source %+v, socket LB %v, north-south %v, %d services; want a healthy agent",
 			st.Source, st.SocketLB.Enabled, st.NorthSouth != nil, st.Services)
 	}
+	// The node's own hostname (its UTS namespace), which hostNetwork pods
+	// share, is the node's name, not the machine's.
+	if out, err := exec.Command("nsenter", "--uts="+node.Kubelet.UTSNS, "cat", "/proc/sys/kernel/hostname").Output(); err != nil ||
+		strings.TrimSpace(string(out)) != node.Name {
+		t.Errorf("hostname in %s's UTS namespace: %q (%v), want %s", node.Name, out, err, node.Name)
+	}
 	// The lab's CNI network chains portmap, found through the chart's
 	// cniConfDir mount: hostPorts stay portmap's.
 	if !strings.HasPrefix(st.HostPort, "off: the CNI's portmap plugin serves them (/etc/cni/net.d/10-sluice-lab.conflist)") {
