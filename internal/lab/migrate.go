@@ -150,3 +150,55 @@ func grepLines(file, s string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// MigrateToSluiceChart is MigrateToSluice on a kubelet lab, through the
+// objects a cluster uses (docs/install.md's runbook): sluice's chart
+// installed beside kube-proxy (helm waits for its DaemonSet), kube-proxy
+// stopped on every node (as when its DaemonSet is deleted: its rules and
+// conntrack stay), then deploy/migrate/cleanup-kube-proxy.yaml's DaemonSet
+// (manifest) run to completion on every node, its logs returned, and
+// deleted.
+func (l *Lab) MigrateToSluiceChart(ctx context.Context, chart, manifest string, values ...string) (cleanupLogs string, err error) {
+	if !IsKubeProxy(l.Dataplane) || l.APIServer == nil || len(l.Nodes) == 0 || l.Nodes[0].Kubelet == nil {
+		return "", fmt.Errorf("migrate: want a kubelet lab running kube-proxy, not %s", l.Dataplane)
+	}
+	l.step("migrating from %s: sluice's chart beside kube-proxy", l.Dataplane)
+	if err := l.InstallChart(ctx, chart, values...); err != nil {
+		return "", fmt.Errorf("migrate: %w", err)
+	}
+	for i := range l.Nodes {
+		n := &l.Nodes[i]
+		if n.KubeProxy == nil {
+			continue
+		}
+		if err := stopProcess(ctx, n.KubeProxy.PID, syscall.SIGTERM, 15*time.Second); err != nil {
+			return "", fmt.Errorf("migrate: stop kube-proxy on %s: %w", n.Name, err)
+		}
+		l.step("kube-proxy on %s (pid %d) stopped; its rules and conntrack entries stay", n.Name, n.KubeProxy.PID)
+		n.KubeProxy = nil
+	}
+	l.Dataplane = DataplaneSluice
+	if err := l.save(); err != nil {
+		return "", err
+	}
+	l.step("kubectl apply -f %s: sluice cleanup-kube-proxy on every node", manifest)
+	const ds = "sluice-cleanup-kube-proxy"
+	steps := [][]string{
+		{"apply", "-f", manifest},
+		{"-n", ChartNamespace, "rollout", "status", "daemonset/" + ds, "--timeout=3m"},
+	}
+	for _, args := range steps {
+		if _, err := l.Kubectl(ctx, args...); err != nil {
+			return "", fmt.Errorf("migrate: %w", err)
+		}
+	}
+	logs, err := l.Kubectl(ctx, "-n", ChartNamespace, "logs", "-l", "app.kubernetes.io/name="+ds, "-c", "cleanup", "--prefix", "--tail=-1")
+	if err != nil {
+		return "", fmt.Errorf("migrate: the cleanup's logs: %w", err)
+	}
+	if _, err := l.Kubectl(ctx, "delete", "-f", manifest, "--wait=true"); err != nil {
+		return logs, fmt.Errorf("migrate: %w", err)
+	}
+	l.step("cleanup done:\n%s", indentLines(strings.TrimSpace(logs), "    "))
+	return logs, nil
+}

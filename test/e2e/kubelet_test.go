@@ -437,8 +437,16 @@ type streamPair struct {
 
 func startStreams(ctx context.Context, t *testing.T, l *lab.Lab, vip, nodePort string, count int) *streamPair {
 	t.Helper()
+	return startStreamsOf(ctx, t, l, vip, nodePort, 4, count, 100*time.Millisecond)
+}
+
+// startStreamsOf is startStreams with conns connections each way, each
+// asking count times every interval.
+func startStreamsOf(ctx context.Context, t *testing.T, l *lab.Lab, vip, nodePort string, conns, count int, interval time.Duration) *streamPair {
+	t.Helper()
 	s := &streamPair{done: make(chan struct{}), started: time.Now()}
-	args := []string{"--connections", "4", "--count", strconv.Itoa(count), "--interval", "100ms", "--timeout", "2s", "-o", "json"}
+	args := []string{"--connections", strconv.Itoa(conns), "--count", strconv.Itoa(count), "--interval", interval.String(),
+		"--timeout", "2s", "--budget", "10m", "-o", "json"}
 	kc, err := lab.KubectlBin()
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,111 @@
+package e2e
+
+// Migration from kube-proxy as a cluster does it (issue 43): the kubelet
+// lab runs the real kube-proxy; sluice's chart is installed beside it,
+// kube-proxy goes, deploy/migrate/cleanup-kube-proxy.yaml cleans every
+// node, all under long-lived connections with idle seconds between their
+// requests (east-west from a real pod through the ClusterIP, north-south
+// from the lab's client through a NodePort) and a loop of new connections.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-dataplane/sluice/internal/lab"
+)
+
+// TestPrivilegedKubeletMigrationFromKubeProxy: 100 connections (50 each
+// way, each asking every 2 s) and 20 new connections a second through
+// both ways keep every request answered while the chart goes in beside
+// kube-proxy (iptables, and nftables), kube-proxy is stopped and the
+// cleanup DaemonSet runs; afterwards nothing of kube-proxy's is left on
+// the nodes.
+func TestPrivilegedKubeletMigrationFromKubeProxy(t *testing.T) {
+	requirePrivileged(t, "containerd", "runc", "ctr", "unshare", "iptables", "nft")
+	if _, err := lab.HelmBin(); err != nil {
+		t.Fatalf("helm: %v", err)
+	}
+	for _, dp := range []string{lab.DataplaneKubeProxyIPTables, lab.DataplaneKubeProxyNFTables} {
+		t.Run(dp, func(t *testing.T) {
+			cfg := lab.Config{Prefix: newPrefix(t), Nodes: 2, Kubelet: true, Dataplane: dp, Exe: filepath.Join(env.binDir, "sluice")}
+			l := upLab(t, cfg, 4*time.Minute, " with kubelets and "+dp)
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+			defer cancel()
+			vip := applyKubeletWorkloads(t, l)
+			node := l.Nodes[1]
+			nodePort := node.IPv4.String() + ":30080"
+
+			// 50 connections each way, a request every 2 s for 80 s.
+			streams := startStreamsOf(ctx, t, l, vip+":80", nodePort, 50, 40, 2*time.Second)
+			loop := startLoop(ctx, t, l, "http://"+l.Nodes[0].IPv4.String()+":30080/", 20, 70*time.Second)
+
+			manifest := filepath.Join("..", "..", "deploy", "migrate", "cleanup-kube-proxy.yaml")
+			logs, err := l.MigrateToSluiceChart(ctx, filepath.Join("..", "..", "deploy", "charts", "sluice"), manifest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range l.Nodes {
+				if !strings.Contains(logs, "keeper") {
+					t.Errorf("cleanup logs say nothing of the keeper table:\n%s", logs)
+					break
+				}
+				// What is left of kube-proxy's, as the cleanup sees it.
+				out, err := l.Command(ctx, n.Name, filepath.Join(env.binDir, "sluice"), "cleanup-kube-proxy", "--dry-run").CombinedOutput()
+				if err != nil || !strings.Contains(string(out), "nothing of kube-proxy's") {
+					t.Errorf("%s after the cleanup: sluice cleanup-kube-proxy --dry-run: %v\n%s", n.Name, err, out)
+				}
+			}
+			streams.check(t, "the migration from "+dp)
+			loop.check(t, "the migration from "+dp)
+			if st := podStatus(t, l); st.NorthSouth != nil {
+				t.Logf("netfilter handoff on %s: %s, %d packets", st.NodeName, st.NorthSouth.NetfilterHandoff, st.NorthSouth.NetfilterHandoffPackets)
+			}
+		})
+	}
+}
+
+// loopRun is a churn probe (new connections at a rate) from the lab's
+// client, running in the background.
+type loopRun struct {
+	done chan struct{}
+	what string
+	out  []byte
+	err  error
+}
+
+func startLoop(ctx context.Context, t *testing.T, l *lab.Lab, url string, rate int, d time.Duration) *loopRun {
+	t.Helper()
+	addr := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/")
+	r := &loopRun{done: make(chan struct{}), what: fmt.Sprintf("%d new connections a second to %s from the lab's client", rate, addr)}
+	cmd := l.Command(ctx, "client", filepath.Join(env.binDir, "sluice"), "lab", "probe", "churn", "--addr", addr,
+		"--rate", fmt.Sprint(rate), "--duration", d.String(), "-o", "json")
+	go func() {
+		defer close(r.done)
+		r.out, r.err = cmd.Output()
+	}()
+	return r
+}
+
+func (r *loopRun) check(t *testing.T, what string) {
+	t.Helper()
+	<-r.done
+	if r.err != nil {
+		t.Errorf("%s during %s: %v", r.what, what, r.err)
+		return
+	}
+	var rep lab.ProbeReport
+	if err := json.Unmarshal(r.out, &rep); err != nil {
+		t.Errorf("%s: %v in %q", r.what, err, r.out)
+		return
+	}
+	if rep.OK != rep.Count || rep.Count == 0 || len(rep.Errors) > 0 {
+		t.Errorf("%s during %s: %s, want every one answered", r.what, what, describe(&rep))
+		return
+	}
+	t.Logf("%s: %d of %d answered across %s", r.what, rep.OK, rep.Count, what)
+}
