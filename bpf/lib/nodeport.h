@@ -89,7 +89,11 @@ static __always_inline int ns_xmit(struct __ctx_buff *ctx, __u32 ifindex, const 
 static __always_inline int ns_send(struct __ctx_buff *ctx, const struct ns_pkt *p,
 				   int how, const struct bpf_fib_lookup *fib, long rc)
 {
+#ifdef SLUICE_POD_LB
 	bool local = how == FWD_LOCAL || how == FWD_LOCAL_DIRECT;
+#else
+	bool local = how == FWD_LOCAL; /* FWD_LOCAL_DIRECT is the pod LB's */
+#endif /* SLUICE_POD_LB */
 	bool dec_ttl = how != FWD_ENCAP;
 
 #ifdef SLUICE_TC
