@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"regexp"
 	"slices"
@@ -116,14 +117,44 @@ func ParseSave(dump []byte) ([]Table, error) {
 // for IPv4 or IPv6.
 type Backend struct {
 	Save, Restore string // binaries, e.g. iptables-legacy-save
+	// Tables says whether the namespace has tables of this backend, for
+	// when its binaries are missing: then kube-proxy's rules there would
+	// go unseen, which must not pass for "nothing found".
+	Tables func(ctx context.Context) bool
 }
 
 // Backends are every iptables backend a node may have rules in.
 var Backends = []Backend{
-	{"iptables-legacy-save", "iptables-legacy-restore"},
-	{"ip6tables-legacy-save", "ip6tables-legacy-restore"},
-	{"iptables-nft-save", "iptables-nft-restore"},
-	{"ip6tables-nft-save", "ip6tables-nft-restore"},
+	{"iptables-legacy-save", "iptables-legacy-restore", legacyTables("ip_tables_names")},
+	{"ip6tables-legacy-save", "ip6tables-legacy-restore", legacyTables("ip6_tables_names")},
+	{"iptables-nft-save", "iptables-nft-restore", nftXtablesTables("ip")},
+	{"ip6tables-nft-save", "ip6tables-nft-restore", nftXtablesTables("ip6")},
+}
+
+// legacyTables: the legacy x_tables of the namespace, listed in
+// /proc/net/<file> (present once the kernel has the family's tables).
+func legacyTables(file string) func(context.Context) bool {
+	return func(context.Context) bool {
+		b, err := os.ReadFile("/proc/net/" + file)
+		return err == nil && len(bytes.TrimSpace(b)) > 0
+	}
+}
+
+// nftXtablesTables: nftables tables of family that iptables-nft makes
+// (filter, nat, mangle, raw, security); without nft, unknown: true.
+func nftXtablesTables(family string) func(context.Context) bool {
+	return func(ctx context.Context) bool {
+		out, err := exec.CommandContext(ctx, "nft", "list", "tables").Output()
+		if err != nil {
+			return true
+		}
+		for _, t := range []string{"filter", "nat", "mangle", "raw", "security"} {
+			if slices.Contains(strings.Split(string(out), "\n"), "table "+family+" "+t) {
+				return true
+			}
+		}
+		return false
+	}
 }
 
 // Step is what the cleanup did, or would do, in one place.
@@ -236,7 +267,11 @@ func Finish(ctx context.Context, dry bool) []Step {
 
 func iptablesSteps(ctx context.Context, b Backend) []Step {
 	if _, err := exec.LookPath(b.Save); err != nil {
-		return nil
+		if b.Tables != nil && b.Tables(ctx) {
+			return []Step{{Where: b.Save, What: "read the rules",
+				Err: fmt.Errorf("not in PATH, and this namespace has tables of its backend: kube-proxy's rules there, if any, were not checked (install iptables)")}}
+		}
+		return nil // no tables of this backend: nothing of kube-proxy's there
 	}
 	dump, err := exec.CommandContext(ctx, b.Save).Output()
 	if err != nil {
@@ -267,7 +302,8 @@ var nftTables = []string{"ip kube-proxy", "ip6 kube-proxy"}
 
 func nftSteps(ctx context.Context) []Step {
 	if _, err := exec.LookPath("nft"); err != nil {
-		return nil
+		return []Step{{Where: "nftables", What: "list the tables",
+			Err: fmt.Errorf("nft not in PATH: kube-proxy's nftables tables, if any, were not checked (install nftables)")}}
 	}
 	out, err := exec.CommandContext(ctx, "nft", "list", "tables").Output()
 	if err != nil {

@@ -201,3 +201,23 @@ func TestPrivilegedRun(t *testing.T) {
 		}
 	})
 }
+
+// TestRunWithoutTools: a namespace whose tools are missing is not "nothing
+// of kube-proxy's found": with no nft (and no iptables) in PATH, the run
+// fails and says what it could not check.
+func TestRunWithoutTools(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	steps := Run(t.Context(), true)
+	var nft bool
+	for _, s := range steps {
+		if s.do != nil {
+			t.Errorf("step %s with nothing to run it", s)
+		}
+		if s.Err != nil && strings.Contains(s.Err.Error(), "nft not in PATH") {
+			nft = true
+		}
+	}
+	if !nft {
+		t.Errorf("Run with an empty PATH: %v; want a step that failed for want of nft", steps)
+	}
+}

@@ -2,8 +2,10 @@ package lab
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/sluice-dataplane/sluice/internal/controlplane"
@@ -49,13 +51,73 @@ func BuildSluiceImage(binDir, ref, file string) error {
 	for _, a := range busyboxApplets {
 		files = append(files, image.File{Path: "/bin/" + a, Link: "busybox"})
 	}
+	nf, err := netfilterTools()
+	if err != nil {
+		return fmt.Errorf("sluice image: %w", err)
+	}
+	files = append(files, nf...)
 	img, err := image.Build(image.Spec{Files: files, Created: time.Unix(0, 0).UTC(),
 		Entrypoint: []string{"/usr/local/bin/sluice-agent"},
-		Env:        []string{"PATH=/usr/local/bin:/bin"}})
+		Env:        []string{"PATH=/usr/local/bin:/usr/sbin:/bin"}})
 	if err != nil {
 		return fmt.Errorf("sluice image: %w", err)
 	}
 	return image.Write(file, ref, img)
+}
+
+// xtablesModules is where Debian's iptables loads its match and target
+// extensions from.
+const xtablesModules = "/usr/lib/x86_64-linux-gnu/xtables"
+
+// netfilterTools are Debian's iptables (legacy and nft, both families),
+// nft and conntrack with their shared libraries and iptables' extensions,
+// as the Dockerfile's image has them (apt's iptables, nftables, conntrack):
+// `sluice cleanup-kube-proxy` in deploy/migrate's DaemonSet needs them.
+func netfilterTools() ([]image.File, error) {
+	var files []image.File
+	bins := []string{"/usr/sbin/xtables-legacy-multi", "/usr/sbin/xtables-nft-multi", "/usr/sbin/nft", "/usr/sbin/conntrack"}
+	libs := map[string]bool{}
+	for _, b := range bins {
+		if _, err := os.Stat(b); err != nil {
+			return nil, fmt.Errorf("%s: %w (./scripts/deps.sh installs iptables, nftables and conntrack)", b, err)
+		}
+		files = append(files, image.File{Path: b, Src: b})
+		deps, err := sharedLibraries(b)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range deps {
+			libs[d] = true
+		}
+	}
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		for _, v := range []string{"legacy", "nft"} {
+			for _, suffix := range []string{"", "-save", "-restore"} {
+				files = append(files, image.File{Path: "/usr/sbin/" + fam + "-" + v + suffix, Link: "xtables-" + v + "-multi"})
+			}
+		}
+		for _, suffix := range []string{"", "-save", "-restore"} { // the default backend: nft, as Debian's
+			files = append(files, image.File{Path: "/usr/sbin/" + fam + suffix, Link: "xtables-nft-multi"})
+		}
+	}
+	mods, err := filepath.Glob(filepath.Join(xtablesModules, "*.so"))
+	if err != nil || len(mods) == 0 {
+		return nil, fmt.Errorf("iptables' extensions in %s: %v (found %d)", xtablesModules, err, len(mods))
+	}
+	for _, m := range mods {
+		files = append(files, image.File{Path: m, Src: m, Mode: 0o644})
+		deps, err := sharedLibraries(m) // libxt_statistic's libm, for one
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range deps {
+			libs[d] = true
+		}
+	}
+	for _, l := range slices.Sorted(maps.Keys(libs)) {
+		files = append(files, image.File{Path: l, Src: l, Mode: 0o755})
+	}
+	return files, nil
 }
 
 // BuildPauseImage writes an archive of the pause image (PauseImage) from

@@ -187,18 +187,25 @@ func (l *Lab) MigrateToSluiceChart(ctx context.Context, chart, manifest string, 
 		{"apply", "-f", manifest},
 		{"-n", ChartNamespace, "rollout", "status", "daemonset/" + ds, "--timeout=3m"},
 	}
+	logs := func() string {
+		out, err := l.Kubectl(ctx, "-n", ChartNamespace, "logs", "-l", "app.kubernetes.io/name="+ds, "-c", "cleanup", "--prefix", "--tail=-1")
+		if err != nil {
+			return err.Error()
+		}
+		return out
+	}
 	for _, args := range steps {
 		if _, err := l.Kubectl(ctx, args...); err != nil {
-			return "", fmt.Errorf("migrate: %w", err)
+			return "", fmt.Errorf("migrate: %w; the cleanup's logs:\n%s", err, logs())
 		}
 	}
-	logs, err := l.Kubectl(ctx, "-n", ChartNamespace, "logs", "-l", "app.kubernetes.io/name="+ds, "-c", "cleanup", "--prefix", "--tail=-1")
+	out, err := l.Kubectl(ctx, "-n", ChartNamespace, "logs", "-l", "app.kubernetes.io/name="+ds, "-c", "cleanup", "--prefix", "--tail=-1")
 	if err != nil {
 		return "", fmt.Errorf("migrate: the cleanup's logs: %w", err)
 	}
 	if _, err := l.Kubectl(ctx, "delete", "-f", manifest, "--wait=true"); err != nil {
-		return logs, fmt.Errorf("migrate: %w", err)
+		return out, fmt.Errorf("migrate: %w", err)
 	}
-	l.step("cleanup done:\n%s", indentLines(strings.TrimSpace(logs), "    "))
-	return logs, nil
+	l.step("cleanup done:\n%s", indentLines(strings.TrimSpace(out), "    "))
+	return out, nil
 }
