@@ -98,7 +98,7 @@ func RunConformance(ctx context.Context, cfg ConformanceConfig) (*ConformanceRep
 	}
 	agnhost := ImageArchive{Ref: AgnhostImage, File: filepath.Join(cfg.Out, "agnhost.tar")}
 	dnsutils := ImageArchive{Ref: JessieDNSUtilsImage, File: filepath.Join(cfg.Out, "jessie-dnsutils.tar")}
-	fmt.Fprintf(cfg.Progress, "==> building images %s, %s and %s\n", agnhost.Ref, dnsutils.Ref, RegressionIssue74839Image)
+	fmt.Fprintf(cfg.Progress, "==> building images %s, %s, %s and %s\n", agnhost.Ref, dnsutils.Ref, RegressionIssue74839Image, BusyboxE2EImage)
 	if err := BuildAgnhostImage(filepath.Join(dir, "agnhost"), coredns, agnhost.File); err != nil {
 		return nil, err
 	}
@@ -112,7 +112,12 @@ func RunConformance(ctx context.Context, cfg ConformanceConfig) (*ConformanceRep
 		return nil, err
 	}
 	defer os.Remove(regression.File)
-	images := []ImageArchive{agnhost, dnsutils, regression}
+	busybox := ImageArchive{Ref: BusyboxE2EImage, File: filepath.Join(cfg.Out, "busybox.tar")}
+	if err := BuildBusyboxE2EImage(busybox.File); err != nil {
+		return nil, err
+	}
+	defer os.Remove(busybox.File)
+	images := []ImageArchive{agnhost, dnsutils, regression, busybox}
 	rep := &ConformanceReport{Version: controlplane.Version, Focus: cfg.Focus, NoPortmap: cfg.NoPortmap, Dataplanes: cfg.Dataplanes,
 		Nodes: cfg.Nodes, Started: time.Now().UTC(), Durations: map[string]string{}}
 	byName := map[string]*ConformanceResult{}

@@ -90,6 +90,34 @@ func BuildRegressionIssue74839Image(bin, file string) error {
 	return staticBinaryImage(RegressionIssue74839Image, "/regression-issue-74839", bin, file)
 }
 
+// BusyboxE2EImage is the busybox the e2e tests run shell loops in (the
+// invalid-conntrack-state test's client among them).
+const BusyboxE2EImage = "registry.k8s.io/e2e-test-images/busybox:1.36.1-1"
+
+// BuildBusyboxE2EImage writes an archive of BusyboxE2EImage: Debian's
+// static busybox with every applet it lists linked in /bin.
+func BuildBusyboxE2EImage(file string) error {
+	if err := image.CheckStatic(BusyboxPath); err != nil {
+		return fmt.Errorf("image %s: %w", BusyboxE2EImage, err)
+	}
+	out, err := exec.Command(BusyboxPath, "--list").Output()
+	if err != nil {
+		return fmt.Errorf("image %s: busybox --list: %w", BusyboxE2EImage, err)
+	}
+	files := []image.File{{Path: "/tmp", Mode: 0o1777}, {Path: "/bin/busybox", Src: BusyboxPath}}
+	for _, a := range strings.Fields(string(out)) {
+		if a != "busybox" {
+			files = append(files, image.File{Path: "/bin/" + a, Link: "busybox"})
+		}
+	}
+	img, err := image.Build(image.Spec{Files: files, Created: time.Unix(0, 0).UTC(),
+		Cmd: []string{"/bin/sh"}, Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin"}})
+	if err != nil {
+		return fmt.Errorf("image %s: %w", BusyboxE2EImage, err)
+	}
+	return image.Write(file, BusyboxE2EImage, img)
+}
+
 // BuildDNSUtilsImage writes an archive of JessieDNSUtilsImage.
 func BuildDNSUtilsImage(file string) error {
 	return toolImage(JessieDNSUtilsImage, file, dnsutilsTools, nil, nil, []string{"/bin/sh"})
