@@ -1,6 +1,7 @@
 package loadbalancer
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -101,9 +102,9 @@ func TranslateHostPorts(p *corev1.Pod, nodeName string, nodeAddrs []netip.Addr) 
 	var errs []string
 	seen := map[Frontend]bool{}
 	podPorts(p, func(_ int, field string, cp corev1.ContainerPort) {
-		value := strconv.Itoa(int(cp.HostPort)) + "/" + string(cmpProto(cp.Protocol))
+		value := strconv.Itoa(int(cp.HostPort)) + "/" + string(cmp.Or(cp.Protocol, corev1.ProtocolTCP))
 		var proto Proto
-		switch cmpProto(cp.Protocol) {
+		switch cmp.Or(cp.Protocol, corev1.ProtocolTCP) {
 		case corev1.ProtocolTCP:
 			proto = TCP
 		case corev1.ProtocolUDP:
@@ -131,7 +132,7 @@ func TranslateHostPorts(p *corev1.Pod, nodeName string, nodeAddrs []netip.Addr) 
 			be := Backend{Addr: familyAddr(podIPs, a.Is4()), Port: uint16(cp.ContainerPort), Proto: proto,
 				NodeName: nodeName, PodName: p.Name}
 			out = append(out, LBService{
-				Name: ServiceName{NamespacedName: owner, Port: cmpName(cp.Name, value)},
+				Name: ServiceName{NamespacedName: owner, Port: cmp.Or(cp.Name, value)},
 				Type: HostPort, Frontend: fe,
 				Backends: []Backend{be}, LocalBackends: []Backend{be},
 				// The Pod is on this node and clients keep their address,
@@ -146,20 +147,6 @@ func TranslateHostPorts(p *corev1.Pod, nodeName string, nodeAddrs []netip.Addr) 
 		err = fmt.Errorf("%s: %s", PodObject(p.Namespace, p.Name), strings.Join(errs, "; "))
 	}
 	return out, unsupported, err
-}
-
-func cmpProto(p corev1.Protocol) corev1.Protocol {
-	if p == "" {
-		return corev1.ProtocolTCP
-	}
-	return p
-}
-
-func cmpName(name, fallback string) string {
-	if name != "" {
-		return name
-	}
-	return fallback
 }
 
 // podAddrs returns a Pod's addresses (status.podIPs, else status.podIP).
