@@ -4,6 +4,7 @@
 # agnhost and regression-issue-74839 test images, at the release pinned
 # in third_party/k8s/go.mod, into the cache that scripts/k8s-build.sh uses:
 #   ${SLUICE_CACHE:-/var/cache/sluice}/k8s/<version>/conformance
+# and the ginkgo CLI of the same release (parallel runs) into .../ginkgo.
 # Safe to run again: it does nothing when both are there, e2e.test -version
 # reports the pinned release and agnhost --version the image's VERSION. Steps
 # and timings go to stderr; the last line, on stdout, is the output dir, so
@@ -22,7 +23,7 @@ for arg in "$@"; do
 	case "$arg" in
 	-f | --force) force=1 ;;
 	-h | --help)
-		sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+		sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
 		exit 0
 		;;
 	*)
@@ -89,6 +90,20 @@ fi
 # The invalid-conntrack-state test's image (registry.k8s.io/e2e-test-images/
 # regression-issue-74839), a static binary with no version flag.
 regression_ok() { [ -x "$1/regression-issue-74839" ]; }
+
+# The ginkgo CLI of the release's ginkgo, which runs e2e.test's specs in
+# parallel processes (sluice lab conformance --parallel), in a dir of its own:
+# the rebuild below replaces $out_dir whole.
+ginkgo_version=$(go list -m -f '{{.Version}}' github.com/onsi/ginkgo/v2) ||
+	die "go list -m github.com/onsi/ginkgo/v2 in $mod_dir failed"
+ginkgo_dir="$cache_root/k8s/$version/ginkgo"
+if [ "$force" -eq 1 ] || [ "$("$ginkgo_dir/ginkgo" version 2>/dev/null)" != "Ginkgo Version ${ginkgo_version#v}" ]; then
+	step "building the ginkgo CLI $ginkgo_version"
+	mkdir -p "$ginkgo_dir"
+	go build -trimpath -ldflags "-s -w" -o "$ginkgo_dir/.ginkgo.tmp" github.com/onsi/ginkgo/v2/ginkgo ||
+		die "go build github.com/onsi/ginkgo/v2/ginkgo failed"
+	mv "$ginkgo_dir/.ginkgo.tmp" "$ginkgo_dir/ginkgo"
+fi
 
 if [ "$force" -eq 0 ] && e2e_ok "$out_dir" && agnhost_ok "$out_dir" && regression_ok "$out_dir"; then
 	step "e2e.test $version and agnhost $agnhost_version already built"

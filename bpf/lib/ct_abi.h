@@ -241,5 +241,8 @@ struct ns_config {
 #define NS_CFG_LOCAL_VIA_STACK (1 << 0)
 /* No netfilter handoff (nfct.h): --netfilter-handoff=false. */
 #define NS_CFG_NO_NF_HANDOFF (1 << 1)
+/* Unloading (the way back to kube-proxy): new flows go to the stack
+ * untouched, established ones are still served (nodeport.h). */
+#define NS_CFG_DRAIN (1 << 2)
 
 #endif /* __SLUICE_CT_ABI_H */

@@ -574,6 +574,14 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 			}
 		}
 #endif /* SLUICE_POD_LB */
+		/* The agent is unloading for good (kube-proxy back on the
+		 * node): a flow sluice has no state for (a half-open one was
+		 * completed above) is the stack's, whose rules take it, while
+		 * the agent hands the flows it has to netfilter's conntrack
+		 * (internal/nfexport). So none is made between that hand-over
+		 * and the programs' detach. */
+		if (!tunnel && (cfg->flags & NS_CFG_DRAIN))
+			return CTX_ACT_OK;
 		/* No state, and not a flow's first packet (a TCP SYN): a flow
 		 * netfilter balanced before sluice ran (kube-proxy's) stays
 		 * netfilter's (nfct.h). */

@@ -244,6 +244,7 @@ func (d *nodeDataplane) Close() error {
 		// The live flows go to netfilter's conntrack before the programs
 		// detach, and those made meanwhile once after: kube-proxy (back
 		// on the node) translates them as sluice did (internal/nfexport).
+		d.drain()
 		d.exportFlows("before detaching")
 		errs = append(errs, d.ns.DetachDevices())
 		d.exportFlows("after detaching")
@@ -255,6 +256,27 @@ func (d *nodeDataplane) Close() error {
 		errs = append(errs, fmt.Errorf("remove %s: %w", d.cfg.BPFRoot, err))
 	}
 	return errors.Join(errs...)
+}
+
+// drain has tc and XDP leave the flows they have no state for to the
+// stack (NS_CFG_DRAIN) before the live ones go to netfilter's conntrack:
+// kube-proxy, back on the node, takes each new flow from then on, so none
+// is made in sluice's conntrack after the hand-over, whose packets would
+// meet netfilter without an entry once the programs detach.
+func (d *nodeDataplane) drain() {
+	if !d.cfg.NetfilterHandoff {
+		return
+	}
+	cfg, err := d.ns.Config()
+	if err == nil {
+		cfg.Flags |= lbmap.NSConfigDrain
+		err = d.ns.SetConfig(cfg)
+	}
+	if err != nil {
+		slog.Warn("new flows not left to the stack before the hand-over to netfilter; those made meanwhile are handed over after detaching", "err", err)
+		return
+	}
+	time.Sleep(50 * time.Millisecond) // packets already past the check
 }
 
 // exportFlows hands the live north-south flows to netfilter's conntrack

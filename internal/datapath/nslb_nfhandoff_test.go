@@ -39,6 +39,16 @@ func nfTrack(t *testing.T, src, dst netip.AddrPort, proto uint8) {
 	}
 }
 
+// hasFlow: the BPF conntrack has p's flow, new or established.
+func hasFlow(t *testing.T, n *NorthSouth, p bpftest.Packet) bool {
+	t.Helper()
+	svc := tuple(p.Src, p.Dst, p.Proto, lbmap.CTDirService)
+	var e lbmap.CTEntry
+	_, inCT, err := n.CT().Lookup(svc)
+	must(t, err)
+	return inCT || n.tc.CtNew.Lookup(&svc, &e) == nil
+}
+
 // A flow netfilter's conntrack already tracks (one kube-proxy balanced
 // before sluice started) stays netfilter's: its packets that find no BPF
 // state go to the stack untouched, counted, instead of being balanced
@@ -79,11 +89,7 @@ func TestPrivilegedNorthSouthNetfilterHandoff(t *testing.T) {
 			if string(res.Frame) != string(in) {
 				t.Errorf("%s (netfilter tracks it): rewritten to %s; want it untouched", bpftest.Describe(in), bpftest.Describe(res.Frame))
 			}
-			svc := tuple(p.Src, p.Dst, p.Proto, lbmap.CTDirService)
-			var e lbmap.CTEntry
-			_, inCT, err := n.CT().Lookup(svc)
-			must(t, err)
-			if n.tc.CtNew.Lookup(&svc, &e) == nil || inCT {
+			if hasFlow(t, n, p) {
 				t.Errorf("%s (netfilter tracks it): a BPF flow was made", bpftest.Describe(in))
 			}
 			if got := handed(); got != before+uint64(i+1) {

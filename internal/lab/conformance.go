@@ -34,7 +34,10 @@ type ConformanceConfig struct {
 	Nodes      int
 	Focus      string
 	Skip       string
-	Chart      string // sluice's chart directory
+	// Parallel > 1 runs the specs in that many ginkgo processes (the
+	// ginkgo CLI, as Kubernetes' kind jobs do), and skips [Serial] ones.
+	Parallel int
+	Chart    string // sluice's chart directory
 	// NoPortmap: the kubelet labs' CNI network has no portmap plugin
 	// (Config.NoPortmap): hostPorts are the dataplane's to serve.
 	NoPortmap bool
@@ -55,6 +58,8 @@ type ConformanceResult struct {
 type ConformanceReport struct {
 	Version    string              `json:"version"`
 	Focus      string              `json:"focus"`
+	Skip       string              `json:"skip,omitempty"`
+	Parallel   int                 `json:"parallel,omitempty"`
 	NoPortmap  bool                `json:"noPortmap,omitempty"`
 	Dataplanes []string            `json:"dataplanes"`
 	Nodes      int                 `json:"nodes"`
@@ -118,7 +123,10 @@ func RunConformance(ctx context.Context, cfg ConformanceConfig) (*ConformanceRep
 	}
 	defer os.Remove(busybox.File)
 	images := []ImageArchive{agnhost, dnsutils, regression, busybox}
-	rep := &ConformanceReport{Version: controlplane.Version, Focus: cfg.Focus, NoPortmap: cfg.NoPortmap, Dataplanes: cfg.Dataplanes,
+	if cfg.Parallel > 1 {
+		cfg.Skip = joinRegexp(cfg.Skip, `\[Serial\]`)
+	}
+	rep := &ConformanceReport{Version: controlplane.Version, Focus: cfg.Focus, Skip: cfg.Skip, Parallel: cfg.Parallel, NoPortmap: cfg.NoPortmap, Dataplanes: cfg.Dataplanes,
 		Nodes: cfg.Nodes, Started: time.Now().UTC(), Durations: map[string]string{}}
 	byName := map[string]*ConformanceResult{}
 	for _, dp := range cfg.Dataplanes {
@@ -216,12 +224,31 @@ func conformanceOne(ctx context.Context, cfg ConformanceConfig, dp, dir string, 
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"--kubeconfig=" + l.APIServer.Kubeconfig, "--provider=skeleton", "--kubectl-path=" + kubectl,
-		"--ginkgo.focus=" + cfg.Focus, "--report-dir=" + out, "--ginkgo.no-color", "--ginkgo.timeout=2h"}
+	e2eArgs := []string{"--kubeconfig=" + l.APIServer.Kubeconfig, "--provider=skeleton", "--kubectl-path=" + kubectl,
+		"--report-dir=" + out}
+	ginkgoArgs := []string{"focus=" + cfg.Focus, "no-color", "timeout=2h"}
 	if cfg.Skip != "" {
-		args = append(args, "--ginkgo.skip="+cfg.Skip)
+		ginkgoArgs = append(ginkgoArgs, "skip="+cfg.Skip)
 	}
-	cmd, err := l.ToolCommand(ctx, filepath.Join(dir, "e2e.test"), args...)
+	bin, args := filepath.Join(dir, "e2e.test"), e2eArgs
+	if cfg.Parallel > 1 {
+		// The ginkgo CLI runs e2e.test in N processes; its own flags
+		// first, e2e.test's after "--".
+		bin = filepath.Join(filepath.Dir(dir), "ginkgo", "ginkgo")
+		if _, err := os.Stat(bin); err != nil {
+			return nil, fmt.Errorf("the ginkgo CLI not built (run ./scripts/conformance-build.sh): %w", err)
+		}
+		args = []string{fmt.Sprintf("--procs=%d", cfg.Parallel)}
+		for _, a := range ginkgoArgs {
+			args = append(args, "--"+a)
+		}
+		args = append(append(args, filepath.Join(dir, "e2e.test"), "--"), e2eArgs...)
+	} else {
+		for _, a := range ginkgoArgs {
+			args = append(args, "--ginkgo."+a)
+		}
+	}
+	cmd, err := l.ToolCommand(ctx, bin, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -232,7 +259,7 @@ func conformanceOne(ctx context.Context, cfg ConformanceConfig, dp, dir string, 
 	defer log.Close()
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.Dir = out
-	fmt.Fprintf(cfg.Progress, "==> %s: e2e.test --ginkgo.focus=%q (log %s)\n", dp, cfg.Focus, log.Name())
+	fmt.Fprintf(cfg.Progress, "==> %s: %s %s (log %s)\n", dp, filepath.Base(bin), strings.Join(args, " "), log.Name())
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -265,6 +292,14 @@ wait:
 	}
 	fmt.Fprintf(cfg.Progress, "==> %s: %d of %d tests passed in %s\n", dp, passed, len(cases), time.Since(start).Round(time.Second))
 	return cases, nil
+}
+
+// joinRegexp is a|b of two ginkgo regexps, either possibly empty.
+func joinRegexp(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "|" + b
 }
 
 // specsDone counts the specs ginkgo has reported finished in its log.
@@ -317,7 +352,14 @@ func (r *ConformanceReport) Markdown() string {
 	if r.NoPortmap {
 		cni = ", no portmap plugin in the CNI network (hostPorts are the dataplane's)"
 	}
-	fmt.Fprintf(&b, "Kubernetes %s e2e.test, focus `%s`, %d kubelet node(s)%s, run %s.\n\n", r.Version, r.Focus, r.Nodes, cni,
+	skip := ""
+	if r.Skip != "" {
+		skip = fmt.Sprintf(", skip `%s`", r.Skip)
+	}
+	if r.Parallel > 1 {
+		skip += fmt.Sprintf(", %d ginkgo processes", r.Parallel)
+	}
+	fmt.Fprintf(&b, "Kubernetes %s e2e.test, focus `%s`%s, %d kubelet node(s)%s, run %s.\n\n", r.Version, r.Focus, skip, r.Nodes, cni,
 		r.Started.Format("2006-01-02 15:04 UTC"))
 	b.WriteString("| test |")
 	for _, dp := range r.Dataplanes {
@@ -370,6 +412,9 @@ func conformanceCommand() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Progress = cmd.OutOrStdout()
+			if cfg.Parallel < 1 {
+				return fmt.Errorf("--parallel %d: want 1 (one process) or more", cfg.Parallel)
+			}
 			cfg.Dataplanes = strings.Split(dataplanes, ",")
 			for _, dp := range cfg.Dataplanes {
 				if dp != DataplaneSluice && !IsKubeProxy(dp) {
@@ -394,6 +439,7 @@ func conformanceCommand() *cobra.Command {
 	cmd.Flags().IntVar(&cfg.Nodes, "nodes", 2, "kubelet nodes")
 	cmd.Flags().StringVar(&cfg.Focus, "focus", DefaultConformanceFocus, "ginkgo focus: which tests")
 	cmd.Flags().StringVar(&cfg.Skip, "skip", "", "ginkgo skip")
+	cmd.Flags().IntVar(&cfg.Parallel, "parallel", 1, "ginkgo processes running specs at once (the ginkgo CLI, as the kind jobs do); above 1, [Serial] specs are skipped")
 	cmd.Flags().BoolVar(&cfg.NoPortmap, "no-portmap", false, "no portmap plugin in the nodes' CNI network: the HostPort tests then pass only where the dataplane serves hostPorts")
 	cmd.Flags().StringVar(&cfg.Chart, "chart", "deploy/charts/sluice", "sluice's chart")
 	cmd.Flags().StringVar(&cfg.Out, "out", "results/conformance", "results directory")

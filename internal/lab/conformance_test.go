@@ -48,3 +48,15 @@ func TestConformanceMarkdown(t *testing.T) {
 		}
 	}
 }
+
+// A parallel run skips [Serial] specs, and its table says so.
+func TestConformanceMarkdownParallel(t *testing.T) {
+	r := &ConformanceReport{Version: "v1.33.13", Focus: "net", Skip: joinRegexp(joinRegexp("", "GCE"), `\[Serial\]`), Parallel: 4,
+		Dataplanes: []string{"sluice"}, Nodes: 2}
+	if want := `GCE|\[Serial\]`; r.Skip != want {
+		t.Errorf("skip %q, want %q", r.Skip, want)
+	}
+	if md, want := r.Markdown(), "focus `net`, skip `GCE|\\[Serial\\]`, 4 ginkgo processes, 2 kubelet node(s)"; !strings.Contains(md, want) {
+		t.Errorf("markdown lacks %q:\n%s", want, md)
+	}
+}

@@ -209,3 +209,70 @@ func (l *Lab) MigrateToSluiceChart(ctx context.Context, chart, manifest string, 
 	l.step("cleanup done:\n%s", indentLines(strings.TrimSpace(out), "    "))
 	return out, nil
 }
+
+// MigrateToKubeProxyChart is MigrateToKubeProxy on a kubelet lab that runs
+// sluice from its chart, through the objects a cluster uses (the way back
+// in docs/install.md): kube-proxy (dataplane) started and synced on every
+// node while sluice still serves, then `helm uninstall`, whose pre-delete
+// hook marks the DaemonSet so that each agent, exiting, hands its live
+// flows to netfilter's conntrack and unloads. It returns the agents' log
+// lines about the hand-over, read while they exit.
+func (l *Lab) MigrateToKubeProxyChart(ctx context.Context, dataplane string) (handover string, err error) {
+	if l.Dataplane != DataplaneSluice || !IsKubeProxy(dataplane) || l.APIServer == nil || len(l.Nodes) == 0 || l.Nodes[0].Kubelet == nil {
+		return "", fmt.Errorf("migrate back: from %s to %s: want a kubelet lab running sluice's chart, and kube-proxy-*", l.Dataplane, dataplane)
+	}
+	if err := checkDataplane(dataplane); err != nil {
+		return "", fmt.Errorf("migrate back: %w", err)
+	}
+	l.step("migrating back to %s: starting kube-proxy on %d nodes beside sluice's DaemonSet", dataplane, len(l.Nodes))
+	l.Dataplane = dataplane
+	if err := l.startKubeProxies(ctx, Config{Dataplane: dataplane}); err != nil {
+		return "", fmt.Errorf("migrate back: %w", err)
+	}
+	if err := l.save(); err != nil {
+		return "", err
+	}
+	// The agents' logs, followed from before the uninstall: their pods
+	// go with it.
+	kc, err := KubectlBin()
+	if err != nil {
+		return "", err
+	}
+	follow, err := l.ToolCommand(ctx, kc, "-n", ChartNamespace, "logs", "-f", "--prefix", "--tail=0", "-c", "agent",
+		"-l", "app.kubernetes.io/name=sluice,app.kubernetes.io/component=agent")
+	if err != nil {
+		return "", err
+	}
+	var logs strings.Builder
+	follow.Stdout = &logs
+	if err := follow.Start(); err != nil {
+		return "", fmt.Errorf("migrate back: follow the agents' logs: %w", err)
+	}
+	followed := make(chan error, 1)
+	go func() { followed <- follow.Wait() }()
+	defer func() {
+		_ = follow.Process.Kill()
+		<-followed
+	}()
+	time.Sleep(time.Second) // the follow streams are open
+	l.step("helm uninstall %s --namespace %s --wait", ChartRelease, ChartNamespace)
+	if _, err := l.Helm(ctx, "uninstall", ChartRelease, "--namespace", ChartNamespace, "--wait"); err != nil {
+		return "", fmt.Errorf("migrate back: %w", err)
+	}
+	// The follow ends when the last agent's stream does.
+	select {
+	case <-followed:
+		followed <- nil
+	case <-time.After(time.Minute):
+		return "", fmt.Errorf("migrate back: the agents' pods still logging a minute after helm uninstall")
+	}
+	var lines []string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "handed to netfilter") {
+			lines = append(lines, line)
+		}
+	}
+	handover = strings.Join(lines, "\n")
+	l.step("sluice uninstalled; the agents' hand-over:\n%s", indentLines(handover, "    "))
+	return handover, nil
+}

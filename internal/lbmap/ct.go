@@ -190,6 +190,11 @@ const NSConfigLocalViaStack uint32 = 1 << 0
 // flow to netfilter's conntrack (--netfilter-handoff=false).
 const NSConfigNoNFHandoff uint32 = 1 << 1
 
+// NSConfigDrain (NS_CFG_DRAIN): tc and XDP leave every flow they have no
+// state for to the stack, serving only the ones they have: set by an
+// agent unloading for good, before it hands those to netfilter.
+const NSConfigDrain uint32 = 1 << 2
+
 // CTFlagsString names the set flags, e.g. "SYN|ESTABLISHED|SNAT".
 func CTFlagsString(f uint16) string {
 	names := []struct {

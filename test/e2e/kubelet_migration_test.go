@@ -5,13 +5,16 @@ package e2e
 // kube-proxy goes, deploy/migrate/cleanup-kube-proxy.yaml cleans every
 // node, all under long-lived connections with idle seconds between their
 // requests (east-west from a real pod through the ClusterIP, north-south
-// from the lab's client through a NodePort) and a loop of new connections.
+// from the lab's client through a NodePort) and a loop of new connections;
+// then the way back, kube-proxy again and sluice uninstalled, the same way.
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +27,10 @@ import (
 // both ways keep every request answered while the chart goes in beside
 // kube-proxy (iptables, and nftables), kube-proxy is stopped and the
 // cleanup DaemonSet runs; afterwards nothing of kube-proxy's is left on
-// the nodes.
+// the nodes. Then, under the same load opened through sluice, kube-proxy
+// starts again and `helm uninstall` removes sluice: every request is
+// answered again, the agents hand their live flows to netfilter, and the
+// node is as it was before sluice came.
 func TestPrivilegedKubeletMigrationFromKubeProxy(t *testing.T) {
 	requirePrivileged(t, "containerd", "runc", "ctr", "unshare", "iptables", "nft")
 	if _, err := lab.HelmBin(); err != nil {
@@ -39,6 +45,8 @@ func TestPrivilegedKubeletMigrationFromKubeProxy(t *testing.T) {
 			vip := applyKubeletWorkloads(t, l)
 			node := l.Nodes[1]
 			nodePort := node.IPv4.String() + ":30080"
+			waitServed(t, l, vip+":80", nodePort, l.Nodes[0].IPv4.String()+":30080")
+			before := nodeState(t, l, node)
 
 			// 50 connections each way, a request every 2 s for 80 s.
 			streams := startStreamsOf(ctx, t, l, vip+":80", nodePort, 50, 40, 2*time.Second)
@@ -64,6 +72,31 @@ func TestPrivilegedKubeletMigrationFromKubeProxy(t *testing.T) {
 			loop.check(t, "the migration from "+dp)
 			if st := podStatus(t, l); st.NorthSouth != nil {
 				t.Logf("netfilter handoff on %s: %s, %d packets", st.NodeName, st.NorthSouth.NetfilterHandoff, st.NorthSouth.NetfilterHandoffPackets)
+			}
+			if t.Failed() {
+				return
+			}
+
+			// And back: kube-proxy again, sluice uninstalled, under the same
+			// load opened through sluice.
+			streams = startStreamsOf(ctx, t, l, vip+":80", nodePort, 50, 40, 2*time.Second)
+			loop = startLoop(ctx, t, l, "http://"+l.Nodes[0].IPv4.String()+":30080/", 20, 70*time.Second)
+			handover, err := l.MigrateToKubeProxyChart(ctx, dp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// node2 (the streams' NodePort) has live north-south flows to
+			// hand over.
+			if !strings.Contains(handover, "live flows handed to netfilter's conntrack") {
+				t.Errorf("the agents logged no hand-over of their live flows while unloading:\n%s", handover)
+			}
+			streams.check(t, "the way back to "+dp)
+			loop.check(t, "the way back to "+dp)
+			after := nodeState(t, l, node)
+			for _, k := range slices.Sorted(maps.Keys(before)) {
+				if before[k] != after[k] {
+					t.Errorf("%s after the way back to %s differs from before sluice:\nbefore:\n%s\nafter:\n%s", k, dp, before[k], after[k])
+				}
 			}
 		})
 	}

@@ -423,6 +423,42 @@ func waitNoAgentPods(t *testing.T, l *lab.Lab, step string) {
 	}
 }
 
+// waitServed waits until the dataplane in place answers the ClusterIP vip
+// from the client pod and every NodePort addr from the lab's client:
+// Deployment Available says nothing of whether kube-proxy (or sluice) has
+// programmed the Service yet, and a stream's connection is made once.
+func waitServed(t *testing.T, l *lab.Lab, vip string, nodePorts ...string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var missing []string
+		if r := podProbe(t, l, "client", "http", "--url", "http://"+vip+"/", "--count", "4", "--timeout", "1s"); r.OK != r.Count {
+			missing = append(missing, "ClusterIP "+vip+" from pod client: "+describe(r))
+		}
+		for _, a := range nodePorts {
+			out, err := l.Command(t.Context(), "client", filepath.Join(env.binDir, "sluice"), "lab", "probe", "http",
+				"--url", "http://"+a+"/", "--count", "4", "--timeout", "1s", "-o", "json").Output()
+			var r lab.ProbeReport
+			if err == nil {
+				err = json.Unmarshal(out, &r)
+			}
+			switch {
+			case err != nil:
+				t.Fatalf("probe of %s from the lab's client: %v (%s)", a, err, out)
+			case r.OK != r.Count:
+				missing = append(missing, "NodePort "+a+" from the lab's client: "+describe(&r))
+			}
+		}
+		if len(missing) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not served a minute after the workloads were ready:\n%s", strings.Join(missing, "\n"))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
 // streamPair is a long-lived stream through the ClusterIP from the client
 // pod and one through the NodePort from the lab's client.
 type streamPair struct {
@@ -444,6 +480,7 @@ func startStreams(ctx context.Context, t *testing.T, l *lab.Lab, vip, nodePort s
 // asking count times every interval.
 func startStreamsOf(ctx context.Context, t *testing.T, l *lab.Lab, vip, nodePort string, conns, count int, interval time.Duration) *streamPair {
 	t.Helper()
+	waitServed(t, l, vip, nodePort)
 	s := &streamPair{done: make(chan struct{}), started: time.Now()}
 	args := []string{"--connections", strconv.Itoa(conns), "--count", strconv.Itoa(count), "--interval", interval.String(),
 		"--timeout", "2s", "--budget", "10m", "-o", "json"}
