@@ -34,6 +34,7 @@ type pipeline interface {
 // Reasons an object, or one value of it, is left out of the maps.
 const (
 	skipInvalid        = "invalid"        // refused by the model; its last good version stays
+	skipIgnored        = "ignored"        // a value sluice cannot apply (a bad annotation); the rest is served
 	skipConflict       = "conflict"       // the frontend is held by an older Service
 	skipUnsupported    = "unsupported"    // a port sluice does not proxy (SCTP)
 	skipMapFull        = "map-full"       // a BPF map had no room
@@ -49,7 +50,7 @@ const (
 )
 
 // skipReasons lists every reason, for the metric's series.
-var skipReasons = []string{skipInvalid, skipConflict, skipUnsupported, skipMapFull, skipUnprogrammable, skipWriteFailed,
+var skipReasons = []string{skipInvalid, skipIgnored, skipConflict, skipUnsupported, skipMapFull, skipUnprogrammable, skipWriteFailed,
 	skipNeighbour, skipPodDevice, skipDSRTunnel, skipBandwidthAnnotation, skipBandwidth}
 
 // skip is one object, or one value of it (a frontend), left out of the

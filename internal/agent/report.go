@@ -246,6 +246,8 @@ func eventReason(reason string) string {
 		return "FrontendConflict"
 	case skipInvalid:
 		return "InvalidService"
+	case skipIgnored:
+		return "ServiceValueIgnored"
 	case skipUnsupported:
 		return "UnsupportedProtocol"
 	case skipMapFull:
@@ -257,6 +259,9 @@ func eventReason(reason string) string {
 }
 
 func skipEventMessage(k skip) string {
+	if k.Reason == skipIgnored {
+		return "sluice-agent ignored a value of this Service: " + k.Message
+	}
 	if k.Value == "" {
 		return "sluice-agent skipped this " + strings.Fields(loadbalancer.OwnerObject(k.Service))[0] + ": " + k.Message
 	}

@@ -1011,12 +1011,15 @@ func (p *modelPipeline) RetryFailed() {
 }
 
 // modelSkips lists what the model refused: invalid objects (their last
-// good version stays), ports sluice does not proxy and frontends held by
+// good version stays), values it ignored (the rest is served), ports sluice does not proxy and frontends held by
 // an older Service.
 func modelSkips(st *loadbalancer.State) []skip {
 	var out []skip
 	for obj, msg := range st.Errors {
 		s := skip{Object: obj, Reason: skipInvalid, Message: msg + " (its last good version stays in effect)"}
+		if st.Ignored[obj] {
+			s.Reason, s.Message = skipIgnored, msg+" (the rest of it is served)"
+		}
 		if rest, ok := strings.CutPrefix(obj, "Service "); ok {
 			ns, name, _ := strings.Cut(rest, "/")
 			s.Service = types.NamespacedName{Namespace: ns, Name: name}

@@ -2,6 +2,7 @@ package loadbalancer
 
 import (
 	"cmp"
+	"errors"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -27,8 +28,12 @@ type State struct {
 	// updated in place; TakeTunnelChanges names what changed.
 	Tunnels map[netip.Prefix]netip.Addr
 	// Errors maps "Service ns/name" or "EndpointSlice ns/name" to the reason
-	// the object is refused. Its last good version stays in effect.
+	// the object is refused. Its last good version stays in effect, unless
+	// Ignored says otherwise.
 	Errors map[string]string
+	// Ignored marks the Errors that are values ignored (IgnoredFields):
+	// the object's current version is served without them.
+	Ignored map[string]bool
 	// Conflicts are, per Service, the frontends it asks for that an older
 	// Service holds: they are left out of Services.
 	Conflicts map[types.NamespacedName][]Conflict
@@ -95,6 +100,7 @@ func NewTracker(opts Options) *Tracker {
 			NoNodePort:  map[netip.Addr]bool{},
 			Tunnels:     map[netip.Prefix]netip.Addr{},
 			Errors:      map[string]string{},
+			Ignored:     map[string]bool{},
 			Conflicts:   map[types.NamespacedName][]Conflict{},
 			Unsupported: map[types.NamespacedName][]UnsupportedPort{},
 		},
@@ -335,12 +341,22 @@ func (t *Tracker) translate(name types.NamespacedName) []Frontend {
 			own = append(own, s)
 		}
 		var err error
-		if lbs, err = Translate(svc, own, t.opts); err != nil {
+		var ignored IgnoredFields
+		lbs, err = Translate(svc, own, t.opts)
+		delete(t.state.Ignored, key)
+		switch {
+		case errors.As(err, &ignored):
+			t.state.Errors[key], t.state.Ignored[key] = err.Error(), true // served without them
+		case err != nil:
 			t.state.Errors[key] = err.Error()
 			return nil // the last good LBServices stay
+		default:
+			delete(t.state.Errors, key)
 		}
+	} else {
+		delete(t.state.Errors, key)
+		delete(t.state.Ignored, key)
 	}
-	delete(t.state.Errors, key)
 	if u := unsupportedPorts(t.services[name]); len(u) > 0 {
 		t.state.Unsupported[name] = u
 	} else {

@@ -310,7 +310,7 @@ func TestTrackerErrorMessage(t *testing.T) {
 	tr := NewTracker(Options{})
 	tr.OnServiceUpdate(nil, service(nodePort, func(s *corev1.Service) { s.Spec.Ports[0].NodePort = 80 }))
 	st, _, _ := tr.Sync()
-	want := `Service default/web: spec.ports[0].nodePort "80": outside the node port range 30000-32767`
+	want := `Service default/web: spec.ports[0].nodePort "80": outside the node port range 30000-32767 (--node-port-range): ignored, this port has no NodePort`
 	if got := st.Errors["Service default/web"]; got != want {
 		t.Errorf("Errors[Service default/web] = %q, want %q", got, want)
 	}

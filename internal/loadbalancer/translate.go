@@ -82,6 +82,22 @@ func (e *FieldError) Error() string {
 	return fmt.Sprintf("%s: %s %q: %s", e.Object, e.Field, e.Value, e.Reason)
 }
 
+// IgnoredFields are values of a Service that sluice cannot apply and
+// ignores, where Kubernetes accepted them (a sluice annotation, a nodePort
+// outside --node-port-range): the Service's other frontends, and its
+// endpoints through a rolling update, still follow. Translate returns it
+// with the LBServices; the Tracker serves those and reports it in
+// State.Errors.
+type IgnoredFields []*FieldError
+
+func (e IgnoredFields) Error() string {
+	msgs := make([]string, len(e))
+	for i, f := range e {
+		msgs[i] = f.Error()
+	}
+	return strings.Join(msgs, "; ")
+}
+
 // UnsupportedPort is a Service port sluice does not proxy.
 type UnsupportedPort struct {
 	Field  string // spec.ports[1]
@@ -137,6 +153,10 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, opts 
 	invalid := func(field, value, reason string) error {
 		return &FieldError{Object: obj, Field: field, Value: value, Reason: reason}
 	}
+	var ignored IgnoredFields
+	ignore := func(field, value, reason string) {
+		ignored = append(ignored, &FieldError{Object: obj, Field: field, Value: value, Reason: reason})
+	}
 
 	switch svc.Spec.Type {
 	case "", corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer:
@@ -149,7 +169,7 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, opts 
 	if err != nil || len(clusterIPs) == 0 {
 		return nil, err
 	}
-	common, err := serviceAttributes(svc, opts, invalid)
+	common, err := serviceAttributes(svc, opts, invalid, ignore)
 	if err != nil {
 		return nil, err
 	}
@@ -214,8 +234,10 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, opts 
 			case np == 0:
 				return nil, invalid(field+".nodePort", "0", "required for type "+string(svc.Spec.Type))
 			case np < int32(npRange[0]) || np > int32(npRange[1]):
-				return nil, invalid(field+".nodePort", strconv.Itoa(int(np)),
-					fmt.Sprintf("outside the node port range %d-%d", npRange[0], npRange[1]))
+				// The apiserver's range is not sluice's (--node-port-range):
+				// this port has no NodePort here, its other frontends do.
+				ignore(field+".nodePort", strconv.Itoa(int(np)),
+					fmt.Sprintf("outside the node port range %d-%d (--node-port-range): ignored, this port has no NodePort", npRange[0], npRange[1]))
 			default:
 				nodePort = uint16(np)
 			}
@@ -279,22 +301,26 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, opts 
 			add(LoadBalancer, ip, port)
 		}
 	}
+	if len(ignored) > 0 {
+		return out, ignored
+	}
 	return out, nil
 }
 
 // serviceAttributes parses what every frontend of the Service shares.
-func serviceAttributes(svc *corev1.Service, opts Options, invalid func(string, string, string) error) (LBService, error) {
+func serviceAttributes(svc *corev1.Service, opts Options, invalid func(string, string, string) error,
+	ignore func(string, string, string)) (LBService, error) {
 	var lbs LBService
 	lbs.Name.Namespace, lbs.Name.Name = svc.Namespace, svc.Name
 
 	lbs.Algorithm = cmp.Or(opts.Algorithm, AlgorithmRandom)
 	if v, ok := svc.Annotations[AnnotationLBAlgorithm]; ok {
-		a, err := ParseAlgorithm(strings.TrimSpace(v))
-		if err != nil {
-			return lbs, invalid("metadata.annotations["+AnnotationLBAlgorithm+"]", v,
-				"must be "+string(AlgorithmRandom)+" or "+string(AlgorithmMaglev))
+		if a, err := ParseAlgorithm(strings.TrimSpace(v)); err == nil {
+			lbs.Algorithm = a
+		} else {
+			ignore("metadata.annotations["+AnnotationLBAlgorithm+"]", v,
+				"must be "+string(AlgorithmRandom)+" or "+string(AlgorithmMaglev)+": ignored, the default "+string(lbs.Algorithm)+" applies")
 		}
-		lbs.Algorithm = a
 	}
 
 	switch svc.Spec.SessionAffinity {

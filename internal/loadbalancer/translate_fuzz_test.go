@@ -142,7 +142,8 @@ func jsonOf(v any) string {
 // FuzzLBAlgorithmAnnotation sets service.sluice.io/lb-algorithm on a valid
 // Service. Invariants: the annotation is accepted exactly when it is
 // random or maglev (spaces around allowed), every frontend then has that
-// algorithm, and a refusal quotes the value.
+// algorithm; otherwise it is ignored (IgnoredFields, the value quoted) and
+// every frontend has the default.
 func FuzzLBAlgorithmAnnotation(f *testing.F) {
 	for _, v := range []string{"random", "maglev", " maglev\n", "Maglev", "", "round-robin", "\x00"} {
 		f.Add(v)
@@ -160,10 +161,14 @@ func FuzzLBAlgorithmAnnotation(f *testing.F) {
 			t.Fatalf("annotation %q: Translate error %v, ParseAlgorithm error %v", v, err, perr)
 		}
 		if err != nil {
+			var ignored loadbalancer.IgnoredFields
+			if !errors.As(err, &ignored) {
+				t.Errorf("annotation %q: error %v (%T), want IgnoredFields", v, err, err)
+			}
 			if !strings.Contains(err.Error(), loadbalancer.AnnotationLBAlgorithm) || !strings.Contains(err.Error(), strconv.Quote(v)) {
 				t.Errorf("annotation %q: error %q does not name the annotation and quote the value", v, err)
 			}
-			return
+			want = loadbalancer.AlgorithmRandom
 		}
 		if len(lbs) != 2 {
 			t.Fatalf("annotation %q: %d LBServices, want ClusterIP and NodePort", v, len(lbs))

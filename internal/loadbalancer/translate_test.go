@@ -6,6 +6,7 @@ package loadbalancer
 //   pods of node N     198.18.N.0/24, fd00:198:18:N::/64
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"reflect"
@@ -629,16 +630,6 @@ func TestTranslateErrors(t *testing.T) {
 			want: `Service default/web: spec.ports[0].protocol "ICMP": unknown protocol`,
 		},
 		{
-			name: "nodePort below the range",
-			svc:  service(nodePort, func(s *corev1.Service) { s.Spec.Ports[0].NodePort = 29999 }),
-			want: `Service default/web: spec.ports[0].nodePort "29999": outside the node port range 30000-32767`,
-		},
-		{
-			name: "nodePort above the range",
-			svc:  service(nodePort, func(s *corev1.Service) { s.Spec.Ports[0].NodePort = 32768 }),
-			want: `Service default/web: spec.ports[0].nodePort "32768": outside the node port range 30000-32767`,
-		},
-		{
 			name: "nodePort missing",
 			svc:  service(nodePort, func(s *corev1.Service) { s.Spec.Ports[0].NodePort = 0 }),
 			want: `Service default/web: spec.ports[0].nodePort "0": required for type NodePort`,
@@ -690,20 +681,6 @@ func TestTranslateErrors(t *testing.T) {
 				s.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicy("Zone"))
 			}),
 			want: `Service default/web: spec.internalTrafficPolicy "Zone": must be Cluster or Local`,
-		},
-		{
-			name: "unknown lb-algorithm annotation",
-			svc: service(func(s *corev1.Service) {
-				s.Annotations = map[string]string{AnnotationLBAlgorithm: "round-robin"}
-			}),
-			want: `Service default/web: metadata.annotations[service.sluice.io/lb-algorithm] "round-robin": must be random or maglev`,
-		},
-		{
-			name: "empty lb-algorithm annotation",
-			svc: service(func(s *corev1.Service) {
-				s.Annotations = map[string]string{AnnotationLBAlgorithm: ""}
-			}),
-			want: `Service default/web: metadata.annotations[service.sluice.io/lb-algorithm] "": must be random or maglev`,
 		},
 		{
 			name:   "slice address unparseable",
@@ -792,28 +769,100 @@ func TestParseAlgorithm(t *testing.T) {
 	}
 }
 
-// A bad annotation refuses the new version and keeps the last good one in
-// effect, maglev included, with the error naming the annotation and value.
-func TestTrackerBadAlgorithmKeepsLastGood(t *testing.T) {
-	tr := NewTracker(Options{})
-	good := service(nodePort, func(s *corev1.Service) {
-		s.Annotations = map[string]string{AnnotationLBAlgorithm: "maglev"}
-	})
-	tr.OnServiceUpdate(nil, good)
-	st, _, _ := tr.Sync()
-	want := summary(st.Services[types.NamespacedName{Namespace: "default", Name: "web"}])
-
-	bad := service(nodePort, func(s *corev1.Service) {
-		s.Annotations = map[string]string{AnnotationLBAlgorithm: "magic"}
-	})
-	tr.OnServiceUpdate(good, bad)
-	st, _, _ = tr.Sync()
-	if got := summary(st.Services[types.NamespacedName{Namespace: "default", Name: "web"}]); !reflect.DeepEqual(got, want) {
-		t.Errorf("after a bad annotation: %q, want the last good %q", got, want)
+// Values Kubernetes accepts that sluice cannot apply are ignored, named
+// and quoted in the error: the Service is served without them.
+func TestTranslateIgnoredFields(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		svc  *corev1.Service
+		want []string // summary
+		err  string
+	}{
+		{
+			name: "nodePort below the range",
+			svc:  service(nodePort, func(s *corev1.Service) { s.Spec.Ports[0].NodePort = 29999 }),
+			want: []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080"},
+			err:  `Service default/web: spec.ports[0].nodePort "29999": outside the node port range 30000-32767 (--node-port-range): ignored, this port has no NodePort`,
+		},
+		{
+			name: "nodePort above the range",
+			svc:  service(nodePort, func(s *corev1.Service) { s.Spec.Ports[0].NodePort = 32768 }),
+			want: []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080"},
+			err:  `Service default/web: spec.ports[0].nodePort "32768": outside the node port range 30000-32767 (--node-port-range): ignored, this port has no NodePort`,
+		},
+		{
+			name: "unknown lb-algorithm annotation",
+			svc:  service(func(s *corev1.Service) { s.Annotations = map[string]string{AnnotationLBAlgorithm: "round-robin"} }),
+			want: []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080"},
+			err:  `Service default/web: metadata.annotations[service.sluice.io/lb-algorithm] "round-robin": must be random or maglev: ignored, the default random applies`,
+		},
+		{
+			name: "empty lb-algorithm annotation, and a nodePort outside the range",
+			svc: service(nodePort, func(s *corev1.Service) {
+				s.Annotations = map[string]string{AnnotationLBAlgorithm: ""}
+				s.Spec.Ports[0].NodePort = 80
+			}),
+			want: []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.5:8080"},
+			err: `Service default/web: metadata.annotations[service.sluice.io/lb-algorithm] "": must be random or maglev: ignored, the default random applies; ` +
+				`Service default/web: spec.ports[0].nodePort "80": outside the node port range 30000-32767 (--node-port-range): ignored, this port has no NodePort`,
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			lbss, err := Translate(tt.svc, []*discoveryv1.EndpointSlice{epSlice("web-1", discoveryv1.AddressTypeIPv4, ready("198.18.1.5", ""))}, Options{})
+			var ignored IgnoredFields
+			if !errors.As(err, &ignored) || err.Error() != tt.err {
+				t.Errorf("error %v (%T)\nwant IgnoredFields %s", err, err, tt.err)
+			}
+			if got := summary(lbss); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("served %q, want %q", got, tt.want)
+			}
+		})
 	}
-	wantErr := `Service default/web: metadata.annotations[service.sluice.io/lb-algorithm] "magic": must be random or maglev`
+}
+
+// A rolling update under a bad annotation: the Service follows its
+// endpoints with the default algorithm, the error is reported, and goes
+// once the annotation is fixed (before, the last good version stayed,
+// endpoints frozen).
+func TestTrackerBadAnnotationFollowsEndpoints(t *testing.T) {
+	web := types.NamespacedName{Namespace: "default", Name: "web"}
+	tr := NewTracker(Options{})
+	withAlgo := func(v string) *corev1.Service {
+		return service(nodePort, func(s *corev1.Service) { s.Annotations = map[string]string{AnnotationLBAlgorithm: v} })
+	}
+	good, bad := withAlgo("maglev"), withAlgo("magic")
+	old := epSlice("web-1", discoveryv1.AddressTypeIPv4, ready("198.18.1.5", ""))
+	tr.OnServiceUpdate(nil, good)
+	tr.OnEndpointSliceUpdate(nil, old)
+	tr.Sync()
+
+	tr.OnServiceUpdate(good, bad)
+	st, _, _ := tr.Sync()
+	wantErr := `Service default/web: metadata.annotations[service.sluice.io/lb-algorithm] "magic": must be random or maglev: ignored, the default random applies`
 	if got := st.Errors["Service default/web"]; got != wantErr {
 		t.Errorf("Errors[Service default/web] = %q, want %q", got, wantErr)
+	}
+	// The rolling update: the old pod goes, a new one comes.
+	next := epSlice("web-1", discoveryv1.AddressTypeIPv4, ready("198.18.1.9", ""))
+	tr.OnEndpointSliceUpdate(old, next)
+	st, changed, _ := tr.Sync()
+	want := []string{"ClusterIP 198.19.0.10:80/TCP default/web:http -> 198.18.1.9:8080", "NodePort 0.0.0.0:30080/TCP default/web:http -> 198.18.1.9:8080"}
+	if got := summary(st.Services[web]); !reflect.DeepEqual(got, want) || !changed[web] {
+		t.Errorf("after the rolling update under a bad annotation: %q (changed %v), want %q", got, changed, want)
+	}
+	if got := st.Errors["Service default/web"]; got != wantErr {
+		t.Errorf("Errors[Service default/web] = %q, want it still %q", got, wantErr)
+	}
+
+	tr.OnServiceUpdate(bad, withAlgo("maglev"))
+	st, _, _ = tr.Sync()
+	if got, ok := st.Errors["Service default/web"]; ok {
+		t.Errorf("annotation fixed: error %q stays", got)
+	}
+	for _, l := range st.Services[web] {
+		if l.Algorithm != AlgorithmMaglev {
+			t.Errorf("annotation fixed: %s has %q, want maglev", l.Frontend, l.Algorithm)
+		}
 	}
 }
 
