@@ -126,24 +126,31 @@ func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
 	if s.pods && podHandler {
 		inf[kindPod] = podFactory.Core().V1().Pods().Informer()
 	}
+	// Synced once every handler has seen its informer's initial list, not
+	// when the informers' stores have it: the handlers run behind the
+	// stores, and a first sync before they caught up would delete
+	// frontends (restored from the pins after a restart) still serving.
+	var hasSynced []cache.InformerSynced
 	for kind, i := range inf {
 		if err := i.SetWatchErrorHandler(func(_ *cache.Reflector, err error) { s.listFailed(kind, err) }); err != nil {
 			return fmt.Errorf("%s informer: %w", kind, err)
 		}
+		var reg cache.ResourceEventHandlerRegistration
 		var err error
 		switch kind {
 		case kindService:
-			_, err = i.AddEventHandler(eventHandler(h.OnServiceUpdate))
+			reg, err = i.AddEventHandler(eventHandler(h.OnServiceUpdate))
 		case kindEndpointSlice:
-			_, err = i.AddEventHandler(eventHandler(h.OnEndpointSliceUpdate))
+			reg, err = i.AddEventHandler(eventHandler(h.OnEndpointSliceUpdate))
 		case kindNode:
-			_, err = i.AddEventHandler(eventHandler(h.OnNodeUpdate))
+			reg, err = i.AddEventHandler(eventHandler(h.OnNodeUpdate))
 		case kindPod:
-			_, err = i.AddEventHandler(eventHandler(ph.OnPodUpdate))
+			reg, err = i.AddEventHandler(eventHandler(ph.OnPodUpdate))
 		}
 		if err != nil {
 			return fmt.Errorf("add %s event handler: %w", kind, err)
 		}
+		hasSynced = append(hasSynced, reg.HasSynced)
 	}
 	s.mu.Lock()
 	s.informers = inf
@@ -156,10 +163,6 @@ func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
 	defer nodeFactory.Shutdown()
 	defer podFactory.Shutdown()
 
-	hasSynced := []cache.InformerSynced{inf[kindService].HasSynced, inf[kindEndpointSlice].HasSynced, inf[kindNode].HasSynced}
-	if i, ok := inf[kindPod]; ok {
-		hasSynced = append(hasSynced, i.HasSynced)
-	}
 	if !cache.WaitForCacheSync(ctx.Done(), hasSynced...) {
 		return nil // ctx done
 	}

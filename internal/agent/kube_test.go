@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 )
 
@@ -75,4 +77,65 @@ func TestKubeSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.waitFor(t, "delete Service default/web")
+}
+
+// slowHandler takes its time over each object, as an agent's handlers do
+// at scale.
+type slowHandler struct {
+	*recorder
+	delay time.Duration
+}
+
+func (h slowHandler) OnServiceUpdate(prev, cur *corev1.Service) {
+	time.Sleep(h.delay)
+	h.recorder.OnServiceUpdate(prev, cur)
+}
+
+func (h slowHandler) OnEndpointSliceUpdate(prev, cur *discoveryv1.EndpointSlice) {
+	time.Sleep(h.delay)
+	h.recorder.OnEndpointSliceUpdate(prev, cur)
+}
+
+func (h slowHandler) OnNodeUpdate(prev, cur *corev1.Node) {
+	time.Sleep(h.delay)
+	h.recorder.OnNodeUpdate(prev, cur)
+}
+
+// synced is called once the handlers have seen every object of the
+// initial list, however far behind the informers' stores they run: the
+// agent's first sync deletes what the list lacks (a restart's restored
+// frontends included).
+func TestKubeSourceSyncedAfterHandlers(t *testing.T) {
+	var objs []runtime.Object
+	for i := range 200 {
+		objs = append(objs, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("svc-%d", i), Namespace: "default"},
+			Spec:       corev1.ServiceSpec{ClusterIP: "198.19.0.10", Ports: []corev1.ServicePort{{Port: 80}}},
+		}, &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Name: fmt.Sprintf("svc-%d-1", i), Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: fmt.Sprintf("svc-%d", i)}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+		})
+	}
+	for i := range 20 {
+		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node%d", i)}})
+	}
+	s := NewKubeSource(fake.NewClientset(objs...), "fake", "node1", discardLog())
+	r := newRecorder()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	seen := make(chan int, 1)
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, slowHandler{r, time.Millisecond}, func() { seen <- len(r.take()) }) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	select {
+	case n := <-seen:
+		if n != len(objs) {
+			t.Errorf("synced after the handlers saw %d objects of the initial %d", n, len(objs))
+		}
+	case <-ctx.Done():
+		t.Fatal("never synced")
+	}
 }
