@@ -654,6 +654,11 @@ func (a *Agent) OnEndpointSliceUpdate(prev, cur *discoveryv1.EndpointSlice) {
 }
 
 func (a *Agent) OnNodeUpdate(prev, cur *corev1.Node) {
+	// A kubelet's status report (every 10 s to 5 min a Node, each sent to
+	// every agent) changes nothing the dataplane reads: no sync.
+	if nodeUnchanged(prev, cur) {
+		return
+	}
 	if n := cmp.Or(cur, prev); n != nil && n.Name == a.cfg.NodeName {
 		a.proxyHealth.SyncNode(cur)
 		ips := loadbalancer.NodeAddresses(cur)

@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/healthcheck"
 )
 
 // proxyLabelSelector leaves out Services another proxy implements and
@@ -126,6 +128,18 @@ func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
 	if s.pods && podHandler {
 		inf[kindPod] = podFactory.Core().V1().Pods().Informer()
 	}
+	// The informers' caches keep what the agent reads: a Node's heartbeat
+	// status (conditions, images, capacity) and every object's
+	// managedFields are dropped as they are decoded.
+	for kind, i := range inf {
+		tf := stripManagedFields
+		if kind == kindNode {
+			tf = slimNodeTransform
+		}
+		if err := i.SetTransform(tf); err != nil {
+			return fmt.Errorf("%s informer: %w", kind, err)
+		}
+	}
 	// Synced once every handler has seen its informer's initial list, not
 	// when the informers' stores have it: the handlers run behind the
 	// stores, and a first sync before they caught up would delete
@@ -172,6 +186,57 @@ func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
 	synced()
 	<-ctx.Done()
 	return nil
+}
+
+// stripManagedFields is an informer transform: the server-side apply
+// bookkeeping, often the biggest part of an object, is never read here.
+func stripManagedFields(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// slimNodeTransform is the Node informer's transform: slimNode.
+func slimNodeTransform(obj any) (any, error) {
+	if n, ok := obj.(*corev1.Node); ok {
+		return slimNode(n), nil
+	}
+	return obj, nil
+}
+
+// slimNode is what the agent reads of a Node: its name and deletion, the
+// zone label (topology hints), the taint of a node the cluster autoscaler
+// removes (/healthz), its pod CIDRs and addresses. A kubelet's status
+// report changes none of it, so it wakes no sync (Agent.OnNodeUpdate), and
+// an agent caches ~200 bytes a Node instead of several KiB.
+func slimNode(n *corev1.Node) *corev1.Node {
+	out := &corev1.Node{
+		TypeMeta: n.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion,
+			DeletionTimestamp: n.DeletionTimestamp},
+		Spec:   corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
+		Status: corev1.NodeStatus{Addresses: n.Status.Addresses},
+	}
+	if z, ok := n.Labels[corev1.LabelTopologyZone]; ok {
+		out.Labels = map[string]string{corev1.LabelTopologyZone: z}
+	}
+	for _, t := range n.Spec.Taints {
+		if t.Key == healthcheck.ToBeDeletedTaint {
+			out.Spec.Taints = append(out.Spec.Taints, t)
+		}
+	}
+	return out
+}
+
+// nodeUnchanged: prev and cur differ in nothing the agent reads.
+func nodeUnchanged(prev, cur *corev1.Node) bool {
+	if prev == nil || cur == nil {
+		return false
+	}
+	p, c := slimNode(prev), slimNode(cur)
+	p.ResourceVersion, c.ResourceVersion = "", ""
+	return apiequality.Semantic.DeepEqual(p, c)
 }
 
 // listFailed records a list or watch error of an informer (which retries

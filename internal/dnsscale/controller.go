@@ -79,6 +79,15 @@ func NewController(client kubernetes.Interface, cfg *Config, clk clock.WithTicke
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.ConfigMap).String()
 		}))
 	nodeInf := c.factNode.Core().V1().Nodes()
+	// The cache keeps what CountNodes reads, not the kubelets' status
+	// reports: at 5,000 Nodes the full objects alone exceed the chart's
+	// memory limit.
+	_ = nodeInf.Informer().SetTransform(func(obj any) (any, error) {
+		if n, ok := obj.(*corev1.Node); ok {
+			return countedNode(n), nil
+		}
+		return obj, nil
+	})
 	cmInf := c.factCM.Core().V1().ConfigMaps()
 	c.nodes = nodeInf.Lister()
 	c.cms = cmInf.Lister()
@@ -100,6 +109,25 @@ func NewController(client kubernetes.Interface, cfg *Config, clk clock.WithTicke
 	})
 	c.handlers = []cache.InformerSynced{regNode.HasSynced, regCM.HasSynced}
 	return c
+}
+
+// countedNode is what CountNodes and NodeSchedulable read of n: its
+// cordon, taints, allocatable CPU and Ready status.
+func countedNode(n *corev1.Node) *corev1.Node {
+	out := &corev1.Node{
+		TypeMeta:   n.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion},
+		Spec:       corev1.NodeSpec{Unschedulable: n.Spec.Unschedulable, Taints: n.Spec.Taints},
+	}
+	if cpu, ok := n.Status.Allocatable[corev1.ResourceCPU]; ok {
+		out.Status.Allocatable = corev1.ResourceList{corev1.ResourceCPU: cpu}
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			out.Status.Conditions = []corev1.NodeCondition{{Type: c.Type, Status: c.Status}}
+		}
+	}
+	return out
 }
 
 // nodeCountChanged says whether an update changes what CountNodes reads;

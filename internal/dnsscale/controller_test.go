@@ -615,3 +615,34 @@ func TestHealthz(t *testing.T) {
 		}
 	}
 }
+
+// The Node cache keeps what the count reads: the count of slim Nodes is
+// the count of the full ones, and a status report's bulk is gone.
+func TestCountedNode(t *testing.T) {
+	full := func(name string, ready corev1.ConditionStatus, cpu string, cordon bool, taints ...corev1.Taint) *corev1.Node {
+		return &corev1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"a": "b"}, ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}},
+			Spec:       corev1.NodeSpec{Unschedulable: cordon, Taints: taints, PodCIDR: "10.244.1.0/24"},
+			Status: corev1.NodeStatus{
+				Allocatable: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu), corev1.ResourceMemory: resource.MustParse("8Gi")},
+				Conditions: []corev1.NodeCondition{{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse},
+					{Type: corev1.NodeReady, Status: ready, LastHeartbeatTime: metav1.Now(), Message: "kubelet is posting ready status"}},
+				Images: []corev1.ContainerImage{{Names: []string{"registry.k8s.io/pause:3.10"}, SizeBytes: 1 << 20}},
+			},
+		}
+	}
+	nodes := []*corev1.Node{full("a", corev1.ConditionTrue, "2", false), full("b", corev1.ConditionFalse, "1500m", false),
+		full("c", corev1.ConditionTrue, "4", true), full("d", corev1.ConditionTrue, "8", false, corev1.Taint{Key: "dedicated", Value: "gpu", Effect: corev1.TaintEffectNoSchedule})}
+	exclude := []TaintMatch{{Key: "dedicated"}}
+	var slim []*corev1.Node
+	for _, n := range nodes {
+		s := countedNode(n)
+		if len(s.Status.Images) != 0 || len(s.ManagedFields) != 0 || len(s.Labels) != 0 || len(s.Status.Conditions) > 1 || len(s.Status.Allocatable) > 1 {
+			t.Errorf("countedNode(%s) kept what the count never reads: %+v", n.Name, s)
+		}
+		slim = append(slim, s)
+	}
+	if got, want := CountNodes(slim, exclude), CountNodes(nodes, exclude); got != want {
+		t.Errorf("count of slim Nodes %+v, of full ones %+v", got, want)
+	}
+}
