@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -150,6 +151,14 @@ func agentCommand(t *testing.T, objs []*unstructured.Unstructured) (args []strin
 			env[e.Name] = "sluice-test"
 		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace":
 			env[e.Name] = "kube-system"
+		case e.ValueFrom.ResourceFieldRef != nil && e.ValueFrom.ResourceFieldRef.Resource == "limits.memory" &&
+			e.ValueFrom.ResourceFieldRef.ContainerName == c.Name:
+			// What the kubelet gives: the limit in bytes, the node's
+			// allocatable memory without one.
+			env[e.Name] = "8589934592"
+			if m, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
+				env[e.Name] = strconv.FormatInt(m.Value(), 10)
+			}
 		default:
 			t.Fatalf("env %s: source %+v not understood by this test", e.Name, e.ValueFrom)
 		}

@@ -55,6 +55,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.SlogLevel()}))
 	slog.SetDefault(log)
+	setMemoryLimit(log)
 
 	// Devices named explicitly must exist before anything is loaded or
 	// attached: a typo should stop the agent with the name, not after the

@@ -1,0 +1,16 @@
+package agent
+
+import "testing"
+
+func TestMemoryLimit(t *testing.T) {
+	for in, want := range map[string]int64{"": 0, "536870912": 483183819, "10": 9} {
+		if got, err := memoryLimit(in); err != nil || got != want {
+			t.Errorf("memoryLimit(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"512Mi", "-1", "0", "x"} {
+		if _, err := memoryLimit(bad); err == nil {
+			t.Errorf("memoryLimit(%q) accepted", bad)
+		}
+	}
+}
