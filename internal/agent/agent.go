@@ -638,6 +638,13 @@ func (a *Agent) OnServiceUpdate(prev, cur *corev1.Service) {
 const maxTriggers = 100_000
 
 func (a *Agent) OnEndpointSliceUpdate(prev, cur *discoveryv1.EndpointSlice) {
+	// An update that changes no endpoint (a re-list's replay, a controller
+	// rewriting the same slice with a new trigger time) is no change: no
+	// sync, and no network-programming sample, as kube-proxy's tracker
+	// records only slices that differ from its cache.
+	if sliceUnchanged(prev, cur) {
+		return
+	}
 	a.pl.OnEndpointSliceUpdate(prev, cur)
 	// Recorded after the pipeline has the change, so that a sync that takes
 	// the time also takes the change. Like kube-proxy, only changes after

@@ -239,6 +239,15 @@ func nodeUnchanged(prev, cur *corev1.Node) bool {
 	return apiequality.Semantic.DeepEqual(p, c)
 }
 
+// sliceUnchanged: prev and cur differ in nothing the agent reads of an
+// EndpointSlice (its endpoints, ports, address family and labels).
+func sliceUnchanged(prev, cur *discoveryv1.EndpointSlice) bool {
+	return prev != nil && cur != nil && prev.AddressType == cur.AddressType &&
+		apiequality.Semantic.DeepEqual(prev.Labels, cur.Labels) &&
+		apiequality.Semantic.DeepEqual(prev.Ports, cur.Ports) &&
+		apiequality.Semantic.DeepEqual(prev.Endpoints, cur.Endpoints)
+}
+
 // listFailed records a list or watch error of an informer (which retries
 // with its own backoff) and logs it once per distinct message, instead of
 // client-go's line per attempt.

@@ -307,6 +307,25 @@ func TestAgentNetworkProgrammingFromTriggerTime(t *testing.T) {
 	if n, _ := histogramCount(t, a.metrics.changeToMap); n == 0 {
 		t.Errorf("change_to_map_duration_seconds observed nothing")
 	}
+	// The same endpoints rewritten with a new trigger time (as a re-list
+	// replays them, or a controller rewrites a slice): no change, so no
+	// observation and no sync.
+	syncs := counterValue(t, a.metrics.syncs)
+	same, err := client.DiscoveryV1().EndpointSlices(s.Namespace).Get(context.Background(), s.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scaleset.SetTriggerTime(same, time.Now())
+	if _, err := client.DiscoveryV1().EndpointSlices(s.Namespace).Update(context.Background(), same, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n, _ := histogramCount(t, a.metrics.programming); n != 1 {
+		t.Errorf("%d observations after a slice update that changed no endpoint, want still 1", n)
+	}
+	if got := counterValue(t, a.metrics.syncs); got != syncs {
+		t.Errorf("a slice update that changed no endpoint ran %v syncs, want none", got-syncs)
+	}
 	// A Service change carries no trigger time: no new observation.
 	svc := svcs[2].DeepCopy()
 	svc.Labels["touched"] = "yes"
