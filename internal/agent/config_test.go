@@ -14,7 +14,7 @@ import (
 )
 
 // parse parses args as sluice-agent would and validates them.
-func parse(t *testing.T, args ...string) (*Config, error) {
+func parse(t testing.TB, args ...string) (*Config, error) {
 	t.Helper()
 	var c Config
 	fs := pflag.NewFlagSet("sluice-agent", pflag.ContinueOnError)
@@ -28,7 +28,7 @@ func parse(t *testing.T, args ...string) (*Config, error) {
 
 // fakeCgroup accepts any path as a non-root cgroup2 directory: making a
 // cgroup needs root, and checkCgroupRoot has its own test.
-func fakeCgroup(t *testing.T) {
+func fakeCgroup(t testing.TB) {
 	t.Helper()
 	old := checkCgroup
 	checkCgroup = func(path string, allowRoot bool) error {

@@ -94,16 +94,22 @@ func (x *summaryIndex) set(st *loadbalancer.State, name types.NamespacedName) {
 		return
 	}
 	s := serviceSummary{frontends: len(lbs), backends: make([]backendKey, 0, len(lbs[0].Backends))}
+	// Most Services have a handful of distinct backends, repeated per
+	// frontend: a scan beats a map there. A big one (thousands of
+	// endpoints) would make the scan quadratic: sets then.
+	var seen map[backendKey]struct{}
+	var seenLocal map[netip.Addr]struct{}
+	if len(lbs)*len(lbs[0].Backends) > smallService {
+		seen, seenLocal = make(map[backendKey]struct{}, len(lbs[0].Backends)), map[netip.Addr]struct{}{}
+	}
 	hc := false
 	for _, l := range lbs {
 		hc = hc || (l.ExternalTrafficLocal && l.HealthCheckNodePort != 0)
 		for _, b := range l.Backends {
-			// A Service has a handful of distinct backends, repeated per
-			// frontend: a scan beats a map here.
-			if k := (backendKey{b.AddrPort(), b.Proto}); !slices.Contains(s.backends, k) {
+			if k := (backendKey{b.AddrPort(), b.Proto}); !contains(seen, s.backends, k) {
 				s.backends = append(s.backends, k)
 			}
-			if x.nodeName != "" && b.NodeName == x.nodeName && !slices.Contains(s.local, b.Addr) {
+			if x.nodeName != "" && b.NodeName == x.nodeName && !contains(seenLocal, s.local, b.Addr) {
 				s.local = append(s.local, b.Addr)
 			}
 		}
@@ -137,4 +143,21 @@ func (x *summaryIndex) summary(st *loadbalancer.State) summary {
 // localBackends lists this node's backends of the desired state.
 func (x *summaryIndex) localBackends() []netip.Addr {
 	return slices.SortedFunc(maps.Keys(x.localRefs), netip.Addr.Compare)
+}
+
+// smallService is the most backend entries (frontends × backends) a
+// Service's summary deduplicates by scanning.
+const smallService = 64
+
+// contains reports whether k is in list, by the set when there is one
+// (adding k to it), else by a scan.
+func contains[K comparable](set map[K]struct{}, list []K, k K) bool {
+	if set == nil {
+		return slices.Contains(list, k)
+	}
+	if _, ok := set[k]; ok {
+		return true
+	}
+	set[k] = struct{}{}
+	return false
 }

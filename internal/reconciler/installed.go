@@ -73,6 +73,15 @@ func (r *Reconciler) Installed() []InstalledService {
 
 func (r *Reconciler) installedBackends(fe *frontend, s scope) []InstalledBackend {
 	out := []InstalledBackend{}
+	// Names are not in the maps: take them from the last applied model,
+	// indexed once (a scan per slot is quadratic in a big Service).
+	type names struct{ node, pod string }
+	byAddr := make(map[netip.AddrPort]names, len(fe.svc.Backends))
+	for _, mb := range fe.svc.Backends {
+		if k := netip.AddrPortFrom(mb.Addr, mb.Port); byAddr[k] == (names{}) {
+			byAddr[k] = names{mb.NodeName, mb.PodName}
+		}
+	}
 	for _, v := range s.slots[:min(int(s.master.Count), len(s.slots))] {
 		be := r.backends[v.BackendID]
 		if be == nil || !be.installed {
@@ -86,13 +95,8 @@ func (r *Reconciler) installedBackends(fe *frontend, s scope) []InstalledBackend
 			Local:       be.val.Flags&lbmap.BackendFlagLocal != 0,
 			Terminating: be.val.Flags&lbmap.BackendFlagTerminating != 0,
 		}
-		// Names are not in the maps: take them from the last applied model.
-		for _, mb := range fe.svc.Backends {
-			if mb.Addr == b.Addr && mb.Port == b.Port {
-				b.NodeName, b.PodName = mb.NodeName, mb.PodName
-				break
-			}
-		}
+		n := byAddr[netip.AddrPortFrom(b.Addr, b.Port)]
+		b.NodeName, b.PodName = n.node, n.pod
 		out = append(out, b)
 	}
 	return out
