@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/healthcheck"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/reconciler"
 )
 
 // lbLocal is a LoadBalancer Service with externalTrafficPolicy Local; its
@@ -246,7 +247,10 @@ func (nopPipeline) OnEndpointSliceUpdate(_, _ *discoveryv1.EndpointSlice) {}
 func (nopPipeline) OnNodeUpdate(_, _ *corev1.Node)                        {}
 func (nopPipeline) Sync(bool) (summary, error)                            { return summary{}, nil }
 func (nopPipeline) Installed() []api.Service                              { return nil }
-func (nopPipeline) RetryFailed()                                          {}
+func (nopPipeline) InstalledIDs() (map[uint16]reconciler.FrontendName, map[uint32]bool) {
+	return nil, nil
+}
+func (nopPipeline) RetryFailed() {}
 
 // TestPipelineLBAlgorithm checks that --lb-algorithm is the default that a
 // Service's annotation overrides, as the Maglev tables the reconciler

@@ -208,7 +208,9 @@ func (m *metrics) observeGC(r gcResult, err error) {
 }
 
 func (m *metrics) handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+	// One scrape at a time (more get 503): a loop of scrapes by any local
+	// process (the pod is on the host network) cannot stack up collections.
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{MaxRequestsInFlight: 1})
 }
 
 var (

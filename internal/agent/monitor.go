@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/datapath"
 	"github.com/sluice-dataplane/sluice/internal/monitor"
+	"github.com/sluice-dataplane/sluice/internal/reconciler"
 )
 
 // visibility is the agent's side of the datapath's events and counters
@@ -34,6 +35,9 @@ type visibility struct {
 	base, rate uint32
 	boot       time.Time // wall-clock time of CLOCK_MONOTONIC's zero
 	services   func() []api.Service
+	// ids: the installed frontends (named) and backend IDs, for the
+	// counters' series and their GC, without building every Service.
+	ids func() (map[uint16]reconciler.FrontendName, map[uint32]bool)
 
 	mu    sync.Mutex
 	idx   *serviceIndex
@@ -58,13 +62,14 @@ const indexMaxAge = time.Second
 
 // newVisibility opens the visibility maps pinned under the agent's BPF root
 // and writes the no-reader configuration.
-func newVisibility(cfg *Config, log *slog.Logger, services func() []api.Service) (*visibility, error) {
+func newVisibility(cfg *Config, log *slog.Logger, services func() []api.Service,
+	ids func() (map[uint16]reconciler.FrontendName, map[uint32]bool)) (*visibility, error) {
 	m, err := datapath.OpenVisibility(cfg.BPFRoot)
 	if err != nil {
 		return nil, err
 	}
 	v := &visibility{maps: m, node: cfg.NodeName, log: log, rate: cfg.MonitorRate, boot: monotonicZero(),
-		services: services, done: make(chan struct{})}
+		services: services, ids: ids, done: make(chan struct{})}
 	if cfg.MonitorDrops {
 		v.base = monitor.FlagDrop
 	}
@@ -253,19 +258,13 @@ func (v *visibility) publishGC(ct, nat int) {
 // forgetCounters deletes the counters of frontends and backends no longer
 // installed, so that their IDs, reused, start from zero.
 func (v *visibility) forgetCounters() {
-	fes, bes := map[uint32]bool{}, map[uint32]bool{}
-	for _, s := range v.services() {
-		fes[uint32(s.ID)] = true
-		for _, b := range s.Backends {
-			bes[b.ID] = true
-		}
-	}
+	fes, bes := v.ids()
 	for _, fe := range []bool{true, false} {
-		keep := bes
+		keep := func(id uint32) bool { return bes[id] }
 		if fe {
-			keep = fes
+			keep = func(id uint32) bool { _, ok := fes[uint16(id)]; return ok && id <= 0xffff }
 		}
-		if _, err := v.maps.ForgetCounters(fe, func(id uint32) bool { return keep[id] }); err != nil {
+		if _, err := v.maps.ForgetCounters(fe, keep); err != nil {
 			v.log.Warn("monitor: cannot delete stale counters", "err", err)
 		}
 	}
@@ -278,7 +277,7 @@ const counterGCInterval = 30 * time.Second
 // startVisibility opens the visibility maps and starts reading the ring;
 // without them the agent runs on, with a warning in its log and status.
 func (a *Agent) startVisibility(ctx context.Context, wg *sync.WaitGroup) {
-	v, err := newVisibility(a.cfg, a.log, a.services)
+	v, err := newVisibility(a.cfg, a.log, a.services, a.pl.InstalledIDs)
 	if err != nil {
 		a.warn("monitor", api.Warning{Subsystem: "monitor",
 			Message: "datapath events and counters are off: " + err.Error(),

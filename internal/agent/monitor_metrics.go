@@ -79,23 +79,32 @@ func (c *visCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(readersDesc, prometheus.GaugeValue, float64(v.hub.Subscribers()))
 	counter(decodeErrsDesc, v.decodeErrs.Load())
 
-	svcs := v.services()
+	// A series per installed frontend that has seen traffic: idle ones
+	// (most of 10,000 Services) add none, and the names come from the
+	// reconciler's IDs, not from every Service's record.
 	fe, err := v.maps.FrontendCounters()
 	if err != nil {
 		return
 	}
-	for _, s := range svcs {
-		if s.ID == 0 {
+	names, _ := v.ids()
+	for id, x := range fe {
+		n, ok := names[uint16(id)]
+		if !ok || id == 0 || id > 0xffff || x.Packets == 0 && x.Conns == 0 {
 			continue
 		}
-		x := fe[uint32(s.ID)]
-		counter(fePacketsDesc, x.Packets, s.Name, s.Frontend)
-		counter(feBytesDesc, x.Bytes, s.Name, s.Frontend)
-		counter(feConnsDesc, x.Conns, s.Name, s.Frontend)
+		name := n.Name.String()
+		if n.Name.Name == "" {
+			name = "" // restored from the maps, not yet claimed by a sync
+		}
+		frontend := n.Frontend.String()
+		counter(fePacketsDesc, x.Packets, name, frontend)
+		counter(feBytesDesc, x.Bytes, name, frontend)
+		counter(feConnsDesc, x.Conns, name, frontend)
 	}
 	if !c.perBackend {
 		return
 	}
+	svcs := v.services()
 	be, err := v.maps.BackendCounters()
 	if err != nil {
 		return

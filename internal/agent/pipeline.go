@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/healthcheck"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/reconciler"
 )
 
 // pipeline turns recorded changes into map writes: the change tracker and
@@ -29,6 +30,9 @@ type pipeline interface {
 	// writes failed for a reason that may pass (a full map).
 	RetryFailed()
 	Installed() []api.Service
+	// InstalledIDs is reconciler.InstalledIDs: the counters' frontends
+	// and backends, cheaply.
+	InstalledIDs() (map[uint16]reconciler.FrontendName, map[uint32]bool)
 }
 
 // Reasons an object, or one value of it, is left out of the maps.

@@ -115,3 +115,34 @@ func typeOf(flags uint16) loadbalancer.FrontendType {
 	}
 	return loadbalancer.ClusterIP
 }
+
+// FrontendName names an installed frontend for its counters' labels.
+type FrontendName struct {
+	Name     loadbalancer.ServiceName // empty Name.Name: restored, not yet claimed
+	Frontend loadbalancer.Frontend
+}
+
+// InstalledIDs are the installed frontends by rev NAT ID, and the backend
+// IDs their slots name: what the counters are kept for. O(frontends +
+// slots) and no strings, where Installed() builds every backend's record:
+// a /metrics scrape and the counter GC take it under the lock Apply needs.
+func (r *Reconciler) InstalledIDs() (map[uint16]FrontendName, map[uint32]bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fes, bes := make(map[uint16]FrontendName, len(r.frontends)), map[uint32]bool{}
+	for _, fe := range r.frontends {
+		ext := fe.scopes[lbmap.ScopeExternal]
+		if !ext.hasMaster {
+			continue
+		}
+		fes[ext.master.RevNatID] = FrontendName{Name: fe.svc.Name, Frontend: fe.key.frontend()}
+		for _, s := range fe.scopes {
+			for _, v := range s.slots[:min(int(s.master.Count), len(s.slots))] {
+				if be := r.backends[v.BackendID]; be != nil && be.installed {
+					bes[v.BackendID] = true
+				}
+			}
+		}
+	}
+	return fes, bes
+}

@@ -314,6 +314,16 @@ func TestPrivilegedMonitor(t *testing.T) {
 		if v, ok := value("sluice_service_connections_total", map[string]string{"frontend": fe}); !ok || v < 5 {
 			t.Errorf("sluice_service_connections_total{frontend=%s} = %v (present %v), want the 5 requests", fe, v, ok)
 		}
+		// Idle frontends have no series (10,000 Services would be 30,000).
+		for _, m := range mfs["sluice_service_connections_total"].GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if pk, _ := value("sluice_service_packets_total", labels); pk == 0 && m.GetCounter().GetValue() == 0 {
+				t.Errorf("a series for the idle frontend %v", labels)
+			}
+		}
 	})
 
 	// And in sluice status.
