@@ -947,7 +947,10 @@ func newTrackerPipeline(cfg *Config) (*modelPipeline, error) {
 		return nil, fmt.Errorf("--lb-algorithm: %w", err)
 	}
 	tr := loadbalancer.NewTracker(loadbalancer.Options{NodeName: cfg.NodeName, NodePortRange: cfg.nodePortRange, Algorithm: alg,
-		NodePortCIDRs: cfg.nodePortCIDRs})
+		NodePortCIDRs: cfg.nodePortCIDRs,
+		// The tunnel map is the tc/XDP datapath's, and its backend
+		// entries DSR's.
+		NoTunnels: len(cfg.Devices) == 0, NoTunnelBackends: cfg.LBMode == "snat"})
 	return &modelPipeline{Tracker: tr, nodeName: cfg.NodeName, sum: newSummaryIndex(cfg.NodeName),
 		maglevTableSize: cfg.MaglevTableSize, maglevSeed: cfg.MaglevSeed}, nil
 }

@@ -320,7 +320,9 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 		}
 	}
 
-	t.tunnelIndex().setServices(t.state, changed)
+	if !t.opts.NoTunnels && !t.opts.NoTunnelBackends {
+		t.tunnelIndex().setServices(t.state, changed)
+	}
 	return t.state, changed, nodesChanged
 }
 
@@ -427,7 +429,7 @@ func (t *Tracker) rebuildNodeIPs() bool {
 		ips[a] = true
 		delete(noNodePort, a) // an interface address the CIDRs let in
 	}
-	tunnels := t.tunnelIndex().setNodes(t.nodes)
+	tunnels := !t.opts.NoTunnels && t.tunnelIndex().setNodes(t.nodes)
 	if reflect.DeepEqual(ips, t.state.NodeIPs) && reflect.DeepEqual(noNodePort, t.state.NoNodePort) {
 		return tunnels
 	}

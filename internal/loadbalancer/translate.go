@@ -48,6 +48,12 @@ type Options struct {
 	// InternalIPs outside them are in State.NoNodePort. Nil (no flag, or
 	// primary): NodePorts answer on every InternalIP.
 	NodePortCIDRs []netip.Prefix
+	// NoTunnels: no DSR tunnel map is kept (State.Tunnels stays empty):
+	// nothing writes it (no --devices), and its change set would grow
+	// with every backend address ever placed. NoTunnelBackends keeps the
+	// nodes' entries alone (--lb-mode snat: this node tunnels to no
+	// backend, but may decapsulate what DSR nodes send).
+	NoTunnels, NoTunnelBackends bool
 	// Zone is this node's topology.kubernetes.io/zone label: endpoints
 	// hinted for it are preferred as kube-proxy does. The Tracker fills it
 	// from the node's Node object.

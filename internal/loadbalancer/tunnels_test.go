@@ -563,3 +563,32 @@ func TestTrackerDSRFallbackReasons(t *testing.T) {
 		}
 	}
 }
+
+// Without the tc/XDP datapath (NoTunnels) nothing of the tunnel map is
+// kept, and in SNAT mode (NoTunnelBackends) the nodes' entries alone: a
+// Service whose endpoints churn through 10,000 addresses leaves no entry
+// and no change behind when nothing takes the changes (the chart's
+// default, socket LB only, grew the change set with every address).
+func TestTrackerTunnelsOff(t *testing.T) {
+	for _, o := range []Options{{NodeName: "node1", NoTunnels: true}, {NodeName: "node1", NoTunnelBackends: true}} {
+		tr := NewTracker(o)
+		tr.OnNodeUpdate(nil, node("node1", "198.18.0.11"))
+		tr.OnNodeUpdate(nil, node("node2", "198.18.0.12"))
+		tr.OnServiceUpdate(nil, npService("web", 10))
+		var prev *discoveryv1.EndpointSlice
+		for i := range 10000 {
+			cur := sliceFor("web", "web-1", ready(netip.AddrFrom4([4]byte{10, 2, byte(i / 250), byte(1 + i%250)}).String(), "node2"))
+			tr.OnEndpointSliceUpdate(prev, cur)
+			prev = cur
+			tr.Sync()
+		}
+		st, _, _ := tr.Sync()
+		want := 0
+		if !o.NoTunnels {
+			want = 1 // node2's address, for decapsulation
+		}
+		if len(st.Tunnels) != want || len(tr.TakeTunnelChanges()) != want {
+			t.Errorf("%+v: %d tunnel entries %v, want %d (the nodes')", o, len(st.Tunnels), st.Tunnels, want)
+		}
+	}
+}
