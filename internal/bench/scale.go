@@ -297,8 +297,21 @@ func (r *scaleRun) objects(i int) (*corev1.Service, *discoveryv1.EndpointSlice, 
 // size grows the set to n and measures it.
 func (r *scaleRun) size(ctx context.Context, n int) (row ScaleRow, err error) {
 	row.Services, row.Backends = n, n*r.cfg.Endpoints
-	cfg, d := r.cfg, r.d
+	row.GrowSeconds, row.ProgrammedSeconds, err = r.grow(ctx, n)
+	if err != nil {
+		if row.ProgrammedSeconds < 0 {
+			row.DidNotFinish = "programming the set: " + err.Error()
+		}
+		return row, err
+	}
+	return r.measure(ctx, n, row)
+}
 
+// grow creates Services up to n through the API and waits until every
+// node's dataplane has programmed them: the seconds to create them, and
+// from the first write to programmed (-1 when that did not finish).
+func (r *scaleRun) grow(ctx context.Context, n int) (growSeconds, programmedSeconds float64, err error) {
+	cfg, d := r.cfg, r.d
 	// Grow: all but the last through parallel writers, then the last
 	// alone, so that its arrival marks the end of the growth.
 	start := time.Now()
@@ -306,7 +319,7 @@ func (r *scaleRun) size(ctx context.Context, n int) (row ScaleRow, err error) {
 	for i := r.created; i < n; i++ {
 		svc, sl, err := r.objects(i)
 		if err != nil {
-			return row, err
+			return 0, 0, err
 		}
 		svcs = append(svcs, svc)
 		r.slices = append(r.slices, sl)
@@ -316,22 +329,25 @@ func (r *scaleRun) size(ctx context.Context, n int) (row ScaleRow, err error) {
 	last := len(svcs) - 1
 	report := progressEvery(cfg, d, r.created, n)
 	if err := scaleset.Create(ctx, r.client, svcs[:last], newSlices[:last], 16, report); err != nil {
-		return row, err
+		return 0, 0, err
 	}
 	marker := float64(time.Now().UnixNano()) / 1e9
 	if err := scaleset.Create(ctx, r.client, svcs[last:], newSlices[last:], 1, nil); err != nil {
-		return row, err
+		return 0, 0, err
 	}
 	r.created = n
-	row.GrowSeconds = time.Since(start).Seconds()
-	cfg.step("%s: %d Services created in %.1fs; waiting for every node's dataplane", d, n, row.GrowSeconds)
+	growSeconds = time.Since(start).Seconds()
+	cfg.step("%s: %d Services created in %.1fs; waiting for every node's dataplane", d, n, growSeconds)
 	if err := r.waitCaughtUp(ctx, marker); err != nil {
-		row.DidNotFinish = "programming the set: " + err.Error()
-		return row, err
+		return growSeconds, -1, err
 	}
-	row.ProgrammedSeconds = time.Since(start).Seconds()
-	cfg.step("%s: %d Services programmed on every node %.1fs after the first write", d, n, row.ProgrammedSeconds)
+	programmedSeconds = time.Since(start).Seconds()
+	cfg.step("%s: %d Services programmed on every node %.1fs after the first write", d, n, programmedSeconds)
+	return growSeconds, programmedSeconds, nil
+}
 
+// measure takes the row's figures at n Services, once programmed.
+func (r *scaleRun) measure(ctx context.Context, n int, row ScaleRow) (_ ScaleRow, err error) {
 	if s, err := r.scrape(ctx); err == nil {
 		row.RSSMiB = s.value(residentMemory) / (1 << 20)
 	}
