@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 ./scripts/deps.sh
 # What the conformance tests run inside the agnhost image, from Debian.
 missing=()
-for p in netcat-openbsd curl bind9-dnsutils; do
+for p in netcat-openbsd curl bind9-dnsutils wget; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ "${#missing[@]}" -gt 0 ]; then

@@ -49,7 +49,16 @@ var agnhostTools = map[string]string{
 	"/usr/bin/nslookup": "/usr/bin/nslookup", // bind9-dnsutils, as Alpine's bind-tools
 	"/usr/bin/dig":      "/usr/bin/dig",      // the DNS tests' "wheezy" prober runs in agnhost
 	"/usr/bin/getent":   "/usr/bin/getent",
+	// The Service tests' `wget -q -T 1 -O - http://VIP` loops: Debian's
+	// static busybox 1.35 wget dies of a segmentation fault with -T. GNU
+	// wget, one try per call as busybox's (/etc/wgetrc below), ahead of
+	// busybox's in $PATH.
+	"/usr/bin/wget": "/usr/bin/wget",
 }
+
+// wgetrc makes GNU wget try once, as busybox's wget does: its default of
+// 20 tries would turn each timed-out request of a test loop into 20.
+const wgetrc = "tries = 1\n"
 
 // dnsutilsTools are what the DNS conformance tests run in their
 // jessie-dnsutils pods: dig (UDP, TCP, PTR, +search) and getent hosts.
@@ -72,7 +81,12 @@ func BuildAgnhostImage(agnhost, coredns, file string) error {
 	}
 	// porter serves TLS with the key pair upstream's image has at /.
 	dir := filepath.Dir(agnhost)
-	extra := []image.File{{Path: "/agnhost", Src: agnhost}, {Path: "/agnhost-2", Link: "agnhost"},
+	rc := filepath.Join(filepath.Dir(file), ".wgetrc-"+filepath.Base(file))
+	if err := os.WriteFile(rc, []byte(wgetrc), 0o644); err != nil {
+		return fmt.Errorf("agnhost image: %w", err)
+	}
+	defer os.Remove(rc)
+	extra := []image.File{{Path: "/etc/wgetrc", Src: rc, Mode: 0o644},{Path: "/agnhost", Src: agnhost}, {Path: "/agnhost-2", Link: "agnhost"},
 		{Path: "/coredns", Src: coredns}, {Path: "/uploads"},
 		{Path: "/localhost.crt", Src: filepath.Join(dir, "localhost.crt"), Mode: 0o644},
 		{Path: "/localhost.key", Src: filepath.Join(dir, "localhost.key"), Mode: 0o644}}
@@ -156,7 +170,7 @@ func toolImage(ref, file string, tools map[string]string, extra []image.File, en
 	for _, dst := range slices.Sorted(maps.Keys(all)) {
 		src := all[dst]
 		if _, err := os.Stat(src); err != nil {
-			return fmt.Errorf("image %s: %s: %w (./scripts/conformance.sh installs netcat-openbsd, curl and bind9-dnsutils)", ref, src, err)
+			return fmt.Errorf("image %s: %s: %w (./scripts/conformance.sh installs netcat-openbsd, curl, bind9-dnsutils and wget)", ref, src, err)
 		}
 		files = append(files, image.File{Path: dst, Src: src})
 		deps, err := sharedLibraries(src)
