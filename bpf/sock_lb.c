@@ -139,6 +139,8 @@ static __always_inline int __sock_xlate(struct bpf_sock_addr *ctx,
 	svc = lb_lookup_service(&key, LB_SCOPE_INT);
 	if (!svc)
 		return SYS_PROCEED;
+	if (lb_remote_local_nodeport(dst, &key))
+		return SYS_PROCEED; /* that node's to answer */
 	/* Like kube-proxy's REJECT: fail at once rather than time out. */
 	if (svc->count == 0) {
 		sl_sock_drop(ctx, dst, dport, svc->rev_nat_id,

@@ -96,6 +96,25 @@ lb_lookup_service(struct lb_svc_key *key, __u8 scope)
 	return svc;
 }
 
+/* lb_remote_local_nodeport: key (from lb_lookup_service for dst) is the
+ * wildcard NodePort answering for another node's address dst, with
+ * externalTrafficPolicy Local. That node answers it, with its own
+ * endpoints or none, as with kube-proxy: it DNATs its own addresses only,
+ * and the other node sees traffic from outside. The socket LB and the
+ * pods' per-packet LB leave it untranslated. */
+static __always_inline bool lb_remote_local_nodeport(const union lb_addr *dst, struct lb_svc_key *key)
+{
+	const struct lb_svc_val *ext;
+	__u8 scope = key->scope;
+
+	if (addr_equal(dst, key->addr) || addr_is_loopback(dst) || lb_is_node_addr(dst))
+		return false;
+	key->scope = LB_SCOPE_EXT;
+	ext = bpf_map_lookup_elem(&lb_services, key);
+	key->scope = scope;
+	return ext && (ext->flags & SVC_F_ETP_LOCAL);
+}
+
 static __always_inline const struct lb_backend *
 lb_backend_of_slot(struct lb_svc_key *key, __u16 slot, __u32 *backend_id)
 {

@@ -446,6 +446,10 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 	}
 	if (!svc || !ns_svc_served(svc))
 		return tunnel ? NS_DROP(SL_DROP_DSR_NO_SERVICE) : CTX_ACT_OK;
+#ifdef SLUICE_POD_LB
+	if (lb_remote_local_nodeport(&p->daddr, &key))
+		return CTX_ACT_OK; /* that node's to answer, as from the socket LB */
+#endif
 	rev_nat_id = svc->rev_nat_id;
 	hash = ns_flow_hash(p);
 

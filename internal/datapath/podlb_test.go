@@ -171,11 +171,35 @@ func TestPrivilegedPodLBTranslation(t *testing.T) {
 		runPacket(t, podKind, p.FromPod(), "hairpin: the pod's reply comes back from the frontend", hpReply, vPass,
 			hpReply.With(func(p *bpftest.Packet) { p.Src, p.Dst = apCluster, hp.Src }))
 
+		// Another node's NodePort: externalTrafficPolicy Cluster is
+		// balanced here; Local is that node's to answer (kube-proxy DNATs
+		// its own addresses only), as from the socket LB.
+		m := n.Maps()
+		remote := netip.MustParseAddr("198.18.0.12")
+		must(t, m.UpdateNodeIP(lbmap.AddrFrom(remote), lbmap.NodeIP{}))
+		for _, np := range []struct {
+			port   uint16
+			revNat uint16
+			flags  uint16
+		}{{30091, 24, 0}, {30090, 25, lbmap.SvcFlagETPLocal}} {
+			key := lbmap.ServiceKey{Addr: lbmap.AddrFrom(netip.IPv4Unspecified()), Port: lbmap.PortFrom(np.port), Proto: bpftest.TCP,
+				Scope: lbmap.ScopeExternal}
+			must(t, m.UpdateService(key, lbmap.ServiceValue{Count: 1, RevNatID: np.revNat,
+				Flags: lbmap.SvcFlagNodePort | lbmap.SvcFlagWildcard | np.flags}))
+			key.Slot = 1
+			must(t, m.UpdateService(key, lbmap.ServiceValue{BackendID: 2, RevNatID: np.revNat}))
+			must(t, m.UpdateRevNat(np.revNat, lbmap.RevNatValue{Addr: key.Addr, Port: key.Port}))
+		}
+		cl := tcpSyn(netip.AddrPortFrom(ipPod, 43300), netip.AddrPortFrom(remote, 30091))
+		runPacket(t, podKind, p.FromPod(), "another node's Cluster NodePort: DNAT here", cl, vPass,
+			cl.With(func(p *bpftest.Packet) { p.Dst = apRemote }))
+
 		for _, tc := range []struct {
 			name string
 			prog string
 			in   bpftest.Packet
 		}{
+			{"another node's Local NodePort: untouched, that node's to answer", "from", tcpSyn(netip.AddrPortFrom(ipPod, 43301), netip.AddrPortFrom(remote, 30090))},
 			{"pod to a pod address: untouched", "from", tcpSyn(netip.AddrPortFrom(ipPod, 43100), apLocal)},
 			{"ClusterIP unknown port: untouched", "from", tcpSyn(netip.AddrPortFrom(ipPod, 43101), netip.AddrPortFrom(apCluster.Addr(), 81))},
 			{"untracked packet to the pod: untouched", "to", tcpSyn(apRemote, netip.AddrPortFrom(ipPod, 43102))},

@@ -341,6 +341,41 @@ func TestPrivilegedSockLB(t *testing.T) {
 		}
 	})
 
+	// A pod's or the node's connection to another node's NodePort: its
+	// externalTrafficPolicy Cluster is balanced here, Local is that
+	// node's to answer with its own endpoints (kube-proxy DNATs only its
+	// own addresses; the other node sees traffic from outside) and goes
+	// there untranslated. This node's own address keeps the Local
+	// NodePort.
+	t.Run("another node's NodePort: Cluster balanced here, Local left to it", func(t *testing.T) {
+		remote := lbmap.AddrFrom(netip.MustParseAddr("198.18.0.12"))
+		if err := e.maps.UpdateNodeIP(remote, lbmap.NodeIP{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.maps.DeleteNodeIP(remote) })
+		e.addService(t, "0.0.0.0:30090", tcp, lbmap.SvcFlagNodePort|lbmap.SvcFlagWildcard|lbmap.SvcFlagETPLocal, 11, 0, backendIDs(false, tcp)...)
+		t.Cleanup(func() {
+			for slot := range uint16(len(v4Backends) + 1) {
+				_ = e.maps.DeleteService(svcKey("0.0.0.0:30090", tcp, slot))
+			}
+		})
+		for _, tc := range []struct {
+			addr     string
+			balanced bool
+		}{
+			{"198.18.0.12:30080", true},  // Cluster
+			{"198.18.0.11:30090", true},  // Local, this node's address
+			{"198.18.0.12:30090", false}, // Local, the other node's
+		} {
+			op := clientOp{Do: "connect", Proto: "tcp", Family: 4, Addr: tc.addr}
+			res := e.client(t, op)[0]
+			reached := len(res.Exchanges) == 1 && slices.Contains(v4Backends, res.Exchanges[0].Reply)
+			if reached != tc.balanced {
+				t.Errorf("%s: %+v; want balanced here %v", tc.addr, res, tc.balanced)
+			}
+		}
+	})
+
 	t.Run("other traffic is untouched", func(t *testing.T) {
 		op := clientOp{Do: "connect", Proto: "tcp", Family: 4, Addr: "198.18.1.11:8080", Sockets: 3}
 		res := e.client(t, op)[0]
