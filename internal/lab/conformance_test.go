@@ -7,7 +7,8 @@ import (
 )
 
 // TestReadJUnit: ginkgo's report gives the tests the focus ran ("[It]"),
-// without suite nodes and skipped specs, each passed or failed.
+// without suite nodes and specs the focus left out, each passed, failed,
+// or skipped by itself with its reason.
 func TestReadJUnit(t *testing.T) {
 	cases, err := readJUnit(filepath.Join("testdata", "junit_sample.xml"))
 	if err != nil {
@@ -20,6 +21,8 @@ func TestReadJUnit(t *testing.T) {
 	want := map[string]string{
 		"[sig-network] Services should serve a basic endpoint from pods [Conformance]":                 "passed",
 		"[sig-network] Services should be able to create a functioning NodePort service [Conformance]": "failed",
+		// A test that skipped itself, saying why, is in the table.
+		"[sig-network] Networking Granular Checks: Services should update endpoints: http": "skipped",
 	}
 	if len(got) != len(want) {
 		t.Fatalf("cases %v, want %v", got, want)

@@ -86,7 +86,7 @@ func BuildAgnhostImage(agnhost, coredns, file string) error {
 		return fmt.Errorf("agnhost image: %w", err)
 	}
 	defer os.Remove(rc)
-	extra := []image.File{{Path: "/etc/wgetrc", Src: rc, Mode: 0o644},{Path: "/agnhost", Src: agnhost}, {Path: "/agnhost-2", Link: "agnhost"},
+	extra := []image.File{{Path: "/etc/wgetrc", Src: rc, Mode: 0o644}, {Path: "/agnhost", Src: agnhost}, {Path: "/agnhost-2", Link: "agnhost"},
 		{Path: "/coredns", Src: coredns}, {Path: "/uploads"},
 		{Path: "/localhost.crt", Src: filepath.Join(dir, "localhost.crt"), Mode: 0o644},
 		{Path: "/localhost.key", Src: filepath.Join(dir, "localhost.key"), Mode: 0o644}}
