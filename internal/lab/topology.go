@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+
+	"github.com/sluice-dataplane/sluice/internal/controlplane"
 )
 
 // batch is a list of iproute2 commands run inside one namespace.
@@ -68,6 +70,16 @@ func topology(nm names, nodes, podsPerNode int, controlPlane bool) []batch {
 	for n := 1; n <= nodes; n++ {
 		node := batch{netns: nm.nodeNetns(n), cmds: []string{"link set lo up"}}
 		node.cmds = append(node.cmds, uplink(NodeIPv4(n), NodeIPv6(n))...)
+		if controlPlane {
+			// A node's default route carries the Service ranges: kube-proxy
+			// DNATs the node's own connection to a ClusterIP in OUTPUT,
+			// after a routing decision that needs a route (without one,
+			// connect fails with ENETUNREACH before any rule). Onlink:
+			// what no rule translates dies unanswered on the fabric.
+			for _, p := range controlplane.ServiceCIDRs {
+				node.cmds = append(node.cmds, fmt.Sprintf("route add %s dev %s", p, uplinkName))
+			}
+		}
 		for m := 1; m <= nodes; m++ {
 			if m == n {
 				continue
