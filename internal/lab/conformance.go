@@ -308,8 +308,11 @@ wait:
 
 // joinRegexp is a|b of two ginkgo regexps, either possibly empty.
 func joinRegexp(a, b string) string {
-	if a == "" {
+	switch {
+	case a == "":
 		return b
+	case strings.Contains(a, b):
+		return a // given already
 	}
 	return a + "|" + b
 }
