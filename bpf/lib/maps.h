@@ -63,7 +63,9 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u8[16]);
 	__type(value, __u32);
-	__uint(max_entries, 1024);
+	/* Every Node's InternalIPs (5,000 Nodes, dual-stack) and this node's
+	 * addresses; allocated per entry. */
+	__uint(max_entries, 16384);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_node_ips SEC(".maps");

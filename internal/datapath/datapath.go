@@ -20,7 +20,10 @@ func DefaultMapSizes() MapSizes {
 		RevNat:   65536,
 		SockRev:  262144,
 		Affinity: 65536,
-		NodeIPs:  1024,
+		// Every Node's InternalIPs (Kubernetes' 5,000 Nodes, dual-stack)
+		// and this node's interface addresses: 1,024 failed every sync
+		// from ~500 dual-stack Nodes (sluice bench cluster).
+		NodeIPs: 16384,
 		Events:   DefaultEventsBytes,
 	}
 }

@@ -1177,7 +1177,13 @@ func (r *Reconciler) sweep() error {
 // those of noNodePort marked as addresses NodePorts do not answer on.
 func (r *Reconciler) syncNodeIPs(want, noNodePort map[netip.Addr]bool) error {
 	var errs []error
-	for a, local := range want {
+	// This node's own addresses first: should the map be full, its own
+	// NodePorts and SNAT source are the last to go.
+	addrs := slices.SortedFunc(maps.Keys(want), func(a, b netip.Addr) int {
+		return cmp.Or(-cmp.Compare(b2i(want[a]), b2i(want[b])), a.Compare(b))
+	})
+	for _, a := range addrs {
+		local := want[a]
 		k := lbmap.AddrFrom(a)
 		n := lbmap.NodeIP{Local: local, NoNodePort: noNodePort[a]}
 		if have, ok := r.nodeIPs[k]; ok && have == n {
@@ -1207,4 +1213,12 @@ func scopeName(sc uint8) string {
 		return "internal"
 	}
 	return "external"
+}
+
+// b2i orders true before false when negated in a comparison.
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
