@@ -24,7 +24,7 @@ func DefaultMapSizes() MapSizes {
 		// and this node's interface addresses: 1,024 failed every sync
 		// from ~500 dual-stack Nodes (sluice bench cluster).
 		NodeIPs: 16384,
-		Events:   DefaultEventsBytes,
+		Events:  DefaultEventsBytes,
 	}
 }
 

@@ -42,7 +42,7 @@ var migratableMaps = []migratable{
 	{name: socklbMapLbSockRev, refill: true},
 	{name: socklbMapLbAffinity, refill: true},
 	{name: lbmap.TunnelMapName}, // sized with lb_backends (TunnelEntries)
-	{name: socklbMapLbNodeIps},   // 1,024 entries before 2026-11-29
+	{name: socklbMapLbNodeIps},  // 1,024 entries before 2026-11-29
 	// Datagrams on their way: their ports survive a new size.
 	{name: tclbMapNsFrag},
 }
