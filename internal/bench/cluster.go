@@ -650,7 +650,9 @@ func (c *clusterRun) changeWriter(ctx context.Context, svcs []int, rate float64,
 			}
 		}
 		if err != nil {
-			if ctx.Err() != nil {
+			// The churn's end: the context done, or so near its
+			// deadline that the client's rate limiter refuses to wait.
+			if d, ok := ctx.Deadline(); ctx.Err() != nil || ok && time.Until(d) < time.Second {
 				return nil
 			}
 			return fmt.Errorf("churn: update EndpointSlice %s: %w", sl.Name, err)
