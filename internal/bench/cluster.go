@@ -678,10 +678,14 @@ func (s page) buckets(name string) histBuckets {
 	}
 	by := map[float64]float64{}
 	for _, m := range f.GetMetric() {
+		inf := false
 		for _, b := range m.GetHistogram().GetBucket() {
 			by[b.GetUpperBound()] += float64(b.GetCumulativeCount())
+			inf = inf || math.IsInf(b.GetUpperBound(), 1)
 		}
-		by[math.Inf(1)] += float64(m.GetHistogram().GetSampleCount())
+		if !inf { // the text format's le="+Inf" bucket, when the parser left it out
+			by[math.Inf(1)] += float64(m.GetHistogram().GetSampleCount())
+		}
 	}
 	var out histBuckets
 	for le, n := range by {

@@ -82,3 +82,23 @@ func TestClusterMarkdown(t *testing.T) {
 		}
 	}
 }
+
+// buckets counts a series' +Inf bucket once, whether the exposition's
+// parser kept it or not.
+func TestPageBuckets(t *testing.T) {
+	text := `# TYPE x histogram
+x_bucket{le="0.01"} 3
+x_bucket{le="0.1"} 5
+x_bucket{le="+Inf"} 6
+x_sum 0.5
+x_count 6
+`
+	p, err := parseMetrics(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := p.buckets("x")
+	if b.count() != 6 || len(b) != 3 {
+		t.Errorf("buckets %v: count %v, want 3 buckets and 6 samples", b, b.count())
+	}
+}
