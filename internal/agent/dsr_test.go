@@ -38,7 +38,7 @@ func (d *nsMemDataplane) NorthSouthLoaded() bool                        { return
 func (d *nsMemDataplane) AttachDevices() ([]api.Device, error)          { return nil, nil }
 func (d *nsMemDataplane) SetNodeConfig([]netip.Addr) (SNATPorts, error) { return SNATPorts{}, nil }
 func (d *nsMemDataplane) SyncPodIfaces([]netip.Addr, bool) error        { return nil }
-func (d *nsMemDataplane) SyncNeighbors([]netip.Addr) error              { return nil }
+func (d *nsMemDataplane) SyncNeighbors([]netip.Addr, bool) error        { return nil }
 func (d *nsMemDataplane) CollectGarbage() (gcResult, error)             { return gcResult{}, nil }
 func (d *nsMemDataplane) DumpCT() (*api.BPFCT, error)                   { return &api.BPFCT{}, nil }
 func (d *nsMemDataplane) DumpNAT() (*api.BPFNAT, error)                 { return &api.BPFNAT{}, nil }

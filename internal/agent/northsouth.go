@@ -30,7 +30,9 @@ type northSouthDataplane interface {
 	// of want named in changed (nil: every entry).
 	SyncTunnels(want map[netip.Prefix]netip.Addr, changed map[netip.Prefix]bool) error
 	// SyncNeighbors keeps the next hops towards other nodes resolved for XDP.
-	SyncNeighbors(nodes []netip.Addr) error
+	// SyncNeighbors may skip the work when nodes are those of its last
+	// call, which succeeded, unless full.
+	SyncNeighbors(nodes []netip.Addr, full bool) error
 	CollectGarbage() (gcResult, error)
 	DumpCT() (*api.BPFCT, error)
 	DumpNAT() (*api.BPFNAT, error)
@@ -198,7 +200,7 @@ func (a *Agent) afterSync(full bool) error {
 			errs = append(errs, err)
 		}
 		a.reportDSR(tp.DSR())
-		if err := ns.SyncNeighbors(tp.RemoteNodes()); err != nil {
+		if err := ns.SyncNeighbors(tp.RemoteNodes(), full); err != nil {
 			errs = append(errs, fmt.Errorf("neighbours for XDP: %w", err))
 		}
 	}
