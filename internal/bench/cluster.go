@@ -495,7 +495,7 @@ func (c *clusterRun) churn(ctx context.Context, res *ClusterContender) error {
 	res.MaxBucketMS = delta.maxBound() * 1e3
 	res.CPUCores = (s1.value("process_cpu_seconds_total") - s0.value("process_cpu_seconds_total")) / elapsed.Seconds()
 	res.ReadKiBPerSec = float64(read1-read0) / 1024 / elapsed.Seconds()
-	res.Syncs = s1.value(c.syncsMetric()) - s0.value(c.syncsMetric())
+	res.Syncs = c.syncs(s1) - c.syncs(s0)
 	res.Heartbeats = map[string]float64{}
 	for k, v := range hb {
 		res.Heartbeats[k] = float64(v.Load()) / elapsed.Seconds()
@@ -510,11 +510,12 @@ func (c *clusterRun) churn(ctx context.Context, res *ClusterContender) error {
 	return nil
 }
 
-func (c *clusterRun) syncsMetric() string {
+func (c *clusterRun) syncs(s page) float64 {
 	if c.d == lab.DataplaneSluice {
-		return "sluice_syncs_total"
+		return s.value("sluice_syncs_total")
 	}
-	return "kubeproxy_sync_proxy_rules_duration_seconds_count"
+	n, _ := s.histogram("kubeproxy_sync_proxy_rules_duration_seconds") // one sample a sync
+	return float64(n)
 }
 
 // dataplanePID is the client node's agent or kube-proxy.
