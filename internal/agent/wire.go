@@ -161,7 +161,7 @@ type nodeDataplane struct {
 	tunnelRetry map[netip.Prefix]bool
 	neighs      map[netip.Addr]netlink.Neigh // managed neighbours, by remote node IP
 	neighNodes  []netip.Addr                 // the nodes of the last SyncNeighbors
-	neighsOK    bool                         // it gave every one its entry
+	neighErr    error                        // and what it could not do
 	neighRec    *datapath.NeighbourRecord    // the same, pinned, for the next agent
 }
 
@@ -477,12 +477,13 @@ func (d *nodeDataplane) SyncNeighbors(nodes []netip.Addr, full bool) (err error)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	// A route lookup per node is ~50 µs: 100 ms a sync at 2,000 Nodes
-	// (sluice bench cluster). The same nodes as last time, which all got
-	// their entry, need nothing until the next full sync (a route change).
-	if !full && d.neighsOK && slices.Equal(nodes, d.neighNodes) {
-		return nil
+	// (sluice bench cluster). The same nodes as last time need nothing
+	// until the next full sync (a route change): what failed then is
+	// reported again as it was, and retried there.
+	if !full && d.neighNodes != nil && slices.Equal(nodes, d.neighNodes) {
+		return d.neighErr
 	}
-	defer func() { d.neighNodes, d.neighsOK = slices.Clone(nodes), err == nil }()
+	defer func() { d.neighNodes, d.neighErr = slices.Clone(nodes), err }()
 	want := map[netip.Addr]netlink.Neigh{}
 	var errs []error
 	for _, ip := range nodes {
