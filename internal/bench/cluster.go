@@ -228,6 +228,9 @@ func runClusterContender(ctx context.Context, cfg ClusterConfig, d string) (res 
 type clusterRun struct {
 	*scaleRun
 	cfg ClusterConfig
+	// leaseRV is each simulated Node's Lease resourceVersion, as a
+	// kubelet keeps its Lease to renew it (an update needs it).
+	leaseRV sync.Map
 }
 
 // simNode is simulated Node i: InternalIP in 100.64.0.0/16, pod CIDR the
@@ -327,10 +330,12 @@ func (c *clusterRun) createNodes(ctx context.Context) error {
 		if _, err := c.client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create Node %s: %w", n.Name, err)
 		}
-		if _, err := c.client.CoordinationV1().Leases(corev1.NamespaceNodeLease).Create(ctx, simLease(n.Name, time.Now()),
-			metav1.CreateOptions{}); err != nil {
+		l, err := c.client.CoordinationV1().Leases(corev1.NamespaceNodeLease).Create(ctx, simLease(n.Name, time.Now()),
+			metav1.CreateOptions{})
+		if err != nil {
 			return fmt.Errorf("create Lease %s: %w", n.Name, err)
 		}
+		c.leaseRV.Store(i, l.ResourceVersion)
 		return nil
 	})
 }
@@ -582,9 +587,24 @@ func (c *clusterRun) statusReport(ctx context.Context, i int) error {
 }
 
 func (c *clusterRun) renewLease(ctx context.Context, i int) error {
-	_, err := c.client.CoordinationV1().Leases(corev1.NamespaceNodeLease).Update(ctx, simLease(simNode(i).Name, time.Now()),
-		metav1.UpdateOptions{})
-	return err
+	api := c.client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
+	l := simLease(simNode(i).Name, time.Now())
+	if rv, ok := c.leaseRV.Load(i); ok {
+		l.ResourceVersion = rv.(string)
+	}
+	out, err := api.Update(ctx, l, metav1.UpdateOptions{})
+	if err != nil { // a conflict: read it again, as a kubelet does
+		cur, gerr := api.Get(ctx, l.Name, metav1.GetOptions{})
+		if gerr != nil {
+			return gerr
+		}
+		l.ResourceVersion = cur.ResourceVersion
+		if out, err = api.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+	}
+	c.leaseRV.Store(i, out.ResourceVersion)
+	return nil
 }
 
 // changeLoop writes ChurnRate EndpointSlice changes a second to the bulk
