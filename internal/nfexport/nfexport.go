@@ -12,6 +12,7 @@ package nfexport
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
@@ -141,6 +142,14 @@ func Create(flows []Flow) Result {
 		if errors.Is(err, unix.EEXIST) && !f.SNAT.IsValid() && deleteTranslated(f) {
 			err = create(f)
 		}
+		// A masqueraded flow's tuple held by another binding: an earlier
+		// connection from the same client port, netfilter's since the
+		// migration in (closing, in TIME_WAIT), which would send the live
+		// flow's packets to its backend. The live flow is sluice's: its
+		// binding replaces it. One written by the pass before is left.
+		if errors.Is(err, unix.EEXIST) && f.SNAT.IsValid() && deleteOtherBinding(f) {
+			err = create(f)
+		}
 		switch {
 		case err == nil:
 			r.Created++
@@ -167,6 +176,34 @@ func deleteTranslated(f Flow) bool {
 	n, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, family,
 		translatedSet{tupleKey{f.Proto, f.Client, f.Backend}: true})
 	return err == nil && n > 0
+}
+
+// deleteOtherBinding deletes conntrack's entry of f's original tuple when
+// its reply is not f's (from the backend to the nat port): true when one
+// went.
+func deleteOtherBinding(f Flow) bool {
+	family := netlink.InetFamily(unix.AF_INET)
+	if f.Client.Addr().Is6() {
+		family = unix.AF_INET6
+	}
+	n, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, family, otherBinding{f})
+	return err == nil && n > 0
+}
+
+// otherBinding matches the entry of f's original tuple whose reply tuple
+// differs from f's.
+type otherBinding struct{ f Flow }
+
+// MatchConntrackFlow implements netlink.CustomConntrackFilter.
+func (o otherBinding) MatchConntrackFlow(c *netlink.ConntrackFlow) bool {
+	at := func(ip net.IP, port uint16) netip.AddrPort {
+		a, _ := netip.AddrFromSlice(ip)
+		return netip.AddrPortFrom(a.Unmap(), port)
+	}
+	f := o.f
+	return c.Forward.Protocol == f.Proto && at(c.Forward.SrcIP, c.Forward.SrcPort) == f.Client &&
+		at(c.Forward.DstIP, c.Forward.DstPort) == f.Frontend &&
+		(at(c.Reverse.SrcIP, c.Reverse.SrcPort) != f.Backend || at(c.Reverse.DstIP, c.Reverse.DstPort) != f.SNAT)
 }
 
 // tupleKey is a conntrack entry's original tuple.

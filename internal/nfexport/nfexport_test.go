@@ -105,6 +105,24 @@ func TestPrivilegedCreate(t *testing.T) {
 			t.Errorf("%d of the 2 flows in conntrack: %v", found, list)
 		}
 
+		// An earlier connection from the same client port, netfilter's
+		// (kube-proxy balanced it to another nat port before sluice came):
+		// the live flow's binding replaces it; the same flow's own entry
+		// written again stays (above: existed).
+		stale := Flow{Proto: unix.IPPROTO_TCP, Client: netip.MustParseAddrPort("198.18.0.2:42000"), Frontend: frontend,
+			Backend: backend, SNAT: netip.AddrPortFrom(node, 6000), TimeoutSecs: TCPTimeout, Established: true}
+		live := stale
+		live.SNAT = netip.AddrPortFrom(node, 6001)
+		if r := Create([]Flow{stale}); r.Created != 1 {
+			t.Fatalf("the earlier connection: %+v", r)
+		}
+		if r := Create([]Flow{live}); r.Created != 1 || r.Existed != 0 {
+			t.Errorf("the live flow over an earlier binding of its tuple: %+v, want it created in its place", r)
+		}
+		if r := Create([]Flow{live}); r.Existed != 1 {
+			t.Errorf("the live flow written again: %+v, want existed", r)
+		}
+
 		// A local backend's flow that sluice handed to the stack after its
 		// DNAT: conntrack has it as client -> backend, no NAT. Handing it over
 		// replaces that entry.
