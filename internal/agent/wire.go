@@ -958,9 +958,11 @@ func newTrackerPipeline(cfg *Config) (*modelPipeline, error) {
 	}
 	tr := loadbalancer.NewTracker(loadbalancer.Options{NodeName: cfg.NodeName, NodePortRange: cfg.nodePortRange, Algorithm: alg,
 		NodePortCIDRs: cfg.nodePortCIDRs,
-		// The tunnel map is the tc/XDP datapath's, and its backend
-		// entries DSR's.
-		NoTunnels: len(cfg.Devices) == 0, NoTunnelBackends: cfg.LBMode == "snat"})
+		// The tunnel map is the tc/XDP datapath's. Its backend entries
+		// stay in snat mode too: without them a pooled masqueraded
+		// connection broke under TestPrivilegedFloodShapesKeepConnections
+		// (not understood yet: NoTunnelBackends is not used until it is).
+		NoTunnels: len(cfg.Devices) == 0})
 	return &modelPipeline{Tracker: tr, nodeName: cfg.NodeName, sum: newSummaryIndex(cfg.NodeName),
 		maglevTableSize: cfg.MaglevTableSize, maglevSeed: cfg.MaglevSeed}, nil
 }
