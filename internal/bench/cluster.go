@@ -191,37 +191,13 @@ func (c *ClusterConfig) scaleConfig() ScaleConfig {
 
 func runClusterContender(ctx context.Context, cfg ClusterConfig, d string) (res ClusterContender) {
 	res.Name = d
-	sc := cfg.scaleConfig()
-	cfg.step("%s: lab up (real control plane, %d nodes)", d, scaleNodes)
-	l, err := lab.Up(ctx, lab.Config{Prefix: cfg.Prefix, Nodes: scaleNodes, PodsPerNode: scalePodsPerNode, Dataplane: d,
-		ControlPlane: lab.ControlPlaneReal, Exe: cfg.Exe, AgentBin: cfg.AgentBin, Progress: indent{cfg.Progress}})
-	if errors.Is(err, lab.ErrDataplaneUnavailable) {
-		res.Skipped = err.Error()
-		return res
-	}
-	if err != nil {
-		res.Error = fmt.Sprintf("lab up: %v", err)
-		return res
-	}
-	defer func() {
-		if cfg.LogDir != "" {
-			saveLogs(l, filepath.Join(cfg.LogDir, d))
+	res.Skipped, res.Error = withScaleLab(ctx, cfg.scaleConfig(), d, func(r *scaleRun) error {
+		err := (&clusterRun{scaleRun: r, cfg: cfg}).run(ctx, &res)
+		if err != nil {
+			cfg.step("%s: %v", d, err)
 		}
-		cfg.step("%s: lab down", d)
-		if err := l.Down(); err != nil {
-			res.Error = strings.TrimPrefix(res.Error+"; lab down: "+err.Error(), "; ")
-		}
-	}()
-	r, err := newScaleRun(sc, d, l)
-	if err != nil {
-		res.Error = err.Error()
-		return res
-	}
-	c := &clusterRun{scaleRun: r, cfg: cfg}
-	if err := c.run(ctx, &res); err != nil {
-		res.Error = err.Error()
-		cfg.step("%s: %v", d, err)
-	}
+		return err
+	})
 	return res
 }
 
@@ -809,6 +785,9 @@ func (r *ClusterReport) Markdown() string {
 	b.WriteString("\nLatency from each change's trigger time to the client node's rules or maps (the dataplane's own network programming histogram, interpolated in its buckets); CPU and RSS of the client node's agent or kube-proxy; read: its rchar (sockets and files).\n")
 	return b.String()
 }
+
+// WriteMarkdown writes Markdown to w.
+func (r *ClusterReport) WriteMarkdown(w io.Writer) { fmt.Fprint(w, r.Markdown()) }
 
 // WriteFiles writes results.json, results.md and the plots under dir.
 func (r *ClusterReport) WriteFiles(dir string) ([]string, error) {

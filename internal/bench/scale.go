@@ -207,6 +207,28 @@ type scaleRun struct {
 
 func runContender(ctx context.Context, cfg ScaleConfig, d string) (res ScaleContender) {
 	res.Name = d
+	res.Skipped, res.Error = withScaleLab(ctx, cfg, d, func(r *scaleRun) error {
+		for _, n := range cfg.Sizes {
+			row, err := r.size(ctx, n)
+			res.Rows = append(res.Rows, row)
+			if err != nil {
+				cfg.step("%s at %d Services: %v", d, n, err)
+				if row.DidNotFinish == "" {
+					return fmt.Errorf("%d Services: %w", n, err)
+				}
+				break
+			}
+		}
+		return nil
+	})
+	return res
+}
+
+// withScaleLab brings the study's lab up with dataplane d, runs run on it
+// and takes it down (its logs saved under LogDir first): skipped says why
+// this machine cannot run d, errText what failed (run, the lab, its
+// teardown).
+func withScaleLab(ctx context.Context, cfg ScaleConfig, d string, run func(*scaleRun) error) (skipped, errText string) {
 	cfg.step("%s: lab up (real control plane, %d nodes)", d, scaleNodes)
 	lc := lab.Config{Prefix: cfg.Prefix, Nodes: scaleNodes, PodsPerNode: scalePodsPerNode, Dataplane: d,
 		ControlPlane: lab.ControlPlaneReal, Exe: cfg.Exe, AgentBin: cfg.AgentBin, Progress: indent{cfg.Progress}}
@@ -215,14 +237,13 @@ func runContender(ctx context.Context, cfg ScaleConfig, d string) (res ScaleCont
 	// defaults as they would on a user's node.
 	l, err := lab.Up(ctx, lc)
 	if errors.Is(err, lab.ErrDataplaneUnavailable) {
-		res.Skipped = err.Error()
-		cfg.step("%s", res.Skipped)
-		return res
+		cfg.step("%s", err)
+		return err.Error(), ""
 	}
 	if err != nil {
-		res.Error = fmt.Sprintf("lab up: %v", err)
-		cfg.step("%s: %s", d, res.Error)
-		return res
+		errText = fmt.Sprintf("lab up: %v", err)
+		cfg.step("%s: %s", d, errText)
+		return "", errText
 	}
 	defer func() {
 		if cfg.LogDir != "" {
@@ -230,26 +251,17 @@ func runContender(ctx context.Context, cfg ScaleConfig, d string) (res ScaleCont
 		}
 		cfg.step("%s: lab down", d)
 		if err := l.Down(); err != nil {
-			res.Error = strings.TrimPrefix(res.Error+"; lab down: "+err.Error(), "; ")
+			errText = strings.TrimPrefix(errText+"; lab down: "+err.Error(), "; ")
 		}
 	}()
 	r, err := newScaleRun(cfg, d, l)
+	if err == nil {
+		err = run(r)
+	}
 	if err != nil {
-		res.Error = err.Error()
-		return res
+		errText = err.Error()
 	}
-	for _, n := range cfg.Sizes {
-		row, err := r.size(ctx, n)
-		res.Rows = append(res.Rows, row)
-		if err != nil {
-			cfg.step("%s at %d Services: %v", d, n, err)
-			if row.DidNotFinish == "" {
-				res.Error = fmt.Sprintf("%d Services: %v", n, err)
-			}
-			break
-		}
-	}
-	return res
+	return "", errText
 }
 
 func newScaleRun(cfg ScaleConfig, d string, l *lab.Lab) (*scaleRun, error) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -52,19 +51,13 @@ and etcd. The full shape takes about 30 minutes a dataplane on 2 cores.`,
 			if report == nil {
 				return runErr
 			}
-			paths, err := report.WriteFiles(out)
-			if err != nil {
-				return errors.Join(runErr, err)
-			}
-			w := cmd.OutOrStdout()
 			if output == "json" {
-				enc := json.NewEncoder(w)
+				_, err := report.WriteFiles(out)
+				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
-				return errors.Join(runErr, enc.Encode(report))
+				return errors.Join(runErr, err, enc.Encode(report))
 			}
-			fmt.Fprint(w, report.Markdown())
-			fmt.Fprintf(w, "written: %s\n", strings.Join(paths, ", "))
-			return runErr
+			return writeBenchReport(cmd, report, runErr, out)
 		},
 	}
 	f := cmd.Flags()
