@@ -40,7 +40,8 @@ func seedObjects(kind string) [][]byte {
 
 // FuzzTranslate translates a Service (JSON) with its EndpointSlices (a JSON
 // array). Invariants: no panic, bounded time; an error is a FieldError
-// naming the object, the field and why; an accepted Service's LBServices
+// naming the object, the field and why, or IgnoredFields (each such a
+// FieldError of the Service) served with LBServices; an accepted Service's LBServices
 // are frontends the datapath can program (fuzztest.CheckLBService), each
 // frontend once; the result does not depend on the order of the slices
 // and the same input gives the same result.
@@ -53,6 +54,8 @@ func FuzzTranslate(f *testing.F) {
 		f.Add(svc, slicesJSON)
 	}
 	f.Add([]byte(`{"metadata":{"name":"x","namespace":"y"},"spec":{"clusterIP":"198.19.0.1","ports":[{"port":80}]}}`), []byte(`[]`))
+	// A nodePort outside the range is ignored, not refused (CI, 2026-11-29).
+	f.Add([]byte(`{"metadata":{"name":"t","namespace":"t"},"spec":{"type":"NodePort","clusterIP":"198.19.0.1","ports":[{"port":80,"nodePort":3}]}}`), []byte(`[]`))
 	f.Fuzz(func(t *testing.T, svcJSON, slicesJSON []byte) {
 		var svc corev1.Service
 		var eps []*discoveryv1.EndpointSlice
@@ -90,8 +93,17 @@ func checkTranslate(t *testing.T, svc *corev1.Service, eps []*discoveryv1.Endpoi
 	var lbs []loadbalancer.LBService
 	var err error
 	fuzztest.Within(t, fuzztest.InputLimit, "Translate", func() { lbs, err = loadbalancer.Translate(svc, eps, opts) })
-	if err != nil {
-		checkFieldError(t, err, svc, eps)
+	var ignored loadbalancer.IgnoredFields
+	switch {
+	case errors.As(err, &ignored):
+		if len(ignored) == 0 {
+			t.Fatalf("empty IgnoredFields returned as an error")
+		}
+		for _, fe := range ignored {
+			checkFieldError(t, fe, []string{loadbalancer.ServiceObject(svc.Namespace, svc.Name)})
+		}
+	case err != nil:
+		checkFieldError(t, err, translateObjects(svc, eps))
 		return
 	}
 	frontends := map[loadbalancer.Frontend]bool{}
@@ -109,22 +121,35 @@ func checkTranslate(t *testing.T, svc *corev1.Service, eps []*discoveryv1.Endpoi
 	}
 	reversed := slices.Clone(eps)
 	slices.Reverse(reversed)
-	again, err := loadbalancer.Translate(svc, reversed, opts)
-	if err != nil || !reflect.DeepEqual(again, lbs) {
-		t.Errorf("Translate with the slices reversed differs: %v\nfirst:  %+v\nsecond: %+v", err, lbs, again)
+	again, againErr := loadbalancer.Translate(svc, reversed, opts)
+	if !reflect.DeepEqual(errText(againErr), errText(err)) || !reflect.DeepEqual(again, lbs) {
+		t.Errorf("Translate with the slices reversed differs: %v / %v\nfirst:  %+v\nsecond: %+v", err, againErr, lbs, again)
 	}
 }
 
-// checkFieldError: every refusal names the object, the field and why.
-func checkFieldError(t *testing.T, err error, svc *corev1.Service, eps []*discoveryv1.EndpointSlice) {
+// translateObjects names the objects a Translate error may name.
+func translateObjects(svc *corev1.Service, eps []*discoveryv1.EndpointSlice) []string {
+	objects := []string{loadbalancer.ServiceObject(svc.Namespace, svc.Name)}
+	for _, s := range eps {
+		objects = append(objects, loadbalancer.EndpointSliceObject(s.Namespace, s.Name))
+	}
+	return objects
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// checkFieldError: every refusal or ignored value names the object (one of
+// objects), the field and why.
+func checkFieldError(t *testing.T, err error, objects []string) {
 	t.Helper()
 	var fe *loadbalancer.FieldError
 	if !errors.As(err, &fe) {
 		t.Fatalf("error is not a FieldError: %T %v", err, err)
-	}
-	objects := []string{loadbalancer.ServiceObject(svc.Namespace, svc.Name)}
-	for _, s := range eps {
-		objects = append(objects, loadbalancer.EndpointSliceObject(s.Namespace, s.Name))
 	}
 	if !slices.Contains(objects, fe.Object) || fe.Field == "" || fe.Reason == "" {
 		t.Errorf("error %q: want the object (one of %q), a field and a reason", err, objects)
