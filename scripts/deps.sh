@@ -19,7 +19,8 @@ pkgs=(clang-19 llvm-19 libbpf-dev bpftool iproute2 iptables nftables conntrack u
 	sockperf # request/response latency under a bandwidth limit's load (sluice bench bandwidth)
 	qperf ethtool # sluice bench qperf; ring sizes and offloads (sluice tune)
 	dnsperf # sluice bench dns (the echo server's and the cluster DNS's queries per second)
-	containerd runc containernetworking-plugins busybox-static) # the kubelet lab: runtime, CNI, the image's shell (docs/kubelet-lab.md)
+	containerd runc containernetworking-plugins busybox-static # the kubelet lab: runtime, CNI, the image's shell (docs/kubelet-lab.md)
+	gcc libc6-dev) # cgo: flanneld (its udp backend), the kubelet lab's overlay CNI
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,7 +6,7 @@
 # containerd, and installs sluice's Helm chart and the DNS autoscaler's into it
 # (docs/kubelet-lab.md).
 # Extra arguments go to `sluice lab up` (e.g. --nodes 1, --network-policy
-# kube-router, --no-portmap). Then:
+# kube-router, --no-portmap, --cni flannel). Then:
 #   ./bin/sluice lab kubectl -- get pods -A
 #   ./bin/sluice lab kubectl -- -n kube-system exec ds/sluice -- sluice status
 #   ./bin/sluice lab down
@@ -20,6 +20,9 @@ cd "$(dirname "$0")/.."
 ./scripts/helm-build.sh >/dev/null
 case " $* " in
 *" --network-policy"*) ./scripts/kube-router-build.sh >/dev/null ;; # the NetworkPolicy engine
+esac
+case " $* " in
+*" --cni flannel "* | *" --cni=flannel "*) ./scripts/flannel-build.sh >/dev/null ;; # the overlay CNI
 esac
 exec ./bin/sluice lab up --kubelet --chart deploy/charts/sluice \
   --dns-autoscaler deploy/charts/sluice-dns-autoscaler "$@"

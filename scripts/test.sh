@@ -25,6 +25,9 @@ export SLUICE_COREDNS_BIN
 echo "==> kube-router (the kubelet lab's NetworkPolicy engine) built from its Go module (a minute or two once, then cached)"
 SLUICE_KUBE_ROUTER_BIN=$(./scripts/kube-router-build.sh | tail -n 1)/kube-router
 export SLUICE_KUBE_ROUTER_BIN
+echo "==> flanneld (the kubelet lab's overlay CNI) built from its Go module (a minute or two once, then cached)"
+SLUICE_FLANNEL_BIN=$(./scripts/flannel-build.sh | tail -n 1)/flanneld
+export SLUICE_FLANNEL_BIN
 echo "==> helm (the deploy/ tests lint and render the charts with it; built once, cached)"
 ./scripts/helm-build.sh >/dev/null
 echo "==> guest kernel for the kernel smoke (Debian 12's 6.1 under QEMU; downloaded once, cached)"

@@ -77,12 +77,24 @@ static __always_inline bool snat_is_nat_port(const struct ns_config *cfg, __be16
 			     p <= cfg->snat_hole_max);
 }
 
-/* snat_source is the node address a flow to a remote backend leaves with:
- * the frontend itself when it is a node IP (NodePort), else the configured
- * one of the family. */
+/* snat_source is the node address a flow to backend leaves with: the
+ * source of the route to it through another device (ns_snat_route: an
+ * overlay's, whose replies come back through that device); else the
+ * frontend itself when it is a node IP (NodePort); else the configured one
+ * of the family. */
 static __always_inline int snat_source(const struct ns_config *cfg, bool v6,
-				       const union lb_addr *frontend, union lb_addr *out)
+				       const union lb_addr *frontend,
+				       const union lb_addr *backend, union lb_addr *out)
 {
+	struct tunnel_key key = { .prefixlen = 128 };
+	struct tunnel_val *route;
+
+	__builtin_memcpy(key.addr, backend->b, sizeof(key.addr));
+	route = bpf_map_lookup_elem(&ns_snat_route, &key);
+	if (route) {
+		__builtin_memcpy(out->b, route->node_addr, sizeof(out->b));
+		return 0;
+	}
 	if (lb_is_node_addr(frontend)) {
 		*out = *frontend;
 		return 0;
@@ -333,7 +345,7 @@ static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 		}
 	}
 
-	if (snat_source(cfg, p->v6, frontend, &node) || snat_range_of(cfg, &r) || !r.size)
+	if (snat_source(cfg, p->v6, frontend, &p->daddr, &node) || snat_range_of(cfg, &r) || !r.size)
 		return -1;
 
 	/* The reverse mapping: backend -> node:nat port gives the client. */

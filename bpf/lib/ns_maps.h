@@ -241,6 +241,21 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ns_tunnel SEC(".maps");
 
+/* Prefix -> the source a masqueraded flow to a backend inside it leaves
+ * with, where that is not the node's address: the routes of --devices
+ * other than the node's own (an overlay: flannel.1's routes to the other
+ * nodes' pod CIDRs) with their preferred source or their device's address,
+ * as MASQUERADE picks it. The agent mirrors the routes (snatroutes.go).
+ * IPv4 v4-mapped. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct tunnel_key);
+	__type(value, struct tunnel_val);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ns_snat_route SEC(".maps");
+
 /* Agent configuration of the tc/XDP programs, one entry at index 0. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

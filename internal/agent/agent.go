@@ -223,6 +223,9 @@ type Agent struct {
 	ns           *api.NorthSouth   // after the devices are attached
 	nodeIPs      []netip.Addr      // this node's InternalIPs: SNAT sources
 	nodeIPsDirty bool
+	// snatSources are the SNAT sources through devices' routes
+	// (snatroutes.go), for status.
+	snatSources  []api.SNATSource
 	hostPortLine string   // whether the Pods' hostPorts are served, and why (hostport.go)
 	warnings     warnings // what status shows under Warnings
 	skips        skipped  // what the last sync left out of the maps
@@ -347,6 +350,11 @@ func (a *Agent) run(ctx context.Context) error {
 	}
 	if _, ok := a.podLB(); ok || a.bw != nil {
 		wg.Go(func() { a.watchPodRoutes(ctx) })
+	}
+	if r, ok := a.dp.(snatRouter); ok {
+		if _, loaded := a.northSouth(); loaded {
+			wg.Go(func() { a.watchSNATRoutes(ctx, r, a.cfg.CTGCInterval) })
+		}
 	}
 	if c, ok := a.dp.(affinityCollector); ok {
 		if src, ok := a.pl.(affinitySource); ok {

@@ -282,6 +282,7 @@ func (a *Agent) northSouthStatus() *api.NorthSouth {
 		st.DSRTunnels, st.DSRSNATFallback, st.DSRSNATFallbackExamples = d.entries, d.fallback.Backends, d.fallback.Examples
 	}
 	st.PerPacket, st.PodDevices = perPacket, pods
+	st.SNATSources = slices.Clone(a.snatSources)
 	if perPacket {
 		st.PerPacketFlag = "--socket-lb=false"
 		if a.cfg.SocketLBHostnsOnly {

@@ -163,6 +163,7 @@ type nodeDataplane struct {
 	neighNodes  []netip.Addr                 // the nodes of the last SyncNeighbors
 	neighErr    error                        // and what it could not do
 	neighRec    *datapath.NeighbourRecord    // the same, pinned, for the next agent
+	snatRoutes  map[netip.Prefix]netip.Addr  // installed ns_snat_route entries
 }
 
 // northSouthMaps is the LB maps plus the tables only the tc/XDP programs

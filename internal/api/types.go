@@ -96,6 +96,14 @@ type Warning struct {
 	Since     time.Time `json:"since,omitzero"`
 }
 
+// SNATSource is a source address masqueraded flows take through one device
+// (its routes' preferred source, else its address: MASQUERADE's choice).
+type SNATSource struct {
+	Device   string `json:"device"`
+	Source   string `json:"source"`
+	Prefixes int    `json:"prefixes"`
+}
+
 // HealthCheck describes the proxier health server and the Services' health
 // check node port servers.
 type HealthCheck struct {
@@ -310,7 +318,11 @@ type NorthSouth struct {
 	// MaxSNATPortsInUse of the SNATBackendsInUse backends that hold any.
 	SNATPortsInUse    []SNATPortUse `json:"snatPortsInUse,omitempty"`
 	SNATBackendsInUse int           `json:"snatBackendsInUse,omitempty"`
-	Acceleration      string        `json:"acceleration,omitempty"` // --lb-acceleration
+	// SNATSources are the sources masqueraded flows take other than the
+	// node's address: per device of --devices whose routes lead elsewhere
+	// (an overlay's), the route's source and how many prefixes it has.
+	SNATSources  []SNATSource `json:"snatSources,omitempty"`
+	Acceleration string       `json:"acceleration,omitempty"` // --lb-acceleration
 	// LocalDelivery is how tc hands traffic to a local backend:
 	// "stack" (the host's FORWARD chain, rp_filter and the veth's qdisc
 	// apply) or "peer" (bpf_redirect_peer, past them); --local-delivery.

@@ -241,6 +241,9 @@ func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns 
 	if ns.SNATPortsPerBackend > 0 {
 		line("  SNAT ports", "%s", snatPortsLine(ns))
 	}
+	for _, src := range ns.SNATSources {
+		line("  SNAT source", "%s through %s (%d routes: the device's source, as MASQUERADE takes it)", src.Source, src.Device, src.Prefixes)
+	}
 	if ns.Mode == "dsr" || ns.Mode == "hybrid" {
 		fb := "every remote backend's node is known"
 		if ns.DSRSNATFallback > 0 {

@@ -335,13 +335,13 @@ func removeStaleDevicePins(dir string, devices []Device) error {
 // shared LB maps are the socket LB's to report).
 func (n *NorthSouth) MapFill() []MapFill {
 	m := &n.tc.tclbMaps
-	out := make([]MapFill, 0, 9)
+	out := make([]MapFill, 0, 10)
 	for _, x := range []struct {
 		name string
 		m    *ebpf.Map
 	}{{tclbMapCt, m.Ct}, {tclbMapCtAny, m.CtAny}, {tclbMapSnat, m.Snat}, {tclbMapSnatAny, m.SnatAny},
 		{tclbMapCtNew, m.CtNew}, {tclbMapSnatNew, m.SnatNew}, {tclbMapLbMaglev, m.LbMaglev},
-		{tclbMapNsTunnel, m.NsTunnel}, {tclbMapLbSrcRanges, m.LbSrcRanges}} {
+		{tclbMapNsTunnel, m.NsTunnel}, {tclbMapNsSnatRoute, m.NsSnatRoute}, {tclbMapLbSrcRanges, m.LbSrcRanges}} {
 		out = append(out, MapFill{Name: x.name, Entries: countEntries(x.m), Max: int(x.m.MaxEntries())})
 	}
 	return out

@@ -560,6 +560,52 @@ func (n *NorthSouth) Tunnels() (map[netip.Prefix]netip.Addr, error) {
 	return out, nil
 }
 
+// SetSNATRoute makes masqueraded flows to backends inside p leave with
+// source src (the route's, through a device other than the node's own:
+// an overlay's). IPv4 is stored v4-mapped.
+func (n *NorthSouth) SetSNATRoute(p netip.Prefix, src netip.Addr) error {
+	if p.Addr().Is4() != src.Is4() {
+		return fmt.Errorf("SNAT route %s -> %s: address families differ", p, src)
+	}
+	k, v := lbmap.TunnelKeyFrom(p), lbmap.TunnelValue{NodeAddr: lbmap.AddrFrom(src)}
+	err := n.tc.NsSnatRoute.Update(&k, &v, ebpf.UpdateAny)
+	if errors.Is(err, unix.ENOSPC) {
+		err = &lbmap.MapFullError{Map: lbmap.SNATRouteMapName, MaxEntries: int(n.tc.NsSnatRoute.MaxEntries())}
+	}
+	if err != nil {
+		return fmt.Errorf("update %s: %s -> %s: %w", lbmap.SNATRouteMapName, p, src, err)
+	}
+	return nil
+}
+
+// DeleteSNATRoute removes prefix p from the SNAT routes; a missing one is
+// fine.
+func (n *NorthSouth) DeleteSNATRoute(p netip.Prefix) error {
+	k := lbmap.TunnelKeyFrom(p)
+	if err := n.tc.NsSnatRoute.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete from %s: %s: %w", lbmap.SNATRouteMapName, p, err)
+	}
+	return nil
+}
+
+// SNATRoutes reads the SNAT routes back, every entry (an agent over pinned
+// maps starts from them).
+func (n *NorthSouth) SNATRoutes() (map[netip.Prefix]netip.Addr, error) {
+	out := map[netip.Prefix]netip.Addr{}
+	var (
+		k lbmap.TunnelKey
+		v lbmap.TunnelValue
+	)
+	it := n.tc.NsSnatRoute.Iterate()
+	for it.Next(&k, &v) {
+		out[k.Prefix()] = v.NodeAddr.NetIP()
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate %s: %w", lbmap.SNATRouteMapName, err)
+	}
+	return out, nil
+}
+
 // CTNow returns the datapath's CT clock (seconds), read by running
 // xdp_ct_clock, for ct list and garbage collection.
 func (n *NorthSouth) CTNow() (uint32, error) {

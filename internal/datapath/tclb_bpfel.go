@@ -35,6 +35,7 @@ const (
 	tclbMapNsFragScratch     = "ns_frag_scratch"
 	tclbMapNsPodIfaces       = "ns_pod_ifaces"
 	tclbMapNsScratchMap      = "ns_scratch_map"
+	tclbMapNsSnatRoute       = "ns_snat_route"
 	tclbMapNsTunnel          = "ns_tunnel"
 	tclbMapSlBeStats         = "sl_be_stats"
 	tclbMapSlDrops           = "sl_drops"
@@ -125,6 +126,7 @@ type tclbMapSpecs struct {
 	NsFragScratch *ebpf.MapSpec `ebpf:"ns_frag_scratch"`
 	NsPodIfaces   *ebpf.MapSpec `ebpf:"ns_pod_ifaces"`
 	NsScratchMap  *ebpf.MapSpec `ebpf:"ns_scratch_map"`
+	NsSnatRoute   *ebpf.MapSpec `ebpf:"ns_snat_route"`
 	NsTunnel      *ebpf.MapSpec `ebpf:"ns_tunnel"`
 	SlBeStats     *ebpf.MapSpec `ebpf:"sl_be_stats"`
 	SlDrops       *ebpf.MapSpec `ebpf:"sl_drops"`
@@ -189,6 +191,7 @@ type tclbMaps struct {
 	NsFragScratch *ebpf.Map `ebpf:"ns_frag_scratch"`
 	NsPodIfaces   *ebpf.Map `ebpf:"ns_pod_ifaces"`
 	NsScratchMap  *ebpf.Map `ebpf:"ns_scratch_map"`
+	NsSnatRoute   *ebpf.Map `ebpf:"ns_snat_route"`
 	NsTunnel      *ebpf.Map `ebpf:"ns_tunnel"`
 	SlBeStats     *ebpf.Map `ebpf:"sl_be_stats"`
 	SlDrops       *ebpf.Map `ebpf:"sl_drops"`
@@ -224,6 +227,7 @@ func (m *tclbMaps) Close() error {
 		m.NsFragScratch,
 		m.NsPodIfaces,
 		m.NsScratchMap,
+		m.NsSnatRoute,
 		m.NsTunnel,
 		m.SlBeStats,
 		m.SlDrops,

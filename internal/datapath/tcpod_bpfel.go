@@ -34,6 +34,7 @@ const (
 	tcpodMapNsFragScratch     = "ns_frag_scratch"
 	tcpodMapNsPodIfaces       = "ns_pod_ifaces"
 	tcpodMapNsScratchMap      = "ns_scratch_map"
+	tcpodMapNsSnatRoute       = "ns_snat_route"
 	tcpodMapNsTunnel          = "ns_tunnel"
 	tcpodMapSlBeStats         = "sl_be_stats"
 	tcpodMapSlDrops           = "sl_drops"
@@ -122,6 +123,7 @@ type tcpodMapSpecs struct {
 	NsFragScratch *ebpf.MapSpec `ebpf:"ns_frag_scratch"`
 	NsPodIfaces   *ebpf.MapSpec `ebpf:"ns_pod_ifaces"`
 	NsScratchMap  *ebpf.MapSpec `ebpf:"ns_scratch_map"`
+	NsSnatRoute   *ebpf.MapSpec `ebpf:"ns_snat_route"`
 	NsTunnel      *ebpf.MapSpec `ebpf:"ns_tunnel"`
 	SlBeStats     *ebpf.MapSpec `ebpf:"sl_be_stats"`
 	SlDrops       *ebpf.MapSpec `ebpf:"sl_drops"`
@@ -184,6 +186,7 @@ type tcpodMaps struct {
 	NsFragScratch *ebpf.Map `ebpf:"ns_frag_scratch"`
 	NsPodIfaces   *ebpf.Map `ebpf:"ns_pod_ifaces"`
 	NsScratchMap  *ebpf.Map `ebpf:"ns_scratch_map"`
+	NsSnatRoute   *ebpf.Map `ebpf:"ns_snat_route"`
 	NsTunnel      *ebpf.Map `ebpf:"ns_tunnel"`
 	SlBeStats     *ebpf.Map `ebpf:"sl_be_stats"`
 	SlDrops       *ebpf.Map `ebpf:"sl_drops"`
@@ -218,6 +221,7 @@ func (m *tcpodMaps) Close() error {
 		m.NsFragScratch,
 		m.NsPodIfaces,
 		m.NsScratchMap,
+		m.NsSnatRoute,
 		m.NsTunnel,
 		m.SlBeStats,
 		m.SlDrops,

@@ -35,6 +35,7 @@ const (
 	xdplbMapNsFragScratch     = "ns_frag_scratch"
 	xdplbMapNsPodIfaces       = "ns_pod_ifaces"
 	xdplbMapNsScratchMap      = "ns_scratch_map"
+	xdplbMapNsSnatRoute       = "ns_snat_route"
 	xdplbMapNsTunnel          = "ns_tunnel"
 	xdplbMapSlBeStats         = "sl_be_stats"
 	xdplbMapSlDrops           = "sl_drops"
@@ -125,6 +126,7 @@ type xdplbMapSpecs struct {
 	NsFragScratch *ebpf.MapSpec `ebpf:"ns_frag_scratch"`
 	NsPodIfaces   *ebpf.MapSpec `ebpf:"ns_pod_ifaces"`
 	NsScratchMap  *ebpf.MapSpec `ebpf:"ns_scratch_map"`
+	NsSnatRoute   *ebpf.MapSpec `ebpf:"ns_snat_route"`
 	NsTunnel      *ebpf.MapSpec `ebpf:"ns_tunnel"`
 	SlBeStats     *ebpf.MapSpec `ebpf:"sl_be_stats"`
 	SlDrops       *ebpf.MapSpec `ebpf:"sl_drops"`
@@ -189,6 +191,7 @@ type xdplbMaps struct {
 	NsFragScratch *ebpf.Map `ebpf:"ns_frag_scratch"`
 	NsPodIfaces   *ebpf.Map `ebpf:"ns_pod_ifaces"`
 	NsScratchMap  *ebpf.Map `ebpf:"ns_scratch_map"`
+	NsSnatRoute   *ebpf.Map `ebpf:"ns_snat_route"`
 	NsTunnel      *ebpf.Map `ebpf:"ns_tunnel"`
 	SlBeStats     *ebpf.Map `ebpf:"sl_be_stats"`
 	SlDrops       *ebpf.Map `ebpf:"sl_drops"`
@@ -224,6 +227,7 @@ func (m *xdplbMaps) Close() error {
 		m.NsFragScratch,
 		m.NsPodIfaces,
 		m.NsScratchMap,
+		m.NsSnatRoute,
 		m.NsTunnel,
 		m.SlBeStats,
 		m.SlDrops,

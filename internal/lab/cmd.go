@@ -87,6 +87,8 @@ func upCommand(prefix *string) *cobra.Command {
 		"a real kubelet and containerd on every node, with kube-controller-manager and kube-scheduler: workloads are real Pods, sluice is installed with its Helm chart (--chart); docs/kubelet-lab.md")
 	cmd.Flags().StringVar(&cfg.NetworkPolicy, "network-policy", "",
 		"with --kubelet: a NetworkPolicy engine in every node's netfilter beside the dataplane: kube-router (its firewall controller alone; scripts/kube-router-build.sh)")
+	cmd.Flags().StringVar(&cfg.CNI, "cni", CNIRoutes,
+		"with --kubelet: how nodes reach each other's pods: routes (on the fabric) or flannel (flanneld's VXLAN overlay, scripts/flannel-build.sh; sluice then SNATs to the overlay device's address, as MASQUERADE does)")
 	cmd.Flags().BoolVar(&cfg.NoPortmap, "no-portmap", false,
 		"with --kubelet: no portmap plugin in the nodes' CNI network, as with a CNI that has none (Pods' hostPorts are then sluice's to serve, --hostport; kube-proxy serves none)")
 	cmd.Flags().StringVar(&chart, "chart", "", "with --kubelet: helm install this chart (deploy/charts/sluice) with the lab's values and wait for it")

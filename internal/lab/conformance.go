@@ -28,7 +28,8 @@ const DefaultConformanceFocus = `\[sig-network\] Services.*\[Conformance\]`
 
 // ConformanceConfig describes a conformance run.
 type ConformanceConfig struct {
-	// Dataplanes are run in order: DataplaneSluice (the chart) or a
+	// Dataplanes are run in order: DataplaneSluice (the chart),
+	// ConformanceSluiceDSR (the chart with lbMode dsr) or a
 	// DataplaneKubeProxy*.
 	Dataplanes []string
 	Nodes      int
@@ -41,9 +42,11 @@ type ConformanceConfig struct {
 	// NoPortmap: the kubelet labs' CNI network has no portmap plugin
 	// (Config.NoPortmap): hostPorts are the dataplane's to serve.
 	NoPortmap bool
-	Out       string // results: <dataplane>/junit_01.xml, e2e.log; conformance.json and .md
-	Exe       string
-	Progress  io.Writer
+	// CNI is the kubelet labs' (Config.CNI): "" or CNIFlannel.
+	CNI      string
+	Out      string // results: <dataplane>/junit_01.xml, e2e.log; conformance.json and .md
+	Exe      string
+	Progress io.Writer
 }
 
 // ConformanceResult is one test's outcome per dataplane: "passed",
@@ -61,11 +64,28 @@ type ConformanceReport struct {
 	Skip       string              `json:"skip,omitempty"`
 	Parallel   int                 `json:"parallel,omitempty"`
 	NoPortmap  bool                `json:"noPortmap,omitempty"`
+	CNI        string              `json:"cni,omitempty"`
 	Dataplanes []string            `json:"dataplanes"`
 	Nodes      int                 `json:"nodes"`
 	Started    time.Time           `json:"started"`
 	Durations  map[string]string   `json:"durations"`
 	Tests      []ConformanceResult `json:"tests"`
+}
+
+// ConformanceSluiceDSR is sluice with NodePorts in DSR mode, a dataplane of
+// a conformance run beside DataplaneSluice (SNAT).
+const ConformanceSluiceDSR = DataplaneSluice + "-dsr"
+
+// conformanceChartSets says whether dp is sluice's chart, and the helm
+// arguments of its variant.
+func conformanceChartSets(dp string) ([]string, bool) {
+	switch dp {
+	case DataplaneSluice:
+		return nil, true
+	case ConformanceSluiceDSR:
+		return []string{"--set", "lbMode=dsr"}, true
+	}
+	return nil, false
 }
 
 // ConformanceDir is where scripts/conformance-build.sh puts e2e.test and
@@ -126,7 +146,7 @@ func RunConformance(ctx context.Context, cfg ConformanceConfig) (*ConformanceRep
 	if cfg.Parallel > 1 {
 		cfg.Skip = joinRegexp(cfg.Skip, `\[Serial\]`)
 	}
-	rep := &ConformanceReport{Version: controlplane.Version, Focus: cfg.Focus, Skip: cfg.Skip, Parallel: cfg.Parallel, NoPortmap: cfg.NoPortmap, Dataplanes: cfg.Dataplanes,
+	rep := &ConformanceReport{Version: controlplane.Version, Focus: cfg.Focus, Skip: cfg.Skip, Parallel: cfg.Parallel, NoPortmap: cfg.NoPortmap, CNI: cfg.CNI, Dataplanes: cfg.Dataplanes,
 		Nodes: cfg.Nodes, Started: time.Now().UTC(), Durations: map[string]string{}}
 	byName := map[string]*ConformanceResult{}
 	for _, dp := range cfg.Dataplanes {
@@ -198,8 +218,9 @@ func (c junitCase) outcome() string {
 }
 
 func conformanceOne(ctx context.Context, cfg ConformanceConfig, dp, dir string, images []ImageArchive) ([]junitCase, error) {
-	lc := Config{Prefix: "sluice-conf-", Nodes: cfg.Nodes, Kubelet: true, NoPortmap: cfg.NoPortmap, Exe: cfg.Exe, Progress: cfg.Progress}
-	if dp != DataplaneSluice {
+	lc := Config{Prefix: "sluice-conf-", Nodes: cfg.Nodes, Kubelet: true, NoPortmap: cfg.NoPortmap, CNI: cfg.CNI, Exe: cfg.Exe, Progress: cfg.Progress}
+	chartSets, isSluice := conformanceChartSets(dp)
+	if !isSluice {
 		lc.Dataplane = dp
 	}
 	l, err := Up(ctx, lc)
@@ -211,8 +232,8 @@ func conformanceOne(ctx context.Context, cfg ConformanceConfig, dp, dir string, 
 			fmt.Fprintf(cfg.Progress, "==> lab down: %v\n", err)
 		}
 	}()
-	if dp == DataplaneSluice {
-		if err := l.InstallChart(ctx, cfg.Chart); err != nil {
+	if isSluice {
+		if err := l.InstallChart(ctx, cfg.Chart, chartSets...); err != nil {
 			return nil, err
 		}
 	}
@@ -364,8 +385,11 @@ func readJUnit(file string) ([]junitCase, error) {
 func (r *ConformanceReport) Markdown() string {
 	var b strings.Builder
 	cni := ""
+	if r.CNI == CNIFlannel {
+		cni = ", flannel's VXLAN overlay between the nodes"
+	}
 	if r.NoPortmap {
-		cni = ", no portmap plugin in the CNI network (hostPorts are the dataplane's)"
+		cni += ", no portmap plugin in the CNI network (hostPorts are the dataplane's)"
 	}
 	skip := ""
 	if r.Skip != "" {
@@ -432,8 +456,8 @@ func conformanceCommand() *cobra.Command {
 			}
 			cfg.Dataplanes = strings.Split(dataplanes, ",")
 			for _, dp := range cfg.Dataplanes {
-				if dp != DataplaneSluice && !IsKubeProxy(dp) {
-					return fmt.Errorf("--dataplanes: %q is neither %s nor a kube-proxy-* dataplane", dp, DataplaneSluice)
+				if _, ok := conformanceChartSets(dp); !ok && !IsKubeProxy(dp) {
+					return fmt.Errorf("--dataplanes: %q is neither %s, %s nor a kube-proxy-* dataplane", dp, DataplaneSluice, ConformanceSluiceDSR)
 				}
 			}
 			exe, err := os.Executable()
@@ -450,12 +474,13 @@ func conformanceCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&dataplanes, "dataplanes", DataplaneSluice+","+DataplaneKubeProxyIPTables, "dataplanes to run the tests against, in order")
+	cmd.Flags().StringVar(&dataplanes, "dataplanes", DataplaneSluice+","+DataplaneKubeProxyIPTables, "dataplanes to run the tests against, in order: sluice, sluice-dsr (lbMode dsr), kube-proxy-iptables, kube-proxy-nftables, ...")
 	cmd.Flags().IntVar(&cfg.Nodes, "nodes", 2, "kubelet nodes")
 	cmd.Flags().StringVar(&cfg.Focus, "focus", DefaultConformanceFocus, "ginkgo focus: which tests")
 	cmd.Flags().StringVar(&cfg.Skip, "skip", "", "ginkgo skip")
 	cmd.Flags().IntVar(&cfg.Parallel, "parallel", 1, "ginkgo processes running specs at once (the ginkgo CLI, as the kind jobs do); above 1, [Serial] specs are skipped")
 	cmd.Flags().BoolVar(&cfg.NoPortmap, "no-portmap", false, "no portmap plugin in the nodes' CNI network: the HostPort tests then pass only where the dataplane serves hostPorts")
+	cmd.Flags().StringVar(&cfg.CNI, "cni", CNIRoutes, "how the nodes reach each other's pods: routes or flannel (its VXLAN overlay; scripts/flannel-build.sh)")
 	cmd.Flags().StringVar(&cfg.Chart, "chart", "deploy/charts/sluice", "sluice's chart")
 	cmd.Flags().StringVar(&cfg.Out, "out", "results/conformance", "results directory")
 	return cmd

@@ -104,6 +104,9 @@ type Config struct {
 	// NetworkPolicy runs a NetworkPolicy engine on every kubelet node:
 	// "" (none) or NetworkPolicyKubeRouter.
 	NetworkPolicy string
+	// CNI is how a kubelet lab's nodes reach each other's pods: "" (routes
+	// on the fabric, CNIRoutes) or CNIFlannel (flanneld's VXLAN overlay).
+	CNI string
 	// EchoConnections is how many TCP connections each echo backend must
 	// hold at once (a hold probe's to one pod); 0: as many as one process's
 	// descriptor limit allows. Past it a backend serves its HTTP port from
@@ -184,6 +187,16 @@ func (c *Config) setDefaults() error {
 	default:
 		return fmt.Errorf("network-policy %q: want %s (or none)", c.NetworkPolicy, NetworkPolicyKubeRouter)
 	}
+	switch c.CNI {
+	case "", CNIRoutes:
+		c.CNI = ""
+	case CNIFlannel:
+		if !c.Kubelet {
+			return fmt.Errorf("cni %s needs a kubelet lab (--kubelet): flanneld takes each node's subnet from its Node object", c.CNI)
+		}
+	default:
+		return fmt.Errorf("cni %q: want %s or %s", c.CNI, CNIRoutes, CNIFlannel)
+	}
 	switch c.LBMode {
 	case "":
 		c.LBMode = LBModeSNAT
@@ -257,6 +270,8 @@ type State struct {
 	// NetworkPolicy is the kubelet nodes' NetworkPolicy engine, if any
 	// (Config.NetworkPolicy).
 	NetworkPolicy string `json:"networkPolicy,omitempty"`
+	// CNI is the kubelet nodes' overlay, if any (Config.CNI).
+	CNI string `json:"cni,omitempty"`
 	// Veths is how the veths were readied for native XDP.
 	Veths        VethPrep  `json:"veths"`
 	Exe          string    `json:"exe"`
@@ -304,7 +319,9 @@ type Node struct {
 	// Kubelet is the node's kubelet and containerd in a kubelet lab.
 	Kubelet *Kubelet `json:"kubelet,omitempty"`
 	// PolicyEngine is the node's NetworkPolicy engine (Config.NetworkPolicy).
-	PolicyEngine *PolicyEngine `json:"policyEngine,omitempty"`
+	PolicyEngine *NodeDaemon `json:"policyEngine,omitempty"`
+	// Overlay is the node's overlay CNI daemon (Config.CNI).
+	Overlay *NodeDaemon `json:"overlay,omitempty"`
 }
 
 // Pod is one lab pod with its echo backend.
@@ -408,6 +425,7 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 		Veths:         cfg.Veths,
 		NoPortmap:     cfg.NoPortmap,
 		NetworkPolicy: cfg.NetworkPolicy,
+		CNI:           cfg.CNI,
 		Created:       time.Now().UTC(),
 	}
 	if cfg.Dataplane == DataplaneSluice {
@@ -472,7 +490,7 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 	}
 
 	l.step("wiring the fabric, %d nodes and %d pods (veth pairs, addresses, routes)", cfg.Nodes, cfg.Nodes*cfg.PodsPerNode)
-	for _, b := range topology(nm, cfg.Nodes, cfg.PodsPerNode, real) {
+	for _, b := range topology(nm, cfg.Nodes, cfg.PodsPerNode, real, cfg.CNI != "") {
 		if err := ipBatch(ctx, b.netns, b.cmds); err != nil {
 			return err
 		}
@@ -509,6 +527,11 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 			}
 			if err := l.startKubelets(ctx, nm, l.tools, l.Images); err != nil {
 				return err
+			}
+			if l.CNI == CNIFlannel {
+				if err := l.startFlannel(ctx); err != nil {
+					return err
+				}
 			}
 			if l.NetworkPolicy != "" {
 				if err := l.startPolicyEngines(ctx); err != nil {

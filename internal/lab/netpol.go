@@ -26,8 +26,9 @@ const NetworkPolicyKubeRouter = "kube-router"
 // kubeRouterEnv overrides where the kube-router binary is taken from.
 const kubeRouterEnv = "SLUICE_KUBE_ROUTER_BIN"
 
-// PolicyEngine is a node's NetworkPolicy engine process.
-type PolicyEngine struct {
+// NodeDaemon is a process the lab runs in a kubelet node beside the
+// dataplane: its NetworkPolicy engine, its overlay CNI.
+type NodeDaemon struct {
 	Name string   `json:"name"`
 	PID  int      `json:"pid"`
 	Log  string   `json:"log"`
@@ -38,15 +39,21 @@ type PolicyEngine struct {
 // KubeRouterBinary is the kube-router scripts/kube-router-build.sh left
 // in the cache, or $SLUICE_KUBE_ROUTER_BIN.
 func KubeRouterBinary() (string, error) {
-	if p := os.Getenv(kubeRouterEnv); p != "" {
+	return cachedBinary("kube-router", "kube-router", kubeRouterEnv)
+}
+
+// cachedBinary is $env, or the newest <cache>/<tool>/<version>/bin/<bin>
+// that scripts/<tool>-build.sh left.
+func cachedBinary(tool, bin, env string) (string, error) {
+	if p := os.Getenv(env); p != "" {
 		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Errorf("%s=%s: %w", kubeRouterEnv, p, err)
+			return "", fmt.Errorf("%s=%s: %w", env, p, err)
 		}
 		return p, nil
 	}
-	p, root := newestCached("kube-router", "kube-router")
+	p, root := newestCached(tool, bin)
 	if p == "" {
-		return "", fmt.Errorf("no kube-router in %s/kube-router: run scripts/kube-router-build.sh (or set %s)", root, kubeRouterEnv)
+		return "", fmt.Errorf("no %s in %s/%s: run scripts/%s-build.sh (or set %s)", bin, root, tool, tool, env)
 	}
 	return p, nil
 }
@@ -68,7 +75,7 @@ func (l *Lab) startPolicyEngines(ctx context.Context) error {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
-		pe := &PolicyEngine{Name: NetworkPolicyKubeRouter, Log: filepath.Join(dir, "kube-router.log"),
+		pe := &NodeDaemon{Name: NetworkPolicyKubeRouter, Log: filepath.Join(dir, "kube-router.log"),
 			// Each node its own xtables lock, as on separate machines.
 			Env: []string{"XTABLES_LOCKFILE=" + filepath.Join(dir, "xtables.lock")},
 			Args: []string{bin,

@@ -78,7 +78,7 @@ func TestValidPrefix(t *testing.T) {
 
 func TestTopology(t *testing.T) {
 	nm := newNames("sluice-lt0000-")
-	batches := topology(nm, 2, 2, true)
+	batches := topology(nm, 2, 2, true, false)
 	byNS := map[string][]string{}
 	var order []string
 	for _, b := range batches {
@@ -143,7 +143,7 @@ func TestTopology(t *testing.T) {
 			}
 		}
 	}
-	for _, b := range topology(nm, 2, 2, false) {
+	for _, b := range topology(nm, 2, 2, false, false) {
 		for _, c := range b.cmds {
 			if b.netns == "sluice-lt0000-cp" || strings.Contains(c, "netns sluice-lt0000-cp") {
 				t.Errorf("topology without a control plane wires its namespace: %s: %q", b.netns, c)

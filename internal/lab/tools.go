@@ -108,7 +108,7 @@ func (l *Lab) writeChartValues() error {
 	values := map[string]any{
 		"k8sServiceHost": ControlPlaneIPv4.String(),
 		"k8sServicePort": APIServerPort,
-		"devices":        []string{uplinkName},
+		"devices":        l.chartDevices(),
 		"cgroup":         map[string]any{"hostRoot": NodeCgroupPath},
 	}
 	data, err := yaml.Marshal(values)
@@ -117,6 +117,16 @@ func (l *Lab) writeChartValues() error {
 	}
 	header := "# Written by `sluice lab up --kubelet`: what sluice's chart needs in this lab.\n"
 	return os.WriteFile(l.ChartValuesFile(), append([]byte(header), data...), 0o644)
+}
+
+// chartDevices are the agents' --devices in a kubelet lab: the fabric
+// device, and flanneld's VXLAN devices with --cni flannel (the replies of
+// flows sluice masquerades through them come back there).
+func (l *Lab) chartDevices() []string {
+	if l.CNI == CNIFlannel {
+		return []string{uplinkName, "flannel+"}
+	}
+	return []string{uplinkName}
 }
 
 // ChartRelease and ChartNamespace are where InstallChart puts sluice.

@@ -16,13 +16,14 @@ type batch struct {
 
 // topology returns, in order, the iproute2 batches that wire a lab of nodes ×
 // podsPerNode once its namespaces exist, with a control-plane namespace on
-// the fabric when controlPlane is set. It is pure so the address plan can be
+// the fabric when controlPlane is set; with overlay the nodes have no routes
+// to each other's pods (an overlay CNI makes them). It is pure so the address plan can be
 // checked without root.
 //
 //	client ─┐            ┌─ eth0 node1 lxc1 ── eth0 pod1
 //	cp ─────┤            │            lxc2 ── eth0 pod2
 //	        br0 (fabric) ┴─ eth0 node2 ...
-func topology(nm names, nodes, podsPerNode int, controlPlane bool) []batch {
+func topology(nm names, nodes, podsPerNode int, controlPlane, overlay bool) []batch {
 	fabric := batch{netns: nm.fabricNetns(), cmds: []string{
 		"link set lo up",
 		// No STP (ports forward at once); no multicast snooping, so IPv6
@@ -81,7 +82,7 @@ func topology(nm names, nodes, podsPerNode int, controlPlane bool) []batch {
 			}
 		}
 		for m := 1; m <= nodes; m++ {
-			if m == n {
+			if m == n || overlay {
 				continue
 			}
 			node.cmds = append(node.cmds,

@@ -25,6 +25,7 @@ const (
 	NSConfigMapName  = "ns_config"
 	PodIfacesMapName = "ns_pod_ifaces"
 	TunnelMapName    = "ns_tunnel"
+	SNATRouteMapName = "ns_snat_route"
 )
 
 // Directions of a CTTuple (CT_DIR_*, NAT_DIR_*).

@@ -59,10 +59,14 @@ type Tracker struct {
 	// the last Sync.
 	localAddrs []netip.Addr
 	localDirty bool
-	services   map[types.NamespacedName]*corev1.Service
-	slices     map[types.NamespacedName]*discoveryv1.EndpointSlice // last good, by slice name
-	slicesOf   map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice
-	nodes      map[string]nodeInfo
+	// snatSources are addresses masqueraded flows leave with besides the
+	// node's (SetSNATSources): this node's in State.NodeIPs, so their
+	// replies are translated, NodePorts only where localAddrs allow.
+	snatSources []netip.Addr
+	services    map[types.NamespacedName]*corev1.Service
+	slices      map[types.NamespacedName]*discoveryv1.EndpointSlice // last good, by slice name
+	slicesOf    map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice
+	nodes       map[string]nodeInfo
 	// pods are this node's Pods that ask for a hostPort; hostPorts says
 	// whether their HostPort frontends are served (SetHostPorts), and
 	// hostPortsDirty that it changed since the last Sync.
@@ -180,16 +184,26 @@ func (t *Tracker) SetHostPorts(on bool) {
 // answer on besides the Nodes' InternalIPs (kube-proxy's every local
 // address, narrowed by --nodeport-addresses): State.NodeIPs marks them as
 // this node's.
-func (t *Tracker) SetLocalAddresses(addrs []netip.Addr) {
+func (t *Tracker) SetLocalAddresses(addrs []netip.Addr) { t.setAddrs(&t.localAddrs, addrs) }
+
+// setAddrs sets *dst to addrs, sorted, each once, and marks the node's
+// addresses for the next Sync when they changed.
+func (t *Tracker) setAddrs(dst *[]netip.Addr, addrs []netip.Addr) {
 	addrs = slices.Clone(addrs)
 	slices.SortFunc(addrs, netip.Addr.Compare)
 	addrs = slices.Compact(addrs)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if !slices.Equal(addrs, t.localAddrs) {
-		t.localAddrs, t.localDirty = addrs, true
+	if !slices.Equal(addrs, *dst) {
+		*dst, t.localDirty = addrs, true
 	}
 }
+
+// SetSNATSources records the addresses masqueraded flows take through
+// devices other than the node's own (an overlay's): State.NodeIPs marks
+// them as this node's, with no NodePort unless they are local addresses
+// NodePorts answer on.
+func (t *Tracker) SetSNATSources(addrs []netip.Addr) { t.setAddrs(&t.snatSources, addrs) }
 
 // Pending reports whether changes wait for a Sync.
 func (t *Tracker) Pending() bool {
@@ -428,6 +442,11 @@ func (t *Tracker) rebuildNodeIPs() bool {
 	for _, a := range t.localAddrs {
 		ips[a] = true
 		delete(noNodePort, a) // an interface address the CIDRs let in
+	}
+	for _, a := range t.snatSources {
+		if !ips[a] {
+			ips[a], noNodePort[a] = true, true
+		}
 	}
 	tunnels := !t.opts.NoTunnels && t.tunnelIndex().setNodes(t.nodes)
 	if reflect.DeepEqual(ips, t.state.NodeIPs) && reflect.DeepEqual(noNodePort, t.state.NoNodePort) {

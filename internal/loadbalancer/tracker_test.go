@@ -554,3 +554,32 @@ func TestTrackerLocalAddresses(t *testing.T) {
 		}
 	}
 }
+
+// TestTrackerSNATSources: an overlay device's address masqueraded flows
+// leave with is this node's (its replies are translated) and answers no
+// NodePort, unless it is also a local address NodePorts answer on.
+func TestTrackerSNATSources(t *testing.T) {
+	tr := NewTracker(Options{NodeName: "node-1"})
+	tr.OnNodeUpdate(nil, node("node-1", "198.18.0.11"))
+	tr.Sync()
+	overlay := netip.MustParseAddr("198.18.1.0")
+	tr.SetSNATSources([]netip.Addr{overlay})
+	if !tr.Pending() {
+		t.Fatal("SetSNATSources: not pending")
+	}
+	st, _, changed := tr.Sync()
+	if !changed || !st.NodeIPs[overlay] || !st.NoNodePort[overlay] {
+		t.Errorf("SNAT source: changed %v, NodeIPs %v, NoNodePort %v; want this node's, no NodePort", changed, st.NodeIPs, st.NoNodePort)
+	}
+	tr.SetLocalAddresses([]netip.Addr{overlay})
+	st, _, _ = tr.Sync()
+	if !st.NodeIPs[overlay] || st.NoNodePort[overlay] {
+		t.Errorf("also a NodePort address: NodeIPs %v, NoNodePort %v", st.NodeIPs, st.NoNodePort)
+	}
+	tr.SetLocalAddresses(nil)
+	tr.SetSNATSources(nil)
+	st, _, _ = tr.Sync()
+	if _, ok := st.NodeIPs[overlay]; ok {
+		t.Errorf("gone: NodeIPs %v", st.NodeIPs)
+	}
+}
