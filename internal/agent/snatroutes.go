@@ -73,8 +73,8 @@ func snatRoutesWant(routes []snatRoute, devices map[int]string, addrOf func(link
 	count := map[devSrc]int{}
 	decided := map[netip.Prefix]bool{} // by its best route, entry or not
 	for _, r := range routes {
-		if !r.dst.IsValid() || r.dst.Bits() == 0 || decided[r.dst] {
-			continue
+		if !r.dst.IsValid() || r.dst.Bits() == 0 || r.dst.Addr().IsLinkLocalUnicast() || decided[r.dst] {
+			continue // no backend has a link-local address
 		}
 		decided[r.dst] = true
 		dev, ok := devices[r.link]
