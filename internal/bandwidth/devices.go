@@ -121,7 +121,9 @@ func (k *Kernel) SyncDevices(devs []datapath.Device) ([]DeviceState, error) {
 	return out, errors.Join(errs...)
 }
 
-func devicePin(linksDir, dev string) string { return filepath.Join(linksDir, "tcx-egress-"+dev) }
+func devicePin(linksDir, dev string) string {
+	return filepath.Join(linksDir, "tcx-egress-"+datapath.DevicePinName(dev))
+}
 
 // addDevice sets d's qdisc (once) and attaches the stamping program.
 func (k *Kernel) addDevice(d datapath.Device) (DeviceState, error) {

@@ -197,7 +197,7 @@ func (d *deviceAttachment) attachTC(progs NorthSouthPrograms, dir string) error 
 			t := info.TCX()
 			return t != nil && int(t.Ifindex) == d.Ifindex && ebpf.AttachType(t.AttachType) == h.attach
 		}
-		pl, err := attachPinned(filepath.Join(dir, "tcx-"+h.name+"-"+d.Device), h.prog, onTarget, func() (link.Link, error) {
+		pl, err := attachPinned(filepath.Join(dir, "tcx-"+h.name+"-"+DevicePinName(d.Device)), h.prog, onTarget, func() (link.Link, error) {
 			return link.AttachTCX(link.TCXOptions{Interface: d.Ifindex, Program: h.prog, Attach: h.attach})
 		})
 		if errors.Is(err, ebpf.ErrNotSupported) && len(d.links) == 0 {
@@ -250,8 +250,17 @@ func (d *deviceAttachment) attachClsact(progs NorthSouthPrograms) error {
 }
 
 func xdpPin(dir, dev string, mode XDPMode) string {
-	return filepath.Join(dir, "xdp-"+string(mode)+"-"+dev)
+	return filepath.Join(dir, "xdp-"+string(mode)+"-"+DevicePinName(dev))
 }
+
+// devicePinNames escapes what bpffs refuses in a file name: a dot (its
+// lookup answers EPERM, the names are reserved for bpffs itself), which
+// device names have (flannel.1, a VLAN's eth0.100); "%" too, so that the
+// escape is one to one.
+var devicePinNames = strings.NewReplacer("%", "%25", ".", "%2e")
+
+// DevicePinName is a device name as it may stand in a bpffs pin's name.
+func DevicePinName(dev string) string { return devicePinNames.Replace(dev) }
 
 func (d *deviceAttachment) attachXDP(prog *ebpf.Program, opts DeviceOptions) error {
 	want := opts.XDP
@@ -315,7 +324,7 @@ func removeStaleDevicePins(dir string, devices []Device) error {
 	wanted := map[string]bool{}
 	for _, d := range devices {
 		for _, p := range []string{"tcx-ingress-", "tcx-egress-", "xdp-native-", "xdp-generic-"} {
-			wanted[p+d.Name] = true
+			wanted[p+DevicePinName(d.Name)] = true
 		}
 	}
 	var errs []error

@@ -103,15 +103,22 @@ func (d *deviceTest) attach(t *testing.T, n *NorthSouth) DeviceAttachment {
 	return got[0]
 }
 
+// A device name with a dot (flannel.1, a VLAN's eth0.100): bpffs refuses
+// dots in names, so the pins escape them (DevicePinName).
 func TestPrivilegedDeviceLinksSurviveRestart(t *testing.T) {
 	probetest.SkipUnless(t, probe.BTF, probe.TCX, probe.XDP)
-	d := newDeviceTest(t, "nsa0", DeviceOptions{XDP: XDPGeneric})
+	d := newDeviceTest(t, "nsa.0", DeviceOptions{XDP: XDPGeneric})
 	root := d.root
 
 	first := d.load(t)
 	a := d.attach(t, first)
 	if a.TC != TCKindTCX || a.XDP != XDPGeneric || a.Replaced || a.IngressLinkID == 0 || a.EgressLinkID == 0 || a.XDPLinkID == 0 {
 		t.Fatalf("first attach: %+v, want tcx and generic XDP links, new", a)
+	}
+	for _, pin := range []string{"tcx-ingress-nsa%2e0", "tcx-egress-nsa%2e0", "xdp-generic-nsa%2e0"} {
+		if _, err := os.Stat(filepath.Join(LinksDir(root), pin)); err != nil {
+			t.Errorf("pin %s: %v", pin, err)
+		}
 	}
 	if err := first.Close(); err != nil { // the agent exits; the links stay
 		t.Fatal(err)

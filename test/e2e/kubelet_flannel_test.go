@@ -85,6 +85,7 @@ func TestPrivilegedKubeletFlannel(t *testing.T) {
 	l := upLab(t, cfg, 5*time.Minute, " with kubelets, flannel and kube-proxy")
 	ctx, cancel := context.WithTimeout(t.Context(), 12*time.Minute)
 	defer cancel()
+	defer logAgentsOnFailure(t, l)
 	node1 := l.Nodes[0]
 
 	// No static routes between the nodes' pods: the overlay carries them.
@@ -280,4 +281,20 @@ func agentStatusOn(t *testing.T, l *lab.Lab, node string) *api.Status {
 		t.Fatalf("sluice status on %s: %v in %q", node, err, out)
 	}
 	return &st
+}
+
+// logAgentsOnFailure logs the tail of every agent's log (and of its
+// previous container's, after a restart) when t failed: the pods go with
+// the lab.
+func logAgentsOnFailure(t *testing.T, l *lab.Lab) {
+	if !t.Failed() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, prev := range []string{"--previous=false", "--previous=true"} {
+		out, err := l.Kubectl(ctx, "-n", lab.ChartNamespace, "logs", "-l", "app.kubernetes.io/name=sluice,app.kubernetes.io/component=agent",
+			"-c", "agent", "--prefix", "--tail=40", prev)
+		t.Logf("agents' logs (%s): %v\n%s", prev, err, out)
+	}
 }
