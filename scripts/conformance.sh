@@ -24,4 +24,7 @@ fi
 ./scripts/coredns-build.sh >/dev/null
 ./scripts/helm-build.sh >/dev/null
 ./scripts/conformance-build.sh >/dev/null
+case " $* " in
+*" --cni flannel "* | *" --cni=flannel "*) ./scripts/flannel-build.sh >/dev/null ;; # the overlay CNI
+esac
 exec ./bin/sluice lab conformance "$@"

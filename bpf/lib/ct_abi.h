@@ -244,5 +244,11 @@ struct ns_config {
 /* Unloading (the way back to kube-proxy): new flows go to the stack
  * untouched, established ones are still served (nodeport.h). */
 #define NS_CFG_DRAIN (1 << 2)
+/* Unloading, the live flows handed to netfilter's conntrack (nfexport):
+ * a local backend's packets go to the stack untranslated, whose NAT entry
+ * now translates them. Translated here, they would meet that entry's reply
+ * tuple as a new flow, and netfilter would give them another client port
+ * (a clash), which the backend answers with a reset. */
+#define NS_CFG_HANDED_OVER (1 << 3)
 
 #endif /* __SLUICE_CT_ABI_H */

@@ -248,7 +248,9 @@ func (d *nodeDataplane) Close() error {
 		// detach, and those made meanwhile once after: kube-proxy (back
 		// on the node) translates them as sluice did (internal/nfexport).
 		d.drain()
-		d.exportFlows("before detaching")
+		if d.exportFlows("before detaching") {
+			d.setConfigFlag(lbmap.NSConfigHandedOver, "local flows still translated by tc until the detach: a packet of one meanwhile may be reset by netfilter's clash handling")
+		}
 		errs = append(errs, d.ns.DetachDevices())
 		d.exportFlows("after detaching")
 	}
@@ -270,26 +272,35 @@ func (d *nodeDataplane) drain() {
 	if !d.cfg.NetfilterHandoff {
 		return
 	}
+	if d.setConfigFlag(lbmap.NSConfigDrain, "new flows not left to the stack before the hand-over to netfilter; those made meanwhile are handed over after detaching") {
+		time.Sleep(50 * time.Millisecond) // packets already past the check
+	}
+}
+
+// setConfigFlag sets flag in ns_config; a failure is logged with what it
+// means.
+func (d *nodeDataplane) setConfigFlag(flag uint32, failed string) bool {
 	cfg, err := d.ns.Config()
 	if err == nil {
-		cfg.Flags |= lbmap.NSConfigDrain
+		cfg.Flags |= flag
 		err = d.ns.SetConfig(cfg)
 	}
 	if err != nil {
-		slog.Warn("new flows not left to the stack before the hand-over to netfilter; those made meanwhile are handed over after detaching", "err", err)
-		return
+		slog.Warn(failed, "err", err)
+		return false
 	}
-	time.Sleep(50 * time.Millisecond) // packets already past the check
+	return true
 }
 
 // exportFlows hands the live north-south flows to netfilter's conntrack
 // (internal/nfexport), unless --netfilter-handoff=false, and logs what it
 // did: when the agent unloads for good, so that the flows it balanced go
 // on through netfilter (kube-proxy's way back) instead of being balanced
-// anew and reset. A failure loses those flows only, and is logged.
-func (d *nodeDataplane) exportFlows(when string) {
+// anew and reset. A failure loses those flows only, and is logged. It
+// reports whether the hand-over ran (the flows it wrote are netfilter's).
+func (d *nodeDataplane) exportFlows(when string) bool {
 	if !d.cfg.NetfilterHandoff {
-		return
+		return false
 	}
 	log := slog.Default()
 	now, err := d.ns.CTNow()
@@ -303,16 +314,17 @@ func (d *nodeDataplane) exportFlows(when string) {
 	}
 	if err != nil {
 		log.Warn("live flows not handed to netfilter: reading the BPF conntrack failed; they will be balanced anew", "when", when, "err", err)
-		return
+		return false
 	}
 	flows := nfexport.Flows(recs, now, cfg.SNATAddr4.NetIP(), cfg.SNATAddr6.NetIP())
 	r := nfexport.Create(flows)
 	attrs := []any{"when", when, "flows", len(flows), "created", r.Created, "existed", r.Existed, "failed", r.Failed}
 	if r.FirstErr != nil {
 		log.Warn("live flows handed to netfilter's conntrack, some failed (nf_conntrack and nf_nat needed; a failed one is balanced anew)", append(attrs, "first", r.FirstErr)...)
-		return
+		return true
 	}
 	log.Info("live flows handed to netfilter's conntrack", attrs...)
+	return true
 }
 
 func (d *nodeDataplane) close() error {

@@ -13,7 +13,9 @@ import (
 // a flow sluice has no state for, a TCP SYN or a UDP datagram, goes to
 // the stack untouched and makes no state, where kube-proxy's rules take
 // it, while a flow sluice has is still translated until the programs
-// detach (its entry handed to netfilter's conntrack meanwhile).
+// detach (its entry handed to netfilter's conntrack meanwhile); once
+// handed over, a local backend's packets go to the stack untranslated, as
+// netfilter's entry translates them.
 func TestPrivilegedNorthSouthDrain(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
 		run := runner(t, prog)
@@ -27,10 +29,13 @@ func TestPrivilegedNorthSouthDrain(t *testing.T) {
 		}
 		t.Cleanup(func() { setFlags(cfg.Flags) })
 
-		// A flow made before the drain.
+		// Flows made before the drain: to a remote backend, to a local one.
 		live := bpftest.Packet{Src: client(47200), Dst: apLBUDP, Proto: bpftest.UDP, Payload: []byte("q")}
-		if res := run(live); kind.verdicts[res.Verdict] == vDrop || string(res.Frame) == string(live.MustBytes()) {
-			t.Fatalf("%s before the drain: verdict %s; want it balanced", bpftest.Describe(live.MustBytes()), kind.verdicts[res.Verdict])
+		local := bpftest.Packet{Src: client(47204), Dst: apExtIP, Proto: bpftest.UDP, Payload: []byte("q")}
+		for _, p := range []bpftest.Packet{live, local} {
+			if res := run(p); kind.verdicts[res.Verdict] == vDrop || string(res.Frame) == string(p.MustBytes()) {
+				t.Fatalf("%s before the drain: verdict %s; want it balanced", bpftest.Describe(p.MustBytes()), kind.verdicts[res.Verdict])
+			}
 		}
 
 		setFlags(cfg.Flags | lbmap.NSConfigDrain)
@@ -51,6 +56,18 @@ func TestPrivilegedNorthSouthDrain(t *testing.T) {
 		// The flow sluice has: its next datagram is still balanced.
 		if res := run(live); kind.verdicts[res.Verdict] == vDrop || string(res.Frame) == string(live.MustBytes()) {
 			t.Errorf("%s (a flow sluice has) while draining: verdict %s; want it still balanced", bpftest.Describe(live.MustBytes()), kind.verdicts[res.Verdict])
+		}
+
+		// Handed over: the local flow's packets go to the stack untouched
+		// (netfilter's entry translates them; translated here they would
+		// clash with it), the remote one is still balanced.
+		setFlags(cfg.Flags | lbmap.NSConfigDrain | lbmap.NSConfigHandedOver)
+		if res := run(local); kind.verdicts[res.Verdict] != vPass || string(res.Frame) != string(local.MustBytes()) {
+			t.Errorf("%s (a local flow) handed over: verdict %s, frame %s; want it passed to the stack untouched",
+				bpftest.Describe(local.MustBytes()), kind.verdicts[res.Verdict], bpftest.Describe(res.Frame))
+		}
+		if res := run(live); kind.verdicts[res.Verdict] == vDrop || string(res.Frame) == string(live.MustBytes()) {
+			t.Errorf("%s (a remote flow) handed over: verdict %s; want it still balanced", bpftest.Describe(live.MustBytes()), kind.verdicts[res.Verdict])
 		}
 
 		// Not draining: a new flow is sluice's again.

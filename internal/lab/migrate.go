@@ -216,7 +216,8 @@ func (l *Lab) MigrateToSluiceChart(ctx context.Context, chart, manifest string, 
 // node while sluice still serves, then `helm uninstall`, whose pre-delete
 // hook marks the DaemonSet so that each agent, exiting, hands its live
 // flows to netfilter's conntrack and unloads. It returns the agents' log
-// lines about the hand-over, read while they exit.
+// lines about the hand-over and their verdicts at exit, read while they
+// exit.
 func (l *Lab) MigrateToKubeProxyChart(ctx context.Context, dataplane string) (handover string, err error) {
 	if l.Dataplane != DataplaneSluice || !IsKubeProxy(dataplane) || l.APIServer == nil || len(l.Nodes) == 0 || l.Nodes[0].Kubelet == nil {
 		return "", fmt.Errorf("migrate back: from %s to %s: want a kubelet lab running sluice's chart, and kube-proxy-*", l.Dataplane, dataplane)
@@ -266,9 +267,12 @@ func (l *Lab) MigrateToKubeProxyChart(ctx context.Context, dataplane string) (ha
 	case <-time.After(time.Minute):
 		return "", fmt.Errorf("migrate back: the agents' pods still logging a minute after helm uninstall")
 	}
+	// The hand-over, each agent's verdict at exit and whatever went
+	// wrong: what tells a node that did not unload from one that did.
 	var lines []string
 	for _, line := range strings.Split(logs.String(), "\n") {
-		if strings.Contains(line, "handed to netfilter") {
+		if strings.Contains(line, "handed to netfilter") || strings.Contains(line, "msg=\"exit") ||
+			strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
 			lines = append(lines, line)
 		}
 	}

@@ -196,6 +196,12 @@ const NSConfigNoNFHandoff uint32 = 1 << 1
 // agent unloading for good, before it hands those to netfilter.
 const NSConfigDrain uint32 = 1 << 2
 
+// NSConfigHandedOver (NS_CFG_HANDED_OVER): the live flows are in
+// netfilter's conntrack (an unloading agent's hand-over): tc and XDP leave
+// a local backend's packets to the stack untranslated, as netfilter's
+// entry translates them.
+const NSConfigHandedOver uint32 = 1 << 3
+
 // CTFlagsString names the set flags, e.g. "SYN|ESTABLISHED|SNAT".
 func CTFlagsString(f uint16) string {
 	names := []struct {
