@@ -2,7 +2,9 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/bandwidth"
+	"github.com/sluice-dataplane/sluice/internal/datapath"
 )
 
 // bandwidthSide is the bandwidth manager as the agent runs it
@@ -260,4 +263,93 @@ func newBandwidthPodsGauge() *prometheus.GaugeVec {
 		Namespace: metricsNamespace, Name: "bandwidth_pods",
 		Help: "Pods of this node the bandwidth manager holds: limited (a limit installed), bad-annotation (unlimited: a bad kubernetes.io/egress-bandwidth or ingress-bandwidth).",
 	}, []string{"state"})
+}
+
+// openBandwidth starts the bandwidth manager's kernel side into bw: the
+// mechanism by the kernel (sch_fq tried in a throwaway network namespace,
+// --devices, the release for --enable-bbr), its objects over the pins, the
+// manager restored from them (limits hold across a restart), the socket
+// hook on --cgroup-root and, with --enable-bbr, the server sysctls of the
+// agent's network namespace. Off (bw nil), it takes away what an earlier
+// agent left: qdiscs back, programs and pins gone. The close function
+// leaves the datapath in place.
+func openBandwidth(cfg *Config, bw *bandwidthSide, log *slog.Logger) (func() error, error) {
+	nothing := func() error { return nil }
+	if bw == nil {
+		if err := bandwidth.Unload(cfg.BPFRoot); err != nil {
+			log.Warn("the bandwidth manager is off; removing what an earlier agent left", "err", err)
+		}
+		return nothing, nil
+	}
+	release, err := kernelReleaseString()
+	if err != nil {
+		return nil, fmt.Errorf("--enable-bandwidth-manager: %w", err)
+	}
+	facts := bandwidth.Facts{Release: release, FQ: bandwidth.ProbeFQ()}
+	d, err := bandwidth.Decide(facts, bandwidth.Options{BBR: cfg.BBR, Devices: cfg.Devices})
+	if err != nil {
+		return nil, err
+	}
+	if facts.FQ != nil {
+		log.Info("bandwidth manager: no fq qdisc, so no EDT", "probe", facts.FQ, "mechanism", d.Mechanism)
+	}
+	k, err := bandwidth.Load(bandwidth.LoadOptions{BPFRoot: cfg.BPFRoot, Mode: d.Mode, BBR: d.BBR, ECN: true, Pacing: true})
+	if err != nil {
+		return nil, fmt.Errorf("--enable-bandwidth-manager: %w", err)
+	}
+	mgr, err := bandwidth.NewManager(k, bandwidth.ManagerOptions{Mode: d.Mode, BBR: d.BBR})
+	if err == nil {
+		err = k.AttachCgroup(cfg.CgroupRoot)
+	}
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("--enable-bandwidth-manager: %w", err), k.Close())
+	}
+	bw.mgr, bw.decision = mgr, d
+	if d.Mode == bandwidth.ModeEDT {
+		bw.syncDevices = func() ([]string, error) {
+			states, err := k.SyncDevices(matchingDevices(cfg.Devices))
+			var names []string
+			for _, s := range states {
+				names = append(names, s.Device)
+				if s.Installed {
+					log.Info("bandwidth manager: fq on device", "device", s.Device, "qdisc", s.Qdisc, "was", s.Prev)
+				}
+			}
+			return names, err
+		}
+	} else if _, err := k.SyncDevices(nil); err != nil { // an EDT agent's devices, let go
+		log.Warn("bandwidth manager: restoring the devices an earlier agent stamped on", "err", err)
+	}
+	if d.BBR {
+		initNS, err := bandwidth.InInitNetns()
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("--enable-bbr: %w", err), k.Close())
+		}
+		res, err := bandwidth.ApplySysctls(bandwidth.ProcSys(), bandwidth.BBRSysctls, initNS)
+		for _, r := range res {
+			bw.sysctls = append(bw.sysctls, r.String())
+		}
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("--enable-bbr: %w", err), k.Close())
+		}
+		log.Info("--enable-bbr: server sysctls", "set", bw.sysctls)
+	}
+	log.Info("bandwidth manager", "mechanism", d.Mechanism, "reason", d.Reason, "bbr", d.BBR)
+	return k.Close, nil
+}
+
+// matchingDevices is the devices --devices matches now; unlike
+// resolveDevices a missing one is no error (it may come later).
+func matchingDevices(patterns []string) []datapath.Device {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil
+	}
+	var out []datapath.Device
+	for _, l := range links {
+		if matchesDevices(patterns, l.Attrs().Name) {
+			out = append(out, datapath.Device{Name: l.Attrs().Name, Ifindex: l.Attrs().Index})
+		}
+	}
+	return out
 }
