@@ -1,5 +1,5 @@
 # sluice's image: sluice-agent (the DaemonSet's entrypoint), the sluice CLI
-# and the other binaries of ./cmd, on Debian slim.
+# and sluice-dns-autoscaler, on Debian slim (not sluice-lab, the lab's CLI).
 #
 #   docker build -t REGISTRY/sluice:TAG .
 #
@@ -33,5 +33,6 @@ FROM debian:${DEBIAN}-slim
 RUN apt-get update \
 	&& apt-get install -y --no-install-recommends iptables nftables conntrack \
 	&& rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/bin/ /usr/local/bin/
+# The lab's CLI (bin/sluice-lab) stays out: nothing of the lab runs on a node.
+COPY --from=build /src/bin/sluice /src/bin/sluice-agent /src/bin/sluice-dns-autoscaler /usr/local/bin/
 ENTRYPOINT ["/usr/local/bin/sluice-agent"]

@@ -92,7 +92,7 @@ fi
 regression_ok() { [ -x "$1/regression-issue-74839" ]; }
 
 # The ginkgo CLI of the release's ginkgo, which runs e2e.test's specs in
-# parallel processes (sluice lab conformance --parallel), in a dir of its own:
+# parallel processes (sluice-lab conformance --parallel), in a dir of its own:
 # the rebuild below replaces $out_dir whole.
 ginkgo_version=$(go list -m -f '{{.Version}}' github.com/onsi/ginkgo/v2) ||
 	die "go list -m github.com/onsi/ginkgo/v2 in $mod_dir failed"

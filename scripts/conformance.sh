@@ -5,7 +5,7 @@
 # first time, then cached), then for each dataplane brings up a kubelet lab
 # (docs/kubelet-lab.md), runs e2e.test against it and tears it down. About
 # 20 minutes per dataplane on 2 cores. Extra arguments go to
-# `sluice lab conformance` (--focus, --skip, --dataplanes, --nodes, --out).
+# `sluice-lab conformance` (--focus, --skip, --dataplanes, --nodes, --out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
@@ -27,4 +27,4 @@ fi
 case " $* " in
 *" --cni flannel "* | *" --cni=flannel "*) ./scripts/flannel-build.sh >/dev/null ;; # the overlay CNI
 esac
-exec ./bin/sluice lab conformance "$@"
+exec ./bin/sluice-lab conformance "$@"

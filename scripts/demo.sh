@@ -8,4 +8,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
 ./scripts/build.sh
-exec ./bin/sluice lab demo "$@"
+exec ./bin/sluice-lab demo "$@"

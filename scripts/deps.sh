@@ -13,12 +13,12 @@ need_root
 
 pkgs=(clang-19 llvm-19 libbpf-dev bpftool iproute2 iptables nftables conntrack util-linux curl
 	linux-libc-dev make git ca-certificates python3
-	qemu-system-x86 kmod # sluice vm: guest kernels under QEMU, depmod for their modules (docs/vmtest.md)
+	qemu-system-x86 kmod # sluice-lab vm: guest kernels under QEMU, depmod for their modules (docs/vmtest.md)
 	ipset ipvsadm # kube-proxy's ipvs mode, the contender the kernel matrix runs in its guests, and its rules' check
 	iperf3 # bulk TCP through a NodePort with GRO on (test/e2e/gro_test.go), bandwidth limits
-	sockperf # request/response latency under a bandwidth limit's load (sluice bench bandwidth)
-	qperf ethtool # sluice bench qperf; ring sizes and offloads (sluice tune)
-	dnsperf # sluice bench dns (the echo server's and the cluster DNS's queries per second)
+	sockperf # request/response latency under a bandwidth limit's load (sluice-lab bench bandwidth)
+	qperf ethtool # sluice-lab bench qperf; ring sizes and offloads (sluice tune)
+	dnsperf # sluice-lab bench dns (the echo server's and the cluster DNS's queries per second)
 	containerd runc containernetworking-plugins busybox-static # the kubelet lab: runtime, CNI, the image's shell (docs/kubelet-lab.md)
 	gcc libc6-dev) # cgo: flanneld (its udp backend), the kubelet lab's overlay CNI
 missing=()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The kernel matrix (docs/kernels.md): the kernel-facing test packages and the
 # lab smoke on this machine's kernel and on Debian's 6.1 and 6.12 under QEMU.
-# Installs and builds what it needs first; arguments go to `sluice vm matrix`
+# Installs and builds what it needs first; arguments go to `sluice-lab vm matrix`
 # (--kernels host,6.1 --suites smoke,datapath --lock FILE …). Writes
 # results/kernels/matrix.{json,md} and the table in docs/kernels.md; exits 1
 # when a test failed on any kernel. About 80 minutes under TCG on 2 cores.
@@ -17,4 +17,4 @@ if [ -z "${SLUICE_K8S_BIN_DIR:-}" ]; then
 fi
 export SLUICE_K8S_BIN_DIR
 export GOTOOLCHAIN=auto
-exec ./bin/sluice vm matrix "$@"
+exec ./bin/sluice-lab vm matrix "$@"

@@ -5,11 +5,11 @@
 # apiserver), CoreDNS (the cluster's DNS, as pods) and helm, brings up a lab whose nodes run a real kubelet and
 # containerd, and installs sluice's Helm chart and the DNS autoscaler's into it
 # (docs/kubelet-lab.md).
-# Extra arguments go to `sluice lab up` (e.g. --nodes 1, --network-policy
+# Extra arguments go to `sluice-lab up` (e.g. --nodes 1, --network-policy
 # kube-router, --no-portmap, --cni flannel). Then:
-#   ./bin/sluice lab kubectl -- get pods -A
-#   ./bin/sluice lab kubectl -- -n kube-system exec ds/sluice -- sluice status
-#   ./bin/sluice lab down
+#   ./bin/sluice-lab kubectl -- get pods -A
+#   ./bin/sluice-lab kubectl -- -n kube-system exec ds/sluice -- sluice status
+#   ./bin/sluice-lab down
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
@@ -24,5 +24,5 @@ esac
 case " $* " in
 *" --cni flannel "* | *" --cni=flannel "*) ./scripts/flannel-build.sh >/dev/null ;; # the overlay CNI
 esac
-exec ./bin/sluice lab up --kubelet --chart deploy/charts/sluice \
+exec ./bin/sluice-lab up --kubelet --chart deploy/charts/sluice \
   --dns-autoscaler deploy/charts/sluice-dns-autoscaler "$@"

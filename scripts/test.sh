@@ -34,7 +34,7 @@ echo "==> guest kernel for the kernel smoke (Debian 12's 6.1 under QEMU; downloa
 # test/e2e's TestPrivilegedKernelSmokeGuest boots it (docs/kernels.md). A
 # machine that cannot get it lets that test skip, which the summary accepts
 # only after trying again (no QEMU, or the package out of reach).
-./bin/sluice vm fetch 6.1 || echo "guest kernel 6.1 unavailable here: TestPrivilegedKernelSmokeGuest will say why"
+./bin/sluice-lab vm fetch 6.1 || echo "guest kernel 6.1 unavailable here: TestPrivilegedKernelSmokeGuest will say why"
 
 echo "==> generated BPF objects match the sources"
 ./scripts/check-generate.sh
@@ -48,7 +48,7 @@ fi
 echo "==> go vet"
 go vet ./...
 
-# Privileged tests start bin/sluice and bin/sluice-agent.
+# Privileged tests start bin/sluice, bin/sluice-lab and bin/sluice-agent.
 export SLUICE_BIN_DIR="$PWD/bin"
 
 # One run of every test, unit and privileged, under the race detector: it

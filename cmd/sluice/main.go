@@ -1,29 +1,7 @@
-// Command sluice is the sluice CLI: status, service and map listings, the lab
-// and the benchmarks.
+// Command sluice is the operator's and the node's CLI: status, service and
+// map listings, monitor, tune, bandwidth, DNS replicas (internal/cli).
 package main
 
-import (
-	"context"
-	"errors"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
+import "github.com/sluice-dataplane/sluice/internal/cli"
 
-	"github.com/sluice-dataplane/sluice/internal/cli"
-)
-
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := cli.NewRoot().ExecuteContext(ctx)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "Error:", err)
-		// An error that carries its exit status (tune check: 3).
-		var coded interface{ ExitCode() int }
-		if errors.As(err, &coded) {
-			os.Exit(coded.ExitCode())
-		}
-		os.Exit(1)
-	}
-}
+func main() { cli.Main(cli.NewRoot()) }

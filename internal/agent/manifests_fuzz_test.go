@@ -20,7 +20,7 @@ import (
 
 // FuzzManifests reads a file of the --manifests directory (readManifestFile,
 // decodeManifests) and hands what it accepts to the Service model, as the
-// agent does. Seeds: the files `sluice lab apply` writes and hand-written
+// agent does. Seeds: the files `sluice-lab apply` writes and hand-written
 // ones (internal/fuzztest/testdata/manifests). Invariants: no panic,
 // bounded time; a refusal names the document; an accepted file holds only
 // Services, EndpointSlices, Nodes and Pods with valid names (the namespace

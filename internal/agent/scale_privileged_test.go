@@ -26,7 +26,7 @@ import (
 // over in-memory maps: the initial list reaches the maps whole, and every
 // EndpointSlice change made through the API is observed once by
 // network_programming_duration_seconds, from its trigger time. Figures are
-// logged, not asserted: they come from `sluice bench scale`.
+// logged, not asserted: they come from `sluice-lab bench scale`.
 func TestPrivilegedAgentScaleAPI(t *testing.T) {
 	n := 1000
 	if v := os.Getenv("SLUICE_SCALE_SERVICES"); v != "" {

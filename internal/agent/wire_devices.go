@@ -165,7 +165,7 @@ func (d *nodeDataplane) SyncNeighbors(nodes []netip.Addr, full bool) (err error)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	// A route lookup per node is ~50 µs: 100 ms a sync at 2,000 Nodes
-	// (sluice bench cluster). The same nodes as last time need nothing
+	// (sluice-lab bench cluster). The same nodes as last time need nothing
 	// until the next full sync (a route change): what failed then is
 	// reported again as it was, and retried there.
 	if !full && d.neighNodes != nil && slices.Equal(nodes, d.neighNodes) {

@@ -167,7 +167,7 @@ func (c *Client) Monitor(ctx context.Context, q MonitorQuery, fn func(monitor.Ev
 }
 
 // PathMetrics serves the agent's Prometheus metrics on the API socket too,
-// for tools on the node (sluice lab metrics) whatever --metrics-addr is.
+// for tools on the node (sluice-lab metrics) whatever --metrics-addr is.
 const PathMetrics = "/metrics"
 
 // MetricsProvider is the part of the agent that serves PathMetrics.

@@ -62,7 +62,7 @@ const (
 // BWContenders are all, in the order they run.
 var BWContenders = []string{BWNone, BWSluice, BWPolice, BWPoliceECN, BWPace, BWPacePolice, BWPacePoliceECN, BWEDT, BWTBFCNI, BWTBF, BWHTB}
 
-// BWDefaultContenders are what `sluice bench bandwidth` runs unless told:
+// BWDefaultContenders are what `sluice-lab bench bandwidth` runs unless told:
 // the path's ceiling, sluice, its two mechanisms, the policer Cilium's
 // ingress uses, and the token buckets users have today.
 var BWDefaultContenders = []string{BWNone, BWSluice, BWEDT, BWPacePoliceECN, BWPolice, BWTBFCNI, BWHTB}

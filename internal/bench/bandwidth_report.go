@@ -69,7 +69,7 @@ func (r *BandwidthReport) runs() []string {
 
 // WriteMarkdown writes the report's tables.
 func (r *BandwidthReport) WriteMarkdown(w io.Writer) {
-	fmt.Fprintf(w, "# sluice bench bandwidth, %s\n\n", r.Start.UTC().Format(time.RFC3339))
+	fmt.Fprintf(w, "# sluice-lab bench bandwidth, %s\n\n", r.Start.UTC().Format(time.RFC3339))
 	fmt.Fprintf(w, "Kernel %s. The `sluice` contender is what the bandwidth manager uses here: %s.\n\n", r.Kernel, r.Sluice)
 	fmt.Fprintf(w, "## Accuracy: wire rate / limit\n\n")
 	fmt.Fprintf(w, "iperf3 from (egress) or to (ingress) the limited Pod; the wire rate counts every segment's headers, as a limit does. `none` is the path without a limit (Mbit/s).\n\n")

@@ -28,7 +28,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
-// `sluice bench cluster`: the shape of a big cluster against the real
+// `sluice-lab bench cluster`: the shape of a big cluster against the real
 // kube-apiserver, on the scale study's lab. Besides the lab's 3 real nodes,
 // Nodes simulated as objects (status reports and Lease renewals at a
 // kubelet's defaults), the scale set of Services × 10 endpoints, Services of
@@ -759,7 +759,7 @@ func (h histBuckets) maxBound() float64 {
 func (r *ClusterReport) Markdown() string {
 	var b strings.Builder
 	c := r.Config
-	fmt.Fprintf(&b, "# sluice bench cluster\n\n%d CPUs, kernel %s, %s.\n\n", r.Host.CPUs, r.Host.Kernel,
+	fmt.Fprintf(&b, "# sluice-lab bench cluster\n\n%d CPUs, kernel %s, %s.\n\n", r.Host.CPUs, r.Host.Kernel,
 		r.Started.Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&b, "%d simulated Nodes + %d real (status every %v, Lease every %v), %d Services × 10 endpoints, big Services %v endpoints, churn %.0f changes/s for %v.\n\n",
 		c.Nodes, scaleNodes, c.StatusPeriod, c.LeasePeriod, c.Services, c.BigServices, c.ChurnRate, c.Churn)

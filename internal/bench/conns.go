@@ -22,7 +22,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
-// Short connections through a masqueraded NodePort (`sluice bench conns`,
+// Short connections through a masqueraded NodePort (`sluice-lab bench conns`,
 // issue 42). A front door (an ingress controller, a cloud load balancer)
 // opens many short connections to few backends; every one takes a nat port
 // of the node that masquerades it. For each contender in turn, a lab of
@@ -39,7 +39,7 @@ import (
 // the limit. Where sluice is the contender, node1's agent's status gives
 // the nat ports the busiest backend holds.
 
-// ConnsContenders are the contenders of `sluice bench conns`, in run
+// ConnsContenders are the contenders of `sluice-lab bench conns`, in run
 // order: sluice on node1 with native XDP and with tc alone (acceleration
 // disabled), both masquerading (--lb-mode snat), and the real kube-proxy,
 // whose NodePort path is the kernel's conntrack, DNAT and MASQUERADE.

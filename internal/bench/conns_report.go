@@ -167,7 +167,7 @@ func natCell(end, peak Stats) string {
 // WriteMarkdown writes the setup, the tables and the verdicts.
 func (r *ConnsReport) WriteMarkdown(w io.Writer) {
 	c := r.Config
-	fmt.Fprintf(w, "# sluice bench conns, %s\n\n", r.Start.Format(time.RFC3339))
+	fmt.Fprintf(w, "# sluice-lab bench conns, %s\n\n", r.Start.Format(time.RFC3339))
 	fmt.Fprintf(w, "Kernel %s, %d CPUs. Each contender on a lab of its own: 2 nodes × 1 pod, a NodePort Service (:%d) whose one endpoint is node2's pod, "+
 		"and the lab's external client connecting to node1's NodePort, so node1 masquerades every connection to the one backend.\n\n", r.Kernel, r.CPUs, connsNodePort)
 	fmt.Fprintf(w, "- churn: `lab probe churn` at each of %s connections a second for %v (open loop: each connects, sends one GET, reads the reply and closes, --close %s; "+

@@ -39,7 +39,7 @@ import (
 // rps sweep moves packet handling as the study moved the NIC's IRQ
 // affinity, with the server pinned to each CPU in turn.
 
-// Sweeps of `sluice bench dns`.
+// Sweeps of `sluice-lab bench dns`.
 const (
 	DNSSweepProcesses = "processes" // 1..max processes, blocking I/O, unpinned
 	DNSSweepModels    = "models"    // one process, each I/O model

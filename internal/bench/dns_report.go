@@ -61,7 +61,7 @@ var dnsSweepTitles = map[string]string{
 // WriteMarkdown writes a table per sweep, and how the processes scale.
 func (r *DNSReport) WriteMarkdown(w io.Writer) {
 	c := r.Config
-	fmt.Fprintf(w, "# sluice bench dns, %s\n\n", r.Start.Format(time.RFC3339))
+	fmt.Fprintf(w, "# sluice-lab bench dns, %s\n\n", r.Start.Format(time.RFC3339))
 	client := "unpinned"
 	if c.ClientCPUs != "" {
 		client = "taskset -c " + c.ClientCPUs

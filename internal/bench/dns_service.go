@@ -19,7 +19,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
-// Cluster DNS through the Service VIP (`sluice bench dns
+// Cluster DNS through the Service VIP (`sluice-lab bench dns
 // --through-service`): CoreDNS replicas in the lab behind kube-dns, the
 // real control plane, and each dataplane in turn. From a pod on every
 // node at once: dnsperf to the VIP (QPS, lost), and lookups as glibc makes
@@ -536,7 +536,7 @@ func (r *DNSServiceReport) WriteFiles(dir string) ([]string, error) {
 // WriteMarkdown writes the tables and the targets.
 func (r *DNSServiceReport) WriteMarkdown(w io.Writer) {
 	c := r.Config
-	fmt.Fprintf(w, "# sluice bench dns --through-service, %s\n\n", r.Start.Format(time.RFC3339))
+	fmt.Fprintf(w, "# sluice-lab bench dns --through-service, %s\n\n", r.Start.Format(time.RFC3339))
 	fmt.Fprintf(w, "Kernel %s, %s in pods 1 and 2 of each of %d nodes behind kube-dns %s (real kube-apiserver, kubernetes plugin). "+
 		"From pod %d of every node at once: dnsperf `-c %d -q %d -l %d` to the VIP, %d runs (QPS summed over the pods: mean, min, max); "+
 		"then %d lookups per pod as glibc makes them (A and AAAA at once from a new UDP socket), %d at once: queries without an answer within %v "+

@@ -74,7 +74,7 @@ func (c FloodConfig) ports() PortRange {
 	return c.Ports
 }
 
-// Validate checks c; each error names the flag of `sluice lab flood` that
+// Validate checks c; each error names the flag of `sluice-lab flood` that
 // sets the field, and the value.
 func (c FloodConfig) Validate() error {
 	shape := c.shape()

@@ -15,7 +15,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
-// The flood matrix (`sluice lab flood --matrix`): every shape at each
+// The flood matrix (`sluice-lab flood --matrix`): every shape at each
 // rate against each node of a lab per contender, with the pool of idle
 // connections running throughout (RunFloodPhases). sluice runs one lab
 // per --lb-mode, node1 on native XDP and node2 on tc (best-effort keeps a
@@ -279,7 +279,7 @@ func (r *FloodMatrixReport) newClientPlot(path string, rate float64) (bool, erro
 // WriteMarkdown writes the report's table.
 func (r *FloodMatrixReport) WriteMarkdown(w io.Writer) {
 	c := r.Config
-	fmt.Fprintf(w, "# sluice lab flood --matrix, %s\n\n", r.Start.Format(time.RFC3339))
+	fmt.Fprintf(w, "# sluice-lab flood --matrix, %s\n\n", r.Start.Format(time.RFC3339))
 	fmt.Fprintf(w, "Kernel %s, %d CPUs, load average %.2f at the start and %.2f at the end. Each flood %s; a pool of %d connections from the lab's client, "+
 		"a quarter through each way in (each node's NodePort of each node's pods' Service), each asking every %s and idle in between, "+
 		"kept open through every flood of its lab; a pause of an interval after each flood. A new client (3 requests) in the middle of each flood.\n\n",

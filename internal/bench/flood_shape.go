@@ -13,7 +13,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
 )
 
-// The shapes of a flood (FloodConfig.Shape, `sluice lab flood --shape`):
+// The shapes of a flood (FloodConfig.Shape, `sluice-lab flood --shape`):
 // each what an attacker sends to fill a load balancer's flow tables.
 const (
 	// ShapeSYN: spoofed TCP SYNs, every one a new source.

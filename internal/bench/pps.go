@@ -1,4 +1,4 @@
-// Package bench holds sluice's benchmarks. `sluice bench pps` measures the
+// Package bench holds sluice's benchmarks. `sluice-lab bench pps` measures the
 // north-south NodePort forwarding rate of the XDP and tc load balancers
 // against plain kernel forwarding with a firewall DNAT rule (README.md).
 package bench
@@ -89,7 +89,7 @@ var LBModes = []string{LBModeSNAT, LBModeDSR, LBModeLocal}
 // sluice-xdp (drops only, no reader): run with --contenders.
 var MonitorContenders = []string{ContenderXDPEventsOff, ContenderXDP, ContenderXDPTraced}
 
-// DefaultPPSConfig is what `sluice bench pps` runs without flags.
+// DefaultPPSConfig is what `sluice-lab bench pps` runs without flags.
 func DefaultPPSConfig() PPSConfig {
 	return PPSConfig{Duration: 3 * time.Second, Repeats: 3, Flows: 1024, FrameLen: 60, ProgRepeat: 1_000_000, NodeCPU: -1, Topology: TopologyOneNIC}
 }

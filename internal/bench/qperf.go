@@ -690,8 +690,8 @@ func (r *QperfReport) WriteFiles(dir string) ([]string, error) {
 // WriteMarkdown writes the tables: latency and bandwidth per row, then the
 // targets.
 func (r *QperfReport) WriteMarkdown(w io.Writer) {
-	fmt.Fprintf(w, "# sluice bench qperf, %s\n\n", r.Start.Format(time.RFC3339))
-	fmt.Fprintf(w, "Kernel %s; qperf %ds per test, %d runs (mean, min–max); sockperf ping-pong TCP 64 B for p50/p99. Rows: host network node to node, Pod to Pod by IP, Pod to the Service VIP; tuned = `sluice lab tune apply --profile %s`, applied before each tuned run and reverted after it; untuned and tuned runs alternate.\n\n",
+	fmt.Fprintf(w, "# sluice-lab bench qperf, %s\n\n", r.Start.Format(time.RFC3339))
+	fmt.Fprintf(w, "Kernel %s; qperf %ds per test, %d runs (mean, min–max); sockperf ping-pong TCP 64 B for p50/p99. Rows: host network node to node, Pod to Pod by IP, Pod to the Service VIP; tuned = `sluice-lab tune apply --profile %s`, applied before each tuned run and reverted after it; untuned and tuned runs alternate.\n\n",
 		r.Kernel, int(r.Config.Duration/time.Second), r.Config.Runs, r.Config.Profile)
 	if len(r.Config.CPUs) == 2 {
 		fmt.Fprintf(w, "Clients (qperf, sockperf) pinned to CPU %d, servers to CPU %d.\n\n", r.Config.CPUs[0], r.Config.CPUs[1])

@@ -117,7 +117,7 @@ const (
 // Met tells whether the ratio reaches its target.
 func (r Ratio) Met() bool { return r.Skipped == "" && r.Value >= r.Target }
 
-// PPSReport is the result of one `sluice bench pps` run.
+// PPSReport is the result of one `sluice-lab bench pps` run.
 type PPSReport struct {
 	Started  time.Time `json:"started"`
 	Kernel   string    `json:"kernel"`
@@ -394,7 +394,7 @@ func (r *PPSReport) WriteTable(w io.Writer) {
 
 // WriteMarkdown writes the report as Markdown tables.
 func (r *PPSReport) WriteMarkdown(w io.Writer) {
-	fmt.Fprintf(w, "# sluice bench pps, %s\n\n", r.Started.UTC().Format(time.RFC3339))
+	fmt.Fprintf(w, "# sluice-lab bench pps, %s\n\n", r.Started.UTC().Format(time.RFC3339))
 	traffic := fmt.Sprintf("%d-byte UDP frames (no FCS), %d flows", r.FrameLen, r.Flows)
 	if r.NewFlows {
 		traffic = fmt.Sprintf("%d-byte TCP SYN frames (no FCS), every one a new flow (--new-flows)", r.FrameLen)

@@ -25,7 +25,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
-// ScaleDataplanes are the contenders of `sluice bench scale`, in run order.
+// ScaleDataplanes are the contenders of `sluice-lab bench scale`, in run order.
 var ScaleDataplanes = []string{lab.DataplaneSluice, lab.DataplaneKubeProxyIPTables, lab.DataplaneKubeProxyIPTablesNFT,
 	lab.DataplaneKubeProxyNFTables, lab.DataplaneKubeProxyIPVS}
 

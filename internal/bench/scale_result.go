@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// ScaleReport is the result of `sluice bench scale`: results.json.
+// ScaleReport is the result of `sluice-lab bench scale`: results.json.
 type ScaleReport struct {
 	Started    time.Time        `json:"started"`
 	Seconds    float64          `json:"seconds"`
@@ -228,7 +228,7 @@ func us(v float64) string { return fmt.Sprintf("%.0f", v) }
 // WriteMarkdown writes the tables: one row per contender and size, with
 // latency and CPU as ratios to the same contender's smallest size.
 func (r *ScaleReport) WriteMarkdown(w io.Writer) {
-	fmt.Fprintf(w, "## sluice bench scale — %s\n\n", r.Started.Format(time.RFC3339))
+	fmt.Fprintf(w, "## sluice-lab bench scale — %s\n\n", r.Started.Format(time.RFC3339))
 	fmt.Fprintf(w, "Kernel %s, %d CPUs; %d endpoints per Service; %d measured Services per size (live echo pods on node1/node2, "+
 		"the rest pod-CIDR addresses with no pod); client pod on node3; %d requests at %.0f/s per measurement, %d repeats "+
 		"(median of the repeats' percentiles; min–max in results.json). Ratios (×) are against the same contender's smallest size.\n\n",

@@ -55,7 +55,7 @@ const (
 	TopologyOneNIC = "one-nic"
 )
 
-// Topologies in the order `sluice bench pps` lists them.
+// Topologies in the order `sluice-lab bench pps` lists them.
 var Topologies = []string{TopologyOneNIC, TopologyTwoNIC}
 
 const (

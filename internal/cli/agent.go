@@ -167,7 +167,7 @@ func bpfCommand() *cobra.Command {
 
 // writeBPFCT prints one row per conntrack entry, like `cilium bpf ct list`.
 func writeBPFCT(w io.Writer, d *api.BPFCT) error {
-	tw := newTable(w)
+	tw := NewTable(w)
 	fmt.Fprintln(tw, "TUPLE\tDIRECTION\tFLAGS\tBACKEND\tREVNAT\tLIFETIME\tPACKETS/BYTES\tREPLY PACKETS/BYTES")
 	for _, e := range d.Entries {
 		flags := strings.Join(e.Flags, "|")
@@ -193,7 +193,7 @@ func writeBPFCT(w io.Writer, d *api.BPFCT) error {
 
 // writeBPFNAT prints one row per SNAT mapping.
 func writeBPFNAT(w io.Writer, d *api.BPFNAT) error {
-	tw := newTable(w)
+	tw := NewTable(w)
 	fmt.Fprintln(tw, "TUPLE\tDIRECTION\tTRANSLATED TO\tAGE\tFLOW")
 	for _, e := range d.Entries {
 		flow := "established"
@@ -336,13 +336,14 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func newTable(w io.Writer) *tabwriter.Writer {
+// NewTable is the tab writer of every table the CLIs print.
+func NewTable(w io.Writer) *tabwriter.Writer {
 	return tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
 }
 
 // writeStatus prints one screen in the manner of `cilium status`.
 func writeStatus(w io.Writer, st *api.Status) error {
-	tw := newTable(w)
+	tw := NewTable(w)
 	line := func(k, format string, args ...any) {
 		fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{k}, args...)...)
 	}
@@ -526,7 +527,7 @@ func ago(t time.Time) string {
 // writeServices prints one row per backend, the frontend on its first row,
 // like `cilium service list`.
 func writeServices(w io.Writer, svcs []api.Service) error {
-	tw := newTable(w)
+	tw := NewTable(w)
 	fmt.Fprintln(tw, "ID\tFrontend\tService Type\tName\tFlags\tTraffic\tBackend")
 	for _, s := range svcs {
 		name := s.Name
@@ -596,7 +597,7 @@ func humanBytes(n uint64) string {
 
 // writeBPFLB prints the raw map contents, one table per map.
 func writeBPFLB(w io.Writer, d *api.BPFLB) error {
-	tw := newTable(w)
+	tw := NewTable(w)
 	fmt.Fprintln(tw, "SERVICE ADDRESS\tSCOPE\tSLOT\tBACKEND ID\tCOUNT\tREVNAT\tFLAGS")
 	for _, s := range d.Services {
 		flags := strings.Join(s.Flags, ",")

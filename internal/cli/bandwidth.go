@@ -38,7 +38,7 @@ func bpfBandwidthCommand(o *agentOptions) *cobra.Command {
 
 // writeBPFBandwidth prints one row per Pod and limited direction.
 func writeBPFBandwidth(w io.Writer, d *api.BPFBandwidth) error {
-	tw := newTable(w)
+	tw := NewTable(w)
 	fmt.Fprintln(tw, "POD\tID\tDIRECTION\tRATE (bit/s)\tVETH\tADDRESSES\tPACKETS/BYTES\tDROPS\tECN MARKS")
 	for _, e := range d.Entries {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%d\n", e.Pod, e.ID, e.Direction, e.Rate, e.Veth,

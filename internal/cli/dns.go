@@ -14,8 +14,8 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/dnsscale"
 )
 
-// dnsCommand is `sluice dns`: tools around cluster DNS.
-func dnsCommand() *cobra.Command {
+// DNSCommand is `sluice dns` (and `sluice-lab dns`): tools around cluster DNS.
+func DNSCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dns",
 		Short: "Cluster DNS tools: the autoscaler's replica calculator, the DNS echo server",
@@ -34,7 +34,7 @@ func dnsEchoCommand() *cobra.Command {
 		Short: "DNS echo server: answers every query with itself, QR and RA set; processes, threads, I/O model, SO_REUSEPORT, CPU pinning",
 		Long: `Answers any DNS query by sending it back with QR and RA set, as the
 multi-core DNS study's server does, to measure what each way of serving
-costs (sluice bench dns). --processes N runs N processes (this one and N-1
+costs (sluice-lab bench dns). --processes N runs N processes (this one and N-1
 re-executed children), each with --threads M OS threads; each thread runs
 the --model loop on a raw socket with its own system calls, never Go's
 netpoller: blocking (recvfrom/sendto), select, poll, epoll (readiness, then

@@ -13,19 +13,22 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
-	"github.com/sluice-dataplane/sluice/internal/lab"
 	"github.com/sluice-dataplane/sluice/internal/monitor"
 )
 
-// monitorOptions are `sluice monitor`'s filters and output.
-type monitorOptions struct {
+// MonitorOptions are `sluice monitor`'s filters and output.
+type MonitorOptions struct {
 	types, reasons                   []string
 	service, frontend, backend, node string
 	since                            time.Duration
 	follow                           bool
 }
 
-func (o *monitorOptions) addFlags(cmd *cobra.Command) {
+// Node is --node: one node's events only ("": every node's).
+func (o *MonitorOptions) Node() string { return o.node }
+
+// AddFlags adds the event filters' flags to cmd.
+func (o *MonitorOptions) AddFlags(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.StringSliceVar(&o.types, "type", nil, "event types (comma separated): "+strings.Join(monitor.Types, ", "))
 	var reasons []string
@@ -42,7 +45,7 @@ func (o *monitorOptions) addFlags(cmd *cobra.Command) {
 }
 
 // query checks the options and builds the API query.
-func (o *monitorOptions) query() (api.MonitorQuery, error) {
+func (o *MonitorOptions) Query() (api.MonitorQuery, error) {
 	if o.since < 0 {
 		return api.MonitorQuery{}, fmt.Errorf("--since=%s: want a positive duration", o.since)
 	}
@@ -61,7 +64,7 @@ func (o *monitorOptions) query() (api.MonitorQuery, error) {
 func monitorCommand() *cobra.Command {
 	var (
 		a agentOptions
-		o monitorOptions
+		o MonitorOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "monitor",
@@ -78,62 +81,22 @@ rest are counted in sluice_monitor_events_suppressed_total. Ctrl-C ends it.`,
 			if err != nil {
 				return err
 			}
-			q, err := o.query()
+			q, err := o.Query()
 			if err != nil {
 				return err
 			}
-			return streamEvents(cmd.Context(), cmd.OutOrStdout(), a.output == "json", map[string]*api.Client{"": c}, q)
+			return StreamEvents(cmd.Context(), cmd.OutOrStdout(), a.output == "json", map[string]*api.Client{"": c}, q)
 		},
 	}
 	a.addFlags(cmd)
-	o.addFlags(cmd)
+	o.AddFlags(cmd)
 	return cmd
 }
 
-func labMonitorCommand() *cobra.Command {
-	var (
-		o      monitorOptions
-		output string
-	)
-	cmd := &cobra.Command{
-		Use:   "monitor",
-		Short: "Stream the datapath events of every lab node's agent (sluice monitor, merged)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "table" && output != "json" {
-				return fmt.Errorf("--output=%s: want table or json", output)
-			}
-			q, err := o.query()
-			if err != nil {
-				return err
-			}
-			prefix, _ := cmd.Flags().GetString("prefix")
-			l, err := lab.Load(prefix)
-			if err != nil {
-				return err
-			}
-			defer l.Close()
-			clients := map[string]*api.Client{}
-			for _, n := range l.Nodes {
-				if n.Agent != nil && (o.node == "" || o.node == n.Name) {
-					clients[n.Name] = api.NewClient(n.Agent.Socket)
-				}
-			}
-			if len(clients) == 0 {
-				return errors.New("no lab node runs a sluice agent (lab up --dataplane sluice)")
-			}
-			return streamEvents(cmd.Context(), cmd.OutOrStdout(), output == "json", clients, q)
-		},
-	}
-	o.addFlags(cmd)
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
-	return cmd
-}
-
-// streamEvents prints the events of each agent (by node name) until ctx is
+// StreamEvents prints the events of each agent (by node name) until ctx is
 // done or, without Follow, each has sent its kept ones. An agent that
 // fails ends the stream with its error.
-func streamEvents(ctx context.Context, w io.Writer, asJSON bool, clients map[string]*api.Client, q api.MonitorQuery) error {
+func StreamEvents(ctx context.Context, w io.Writer, asJSON bool, clients map[string]*api.Client, q api.MonitorQuery) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (

@@ -25,7 +25,7 @@ func tuneCommand() *cobra.Command {
 applies what can be applied with the old values written to a state file
 first, and reverts exactly those. The default scope is the network
 namespaces named with --netns (the caller's when none); machine-wide
-settings need --host. "sluice lab tune" does the same for the lab's nodes.`,
+settings need --host. "sluice-lab tune" does the same for the lab's nodes.`,
 	}
 	scope := func() (tune.Scope, string, error) {
 		p, err := tune.ParsePrefixes(cidrs)

@@ -154,7 +154,7 @@ func (o *Options) setDefaults() error {
 }
 
 // State is what the state dir's controlplane.json records, so that another
-// process (a later `sluice lab down`) can reach or stop the control plane.
+// process (a later `sluice-lab down`) can reach or stop the control plane.
 type State struct {
 	Dir          string     `json:"dir"`
 	NetNS        string     `json:"netns,omitempty"`
@@ -464,7 +464,7 @@ var cloexecOnce sync.Once
 
 // CloseInheritedOnExec marks every descriptor above stderr close-on-exec.
 // Go's own are already; the others came from the caller (a `flock LOCK
-// sluice lab up` passes its lock descriptor) and would otherwise live on in
+// sluice-lab up` passes its lock descriptor) and would otherwise live on in
 // every daemon, holding the lock until the lab is down. Linux 5.11
 // (close_range with CLOSE_RANGE_CLOEXEC); older kernels keep the leak.
 func CloseInheritedOnExec() {

@@ -22,7 +22,7 @@ func DefaultMapSizes() MapSizes {
 		Affinity: 65536,
 		// Every Node's InternalIPs (Kubernetes' 5,000 Nodes, dual-stack)
 		// and this node's interface addresses: 1,024 failed every sync
-		// from ~500 dual-stack Nodes (sluice bench cluster).
+		// from ~500 dual-stack Nodes (sluice-lab bench cluster).
 		NodeIPs: 16384,
 		Events:  DefaultEventsBytes,
 	}

@@ -87,7 +87,7 @@ func headroomObjects(short bool) []headroomObject {
 			probe.HelperSetRetval, probe.HelperNetnsCookie}, defaults},
 		// The UDP socket destroyer, where the kernel has its kfunc.
 		{"sockdestroy", loadSockdestroy, []string{probe.BTF, probe.SockDestroy}, defaults},
-		// sluice bench pps's generator and sinks, with its defaults.
+		// sluice-lab bench pps's generator and sinks, with its defaults.
 		{"pps", func() (*ebpf.CollectionSpec, error) { return ebpf.LoadCollectionSpec("../bench/pps_bpfel.o") },
 			[]string{probe.BTF, probe.XDP, probe.TC, probe.HelperLoop}, defaults},
 		// The bandwidth manager's (internal/bandwidth): tc in both modes,

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// manifests are real inputs: the files `sluice lab apply` writes for
+// manifests are real inputs: the files `sluice-lab apply` writes for
 // internal/lab/testdata/demo-services.yaml on a two-node lab (nodes.yaml,
 // pods.yaml, svc-*.yaml), and hand-written ones with the Service fields the
 // demo leaves out (northsouth.yaml, list.json).

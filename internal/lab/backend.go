@@ -155,7 +155,7 @@ func startBackendHelpers(ctx context.Context, name, addr string, n int) (wait fu
 	}
 	ready := make(chan error, n)
 	for i := range n {
-		c := exec.CommandContext(ctx, exe, "lab", "backend", "--name", name, "--http", addr, "--helper")
+		c := exec.CommandContext(ctx, exe, "backend", "--name", name, "--http", addr, "--helper")
 		c.Stderr = os.Stderr
 		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		out, err := c.StdoutPipe()

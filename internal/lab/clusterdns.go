@@ -32,7 +32,7 @@ import (
 // its kubernetes plugin; in manifests mode from a hosts file the lab
 // rewrites on every apply and delete. Every pod gets a resolv.conf that
 // points at the Service, under /etc/netns/<netns>/ where `ip netns exec`
-// and `sluice lab exec` bind it over /etc/resolv.conf.
+// and `sluice-lab exec` bind it over /etc/resolv.conf.
 //
 // Replica r (1-based) runs in pod ((r-1)/nodes)+1 of node ((r-1)%nodes)+1:
 // one per node first. The lab's pods all live in the default namespace, so

@@ -183,7 +183,7 @@ func execCommand(prefix *string) *cobra.Command {
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dash := cmd.ArgsLenAtDash(); dash != 1 {
-				return errors.New("usage: sluice lab exec TARGET -- CMD [ARG...]")
+				return errors.New("usage: sluice-lab exec TARGET -- CMD [ARG...]")
 			}
 			l, err := Load(*prefix)
 			if err != nil {
@@ -242,8 +242,8 @@ func hostPortCommand(prefix *string) *cobra.Command {
 	return &cobra.Command{
 		Use:   "hostport POD [HOSTPORT:CONTAINERPORT[/tcp|/udp][@HOSTIP]...]",
 		Short: "Publish ports of a lab pod on its node (its Pod's ports[].hostPort, manifests control plane); none: remove them",
-		Example: "  sluice lab hostport node1-pod1 18080:8080 18053:5353/udp@198.18.0.11\n" +
-			"  sluice lab hostport node1-pod1",
+		Example: "  sluice-lab hostport node1-pod1 18080:8080 18053:5353/udp@198.18.0.11\n" +
+			"  sluice-lab hostport node1-pod1",
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ports, err := ParseHostPorts(args[1:])
@@ -472,7 +472,7 @@ func formatCounts(m map[string]int) string {
 // Probe runs `lab probe KIND ARGS... -o json` in the target's namespace and
 // cgroup and decodes its report. kind is http, udp or tcp.
 func (l *Lab) Probe(ctx context.Context, target, kind string, args ...string) (*ProbeReport, error) {
-	full := append([]string{l.Exe, "lab", "probe", kind}, args...)
+	full := append([]string{l.Exe, "probe", kind}, args...)
 	full = append(full, "-o", "json")
 	cmd := l.Command(ctx, target, full...)
 	var stderr strings.Builder
@@ -488,7 +488,7 @@ func (l *Lab) Probe(ctx context.Context, target, kind string, args ...string) (*
 	return &rep, nil
 }
 
-// tuneCommand is `sluice lab tune`: sluice tune over the lab's node
+// tuneCommand is `sluice-lab tune`: sluice tune over the lab's node
 // namespaces and agents, with the lab's Pod CIDRs, the state file in the
 // lab's run directory.
 func tuneCommand(prefix *string) *cobra.Command {

@@ -139,7 +139,7 @@ func (l *Lab) registerCluster(ctx context.Context) error {
 		obj.Status.Allocatable = obj.Status.Capacity
 		now := metav1.Now()
 		obj.Status.Conditions[0].LastHeartbeatTime, obj.Status.Conditions[0].LastTransitionTime = now, now
-		obj.Status.Conditions[0].Reason, obj.Status.Conditions[0].Message = "LabNodeReady", "sluice lab node"
+		obj.Status.Conditions[0].Reason, obj.Status.Conditions[0].Message = "LabNodeReady", "sluice-lab node"
 		created, err := cs.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
 		if err != nil {
 			return fmt.Errorf("register node %s: %w", n.Name, err)

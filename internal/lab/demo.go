@@ -436,7 +436,7 @@ func compareModes(ctx context.Context, l *Lab, out io.Writer, from, first, secon
 	var rows []modeComparison
 	for _, mode := range []string{"new-connection", "keepalive"} {
 		fmt.Fprintf(out, "    %s ...\n", mode)
-		args := []string{l.Exe, "lab", "demo", "latency", "--vip", first, "--pod", second,
+		args := []string{l.Exe, "demo", "latency", "--vip", first, "--pod", second,
 			"--requests", strconv.Itoa(requests), "--round", strconv.Itoa(demoRoundSize)}
 		if mode == "keepalive" {
 			args = append(args, "--keepalive")

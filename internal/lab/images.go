@@ -37,7 +37,9 @@ func BuildSluiceImage(binDir, ref, file string) error {
 	// /var/run → /run: the CLI's default API socket is /var/run/sluice/.
 	files := []image.File{{Path: "/tmp", Mode: 0o1777}, {Path: "/run/sluice"}, {Path: "/var/run", Link: "/run"},
 		{Path: "/sys/fs/bpf"}}
-	for _, b := range []string{"sluice", "sluice-agent", "sluice-dns-autoscaler"} {
+	// sluice-lab too: the lab's own workloads run its backend and probes
+	// (the release image, Dockerfile, has the three others only).
+	for _, b := range []string{"sluice", "sluice-agent", "sluice-dns-autoscaler", "sluice-lab"} {
 		src := filepath.Join(binDir, b)
 		if err := image.CheckStatic(src); err != nil {
 			return fmt.Errorf("sluice image: %w", err)

@@ -529,7 +529,7 @@ func (l *Lab) kubeletDataplane(ctx context.Context) string {
 		return "unknown (DaemonSets: " + err.Error() + ")"
 	}
 	if len(ds.Items) == 0 {
-		return "none installed (sluice lab helm -- install sluice deploy/charts/sluice -n kube-system -f " + l.ChartValuesFile() +
+		return "none installed (sluice-lab helm -- install sluice deploy/charts/sluice -n kube-system -f " + l.ChartValuesFile() +
 			", docs/kubelet-lab.md)"
 	}
 	var out []string

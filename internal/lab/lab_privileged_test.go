@@ -17,14 +17,13 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/datapath"
 	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
-	"github.com/spf13/cobra"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-// reexecEnv makes the test binary act as `sluice`: the lab starts it in pods
+// reexecEnv makes the test binary act as `sluice-lab`: the lab starts it in pods
 // as `<test binary> lab backend ...` and `... lab probe ...`.
 const reexecEnv = "SLUICE_LAB_TEST_REEXEC"
 
@@ -34,8 +33,8 @@ func TestMain(m *testing.M) {
 	fuzzWorker := slices.Contains(os.Args, "-test.fuzzworker")
 	if os.Getenv(reexecEnv) == "1" && !fuzzWorker {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		root := &cobra.Command{Use: "sluice", SilenceUsage: true}
-		root.AddCommand(NewCommand())
+		root := NewCommand() // as sluice-lab's root
+		root.SilenceUsage = true
 		root.SetArgs(os.Args[1:])
 		err := root.ExecuteContext(ctx)
 		stop()

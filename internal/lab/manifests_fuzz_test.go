@@ -17,7 +17,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 )
 
-// FuzzDecodeObjects decodes what `sluice lab apply -f` reads and applies it
+// FuzzDecodeObjects decodes what `sluice-lab apply -f` reads and applies it
 // to a manifests directory as the lab does (applyObjects: allocation,
 // generated EndpointSlices, one file per Service). Seeds: the demo's
 // Services and the files the lab writes. Invariants: no panic, bounded

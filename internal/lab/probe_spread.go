@@ -105,7 +105,7 @@ func spreadHold(ctx context.Context, cfg HoldConfig, n int, limit uint64) (*Prob
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		args := []string{"lab", "probe", "hold", "--connections", strconv.Itoa(share(cfg.Connections, n, i)),
+		args := []string{"probe", "hold", "--connections", strconv.Itoa(share(cfg.Connections, n, i)),
 			"--rate", strconv.Itoa(max(1, share(cfg.Rate, n, i))), "--max-in-flight", strconv.Itoa(max(1, share(cfg.MaxInFlight, n, i))),
 			"--timeout", cfg.Timeout.String(), "--open-timeout", cfg.OpenTimeout.String(), "--hold", cfg.Hold.String(),
 			"--budget", cfg.Budget.String(), "-o", "json"}

@@ -125,7 +125,7 @@ func (l *Lab) startBackends(ctx context.Context, conns int) error {
 		for pi := range l.Nodes[ni].Pods {
 			p := &l.Nodes[ni].Pods[pi]
 			p.Log = filepath.Join(podsDir, p.Name+".log")
-			args := []string{l.Exe, "lab", "backend", "--name", p.Name,
+			args := []string{l.Exe, "backend", "--name", p.Name,
 				"--http", ":" + strconv.Itoa(EchoHTTPPort), "--udp", ":" + strconv.Itoa(EchoUDPPort),
 				"--ready-file", filepath.Join(podsDir, p.Name+".ready")}
 			if conns > 0 {

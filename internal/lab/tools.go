@@ -115,7 +115,7 @@ func (l *Lab) writeChartValues() error {
 	if err != nil {
 		return err
 	}
-	header := "# Written by `sluice lab up --kubelet`: what sluice's chart needs in this lab.\n"
+	header := "# Written by `sluice-lab up --kubelet`: what sluice's chart needs in this lab.\n"
 	return os.WriteFile(l.ChartValuesFile(), append([]byte(header), data...), 0o644)
 }
 

@@ -91,7 +91,7 @@ var SockLB = []string{
 	HelperSetRetval,
 }
 
-// BenchPPS lists what `sluice bench pps` needs beyond the datapath's own
+// BenchPPS lists what `sluice-lab bench pps` needs beyond the datapath's own
 // features: its generator sends with XDP live frames and waits with
 // bpf_loop.
 var BenchPPS = []string{XDP, ProgRun, HelperLoop, XDPLiveFrames}

@@ -23,7 +23,7 @@ func (e *NotAppliedError) Error() string {
 func (e *NotAppliedError) ExitCode() int { return 3 }
 
 // Commands are check, apply and revert over the scope scopeFn gives (the
-// machine's flags for `sluice tune`, the lab's nodes for `sluice lab tune`)
+// machine's flags for `sluice tune`, the lab's nodes for `sluice-lab tune`)
 // and its state file.
 func Commands(scopeFn func() (Scope, string, error), flags func(*cobra.Command)) []*cobra.Command {
 	var output, profile string

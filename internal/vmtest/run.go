@@ -21,7 +21,7 @@ type Config struct {
 	Kernel Kernel
 	// Accel is AccelAuto (default), AccelKVM or AccelTCG.
 	Accel string
-	// Init is the sluice binary that becomes the guest's PID 1; default:
+	// Init is the sluice-lab binary that becomes the guest's PID 1; default:
 	// this executable. InitArgs select its guest mode; default
 	// DefaultInitArgs.
 	Init     string
@@ -47,7 +47,7 @@ type Config struct {
 	Progress, Console io.Writer
 }
 
-// DefaultInitArgs select the guest init in the sluice CLI (sluice vm guest-init).
+// DefaultInitArgs select the guest init in the sluice CLI (sluice-lab vm guest-init).
 var DefaultInitArgs = []string{"vm", "guest-init"}
 
 // Result says how a run went. A command that fails is not an error of the

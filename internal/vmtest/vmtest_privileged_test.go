@@ -39,21 +39,21 @@ func guestKernel(t *testing.T) Kernel {
 	return k
 }
 
-// sluiceBinary is the guest's init: $SLUICE_BIN_DIR/sluice, else built.
+// sluiceBinary is the guest's init: $SLUICE_BIN_DIR/sluice-lab, else built.
 func sluiceBinary(t *testing.T) string {
 	t.Helper()
 	if dir := os.Getenv("SLUICE_BIN_DIR"); dir != "" {
-		p := filepath.Join(dir, "sluice")
+		p := filepath.Join(dir, "sluice-lab")
 		if _, err := os.Stat(p); err != nil {
 			t.Fatalf("SLUICE_BIN_DIR=%s: %v (./scripts/build.sh builds it)", dir, err)
 		}
 		return p
 	}
-	p := filepath.Join(t.TempDir(), "sluice")
-	cmd := exec.Command("go", "build", "-o", p, "./cmd/sluice")
+	p := filepath.Join(t.TempDir(), "sluice-lab")
+	cmd := exec.Command("go", "build", "-o", p, "./cmd/sluice-lab")
 	cmd.Dir = "../.."
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/sluice: %v\n%s", err, out)
+		t.Fatalf("go build ./cmd/sluice-lab: %v\n%s", err, out)
 	}
 	return p
 }

@@ -204,7 +204,7 @@ func TestPrivilegedBandwidthManagerEDTGuest(t *testing.T) {
 	requirePrivileged(t, "iperf3")
 	res := guesttest.Run(t, bwGuestKernel, guesttest.Options{
 		Run:  "^TestPrivilegedBandwidthManager$",
-		Init: filepath.Join(env.binDir, "sluice"),
+		Init: filepath.Join(env.binDir, "sluice-lab"),
 		Env:  []string{"SLUICE_BIN_DIR=" + env.binDir, bwWantEDTEnv + "=1"},
 	})
 	if o, ok := res.Outcome("TestPrivilegedBandwidthManager"); !ok || o.Action != "pass" {

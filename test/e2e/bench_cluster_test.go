@@ -9,7 +9,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
-// TestPrivilegedBenchCluster is `sluice bench cluster` in short, on sluice:
+// TestPrivilegedBenchCluster is `sluice-lab bench cluster` in short, on sluice:
 // 300 simulated Nodes reporting their status and renewing their Leases,
 // 300 Services × 10, a Service of 1,000 endpoints, 20 s of churn at 50
 // changes a second under a request every 100 ms. Every change is
@@ -24,7 +24,7 @@ func TestPrivilegedBenchCluster(t *testing.T) {
 	cfg.ChurnRate, cfg.Churn, cfg.StatusPeriod = 50, 20*time.Second, 10*time.Second
 	cfg.StepTimeout = 3 * time.Minute
 	cfg.Prefix, cfg.Progress = newPrefix(t), t.Output()
-	cfg.Exe, cfg.AgentBin = filepath.Join(env.binDir, "sluice"), filepath.Join(env.binDir, "sluice-agent")
+	cfg.Exe, cfg.AgentBin = filepath.Join(env.binDir, "sluice-lab"), filepath.Join(env.binDir, "sluice-agent")
 	rep, err := bench.RunCluster(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)

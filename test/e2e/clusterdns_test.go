@@ -77,7 +77,7 @@ func TestPrivilegedClusterDNS(t *testing.T) {
 	}
 }
 
-// waitResolves waits until `getent hosts name` in pod, through `sluice lab
+// waitResolves waits until `getent hosts name` in pod, through `sluice-lab
 // exec` (the pod's resolv.conf), gives want.
 func waitResolves(t *testing.T, l *lab.Lab, pod, name, want string) {
 	t.Helper()
@@ -86,7 +86,7 @@ func waitResolves(t *testing.T, l *lab.Lab, pod, name, want string) {
 	var err error
 	for time.Now().Before(deadline) {
 		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-		cmd := exec.CommandContext(ctx, l.Exe, "lab", "--prefix", l.Prefix, "exec", pod, "--", "getent", "ahostsv4", name)
+		cmd := exec.CommandContext(ctx, l.Exe, "--prefix", l.Prefix, "exec", pod, "--", "getent", "ahostsv4", name)
 		out, err = cmd.CombinedOutput()
 		cancel()
 		if err == nil && strings.HasPrefix(string(out), want+" ") {

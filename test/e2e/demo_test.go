@@ -94,7 +94,7 @@ func mergeRuns(runs []string) []string {
 	return out
 }
 
-// TestPrivilegedDemo runs `sluice lab demo` with fewer requests and checks
+// TestPrivilegedDemo runs `sluice-lab demo` with fewer requests and checks
 // its results file: every Service answered, and both latency modes measured
 // the VIP and the pod IP with every request.
 func TestPrivilegedDemo(t *testing.T) {
@@ -105,11 +105,11 @@ func TestPrivilegedDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	const requests = 200
-	cmd := exec.CommandContext(ctx, filepath.Join(env.binDir, "sluice"), "lab", "--prefix", prefix, "demo",
+	cmd := exec.CommandContext(ctx, filepath.Join(env.binDir, "sluice-lab"), "--prefix", prefix, "demo",
 		"--requests", "200", "--results", results)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("sluice lab demo: %v\n%s", err, out)
+		t.Fatalf("sluice-lab demo: %v\n%s", err, out)
 	}
 	data, err := os.ReadFile(filepath.Join(results, "latest.json"))
 	if err != nil {

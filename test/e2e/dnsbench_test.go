@@ -13,7 +13,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
-// TestPrivilegedBenchDNS runs a short `sluice bench dns` in the lab: the
+// TestPrivilegedBenchDNS runs a short `sluice-lab bench dns` in the lab: the
 // echo server in a pod, dnsperf in a pod of the other node, by Pod IP.
 // Every I/O model answers dnsperf's queries (the server's counter agrees
 // with dnsperf's), 1 and 2 processes serve, RPS steering to each CPU
@@ -25,7 +25,7 @@ func TestPrivilegedBenchDNS(t *testing.T) {
 		Sweeps:       []string{bench.DNSSweepProcesses, bench.DNSSweepModels, bench.DNSSweepRPS},
 		MaxProcesses: 2, Models: dnsecho.Models, Clients: 8, Outstanding: 500,
 		Duration: time.Second, Runs: 1, Dataplane: lab.DataplaneNone, CPUs: cpus, Buffer: 16 << 20,
-		Prefix: newPrefix(t), Exe: filepath.Join(env.binDir, "sluice"), AgentBin: filepath.Join(env.binDir, "sluice-agent"),
+		Prefix: newPrefix(t), Exe: filepath.Join(env.binDir, "sluice-lab"), AgentBin: filepath.Join(env.binDir, "sluice-agent"),
 		Progress: t.Output(),
 	}
 	rep, err := bench.RunDNS(t.Context(), cfg)
@@ -78,7 +78,7 @@ func TestPrivilegedBenchDNS(t *testing.T) {
 	t.Logf("\n%s", md.String())
 }
 
-// TestPrivilegedBenchDNSThroughService runs a short `sluice bench dns
+// TestPrivilegedBenchDNSThroughService runs a short `sluice-lab bench dns
 // --through-service`: CoreDNS behind kube-dns with the real apiserver,
 // sluice and kube-proxy iptables, 1 and 2 replicas serving, then echo
 // servers in the same pods behind a second Service. Each serving replica
@@ -94,7 +94,7 @@ func TestPrivilegedBenchDNSThroughService(t *testing.T) {
 	cfg := bench.DNSServiceConfig{
 		Dataplanes: []string{lab.DataplaneSluice, lab.DataplaneKubeProxyIPTables}, Servers: bench.DNSServers, Replicas: []int{1, 2},
 		Duration: 2 * time.Second, Runs: 1, Clients: 8, Outstanding: 100, Lookups: 200, Resolvers: 8, Timeout: 2 * time.Second,
-		Prefix: newPrefix(t), Exe: filepath.Join(env.binDir, "sluice"), AgentBin: filepath.Join(env.binDir, "sluice-agent"),
+		Prefix: newPrefix(t), Exe: filepath.Join(env.binDir, "sluice-lab"), AgentBin: filepath.Join(env.binDir, "sluice-agent"),
 		Progress: t.Output(),
 	}
 	rep, err := bench.RunDNSService(t.Context(), cfg)

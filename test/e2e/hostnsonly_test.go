@@ -105,7 +105,7 @@ func startSidecar(t *testing.T, l *lab.Lab, pod string) {
 	t.Helper()
 	ready := filepath.Join(t.TempDir(), "sidecar.ready")
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := l.Command(ctx, pod, l.Exe, "lab", "backend", "--name", "sidecar",
+	cmd := l.Command(ctx, pod, l.Exe, "backend", "--name", "sidecar",
 		"--http", ":"+strconv.Itoa(sidecarPort), "--udp", ":"+strconv.Itoa(sidecarPort+1), "--ready-file", ready)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {

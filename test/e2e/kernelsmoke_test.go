@@ -173,7 +173,7 @@ func smokeRestart(t *testing.T, l *lab.Lab, node lab.Node, a addrs, backends []s
 	defer cancel()
 	flowCtx, stopFlow := context.WithCancel(ctx)
 	defer stopFlow()
-	flow := l.Command(flowCtx, "client", l.Exe, "lab", "probe", "stream", "--addr", addr, "--count", "100000",
+	flow := l.Command(flowCtx, "client", l.Exe, "probe", "stream", "--addr", addr, "--count", "100000",
 		"--interval", smokeFlowInterval.String(), "--timeout", "3s", "--budget", "2m", "-o", "json")
 	// nsenter execs the probe, which reports what it did on SIGTERM.
 	flow.Cancel = func() error { return flow.Process.Signal(syscall.SIGTERM) }
@@ -232,7 +232,7 @@ func TestPrivilegedKernelSmokeGuest(t *testing.T) {
 	requirePrivileged(t)
 	res := guesttest.Run(t, smokeGuestKernel, guesttest.Options{
 		Run:  "^TestPrivilegedKernelSmoke$",
-		Init: filepath.Join(env.binDir, "sluice"),
+		Init: filepath.Join(env.binDir, "sluice-lab"),
 		Env:  []string{"SLUICE_BIN_DIR=" + env.binDir},
 	})
 	for _, step := range smokeSteps {

@@ -29,7 +29,7 @@ spec:
   - name: echo
     image: IMAGE
     imagePullPolicy: Never
-    command: ["sluice", "lab", "backend", "--name", "echo", "--http", ":8080"]
+    command: ["sluice-lab", "backend", "--name", "echo", "--http", ":8080"]
     readinessProbe:
       httpGet: {path: /, port: 8080}
       periodSeconds: 1
@@ -81,7 +81,7 @@ func TestPrivilegedKubeletFlannel(t *testing.T) {
 		t.Fatalf("flanneld: %v", err)
 	}
 	cfg := lab.Config{Prefix: newPrefix(t), Nodes: 2, Kubelet: true, CNI: lab.CNIFlannel,
-		Dataplane: lab.DataplaneKubeProxyIPTables, Exe: filepath.Join(env.binDir, "sluice")}
+		Dataplane: lab.DataplaneKubeProxyIPTables, Exe: filepath.Join(env.binDir, "sluice-lab")}
 	l := upLab(t, cfg, 5*time.Minute, " with kubelets, flannel and kube-proxy")
 	ctx, cancel := context.WithTimeout(t.Context(), 12*time.Minute)
 	defer cancel()

@@ -38,7 +38,7 @@ func TestPrivilegedKubeletMigrationFromKubeProxy(t *testing.T) {
 	}
 	for _, dp := range []string{lab.DataplaneKubeProxyIPTables, lab.DataplaneKubeProxyNFTables} {
 		t.Run(dp, func(t *testing.T) {
-			cfg := lab.Config{Prefix: newPrefix(t), Nodes: 2, Kubelet: true, Dataplane: dp, Exe: filepath.Join(env.binDir, "sluice")}
+			cfg := lab.Config{Prefix: newPrefix(t), Nodes: 2, Kubelet: true, Dataplane: dp, Exe: filepath.Join(env.binDir, "sluice-lab")}
 			l := upLab(t, cfg, 4*time.Minute, " with kubelets and "+dp)
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 			defer cancel()
@@ -115,7 +115,7 @@ func startLoop(ctx context.Context, t *testing.T, l *lab.Lab, url string, rate i
 	t.Helper()
 	addr := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/")
 	r := &loopRun{done: make(chan struct{}), what: fmt.Sprintf("%d new connections a second to %s from the lab's client", rate, addr)}
-	cmd := l.Command(ctx, "client", filepath.Join(env.binDir, "sluice"), "lab", "probe", "churn", "--addr", addr,
+	cmd := l.Command(ctx, "client", filepath.Join(env.binDir, "sluice-lab"), "probe", "churn", "--addr", addr,
 		"--rate", fmt.Sprint(rate), "--duration", d.String(), "-o", "json")
 	go func() {
 		defer close(r.done)

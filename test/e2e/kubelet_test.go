@@ -38,7 +38,7 @@ spec:
       - name: echo
         image: IMAGE
         imagePullPolicy: Never
-        command: ["sluice", "lab", "backend", "--name", "$(POD_NAME)", "--http", ":8080", "--udp", ":9000"]
+        command: ["sluice-lab", "backend", "--name", "$(POD_NAME)", "--http", ":8080", "--udp", ":9000"]
         env:
         - name: POD_NAME
           valueFrom: {fieldRef: {fieldPath: metadata.name}}
@@ -94,7 +94,7 @@ func TestPrivilegedKubeletHelm(t *testing.T) {
 	if _, err := lab.HelmBin(); err != nil {
 		t.Fatalf("helm: %v", err)
 	}
-	cfg := lab.Config{Prefix: newPrefix(t), Nodes: 1, Kubelet: true, Exe: filepath.Join(env.binDir, "sluice")}
+	cfg := lab.Config{Prefix: newPrefix(t), Nodes: 1, Kubelet: true, Exe: filepath.Join(env.binDir, "sluice-lab")}
 	l := upLab(t, cfg, 4*time.Minute, " with a kubelet")
 	node := l.Nodes[0]
 	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
@@ -278,13 +278,13 @@ func TestPrivilegedKubeletHelm(t *testing.T) {
 // on UDP and TCP 53, and a pod's lookups through the VIP are answered.
 func checkScaledDNS(t *testing.T, l *lab.Lab, want int32) {
 	t.Helper()
-	out, err := exec.Command(filepath.Join(env.binDir, "sluice"), "lab", "--prefix", l.Prefix, "status", "-o", "json").Output()
+	out, err := exec.Command(filepath.Join(env.binDir, "sluice-lab"), "--prefix", l.Prefix, "status", "-o", "json").Output()
 	if err != nil {
-		t.Fatalf("sluice lab status: %v", err)
+		t.Fatalf("sluice-lab status: %v", err)
 	}
 	var st lab.Status
 	if err := json.Unmarshal(out, &st); err != nil {
-		t.Fatalf("sluice lab status -o json: %v in %q", err, out)
+		t.Fatalf("sluice-lab status -o json: %v in %q", err, out)
 	}
 	switch d := st.KubeletDNS; {
 	case d == nil:
@@ -349,10 +349,10 @@ func kubectl(t *testing.T, l *lab.Lab, args ...string) string {
 	return out
 }
 
-// podProbe runs `sluice lab probe` inside a real pod, through kubectl exec.
+// podProbe runs `sluice-lab probe` inside a real pod, through kubectl exec.
 func podProbe(t *testing.T, l *lab.Lab, pod, kind string, args ...string) *lab.ProbeReport {
 	t.Helper()
-	out := kubectl(t, l, append([]string{"exec", pod, "--", "sluice", "lab", "probe", kind, "-o", "json"}, args...)...)
+	out := kubectl(t, l, append([]string{"exec", pod, "--", "sluice-lab", "probe", kind, "-o", "json"}, args...)...)
 	var r lab.ProbeReport
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("probe from pod %s: %v in %q", pod, err, out)
@@ -436,7 +436,7 @@ func waitServed(t *testing.T, l *lab.Lab, vip string, nodePorts ...string) {
 			missing = append(missing, "ClusterIP "+vip+" from pod client: "+describe(r))
 		}
 		for _, a := range nodePorts {
-			out, err := l.Command(t.Context(), "client", filepath.Join(env.binDir, "sluice"), "lab", "probe", "http",
+			out, err := l.Command(t.Context(), "client", filepath.Join(env.binDir, "sluice-lab"), "probe", "http",
 				"--url", "http://"+a+"/", "--count", "4", "--timeout", "1s", "-o", "json").Output()
 			var r lab.ProbeReport
 			if err == nil {
@@ -488,11 +488,11 @@ func startStreamsOf(ctx context.Context, t *testing.T, l *lab.Lab, vip, nodePort
 	if err != nil {
 		t.Fatal(err)
 	}
-	podCmd, err := l.ToolCommand(ctx, kc, append([]string{"exec", "client", "--", "sluice", "lab", "probe", "stream", "--addr", vip}, args...)...)
+	podCmd, err := l.ToolCommand(ctx, kc, append([]string{"exec", "client", "--", "sluice-lab", "probe", "stream", "--addr", vip}, args...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	clientCmd := l.Command(ctx, "client", append([]string{filepath.Join(env.binDir, "sluice"), "lab", "probe", "stream", "--addr", nodePort}, args...)...)
+	clientCmd := l.Command(ctx, "client", append([]string{filepath.Join(env.binDir, "sluice-lab"), "probe", "stream", "--addr", nodePort}, args...)...)
 	cmds := []*exec.Cmd{podCmd, clientCmd}
 	s.results[0].what, s.results[1].what = "ClusterIP "+vip+" from pod client", "NodePort "+nodePort+" from the lab's client"
 	finished := make(chan struct{}, 2)

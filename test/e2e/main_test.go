@@ -215,7 +215,7 @@ func labConfig(prefix string, nodes, pods int) lab.Config {
 		PodsPerNode: pods,
 		Dataplane:   lab.DataplaneSluice,
 		AgentBin:    filepath.Join(env.binDir, "sluice-agent"),
-		Exe:         filepath.Join(env.binDir, "sluice"),
+		Exe:         filepath.Join(env.binDir, "sluice-lab"),
 	}
 }
 
@@ -290,7 +290,7 @@ func agentDiagnostics(t testing.TB, l *lab.Lab) {
 	}
 }
 
-// probe runs a bounded `sluice lab probe` in a pod or node namespace.
+// probe runs a bounded `sluice-lab probe` in a pod or node namespace.
 func probe(t *testing.T, l *lab.Lab, from, kind string, args ...string) *lab.ProbeReport {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

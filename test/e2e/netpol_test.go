@@ -50,7 +50,7 @@ func TestPrivilegedKubeletNetworkPolicy(t *testing.T) {
 		t.Fatalf("kube-router: %v", err)
 	}
 	cfg := lab.Config{Prefix: newPrefix(t), Nodes: 1, Kubelet: true, NetworkPolicy: lab.NetworkPolicyKubeRouter,
-		Exe: filepath.Join(env.binDir, "sluice")}
+		Exe: filepath.Join(env.binDir, "sluice-lab")}
 	l := upLab(t, cfg, 4*time.Minute, " with a kubelet and kube-router")
 	node := l.Nodes[0]
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)

@@ -78,7 +78,7 @@ func TestPrivilegedPerPacketNewPod(t *testing.T) {
 	defer cancel()
 	url := httpURL(a.clusterV4(), svcHTTPPort)
 	cmd := exec.CommandContext(ctx, "nsenter", "--net=/run/netns/"+podNetns, "--",
-		l.Exe, "lab", "probe", "http", "--url", url, "--count", "8", "--timeout", "2s", "-o", "json")
+		l.Exe, "probe", "http", "--url", url, "--count", "8", "--timeout", "2s", "-o", "json")
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("GET %s from the late pod: %v", url, err)

@@ -19,7 +19,7 @@ const (
 	shortConnsDuration = 40 * time.Second
 	// shortConnsMaxFailed is the share of churn connections that may fail:
 	// 0.1%, 12 of 12,000 (the kernel's conntrack and MASQUERADE failed 0
-	// of 12,001 at this rate, `sluice bench conns`).
+	// of 12,001 at this rate, `sluice-lab bench conns`).
 	shortConnsMaxFailed = 0.001
 	shortConnsHold      = 20000
 	shortConnsHoldFor   = 5 * time.Second

@@ -32,7 +32,7 @@ import (
 // next requests were reset (the kernel's conntrack keeps them by evicting
 // unreplied entries first; sluice keeps new flows in tables of their own,
 // bpf/lib/ct.h). Every shape at both rates on both paths, in both modes,
-// against kube-proxy as the anchor: `sluice lab flood --matrix` (the long
+// against kube-proxy as the anchor: `sluice-lab flood --matrix` (the long
 // mode, docs/benchmarks.md). Address plan: bench.RunFloodPhases's, k = 94
 // and 95.
 func TestPrivilegedFloodShapesKeepConnections(t *testing.T) {

@@ -1,7 +1,7 @@
 // Package scaleset builds the Service set of the scale study: N ClusterIP
 // Services of one TCP port, each with one EndpointSlice of M endpoints, as
 // the kube-proxy iptables-vs-IPVS articles measure them. The agent's scale
-// test and `sluice bench scale` create the same objects.
+// test and `sluice-lab bench scale` create the same objects.
 package scaleset
 
 import (

@@ -75,9 +75,9 @@ func Run(t *testing.T, kernel string, o Options) vmtest.TestResult {
 	if o.Init == "" {
 		dir := os.Getenv("SLUICE_BIN_DIR")
 		if dir == "" {
-			t.Fatal("guesttest: no init binary: set SLUICE_BIN_DIR (./scripts/build.sh puts sluice in bin/) or Options.Init")
+			t.Fatal("guesttest: no init binary: set SLUICE_BIN_DIR (./scripts/build.sh puts sluice-lab in bin/) or Options.Init")
 		}
-		o.Init = filepath.Join(dir, "sluice")
+		o.Init = filepath.Join(dir, "sluice-lab")
 	}
 	if _, err := os.Stat(o.Init); err != nil {
 		t.Fatalf("guesttest: the guest's init %s: %v (./scripts/build.sh builds it)", o.Init, err)

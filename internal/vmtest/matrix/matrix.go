@@ -1,7 +1,7 @@
 // Package matrix runs sluice's kernel-facing tests on several kernels: the
 // host's and Debian kernels booted under QEMU (internal/vmtest), each test
 // package a `go test -c` binary run once per kernel, and writes the result
-// as JSON and Markdown (docs/kernels.md holds the table). `sluice vm
+// as JSON and Markdown (docs/kernels.md holds the table). `sluice-lab vm
 // matrix` and scripts/kernel-matrix.sh drive it.
 //
 //	Build: go test -c each Suite's package (no -race: the kernels are what varies)
@@ -133,7 +133,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if len(cfg.Suites) == 0 {
 		cfg.Suites = DefaultSuites
 	}
-	for _, b := range []string{"sluice", "sluice-agent"} {
+	for _, b := range []string{"sluice-lab", "sluice", "sluice-agent"} {
 		if _, err := os.Stat(filepath.Join(cfg.BinDir, b)); err != nil {
 			return nil, fmt.Errorf("%s: %w (./scripts/build.sh builds it)", filepath.Join(cfg.BinDir, b), err)
 		}
@@ -217,7 +217,7 @@ func runKernel(ctx context.Context, cfg Config, spec string, bins map[string]str
 			Args: append(append([]string{}, s.Args...), "-test.timeout", (s.Timeout - 30*time.Second).String()),
 			Dir:  filepath.Join(cfg.Root, s.Package),
 			Env:  env,
-			Init: filepath.Join(cfg.BinDir, "sluice"), Accel: cfg.Accel, MemoryMiB: cfg.MemoryMiB, CPUs: cfg.CPUs,
+			Init: filepath.Join(cfg.BinDir, "sluice-lab"), Accel: cfg.Accel, MemoryMiB: cfg.MemoryMiB, CPUs: cfg.CPUs,
 			Timeout: s.Timeout, Log: prefixed(cfg.Log, "  "), Progress: prefixed(cfg.Log, "  "),
 		})
 		unlock()

@@ -1,4 +1,4 @@
-package cli
+package labcli
 
 import (
 	"io"
@@ -8,7 +8,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/bench"
 )
 
-// benchConnsCommand is `sluice bench conns`: short connections and many
+// benchConnsCommand is `sluice-lab bench conns`: short connections and many
 // idle ones through a masqueraded NodePort to one backend, sluice against
 // the kernel's conntrack and MASQUERADE (issue 42).
 func benchConnsCommand() *cobra.Command {
@@ -40,8 +40,8 @@ row of the same run ("fails no more connections than the kernel and at most
 under --out. A contender this machine cannot run (kube-proxy without
 ./scripts/k8s-build.sh) is reported as skipped. Needs root. The defaults
 take about 3.5 minutes per contender; --repeats adds as much again each.`,
-		Example: `  sluice bench conns
-  sluice bench conns --dataplanes sluice-xdp,kube-proxy-iptables --rates 300 --duration 10s --hold 2000`,
+		Example: `  sluice-lab bench conns
+  sluice-lab bench conns --dataplanes sluice-xdp,kube-proxy-iptables --rates 300 --duration 10s --hold 2000`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runLabBench(cmd, out, func(exe, agentBin string, progress io.Writer) (benchReport, error) {

@@ -1,4 +1,4 @@
-package cli
+package labcli
 
 import (
 	"encoding/json"
@@ -13,7 +13,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/bench"
 )
 
-// benchBandwidthCommand is `sluice bench bandwidth`: a Pod's limit held by
+// benchBandwidthCommand is `sluice-lab bench bandwidth`: a Pod's limit held by
 // each mechanism in turn, measured with iperf3.
 func benchBandwidthCommand() *cobra.Command {
 	cfg := bench.BandwidthConfig{
@@ -49,12 +49,12 @@ Markdown and plots under --out (docs/bandwidth.md reads them). Needs root,
 iperf3 and sockperf (scripts/deps.sh). The defaults take about 20 minutes.
 
 --guest KERNEL runs the whole benchmark inside a Debian kernel under QEMU
-(sluice vm run; docs/vmtest.md), for what this machine's kernel lacks:
+(sluice-lab vm run; docs/vmtest.md), for what this machine's kernel lacks:
 Debian's kernels have sch_fq, so edt-fq runs there. The report says which
 kernel and accelerator; under TCG (no KVM) the guest is emulated, so
 compare contenders of the same run, not figures across runs.`,
-		Example: `  sluice bench bandwidth --rates 10M,200M --contenders sluice,tbf-cni,htb
-  sluice bench bandwidth --guest 6.12 --rates 10M --contenders edt-fq,tbf-cni,htb --flows 1 --cc cubic --udp=false`,
+		Example: `  sluice-lab bench bandwidth --rates 10M,200M --contenders sluice,tbf-cni,htb
+  sluice-lab bench bandwidth --guest 6.12 --rates 10M --contenders edt-fq,tbf-cni,htb --flows 1 --cc cubic --udp=false`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, s := range rates {

@@ -1,4 +1,4 @@
-package cli
+package labcli
 
 import (
 	"encoding/json"
@@ -11,7 +11,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/vmtest"
 )
 
-// vmCommand is `sluice vm`: commands on Debian kernels booted under QEMU
+// vmCommand is `sluice-lab vm`: commands on Debian kernels booted under QEMU
 // (internal/vmtest, docs/vmtest.md).
 func vmCommand() *cobra.Command {
 	cmd := &cobra.Command{
@@ -36,8 +36,8 @@ func vmRunCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run [flags] -- COMMAND [ARG...]",
 		Short: "Boot a kernel and run a command in it; its exit status is ours",
-		Example: `  sluice vm run --kernel 6.1 -- sh -c 'uname -r; modprobe sch_fq && lsmod'
-  sluice vm run --kernel 6.12.117+deb12 --accel tcg -- ./datapath.test -test.run TestX`,
+		Example: `  sluice-lab vm run --kernel 6.1 -- sh -c 'uname -r; modprobe sch_fq && lsmod'
+  sluice-lab vm run --kernel 6.12.117+deb12 --accel tcg -- ./datapath.test -test.run TestX`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			progress := cmd.ErrOrStderr()
@@ -113,7 +113,7 @@ func vmFetchCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:     "fetch KERNEL...",
 		Short:   "Resolve and download kernels into the cache; print each release and where it is",
-		Example: "  sluice vm fetch 6.1 6.12",
+		Example: "  sluice-lab vm fetch 6.1 6.12",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			say := func(s string) { fmt.Fprintf(cmd.ErrOrStderr(), "vmtest: %s\n", s) }
@@ -138,7 +138,7 @@ func vmGuestInitCommand() *cobra.Command {
 		Args:   cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if os.Getpid() != 1 {
-				return fmt.Errorf("vm guest-init runs only as a guest's PID 1 (started by sluice vm run)")
+				return fmt.Errorf("vm guest-init runs only as a guest's PID 1 (started by sluice-lab vm run)")
 			}
 			vmtest.GuestInit()
 			return nil

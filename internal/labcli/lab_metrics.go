@@ -1,4 +1,4 @@
-package cli
+package labcli
 
 import (
 	"context"
@@ -17,10 +17,11 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/bench"
+	"github.com/sluice-dataplane/sluice/internal/cli"
 	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
-// labFigure is one figure `sluice lab metrics` follows: a metric summed
+// labFigure is one figure `sluice-lab metrics` follows: a metric summed
 // over the lab's nodes by one label, as a rate (counters) or a level
 // (gauges, the largest node's).
 type labFigure struct {
@@ -201,7 +202,7 @@ func sampleLabMetrics(ctx context.Context, w io.Writer, clients []*api.Client, i
 
 // writeLabMetrics prints each figure's series: mean and peak.
 func writeLabMetrics(w io.Writer, series map[string][]bench.TimeSeries) {
-	tw := newTable(w)
+	tw := cli.NewTable(w)
 	fmt.Fprintln(tw, "Figure\tSeries\tMean\tPeak\tUnit")
 	for _, f := range labFigures {
 		ss := series[f.name]

@@ -1,4 +1,4 @@
-package cli
+package labcli
 
 import (
 	"io"
@@ -11,7 +11,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/tune"
 )
 
-// benchQperfCommand is `sluice bench qperf`: the tuning guide's qperf
+// benchQperfCommand is `sluice-lab bench qperf`: the tuning guide's qperf
 // method, host network vs Pod IP vs Service VIP, untuned vs tuned.
 func benchQperfCommand() *cobra.Command {
 	cfg := bench.QperfConfig{
@@ -33,7 +33,7 @@ node2's pod. qperf (the tuning guide's "-ub -oo msg_size:1 -vu tcp_lat tcp_bw
 udp_lat udp_bw", at each of --sizes: 1-byte bandwidth measures system calls,
 not the network) from node1 to node2 (host network), from node1's pod to
 node2's pod by IP and through the Service VIP; sockperf ping-pong for p50 and
-p99. Then the same with "sluice lab tune apply" (reverted by the benchmark).
+p99. Then the same with "sluice-lab tune apply" (reverted by the benchmark).
 --runs runs, mean, min and max. Writes JSON, Markdown and a plot under --out.
 A dataplane this machine cannot run (kube-proxy without ./scripts/k8s-build.sh)
 is reported as skipped. Needs root, qperf and sockperf (scripts/deps.sh).`,

@@ -1,4 +1,4 @@
-package cli
+package labcli
 
 import (
 	"encoding/json"
@@ -15,7 +15,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
-// labFloodCommand is `sluice lab flood`: a flood of a node's frontend from
+// labFloodCommand is `sluice-lab flood`: a flood of a node's frontend from
 // a traffic source beside the lab's external client (bench.FloodLab), in
 // one of bench.FloodShapes; with --matrix, every shape against labs of
 // its own, a pool of idle connections kept through them
@@ -78,9 +78,9 @@ docs/benchmarks.md). Writes JSON, Markdown and a plot under --out; fails
 when any flood broke a pooled connection, left the new client
 unanswered, or did not reach the node. About 20 minutes with the
 defaults.`,
-		Example: `  sluice lab flood --to 198.18.0.11:30295 --shape ack --rate 20000 --duration 10s
-  sluice lab flood --matrix
-  sluice lab flood --matrix --dataplanes sluice --modes dsr --shapes dsr3,syn --rates 20000 --duration 6s`,
+		Example: `  sluice-lab flood --to 198.18.0.11:30295 --shape ack --rate 20000 --duration 10s
+  sluice-lab flood --matrix
+  sluice-lab flood --matrix --dataplanes sluice --modes dsr --shapes dsr3,syn --rates 20000 --duration 6s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			asJSON := output == "json"

@@ -1,4 +1,4 @@
-package cli
+package labcli
 
 import (
 	"encoding/json"
@@ -35,8 +35,8 @@ cores, max RSS, bytes read a second, syncs, failed requests. Writes
 results.json, results.md and plots (RSS and CPU during the churn) under
 --out. Needs root, kube-apiserver and kube-proxy (./scripts/k8s-build.sh)
 and etcd. The full shape takes about 30 minutes a dataplane on 2 cores.`,
-		Example: `  sluice bench cluster                           # the full shape: 5,000 Nodes, 10,000 Services, 10 min of churn
-  sluice bench cluster --nodes 500 --services 1000 --big-services 1000 --churn 1m --dataplanes sluice,kube-proxy-iptables`,
+		Example: `  sluice-lab bench cluster                           # the full shape: 5,000 Nodes, 10,000 Services, 10 min of churn
+  sluice-lab bench cluster --nodes 500 --services 1000 --big-services 1000 --churn 1m --dataplanes sluice,kube-proxy-iptables`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {

@@ -1,4 +1,4 @@
-package cli
+package labcli
 
 import (
 	"encoding/json"
@@ -15,7 +15,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/bench"
 )
 
-// benchCommand is `sluice bench`: benchmarks that build their own
+// benchCommand is `sluice-lab bench`: benchmarks that build their own
 // namespaces and report every contender of one run side by side.
 func benchCommand() *cobra.Command {
 	cmd := &cobra.Command{
@@ -51,13 +51,13 @@ machine cannot run is reported as skipped with the reason; a step past
 (./scripts/k8s-build.sh) and etcd.
 
 --guest KERNEL runs the whole benchmark inside a Debian kernel under QEMU
-(sluice vm run; docs/vmtest.md): Debian's kernels have IPVS, so
+(sluice-lab vm run; docs/vmtest.md): Debian's kernels have IPVS, so
 kube-proxy-ipvs runs there. The report says which kernel and accelerator;
 under TCG (no KVM) keep the sizes small and compare contenders of the same
 run only.`,
-		Example: `  sluice bench scale --sizes 1,100 --dataplanes sluice
-  sluice bench scale --dataplanes sluice,kube-proxy-iptables,kube-proxy-nftables
-  sluice bench scale --guest 6.12 --sizes 1,100 --dataplanes kube-proxy-ipvs,sluice --requests 100 --repeats 1 --changes 5`,
+		Example: `  sluice-lab bench scale --sizes 1,100 --dataplanes sluice
+  sluice-lab bench scale --dataplanes sluice,kube-proxy-iptables,kube-proxy-nftables
+  sluice-lab bench scale --guest 6.12 --sizes 1,100 --dataplanes kube-proxy-ipvs,sluice --requests 100 --repeats 1 --changes 5`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {

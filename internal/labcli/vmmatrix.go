@@ -1,4 +1,4 @@
-package cli
+package labcli
 
 import (
 	"fmt"
@@ -14,7 +14,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/vmtest/matrix"
 )
 
-// vmMatrixCommand is `sluice vm matrix`: the kernel-facing tests on the
+// vmMatrixCommand is `sluice-lab vm matrix`: the kernel-facing tests on the
 // host's kernel and on Debian's under QEMU (internal/vmtest/matrix,
 // docs/kernels.md). It builds test binaries, so it runs from the source tree.
 func vmMatrixCommand() *cobra.Command {

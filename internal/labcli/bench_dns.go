@@ -1,4 +1,4 @@
-package cli
+package labcli
 
 import (
 	"os"
@@ -12,7 +12,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
-// benchDNSCommand is `sluice bench dns`: the multi-core DNS study's
+// benchDNSCommand is `sluice-lab bench dns`: the multi-core DNS study's
 // sweeps against the echo server in the lab.
 func benchDNSCommand() *cobra.Command {
 	cpus := bench.AllowedCPUs()
@@ -76,9 +76,9 @@ handled the receive softirqs. JSON, Markdown and a plot per sweep under --out.
 The load generator shares this machine's CPUs with the server: pin it with
 --client-cpus to keep it off the server's. Needs root and dnsperf
 (scripts/deps.sh).`,
-		Example: `  sluice bench dns --short
-  sluice bench dns --sweeps processes,models --runs 5 --duration 10s
-  sluice bench dns --sweeps pin,rps --client-cpus 1`,
+		Example: `  sluice-lab bench dns --short
+  sluice-lab bench dns --sweeps processes,models --runs 5 --duration 10s
+  sluice-lab bench dns --sweeps pin,rps --client-cpus 1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f := cmd.Flags()

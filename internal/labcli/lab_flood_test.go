@@ -1,4 +1,4 @@
-package cli
+package labcli
 
 import (
 	"strings"
@@ -41,7 +41,7 @@ func TestLabFloodFlags(t *testing.T) {
 		root := NewRoot()
 		// A prefix no lab has: were a bad flag let through, loading fails
 		// before anything is sent.
-		args := []string{"lab", "--prefix", "sluice-floodflagtest-", "flood"}
+		args := []string{"--prefix", "sluice-floodflagtest-", "flood"}
 		if !tc.noTo {
 			args = append(args, "--to", "198.18.0.11:30080")
 		}
