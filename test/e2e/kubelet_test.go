@@ -174,7 +174,7 @@ func TestPrivilegedKubeletHelm(t *testing.T) {
 	binDir := t.TempDir()
 	build := exec.CommandContext(ctx, "go", "build", "-ldflags",
 		"-X github.com/sluice-dataplane/sluice/internal/agent.Version=e2e-upgrade", "-o", binDir+"/", "./cmd/sluice", "./cmd/sluice-agent",
-		"./cmd/sluice-dns-autoscaler")
+		"./cmd/sluice-dns-autoscaler", "./cmd/sluice-lab")
 	build.Dir = filepath.Join("..", "..")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {

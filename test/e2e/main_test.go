@@ -164,13 +164,13 @@ func cleanLeftovers() error {
 }
 
 func buildBinaries(dir string) error {
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/sluice", "./cmd/sluice-agent", "./cmd/sluice-dns-autoscaler")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/sluice", "./cmd/sluice-lab", "./cmd/sluice-agent", "./cmd/sluice-dns-autoscaler")
 	cmd.Dir = filepath.Join("..", "..")
 	// Static, as scripts/build.sh: the kubelet lab puts them in an image.
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("go build sluice, sluice-agent and sluice-dns-autoscaler: %w\n%s", err, out)
+		return fmt.Errorf("go build sluice, sluice-lab, sluice-agent and sluice-dns-autoscaler: %w\n%s", err, out)
 	}
 	return nil
 }
