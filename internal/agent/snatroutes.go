@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -203,7 +204,23 @@ func (a *Agent) syncSNATRoutes(r snatRouter) error {
 	if err != nil {
 		return err
 	}
-	want, sources := snatRoutesWant(routes, devices, linkAddress, snat4, snat6)
+	// One lookup per device and family a pass: an overlay routes every
+	// other node's pod CIDR through one device (5,000 routes, one address).
+	type linkFamily struct {
+		link int
+		v6   bool
+	}
+	addrs := map[linkFamily]netip.Addr{}
+	addrOf := func(link int, v6 bool) netip.Addr {
+		k := linkFamily{link, v6}
+		a, ok := addrs[k]
+		if !ok {
+			a = linkAddress(link, v6)
+			addrs[k] = a
+		}
+		return a
+	}
+	want, sources := snatRoutesWant(routes, devices, addrOf, snat4, snat6)
 	a.mu.Lock()
 	changed := !slices.Equal(a.snatSources, sources)
 	a.snatSources = sources
@@ -213,13 +230,12 @@ func (a *Agent) syncSNATRoutes(r snatRouter) error {
 		// This node's addresses first (lb_node_ips), so that the replies
 		// of the flows that take them are translated.
 		if set, ok := a.pl.(snatSourceSetter); ok {
-			var addrs []netip.Addr
-			for _, s := range sources {
-				if ip, err := netip.ParseAddr(s.Source); err == nil {
-					addrs = append(addrs, ip)
-				}
+			srcs := map[netip.Addr]bool{}
+			for _, src := range want {
+				srcs[src] = true
 			}
-			set.SetSNATSources(addrs)
+			own := slices.Collect(maps.Keys(srcs)) // SetSNATSources sorts them
+			set.SetSNATSources(own)
 			a.changed()
 		}
 	}
