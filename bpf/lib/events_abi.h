@@ -31,6 +31,8 @@ enum sl_drop_reason {
 	SL_DROP_DSR_SPOOFED,       /* a DSR tunnel from a node's address, on a
 				    * device or from a MAC the route to that node
 				    * does not lead to */
+	SL_DROP_DSR_TOO_LONG,      /* a GSO aggregate over 64 KiB (BIG TCP) that
+				    * DSR's outer header cannot carry */
 	SL_DROP_MAX,
 };
 

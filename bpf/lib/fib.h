@@ -19,10 +19,27 @@ static __always_inline int ns_dec_ttl(struct __ctx_buff *ctx, const struct ns_pk
 	__u8 ttl;
 
 	if (p->v6) {
-		if (ctx_load_bytes(ctx, p->l3_off + HOPLIMIT_OFF, &ttl, 1) || ttl <= 1)
+		/* payload length, next header, hop limit: the 32 bits around
+		 * it, for skb->csum below. */
+		__be32 from, to;
+
+		if (ctx_load_bytes(ctx, p->l3_off + HOPLIMIT_OFF - 3, &from, 4))
 			return -1;
-		ttl--;
-		return ctx_store_bytes(ctx, p->l3_off + HOPLIMIT_OFF, &ttl, 1);
+		to = from;
+		ttl = ((__u8 *)&to)[3];
+		if (ttl <= 1)
+			return -1;
+		((__u8 *)&to)[3] = ttl - 1;
+		if (ctx_store_bytes(ctx, p->l3_off + HOPLIMIT_OFF, &((__u8 *)&to)[3], 1))
+			return -1;
+#ifdef SLUICE_TC
+		/* No header checksum balances the change: a NIC's
+		 * CHECKSUM_COMPLETE sum over the packet (mlx5 and others)
+		 * takes it in here, or the stack finds "hw csum failure" and
+		 * sums every such packet again. Any other skb: a no-op. */
+		bpf_csum_update(ctx, bpf_csum_diff(&from, 4, &to, 4, 0));
+#endif /* SLUICE_TC */
+		return 0;
 	} else {
 		__u8 word[2]; /* ttl, protocol: the checksummed 16-bit word */
 		__u16 from, to;

@@ -205,6 +205,19 @@ struct ipv6_frag {
 	__be32 id;
 };
 
+/* A hop-by-hop header of one jumbo payload option (RFC 2675): BIG TCP's. */
+struct ipv6_jumbo {
+	__u8   nexthdr;
+	__u8   hdrlen; /* 0: 8 bytes */
+	__u8   opt;    /* IPV6_TLV_JUMBO */
+	__u8   optlen; /* 4 */
+	__be32 payload_len; /* after the IPv6 header, this header included */
+};
+
+#ifndef IPV6_TLV_JUMBO
+#define IPV6_TLV_JUMBO 0xc2
+#endif
+
 static __always_inline int parse_ipv6(struct __ctx_buff *ctx, struct ns_pkt *p, bool quoted)
 {
 	struct ipv6hdr ip6;
@@ -218,8 +231,8 @@ static __always_inline int parse_ipv6(struct __ctx_buff *ctx, struct ns_pkt *p, 
 	if (!quoted && bpf_ntohs(ip6.payload_len) + sizeof(ip6) > ctx_len(ctx) - p->l3_off)
 		return PARSE_DROP;
 	/* Extension headers are left to the stack, as Cilium's fast path does
-	 * for anything but the common case, and a fragment header right
-	 * after the IPv6 header. */
+	 * for anything but the common case, a fragment header right after the
+	 * IPv6 header, and BIG TCP's jumbo header (tc). */
 	__builtin_memcpy(p->saddr.b, &ip6.saddr, 16);
 	__builtin_memcpy(p->daddr.b, &ip6.daddr, 16);
 	p->proto = ip6.nexthdr;
@@ -238,6 +251,27 @@ static __always_inline int parse_ipv6(struct __ctx_buff *ctx, struct ns_pkt *p, 
 		p->l4_off += (dh[1] + 1) * 8;
 		return PARSE_OK;
 	}
+#ifdef SLUICE_TC
+	/* IPv6 BIG TCP (5.19+): GRO and a local stack's GSO make TCP
+	 * aggregates over 64 KiB with a payload length of 0 and one hop-by-hop
+	 * header holding only the jumbo payload option (RFC 2675), which the
+	 * stack strips again before segmenting. That header, and only that
+	 * one, is the flow's: the rest of the packet is translated as any
+	 * other (its checksum's pseudo header has the TCP length, not this
+	 * header's). XDP sees wire frames, never one. */
+	if (ip6.nexthdr == 0 /* IPPROTO_HOPOPTS */ && !ip6.payload_len && !quoted) {
+		struct ipv6_jumbo j;
+
+		if (ctx_load_bytes(ctx, p->l4_off, &j, sizeof(j)))
+			return PARSE_DROP;
+		if (j.hdrlen || j.opt != IPV6_TLV_JUMBO || j.optlen != 4 || j.nexthdr != IPPROTO_TCP ||
+		    bpf_ntohl(j.payload_len) + sizeof(ip6) != ctx_len(ctx) - p->l3_off)
+			return PARSE_SKIP;
+		p->proto = IPPROTO_TCP;
+		p->l4_off += sizeof(j);
+		return parse_l4(ctx, p, quoted);
+	}
+#endif /* SLUICE_TC */
 	if (ip6.nexthdr == IPPROTO_FRAGMENT && !quoted) {
 		struct ipv6_frag fh;
 

@@ -69,6 +69,46 @@ static __always_inline int ns_rewrite_sport(struct __ctx_buff *ctx, struct ns_pk
 	return pkt_rewrite_port(ctx, p, false, s->sport);
 }
 
+#ifdef SLUICE_XDP
+/* ns_xdp_route asks the FIB the way of p (its own source, which the route
+ * does not depend on) to backend be:be_port before p is translated, into
+ * the scratch's fib buffer, kept in keep (or NULL) as ns_fib keeps it. It
+ * returns the FIB's answer for ns_send (also in the scratch's fib_rc), or -1 when XDP leaves p to tc
+ * untouched (ns_xdp_defers). A global function, verified once: its FIB
+ * call stays out of the service path's states. */
+__noinline int ns_xdp_route(struct xdp_md *ctx, const struct ns_pkt *p, const union lb_addr *be,
+			    __be16 be_port, struct ct_entry *keep)
+{
+	struct ct_scratch *s = ns_scratch();
+	const struct ns_config *cfg = ns_cfg();
+	struct bpf_fib_lookup *fib;
+	long rc;
+
+	if (!ctx || !p || !be || !s || !cfg)
+		return -1;
+	fib = &s->fib;
+	/* The CT second only where the answer is kept (five arguments at
+	 * most). */
+	rc = ns_fib(ctx, p, &p->daddr, p->sport, be, be_port, keep, keep ? ct_now(cfg) : 0, fib);
+	s->fib_rc = rc;
+	return ns_xdp_defers(ctx, rc, fib) ? -1 : (int)rc;
+}
+
+/* ns_xdp_established_defers: XDP leaves the packet p of the established
+ * flow e to tc when e is masqueraded and its way is one XDP cannot send
+ * by (ns_xdp_route): asked before the flow's state or counters are
+ * touched, so that tc, which does it all, counts the packet once. The
+ * FIB's answer is kept in e, where the translation finds it (ns_fib). */
+static __always_inline bool ns_xdp_established_defers(struct __ctx_buff *ctx,
+						      const struct ns_pkt *p,
+						      struct ct_entry *e)
+{
+	if (e->flags & (CT_F_LOCAL | CT_F_DSR))
+		return false;
+	return ns_xdp_route(ctx, p, (const union lb_addr *)e->nat_addr, e->nat_port, e) < 0;
+}
+#endif /* SLUICE_XDP */
+
 #ifndef SLUICE_POD_LB
 /* ns_complete completes p's half-open flow to be_addr:be_port when p is
  * its handshake's ACK (ct_complete: 1, or 3 when another CPU just did, its
@@ -107,12 +147,34 @@ __noinline int ns_half_forward(struct __ctx_buff *ctx, struct ns_pkt *p)
 			return CTX_ACT_DROP;
 		return ns_forward(ctx, p, FWD_LOCAL, NULL, 0);
 	}
+#ifdef SLUICE_XDP
+	{
+		/* Inline, not ns_xdp_route: this frame and its on the stack
+		 * at once would pass 512 bytes. */
+		struct bpf_fib_lookup *fib = ns_fib_buf();
+		long rc;
+
+		if (!fib)
+			return CTX_ACT_DROP;
+		rc = ns_fib(ctx, p, &p->daddr, p->sport, (const union lb_addr *)s->half_key.daddr,
+			    s->half_key.dport, NULL, 0, fib);
+		if (ns_xdp_defers(ctx, rc, fib))
+			return CTX_ACT_OK; /* tc's */
+		if (pkt_rewrite_nat(ctx, p, (const union lb_addr *)s->half_key.daddr,
+				    s->half_key.dport, (const union lb_addr *)s->nat.to_addr,
+				    s->nat.to_port))
+			return CTX_ACT_DROP;
+		return ns_send(ctx, p, FWD_ROUTE, fib, rc);
+	}
+#else
 	if (pkt_rewrite_nat(ctx, p, (const union lb_addr *)s->half_key.daddr, s->half_key.dport,
 			    (const union lb_addr *)s->nat.to_addr, s->nat.to_port))
 		return CTX_ACT_DROP;
 	return ns_forward(ctx, p, FWD_ROUTE, NULL, 0);
+#endif /* SLUICE_XDP */
 }
 #endif /* SLUICE_POD_LB */
+
 
 /* nodeport_lb load-balances a packet to a frontend served here. tunnel is
  * NULL, or on a DSR backend node what the LB node that sent the packet
@@ -149,6 +211,10 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 			return ns_cached(ctx, p, f, len);
 #endif /* SLUICE_POD_LB */
 		e = ns_established(p, now, &n);
+#ifdef SLUICE_XDP
+		if (e && ns_xdp_established_defers(ctx, p, e))
+			return CTX_ACT_OK;
+#endif /* SLUICE_XDP */
 		if (e) {
 			/* Once a CT second: the ingress entry and the SNAT
 			 * mapping kept with it. */
@@ -234,6 +300,10 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		if (be && (be->port != e->nat_port ||
 			   !addr_equal((const union lb_addr *)e->nat_addr, be->addr)))
 			be = NULL;
+#ifdef SLUICE_XDP
+		if (!tunnel && ns_xdp_established_defers(ctx, p, e))
+			return CTX_ACT_OK;
+#endif /* SLUICE_XDP */
 		/* An established TCP flow whose backend left keeps it (the
 		 * tunnel's flows on a DSR backend node come here): all it
 		 * needs is in its entry, as on the fast path. */
@@ -349,6 +419,13 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 		 * conntrack's flow is past kube-proxy's NEW rules). */
 		if ((svc->flags & SVC_F_SRC_RANGES) && !ns_src_range_allowed(p, rev_nat_id))
 			return NS_DROP(SL_DROP_SRC_RANGE);
+#ifdef SLUICE_XDP
+		/* The way first, before any state: tc makes the flow of a
+		 * packet XDP cannot send (ns_xdp_route). */
+		if (!(kind & (CT_F_DSR | CT_F_LOCAL)) &&
+		    ns_xdp_route(ctx, p, &be_addr, be_port, NULL) < 0)
+			return CTX_ACT_OK;
+#endif /* SLUICE_XDP */
 #ifndef SLUICE_POD_LB
 		if (syn && (kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
 			e = NULL; /* no state */
@@ -378,6 +455,11 @@ completed:
 		e = s ? ct_est_lookup(&s->tuple) : NULL;
 		if (!e)
 			return CTX_ACT_DROP;
+#ifdef SLUICE_XDP
+		/* Completed here, sent by tc: it finds the flow established. */
+		if (ns_xdp_established_defers(ctx, p, e))
+			return CTX_ACT_OK;
+#endif /* SLUICE_XDP */
 		kind = e->flags & NS_KIND_FLAGS;
 		rev_nat_id = e->rev_nat_id;
 		backend_id = e->backend_id;
@@ -423,6 +505,8 @@ translate:
 		rc = ns_fib(ctx, p, &node, port, &be_addr, be_port, e, now, fib);
 		if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
 			return dsr_reply_too_big(ctx, p, fib->mtu_result);
+		if (NS_XDP_DEFERS(ctx, rc, fib))
+			return CTX_ACT_OK;
 #ifndef SLUICE_POD_LB
 		/* The flow's later packets in this CT second take the cache. */
 		if (e && (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == NS_FIB_KEPT))
@@ -448,6 +532,12 @@ translate:
 #endif /* SLUICE_POD_LB */
 	if (kind & CT_F_LOCAL)
 		return ns_forward(ctx, p, FWD_LOCAL, NULL, 0);
+#ifdef SLUICE_XDP
+	/* Routed before it is translated: a new flow before its state was
+	 * made (created), any other (e, the flow's entry) here. */
+	if (!created && (!e || ns_xdp_established_defers(ctx, p, e)))
+		return CTX_ACT_OK;
+#endif /* SLUICE_XDP */
 	/* A new mapping goes with its flow: a new flow's (e replaced by
 	 * ct_create_flow, or still new) into snat_new, its nat port copied
 	 * into the new service entry, or a half-open flow's ingress entry
@@ -458,7 +548,15 @@ translate:
 		return NS_DROP(SL_DROP_NAT_EXHAUSTED);
 	if (!e)
 		ct_note_snat(&frontend, p->v6, half);
+#ifdef SLUICE_XDP
+	{
+		struct ct_scratch *sc = ns_scratch();
+
+		return sc ? ns_send(ctx, p, FWD_ROUTE, &sc->fib, sc->fib_rc) : CTX_ACT_DROP;
+	}
+#else
 	return ns_forward(ctx, p, FWD_ROUTE, e, now);
+#endif /* SLUICE_XDP */
 }
 
 /* nodeport_dsr_backend handles a DSR packet from an LB node. */

@@ -228,6 +228,22 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ns_pod_ifaces SEC(".maps");
 
+#ifdef SLUICE_XDP
+/* Ifindex -> 1 of each device XDP may redirect a translated packet to:
+ * those the agent attached this XDP program to (AttachDevices), whose
+ * drivers transmit XDP frames. Anything else (a VXLAN, Geneve or
+ * WireGuard device, a VLAN device, a bridge, a device without XDP) fails
+ * bpf_redirect, which drops: ns_xdp_defers. The object's own, not pinned:
+ * each load fills its own. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 256);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} ns_xdp_tx SEC(".maps");
+#endif /* SLUICE_XDP */
+
 /* Prefix -> node IP, where DSR sends a remote backend's traffic: a host
  * prefix per remote backend (its EndpointSlice nodeName), the other nodes'
  * pod CIDRs, and each node's own address (a known tunnel source). IPv4
@@ -361,6 +377,7 @@ struct ct_scratch {
 	struct nat_entry nat;
 	struct ns_flow flow;       /* fc_record: what a packet becomes, for fc_fill */
 	struct bpf_fib_lookup fib; /* ns_fib's question and answer, read by ns_send */
+	__s32 fib_rc;              /* ns_xdp_route: the FIB's answer in fib */
 	struct icmp_err icmp;      /* nodeport_icmp_ingress: the error it translates */
 	__u32 ct_absent;           /* ns_established found no entry: the service
 				    * path need not look again */

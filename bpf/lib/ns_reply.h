@@ -41,14 +41,18 @@ static __always_inline int nodeport_rev_snat(struct __ctx_buff *ctx, struct ns_p
 	/* A flow given another client port: the client's own. */
 	if (e->flags & CT_F_SPORT)
 		port = e->snat_port;
-	ct_reply(ctx, cfg, p, e, ctx_len(ctx), now, &client, port);
 	__builtin_memcpy(fe.b, e->nat_addr, sizeof(fe.b));
 	fe_port = e->nat_port;
-	/* The route of the packet it becomes, kept in the ingress entry. */
+	/* The route of the packet it becomes, kept in the ingress entry;
+	 * asked before the flow's state is touched: a reply XDP cannot send
+	 * is tc's, state and all (ns_xdp_defers). */
 	fib = ns_fib_buf();
 	if (!fib)
 		return CTX_ACT_DROP;
 	rc = ns_fib(ctx, p, &fe, fe_port, &client, port, e, now, fib);
+	if (NS_XDP_DEFERS(ctx, rc, fib))
+		return CTX_ACT_OK;
+	ct_reply(ctx, cfg, p, e, ctx_len(ctx), now, &client, port);
 	/* Not a SYN-ACK: a SYN flood's would fill the cache. */
 	if ((rc == BPF_FIB_LKUP_RET_SUCCESS || rc == NS_FIB_KEPT) &&
 	    !(p->tcp_flags & TCP_FLAG_SYN))

@@ -50,6 +50,34 @@ static __always_inline int ns_xmit(struct __ctx_buff *ctx, __u32 ifindex, const 
 	return bpf_redirect(ifindex, 0);
 }
 
+#ifdef SLUICE_XDP
+/* ns_xdp_defers: XDP translates only what it sends itself. It leaves the
+ * packet to tc untouched (XDP_PASS; tc's program does all of it, state
+ * included, and sends by bpf_redirect_neigh) when the FIB's answer (rc,
+ * fib: asked before any translation) is one XDP cannot send by: the next
+ * hop has no neighbour entry (translated and passed, the packet would
+ * reach the stack with this node's address as its source, a martian, and
+ * no neighbour would ever be resolved), or the egress device is not one
+ * XDP may redirect to (ns_xdp_tx). The device it came in on is XDP_TX's.
+ * Any other failure (no route, forwarding off) the stack answers for,
+ * translated as tc passes it. */
+static __always_inline bool ns_xdp_defers(struct __ctx_buff *ctx, long rc,
+					  const struct bpf_fib_lookup *fib)
+{
+	__u32 ifindex;
+
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+		return true;
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != NS_FIB_KEPT)
+		return false;
+	ifindex = fib->ifindex;
+	return ifindex != ctx_ifindex(ctx) && !bpf_map_lookup_elem(&ns_xdp_tx, &ifindex);
+}
+#define NS_XDP_DEFERS(ctx, rc, fib) ns_xdp_defers(ctx, rc, fib)
+#else
+#define NS_XDP_DEFERS(ctx, rc, fib) false
+#endif /* SLUICE_XDP */
+
 /* ns_send sends a translated packet on its way (how: FWD_*) by the FIB's
  * answer (rc, fib). Whatever the FIB cannot resolve goes to the stack,
  * which routes, resolves neighbours and answers with ICMP errors. */
@@ -137,12 +165,19 @@ static __always_inline int ns_dsr_forward(struct __ctx_buff *ctx, struct ns_pkt 
 	src = *snat_conf_addr(cfg, p->v6);
 	if (!fib || addr_is_any(&src) || !dsr_tunnel_endpoint(backend, &node))
 		return CTX_ACT_DROP;
+	/* The outer header's length is 16 bits: a BIG TCP aggregate (tc, GRO
+	 * over 64 KiB) does not fit it. */
+	if (ctx_len(ctx) - p->l3_off + hlen > 0xffff)
+		return NS_DROP(SL_DROP_DSR_TOO_LONG);
 	rc = ns_fib_tunnel(ctx, p, &src, &node, p->v6 ? IPPROTO_IPV6 : IPPROTO_IPIP, hlen, fib);
 	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
 		return fib->mtu_result > hlen ? dsr_reply_too_big(ctx, p, fib->mtu_result - hlen) :
 						CTX_ACT_DROP;
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH && (mtu = dsr_mtu(ctx, p)))
 		return dsr_reply_too_big(ctx, p, mtu);
+	/* Passed in its outer header, it would come from this node: tc's. */
+	if (NS_XDP_DEFERS(ctx, rc, fib))
+		return CTX_ACT_OK;
 	if (dsr_encap(ctx, p, &src, &node, backend, port))
 		return CTX_ACT_DROP;
 	return ns_send(ctx, p, FWD_ENCAP, fib, rc);

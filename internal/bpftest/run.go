@@ -1,12 +1,14 @@
 package bpftest
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Result is what one BPF_PROG_RUN returned.
@@ -81,6 +83,37 @@ func RunXDPOn(prog *ebpf.Program, frame []byte, ifindex int) (Result, error) {
 	ret, err := prog.Run(opts)
 	if err != nil {
 		return Result{}, fmt.Errorf("run %s on ifindex %d: %w", prog, ifindex, err)
+	}
+	return Result{Verdict: ret, Frame: opts.DataOut}, nil
+}
+
+// testSKBChecksumComplete is BPF_F_TEST_SKB_CHECKSUM_COMPLETE (6.8): the
+// skb is CHECKSUM_COMPLETE with skb->csum over the packet, as from a NIC
+// that sums every packet (mlx5 and others), and the run fails with EBADMSG
+// when the program leaves skb->csum not matching the packet it made.
+const testSKBChecksumComplete = 1 << 2
+
+// ErrChecksumComplete is RunChecksumComplete's error when the program left
+// skb->csum wrong: the stack would log "hw csum failure" and sum the packet
+// again in software.
+var ErrChecksumComplete = errors.New("skb->csum (CHECKSUM_COMPLETE) does not match the packet the program made")
+
+// ErrNoChecksumComplete: the kernel cannot run a tc program on a
+// CHECKSUM_COMPLETE skb (BPF_F_TEST_SKB_CHECKSUM_COMPLETE is 6.8's).
+var ErrNoChecksumComplete = errors.New("kernel lacks BPF_F_TEST_SKB_CHECKSUM_COMPLETE (6.8)")
+
+// RunChecksumComplete runs a tc program on frame as a CHECKSUM_COMPLETE
+// skb (testSKBChecksumComplete).
+func RunChecksumComplete(prog *ebpf.Program, frame []byte) (Result, error) {
+	opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256), Flags: testSKBChecksumComplete}
+	ret, err := prog.Run(opts)
+	switch {
+	case errors.Is(err, unix.EBADMSG):
+		return Result{}, fmt.Errorf("run %s: %w", prog, ErrChecksumComplete)
+	case errors.Is(err, unix.EINVAL):
+		return Result{}, fmt.Errorf("run %s: %w", prog, ErrNoChecksumComplete)
+	case err != nil:
+		return Result{}, fmt.Errorf("run %s: %w", prog, err)
 	}
 	return Result{Verdict: ret, Frame: opts.DataOut}, nil
 }

@@ -107,6 +107,11 @@ func (n *NorthSouth) AttachDevices(opts DeviceOptions) ([]DeviceAttachment, erro
 			return n.Devices(), fmt.Errorf("attach north-south LB to %s: %w", dev.Name, err)
 		}
 		n.devices = append(n.devices, d)
+		if d.XDP != XDPDisabled {
+			if err := n.SetXDPTransmit(d.Ifindex); err != nil {
+				return n.Devices(), fmt.Errorf("attach north-south LB to %s: %w", dev.Name, err)
+			}
+		}
 	}
 	// The new programs run on every device now: what the old ones wrote
 	// into maps taken over on load since then moves across too.
@@ -114,6 +119,18 @@ func (n *NorthSouth) AttachDevices(opts DeviceOptions) ([]DeviceAttachment, erro
 		n.logf("%v", err)
 	}
 	return n.Devices(), nil
+}
+
+// SetXDPTransmit lets the XDP program redirect translated packets to the
+// device ifindex (ns_xdp_tx): AttachDevices calls it for each device it
+// attaches XDP to. A packet whose route leaves by any other device is left
+// to tc untranslated (ns_xdp_defers): a VXLAN, Geneve or VLAN device, a
+// bridge, a device without XDP, whose redirect would drop it.
+func (n *NorthSouth) SetXDPTransmit(ifindex int) error {
+	if err := n.xdp.NsXdpTx.Put(uint32(ifindex), uint32(1)); err != nil {
+		return fmt.Errorf("allow XDP transmit on ifindex %d: %w", ifindex, err)
+	}
+	return nil
 }
 
 // Devices lists what AttachDevices attached.

@@ -375,7 +375,7 @@ func TestPrivilegedNorthSouthTunnelEntries(t *testing.T) {
 // outer header without DF and with an ID (MatchOuterID).
 func TestPrivilegedNorthSouthDSREgressMTU(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
-		fwd0 := setupFIB(t)
+		fwd0 := setupFIB(t, n)
 		lo, err := netlink.LinkByName("lo")
 		must(t, err)
 		must(t, netlink.LinkSetMTU(lo, 1500))
@@ -654,7 +654,7 @@ func TestPrivilegedNorthSouthDSRTunnelReplacesOwnFlow(t *testing.T) {
 // sluice-ns-fwd0 with its neighbour entry (setupFIB).
 func TestPrivilegedNorthSouthDSRSpoofedNode(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
-		fwd0 := setupFIB(t)
+		fwd0 := setupFIB(t, n)
 		setMode(t, n, lbmap.ModeDSR)
 		inner := tcpSyn(client(49500), netip.AddrPortFrom(ipNode2, 30080))
 		run := func(in bpftest.Encap, ifindex int) bpftest.Result {

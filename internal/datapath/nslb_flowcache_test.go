@@ -111,7 +111,7 @@ func TestPrivilegedNorthSouthFlowCache(t *testing.T) {
 }
 
 func testFlowCache(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
-	setupFIB(t)
+	setupFIB(t, n)
 	cache := flowCache(n, kind)
 	c := client(46000)
 	pkt := func(flags uint8, payload int) bpftest.Packet {
@@ -279,7 +279,7 @@ func TestPrivilegedNorthSouthFlowCacheTupleReuse(t *testing.T) {
 	apRemote2 := netip.MustParseAddrPort("198.18.2.11:8080")
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
 		onOneCPU(t, func() {
-			setupFIB(t)
+			setupFIB(t, n)
 			cache := flowCache(n, kind)
 			c := client(46300)
 			pkt := func(flags uint8) bpftest.Packet {
@@ -354,7 +354,7 @@ func TestPrivilegedNorthSouthFlowCacheTupleReuse(t *testing.T) {
 func TestPrivilegedNorthSouthFlowCacheNextSecond(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
 		onOneCPU(t, func() {
-			setupFIB(t)
+			setupFIB(t, n)
 			cache := flowCache(n, kind)
 			c := client(46100)
 			in := bpftest.Packet{Src: c, Dst: apLBUDP, Proto: bpftest.UDP, TTL: 64, Payload: []byte("query")}
@@ -393,7 +393,7 @@ func TestPrivilegedNorthSouthFlowCacheNextSecond(t *testing.T) {
 func TestPrivilegedNorthSouthFlowCacheTakeover(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
 		onOneCPU(t, func() {
-			setupFIB(t)
+			setupFIB(t, n)
 			cache := flowCache(n, kind)
 			var ports []uint16
 			want := uint32(0xffffffff)
@@ -462,7 +462,7 @@ func TestPrivilegedNorthSouthFlowCacheSize(t *testing.T) {
 			}
 			bpftest.InNewNetNS(t, func() {
 				onOneCPU(t, func() {
-					setupFIB(t)
+					setupFIB(t, n)
 					prog := kind.prog(n)
 					cl := client(46200)
 					in := bpftest.Packet{Src: cl, Dst: apLBUDP, Proto: bpftest.UDP, TTL: 64, Payload: []byte("query")}
@@ -505,7 +505,7 @@ func TestPrivilegedNorthSouthFlowCacheSize(t *testing.T) {
 func TestPrivilegedNorthSouthFlowCacheIPv6(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
 		onOneCPU(t, func() {
-			ifindex := setupFIB(t)
+			ifindex := setupFIB(t, n)
 			dev, err := netlink.LinkByIndex(ifindex)
 			if err != nil {
 				t.Fatal(err)

@@ -20,9 +20,12 @@ import (
 //	sluice-ns-fwd0 (MACNode, 198.18.0.11/24) <-> sluice-ns-fwd1
 //	neighbours 198.18.0.12 (remote node, macRemoteNode), 198.18.0.2 (client)
 //	route 198.18.2.0/24 via 198.18.0.12
+//
+// XDP may redirect to sluice-ns-fwd0 (AttachDevices would have attached it
+// there).
 var macRemoteNode = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x0c}
 
-func setupFIB(t *testing.T) int {
+func setupFIB(t *testing.T, n *NorthSouth) int {
 	t.Helper()
 	lo, err := netlink.LinkByName("lo")
 	if err != nil {
@@ -43,6 +46,7 @@ func setupFIB(t *testing.T) int {
 	// This namespace's sysctl only (the thread is in it): fib lookups
 	// need forwarding on the ingress device.
 	must(t, os.WriteFile("/proc/sys/net/ipv4/conf/all/forwarding", []byte("1"), 0))
+	must(t, n.SetXDPTransmit(dev.Attrs().Index))
 	return dev.Attrs().Index
 }
 
@@ -67,7 +71,7 @@ func addVeth(t *testing.T, name, peerName string, mac net.HardwareAddr) netlink.
 
 func TestPrivilegedNorthSouthForward(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
-		ifindex := setupFIB(t)
+		ifindex := setupFIB(t, n)
 		c := client(45000)
 		in := bpftest.Packet{Src: c, Dst: apLBTCP, Proto: bpftest.TCP, Flags: bpftest.SYN, TTL: 64}
 		res, err := bpftest.Run(prog, in.MustBytes())
@@ -125,7 +129,7 @@ func TestPrivilegedNorthSouthForward(t *testing.T) {
 // Replies keep their own result in the ingress entry.
 func TestPrivilegedNorthSouthFIBKept(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
-		ifindex := setupFIB(t)
+		ifindex := setupFIB(t, n)
 		dev, err := netlink.LinkByIndex(ifindex)
 		if err != nil {
 			t.Fatal(err)
@@ -234,7 +238,7 @@ func TestPrivilegedNorthSouthFIBKept(t *testing.T) {
 func TestPrivilegedNorthSouthLocalDelivery(t *testing.T) {
 	podMAC := net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x01, 0x0a}
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
-		setupFIB(t)
+		setupFIB(t, n)
 		// The local pod's veth: its host side carries the pod's route and
 		// is one the agent listed (ns_pod_ifaces).
 		dev := addVeth(t, nsTestPrefix+"pod0", nsTestPrefix+"pod1", nil)

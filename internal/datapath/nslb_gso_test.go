@@ -37,7 +37,7 @@ func TestPrivilegedNorthSouthGSO(t *testing.T) {
 		// the subtest's goroutine enters its own.
 		t.Run(tc.name, func(t *testing.T) {
 			bpftest.InNewNetNS(t, func() {
-				setupFIB(t) // the way to 198.18.2.0/24: MTU 1500
+				setupFIB(t, n) // the way to 198.18.2.0/24: MTU 1500
 				c := tc.first.Src
 				res, err := bpftest.Run(prog, tc.first.MustBytes())
 				if err != nil {

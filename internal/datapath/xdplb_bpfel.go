@@ -37,6 +37,7 @@ const (
 	xdplbMapNsScratchMap      = "ns_scratch_map"
 	xdplbMapNsSnatRoute       = "ns_snat_route"
 	xdplbMapNsTunnel          = "ns_tunnel"
+	xdplbMapNsXdpTx           = "ns_xdp_tx"
 	xdplbMapSlBeStats         = "sl_be_stats"
 	xdplbMapSlDrops           = "sl_drops"
 	xdplbMapSlEvConfig        = "sl_ev_config"
@@ -128,6 +129,7 @@ type xdplbMapSpecs struct {
 	NsScratchMap  *ebpf.MapSpec `ebpf:"ns_scratch_map"`
 	NsSnatRoute   *ebpf.MapSpec `ebpf:"ns_snat_route"`
 	NsTunnel      *ebpf.MapSpec `ebpf:"ns_tunnel"`
+	NsXdpTx       *ebpf.MapSpec `ebpf:"ns_xdp_tx"`
 	SlBeStats     *ebpf.MapSpec `ebpf:"sl_be_stats"`
 	SlDrops       *ebpf.MapSpec `ebpf:"sl_drops"`
 	SlEvConfig    *ebpf.MapSpec `ebpf:"sl_ev_config"`
@@ -193,6 +195,7 @@ type xdplbMaps struct {
 	NsScratchMap  *ebpf.Map `ebpf:"ns_scratch_map"`
 	NsSnatRoute   *ebpf.Map `ebpf:"ns_snat_route"`
 	NsTunnel      *ebpf.Map `ebpf:"ns_tunnel"`
+	NsXdpTx       *ebpf.Map `ebpf:"ns_xdp_tx"`
 	SlBeStats     *ebpf.Map `ebpf:"sl_be_stats"`
 	SlDrops       *ebpf.Map `ebpf:"sl_drops"`
 	SlEvConfig    *ebpf.Map `ebpf:"sl_ev_config"`
@@ -229,6 +232,7 @@ func (m *xdplbMaps) Close() error {
 		m.NsScratchMap,
 		m.NsSnatRoute,
 		m.NsTunnel,
+		m.NsXdpTx,
 		m.SlBeStats,
 		m.SlDrops,
 		m.SlEvConfig,

@@ -30,6 +30,7 @@ var DropReasons = []Reason{
 	{"martian", "SL_DROP_MARTIAN", "an address no packet from the wire may have: loopback, 0.0.0.0/8, v4-mapped, a multicast source; TCP to multicast or broadcast"},
 	{"handshake", "SL_DROP_HANDSHAKE", "a client packet of a half-open TCP flow that is not its handshake's ACK (a blind ACK)"},
 	{"dsr-spoofed", "SL_DROP_DSR_SPOOFED", "a DSR tunnel packet from a node's address, on a device or from a MAC the route to that node does not lead to"},
+	{"dsr-too-long", "SL_DROP_DSR_TOO_LONG", "a GSO aggregate over 64 KiB (BIG TCP on the LB node) that DSR's outer header cannot carry: turn BIG TCP off on DSR nodes"},
 }
 
 // Reason is one drop reason: its name in events and metrics, its C

@@ -268,6 +268,15 @@ func bigTCP(e *env) Item {
 		it.State, it.Why = "kernel "+e.release, "a 5.19 kernel or later"
 		return it
 	}
+	// sluice translates BIG TCP aggregates (IPv6's jumbo header, IPv4's
+	// length 0) at tc, but DSR's outer header has a 16-bit length: an
+	// aggregate over 64 KiB on an LB node is dropped (dsr-too-long).
+	if a := e.agent(); a != nil && a.NorthSouth != nil && a.NorthSouth.Enabled &&
+		(a.NorthSouth.Mode == "dsr" || a.NorthSouth.Mode == "hybrid") {
+		it.State = "north-south in " + a.NorthSouth.Mode + " mode"
+		it.Why = "lb-mode snat: DSR's outer header carries 64 KiB at most, and an LB node's GRO aggregates over that would be dropped"
+		return it
+	}
 	links, err := scopeLinks(e)
 	if err != nil {
 		it.State = err.Error()

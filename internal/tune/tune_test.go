@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/sluice-dataplane/sluice/internal/api"
 )
 
 func TestPendingNamesUnknownItem(t *testing.T) {
@@ -54,5 +56,17 @@ func TestPrintAgentFlags(t *testing.T) {
 	}
 	if strings.Contains(out, "lb-acceleration") || strings.Contains(out, `"devices"`) {
 		t.Errorf("agent flags output has what is impossible here or a placeholder in the patch:\n%s", out)
+	}
+}
+
+// BIG TCP is not offered where the agent runs DSR: its outer header cannot
+// carry an aggregate over 64 KiB.
+func TestBigTCPNotWithDSR(t *testing.T) {
+	for _, mode := range []string{"dsr", "hybrid"} {
+		e := &env{major: 6, minor: 12, release: "6.12.0", agents: []*api.Status{{NorthSouth: &api.NorthSouth{Enabled: true, Mode: mode}}}}
+		it := bigTCP(e)
+		if it.Possible || len(it.Changes) > 0 || !strings.Contains(it.Why, "DSR") {
+			t.Errorf("mode %s: possible %t, %d changes, why %q; want not possible, no change, DSR named", mode, it.Possible, len(it.Changes), it.Why)
+		}
 	}
 }

@@ -6,6 +6,8 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"net/netip"
 	"os/exec"
 	"strings"
@@ -88,4 +90,62 @@ func linkIndex(t *testing.T, ns, dev string) int {
 		t.Fatalf("%s in %s: %v", dev, ns, err)
 	}
 	return l.Attrs().Index
+}
+
+// TestPrivilegedXDPClientWithoutNeighbour (issue 45): with native XDP, the
+// reply to a client the node has no neighbour entry for (the client never
+// ARPs for the node: its entry for the node is permanent) is left to tc,
+// whose redirect_neigh resolves the client. XDP used to translate it and
+// pass it to the stack, which dropped it as a martian (its source is the
+// node's own address) and resolved nothing: every connection failed.
+func TestPrivilegedXDPClientWithoutNeighbour(t *testing.T) {
+	l := nsLab(t, lab.LBModeSNAT, lab.AccelerationNative)
+	node1, node2 := l.Nodes[0], l.Nodes[1]
+	a := addrs{k: 86}
+	nodePortOn(t, l, "xdp-no-neigh", a, node2)
+
+	ip := func(ns string, args ...string) string {
+		t.Helper()
+		out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ip -n %s %s: %v: %s", ns, strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	l1, err := macIn(node1.Netns, "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip(l.Client.Netns, "neigh", "replace", node1.IPv4.String(), "lladdr", l1.String(), "dev", "eth0", "nud", "permanent")
+	ip(node1.Netns, "neigh", "flush", "to", l.Client.IPv4.String(), "dev", "eth0")
+	if out := ip(node1.Netns, "neigh", "show", "to", l.Client.IPv4.String(), "dev", "eth0"); strings.TrimSpace(out) != "" {
+		t.Fatalf("node1 still has a neighbour entry for the client: %s", out)
+	}
+	url := httpURL(node1.IPv4, a.nodePort())
+	rep := probe(t, l, "client", "http", "--url", url, "--count", "4", "--timeout", "2s")
+	if rep.OK != rep.Count {
+		t.Errorf("NodePort %s with node1's neighbour entry for the client gone (native XDP): %s", url, describe(rep))
+	}
+	if out := ip(node1.Netns, "neigh", "show", "to", l.Client.IPv4.String(), "dev", "eth0"); !strings.Contains(out, "lladdr") {
+		t.Errorf("node1 did not resolve the client (tc's redirect_neigh): %q", out)
+	}
+}
+
+// macIn is the MAC address of dev in the named network namespace.
+func macIn(ns, dev string) (net.HardwareAddr, error) {
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		return nil, fmt.Errorf("netns %s: %w", ns, err)
+	}
+	defer h.Close()
+	nh, err := netlink.NewHandleAt(h)
+	if err != nil {
+		return nil, fmt.Errorf("netlink in %s: %w", ns, err)
+	}
+	defer nh.Close()
+	link, err := nh.LinkByName(dev)
+	if err != nil {
+		return nil, fmt.Errorf("%s in %s: %w", dev, ns, err)
+	}
+	return link.Attrs().HardwareAddr, nil
 }

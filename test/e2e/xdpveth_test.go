@@ -34,6 +34,22 @@ func vethLab(t *testing.T, accel string, prep lab.VethPrep) *lab.Lab {
 	return upLab(t, cfg, 90*time.Second, fmt.Sprintf(" (--lb-acceleration %s, veths: %s)", accel, prep))
 }
 
+// nodePortOn applies a NodePort Service (TCP and UDP, a's ClusterIP and
+// NodePort) whose backends are node's pods, and waits until every agent
+// programmed both NodePorts.
+func nodePortOn(t *testing.T, l *lab.Lab, name string, a addrs, node lab.Node) {
+	t.Helper()
+	svc := echoService(name, a.clusterV4())
+	svc.Spec.Type = corev1.ServiceTypeNodePort
+	svc.Spec.Selector = map[string]string{lab.LabelNode: node.Name}
+	for i := range svc.Spec.Ports {
+		svc.Spec.Ports[i].NodePort = a.nodePort()
+	}
+	apply(t, l, svc)
+	programmed(t, l, len(node.Pods), frontend(netip.IPv4Unspecified(), a.nodePort(), corev1.ProtocolTCP),
+		frontend(netip.IPv4Unspecified(), a.nodePort(), corev1.ProtocolUDP))
+}
+
 // xdpWarning is the warning of node's agent about eth0 being a veth with
 // native XDP, or nil.
 func xdpWarning(st *api.Status) *api.Warning {
@@ -69,15 +85,7 @@ func TestPrivilegedXDPOnVeth(t *testing.T) {
 				l := vethLab(t, accel, lab.VethPrep{NoPeerXDP: !peerXDP, Checksums: lab.ChecksumsSenders})
 				node1, node2 := l.Nodes[0], l.Nodes[1]
 				a := addrs{k: 73}
-				svc := echoService("veth-xdp", a.clusterV4())
-				svc.Spec.Type = corev1.ServiceTypeNodePort
-				svc.Spec.Selector = map[string]string{lab.LabelNode: node2.Name}
-				for i := range svc.Spec.Ports {
-					svc.Spec.Ports[i].NodePort = a.nodePort()
-				}
-				apply(t, l, svc)
-				programmed(t, l, len(node2.Pods), frontend(netip.IPv4Unspecified(), a.nodePort(), corev1.ProtocolTCP),
-					frontend(netip.IPv4Unspecified(), a.nodePort(), corev1.ProtocolUDP))
+				nodePortOn(t, l, "veth-xdp", a, node2)
 
 				for _, sendersOffload := range []bool{false, true} {
 					if err := l.SetSendersTxChecksumOffload(sendersOffload); err != nil {
