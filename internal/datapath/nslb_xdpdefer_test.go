@@ -109,6 +109,7 @@ func TestPrivilegedNorthSouthXDPDefers(t *testing.T) {
 		deferred("the flow's next packet routed over VXLAN", ack, out)
 	})
 }
+
 // natMappings counts the SNAT mappings of every table.
 func natMappings(t *testing.T, n *NorthSouth) int {
 	t.Helper()
