@@ -49,6 +49,10 @@ type Program struct {
 	// ride the pod's flow (and the other way round): the fuzzer keeps to
 	// the topology, and that case is a finding of its own.
 	fromPods, fromOutside bool
+	// next runs on what this program passes untouched, as tc ingress
+	// runs after XDP: XDP leaves to tc a packet it cannot send itself
+	// (ns_xdp_defers), whose translation is tc's.
+	next *Program
 }
 
 // podCIDRs are this node's (testdata/node.yaml).
@@ -75,11 +79,12 @@ func (n *Node) Programs() []*Program {
 	ns := n.ns.Programs()
 	egress := &Program{Name: "tc_lb_egress", prog: ns.TCEgress, ingress: n.PodIfindex, ifindex: n.DevIfindex, verdicts: tcVerdicts}
 	toPod := &Program{Name: "tc_pod_to_pod", prog: n.pod.ToPod(), ingress: n.DevIfindex, ifindex: n.PodIfindex, verdicts: tcVerdicts}
+	tcIngress := &Program{Name: "tc_lb_ingress", prog: ns.TCIngress, ingress: n.DevIfindex, ifindex: n.DevIfindex, verdicts: tcVerdicts,
+		reply: egress, fromOutside: true}
 	return []*Program{
-		{Name: "tc_lb_ingress", prog: ns.TCIngress, ingress: n.DevIfindex, ifindex: n.DevIfindex, verdicts: tcVerdicts,
-			reply: egress, fromOutside: true},
+		tcIngress,
 		{Name: "xdp_lb_ingress", prog: ns.XDPIngress, xdp: true, ingress: n.DevIfindex, ifindex: n.DevIfindex, verdicts: xdpVerdicts,
-			reply: egress, fromOutside: true},
+			reply: egress, fromOutside: true, next: tcIngress},
 		egress,
 		{Name: "tc_pod_from_pod", prog: n.pod.FromPod(), ingress: n.PodIfindex, ifindex: n.PodIfindex, verdicts: tcVerdicts,
 			reply: toPod, fromPods: true},
