@@ -72,16 +72,21 @@ static __always_inline __u32 ns_gso_seg_len(struct __ctx_buff *ctx, const struct
 {
 #ifdef SLUICE_TC
 	__u32 gso = ctx_field(ctx, gso_size), l4 = sizeof(struct udphdr); /* UDP GSO */
+	__u32 l3 = p->l4_off - p->l3_off;
 	__u8 doff;
 
 	if (!gso)
 		return 0;
+	/* An IPv6 GSO packet's only extension header is BIG TCP's jumbo one
+	 * (parse_ipv6), which its segments go without. */
+	if (p->v6 && l3 > sizeof(struct ipv6hdr))
+		l3 = sizeof(struct ipv6hdr);
 	if (p->proto == IPPROTO_TCP) {
 		if (ctx_load_bytes(ctx, p->l4_off + TCP_DOFF_OFF, &doff, 1))
 			return 0;
 		l4 = (doff >> 4) * 4;
 	}
-	return p->l4_off - p->l3_off + l4 + gso;
+	return l3 + l4 + gso;
 #else
 	return 0;
 #endif /* SLUICE_TC */

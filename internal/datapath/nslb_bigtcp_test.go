@@ -3,6 +3,7 @@ package datapath
 import (
 	"bytes"
 	"encoding/binary"
+	"net/netip"
 	"slices"
 	"testing"
 
@@ -30,22 +31,22 @@ func withJumbo(frame []byte) []byte {
 // BIG TCP aggregate (GRO on the node's device, 5.19+) is translated as
 // its other packets are, its jumbo header kept for the stack, which strips
 // it before segmenting; it used to reach the stack untranslated and be
-// reset. Any other hop-by-hop header stays the stack's. tc only: XDP sees
-// wire frames.
+// reset. To a remote backend, the route's MTU applies to the segments,
+// which go without the jumbo header: MTU-sized ones are forwarded, not
+// answered with packet too big. Any other hop-by-hop header stays the
+// stack's. tc only: XDP sees wire frames.
 func TestPrivilegedNorthSouthBigTCP(t *testing.T) {
 	tc := ingressKinds[0]
 	n := newNorthSouth(t)
 	prog := tc.prog(n)
 	bpftest.InNewNetNS(t, func() {
-		syn := tcpSyn(client6(48100), apNodePort6)
+		setupFIB6(t, setupFIB(t, n)) // the way to fd00:198:18:2::/64: MTU 1500
+
+		// To a local backend: DNAT, through the stack.
+		syn := tcpSyn(client6(48100), apNodePort6).With(func(p *bpftest.Packet) { p.Payload = nil })
 		runPacket(t, tc, prog, "SYN", syn, vPass, syn.With(func(p *bpftest.Packet) { p.Dst = apLocal6 }))
-		egress := attachKind{"tc egress", nil, tc.verdicts}
-		synAck := bpftest.Packet{Src: apLocal6, Dst: syn.Src, Proto: bpftest.TCP, Flags: bpftest.SYN | bpftest.ACK, Seq: 5000}
-		runPacket(t, egress, n.Programs().TCEgress, "SYN-ACK", synAck, vPass,
-			synAck.With(func(p *bpftest.Packet) { p.Src = apNodePort6 }))
-		data := bpftest.Packet{Src: syn.Src, Dst: apNodePort6, Proto: bpftest.TCP, Flags: bpftest.ACK, Ack: 5001,
-			Payload: bytes.Repeat([]byte("x"), 1200)}
-		runPacket(t, tc, prog, "ACK", data, vPass, data.With(func(p *bpftest.Packet) { p.Dst = apLocal6 }))
+		establish(t, n, prog, syn, apLocal6, netip.Addr{})
+		data := syn.With(func(p *bpftest.Packet) { p.Flags, p.Payload = bpftest.ACK, bytes.Repeat([]byte("x"), 1200) })
 		in := withJumbo(data.MustBytes())
 		res, err := bpftest.Run(prog, in)
 		if err != nil {
@@ -55,6 +56,28 @@ func TestPrivilegedNorthSouthBigTCP(t *testing.T) {
 		if v := tc.verdicts[res.Verdict]; v != vPass || !bytes.Equal(res.Frame[:len(want)], want) {
 			t.Errorf("BIG TCP aggregate of the flow: verdict %s, translated %t; want pass, DNAT to %s with the jumbo header kept",
 				v, bytes.Equal(res.Frame[:len(want)], want), apLocal6)
+		}
+
+		// To a remote backend: masqueraded and forwarded, as a GSO packet
+		// of two segments that fit the MTU without the jumbo header.
+		syn2 := tcpSyn(client6(48101), apLBTCP6).With(func(p *bpftest.Packet) { p.Payload, p.TTL = nil, 64 })
+		if _, err := bpftest.Run(prog, syn2.MustBytes()); err != nil {
+			t.Fatal(err)
+		}
+		establish(t, n, prog, syn2, apRemote6, ipNode6)
+		port := natPort(t, n, syn2.Src, apRemote6, bpftest.TCP)
+		seg := 1500 - 60
+		gso := syn2.With(func(p *bpftest.Packet) { p.Flags, p.Payload = bpftest.ACK, make([]byte, 2*seg) })
+		res, err = bpftest.RunSKB(prog, withJumbo(gso.MustBytes()), bpftest.GSO(uint32(seg), 2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = withJumbo(gso.With(func(p *bpftest.Packet) {
+			p.Src, p.Dst, p.TTL = netip.AddrPortFrom(ipNode6, port), apRemote6, 63
+		}).MustBytes())
+		if v := tc.verdicts[res.Verdict]; v != vRedirect || len(res.Frame) < len(want) || !bytes.Equal(res.Frame[:len(want)], want) {
+			t.Errorf("BIG TCP aggregate of MTU-sized segments to a remote backend: verdict %s, translated %t; want redirect, masqueraded to %s:%d -> %s (no packet too big)",
+				v, len(res.Frame) >= len(want) && bytes.Equal(res.Frame[:len(want)], want), ipNode6, port, apRemote6)
 		}
 
 		// A hop-by-hop header with another option (router alert): the

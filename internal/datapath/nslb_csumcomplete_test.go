@@ -2,12 +2,8 @@ package datapath
 
 import (
 	"errors"
-	"net"
 	"net/netip"
-	"os"
 	"testing"
-
-	"github.com/vishvananda/netlink"
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
 )
@@ -24,22 +20,7 @@ func TestPrivilegedNorthSouthChecksumComplete(t *testing.T) {
 	n := newNorthSouth(t)
 	prog := tc.prog(n)
 	bpftest.InNewNetNS(t, func() {
-		fwd0 := setupFIB(t, n)
-		// The IPv6 way to the remote backends, as setupFIB's IPv4 one.
-		addr, _ := netlink.ParseAddr("fd00:198:18::11/64")
-		addr.Flags = 0x02 // IFA_F_NODAD
-		dev, err := netlink.LinkByIndex(fwd0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		must(t, netlink.AddrAdd(dev, addr))
-		for ip, mac := range map[string]net.HardwareAddr{"fd00:198:18::12": macRemoteNode, "fd00:198:18::2": bpftest.MACClient} {
-			must(t, netlink.NeighAdd(&netlink.Neigh{LinkIndex: fwd0, Family: netlink.FAMILY_V6,
-				State: netlink.NUD_PERMANENT, IP: net.ParseIP(ip), HardwareAddr: mac}))
-		}
-		_, dst, _ := net.ParseCIDR("fd00:198:18:2::/64")
-		must(t, netlink.RouteAdd(&netlink.Route{Dst: dst, Gw: net.ParseIP("fd00:198:18::12"), LinkIndex: fwd0}))
-		must(t, os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0))
+		setupFIB6(t, setupFIB(t, n))
 
 		run := func(name string, in bpftest.Packet) bpftest.Result {
 			t.Helper()

@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
@@ -48,6 +49,27 @@ func setupFIB(t *testing.T, n *NorthSouth) int {
 	must(t, os.WriteFile("/proc/sys/net/ipv4/conf/all/forwarding", []byte("1"), 0))
 	must(t, n.SetXDPTransmit(dev.Attrs().Index))
 	return dev.Attrs().Index
+}
+
+// setupFIB6 adds setupFIB's way for IPv6 on device fwd0:
+// fd00:198:18::11/64, neighbours fd00:198:18::12 (remote node) and
+// fd00:198:18::2 (client), route fd00:198:18:2::/64 via the remote node.
+func setupFIB6(t *testing.T, fwd0 int) {
+	t.Helper()
+	dev, err := netlink.LinkByIndex(fwd0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := netlink.ParseAddr("fd00:198:18::11/64")
+	addr.Flags = unix.IFA_F_NODAD
+	must(t, netlink.AddrAdd(dev, addr))
+	for ip, mac := range map[string]net.HardwareAddr{"fd00:198:18::12": macRemoteNode, "fd00:198:18::2": bpftest.MACClient} {
+		must(t, netlink.NeighAdd(&netlink.Neigh{LinkIndex: fwd0, Family: netlink.FAMILY_V6,
+			State: netlink.NUD_PERMANENT, IP: net.ParseIP(ip), HardwareAddr: mac}))
+	}
+	_, dst, _ := net.ParseCIDR("fd00:198:18:2::/64")
+	must(t, netlink.RouteAdd(&netlink.Route{Dst: dst, Gw: net.ParseIP("fd00:198:18::12"), LinkIndex: fwd0}))
+	must(t, os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0))
 }
 
 // addVeth adds a veth pair, both ends up, and returns the first (mac: its

@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-dataplane/sluice/internal/bench"
-	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
 // labFloodCommand is `sluice-lab flood`: a flood of a node's frontend from
@@ -116,8 +115,7 @@ defaults.`,
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			prefix, _ := cmd.Flags().GetString("prefix")
-			l, err := lab.Load(prefix)
+			l, err := loadLab(cmd)
 			if err != nil {
 				return err
 			}

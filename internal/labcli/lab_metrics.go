@@ -18,7 +18,6 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/bench"
 	"github.com/sluice-dataplane/sluice/internal/cli"
-	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
 // labFigure is one figure `sluice-lab metrics` follows: a metric summed
@@ -80,8 +79,7 @@ func labMetricsCommand() *cobra.Command {
 			if interval < 100*time.Millisecond || duration < interval {
 				return fmt.Errorf("--interval=%s --duration=%s: want an interval of at least 100ms and a duration of at least one interval", interval, duration)
 			}
-			prefix, _ := cmd.Flags().GetString("prefix")
-			l, err := lab.Load(prefix)
+			l, err := loadLab(cmd)
 			if err != nil {
 				return err
 			}

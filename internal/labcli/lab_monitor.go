@@ -27,8 +27,7 @@ func labMonitorCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			prefix, _ := cmd.Flags().GetString("prefix")
-			l, err := lab.Load(prefix)
+			l, err := loadLab(cmd)
 			if err != nil {
 				return err
 			}
@@ -48,4 +47,10 @@ func labMonitorCommand() *cobra.Command {
 	o.AddFlags(cmd)
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
 	return cmd
+}
+
+// loadLab loads the running lab named by the command's --prefix.
+func loadLab(cmd *cobra.Command) (*lab.Lab, error) {
+	prefix, _ := cmd.Flags().GetString("prefix")
+	return lab.Load(prefix)
 }
