@@ -131,6 +131,9 @@ func (a *Agent) newNorthSouthStatus(devs []api.Device) *api.NorthSouth {
 		if d.XDPError != "" {
 			st.Notes = append(st.Notes, fmt.Sprintf("%s: %s; tc only", d.Name, d.XDPError))
 		}
+		if d.XDPNote != "" {
+			st.Notes = append(st.Notes, fmt.Sprintf("%s: %s", d.Name, d.XDPNote))
+		}
 	}
 	return st
 }

@@ -69,7 +69,7 @@ func (d *nodeDataplane) VethXDP() []vethXDP {
 }
 
 func apiDevice(a datapath.DeviceAttachment) api.Device {
-	dev := api.Device{Name: a.Device, Ifindex: a.Ifindex, TC: a.TC, XDP: string(a.XDP), Replaced: a.Replaced, XDPError: a.XDPError}
+	dev := api.Device{Name: a.Device, Ifindex: a.Ifindex, TC: a.TC, XDP: string(a.XDP), Replaced: a.Replaced, XDPError: a.XDPError, XDPNote: a.XDPNote}
 	for _, id := range []uint32{a.IngressLinkID, a.EgressLinkID, a.XDPLinkID} {
 		if id != 0 {
 			dev.LinkIDs = append(dev.LinkIDs, id)

@@ -376,6 +376,7 @@ type Device struct {
 	TC       string   `json:"tc"`                 // tcx or tc
 	XDP      string   `json:"xdp"`                // native, generic or disabled
 	XDPError string   `json:"xdpError,omitempty"` // best-effort: why native XDP was refused
+	XDPNote  string   `json:"xdpNote,omitempty"`  // native: what the agent changed on the device for XDP
 	LinkIDs  []uint32 `json:"linkIDs,omitempty"`
 	Replaced bool     `json:"replaced,omitempty"` // programs swapped into pinned links
 }

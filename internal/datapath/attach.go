@@ -66,6 +66,9 @@ type DeviceAttachment struct {
 	// (the kernel refused it, or VethBestEffortReason); tc handles the
 	// device alone.
 	XDPError string
+	// XDPNote is what native XDP changed on the device for itself (its RX
+	// VLAN offload turned off, vlan.go).
+	XDPNote string
 	// Replaced: the device's programs were swapped into links an earlier
 	// agent pinned, rather than attached anew.
 	Replaced bool
@@ -290,6 +293,18 @@ func (d *deviceAttachment) attachXDP(prog *ebpf.Program, opts DeviceOptions) err
 		if veth { // tc only: an earlier agent's native link goes below
 			want, d.XDPError = XDPDisabled, VethBestEffortReason
 		}
+	}
+	if want == XDPNative {
+		reason, note, err := vlanXDP(d.Device, d.Ifindex, opts.XDP == XDPNative)
+		switch {
+		case err != nil && opts.XDP == XDPNative:
+			return fmt.Errorf("native XDP: %w", err)
+		case err != nil:
+			want, d.XDPError = XDPDisabled, err.Error()
+		case reason != "": // best-effort
+			want, d.XDPError = XDPDisabled, reason
+		}
+		d.XDPNote = note
 	}
 	// A pinned link of another mode cannot change mode in place: it goes.
 	for _, m := range []XDPMode{XDPNative, XDPGeneric} {
