@@ -128,9 +128,17 @@ static __always_inline int dsr_encap(struct __ctx_buff *ctx, struct ns_pkt *p,
 	} else {
 		struct ipv6hdr *ip6 = &s->dsr.h6.ip;
 		struct dsr_opt6 *o = &s->dsr.h6.opt;
+		/* The flow label from the inner flow's hash (RFC 6438): every
+		 * packet an LB node tunnels to one node has the same addresses,
+		 * and a fabric's ECMP (and Linux's multipath hash) spreads
+		 * IPv6 by the label too. */
+		__u32 label = ns_flow_hash(p);
 
 		__builtin_memset(&s->dsr.h6, 0, sizeof(s->dsr.h6));
 		ip6->version = 6;
+		ip6->flow_lbl[0] = (label >> 16) & 0x0f;
+		ip6->flow_lbl[1] = label >> 8;
+		ip6->flow_lbl[2] = label;
 		ip6->payload_len = bpf_htons(inner_len + sizeof(*o));
 		ip6->nexthdr = IPPROTO_DSTOPTS;
 		ip6->hop_limit = IPIP_TTL;

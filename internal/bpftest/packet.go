@@ -374,10 +374,22 @@ func DSROptions6(backend netip.AddrPort) []byte {
 
 // MatchOuterID returns want with the outer IPv4 ID of got when want is an
 // IPIP frame without DF, whose ID the program picks (RFC 6864: a datagram
-// that may be fragmented needs one of its own); it errs when got's is 0
-// there. Any other want comes back as it is.
+// that may be fragmented needs one of its own), and with got's flow label
+// when want is an IPv6 DSR frame (a destination options header), which the
+// program takes from the inner flow's hash; it errs when got's is 0 there.
+// Any other want comes back as it is.
 func MatchOuterID(got, want []byte) ([]byte, error) {
 	const l3 = 14
+	if len(want) >= l3+40 && len(got) >= l3+40 && want[l3]>>4 == 6 && got[l3]>>4 == 6 &&
+		want[l3+6] == byte(layers.IPProtocolIPv6Destination) && got[l3+6] == want[l3+6] {
+		if got[l3+1]&0x0f == 0 && got[l3+2] == 0 && got[l3+3] == 0 {
+			return want, fmt.Errorf("DSR outer IPv6 header without a flow label (RFC 6438: the inner flow's hash)")
+		}
+		out := slices.Clone(want)
+		out[l3+1] = out[l3+1]&0xf0 | got[l3+1]&0x0f
+		out[l3+2], out[l3+3] = got[l3+2], got[l3+3]
+		return out, nil
+	}
 	if len(want) < l3+20 || len(got) < l3+20 || !frameIs4(want) || !frameIs4(got) ||
 		want[l3+9] != byte(layers.IPProtocolIPv4) || got[l3+9] != byte(layers.IPProtocolIPv4) ||
 		want[l3+6]&0x40 != 0 {

@@ -126,3 +126,38 @@ func TestPrivilegedNorthSouthTunnelPinResized(t *testing.T) {
 		t.Errorf("Tunnels() after the take-over = %v, want %s -> %s", got, cidr, ipNode2)
 	}
 }
+
+// The outer IPv6 header of a DSR packet carries a flow label from the
+// inner flow's hash (RFC 6438): the same for every packet of a flow, and
+// spread over the flows an LB node sends to one node, whose outer
+// addresses are all the same, so a fabric's ECMP can spread them.
+func TestPrivilegedNorthSouthDSRFlowLabel(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		setModeOnly(t, n, lbmap.ModeDSR)
+		must(t, n.SetTunnel(netip.PrefixFrom(apRemoteU6.Addr(), 128), ipNode2v6))
+		label := func(in bpftest.Packet) uint32 {
+			t.Helper()
+			res, err := bpftest.Run(prog, in.MustBytes())
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := res.Frame
+			if len(f) < 14+40 || f[14]>>4 != 6 || f[14+6] != 60 {
+				t.Fatalf("%s (%s): not a DSR IPv6 frame:\n%s", in, kind.name, bpftest.Describe(f))
+			}
+			return uint32(f[15]&0x0f)<<16 | uint32(f[16])<<8 | uint32(f[17])
+		}
+		labels := map[uint32]bool{}
+		for port := uint16(47200); port < 47216; port++ {
+			in := udpPkt(client6(port), apLBUDP6)
+			l := label(in)
+			if again := label(in); again != l {
+				t.Errorf("%s (%s): flow label %#x, then %#x for the same flow", in, kind.name, l, again)
+			}
+			labels[l] = true
+		}
+		if len(labels) < 12 {
+			t.Errorf("%s: 16 flows got %d flow labels, want them spread (%v)", kind.name, len(labels), labels)
+		}
+	})
+}
