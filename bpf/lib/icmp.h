@@ -192,9 +192,11 @@ static __always_inline int icmp_rev_snat(struct __ctx_buff *ctx, struct ns_pkt *
  * masqueraded flow the quoted destination becomes node:nat port and the
  * outer source the node, as the backend knows the flow. The outer
  * destination becomes the backend. A path MTU drop between client and
- * node thus reaches the backend whose replies are too big. Replies of DSR
- * flows never pass here. Returns 1 with *local set when the flow is known,
- * 0 when not, < 0 on error. */
+ * node thus reaches the backend whose replies are too big. Returns 1 with
+ * *local set when the flow is known, 2 for a DSR flow of this LB node (its
+ * reply bypassed this node; the backend in the scratch's nat, the error
+ * untouched: it goes to the backend's node in the flow's tunnel, whose
+ * entry there is a local one), 0 when not known, < 0 on error. */
 static __always_inline int icmp_to_backend(struct __ctx_buff *ctx, struct ns_pkt *p,
 					   struct icmp_err *e, bool *local)
 {
@@ -210,8 +212,16 @@ static __always_inline int icmp_to_backend(struct __ctx_buff *ctx, struct ns_pkt
 	ct_tuple_set(&s->tuple, &q->daddr, &q->saddr, q->dport, q->sport, q->proto,
 		     CT_DIR_SERVICE);
 	ce = ct_lookup(&s->tuple);
-	if (!ce || (ce->flags & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
+	if (!ce)
 		return 0;
+	/* A DSR flow of this LB node: its reply left the backend's node
+	 * with the frontend's address, so the error came here. The backend
+	 * goes into the scratch's nat for the tunnel (ns_dsr_forward). */
+	if ((ce->flags & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR) {
+		__builtin_memcpy(s->nat.to_addr, ce->nat_addr, sizeof(s->nat.to_addr));
+		s->nat.to_port = ce->nat_port;
+		return 2;
+	}
 	*local = ce->flags & CT_F_LOCAL;
 	/* A flow whose client port was rewritten: the port the backend
 	 * knows the client by. */

@@ -559,23 +559,6 @@ translate:
 #endif /* SLUICE_XDP */
 }
 
-/* nodeport_dsr_backend handles a DSR packet from an LB node. */
-static __always_inline int nodeport_dsr_backend(struct __ctx_buff *ctx, struct ns_pkt *p,
-						const struct ns_config *cfg)
-{
-	struct dsr_info *d = dsr_decap(ctx, p);
-
-	if (!d)
-		return NS_DROP(SL_DROP_MALFORMED);
-	/* Only what a DSR LB node sends: TCP, and UDP unless hybrid mode
-	 * (which masquerades UDP). nodeport_lb then takes only a frontend of
-	 * a Service with a local backend. */
-	if (p->proto != IPPROTO_TCP &&
-	    (p->proto != IPPROTO_UDP || cfg->mode == NS_MODE_HYBRID))
-		return NS_DROP(SL_DROP_MALFORMED);
-	return nodeport_lb(ctx, p, cfg, d);
-}
-
 /* nodeport_icmp_ingress translates an ICMP error about a tracked flow:
  * from a remote backend's side about a masqueraded flow, for the client;
  * from the client's side about a reply, for the backend. */
@@ -593,9 +576,46 @@ static __always_inline int nodeport_icmp_ingress(struct __ctx_buff *ctx, struct 
 		ret = icmp_to_backend(ctx, p, &s->icmp, &local);
 	if (ret == 0)
 		return CTX_ACT_OK;
+	/* About a DSR flow's reply: to the backend's node, in the tunnel its
+	 * packets take, the error untouched (that node translates it). */
+	if (ret == 2) {
+		const struct ns_config *cfg = ns_cfg();
+
+		return cfg ? ns_dsr_forward(ctx, p, cfg, (const union lb_addr *)s->nat.to_addr,
+					    s->nat.to_port) : CTX_ACT_DROP;
+	}
 	if (ret < 0)
 		return CTX_ACT_DROP;
 	return ns_forward(ctx, p, local ? FWD_LOCAL : FWD_ROUTE, NULL, 0);
+}
+
+/* nodeport_dsr_backend handles a DSR packet from an LB node. */
+static __always_inline int nodeport_dsr_backend(struct __ctx_buff *ctx, struct ns_pkt *p,
+						const struct ns_config *cfg)
+{
+	struct dsr_info *d = dsr_decap(ctx, p);
+
+	if (!d)
+		return NS_DROP(SL_DROP_MALFORMED);
+	/* An ICMP error about a reply of a flow (the LB node's
+	 * nodeport_icmp_ingress sent it on), decapsulated: the ICMP path
+	 * translates it for the backend as any error from the client's
+	 * side, on its next pass. XDP passes it to tc; tc puts it back into
+	 * this device's ingress. Not translated here: a second inlined ICMP
+	 * path cost the verifier ~120K instructions, for a rare packet. */
+	if (p->proto == IPPROTO_ICMP || p->proto == IPPROTO_ICMPV6)
+#ifdef SLUICE_XDP
+		return CTX_ACT_OK;
+#else
+		return bpf_redirect(ctx_field(ctx, ifindex), BPF_F_INGRESS);
+#endif /* SLUICE_XDP */
+	/* Only what a DSR LB node sends: TCP, and UDP unless hybrid mode
+	 * (which masquerades UDP). nodeport_lb then takes only a frontend of
+	 * a Service with a local backend. */
+	if (p->proto != IPPROTO_TCP &&
+	    (p->proto != IPPROTO_UDP || cfg->mode == NS_MODE_HYBRID))
+		return NS_DROP(SL_DROP_MALFORMED);
+	return nodeport_lb(ctx, p, cfg, d);
 }
 
 /* ns_vlan_tagged: at tc, the frame carries a VLAN tag (in the skb's

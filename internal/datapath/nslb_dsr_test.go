@@ -697,3 +697,47 @@ func TestPrivilegedNorthSouthDSRSpoofedNode(t *testing.T) {
 		}
 	})
 }
+
+// An ICMP error about a DSR flow's reply (fragmentation needed from a
+// router on the client's path: the reply left the backend's node with the
+// frontend's address, so the error comes to the frontend, this LB node)
+// goes to the backend's node in the flow's tunnel, untouched; there,
+// decapsulated, it takes the ICMP path (XDP passes it to tc, tc puts it
+// back into the device's ingress) and reaches the backend as any error from
+// the client's side does: the backend learns the path MTU. It used to
+// stop at the LB node.
+func TestPrivilegedNorthSouthDSRICMPToBackend(t *testing.T) {
+	router := netip.MustParseAddr("198.18.0.1")
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		setMode(t, n, lbmap.ModeDSR)
+		tc := ingressKinds[0]
+
+		// LB node: a UDP flow to a remote backend, tunnelled to node 2.
+		flow := udpPkt(client(49400), apLBUDP)
+		runPacket(t, kind, prog, "the flow's packet", flow, vPass,
+			bpftest.Encap{Src: ipNode, Dst: ipNode2, Backend: apRemoteU, Inner: flow})
+		reply := bpftest.Packet{Src: flow.Dst, Dst: flow.Src, Proto: flow.Proto}
+		icmpErr := bpftest.ICMPError{Src: router, Dst: flow.Dst.Addr(), Type: bpftest.ICMPDestUnreach,
+			Code: bpftest.ICMPFragNeeded, MTU: 1400, Quote: reply, QuoteL4: 8}
+		runPacket(t, kind, prog, "LB node: the error about the reply, to the backend's node", icmpErr, vPass,
+			bpftest.Encap{Src: ipNode, Dst: ipNode2, Backend: apRemoteU, Frame: icmpErr})
+
+		// Backend node (this one, as node 1 of the other node's tunnel): a
+		// UDP flow of node 2's to a local backend, then the error.
+		nodesViaLo(t) // the tunnels come from node 2 (ns_tunnel_rpf)
+		local := udpPkt(client(49401), apExtIP)
+		runPacket(t, kind, prog, "backend node: the flow's packet", bpftest.Encap{Src: ipNode2, Dst: ipNode, Inner: local},
+			vPass, local.With(func(p *bpftest.Packet) { p.Dst = apLocal }))
+		lReply := bpftest.Packet{Src: local.Dst, Dst: local.Src, Proto: local.Proto}
+		lErr := bpftest.ICMPError{Src: router, Dst: local.Dst.Addr(), Type: bpftest.ICMPDestUnreach,
+			Code: bpftest.ICMPFragNeeded, MTU: 1400, Quote: lReply, QuoteL4: 8}
+		tunnelled := bpftest.Encap{Src: ipNode2, Dst: ipNode, Frame: lErr}
+		passed := map[string]verdict{"tc": vRedirect, "xdp": vPass}[kind.name]
+		runPacket(t, kind, prog, "backend node: the tunnelled error, decapsulated for the ICMP path", tunnelled, passed, lErr)
+		// Its next pass, tc's: translated for the backend.
+		runPacket(t, tc, tc.prog(n), "backend node: the error, to the backend", lErr, vPass,
+			lErr.With(func(e *bpftest.ICMPError) {
+				e.Dst, e.Quote = apLocal.Addr(), lReply.With(func(p *bpftest.Packet) { p.Src = apLocal })
+			}))
+	})
+}
