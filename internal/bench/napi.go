@@ -6,7 +6,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/vishvananda/netlink"
+	"github.com/sluice-dataplane/sluice/internal/netdevnl"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
@@ -19,23 +19,13 @@ const (
 	netdevANAPIPID     = 4  // NETDEV_A_NAPI_PID (6.8): the thread of a threaded NAPI
 )
 
-// genlHeader is the generic netlink header with its reserved field zero.
-// nl.Genlmsg serializes four bytes of a two-byte struct, so its reserved
-// field holds whatever follows in memory, and the kernel answers EINVAL to
-// a nonzero one (seen on 6.18 for most requests).
-type genlHeader struct{ cmd, version uint8 }
-
-func (h genlHeader) Len() int          { return nl.SizeofGenlmsg }
-func (h genlHeader) Serialize() []byte { return []byte{h.cmd, h.version, 0, 0} }
-
 // napiThread is the kernel thread that runs one NAPI instance.
 type napiThread struct{ napiID, pid uint32 }
 
 // napiGetRequest is a napi-get dump of the device's NAPIs (the ifindex
 // filter came with napi-get; the replies are filtered by ifindex as well).
 func napiGetRequest(family uint16, ifindex int) *nl.NetlinkRequest {
-	req := nl.NewNetlinkRequest(int(family), unix.NLM_F_DUMP)
-	req.AddData(genlHeader{cmd: netdevCmdNAPIGet, version: 1})
+	req := netdevnl.Request(family, netdevCmdNAPIGet, unix.NLM_F_DUMP)
 	req.AddData(nl.NewRtAttr(netdevANAPIIfindex, nl.Uint32Attr(uint32(ifindex))))
 	return req
 }
@@ -44,19 +34,19 @@ func napiGetRequest(family uint16, ifindex int) *nl.NetlinkRequest {
 // namespace for the threads of the device's NAPI instances (threaded NAPI
 // only has them).
 func napiThreads(ifindex int) ([]napiThread, error) {
-	fam, err := netlink.GenlFamilyGet("netdev")
+	fam, err := netdevnl.Family()
 	if err != nil {
-		return nil, fmt.Errorf("netdev netlink family (6.5): %w", err)
+		return nil, err
 	}
-	msgs, err := napiGetRequest(fam.ID, ifindex).Execute(unix.NETLINK_GENERIC, 0)
+	msgs, err := napiGetRequest(fam, ifindex).Execute(unix.NETLINK_GENERIC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("netdev napi-get of ifindex %d: %w", ifindex, err)
 	}
 	var out []napiThread
 	for _, m := range msgs {
-		attrs, err := nl.ParseRouteAttr(m[nl.SizeofGenlmsg:])
+		attrs, err := netdevnl.Attrs(m)
 		if err != nil {
-			return nil, fmt.Errorf("netdev napi-get reply: %w", err)
+			return nil, err
 		}
 		var t napiThread
 		var dev uint32

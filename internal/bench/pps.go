@@ -390,6 +390,14 @@ func (p *pps) setup() error {
 	if err := p.ns.SetConfig(lbmap.NSConfig{SNATAddr4: lbmap.AddrFrom(ipNode), Mode: lbmap.ModeSNAT}); err != nil {
 		return err
 	}
+	// Two NICs: XDP redirects to eth1, as the agent lets it to every
+	// device it attaches XDP to (its peer, the sink, runs XDP: it takes
+	// redirected frames). Without it XDP leaves the packets to tc.
+	if p.cfg.Topology == TopologyTwoNIC {
+		if err := p.ns.SetXDPTransmit(p.topo.eth1); err != nil {
+			return err
+		}
+	}
 	p.progress("installing NodePort *:%d/UDP and /TCP -> remote backend %s:%d (snat)", nodePort, ipBackend, backendPort)
 	return installService(p.ns.Maps(), false)
 }

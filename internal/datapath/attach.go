@@ -110,10 +110,8 @@ func (n *NorthSouth) AttachDevices(opts DeviceOptions) ([]DeviceAttachment, erro
 			return n.Devices(), fmt.Errorf("attach north-south LB to %s: %w", dev.Name, err)
 		}
 		n.devices = append(n.devices, d)
-		if d.XDP != XDPDisabled {
-			if err := n.SetXDPTransmit(d.Ifindex); err != nil {
-				return n.Devices(), fmt.Errorf("attach north-south LB to %s: %w", dev.Name, err)
-			}
+		if err := n.allowXDPRedirects(d); err != nil {
+			return n.Devices(), fmt.Errorf("attach north-south LB to %s: %w", dev.Name, err)
 		}
 	}
 	// The new programs run on every device now: what the old ones wrote
@@ -134,6 +132,26 @@ func (n *NorthSouth) SetXDPTransmit(ifindex int) error {
 		return fmt.Errorf("allow XDP transmit on ifindex %d: %w", ifindex, err)
 	}
 	return nil
+}
+
+// allowXDPRedirects lets XDP on the other devices redirect to d when d
+// runs XDP itself and its driver takes redirected frames, as far as the
+// kernel says (XDPRedirectTarget); else those packets are tc's, and d's
+// note says so. XDP_TX on d itself needs no entry.
+func (n *NorthSouth) allowXDPRedirects(d *deviceAttachment) error {
+	if d.XDP == XDPDisabled {
+		return nil
+	}
+	ok, known, err := XDPRedirectTarget(d.Ifindex)
+	if err != nil && n.logf != nil {
+		n.logf("%s: %v (redirects to it allowed, as before 6.3)", d.Device, err)
+	}
+	if err == nil && known && !ok {
+		d.XDPNote = strings.TrimPrefix(d.XDPNote+"; ", "; ") +
+			"its driver takes no redirected XDP frames (xdp-features without ndo-xmit): what XDP on other devices routes to it is tc's"
+		return nil
+	}
+	return n.SetXDPTransmit(d.Ifindex)
 }
 
 // Devices lists what AttachDevices attached.

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -147,5 +148,45 @@ func TestPrivilegedDeviceBestEffortVethTCOnly(t *testing.T) {
 	}
 	if _, err := os.Stat(xdpPin(d.opts.LinksDir, "nsv0", XDPNative)); !os.IsNotExist(err) {
 		t.Errorf("native XDP pin of nsv0: %v, want removed", err)
+	}
+}
+
+// A veth takes the frames XDP redirects to it only while its peer has an
+// XDP program (or GRO on): the kernel says so in the device's xdp-features
+// (netdev genetlink, 6.3), which XDPRedirectTarget reads. A device with
+// XDP that takes none gets no ns_xdp_tx entry (XDP on the other devices
+// leaves what it routes there to tc) and a note saying so.
+func TestPrivilegedXDPRedirectTarget(t *testing.T) {
+	probetest.SkipUnless(t, probe.XDP)
+	n := newNorthSouth(t)
+	ns := newTestNetns(t)
+	ns.addVeth(t, "xrt0", "xrt0p")
+	idx := linkIndexIn(t, ns, "xrt0")
+	allow := func() (ok, known, entry bool, note string) {
+		t.Helper()
+		d := &deviceAttachment{DeviceAttachment: DeviceAttachment{Device: "xrt0", Ifindex: idx, XDP: XDPNative}}
+		must(t, inNetns(ns.handle, func() (err error) {
+			if ok, known, err = XDPRedirectTarget(idx); err != nil {
+				return err
+			}
+			return n.allowXDPRedirects(d)
+		}))
+		var v uint32
+		entry = n.xdp.NsXdpTx.Lookup(uint32(idx), &v) == nil
+		if entry {
+			must(t, n.xdp.NsXdpTx.Delete(uint32(idx)))
+		}
+		return ok, known, entry, d.XDPNote
+	}
+	ok, known, entry, note := allow()
+	if !known {
+		t.Skip("kernel reports no XDP features (netdev genetlink, 6.3)")
+	}
+	if ok || entry || !strings.Contains(note, "no redirected XDP frames") {
+		t.Errorf("peer without XDP: takes redirects %t, ns_xdp_tx entry %t, note %q; want no, none, said so", ok, entry, note)
+	}
+	xdpPass(t, ns, "xrt0p")
+	if ok, _, entry, note := allow(); !ok || !entry || note != "" {
+		t.Errorf("peer with XDP_PASS: takes redirects %t, ns_xdp_tx entry %t, note %q; want yes, an entry, no note", ok, entry, note)
 	}
 }

@@ -1,14 +1,14 @@
 package datapath
 
 import (
-	"errors"
 	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
+	"github.com/sluice-dataplane/sluice/internal/probe"
+	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
 
 // TestPrivilegedVLANOffloadForXDP: a device with a VLAN device on it and
@@ -17,17 +17,14 @@ import (
 // turns the offload off and says so; with it off, or with no VLAN device,
 // nothing is needed.
 func TestPrivilegedVLANOffloadForXDP(t *testing.T) {
+	probetest.SkipUnless(t, probe.VLAN8021Q)
 	bpftest.InNewNetNS(t, func() {
 		dev := addVeth(t, nsTestPrefix+"vl0", nsTestPrefix+"vl1", nil)
 		name, idx := dev.Attrs().Name, dev.Attrs().Index
 		if reason, note, err := vlanXDP(name, idx, true); err != nil || reason != "" || note != "" {
 			t.Fatalf("no VLAN device: reason %q, note %q, err %v; want nothing needed", reason, note, err)
 		}
-		err := netlink.LinkAdd(&netlink.Vlan{LinkAttrs: netlink.LinkAttrs{Name: "vl0.100", ParentIndex: idx}, VlanId: 100})
-		if errors.Is(err, unix.EOPNOTSUPP) {
-			t.Skipf("kernel lacks 802.1Q VLAN devices (CONFIG_VLAN_8021Q): %v", err)
-		}
-		must(t, err)
+		must(t, netlink.LinkAdd(&netlink.Vlan{LinkAttrs: netlink.LinkAttrs{Name: "vl0.100", ParentIndex: idx}, VlanId: 100}))
 		on, err := RXVLANOffload(name)
 		if err != nil || !on {
 			t.Fatalf("a veth's rx-vlan-offload: %t, %v; want on (the kernel's default)", on, err)

@@ -60,6 +60,9 @@ const (
 	// SchFQ: the fq qdisc, built in or a module (CONFIG_NET_SCH_FQ), which
 	// the bandwidth manager's EDT needs.
 	SchFQ = "sch_fq"
+	// VLAN8021Q: 802.1Q VLAN devices (CONFIG_VLAN_8021Q), built in or a
+	// module.
+	VLAN8021Q = "802.1Q VLAN devices"
 	// L4CsumIPv6: bpf_l4_csum_replace takes BPF_F_IPV6 (6.16), which
 	// keeps skb->csum right when an IPv6 address in the pseudo header
 	// changes on a CHECKSUM_COMPLETE packet (a NIC's receive checksum).
@@ -194,10 +197,12 @@ func probeAll() Features {
 		{SockDestroy, "6.5", sockDestroy},
 		{NFConntrackKfuncs, "5.18", nfConntrackKfuncs},
 		// Config options (CONFIG_IP_VS, CONFIG_NET_SCH_FQ,
-		// CONFIG_INET_DIAG_DESTROY), not releases: no since.
+		// CONFIG_INET_DIAG_DESTROY, CONFIG_VLAN_8021Q), not releases: no
+		// since.
 		{SockDiagDestroy, "", sockDiagDestroy},
 		{IPVS, "", ipvs},
 		{SchFQ, "", schFQ},
+		{VLAN8021Q, "", vlan8021Q},
 	}
 	out := make(Features, 0, len(checks))
 	for _, c := range checks {
@@ -460,15 +465,22 @@ func ipvs() (string, error) {
 	return "kube-proxy's ipvs mode: module " + mod + " not loaded yet (modprobe ip_vs)", nil
 }
 
-// schFQ: CONFIG_NET_SCH_FQ from the kernel's config where it can be read,
-// else the module among the running kernel's. Like ipvs, it loads nothing.
-func schFQ() (string, error) {
+// schFQ: CONFIG_NET_SCH_FQ (configModule). Like ipvs, it loads nothing.
+func schFQ() (string, error) { return configModule("CONFIG_NET_SCH_FQ", "sch_fq") }
+
+// vlan8021Q: CONFIG_VLAN_8021Q, VLAN devices (configModule).
+func vlan8021Q() (string, error) { return configModule("CONFIG_VLAN_8021Q", "8021q") }
+
+// configModule is a kernel config option from the kernel's config where it
+// can be read (built in, or module among the running kernel's), else
+// module among the running kernel's.
+func configModule(option, module string) (string, error) {
 	rel, err := kernelRelease()
 	if err != nil {
 		return "", err
 	}
 	for _, p := range []string{"/proc/config.gz", "/boot/config-" + rel} {
-		v, err := configOption(p, "CONFIG_NET_SCH_FQ")
+		v, err := configOption(p, option)
 		if err != nil {
 			continue
 		}
@@ -476,16 +488,16 @@ func schFQ() (string, error) {
 		case "y":
 			return "built in (" + p + ")", nil
 		case "m":
-			if mod, err := FindModule("/lib/modules/"+rel, "sch_fq"); err == nil {
+			if mod, err := FindModule("/lib/modules/"+rel, module); err == nil {
 				return "module " + mod, nil
 			}
-			return "", fmt.Errorf("CONFIG_NET_SCH_FQ=m (%s) but no sch_fq module in /lib/modules/%s", p, rel)
+			return "", fmt.Errorf("%s=m (%s) but no %s module in /lib/modules/%s", option, p, module, rel)
 		}
-		return "", fmt.Errorf("CONFIG_NET_SCH_FQ is not set (%s)", p)
+		return "", fmt.Errorf("%s is not set (%s)", option, p)
 	}
-	mod, err := FindModule("/lib/modules/"+rel, "sch_fq")
+	mod, err := FindModule("/lib/modules/"+rel, module)
 	if err != nil {
-		return "", fmt.Errorf("no kernel config to read and no sch_fq module: %v", err)
+		return "", fmt.Errorf("no kernel config to read and no %s module: %v", module, err)
 	}
 	return "module " + mod, nil
 }
