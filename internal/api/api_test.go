@@ -3,7 +3,9 @@ package api
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -143,5 +145,23 @@ func TestListenReplacesStaleSocket(t *testing.T) {
 	}
 	if _, err := Listen(file); err == nil || !strings.Contains(err.Error(), "not a socket") {
 		t.Errorf("Listen over a regular file: %v, want refused", err)
+	}
+}
+
+// TestHeapProfile: the socket serves Go's heap profile (gzipped protobuf)
+// for `go tool pprof`.
+func TestHeapProfile(t *testing.T) {
+	sock := serve(t, &fakeProvider{})
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	resp, err := hc.Get("http://sluice/debug/pprof/heap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK || len(body) < 2 || body[0] != 0x1f || body[1] != 0x8b {
+		t.Errorf("GET /debug/pprof/heap: %s, %d bytes, %v; want 200 and a gzipped profile", resp.Status, len(body), err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"time"
@@ -62,6 +63,11 @@ func Handler(p Provider) http.Handler {
 		v, err := bp.BPFBandwidth(r.Context())
 		reply(w, v, err)
 	})
+	// Go's profiles (heap, goroutines, CPU) for an agent that uses more
+	// than it should: the socket is root's alone, and a profile costs
+	// nothing until it is asked for.
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	return mux
 }
 

@@ -375,7 +375,7 @@ func (r *scaleRun) measure(ctx context.Context, n int, row ScaleRow) (_ ScaleRow
 		row.DidNotFinish = "one change: " + err.Error()
 		return row, err
 	}
-	if row.ColdSeconds, row.InitialSyncSeconds, err = r.cold(ctx); err != nil {
+	if err = r.cold(ctx, targets, &row); err != nil {
 		row.DidNotFinish = "restart: " + err.Error()
 		return row, err
 	}
@@ -646,38 +646,85 @@ func (r *scaleRun) oneChange(ctx context.Context, n int) (all, agent, write Perc
 	return percentiles(ms), percentiles(agentMS), percentiles(writeMS), nil
 }
 
+// Traffic across a restart: new connections to the measured Services from
+// restartLead before the stop until restartTail after the first full sync.
+const (
+	restartLead     = time.Second
+	restartTail     = 2 * time.Second
+	restartInterval = 20 * time.Millisecond
+)
+
 // cold restarts the client node's dataplane and times its first full sync
 // from the restart (the rules or pinned maps it left stay in the kernel,
 // as in a rolling update); for sluice also the agent's own start → maps
-// gauge.
-func (r *scaleRun) cold(ctx context.Context) (coldSeconds, initialSync float64, err error) {
+// gauge and its frontends before the restart and at the first sync. The
+// client pod opens new connections to targets throughout: a restart that
+// drops a frontend, or a first sync that deletes restored ones, fails
+// requests.
+func (r *scaleRun) cold(ctx context.Context, targets []string, row *ScaleRow) error {
 	node := lab.NodeName(clientNode)
+	if r.metrics.frontends != "" {
+		if s, err := r.scrape(ctx); err == nil {
+			row.Restart.FrontendsBefore = int(s.value(r.metrics.frontends))
+		}
+	}
+	args := []string{"--count", "1000000", "--interval", restartInterval.String(), "--timeout", "2s",
+		"--budget", (r.cfg.StepTimeout + time.Minute).String()}
+	for _, t := range targets {
+		args = append(args, "--url", t)
+	}
+	traffic, err := r.l.StartProbe(ctx, r.clientPod, "http", args...)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if traffic != nil {
+			_, _ = traffic.Stop()
+		}
+	}()
+	if err := sleep(ctx, restartLead); err != nil {
+		return err
+	}
 	t0 := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.StepTimeout)
 	defer cancel()
 	if err := r.l.RestartAgent(rctx, node, syscall.SIGTERM); err != nil {
-		return 0, 0, err
+		return err
 	}
 	deadline := t0.Add(r.cfg.StepTimeout)
 	for {
 		s, err := r.scrape(ctx)
 		if err == nil {
 			if ts := s.value(r.metrics.lastSync); ts > float64(t0.UnixNano())/1e9 {
-				cold := ts - float64(t0.UnixNano())/1e9
+				row.ColdSeconds = ts - float64(t0.UnixNano())/1e9
 				if r.metrics.initialSync != "" {
-					initialSync = s.value(r.metrics.initialSync)
+					row.InitialSyncSeconds = s.value(r.metrics.initialSync)
 				}
-				r.cfg.step("%s: restart → first full sync %.2fs", r.d, cold)
-				return cold, initialSync, nil
+				if r.metrics.frontends != "" {
+					row.Restart.FrontendsAfter = int(s.value(r.metrics.frontends))
+				}
+				break
 			}
 		}
 		if time.Now().After(deadline) {
-			return 0, 0, fmt.Errorf("no sync within %v of the restart (%v)", r.cfg.StepTimeout, err)
+			return fmt.Errorf("no sync within %v of the restart (%v)", r.cfg.StepTimeout, err)
 		}
 		if err := sleep(ctx, 100*time.Millisecond); err != nil {
-			return 0, 0, err
+			return err
 		}
 	}
+	if err := sleep(ctx, restartTail); err != nil {
+		return err
+	}
+	rep, err := traffic.Stop()
+	traffic = nil
+	if err != nil {
+		return fmt.Errorf("traffic across the restart: %w", err)
+	}
+	row.Restart.Requests, row.Restart.OK, row.Restart.FirstError = rep.Count, rep.OK, rep.FirstError
+	r.cfg.step("%s: restart → first full sync %.2fs; traffic across it: %d of %d requests answered%s", r.d, row.ColdSeconds,
+		rep.OK, rep.Count, row.Restart.frontendsNote())
+	return nil
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

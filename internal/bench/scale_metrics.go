@@ -23,6 +23,8 @@ type dataplaneMetrics struct {
 	// kube-proxy, which has neither.
 	initialSync string
 	changeToMap string
+	// frontends is sluice's gauge of Service frontends in its maps.
+	frontends string
 }
 
 func metricsOf(dataplane string) dataplaneMetrics {
@@ -33,6 +35,7 @@ func metricsOf(dataplane string) dataplaneMetrics {
 			programming: "sluice_network_programming_duration_seconds",
 			initialSync: "sluice_initial_sync_duration_seconds",
 			changeToMap: "sluice_change_to_map_duration_seconds",
+			frontends:   "sluice_frontends",
 		}
 	}
 	return dataplaneMetrics{

@@ -70,8 +70,30 @@ type ScaleRow struct {
 	// (agent start → every listed Service in the maps).
 	ColdSeconds        float64 `json:"coldSeconds"`
 	InitialSyncSeconds float64 `json:"initialSyncSeconds,omitempty"`
+	// Restart is the traffic across that restart.
+	Restart RestartTraffic `json:"restart"`
 	// RSSMiB is the client node's dataplane process, once programmed.
 	RSSMiB float64 `json:"rssMiB"`
+}
+
+// RestartTraffic is what the client pod saw across a restart of its node's
+// dataplane: new connections to the measured Services from before the stop
+// until after the first full sync; for sluice also its frontends gauge
+// before the restart and at that first sync (a first sync that deleted
+// restored frontends shows fewer).
+type RestartTraffic struct {
+	Requests        int    `json:"requests"`
+	OK              int    `json:"ok"`
+	FirstError      string `json:"firstError,omitempty"`
+	FrontendsBefore int    `json:"frontendsBefore,omitempty"`
+	FrontendsAfter  int    `json:"frontendsAfterFirstSync,omitempty"`
+}
+
+func (t RestartTraffic) frontendsNote() string {
+	if t.FrontendsBefore == 0 && t.FrontendsAfter == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; frontends %d before, %d at the first sync", t.FrontendsBefore, t.FrontendsAfter)
 }
 
 // LatencyResult is one mode's round trips over the repeats: p50 and p99
@@ -179,6 +201,20 @@ func (r *ScaleReport) computeTargets() {
 	} else {
 		skip(what, "≤ 2 s", fmt.Sprintf("no finished sluice row at %d Services", largest))
 	}
+	what = fmt.Sprintf("sluice restart at %d Services under traffic: requests failed", largest)
+	if ok && okTop && top.Restart.Requests > 0 {
+		v := float64(top.Restart.Requests - top.Restart.OK)
+		r.Targets = append(r.Targets, ScaleTarget{What: what, Target: "0", Value: v, Unit: "requests", Met: v == 0})
+	} else {
+		skip(what, "0", fmt.Sprintf("no finished sluice row at %d Services", largest))
+	}
+	what = fmt.Sprintf("sluice restart at %d Services: frontends at the first sync / before", largest)
+	if ok && okTop && top.Restart.FrontendsBefore > 0 {
+		v := float64(top.Restart.FrontendsAfter) / float64(top.Restart.FrontendsBefore)
+		r.Targets = append(r.Targets, ScaleTarget{What: what, Target: "1", Value: v, Unit: "ratio", Met: top.Restart.FrontendsAfter == top.Restart.FrontendsBefore})
+	} else {
+		skip(what, "1", fmt.Sprintf("no finished sluice row at %d Services", largest))
+	}
 	for _, t := range []struct {
 		what string
 		p    Percentiles
@@ -266,11 +302,11 @@ func (r *ScaleReport) WriteMarkdown(w io.Writer) {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "### Control plane")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| contender | Services | backends | create s | programmed s | restart → synced s | agent start → maps s | one change p50 ms | one change p99 ms | max ms | API write p50 ms | agent share p99 ms | RSS MiB | note |")
-	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+	fmt.Fprintln(w, "| contender | Services | backends | create s | programmed s | restart → synced s | agent start → maps s | restart: requests failed | one change p50 ms | one change p99 ms | max ms | API write p50 ms | agent share p99 ms | RSS MiB | note |")
+	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 	for _, c := range r.Contenders {
 		if c.Skipped != "" {
-			fmt.Fprintf(w, "| %s | – | – | – | – | – | – | – | – | – | – | – | – | %s |\n", c.Name, cellText(c.Skipped))
+			fmt.Fprintf(w, "| %s | – | – | – | – | – | – | – | – | – | – | – | – | – | %s |\n", c.Name, cellText(c.Skipped))
 			continue
 		}
 		for _, row := range c.Rows {
@@ -282,13 +318,17 @@ func (r *ScaleReport) WriteMarkdown(w io.Writer) {
 			if row.DidNotFinish != "" {
 				note = "did not finish: " + row.DidNotFinish
 			}
-			fmt.Fprintf(w, "| %s | %d | %d | %.1f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c.Name, row.Services, row.Backends,
-				row.GrowSeconds, secs(row.ProgrammedSeconds), secs(row.ColdSeconds), init,
+			failed := "–"
+			if row.Restart.Requests > 0 {
+				failed = fmt.Sprintf("%d of %d", row.Restart.Requests-row.Restart.OK, row.Restart.Requests)
+			}
+			fmt.Fprintf(w, "| %s | %d | %d | %.1f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c.Name, row.Services, row.Backends,
+				row.GrowSeconds, secs(row.ProgrammedSeconds), secs(row.ColdSeconds), init, failed,
 				msCell(row.OneChangeMS, row.OneChangeMS.P50), msCell(row.OneChangeMS, row.OneChangeMS.P99), msCell(row.OneChangeMS, row.OneChangeMS.Max),
 				msCell(row.OneChangeWriteMS, row.OneChangeWriteMS.P50), msCell(row.OneChangeAgentMS, row.OneChangeAgentMS.P99), mib(row.RSSMiB), cellText(note))
 		}
 		if c.Error != "" {
-			fmt.Fprintf(w, "| %s | – | – | – | – | – | – | – | – | – | – | – | – | failed: %s |\n", c.Name, cellText(c.Error))
+			fmt.Fprintf(w, "| %s | – | – | – | – | – | – | – | – | – | – | – | – | – | failed: %s |\n", c.Name, cellText(c.Error))
 		}
 	}
 	fmt.Fprintln(w)

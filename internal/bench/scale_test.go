@@ -115,7 +115,8 @@ func sampleReport() *ScaleReport {
 		{Name: "sluice", Rows: []ScaleRow{
 			{Services: 1, Backends: 10, NewConn: lat(200, 400, 50), KeepAlive: lat(100, 200, 30), OneChangeMS: percentiles([]float64{3, 4}), ColdSeconds: 0.2},
 			{Services: 100, Backends: 1000, NewConn: lat(202, 410, 51), KeepAlive: lat(100, 200, 30), OneChangeMS: percentiles([]float64{3, 4}), ColdSeconds: 0.3},
-			{Services: 10000, Backends: 100000, NewConn: lat(206, 420, 52), KeepAlive: lat(101, 210, 30), OneChangeMS: percentiles([]float64{4, 6}), ColdSeconds: 1.5, InitialSyncSeconds: 1.4},
+			{Services: 10000, Backends: 100000, NewConn: lat(206, 420, 52), KeepAlive: lat(101, 210, 30), OneChangeMS: percentiles([]float64{4, 6}), ColdSeconds: 1.5, InitialSyncSeconds: 1.4,
+				Restart: RestartTraffic{Requests: 150, OK: 150, FrontendsBefore: 40000, FrontendsAfter: 40000}},
 		}},
 		{Name: "kube-proxy-iptables", Rows: []ScaleRow{
 			{Services: 1, Backends: 10, NewConn: lat(250, 500, 60), KeepAlive: lat(100, 200, 30), OneChangeMS: percentiles([]float64{300}), ColdSeconds: 1},
@@ -128,11 +129,35 @@ func sampleReport() *ScaleReport {
 	return r
 }
 
+// TestScaleReportRestartTargets: a request lost across the restart, or a
+// first sync with fewer frontends than before it, misses its target.
+func TestScaleReportRestartTargets(t *testing.T) {
+	r := sampleReport()
+	rows := r.Contenders[0].Rows
+	rows[len(rows)-1].Restart = RestartTraffic{Requests: 150, OK: 149, FrontendsBefore: 40000, FrontendsAfter: 39996}
+	r.Targets = nil
+	r.computeTargets()
+	missed := 0
+	for _, tg := range r.Targets {
+		if strings.Contains(tg.What, "restart at 10000") {
+			if tg.Met {
+				t.Errorf("target %+v met, want missed", tg)
+			}
+			missed++
+		}
+	}
+	if missed != 2 {
+		t.Errorf("%d restart targets, want 2: %+v", missed, r.Targets)
+	}
+}
+
 func TestScaleReportTargetsAndMarkdown(t *testing.T) {
 	r := sampleReport()
 	want := map[string]bool{"sluice new-connection p50 at 10000 vs 1 Service": true,
 		"sluice restart → all 10000 Services programmed":                                     true,
-		"sluice one change at 10000 Services, p99 (trigger time → maps, API write included)": true}
+		"sluice one change at 10000 Services, p99 (trigger time → maps, API write included)": true,
+		"sluice restart at 10000 Services under traffic: requests failed":                    true,
+		"sluice restart at 10000 Services: frontends at the first sync / before":             true}
 	for _, tg := range r.Targets {
 		if !want[tg.What] || !tg.Met || tg.Skipped != "" {
 			if !strings.Contains(tg.What, "agent: informer") || tg.Skipped == "" {
@@ -140,8 +165,8 @@ func TestScaleReportTargetsAndMarkdown(t *testing.T) {
 			}
 		}
 	}
-	if len(r.Targets) != 4 {
-		t.Errorf("%d targets, want 4", len(r.Targets))
+	if len(r.Targets) != 6 {
+		t.Errorf("%d targets, want 6", len(r.Targets))
 	}
 	var md strings.Builder
 	r.WriteMarkdown(&md)
@@ -151,6 +176,7 @@ func TestScaleReportTargetsAndMarkdown(t *testing.T) {
 		"did not finish: one change: not programmed within 6m0s",
 		"| kube-proxy-ipvs | – | kube-proxy-ipvs skipped: no IPVS in this kernel (/proc/net/ip_vs missing) |",
 		"| sluice new-connection p50 at 10000 vs 1 Service | ≤ 1.05 | 1.03 ratio | yes |",
+		"| sluice | 10000 | 100000 | 0.0 | – | 1.50 | 1.40 | 0 of 150 |",
 	} {
 		if !strings.Contains(md.String(), line) {
 			t.Errorf("markdown lacks %q:\n%s", line, md.String())

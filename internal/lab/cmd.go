@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -472,12 +473,21 @@ func formatCounts(m map[string]int) string {
 // Probe runs `lab probe KIND ARGS... -o json` in the target's namespace and
 // cgroup and decodes its report. kind is http, udp or tcp.
 func (l *Lab) Probe(ctx context.Context, target, kind string, args ...string) (*ProbeReport, error) {
+	cmd, stderr := l.probeCommand(ctx, target, kind, args)
+	out, err := cmd.Output()
+	return decodeProbe(target, kind, args, out, err, stderr)
+}
+
+func (l *Lab) probeCommand(ctx context.Context, target, kind string, args []string) (*exec.Cmd, *strings.Builder) {
 	full := append([]string{l.Exe, "probe", kind}, args...)
 	full = append(full, "-o", "json")
 	cmd := l.Command(ctx, target, full...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	stderr := &strings.Builder{}
+	cmd.Stderr = stderr
+	return cmd, stderr
+}
+
+func decodeProbe(target, kind string, args []string, out []byte, err error, stderr *strings.Builder) (*ProbeReport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("probe %s from %s %v: %w: %s", kind, target, args, err, strings.TrimSpace(stderr.String()))
 	}
@@ -486,6 +496,53 @@ func (l *Lab) Probe(ctx context.Context, target, kind string, args ...string) (*
 		return nil, fmt.Errorf("probe %s from %s: decode %q: %w", kind, target, out, err)
 	}
 	return &rep, nil
+}
+
+// RunningProbe is a probe running in the background (StartProbe) until
+// Stop.
+type RunningProbe struct {
+	target, kind string
+	args         []string
+	stop         context.CancelFunc
+	done         chan struct{}
+	out          []byte
+	err          error
+	stderr       *strings.Builder
+}
+
+// StartProbe starts `lab probe KIND ARGS... -o json` in the target's
+// namespace and cgroup and returns at once; give it a --count and --budget
+// longer than it is meant to run. Stop ends it with SIGTERM, on which the
+// probe reports what it did so far.
+func (l *Lab) StartProbe(ctx context.Context, target, kind string, args ...string) (*RunningProbe, error) {
+	ctx, stop := context.WithCancel(ctx)
+	cmd, stderr := l.probeCommand(ctx, target, kind, args)
+	// nsenter execs the probe, so the signal reaches it.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	var stdout strings.Builder
+	cmd.Stdout = &stdout
+	if err := cmd.Start(); err != nil {
+		stop()
+		return nil, fmt.Errorf("probe %s from %s %v: %w", kind, target, args, err)
+	}
+	p := &RunningProbe{target: target, kind: kind, args: args, stop: stop, done: make(chan struct{}), stderr: stderr}
+	go func() {
+		err := cmd.Wait()
+		if errors.Is(err, context.Canceled) && stdout.Len() > 0 {
+			err = nil // stopped: the report says what it did
+		}
+		p.out, p.err = []byte(stdout.String()), err
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Stop sends the probe SIGTERM (if it still runs) and decodes its report.
+func (p *RunningProbe) Stop() (*ProbeReport, error) {
+	p.stop()
+	<-p.done
+	return decodeProbe(p.target, p.kind, p.args, p.out, p.err, p.stderr)
 }
 
 // tuneCommand is `sluice-lab tune`: sluice tune over the lab's node

@@ -12,12 +12,9 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net/netip"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -171,46 +168,28 @@ func smokeRestart(t *testing.T, l *lab.Lab, node lab.Node, a addrs, backends []s
 	addr := hostPort(node.IPv4, a.nodePort())
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	flowCtx, stopFlow := context.WithCancel(ctx)
-	defer stopFlow()
-	flow := l.Command(flowCtx, "client", l.Exe, "probe", "stream", "--addr", addr, "--count", "100000",
-		"--interval", smokeFlowInterval.String(), "--timeout", "3s", "--budget", "2m", "-o", "json")
-	// nsenter execs the probe, which reports what it did on SIGTERM.
-	flow.Cancel = func() error { return flow.Process.Signal(syscall.SIGTERM) }
-	flow.WaitDelay = 10 * time.Second
-	var stderr strings.Builder
-	flow.Stderr = &stderr
-	type result struct {
-		out []byte
-		err error
+	flow, err := l.StartProbe(ctx, "client", "stream", "--addr", addr, "--count", "100000",
+		"--interval", smokeFlowInterval.String(), "--timeout", "3s", "--budget", "2m")
+	if err != nil {
+		t.Fatal(err)
 	}
-	done := make(chan result, 1)
-	go func() {
-		out, err := flow.Output()
-		done <- result{out, err}
-	}()
 	time.Sleep(flowStartup)
 	began := time.Now()
 	restartErr := l.RestartAgent(ctx, node.Name, syscall.SIGTERM)
 	restarted := time.Now()
 	time.Sleep(smokeFlowAfter)
-	stopFlow()
-	r := <-done
+	rep, err := flow.Stop()
 	if restartErr != nil {
 		t.Fatalf("restart the agent on %s: %v", node.Name, restartErr)
 	}
 	t.Logf("agent on %s restarted in %.1fs (stop, start, /healthz)", node.Name, restarted.Sub(began).Seconds())
-	if r.err != nil && !errors.Is(r.err, context.Canceled) {
-		t.Fatalf("TCP stream to %s: %v: %s", addr, r.err, stderr.String())
-	}
-	var rep lab.ProbeReport
-	if err := json.Unmarshal(r.out, &rep); err != nil {
-		t.Fatalf("TCP stream to %s: decode %q: %v (stderr: %s)", addr, r.out, err, stderr.String())
+	if err != nil {
+		t.Fatalf("TCP stream to %s: %v", addr, err)
 	}
 	// At least the requests of the time before the restart and after it.
 	min := int((flowStartup + smokeFlowAfter) / smokeFlowInterval / 2)
 	if rep.OK != rep.Count || rep.Count < min {
-		t.Errorf("TCP stream to %s across the restart: %s; want every request answered, at least %d", addr, describe(&rep), min)
+		t.Errorf("TCP stream to %s across the restart: %s; want every request answered, at least %d", addr, describe(rep), min)
 	}
 	if len(rep.Backends) != 1 {
 		t.Errorf("TCP stream to %s across the restart: answered by %v, want one backend throughout", addr, rep.Backends)

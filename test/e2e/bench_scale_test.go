@@ -1,0 +1,54 @@
+package e2e
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-dataplane/sluice/internal/bench"
+	"github.com/sluice-dataplane/sluice/internal/lab"
+)
+
+// TestPrivilegedBenchScale is `sluice-lab bench scale` in short, on sluice:
+// 1 and 500 Services × 10 on the real apiserver, a few requests and
+// changes a size. At each size the restart crosses traffic: every new
+// connection to the measured Services is answered from before the agent's
+// stop until after its first full sync, and that first sync holds as many
+// frontends as before (one that ran before the handlers had seen every
+// object would delete restored ones). The full study: docs/scale.md.
+func TestPrivilegedBenchScale(t *testing.T) {
+	requireControlPlane(t)
+	cfg := bench.DefaultScaleConfig()
+	cfg.Dataplanes = []string{lab.DataplaneSluice}
+	cfg.Sizes, cfg.Measured, cfg.Requests, cfg.Repeats, cfg.Changes = []int{1, 500}, 3, 40, 1, 2
+	cfg.StepTimeout = 3 * time.Minute
+	cfg.Prefix, cfg.Progress = newPrefix(t), t.Output()
+	cfg.Exe, cfg.AgentBin = filepath.Join(env.binDir, "sluice-lab"), filepath.Join(env.binDir, "sluice-agent")
+	rep, err := bench.RunScale(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := rep.Contenders[0]
+	if c.Error != "" || c.Skipped != "" || len(c.Rows) != len(cfg.Sizes) {
+		t.Fatalf("sluice: error %q, skipped %q, %d rows of %d", c.Error, c.Skipped, len(c.Rows), len(cfg.Sizes))
+	}
+	for _, row := range c.Rows {
+		r := row.Restart
+		switch {
+		case row.DidNotFinish != "":
+			t.Errorf("%d Services: did not finish: %s", row.Services, row.DidNotFinish)
+		case r.Requests < 100 || r.OK != r.Requests:
+			t.Errorf("%d Services: across the restart %d of %d requests answered (first error %q); want all of at least 100",
+				row.Services, r.OK, r.Requests, r.FirstError)
+		case r.FrontendsBefore < row.Services || r.FrontendsAfter != r.FrontendsBefore:
+			t.Errorf("%d Services: frontends %d before the restart, %d at its first sync; want the same, at least one a Service",
+				row.Services, r.FrontendsBefore, r.FrontendsAfter)
+		case row.ColdSeconds <= 0 || row.RSSMiB <= 0 || row.OneChangeMS.N != cfg.Changes:
+			t.Errorf("%d Services: report lacks figures: %+v", row.Services, row)
+		}
+	}
+	var md strings.Builder
+	rep.WriteMarkdown(&md)
+	t.Logf("\n%s", md.String())
+}
