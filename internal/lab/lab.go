@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/controlplane"
 	"github.com/sluice-dataplane/sluice/internal/datapath"
+	"github.com/sluice-dataplane/sluice/internal/vmtest"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -79,6 +80,12 @@ type Config struct {
 	// Veths is how the lab readies its veths for native XDP on the nodes'
 	// eth0; the zero value is what native XDP on a veth needs (fabric.go).
 	Veths VethPrep
+	// Uplinks gives a node or the client ("node1", "client") a network
+	// card of the machine as its eth0 instead of a veth on the fabric: the
+	// card is moved into its namespace. Only inside a guest of
+	// `sluice-lab vm run --nics` (whose cards are joined to each other and
+	// to nothing else); the cards then are the fabric of those endpoints.
+	Uplinks map[string]string
 	// BandwidthManager runs every agent with --enable-bandwidth-manager:
 	// the pods' kubernetes.io/egress-bandwidth and ingress-bandwidth
 	// annotations (lab annotate) are enforced.
@@ -222,6 +229,9 @@ func (c *Config) setDefaults() error {
 				AccelerationDisabled, AccelerationNative, AccelerationBestEffort)
 		}
 	}
+	if err := c.checkUplinks(); err != nil {
+		return err
+	}
 	switch c.Veths.Checksums {
 	case "":
 		c.Veths.Checksums = ChecksumsPeer
@@ -273,16 +283,18 @@ type State struct {
 	// CNI is the kubelet nodes' overlay, if any (Config.CNI).
 	CNI string `json:"cni,omitempty"`
 	// Veths is how the veths were readied for native XDP.
-	Veths        VethPrep  `json:"veths"`
-	Exe          string    `json:"exe"`
-	CgroupRoot   string    `json:"cgroupRoot"` // the lab's cgroup, under the cgroup2 mount
-	RunDir       string    `json:"runDir"`
-	ManifestsDir string    `json:"manifestsDir"`
-	BPFRoot      string    `json:"bpfRoot"`
-	FabricNetns  string    `json:"fabricNetns"`
-	Client       Endpoint  `json:"client"`
-	Nodes        []Node    `json:"nodes"`
-	Created      time.Time `json:"created"`
+	Veths VethPrep `json:"veths"`
+	// Uplinks are the endpoints whose eth0 is a network card (Config.Uplinks).
+	Uplinks      map[string]string `json:"uplinks,omitempty"`
+	Exe          string            `json:"exe"`
+	CgroupRoot   string            `json:"cgroupRoot"` // the lab's cgroup, under the cgroup2 mount
+	RunDir       string            `json:"runDir"`
+	ManifestsDir string            `json:"manifestsDir"`
+	BPFRoot      string            `json:"bpfRoot"`
+	FabricNetns  string            `json:"fabricNetns"`
+	Client       Endpoint          `json:"client"`
+	Nodes        []Node            `json:"nodes"`
+	Created      time.Time         `json:"created"`
 	// ClusterDNS is CoreDNS behind kube-dns, when the lab runs it.
 	ClusterDNS *ClusterDNS `json:"clusterDNS,omitempty"`
 	// Images are the image archives imported into a kubelet lab's nodes.
@@ -413,16 +425,16 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 		return err
 	}
 	l.State = State{
-		Prefix:        nm.prefix,
-		Dataplane:     cfg.Dataplane,
-		ControlPlane:  cfg.ControlPlane,
-		Exe:           cfg.Exe,
-		CgroupRoot:    filepath.Join(mount, nm.base),
-		RunDir:        nm.runDir(),
-		ManifestsDir:  nm.manifestsDir(),
-		BPFRoot:       nm.bpfRoot(),
-		FabricNetns:   nm.fabricNetns(),
-		Veths:         cfg.Veths,
+		Prefix:       nm.prefix,
+		Dataplane:    cfg.Dataplane,
+		ControlPlane: cfg.ControlPlane,
+		Exe:          cfg.Exe,
+		CgroupRoot:   filepath.Join(mount, nm.base),
+		RunDir:       nm.runDir(),
+		ManifestsDir: nm.manifestsDir(),
+		BPFRoot:      nm.bpfRoot(),
+		FabricNetns:  nm.fabricNetns(),
+		Veths:        cfg.Veths, Uplinks: cfg.Uplinks,
 		NoPortmap:     cfg.NoPortmap,
 		NetworkPolicy: cfg.NetworkPolicy,
 		CNI:           cfg.CNI,
@@ -490,7 +502,7 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 	}
 
 	l.step("wiring the fabric, %d nodes and %d pods (veth pairs, addresses, routes)", cfg.Nodes, cfg.Nodes*cfg.PodsPerNode)
-	for _, b := range topology(nm, cfg.Nodes, cfg.PodsPerNode, real, cfg.CNI != "") {
+	for _, b := range topology(nm, cfg.Nodes, cfg.PodsPerNode, real, cfg.CNI != "", cfg.Uplinks) {
 		if err := ipBatch(ctx, b.netns, b.cmds); err != nil {
 			return err
 		}
@@ -817,13 +829,43 @@ func (l *Lab) podInfos() []PodInfo {
 }
 
 // FabricPorts returns the fabric-side names of the nodes' eth0 veths, in
-// the FabricNetns namespace.
+// the FabricNetns namespace (none for a node whose eth0 is a card:
+// Config.Uplinks).
 func (l *Lab) FabricPorts() []string {
-	out := make([]string, len(l.Nodes))
-	for i, n := range l.Nodes {
-		out[i] = fabricPortName(n.Index)
+	var out []string
+	for _, n := range l.Nodes {
+		if l.Uplinks[n.Name] == "" {
+			out = append(out, fabricPortName(n.Index))
+		}
 	}
 	return out
+}
+
+// checkUplinks: a node or the client each, a device name each, and only in
+// a guest, whose cards reach nothing but each other: on a machine the lab
+// shares, moving a card would take it from the host.
+func (c *Config) checkUplinks() error {
+	if len(c.Uplinks) == 0 {
+		return nil
+	}
+	if os.Getenv(vmtest.GuestEnv) == "" {
+		return fmt.Errorf("uplinks %v: only inside a guest of `sluice-lab vm run --nics` (%s unset): the lab never moves the machine's own cards", c.Uplinks, vmtest.GuestEnv)
+	}
+	seen := map[string]string{}
+	for ep, dev := range c.Uplinks {
+		n, err := strconv.Atoi(strings.TrimPrefix(ep, "node"))
+		if ep != "client" && (!strings.HasPrefix(ep, "node") || err != nil || NodeName(n) != ep || n < 1 || n > c.Nodes) {
+			return fmt.Errorf("uplink of %q: no such node or client (client, node1..node%d)", ep, c.Nodes)
+		}
+		if dev == "" || strings.ContainsAny(dev, " /\n") || len(dev) > 15 {
+			return fmt.Errorf("uplink of %s: device name %q", ep, dev)
+		}
+		if other, dup := seen[dev]; dup {
+			return fmt.Errorf("uplink %s given to both %s and %s", dev, other, ep)
+		}
+		seen[dev] = ep
+	}
+	return nil
 }
 
 // Pods returns every pod, node by node.

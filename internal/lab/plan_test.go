@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sluice-dataplane/sluice/internal/vmtest"
 )
 
 func TestAddressPlan(t *testing.T) {
@@ -78,7 +80,7 @@ func TestValidPrefix(t *testing.T) {
 
 func TestTopology(t *testing.T) {
 	nm := newNames("sluice-lt0000-")
-	batches := topology(nm, 2, 2, true, false)
+	batches := topology(nm, 2, 2, true, false, nil)
 	byNS := map[string][]string{}
 	var order []string
 	for _, b := range batches {
@@ -143,7 +145,7 @@ func TestTopology(t *testing.T) {
 			}
 		}
 	}
-	for _, b := range topology(nm, 2, 2, false, false) {
+	for _, b := range topology(nm, 2, 2, false, false, nil) {
 		for _, c := range b.cmds {
 			if b.netns == "sluice-lt0000-cp" || strings.Contains(c, "netns sluice-lt0000-cp") {
 				t.Errorf("topology without a control plane wires its namespace: %s: %q", b.netns, c)
@@ -153,6 +155,60 @@ func TestTopology(t *testing.T) {
 	for _, name := range []string{"n1", "client", "cp", "lxc200", bridgeName, uplinkName} {
 		if len(name) > 15 {
 			t.Errorf("interface name %q longer than IFNAMSIZ-1", name)
+		}
+	}
+}
+
+// TestTopologyUplinks: a node and the client given cards are wired by moving
+// the cards (first, from the lab's own namespace) and naming each eth0 in
+// its namespace before it is addressed; no veth is made for them, and the
+// other node keeps its veth on the fabric.
+func TestTopologyUplinks(t *testing.T) {
+	nm := newNames("sluice-lt0000-")
+	batches := topology(nm, 2, 1, false, false, map[string]string{"node1": "eth0", "client": "eth2"})
+	if b := batches[0]; b.netns != "" || !slices.Equal(b.cmds, []string{
+		"link set dev eth2 netns " + nm.clientNetns(), "link set dev eth0 netns " + nm.nodeNetns(1)}) {
+		t.Fatalf("first batch %+v: want the two cards moved from the lab's own namespace", b)
+	}
+	cmds := map[string][]string{}
+	for _, b := range batches[1:] {
+		cmds[b.netns] = append(cmds[b.netns], b.cmds...)
+	}
+	fabric := strings.Join(cmds[nm.fabricNetns()], "\n")
+	if strings.Contains(fabric, "client type veth") || strings.Contains(fabric, "n1 type veth") || !strings.Contains(fabric, "n2 type veth") {
+		t.Errorf("fabric: want a veth for node2 only:\n%s", fabric)
+	}
+	if c := cmds[nm.clientNetns()]; len(c) < 2 || c[1] != "link set dev eth2 name eth0" || !strings.HasPrefix(c[2], "addr add "+ClientIPv4.String()) {
+		t.Errorf("client: want eth2 renamed eth0, then addressed: %q", c)
+	}
+	if c := cmds[nm.nodeNetns(1)]; len(c) < 2 || !strings.HasPrefix(c[1], "addr add "+NodeIPv4(1).String()) {
+		t.Errorf("node1: want its eth0 (the card's own name) addressed, no rename: %q", c)
+	}
+}
+
+// TestUplinksOnlyInAGuest: the lab never moves a card of the machine it
+// shares, and names what is wrong.
+func TestUplinksOnlyInAGuest(t *testing.T) {
+	c := Config{Nodes: 2, Uplinks: map[string]string{"node1": "eth0"}}
+	t.Setenv(vmtest.GuestEnv, "")
+	if err := c.checkUplinks(); err == nil || !strings.Contains(err.Error(), "only inside a guest") {
+		t.Errorf("outside a guest: %v", err)
+	}
+	t.Setenv(vmtest.GuestEnv, "6.12")
+	for _, tc := range []struct {
+		uplinks map[string]string
+		want    string
+	}{
+		{map[string]string{"node1": "eth0", "client": "eth1"}, ""},
+		{map[string]string{"node3": "eth0"}, `uplink of "node3": no such node`},
+		{map[string]string{"cp": "eth0"}, `uplink of "cp": no such node`},
+		{map[string]string{"node1": "eth0", "node2": "eth0"}, "given to both"},
+		{map[string]string{"node1": "eth 0"}, `device name "eth 0"`},
+	} {
+		c.Uplinks = tc.uplinks
+		err := c.checkUplinks()
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%v: %v, want %q", tc.uplinks, err, tc.want)
 		}
 	}
 }

@@ -23,7 +23,11 @@ type batch struct {
 //	client ─┐            ┌─ eth0 node1 lxc1 ── eth0 pod1
 //	cp ─────┤            │            lxc2 ── eth0 pod2
 //	        br0 (fabric) ┴─ eth0 node2 ...
-func topology(nm names, nodes, podsPerNode int, controlPlane, overlay bool) []batch {
+//
+// An endpoint in uplinks ("node1", "client": a device name) takes that
+// card as its eth0 instead of a veth on the fabric (Config.Uplinks): a first
+// batch in the lab's own namespace moves the cards.
+func topology(nm names, nodes, podsPerNode int, controlPlane, overlay bool, uplinks map[string]string) []batch {
 	fabric := batch{netns: nm.fabricNetns(), cmds: []string{
 		"link set lo up",
 		// No STP (ports forward at once); no multicast snooping, so IPv6
@@ -31,27 +35,48 @@ func topology(nm names, nodes, podsPerNode int, controlPlane, overlay bool) []ba
 		fmt.Sprintf("link add %s type bridge stp_state 0 mcast_snooping 0", bridgeName),
 		fmt.Sprintf("link set %s up", bridgeName),
 	}}
-	attach := func(port, peerNetns string) {
+	moves := batch{}
+	// rename names a moved card eth0 in its namespace, where it arrives down.
+	rename := map[string]string{}
+	attach := func(endpoint, port, peerNetns string) {
+		if dev := uplinks[endpoint]; dev != "" {
+			moves.cmds = append(moves.cmds, fmt.Sprintf("link set dev %s netns %s", dev, peerNetns))
+			if dev != uplinkName {
+				rename[peerNetns] = fmt.Sprintf("link set dev %s name %s", dev, uplinkName)
+			}
+			return
+		}
 		fabric.cmds = append(fabric.cmds,
 			fmt.Sprintf("link add %s type veth peer name %s netns %s", port, uplinkName, peerNetns),
 			fmt.Sprintf("link set %s master %s up", port, bridgeName))
 	}
-	attach(clientPortName, nm.clientNetns())
+	attach("client", clientPortName, nm.clientNetns())
 	if controlPlane {
-		attach(cpPortName, nm.cpNetns())
+		attach("", cpPortName, nm.cpNetns())
 	}
 	for n := 1; n <= nodes; n++ {
-		attach(fabricPortName(n), nm.nodeNetns(n))
+		attach(NodeName(n), fabricPortName(n), nm.nodeNetns(n))
+	}
+	// address addresses an endpoint's eth0, renamed first if it is a card.
+	address := func(netns string, v4, v6 netip.Addr) []string {
+		var cmds []string
+		if r := rename[netns]; r != "" {
+			cmds = append(cmds, r)
+		}
+		return append(cmds, uplink(v4, v6)...)
 	}
 
 	out := []batch{fabric}
+	if len(moves.cmds) > 0 {
+		out = []batch{moves, fabric}
+	}
 	if controlPlane {
 		// The fabric subnet, and the pods through their nodes: a
 		// cluster's control plane reaches its pods (webhooks, exec), and
 		// pods reach the apiserver (CoreDNS's kubernetes plugin). Nothing
 		// beyond.
 		cp := batch{netns: nm.cpNetns(), cmds: []string{"link set lo up"}}
-		cp.cmds = append(cp.cmds, uplink(ControlPlaneIPv4, ControlPlaneIPv6)...)
+		cp.cmds = append(cp.cmds, address(nm.cpNetns(), ControlPlaneIPv4, ControlPlaneIPv6)...)
 		for n := 1; n <= nodes; n++ {
 			cp.cmds = append(cp.cmds,
 				fmt.Sprintf("route add %s via %s dev %s", PodCIDRv4(n), NodeIPv4(n), uplinkName),
@@ -60,7 +85,7 @@ func topology(nm names, nodes, podsPerNode int, controlPlane, overlay bool) []ba
 		out = append(out, cp)
 	}
 	client := batch{netns: nm.clientNetns(), cmds: []string{"link set lo up"}}
-	client.cmds = append(client.cmds, uplink(ClientIPv4, ClientIPv6)...)
+	client.cmds = append(client.cmds, address(nm.clientNetns(), ClientIPv4, ClientIPv6)...)
 	if nodes > 0 {
 		client.cmds = append(client.cmds,
 			fmt.Sprintf("route add %s via %s dev %s", ExternalPrefixV4, NodeIPv4(1), uplinkName),
@@ -70,7 +95,7 @@ func topology(nm names, nodes, podsPerNode int, controlPlane, overlay bool) []ba
 
 	for n := 1; n <= nodes; n++ {
 		node := batch{netns: nm.nodeNetns(n), cmds: []string{"link set lo up"}}
-		node.cmds = append(node.cmds, uplink(NodeIPv4(n), NodeIPv6(n))...)
+		node.cmds = append(node.cmds, address(nm.nodeNetns(n), NodeIPv4(n), NodeIPv6(n))...)
 		if controlPlane {
 			// A node's default route carries the Service ranges: kube-proxy
 			// DNATs the node's own connection to a ClusterIP in OUTPUT,

@@ -74,6 +74,8 @@ func vmRunCommand() *cobra.Command {
 	f.StringVar(&accel, "accel", vmtest.AccelAuto, "accelerator: auto (KVM when a KVM guest boots here, else TCG), kvm or tcg")
 	f.IntVar(&cfg.MemoryMiB, "memory", 3072, "guest memory in MiB")
 	f.IntVar(&cfg.CPUs, "cpus", 2, "guest vCPUs")
+	f.IntVar(&cfg.NICs, "nics", 0, fmt.Sprintf("virtio-net cards (0..%d), the guest's eth0, eth1, ..., joined to each other by a bridge in a network namespace of the run's own", vmtest.MaxNICs))
+	f.IntVar(&cfg.NICQueues, "nic-queues", 1, fmt.Sprintf("queue pairs of each card (1..%d; more is multi-queue)", vmtest.MaxNICQueues))
 	f.DurationVar(&cfg.Timeout, "timeout", 30*time.Minute, "bound on the whole run; QEMU is killed after it")
 	f.DurationVar(&cfg.BootTimeout, "boot-timeout", 3*time.Minute, "bound on the time until the command starts")
 	f.StringVar(&cfg.Dir, "dir", "", "working directory in the guest (default: the current one; the host's files are there read-only)")

@@ -111,7 +111,7 @@ func probeKVM(ctx context.Context, k Kernel) (bool, string) {
 	f.Close()
 	ctx, cancel := context.WithTimeout(ctx, kvmProbeTimeout)
 	defer cancel()
-	cmd := qemuCommand(kvmProbeArgs(k.Vmlinuz()))
+	cmd := qemuCommand(QEMU, kvmProbeArgs(k.Vmlinuz()))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()
@@ -154,8 +154,8 @@ func lastLine(s string) string {
 // qemuCommand prepares QEMU in a process group of its own (a Ctrl-C on the
 // terminal reaches us, and we stop it in order) that the kernel kills if we
 // die first.
-func qemuCommand(args []string) *exec.Cmd {
-	cmd := exec.Command(QEMU, args...)
+func qemuCommand(name string, args []string) *exec.Cmd {
+	cmd := exec.Command(name, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	return cmd
 }

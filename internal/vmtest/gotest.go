@@ -32,6 +32,8 @@ type TestRun struct {
 	Accel     string
 	MemoryMiB int
 	CPUs      int
+	NICs      int
+	NICQueues int
 	// Timeout bounds the whole run (default 30 minutes).
 	Timeout time.Duration
 	// Log gets the summary's lines (a line per package, each failed test's
@@ -129,7 +131,7 @@ func RunTests(ctx context.Context, tr TestRun) (TestResult, error) {
 		}
 		vm, err := Run(ctx, Config{
 			Kernel: *tr.Kernel, Accel: tr.Accel, Init: tr.Init, Argv: argv, Dir: tr.Dir, Env: tr.Env,
-			MemoryMiB: tr.MemoryMiB, CPUs: tr.CPUs, Timeout: tr.Timeout,
+			MemoryMiB: tr.MemoryMiB, CPUs: tr.CPUs, NICs: tr.NICs, NICQueues: tr.NICQueues, Timeout: tr.Timeout,
 			Stdout: in, Stderr: in, Progress: tr.Progress,
 		})
 		res.VM, res.ExitCode = vm, vm.ExitCode

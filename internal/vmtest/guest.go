@@ -86,7 +86,38 @@ func (g *guest) run() error {
 		return err
 	}
 	g.stage("root")
+	if g.cfg.NICs > 0 {
+		if err := waitNICs(g.cfg.NICs); err != nil {
+			return err
+		}
+		g.stage("nics")
+	}
 	return g.command()
+}
+
+// waitNICs loads virtio_net with the host's modprobe (the package's modules
+// are mounted by now) and waits for n Ethernet devices, eth0 to eth<n-1>.
+func waitNICs(n int) error {
+	if out, err := exec.Command("/sbin/modprobe", "virtio_net").CombinedOutput(); err != nil {
+		return fmt.Errorf("modprobe virtio_net: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		missing := ""
+		for i := range n {
+			if _, err := os.Stat(fmt.Sprintf("/sys/class/net/eth%d", i)); err != nil {
+				missing = fmt.Sprintf("eth%d", i)
+				break
+			}
+		}
+		if missing == "" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no %s after 30s (%d virtio-net NICs asked for)", missing, n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func loadModule(p string) error {

@@ -44,6 +44,9 @@ type guestConfig struct {
 	ModulesTag string `json:"modules_tag"`
 	// Port is the virtio-serial port name of the control channel.
 	Port string `json:"port"`
+	// NICs is how many network cards the guest must see before the
+	// command starts (Config.NICs; their driver is loaded then).
+	NICs int `json:"nics,omitempty"`
 }
 
 // moduleName is how the kernel names a module file: basename without .ko

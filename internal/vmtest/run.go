@@ -36,6 +36,11 @@ type Config struct {
 	CPUs      int
 	// KernelArgs are added to the guest kernel's command line.
 	KernelArgs []string
+	// NICs are virtio-net cards joined to each other on the host's side
+	// (nics.go), the guest's eth0, eth1, ...; NICQueues their queue pairs
+	// (default 1; more is multi-queue, as a cloud VM's).
+	NICs      int
+	NICQueues int
 	// Timeout bounds the whole run, BootTimeout the time to the command's
 	// start; defaults 30 and 3 minutes.
 	Timeout     time.Duration
@@ -104,6 +109,18 @@ func (c *Config) defaults() error {
 	if c.CPUs == 0 {
 		c.CPUs = 2
 	}
+	if c.NICs < 0 || c.NICs > MaxNICs {
+		return fmt.Errorf("vmtest: %d NICs: want 0..%d", c.NICs, MaxNICs)
+	}
+	if c.NICQueues == 0 {
+		c.NICQueues = 1
+	}
+	if c.NICQueues < 1 || c.NICQueues > MaxNICQueues {
+		return fmt.Errorf("vmtest: %d queues a NIC: want 1..%d", c.NICQueues, MaxNICQueues)
+	}
+	// The guest's command knows it is one: the lab moves devices into its
+	// namespaces (lab.Config.Uplinks) only there.
+	c.Env = append(c.Env, GuestEnv+"="+c.Kernel.Release)
 	if c.Timeout == 0 {
 		c.Timeout = 30 * time.Minute
 	}
@@ -153,14 +170,22 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	initrd := filepath.Join(tmp, "initrd.cpio")
 	gc := guestConfig{
 		Release: cfg.Kernel.Release, Argv: cfg.Argv, Dir: cfg.Dir, Env: cfg.Env,
-		Hostname: "vm-" + cfg.Kernel.Release, HostTag: hostTag, ModulesTag: modulesTag, Port: portName,
+		Hostname: "vm-" + cfg.Kernel.Release, HostTag: hostTag, ModulesTag: modulesTag, Port: portName, NICs: cfg.NICs,
 	}
 	if err := writeInitramfs(initrd, cfg.Init, cfg.Kernel, gc); err != nil {
 		return res, err
 	}
+	var nics *nicNet
+	if cfg.NICs > 0 {
+		if nics, err = setupNICs(ctx, cfg.NICs, cfg.NICQueues); err != nil {
+			return res, err
+		}
+		defer nics.close()
+		say("%d virtio-net NICs of %d queue pairs, joined by a bridge in netns %s", cfg.NICs, cfg.NICQueues, nics.netns)
+	}
 	for attempt := 1; ; attempt++ {
 		var crash string
-		res, crash, err = boot(ctx, cfg, res, filepath.Join(tmp, "ctl.sock"), initrd, start, say)
+		res, crash, err = boot(ctx, cfg, res, filepath.Join(tmp, "ctl.sock"), initrd, nics, start, say)
 		if crash == "" || attempt == bootAttempts || ctx.Err() != nil {
 			return res, err
 		}
@@ -193,7 +218,7 @@ func bootCrash(console string) string {
 // boot runs the guest once. crash is set when it failed because the guest
 // kernel crashed before the command started (bootCrash), the one failure
 // Run boots again for.
-func boot(ctx context.Context, cfg Config, res Result, sock, initrd string, start time.Time,
+func boot(ctx context.Context, cfg Config, res Result, sock, initrd string, nics *nicNet, start time.Time,
 	say func(string, ...any)) (_ Result, crash string, _ error) {
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -206,7 +231,10 @@ func boot(ctx context.Context, cfg Config, res Result, sock, initrd string, star
 		Kernel: cfg.Kernel.Vmlinuz(), Initrd: initrd, Append: kernelCmdline(cfg.KernelArgs, cfg.InitArgs),
 		HostRoot: "/", Modules: cfg.Kernel.ModulesDir(), Socket: sock,
 	})
-	cmd := qemuCommand(args)
+	if nics != nil {
+		args = append(args, nicArgs(nics.taps, cfg.NICQueues)...)
+	}
+	cmd := qemuCommand(nics.wrap(args))
 	console := &tailBuffer{max: consoleTail}
 	var consoleW io.Writer = console
 	if cfg.Console != nil {

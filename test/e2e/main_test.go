@@ -41,10 +41,11 @@ var leftoverRE = regexp.MustCompile(`^(` + prefixBase + `[a-z0-9]{4})(-|$)`)
 
 // env is what TestMain prepared for the privileged tests.
 var env struct {
-	binDir   string // sluice and sluice-agent
-	setupErr error  // a failed build fails every privileged test
-	skip     string // why privileged tests skip, when they do
-	build    bool   // build binDir's binaries on first use
+	binDir   string            // sluice and sluice-agent
+	setupErr error             // a failed build fails every privileged test
+	uplinks  map[string]string // every lab's cards (uplinksEnv)
+	skip     string            // why privileged tests skip, when they do
+	build    bool              // build binDir's binaries on first use
 
 	buildOnce sync.Once
 
@@ -69,6 +70,10 @@ func run(m *testing.M) int {
 	defer unlock()
 	if err := cleanLeftovers(); err != nil {
 		env.setupErr = fmt.Errorf("remove leftovers of an earlier run: %w", err)
+		return m.Run()
+	}
+	if env.uplinks, err = parseUplinks(os.Getenv(uplinksEnv)); err != nil {
+		env.setupErr = err
 		return m.Run()
 	}
 	env.binDir = os.Getenv("SLUICE_BIN_DIR")
@@ -216,7 +221,29 @@ func labConfig(prefix string, nodes, pods int) lab.Config {
 		Dataplane:   lab.DataplaneSluice,
 		AgentBin:    filepath.Join(env.binDir, "sluice-agent"),
 		Exe:         filepath.Join(env.binDir, "sluice-lab"),
+		Uplinks:     env.uplinks,
 	}
+}
+
+// uplinksEnv names network cards every lab takes as eth0 instead of veths
+// ("node1=eth0,node2=eth1,client=eth2", lab.Config.Uplinks): set for the
+// tests run inside a guest with virtio-net cards (`sluice-lab vm run
+// --nics 3 --nic-queues 2`; TestPrivilegedKernelSmokeVirtioGuest).
+const uplinksEnv = "SLUICE_E2E_UPLINKS"
+
+func parseUplinks(v string) (map[string]string, error) {
+	if v == "" {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, kv := range strings.Split(v, ",") {
+		ep, dev, ok := strings.Cut(kv, "=")
+		if !ok || ep == "" || dev == "" {
+			return nil, fmt.Errorf("%s=%q: want endpoint=device pairs, comma-separated", uplinksEnv, v)
+		}
+		out[ep] = dev
+	}
+	return out, nil
 }
 
 // sharedLab returns the lab the Service tests share, bringing it up on first

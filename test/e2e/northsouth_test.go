@@ -37,6 +37,11 @@ func nsLab(t *testing.T, mode, accel string, agentArgs ...string) *lab.Lab {
 	requirePrivileged(t)
 	cfg := labConfig(newPrefix(t), labNodes, labPodsPerNode)
 	cfg.LBMode, cfg.LBAcceleration, cfg.AgentArgs = mode, accel, agentArgs
+	if len(cfg.Uplinks) > 0 && accel == lab.AccelerationBestEffort {
+		// On a network card best-effort takes native XDP too: the tc
+		// case is then the one with XDP off.
+		cfg.LBAcceleration = lab.AccelerationDisabled
+	}
 	return upLab(t, cfg, 90*time.Second, fmt.Sprintf(" (--lb-mode %s --lb-acceleration %s %v)", mode, accel, agentArgs))
 }
 

@@ -42,10 +42,12 @@ type Options struct {
 	// Env is added to the guest command's environment (PATH, HOME and
 	// SLUICE_BIN_DIR are passed on).
 	Env []string
-	// Accel, MemoryMiB and CPUs as in vmtest.Config.
+	// Accel, MemoryMiB, CPUs, NICs and NICQueues as in vmtest.Config.
 	Accel     string
 	MemoryMiB int
 	CPUs      int
+	NICs      int
+	NICQueues int
 	// Timeout bounds the whole guest run; default 20 minutes.
 	Timeout time.Duration
 }
@@ -101,7 +103,7 @@ func Run(t *testing.T, kernel string, o Options) vmtest.TestResult {
 		Kernel: &k, Binary: self, Package: "guest " + k.Release,
 		Args: []string{"-test.run", o.Run, "-test.timeout", deadline.String()},
 		Dir:  wd, Env: env, Init: o.Init, Accel: o.Accel, MemoryMiB: o.MemoryMiB, CPUs: o.CPUs,
-		Timeout: o.Timeout, Log: lw, Progress: lw, Verbose: true,
+		NICs: o.NICs, NICQueues: o.NICQueues, Timeout: o.Timeout, Log: lw, Progress: lw, Verbose: true,
 	})
 	lw.flush()
 	t.Logf("guest %s (%s): boot %.1fs (guest uptime %.2fs), tests %.1fs, total %.1fs, exit status %d",
