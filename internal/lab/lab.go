@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -82,9 +83,11 @@ type Config struct {
 	Veths VethPrep
 	// Uplinks gives a node or the client ("node1", "client") a network
 	// card of the machine as its eth0 instead of a veth on the fabric: the
-	// card is moved into its namespace. Only inside a guest of
+	// card is moved into its namespace. "fabric" names a card that joins
+	// the fabric's bridge to the cards' network (so that what is still on
+	// veths reaches the endpoints on cards). Only inside a guest of
 	// `sluice-lab vm run --nics` (whose cards are joined to each other and
-	// to nothing else); the cards then are the fabric of those endpoints.
+	// to nothing else).
 	Uplinks map[string]string
 	// BandwidthManager runs every agent with --enable-bandwidth-manager:
 	// the pods' kubernetes.io/egress-bandwidth and ingress-bandwidth
@@ -776,6 +779,9 @@ func Cleanup(prefix string) error {
 	if err := os.RemoveAll(nm.bpfRoot()); err != nil {
 		errs = append(errs, fmt.Errorf("remove pins %s: %w", nm.bpfRoot(), err))
 	}
+	if st != nil {
+		errs = append(errs, returnUplinks(st)...)
+	}
 	for _, ns := range nets {
 		if err := deleteNetns(ns); err != nil {
 			errs = append(errs, err)
@@ -785,6 +791,49 @@ func Cleanup(prefix string) error {
 		errs = append(errs, fmt.Errorf("remove %s: %w", nm.runDir(), err))
 	}
 	return errors.Join(errs...)
+}
+
+// returnUplinks gives the cards the lab took (Config.Uplinks) back to its
+// own namespace under their own names, so that the next lab finds them: a
+// namespace deleted with a card in it returns it under the name it had
+// there (eth0), or devN where that is taken.
+func returnUplinks(st *State) []error {
+	var errs []error
+	for ep, dev := range st.Uplinks {
+		netns := st.Client.Netns
+		if ep == "fabric" {
+			netns = st.FabricNetns
+		} else if ep != "client" {
+			netns = ""
+			for _, n := range st.Nodes {
+				if n.Name == ep {
+					netns = n.Netns
+				}
+			}
+		}
+		if netns == "" {
+			continue
+		}
+		name := ""
+		for _, cand := range []string{uplinkName, dev} {
+			if exec.Command("ip", "-n", netns, "link", "show", "dev", cand).Run() == nil {
+				name = cand
+				break
+			}
+		}
+		if name == "" {
+			continue // never moved, or gone
+		}
+		cmds := []string{"link set dev " + name + " down"}
+		if name != dev {
+			cmds = append(cmds, "link set dev "+name+" name "+dev)
+		}
+		cmds = append(cmds, "link set dev "+dev+" netns 1")
+		if err := ipBatch(context.Background(), netns, cmds); err != nil {
+			errs = append(errs, fmt.Errorf("return card %s of %s: %w", dev, ep, err))
+		}
+	}
+	return errs
 }
 
 func (l *Lab) netnsNames() []string {
@@ -854,8 +903,8 @@ func (c *Config) checkUplinks() error {
 	seen := map[string]string{}
 	for ep, dev := range c.Uplinks {
 		n, err := strconv.Atoi(strings.TrimPrefix(ep, "node"))
-		if ep != "client" && (!strings.HasPrefix(ep, "node") || err != nil || NodeName(n) != ep || n < 1 || n > c.Nodes) {
-			return fmt.Errorf("uplink of %q: no such node or client (client, node1..node%d)", ep, c.Nodes)
+		if ep != "client" && ep != "fabric" && (!strings.HasPrefix(ep, "node") || err != nil || NodeName(n) != ep || n < 1 || n > c.Nodes) {
+			return fmt.Errorf("uplink of %q: no such node or client (client, fabric, node1..node%d)", ep, c.Nodes)
 		}
 		if dev == "" || strings.ContainsAny(dev, " /\n") || len(dev) > 15 {
 			return fmt.Errorf("uplink of %s: device name %q", ep, dev)

@@ -165,18 +165,19 @@ func TestTopology(t *testing.T) {
 // other node keeps its veth on the fabric.
 func TestTopologyUplinks(t *testing.T) {
 	nm := newNames("sluice-lt0000-")
-	batches := topology(nm, 2, 1, false, false, map[string]string{"node1": "eth0", "client": "eth2"})
-	if b := batches[0]; b.netns != "" || !slices.Equal(b.cmds, []string{
+	batches := topology(nm, 2, 1, false, false, map[string]string{"node1": "eth0", "client": "eth2", "fabric": "eth3"})
+	if b := batches[0]; b.netns != "" || !slices.Equal(b.cmds, []string{"link set dev eth3 netns " + nm.fabricNetns(),
 		"link set dev eth2 netns " + nm.clientNetns(), "link set dev eth0 netns " + nm.nodeNetns(1)}) {
-		t.Fatalf("first batch %+v: want the two cards moved from the lab's own namespace", b)
+		t.Fatalf("first batch %+v: want the three cards moved from the lab's own namespace", b)
 	}
 	cmds := map[string][]string{}
 	for _, b := range batches[1:] {
 		cmds[b.netns] = append(cmds[b.netns], b.cmds...)
 	}
 	fabric := strings.Join(cmds[nm.fabricNetns()], "\n")
-	if strings.Contains(fabric, "client type veth") || strings.Contains(fabric, "n1 type veth") || !strings.Contains(fabric, "n2 type veth") {
-		t.Errorf("fabric: want a veth for node2 only:\n%s", fabric)
+	if strings.Contains(fabric, "client type veth") || strings.Contains(fabric, "n1 type veth") || !strings.Contains(fabric, "n2 type veth") ||
+		!strings.Contains(fabric, "link set eth3 master "+bridgeName+" up") {
+		t.Errorf("fabric: want a veth for node2 only, and the fabric's card on the bridge:\n%s", fabric)
 	}
 	if c := cmds[nm.clientNetns()]; len(c) < 2 || c[1] != "link set dev eth2 name eth0" || !strings.HasPrefix(c[2], "addr add "+ClientIPv4.String()) {
 		t.Errorf("client: want eth2 renamed eth0, then addressed: %q", c)
@@ -199,7 +200,7 @@ func TestUplinksOnlyInAGuest(t *testing.T) {
 		uplinks map[string]string
 		want    string
 	}{
-		{map[string]string{"node1": "eth0", "client": "eth1"}, ""},
+		{map[string]string{"node1": "eth0", "client": "eth1", "fabric": "eth2"}, ""},
 		{map[string]string{"node3": "eth0"}, `uplink of "node3": no such node`},
 		{map[string]string{"cp": "eth0"}, `uplink of "cp": no such node`},
 		{map[string]string{"node1": "eth0", "node2": "eth0"}, "given to both"},

@@ -25,7 +25,8 @@ type batch struct {
 //	        br0 (fabric) ┴─ eth0 node2 ...
 //
 // An endpoint in uplinks ("node1", "client": a device name) takes that
-// card as its eth0 instead of a veth on the fabric (Config.Uplinks): a first
+// card as its eth0 instead of a veth on the fabric (Config.Uplinks), and
+// "fabric" a card that joins the bridge to the cards' network: a first
 // batch in the lab's own namespace moves the cards.
 func topology(nm names, nodes, podsPerNode int, controlPlane, overlay bool, uplinks map[string]string) []batch {
 	fabric := batch{netns: nm.fabricNetns(), cmds: []string{
@@ -49,6 +50,13 @@ func topology(nm names, nodes, podsPerNode int, controlPlane, overlay bool, upli
 		fabric.cmds = append(fabric.cmds,
 			fmt.Sprintf("link add %s type veth peer name %s netns %s", port, uplinkName, peerNetns),
 			fmt.Sprintf("link set %s master %s up", port, bridgeName))
+	}
+	if dev := uplinks["fabric"]; dev != "" {
+		// The cards' network and the fabric are one: veths on the bridge
+		// (a third node, the control plane, a flood's generator) reach
+		// the endpoints on cards.
+		moves.cmds = append(moves.cmds, fmt.Sprintf("link set dev %s netns %s", dev, nm.fabricNetns()))
+		fabric.cmds = append(fabric.cmds, fmt.Sprintf("link set %s master %s up", dev, bridgeName))
 	}
 	attach("client", clientPortName, nm.clientNetns())
 	if controlPlane {

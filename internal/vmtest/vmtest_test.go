@@ -498,3 +498,27 @@ func TestBootCrash(t *testing.T) {
 		}
 	}
 }
+
+// TestNICArgs: a virtio-net card a tap, in order, with distinct MACs;
+// multi-queue asks the tap and the card for the queues and the vectors.
+func TestNICArgs(t *testing.T) {
+	got := strings.Join(nicArgs([]string{"tap0", "tap1"}, 2), " ")
+	want := "-netdev tap,id=nic0,ifname=tap0,script=no,downscript=no,vhost=off,queues=2 " +
+		"-device virtio-net-pci,netdev=nic0,mac=52:54:00:5e:00:01,mq=on,vectors=6 " +
+		"-netdev tap,id=nic1,ifname=tap1,script=no,downscript=no,vhost=off,queues=2 " +
+		"-device virtio-net-pci,netdev=nic1,mac=52:54:00:5e:00:02,mq=on,vectors=6"
+	if got != want {
+		t.Errorf("nicArgs =\n%s\nwant\n%s", got, want)
+	}
+	if one := strings.Join(nicArgs([]string{"tap0"}, 1), " "); strings.Contains(one, "mq=on") || strings.Contains(one, "queues=") {
+		t.Errorf("one queue: %s, want no multi-queue", one)
+	}
+	var nn *nicNet
+	if name, args := nn.wrap([]string{"-m", "1"}); name != QEMU || len(args) != 2 {
+		t.Errorf("no NICs: %s %v, want QEMU run as is", name, args)
+	}
+	nn = &nicNet{netns: "sluice-vmnet-1-1"}
+	if name, args := nn.wrap([]string{"-m", "1"}); name != "nsenter" || strings.Join(args, " ") != "--net=/run/netns/sluice-vmnet-1-1 -- "+QEMU+" -m 1" {
+		t.Errorf("NICs: %s %v, want QEMU inside the run's namespace", name, args)
+	}
+}

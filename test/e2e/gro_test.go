@@ -100,14 +100,18 @@ func iperfRun(ep lab.Endpoint, target netip.AddrPort, d time.Duration) (float64,
 	return rep.End.SumReceived.BitsPerSecond, nil
 }
 
-// bulkFloor is what the test asks of a NodePort's bulk stream: far below
-// what it gets here (gigabits; plain routing the same), far above the 0
-// that GSO packets answered with "fragmentation needed" left.
-const bulkFloor = 200e6
+// bulkShare is what the test asks of a NodePort's bulk stream against plain
+// routing through the same node in the same lab: far below what it gets
+// (about 0.9 here), far above the 0 that GSO packets answered with
+// "fragmentation needed" left. A share, not a rate: the same test runs in
+// guests under emulation (a real NIC driver, TestPrivilegedKernelSmoke's
+// virtio-net lab), at a tenth of the host's rates.
+const bulkShare = 0.3
 
 // TestPrivilegedNodePortBulkGRO sends a bulk TCP stream from the external
 // client through node1's NodePort (tc, SNAT) to the backend on node2, with
-// GRO on along the path: it flows at gigabit rates. Before GSO packets
+// GRO on along the path, and the same stream routed through node1 to the
+// pod: the NodePort's keeps a fair share of routing's. Before GSO packets
 // were checked by their segments it fell to 0 (every merged packet was
 // answered with fragmentation needed).
 func TestPrivilegedNodePortBulkGRO(t *testing.T) {
@@ -117,15 +121,37 @@ func TestPrivilegedNodePortBulkGRO(t *testing.T) {
 	apply(t, l, iperfService(a, node2.Name))
 	programmed(t, l, 1, frontend(netip.IPv4Unspecified(), a.nodePort(), corev1.ProtocolTCP))
 	iperfServer(t, node2.Pods[0].Endpoint)
+	routeClientViaNode1(t, l)
 
+	routed := netip.AddrPortFrom(node2.Pods[0].IPv4, iperfPort)
+	floor, err := iperfRun(l.Client, routed, 3*time.Second)
+	if err != nil {
+		t.Fatalf("bulk TCP routed through node1 to %s: %v", routed, err)
+	}
 	target := netip.AddrPortFrom(node1.IPv4, uint16(a.nodePort()))
 	bps, err := iperfRun(l.Client, target, 3*time.Second)
 	if err != nil {
 		t.Fatalf("bulk TCP through NodePort %s (tc, SNAT, GRO on): %v", target, err)
 	}
-	t.Logf("bulk TCP through NodePort %s (tc, SNAT, GRO on): %.0f Mbit/s", target, bps/1e6)
-	if bps < bulkFloor {
-		t.Errorf("bulk TCP through NodePort %s (tc, SNAT, GRO on): %.0f Mbit/s, want at least %.0f", target, bps/1e6, bulkFloor/1e6)
+	t.Logf("bulk TCP through NodePort %s (tc, SNAT, GRO on): %.0f Mbit/s; routed through node1: %.0f Mbit/s", target, bps/1e6, floor/1e6)
+	if bps < bulkShare*floor {
+		t.Errorf("bulk TCP through NodePort %s (tc, SNAT, GRO on): %.0f Mbit/s, want at least %.0f%% of routing's %.0f",
+			target, bps/1e6, bulkShare*100, floor/1e6)
+	}
+}
+
+// routeClientViaNode1 routes the client to node2's pods through node1,
+// which must not redirect the client to node2 (the same link) meanwhile.
+func routeClientViaNode1(tb testing.TB, l *lab.Lab) {
+	tb.Helper()
+	ctx := context.Background()
+	for _, c := range []*exec.Cmd{
+		nsCommand(ctx, l.Client.Netns, "ip", "route", "add", lab.PodCIDRv4(2).String(), "via", l.Nodes[0].IPv4.String()),
+		nsCommand(ctx, l.Nodes[0].Netns, "sysctl", "-qw", "net.ipv4.conf.all.send_redirects=0", "net.ipv4.conf.eth0.send_redirects=0"),
+	} {
+		if out, err := c.CombinedOutput(); err != nil {
+			tb.Fatalf("%v: %v: %s", c.Args, err, out)
+		}
 	}
 }
 
@@ -147,17 +173,7 @@ func BenchmarkPrivilegedBulkGRO(b *testing.B) {
 	}
 	programmed(b, l, 1, frontend(netip.IPv4Unspecified(), a.nodePort(), corev1.ProtocolTCP))
 	iperfServer(b, pod.Endpoint)
-	// Routing: the client's way to node2's pods leads through node1, which
-	// must not redirect the client to node2 (the same link) meanwhile.
-	ctx := context.Background()
-	for _, c := range []*exec.Cmd{
-		nsCommand(ctx, l.Client.Netns, "ip", "route", "add", lab.PodCIDRv4(2).String(), "via", node1.IPv4.String()),
-		nsCommand(ctx, node1.Netns, "sysctl", "-qw", "net.ipv4.conf.all.send_redirects=0", "net.ipv4.conf.eth0.send_redirects=0"),
-	} {
-		if out, err := c.CombinedOutput(); err != nil {
-			b.Fatalf("%v: %v: %s", c.Args, err, out)
-		}
-	}
+	routeClientViaNode1(b, l)
 	ways := []struct {
 		name   string
 		target netip.AddrPort

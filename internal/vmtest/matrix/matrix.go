@@ -46,6 +46,11 @@ type Suite struct {
 	HostOnly string
 	// GuestEnv is added to the environment in the guests only.
 	GuestEnv []string
+	// GuestOnly, when set, says why the suite runs in the guests only
+	// (the host's column shows it).
+	GuestOnly string
+	// NICs and NICQueues give the guest virtio-net cards (vmtest.Config).
+	NICs, NICQueues int
 }
 
 // The tests whose outcomes the table shows apart.
@@ -90,7 +95,17 @@ var DefaultSuites = []Suite{
 	// Debian's kernels do (as a module): the guests must take that path.
 	{Name: "bandwidth", Package: "./test/e2e", Args: []string{"-test.run", "^" + BandwidthTest + "$"}, Timeout: 15 * time.Minute,
 		GuestEnv: []string{"SLUICE_TEST_WANT_EDT=1"}},
+	// A real NIC driver: the north-south tests with node1, node2 and the
+	// client on virtio-net cards of two queue pairs (native XDP in
+	// virtio_net), a fourth card joining the lab's bridge to them.
+	{Name: "virtio", Package: "./test/e2e", Args: []string{"-test.run", VirtioTests}, Timeout: 30 * time.Minute,
+		GuestEnv: []string{"SLUICE_E2E_UPLINKS=node1=eth0,node2=eth1,client=eth2,fabric=eth3"}, NICs: 4, NICQueues: 2,
+		GuestOnly: "the host's cards are not the lab's to take: the same tests run on veths in the host's test run"},
 }
+
+// VirtioTests are the virtio suite's tests: NodePort in every mode on XDP
+// and tc, fragments, bulk TCP with GRO.
+const VirtioTests = "^(TestPrivilegedNorthSouthModes|TestPrivilegedNorthSouthFragments|TestPrivilegedNodePortBulkGRO)$"
 
 // BandwidthTest is the bandwidth suite's test: Pods' egress and ingress
 // annotations held in a lab, by EDT + fq where the kernel has sch_fq.
@@ -201,6 +216,11 @@ func runKernel(ctx context.Context, cfg Config, spec string, bins map[string]str
 			kr.Suites = append(kr.Suites, sr)
 			continue
 		}
+		if k == nil && s.GuestOnly != "" {
+			sr.GuestOnly = s.GuestOnly
+			kr.Suites = append(kr.Suites, sr)
+			continue
+		}
 		fmt.Fprintf(cfg.Log, "matrix: ==> %s on %s\n", s.Name, kr.Release)
 		unlock, err := lock(cfg.LockFile)
 		if err != nil {
@@ -218,6 +238,7 @@ func runKernel(ctx context.Context, cfg Config, spec string, bins map[string]str
 			Dir:  filepath.Join(cfg.Root, s.Package),
 			Env:  env,
 			Init: filepath.Join(cfg.BinDir, "sluice-lab"), Accel: cfg.Accel, MemoryMiB: cfg.MemoryMiB, CPUs: cfg.CPUs,
+			NICs: s.NICs, NICQueues: s.NICQueues,
 			Timeout: s.Timeout, Log: prefixed(cfg.Log, "  "), Progress: prefixed(cfg.Log, "  "),
 		})
 		unlock()

@@ -64,8 +64,10 @@ type SuiteResult struct {
 	CommandS    float64 `json:"command_s,omitempty"`
 	WallS       float64 `json:"wall_s"`
 	Error       string  `json:"error,omitempty"`
-	// HostOnly says why the suite did not run in this guest.
-	HostOnly string `json:"host_only,omitempty"`
+	// HostOnly says why the suite did not run in this guest, GuestOnly
+	// why it did not run on the host.
+	HostOnly  string `json:"host_only,omitempty"`
+	GuestOnly string `json:"guest_only,omitempty"`
 }
 
 // TestNote is a skipped or failed test and why.
@@ -78,7 +80,7 @@ type TestNote struct {
 // OK tells whether the suite passed: it ran, nothing failed, every skip
 // is one the summary accepts.
 func (s SuiteResult) OK() bool {
-	if s.HostOnly != "" {
+	if s.HostOnly != "" || s.GuestOnly != "" {
 		return true
 	}
 	if s.Error != "" || s.Failed > 0 || len(s.Failures) > 0 || s.ExitCode != 0 || s.Passed+s.Skipped == 0 {
@@ -226,6 +228,9 @@ func (r *Result) Markdown() string {
 				if sr.Suite == s && sr.HostOnly != "" {
 					return "host only (below)"
 				}
+				if sr.Suite == s && sr.GuestOnly != "" {
+					return "guests only (below)"
+				}
 				if sr.Suite == s {
 					return fmt.Sprintf("%s (%.0f s)", sr.Brief(), sr.WallS)
 				}
@@ -233,17 +238,23 @@ func (r *Result) Markdown() string {
 			return "-"
 		})
 	}
-	hostOnly := map[string]string{}
+	hostOnly, guestOnly := map[string]string{}, map[string]string{}
 	for _, k := range ks {
 		for _, sr := range k.Suites {
 			if sr.HostOnly != "" {
 				hostOnly[sr.Suite] = sr.HostOnly
+			}
+			if sr.GuestOnly != "" {
+				guestOnly[sr.Suite] = sr.GuestOnly
 			}
 		}
 	}
 	for _, s := range r.Suites {
 		if why, ok := hostOnly[s]; ok {
 			fmt.Fprintf(&b, "\n%s runs on the host only: %s.\n", s, why)
+		}
+		if why, ok := guestOnly[s]; ok {
+			fmt.Fprintf(&b, "\n%s runs in the guests only: %s.\n", s, why)
 		}
 	}
 	b.WriteString("\nThe smoke (`TestPrivilegedKernelSmoke`, a lab of 2 nodes × 1 pod inside the kernel):\n\n")

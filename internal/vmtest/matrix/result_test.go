@@ -12,18 +12,20 @@ import (
 
 func sample() *Result {
 	return &Result{
-		Started: time.Date(2026, 11, 25, 13, 0, 0, 0, time.UTC), WallS: 600, Suites: []string{"probe", "datapath"},
+		Started: time.Date(2026, 11, 25, 13, 0, 0, 0, time.UTC), WallS: 600, Suites: []string{"probe", "datapath", "virtio"},
 		Kernels: []KernelResult{
 			{Spec: Host, Release: "6.18.44", Accel: "none (the host)", WallS: 70,
 				Features: []FeatureResult{{Name: "tcx", Since: "6.6", Outcome: "pass"}},
 				Verifier: &vmtest.TestOutcome{Test: VerifierTest, Action: "pass", Elapsed: 5},
-				Suites:   []SuiteResult{{Suite: "probe", Passed: 5}, {Suite: "datapath", Passed: 77}}},
+				Suites: []SuiteResult{{Suite: "probe", Passed: 5}, {Suite: "datapath", Passed: 77},
+					{Suite: "virtio", GuestOnly: "the host's cards are not the lab's to take"}}},
 			{Spec: "6.1", Release: "6.1.0-56-amd64", Accel: "tcg", BootsS: []float64{9.5, 10.5}, WallS: 400,
 				Features: []FeatureResult{{Name: "tcx", Since: "6.6", Outcome: "skip",
 					Reason: "kernel feature missing: kernel 6.1 lacks tcx (added in 6.6): tcx not supported"}},
 				Verifier: &vmtest.TestOutcome{Test: VerifierTest, Action: "fail"},
 				Suites: []SuiteResult{{Suite: "probe", Passed: 5, BootRetries: 1},
-					{Suite: "datapath", Passed: 70, Failed: 1, ExitCode: 1, Failures: []TestNote{{Test: VerifierTest, Note: "subtests: tclb"}}}}},
+					{Suite: "datapath", Passed: 70, Failed: 1, ExitCode: 1, Failures: []TestNote{{Test: VerifierTest, Note: "subtests: tclb"}}},
+					{Suite: "virtio", Passed: 3, WallS: 500}}},
 			{Spec: "6.12", Skipped: "guest unavailable: no qemu-system-x86_64"},
 		},
 	}
@@ -41,6 +43,8 @@ func TestMarkdownAndProblems(t *testing.T) {
 		"| verifier: TestPrivilegedVerifierHeadroom | pass (5.0 s) | **FAIL** | - |",
 		"6.12 skipped: guest unavailable: no qemu-system-x86_64",
 		"`TestPrivilegedVerifierHeadroom` **failed** subtests: tclb",
+		"| virtio | guests only (below) | 3 pass (500 s) | - |",
+		"virtio runs in the guests only: the host's cards are not the lab's to take.",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("Markdown lacks %q:\n%s", want, md)
