@@ -56,7 +56,11 @@ func scaleObjects(t testing.TB, n, m int) ([]*corev1.Service, []*discoveryv1.End
 
 // naiveSummary walks the whole state, as the agent did before the index.
 func naiveSummary(st *loadbalancer.State, nodeName string) (services, frontends, backends int, local []netip.Addr, hc map[types.NamespacedName]healthcheck.Service) {
-	bes := map[backendKey]bool{}
+	type key struct { // not the index's own key: an independent count
+		addr  netip.AddrPort
+		proto loadbalancer.Proto
+	}
+	bes := map[key]bool{}
 	loc := map[netip.Addr]bool{}
 	for _, lbs := range st.Services {
 		if len(lbs) > 0 {
@@ -65,7 +69,7 @@ func naiveSummary(st *loadbalancer.State, nodeName string) (services, frontends,
 		frontends += len(lbs)
 		for _, l := range lbs {
 			for _, b := range l.Backends {
-				bes[backendKey{b.AddrPort(), b.Proto}] = true
+				bes[key{b.AddrPort(), b.Proto}] = true
 				if b.NodeName == nodeName {
 					loc[b.Addr] = true
 				}
@@ -374,5 +378,24 @@ func TestPreparedPipelineSyncsEverything(t *testing.T) {
 	}
 	if bes, _ := m.Backends(); sum.Services != 20 || sum.Backends != 60 || len(bes) != 60 {
 		t.Errorf("after prepare and Sync(false): %d Services, %d backends, %d in the maps; want 20, 60, 60", sum.Services, sum.Backends, len(bes))
+	}
+}
+
+// TestSummaryBackendKeys: the compact key keeps apart what the address,
+// port and protocol keep apart, an IPv4 backend from its IPv4-mapped IPv6
+// spelling included, and counts a backend shared by two Services once.
+func TestSummaryBackendKeys(t *testing.T) {
+	be := func(a string, port uint16, p loadbalancer.Proto) loadbalancer.Backend {
+		return loadbalancer.Backend{Addr: netip.MustParseAddr(a), Port: port, Proto: p}
+	}
+	st := &loadbalancer.State{Services: map[types.NamespacedName][]loadbalancer.LBService{
+		{Namespace: "d", Name: "a"}: {{Backends: []loadbalancer.Backend{be("198.18.1.10", 80, 0), be("::ffff:198.18.1.10", 80, 0),
+			be("198.18.1.10", 81, 0), be("198.18.1.10", 80, 1)}}},
+		{Namespace: "d", Name: "b"}: {{Backends: []loadbalancer.Backend{be("198.18.1.10", 80, 0)}}},
+	}}
+	x := newSummaryIndex("node1")
+	x.update(st, nil)
+	if got := x.summary(st).Backends; got != 4 {
+		t.Errorf("distinct backends %d, want 4", got)
 	}
 }

@@ -25,9 +25,18 @@ type summaryIndex struct {
 	healthChecks map[types.NamespacedName]healthcheck.Service
 }
 
+// backendKey is a backend's address, port and protocol in 20 bytes: a
+// netip.AddrPort takes 32 (its zone handle), and the index holds one per
+// backend twice (100,000 at 10,000 Services × 10).
 type backendKey struct {
-	addr  netip.AddrPort
+	addr  [16]byte
+	port  uint16
 	proto loadbalancer.Proto
+	v4    bool // addr is IPv4, as As16 maps it (apart from an IPv6 ::ffff:a.b.c.d)
+}
+
+func backendKeyOf(b loadbalancer.Backend) backendKey {
+	return backendKey{addr: b.Addr.As16(), port: b.Port, proto: b.Proto, v4: b.Addr.Is4()}
 }
 
 // serviceSummary is one Service's share of the summary.
@@ -106,7 +115,7 @@ func (x *summaryIndex) set(st *loadbalancer.State, name types.NamespacedName) {
 	for _, l := range lbs {
 		hc = hc || (l.ExternalTrafficLocal && l.HealthCheckNodePort != 0)
 		for _, b := range l.Backends {
-			if k := (backendKey{b.AddrPort(), b.Proto}); !contains(seen, s.backends, k) {
+			if k := backendKeyOf(b); !contains(seen, s.backends, k) {
 				s.backends = append(s.backends, k)
 			}
 			if x.nodeName != "" && b.NodeName == x.nodeName && !contains(seenLocal, s.local, b.Addr) {
