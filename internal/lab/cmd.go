@@ -108,6 +108,8 @@ func upCommand(prefix *string) *cobra.Command {
 	cmd.Flags().StringVar(&cfg.LBAcceleration, "lb-acceleration", AccelerationBestEffort, "agents' XDP acceleration on eth0: disabled, native or best-effort (a veth: tc only)")
 	cmd.Flags().StringToStringVar(&cfg.NodeLBAcceleration, "node-lb-acceleration", nil,
 		"a node's own --lb-acceleration, e.g. node1=native (repeatable)")
+	cmd.Flags().StringToStringVar(&cfg.Uplinks, "uplink", nil,
+		"a network card as an endpoint's eth0, e.g. node1=eth0, client=eth2, fabric=eth3 (the bridge's; repeatable); only inside a guest of `sluice-lab vm run --nics` (docs/vmtest.md)")
 	cmd.Flags().BoolVar(&cfg.Veths.NoPeerXDP, "veth-no-peer-xdp", false,
 		"leave the nodes' eth0 peers without XDP_PASS: native XDP then loses XDP_TX frames (tests)")
 	cmd.Flags().StringVar(&cfg.Veths.Checksums, "veth-checksums", ChecksumsPeer,
