@@ -62,7 +62,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 go build -o "$tmp/testreport" ./scripts/testreport
 set +e
-go test -json -race -count=1 -timeout 45m "$@" ./... | tee bin/go-test.json | "$tmp/testreport"
+go test -json -race -count=1 -timeout 75m "$@" ./... | tee bin/go-test.json | "$tmp/testreport"
 status=("${PIPESTATUS[@]}")
 set -e
 if [ "${status[2]}" -ne 0 ]; then
