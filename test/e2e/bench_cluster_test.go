@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"io"
 	"path/filepath"
 	"testing"
 	"time"
@@ -23,8 +24,7 @@ func TestPrivilegedBenchCluster(t *testing.T) {
 	cfg.Nodes, cfg.Services, cfg.BigServices = 300, 300, []int{1000}
 	cfg.ChurnRate, cfg.Churn, cfg.StatusPeriod = 50, 20*time.Second, 10*time.Second
 	cfg.StepTimeout = 3 * time.Minute
-	cfg.Prefix, cfg.Progress = newPrefix(t), t.Output()
-	cfg.Exe, cfg.AgentBin = filepath.Join(env.binDir, "sluice-lab"), filepath.Join(env.binDir, "sluice-agent")
+	cfg.Prefix, cfg.Progress, cfg.Exe, cfg.AgentBin = benchLab(t)
 	rep, err := bench.RunCluster(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -41,4 +41,10 @@ func TestPrivilegedBenchCluster(t *testing.T) {
 		t.Errorf("report lacks figures: %+v", c)
 	}
 	t.Logf("\n%s", rep.Markdown())
+}
+
+// benchLab is what a bench test's config takes from the test: the lab's
+// prefix, the progress output and the binaries.
+func benchLab(t *testing.T) (prefix string, progress io.Writer, exe, agentBin string) {
+	return newPrefix(t), t.Output(), filepath.Join(env.binDir, "sluice-lab"), filepath.Join(env.binDir, "sluice-agent")
 }

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,8 +22,7 @@ func TestPrivilegedBenchScale(t *testing.T) {
 	cfg.Dataplanes = []string{lab.DataplaneSluice}
 	cfg.Sizes, cfg.Measured, cfg.Requests, cfg.Repeats, cfg.Changes = []int{1, 500}, 3, 40, 1, 2
 	cfg.StepTimeout = 3 * time.Minute
-	cfg.Prefix, cfg.Progress = newPrefix(t), t.Output()
-	cfg.Exe, cfg.AgentBin = filepath.Join(env.binDir, "sluice-lab"), filepath.Join(env.binDir, "sluice-agent")
+	cfg.Prefix, cfg.Progress, cfg.Exe, cfg.AgentBin = benchLab(t)
 	rep, err := bench.RunScale(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
