@@ -294,7 +294,10 @@ type probeError struct{ kind, msg string }
 
 func (e *probeError) Error() string { return e.msg }
 
-// ProbeHTTP sends GET requests and counts which pod answered.
+// ProbeHTTP sends GET requests and counts which pod answered. A stop
+// (SIGTERM, the budget) ends the run between requests: the request in
+// flight finishes within its own timeout, as the other probes' do, and is
+// never counted failed because the probe itself was stopped.
 func ProbeHTTP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -327,7 +330,7 @@ func ProbeHTTP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
 		rec.r.Count++
 		url := cfg.Targets[i%len(cfg.Targets)]
 		start := time.Now()
-		reply, peer, err := httpGet(ctx, client, url)
+		reply, peer, err := httpGet(context.WithoutCancel(ctx), client, url)
 		if cfg.SourcePort != 0 {
 			tr.CloseIdleConnections()
 		}
