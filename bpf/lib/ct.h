@@ -48,6 +48,13 @@
 /* The CT flags that say how a flow is translated. */
 #define NS_KIND_FLAGS (CT_F_LOCAL | CT_F_SNAT | CT_F_DSR | CT_F_HAIRPIN)
 
+/* The scope of every key these programs make (ct_abi.h). */
+#ifdef SLUICE_POD_LB
+#define NS_CT_SCOPE CT_SCOPE_POD
+#else
+#define NS_CT_SCOPE CT_SCOPE_NODE
+#endif
+
 
 /* Cilium's defaults. */
 #define CT_DEFAULT_TCP_SYN   60
@@ -201,6 +208,7 @@ static __always_inline void ct_tuple_set(struct ct_tuple *t, const union lb_addr
 	t->dport = dport;
 	t->proto = proto;
 	t->dir = dir;
+	t->scope = NS_CT_SCOPE;
 	t->pad = 0;
 }
 

@@ -20,6 +20,16 @@
 #define NAT_DIR_EGRESS  2 /* client -> backend, before SNAT: gives node IP and port */
 #define NAT_DIR_INGRESS 3 /* backend -> node IP:port, a reply: gives the client */
 
+/* ct_tuple.scope: the programs whose flows the key names. One map serves
+ * the node's programs (tc and XDP on its devices: flows from the wire) and
+ * the pods' (tc_pod.c, --socket-lb=false: flows from local pods), so a
+ * flow of one is never looked up by the other: a pod that sends with an
+ * outside client's address and port does not ride that client's
+ * (masqueraded) flow, nor does a packet from the wire with a pod's tuple
+ * ride the pod's. */
+#define CT_SCOPE_NODE 0
+#define CT_SCOPE_POD  1
+
 /* ct_entry.flags */
 #define CT_F_SYN         (1 << 0) /* TCP SYN seen in the key's direction */
 #define CT_F_ESTABLISHED (1 << 1) /* TCP: handshake completed (ACK without SYN) */
@@ -69,8 +79,9 @@ struct ct_tuple {
 	__be16 sport;
 	__be16 dport;
 	__u8   proto;
-	__u8   dir;  /* CT_DIR_* or NAT_DIR_* */
-	__u16  pad;
+	__u8   dir;   /* CT_DIR_* or NAT_DIR_* */
+	__u8   scope; /* CT_SCOPE_*: whose programs made the entry */
+	__u8   pad;
 } __attribute__((aligned(4))); /* the layout of its fields: addresses copied
 				  * in words, not half-words */
 

@@ -187,6 +187,7 @@ static __always_inline void fc_flush(struct ns_flow *f, struct ct_tuple *t)
 		t->dir = f->dir;
 	}
 	t->proto = f->proto;
+	t->scope = CT_SCOPE_NODE; /* the node's programs only */
 	t->pad = 0;
 	e = ct_lookup(t);
 	fc_give(e, f);

@@ -91,12 +91,25 @@ type CTTuple struct {
 	DPort Port
 	Proto uint8
 	Dir   uint8
-	Pad   uint16
+	Scope uint8 // CTScopeNode or CTScopePod: whose programs made the entry
+	Pad   uint8
 }
 
+// CTTuple.Scope (ct_tuple.scope): the node's programs (flows from the
+// wire) or the pods' (--socket-lb=false), each of which looks up only
+// its own flows in the one map.
+const (
+	CTScopeNode = 0
+	CTScopePod  = 1
+)
+
 func (t CTTuple) String() string {
-	return fmt.Sprintf("%s %s -> %s dir=%s", ProtoName(t.Proto),
+	s := fmt.Sprintf("%s %s -> %s dir=%s", ProtoName(t.Proto),
 		addrPort(t.SAddr, t.SPort), addrPort(t.DAddr, t.DPort), dirName(t.Dir))
+	if t.Scope == CTScopePod {
+		s += " scope=pod"
+	}
+	return s
 }
 
 // CTEntry mirrors struct ct_entry. Times are CT clock seconds.
@@ -299,7 +312,7 @@ func IngressKey(key CTTuple, svc CTEntry) CTTuple {
 	if svc.Flags&CTFlagSPort != 0 {
 		sport = svc.SNATPort
 	}
-	return CTTuple{SAddr: src, DAddr: svc.NATAddr, SPort: sport, DPort: svc.NATPort, Proto: key.Proto, Dir: CTDirIngress}
+	return CTTuple{SAddr: src, DAddr: svc.NATAddr, SPort: sport, DPort: svc.NATPort, Proto: key.Proto, Dir: CTDirIngress, Scope: key.Scope}
 }
 
 // IngressOf says whether the ingress entry in is the flow's whose service

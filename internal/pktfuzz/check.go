@@ -223,10 +223,11 @@ func tupleOf(f frameInfo) tuple {
 // the later flow takes it unchanged, as netfilter lets a new connection
 // take a closing one's tuple). A backend's answer on that tuple is the
 // newer flow's: req's round trip has no right answer.
-func (fz *Fuzzer) tupleGiven(req tuple) (bool, error) {
+func (fz *Fuzzer) tupleGiven(p *Program, req tuple) (bool, error) {
 	ct := fz.node.ns.CT()
 	key := lbmap.CTTuple{SAddr: lbmap.AddrFrom(req.src.Addr()), DAddr: lbmap.AddrFrom(req.dst.Addr()),
-		SPort: lbmap.PortFrom(req.src.Port()), DPort: lbmap.PortFrom(req.dst.Port()), Proto: req.proto, Dir: lbmap.CTDirService}
+		SPort: lbmap.PortFrom(req.src.Port()), DPort: lbmap.PortFrom(req.dst.Port()), Proto: req.proto, Dir: lbmap.CTDirService,
+		Scope: p.ctScope()}
 	svc, ok, err := ct.Lookup(key)
 	if err != nil || !ok || svc.Flags&lbmap.CTFlagClosing == 0 {
 		return false, err
@@ -280,7 +281,7 @@ func (fz *Fuzzer) roundTrip(p *Program, in []byte, inf frameInfo, out []byte) *V
 		}
 	}
 	if inf.proto == protoTCP {
-		if given, err := fz.tupleGiven(req); err != nil {
+		if given, err := fz.tupleGiven(p, req); err != nil {
 			return &Violation{Rule: RuleRoundTrip, Program: p.Name, Mode: fz.mode, Detail: err.Error(), In: slices.Clone(in), Request: slices.Clone(in)}
 		} else if given {
 			return nil

@@ -3,9 +3,7 @@ package pktfuzz
 // Open findings: invariants the programs break today, reported and not
 // fixed yet (they are in bpf/ and the reconciler, which the fuzzer does
 // not own). A run logs each with its count instead of failing; anything
-// else fails it. (One more is a test of its own, outside the topology the
-// fuzzer keeps to: TestPrivilegedOpenFindingConntrackShared.) Each has
-// inputs in testdata/findings/<name>*, which
+// else fails it. Each has inputs in testdata/findings/<name>*, which
 // TestPrivilegedOpenFindings replays and which must still break the
 // invariant: once fixed, move them to testdata/fuzz/FuzzPackets/ (every
 // go test replays those) and delete the entry here.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -216,14 +217,17 @@ func TestPrivilegedOpenFindings(t *testing.T) {
 	}
 }
 
-// The conntrack map is one for the node's and the pods' programs, and its
-// key has no scope: a pod that sends with an outside client's address and
-// port rides that client's masqueraded flow (tc_pod_from_pod SNATs it, as
-// tc_lb_ingress did the client's), and a packet from outside with a pod's
-// tuple rides the pod's. The fuzzer feeds each program only the packets
-// its place in the topology sees (Program.sees), so this open finding is a
-// test of its own.
-func TestPrivilegedOpenFindingConntrackShared(t *testing.T) {
+// TestPrivilegedConntrackScopes: the conntrack map is one for the node's
+// and the pods' programs, and its keys are scoped by whose programs made
+// them (ct_tuple.scope). A pod that sends with an outside client's address
+// and port does not ride that client's masqueraded flow (tc_pod_from_pod
+// SNATed it as tc_lb_ingress did the client's, and the pod's packet left
+// with the node's address), and a packet from the wire with a pod's tuple
+// does not ride the pod's flow (tc_lb_ingress DNATed it to the pod's
+// backend and past the node's rp_filter); neither flow is touched. The
+// fuzzer feeds each program only the packets its place in the topology
+// sees (Program.sees), so this is a test of its own.
+func TestPrivilegedConntrackScopes(t *testing.T) {
 	n := newNode(t)
 	fz, err := n.NewFuzzer()
 	if err != nil {
@@ -237,11 +241,12 @@ func TestPrivilegedOpenFindingConntrackShared(t *testing.T) {
 	for _, p := range fz.progs {
 		prog[p.Name] = p
 	}
-	client, frontend := ap(ClientIP4, 46000), ap(NodeIP4, 30084)
+	client, pod, frontend := ap(ClientIP4, 46000), ap(netip.MustParseAddr("198.18.1.77"), 47000), ap(NodeIP4, 30084)
 	// The client's flow is established first (SYN, the backend's SYN-ACK
 	// of sequence 1999, the client's ACK of 2000): a half-open flow is
-	// in ct_new, which no program but the one that made it looks up.
-	var first, spoofed result
+	// in ct_new, which no program but the one that made it looks up. The
+	// pod's flow is made by its SYN.
+	var first, spoofed, podFirst, fromWire result
 	var errs []error
 	run := func(name string, frame []byte) result {
 		r, err := fz.r.run(prog[name], frame, gsoInfo{})
@@ -255,23 +260,55 @@ func TestPrivilegedOpenFindingConntrackShared(t *testing.T) {
 		run("tc_lb_ingress", tcpSeq(in.dst, in.src, bpftest.SYN|bpftest.ACK, 1999, 1001))
 		run("tc_lb_ingress", tcp(client, frontend, bpftest.ACK, 0, 64))
 		spoofed = run("tc_pod_from_pod", tcp(client, frontend, bpftest.ACK, 0, 64))
+		podFirst = run("tc_pod_from_pod", tcp(pod, frontend, bpftest.SYN, 0, 64))
+		fromWire = run("tc_lb_ingress", tcp(pod, frontend, bpftest.ACK, 0, 64))
 	})
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
+	ct := fz.node.ns.CT()
+	lookup := func(src netip.AddrPort, scope uint8) (lbmap.CTEntry, bool) {
+		key := lbmap.CTTuple{SAddr: lbmap.AddrFrom(src.Addr()), DAddr: lbmap.AddrFrom(frontend.Addr()),
+			SPort: lbmap.PortFrom(src.Port()), DPort: lbmap.PortFrom(frontend.Port()), Proto: 6, Dir: lbmap.CTDirService, Scope: scope}
+		e, ok, err := ct.Lookup(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e, ok
+	}
+
 	in, out := tupleOf(parseFrame(first.out)), tupleOf(parseFrame(spoofed.out))
 	if in.src.Addr() != NodeIP4 {
 		t.Fatalf("the client's SYN was not masqueraded: %+v", in)
 	}
-	key := lbmap.CTTuple{SAddr: lbmap.AddrFrom(client.Addr()), DAddr: lbmap.AddrFrom(frontend.Addr()),
-		SPort: lbmap.PortFrom(client.Port()), DPort: lbmap.PortFrom(frontend.Port()), Proto: 6, Dir: lbmap.CTDirService}
-	if svc, ok, err := fz.node.ns.CT().Lookup(key); err != nil || !ok || svc.Flags&lbmap.CTFlagEstablished == 0 {
-		t.Fatalf("the client's flow %v -> %v was not established by its handshake (entry %+v, found %v, %v)",
-			client, frontend, svc, ok, err)
+	svc, ok := lookup(client, lbmap.CTScopeNode)
+	if !ok || svc.Flags&lbmap.CTFlagEstablished == 0 || svc.Flags&lbmap.CTFlagSNAT == 0 {
+		t.Fatalf("the client's flow %v -> %v was not established by its handshake (entry %+v, found %v)", client, frontend, svc, ok)
 	}
-	if out != in {
-		t.Errorf("the pod's packet with the client's tuple became %v -> %v, not the client's flow %v -> %v: fixed? "+
-			"Make this a test that the pod's packet is not translated as the client's", out.src, out.dst, in.src, in.dst)
+	if spoofed.verdict != Drop && (out == in || out.src.Addr() == NodeIP4) {
+		t.Errorf("the pod's packet with the client's tuple became %v -> %v: the client's masqueraded flow (%v -> %v); want the pod's own flow (DNAT only) or a drop",
+			out.src, out.dst, in.src, in.dst)
+	}
+	if after, ok := lookup(client, lbmap.CTScopeNode); !ok || after.BackendID != svc.BackendID || after.Flags != svc.Flags {
+		t.Errorf("the client's flow after the pod's packet: %+v (found %v); want it as it was, %+v", after, ok, svc)
+	}
+
+	podIn := tupleOf(parseFrame(podFirst.out))
+	if podFirst.verdict == Drop || podIn.dst == frontend {
+		t.Fatalf("the pod's SYN to %v was not balanced: verdict %v, %v -> %v", frontend, podFirst.verdict, podIn.src, podIn.dst)
+	}
+	podSvc, ok := lookup(pod, lbmap.CTScopePod)
+	if !ok {
+		t.Fatalf("the pod's flow %v -> %v has no entry of the pods' scope", pod, frontend)
+	}
+	// The wire's ACK is a flow of its own, picked up mid-stream as
+	// netfilter's loose tracking does: masqueraded to the remote backend.
+	if wire := tupleOf(parseFrame(fromWire.out)); fromWire.verdict != Drop && (wire == podIn || wire.src.Addr() != NodeIP4) {
+		t.Errorf("a packet from the wire with the pod's tuple became %v -> %v: the pod's flow is %v -> %v; want a flow of its own, masqueraded, or a drop",
+			wire.src, wire.dst, podIn.src, podIn.dst)
+	}
+	if after, ok := lookup(pod, lbmap.CTScopePod); !ok || after.BackendID != podSvc.BackendID {
+		t.Errorf("the pod's flow after the wire's packet: %+v (found %v); want it as it was, %+v", after, ok, podSvc)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/sluice-dataplane/sluice/internal/bpftest"
+	"github.com/sluice-dataplane/sluice/internal/lbmap"
 )
 
 // Verdict is a program's verdict whatever its attach point.
@@ -45,14 +46,23 @@ type Program struct {
 	reply *Program
 	// fromPods: the program sees packets from this node's pods only;
 	// fromOutside: packets from anywhere else only. Conntrack is one map
-	// for all programs, so a packet from outside with a pod's tuple would
-	// ride the pod's flow (and the other way round): the fuzzer keeps to
-	// the topology, and that case is a finding of its own.
+	// for all programs, its keys scoped by whose programs made them
+	// (ct_tuple.scope): TestPrivilegedConntrackScopes checks that a packet
+	// from outside with a pod's tuple does not ride the pod's flow, nor the
+	// other way round; the fuzzer keeps to the topology.
 	fromPods, fromOutside bool
 	// next runs on what this program passes untouched, as tc ingress
 	// runs after XDP: XDP leaves to tc a packet it cannot send itself
 	// (ns_xdp_defers), whose translation is tc's.
 	next *Program
+}
+
+// ctScope is the scope of the conntrack keys p makes (ct_tuple.scope).
+func (p *Program) ctScope() uint8 {
+	if p.fromPods {
+		return lbmap.CTScopePod
+	}
+	return lbmap.CTScopeNode
 }
 
 // podCIDRs are this node's (testdata/node.yaml).
