@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 )
@@ -15,6 +16,45 @@ type PairRatio struct {
 	Mean  float64 `json:"geomean"`
 	Lo    float64 `json:"ci95_lo"`
 	Hi    float64 `json:"ci95_hi"`
+}
+
+// MarshalJSON writes an unknown interval's bound (one pair: Hi = +Inf) as
+// null: JSON has no infinity, and a one-run benchmark's report failed to
+// encode (bench qperf --runs 1).
+func (r PairRatio) MarshalJSON() ([]byte, error) {
+	bound := func(v float64) *float64 {
+		if math.IsInf(v, 0) || math.IsNaN(v) {
+			return nil
+		}
+		return &v
+	}
+	return json.Marshal(struct {
+		Pairs int      `json:"pairs"`
+		Mean  float64  `json:"geomean"`
+		Lo    *float64 `json:"ci95_lo"`
+		Hi    *float64 `json:"ci95_hi"`
+	}{r.Pairs, r.Mean, bound(r.Lo), bound(r.Hi)})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes: a null bound is unknown.
+func (r *PairRatio) UnmarshalJSON(b []byte) error {
+	var v struct {
+		Pairs int      `json:"pairs"`
+		Mean  float64  `json:"geomean"`
+		Lo    *float64 `json:"ci95_lo"`
+		Hi    *float64 `json:"ci95_hi"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*r = PairRatio{Pairs: v.Pairs, Mean: v.Mean, Hi: math.Inf(1)}
+	if v.Lo != nil {
+		r.Lo = *v.Lo
+	}
+	if v.Hi != nil {
+		r.Hi = *v.Hi
+	}
+	return nil
 }
 
 // PairedRatio returns the PairRatio of num over den, pair by pair; pairs where

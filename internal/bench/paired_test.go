@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"encoding/json"
 	"math"
 	"testing"
 )
@@ -49,5 +50,29 @@ func TestRatioVerdicts(t *testing.T) {
 		if got := c.r.Within(1.03); got != c.within {
 			t.Errorf("%v within 1.03: %q, want %q", c.r, got, c.within)
 		}
+	}
+}
+
+// TestPairRatioJSON: a one-pair ratio (its interval unknown, Hi = +Inf)
+// encodes, as null bounds, and reads back the same; a report of one run
+// failed to encode before ("json: unsupported value: +Inf").
+func TestPairRatioJSON(t *testing.T) {
+	one, ok := PairedRatio([]float64{2}, []float64{1})
+	if !ok || !math.IsInf(one.Hi, 1) {
+		t.Fatalf("one pair: %+v, %v", one, ok)
+	}
+	three, _ := PairedRatio([]float64{2, 2.1, 1.9}, []float64{1, 1, 1})
+	for _, r := range []PairRatio{one, three} {
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatalf("%+v: %v", r, err)
+		}
+		var back PairRatio
+		if err := json.Unmarshal(b, &back); err != nil || back != r {
+			t.Errorf("%+v → %s → %+v (%v)", r, b, back, err)
+		}
+	}
+	if b, _ := json.Marshal(one); string(b) != `{"pairs":1,"geomean":2,"ci95_lo":0,"ci95_hi":null}` {
+		t.Errorf("one pair encodes as %s", b)
 	}
 }

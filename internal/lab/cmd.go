@@ -98,10 +98,11 @@ func upCommand(prefix *string) *cobra.Command {
 	cmd.Flags().IntVar(&cfg.Nodes, "nodes", 2, "number of nodes")
 	cmd.Flags().IntVar(&cfg.PodsPerNode, "pods-per-node", 3, "echo pods per node")
 	cmd.Flags().StringVar(&cfg.Dataplane, "dataplane", DataplaneSluice,
-		"sluice (an agent per node), none, or the real kube-proxy per node: "+
-			"kube-proxy-iptables (legacy backend), kube-proxy-iptables-nft, kube-proxy-nftables, kube-proxy-ipvs")
+		"sluice (an agent per node), none, the real kube-proxy per node: "+
+			"kube-proxy-iptables (legacy backend), kube-proxy-iptables-nft, kube-proxy-nftables, kube-proxy-ipvs, "+
+			"or cilium (the real cilium-agent per node, kube-proxy replacement; scripts/cilium-build.sh, docs/cilium.md)")
 	cmd.Flags().StringVar(&cfg.ControlPlane, "control-plane", "",
-		"manifests (a YAML directory, the default for sluice and none) or real (etcd + kube-apiserver in a namespace on the fabric at 198.18.0.3; implied by kube-proxy-*)")
+		"manifests (a YAML directory, the default for sluice and none) or real (etcd + kube-apiserver in a namespace on the fabric at 198.18.0.3; implied by kube-proxy-* and cilium)")
 	cmd.Flags().StringArrayVar(&cfg.KubeProxyArgs, "kube-proxy-arg", nil, "extra flag for every kube-proxy (repeatable)")
 	cmd.Flags().StringVar(&cfg.AgentBin, "agent-bin", "", "sluice-agent binary (default: next to this binary)")
 	cmd.Flags().StringVar(&cfg.LBMode, "lb-mode", LBModeSNAT, "agents' north-south mode on eth0: snat, dsr or hybrid")

@@ -268,17 +268,8 @@ func (l *Lab) startKubelet(ctx context.Context, nm names, n *Node, t kubeletTool
 // allowed) and sets up its mounts.
 func (l *Lab) makeMountNS(ctx context.Context, nm names, n *Node) error {
 	k := n.Kubelet
-	dir := nm.mountNSDir()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := bindPrivate(ctx, nm.mountNSDir()); err != nil {
 		return err
-	}
-	if !isMountPoint(dir) {
-		if err := run(ctx, "mount", "--bind", dir, dir); err != nil {
-			return err
-		}
-		if err := run(ctx, "mount", "--make-private", dir); err != nil {
-			return err
-		}
 	}
 	for _, f := range []string{k.MountNS, k.UTSNS} {
 		if err := os.WriteFile(f, nil, 0o644); err != nil {

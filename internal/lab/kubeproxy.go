@@ -33,7 +33,7 @@ const (
 
 // Dataplanes lists every value Config.Dataplane takes.
 var Dataplanes = []string{DataplaneSluice, DataplaneNone, DataplaneKubeProxyIPTables,
-	DataplaneKubeProxyIPTablesNFT, DataplaneKubeProxyNFTables, DataplaneKubeProxyIPVS}
+	DataplaneKubeProxyIPTablesNFT, DataplaneKubeProxyNFTables, DataplaneKubeProxyIPVS, DataplaneCilium}
 
 // MetricsAddr is where every node's dataplane (sluice-agent or kube-proxy)
 // serves Prometheus metrics, inside the node's namespace: kube-proxy's
@@ -98,6 +98,14 @@ var xtablesCommands = []string{"iptables", "iptables-save", "iptables-restore",
 // checkDataplane says whether this machine can run the dataplane, before
 // anything is built: a DataplaneUnavailableError when it cannot.
 func checkDataplane(dataplane string) error {
+	if dataplane == DataplaneCilium {
+		// Not built is no missing feature: an error, never a skip.
+		if _, err := CiliumDir(); err != nil {
+			return err
+		}
+		_, err := lookClang()
+		return err
+	}
 	mode, backend, ok := kubeProxyMode(dataplane)
 	if !ok {
 		return nil

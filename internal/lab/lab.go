@@ -154,6 +154,8 @@ func (c *Config) setDefaults() error {
 			c.Dataplane = DataplaneNone
 		case c.Dataplane == DataplaneSluice:
 			return fmt.Errorf("dataplane %q with a kubelet lab: sluice is installed into the cluster (lab up --chart, lab helm), use dataplane %s", c.Dataplane, DataplaneNone)
+		case c.Dataplane == DataplaneCilium:
+			return fmt.Errorf("dataplane %q with a kubelet lab: not built yet (Cilium as the kubelet lab's CNI, issue 46); the network-namespace lab runs it (docs/cilium.md)", c.Dataplane)
 		}
 		if c.PodsPerNode != 0 {
 			return fmt.Errorf("pods per node %d with a kubelet lab: its workloads are real Pods, want 0", c.PodsPerNode)
@@ -176,13 +178,13 @@ func (c *Config) setDefaults() error {
 	switch c.ControlPlane {
 	case "":
 		c.ControlPlane = ControlPlaneManifests
-		if IsKubeProxy(c.Dataplane) {
+		if IsKubeProxy(c.Dataplane) || c.Dataplane == DataplaneCilium {
 			c.ControlPlane = ControlPlaneReal
 		}
 	case ControlPlaneReal:
 	case ControlPlaneManifests:
-		if IsKubeProxy(c.Dataplane) {
-			return fmt.Errorf("control-plane %q with dataplane %s: kube-proxy needs an API server, use --control-plane %s",
+		if IsKubeProxy(c.Dataplane) || c.Dataplane == DataplaneCilium {
+			return fmt.Errorf("control-plane %q with dataplane %s: it needs an API server, use --control-plane %s",
 				c.ControlPlane, c.Dataplane, ControlPlaneReal)
 		}
 	default:
@@ -302,6 +304,9 @@ type State struct {
 	ClusterDNS *ClusterDNS `json:"clusterDNS,omitempty"`
 	// Images are the image archives imported into a kubelet lab's nodes.
 	Images []ImageArchive `json:"images,omitempty"`
+	// CiliumCreatedRunDir: DataplaneCilium created the mount point
+	// /run/cilium on the machine, which Cleanup removes.
+	CiliumCreatedRunDir bool `json:"ciliumCreatedRunDir,omitempty"`
 }
 
 // Endpoint is a namespace of the lab that runs processes: a node, a pod or
@@ -324,6 +329,8 @@ type Node struct {
 	LBAcceleration string `json:"lbAcceleration,omitempty"`
 	// KubeProxy is the node's kube-proxy with a DataplaneKubeProxy*.
 	KubeProxy *KubeProxy `json:"kubeProxy,omitempty"`
+	// Cilium is the node's cilium-agent with DataplaneCilium.
+	Cilium *Cilium `json:"cilium,omitempty"`
 	// MetricsAddr is where the node's dataplane serves /metrics, inside
 	// the node's namespace ("" with DataplaneNone).
 	MetricsAddr string `json:"metricsAddr,omitempty"`
@@ -443,7 +450,7 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 		CNI:           cfg.CNI,
 		Created:       time.Now().UTC(),
 	}
-	if cfg.Dataplane == DataplaneSluice {
+	if cfg.Dataplane == DataplaneSluice || cfg.Dataplane == DataplaneCilium {
 		l.LBMode, l.LBAcceleration, l.Devices = cfg.LBMode, cfg.LBAcceleration, []string{uplinkName}
 	}
 	l.Client = Endpoint{Name: "client", Netns: nm.clientNetns(), Cgroup: filepath.Join(l.CgroupRoot, "client"),
@@ -458,7 +465,8 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 			// parent with controllers).
 			node.Cgroup = filepath.Join(node.Cgroup, "system")
 		}
-		if a := cfg.NodeLBAcceleration[node.Name]; a != "" && a != cfg.LBAcceleration && cfg.Dataplane == DataplaneSluice {
+		if a := cfg.NodeLBAcceleration[node.Name]; a != "" && a != cfg.LBAcceleration &&
+			(cfg.Dataplane == DataplaneSluice || cfg.Dataplane == DataplaneCilium) {
 			node.LBAcceleration = a
 		}
 		for i := 1; i <= cfg.PodsPerNode; i++ {
@@ -593,6 +601,11 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 		if err := l.startKubeProxies(ctx, cfg); err != nil {
 			return err
 		}
+	case cfg.Dataplane == DataplaneCilium:
+		l.step("starting cilium-agent on %d nodes, each in a mount namespace of its own", cfg.Nodes)
+		if err := l.startCiliums(ctx, cfg, nm); err != nil {
+			return err
+		}
 	}
 	if err := l.save(); err != nil {
 		return err
@@ -676,6 +689,9 @@ func dataplanePids(nodes []Node) []int {
 		}
 		if n.KubeProxy != nil && n.KubeProxy.PID > 0 && processAlive(n.KubeProxy.PID) {
 			pids = append(pids, n.KubeProxy.PID)
+		}
+		if n.Cilium != nil && n.Cilium.PID > 0 && processAlive(n.Cilium.PID) {
+			pids = append(pids, n.Cilium.PID)
 		}
 	}
 	return pids
@@ -772,6 +788,7 @@ func Cleanup(prefix string) error {
 		}
 	}
 	errs = append(errs, cleanupKubelets(nm, st)...)
+	errs = append(errs, cleanupCiliums(nm, st)...)
 
 	if err := removeResolvConfs(nm.prefix); err != nil {
 		errs = append(errs, fmt.Errorf("remove the pods' resolv.conf under %s: %w", etcNetns, err))

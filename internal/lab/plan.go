@@ -159,6 +159,14 @@ func (n names) bpfRoot() string      { return "/sys/fs/bpf/" + n.base }
 const (
 	bridgeName = "br0"
 	uplinkName = "eth0" // node, client and pod side
+	// podUplinkIndex is the ifindex of a pod's eth0 in its namespace, as
+	// a CNI plugin leaves it (the veth is made in the node's namespace and
+	// moved, keeping the index it had there): not 2, the first free one,
+	// which is also the node's eth0's. Cilium's sweep of stale endpoint
+	// veths at start (daemon/cmd/endpoint_restore.go) matches indexes
+	// across namespaces: with every pod's eth0 at 2 it deleted the node's
+	// eth0, and an lxc device at index 2.
+	podUplinkIndex = 1000
 )
 
 func fabricPortName(node int) string { return "n" + strconv.Itoa(node) }

@@ -115,7 +115,7 @@ func TestTopology(t *testing.T) {
 			"addr add 198.18.0.11/24 dev eth0",
 			"route add 198.18.2.0/24 via 198.18.0.12 dev eth0",
 			"route add fd00:198:18:2::/64 via fd00:198:18::12 dev eth0",
-			"link add lxc2 type veth peer name eth0 netns sluice-lt0000-n1-pod2",
+			"link add eth0 index 1000 netns sluice-lt0000-n1-pod2 type veth peer name lxc2",
 			"addr add 198.18.1.1/32 dev lxc2",
 			"addr add fd00:198:18:1::1/128 dev lxc2 nodad",
 			"route add 198.18.1.12/32 dev lxc2",

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -316,6 +317,19 @@ func agentAttached(ctx context.Context, socket string) error {
 
 // agentHealth asks the agent's /healthz over its unix socket.
 func agentHealth(ctx context.Context, socket string) error {
+	_, status, err := unixGet(ctx, socket, "/healthz")
+	if err != nil {
+		return err
+	}
+	if status != http.StatusOK {
+		return fmt.Errorf("/healthz: %d %s", status, http.StatusText(status))
+	}
+	return nil
+}
+
+// unixGet GETs path from the HTTP server on a unix socket (an agent's
+// API), within a second, and returns the body (at most 4 MiB) and status.
+func unixGet(ctx context.Context, socket, path string) ([]byte, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	client := &http.Client{Transport: &http.Transport{
@@ -325,19 +339,17 @@ func agentHealth(ctx context.Context, socket string) error {
 		},
 	}}
 	defer client.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/healthz", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent"+path, nil)
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("/healthz: %s", resp.Status)
-	}
-	return nil
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	return body, resp.StatusCode, err
 }
 
 // logTail returns the last n lines of a log file, for error messages.

@@ -66,6 +66,7 @@ type NodeStatus struct {
 	LBAcceleration string           `json:"lbAcceleration,omitempty"`
 	Agent          *AgentStatus     `json:"agent,omitempty"`
 	KubeProxy      *KubeProxyStatus `json:"kubeProxy,omitempty"`
+	Cilium         *CiliumStatus    `json:"cilium,omitempty"`
 	// Kubelet is the node's kubelet and containerd in a kubelet lab.
 	Kubelet *KubeletStatus `json:"kubelet,omitempty"`
 	Pods    []PodStatus    `json:"pods"`
@@ -78,6 +79,14 @@ type KubeProxyStatus struct {
 	// LastSync is kube-proxy's last full sync (Unix seconds, 0: never).
 	LastSync float64 `json:"lastSync"`
 	Error    string  `json:"error,omitempty"`
+}
+
+// CiliumStatus is a node's cilium-agent and its health (GET /v1/healthz).
+type CiliumStatus struct {
+	Cilium
+	Alive   bool   `json:"alive"`
+	Healthy bool   `json:"healthy"`
+	Error   string `json:"error,omitempty"`
 }
 
 // AgentStatus is an agent's process and health.
@@ -163,6 +172,15 @@ func (l *Lab) Status(ctx context.Context) Status {
 				ks.LastSync = v
 			}
 			ns.KubeProxy = ks
+		}
+		if c := n.Cilium; c != nil {
+			cs := &CiliumStatus{Cilium: *c, Alive: processAlive(c.PID)}
+			if err := ciliumHealth(ctx, c.Socket); err != nil {
+				cs.Error = err.Error()
+			} else {
+				cs.Healthy = true
+			}
+			ns.Cilium = cs
 		}
 		for _, p := range n.Pods {
 			ns.Pods = append(ns.Pods, PodStatus{Endpoint: p.Endpoint, PID: p.PID, Alive: processAlive(p.PID)})
@@ -281,6 +299,17 @@ func (st Status) Print(w io.Writer, asJSON bool) error {
 				state = "not running"
 			default:
 				state = "unhealthy: " + a.Error
+			}
+		}
+		if c := n.Cilium; c != nil {
+			proc = fmt.Sprintf("cilium-agent pid %d (lb-mode %s, acceleration %s)", c.PID, c.Mode, c.Acceleration)
+			switch {
+			case c.Healthy:
+				state = "healthy (" + c.Socket + ")"
+			case !c.Alive:
+				state = "not running (" + c.Log + ")"
+			default:
+				state = "unhealthy: " + c.Error
 			}
 		}
 		if k := n.Kubelet; k != nil {

@@ -128,7 +128,8 @@ func topology(nm names, nodes, podsPerNode int, controlPlane, overlay bool, upli
 			// Every pod veth carries the same gateway address, Cilium style;
 			// a host route per pod picks the veth.
 			node.cmds = append(node.cmds,
-				fmt.Sprintf("link add %s type veth peer name %s netns %s", veth, uplinkName, nm.podNetns(n, i)),
+				// Made on the pod's side, which alone takes an index.
+				fmt.Sprintf("link add %s index %d netns %s type veth peer name %s", uplinkName, podUplinkIndex, nm.podNetns(n, i), veth),
 				fmt.Sprintf("addr add %s/32 dev %s", GatewayIPv4(n), veth),
 				fmt.Sprintf("addr add %s/128 dev %s nodad", GatewayIPv6(n), veth),
 				fmt.Sprintf("link set %s up", veth),

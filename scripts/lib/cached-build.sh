@@ -15,6 +15,12 @@
 #   version_flag  the binary's version flag; its output must name $version
 #                 (without its leading v)
 #   cgo      1 when the package needs cgo (default 0)
+#   more_pkgs     optional: "package=binary ..." built beside it, with the
+#                 same flags (no version check of their own)
+#   cached_extra  optional function: called with the module's directory and
+#                 the version's cache directory after the binaries, for files
+#                 beside bin/; cached_extra_ok, when defined, says whether
+#                 they are there (the build is up to date only then)
 
 cached_build() {
 	local force=0 arg
@@ -56,6 +62,9 @@ cached_build() {
 
 	up_to_date() {
 		[ -x "$bin_dir/$binary" ] || return 1
+		local pb
+		for pb in ${more_pkgs:-}; do [ -x "$bin_dir/${pb#*=}" ] || return 1; done
+		if declare -F cached_extra_ok >/dev/null; then cached_extra_ok "$cache_root/$name/$version" || return 1; fi
 		"$bin_dir/$binary" "$version_flag" 2>&1 | grep -qF "${version#v}"
 	}
 
@@ -78,6 +87,16 @@ cached_build() {
 	go build -trimpath -ldflags "$flags" -o "$tmp/$binary" "$pkg" || die "go build $pkg failed"
 	"$tmp/$binary" "$version_flag" 2>&1 | grep -qF "${version#v}" ||
 		die "$binary $version_flag says '$("$tmp/$binary" "$version_flag" 2>&1 | head -n 1)', want $version"
+	local pb
+	for pb in ${more_pkgs:-}; do
+		go build -trimpath -ldflags "$flags" -o "$tmp/${pb#*=}" "${pb%%=*}" || die "go build ${pb%%=*} failed"
+	done
+	if declare -F cached_extra >/dev/null; then
+		local src
+		src=$(go mod download -json "$module" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+		[ -n "$src" ] && [ -d "$src" ] || die "go mod download $module gave no module directory"
+		cached_extra "$src" "$cache_root/$name/$version" || die "copying $name's files beside bin/ failed"
+	fi
 
 	chmod 0755 "$tmp"
 	rm -rf "$bin_dir.old"

@@ -1,0 +1,452 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// DataplaneCilium runs the real Cilium agent (kube-proxy replacement, its
+// socket LB, tc and XDP) on every node, from scripts/cilium-build.sh's
+// build: the contender users weigh sluice against (docs/cilium.md). It
+// implies ControlPlaneReal.
+const DataplaneCilium = "cilium"
+
+// ciliumDirEnv overrides where the Cilium build is (a directory with bin/,
+// lib/bpf and crds, as scripts/cilium-build.sh leaves it).
+const ciliumDirEnv = "SLUICE_CILIUM_DIR"
+
+// CiliumDir is the Cilium build: $SLUICE_CILIUM_DIR, or the newest version
+// scripts/cilium-build.sh left in the cache.
+func CiliumDir() (string, error) {
+	dir := os.Getenv(ciliumDirEnv)
+	if dir == "" {
+		bin, root := newestCached("cilium", "cilium-agent")
+		if bin == "" {
+			return "", fmt.Errorf("no cilium-agent in %s/cilium: run scripts/cilium-build.sh (or set %s)", root, ciliumDirEnv)
+		}
+		dir = filepath.Dir(filepath.Dir(bin))
+	}
+	for _, want := range []string{"bin/cilium-agent", "bin/cilium-cni", "lib/bpf/bpf_lxc.c", "crds/ciliumnodes.yaml"} {
+		if _, err := os.Stat(filepath.Join(dir, want)); err != nil {
+			return "", fmt.Errorf("the Cilium build in %s is incomplete (run scripts/cilium-build.sh --force): %w", dir, err)
+		}
+	}
+	return dir, nil
+}
+
+// Cilium is a node's cilium-agent as state.json records it.
+type Cilium struct {
+	NodeDaemon
+	// Dir is the node's own: run (its /run/cilium: the API socket, state,
+	// the compiled datapath), lib/bpf (the datapath's source, which the
+	// agent writes headers into), home, the sysctl shadows and bin
+	// (clang).
+	Dir string `json:"dir"`
+	// MountNS keeps the node's mount namespace, where /run/cilium, its
+	// bpffs and cgroup root are the node's own.
+	MountNS string `json:"mountNs"`
+	// Socket is the agent's API as this machine sees it.
+	Socket string `json:"socket"`
+	// Acceleration and Mode are its --bpf-lb-acceleration and
+	// --bpf-lb-mode.
+	Acceleration string `json:"acceleration"`
+	Mode         string `json:"mode"`
+}
+
+// ciliumShadowed are the kernel-wide sysctls the agent writes at start
+// (pkg/datapath/loader/base.go: kernel.unprivileged_bpf_disabled=1, which
+// cannot be undone until a reboot, and kernel.timer_migration=0). Each is
+// shadowed in the node's mount namespace by a file holding the machine's
+// value: the agent writes the file, the machine keeps its own.
+var ciliumShadowed = []string{"kernel/unprivileged_bpf_disabled", "kernel/timer_migration"}
+
+// ciliumRunDir is where the agent's fixed paths are (/var/run/cilium: its
+// pid file, sockets, deletion queue), on every Debian a symlink to /run.
+const ciliumRunDir = "/run/cilium"
+
+// ciliumAcceleration is the agent's --bpf-lb-acceleration for the lab's
+// setting: native as sluice's; best-effort keeps a veth on tc for sluice
+// (the lab's node2), so disabled here (Cilium's best-effort would attach
+// XDP to a veth); disabled as it is.
+func ciliumAcceleration(a string) string {
+	if a == AccelerationNative {
+		return "native"
+	}
+	return "disabled"
+}
+
+// ciliumArgs is node n's cilium-agent command line: kube-proxy replacement
+// with its socket LB on the node's cgroup subtree, native routing between
+// the lab's nodes, the Pod CIDRs from the Node objects, no policy, no L7
+// proxy, no health probes, no Hubble, no operator (the agent makes its
+// CiliumNode, identities and endpoints; the lab applies the CRDs), eth0 as
+// the device, the lab's mode and acceleration. Paths are the node's mount
+// namespace's.
+func ciliumArgs(bin, libDir, kubeconfig string, n Node, mode, acceleration string) []string {
+	return []string{bin,
+		"--k8s-kubeconfig-path=" + kubeconfig,
+		"--kube-proxy-replacement=true",
+		"--routing-mode=native",
+		"--ipv4-native-routing-cidr=" + netip.PrefixFrom(NodeIPv4(1), 16).Masked().String(),
+		"--ipv6-native-routing-cidr=fd00:198:18::/48",
+		"--ipam=kubernetes",
+		"--identity-allocation-mode=crd",
+		"--enable-policy=never",
+		"--enable-l7-proxy=false",
+		"--enable-health-checking=false",
+		"--enable-endpoint-health-checking=false",
+		"--enable-gops=false",
+		"--enable-monitor=false",
+		"--enable-dynamic-config=false",
+		"--enable-drift-checker=false",
+		"--devices=" + uplinkName,
+		"--direct-routing-device=" + uplinkName,
+		"--bpf-lb-acceleration=" + acceleration,
+		"--bpf-lb-mode=" + mode,
+		"--enable-ipv4=true",
+		"--enable-ipv6=true",
+		// The lab's pods are not Cilium's: it learns each through its
+		// CNI plugin chained after the lab's veth (cniAddPods).
+		"--cni-chaining-mode=generic-veth",
+		// The dataplane's own job is the Services; masquerading pods'
+		// traffic to the outside is not measured.
+		"--enable-ipv4-masquerade=false",
+		"--enable-ipv6-masquerade=false",
+		"--bpf-root=" + ciliumRunDir + "/bpffs",
+		"--cgroup-root=" + ciliumRunDir + "/cgroupv2",
+		"--lib-dir=" + libDir,
+		"--state-dir=" + ciliumRunDir,
+		// cilium_host gets the pods' gateway address, which every pod
+		// veth of the node carries (topology): nothing else takes it.
+		"--local-router-ipv4=" + GatewayIPv4(n.Index).String(),
+		"--local-router-ipv6=" + GatewayIPv6(n.Index).String(),
+		"--prometheus-serve-addr=" + MetricsAddr,
+		// tcx would detach the other tc programs of a device; legacy tc
+		// as sluice's lab uses on veths.
+		"--enable-tcx=false",
+	}
+}
+
+// startCiliums runs cilium-agent on every node, each in the node's network
+// namespace and a mount namespace of its own, and waits until each is
+// healthy and knows the node's pods.
+func (l *Lab) startCiliums(ctx context.Context, cfg Config, nm names) error {
+	dir, err := CiliumDir()
+	if err != nil {
+		return err
+	}
+	clang, err := lookClang()
+	if err != nil {
+		return err
+	}
+	l.step("applying Cilium's CustomResourceDefinitions (%s), which its operator would create", filepath.Join(dir, "crds"))
+	// Server-side: two of them are larger than the annotation a
+	// client-side apply keeps.
+	if _, err := l.Kubectl(ctx, "apply", "--server-side", "-f", filepath.Join(dir, "crds")); err != nil {
+		return fmt.Errorf("apply Cilium's CRDs: %w", err)
+	}
+	if err := bindPrivate(ctx, nm.mountNSDir()); err != nil {
+		return err
+	}
+	if _, err := os.Stat(ciliumRunDir); errors.Is(err, os.ErrNotExist) {
+		if err := os.Mkdir(ciliumRunDir, 0o755); err != nil {
+			return fmt.Errorf("create the mount point %s: %w", ciliumRunDir, err)
+		}
+		l.CiliumCreatedRunDir = true
+	}
+	for i := range l.Nodes {
+		n := &l.Nodes[i]
+		acc := cfg.LBAcceleration
+		if n.LBAcceleration != "" {
+			acc = n.LBAcceleration
+		}
+		c := &Cilium{Dir: filepath.Join(l.RunDir, n.Name, "cilium"), MountNS: nm.mountNSFile(n.Index),
+			Mode: cfg.LBMode, Acceleration: ciliumAcceleration(acc)}
+		c.Name, c.Log = DataplaneCilium, filepath.Join(c.Dir, "agent.log")
+		c.Socket = filepath.Join(c.Dir, "run", "cilium.sock")
+		if err := l.ciliumNode(ctx, n, c, dir, clang); err != nil {
+			return fmt.Errorf("cilium on %s: %w", n.Name, err)
+		}
+		n.Cilium, n.MetricsAddr = c, MetricsAddr
+		pid, err := l.startDaemonNS(n.Name, c.Log, []string{"--mount=" + c.MountNS}, c.Env, c.Args...)
+		if err != nil {
+			return err
+		}
+		c.PID = pid
+		if err := l.save(); err != nil {
+			return err
+		}
+	}
+	for _, n := range l.Nodes {
+		if err := l.waitCilium(ctx, n, 3*time.Minute); err != nil {
+			return err
+		}
+		if err := l.cniAddPods(ctx, n, dir); err != nil {
+			return err
+		}
+		l.step("cilium-agent on %s is healthy and has the node's %d pods as endpoints (pid %d, %s, lb-mode %s, acceleration %s)",
+			n.Name, len(n.Pods), n.Cilium.PID, n.Cilium.Socket, n.Cilium.Mode, n.Cilium.Acceleration)
+	}
+	return nil
+}
+
+// lookClang finds the clang the agent compiles its datapath with at every
+// start (it runs "clang" from its PATH): Debian's clang-19, Cilium's own
+// LLVM release, or a clang.
+func lookClang() (string, error) {
+	for _, name := range []string{"clang-19", "clang"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p, nil
+		}
+	}
+	return "", errors.New("cilium-agent compiles its datapath with clang at start: no clang-19 or clang in PATH (scripts/deps.sh installs clang-19)")
+}
+
+// ciliumNode makes node n's Cilium directories and mount namespace and
+// fills in the agent's command line.
+func (l *Lab) ciliumNode(ctx context.Context, n *Node, c *Cilium, dir, clang string) error {
+	bpf := filepath.Join(l.BPFRoot, n.Name)
+	for _, d := range []string{filepath.Join(c.Dir, "run"), filepath.Join(c.Dir, "lib"), filepath.Join(c.Dir, "home"),
+		filepath.Join(c.Dir, "sysctl"), filepath.Join(c.Dir, "bin"), bpf} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	// A writable copy of the datapath's source: the agent writes its
+	// feature headers into it.
+	lib := filepath.Join(c.Dir, "lib")
+	if err := os.RemoveAll(filepath.Join(lib, "bpf")); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "cp", "-r", filepath.Join(dir, "lib", "bpf"), lib).CombinedOutput(); err != nil {
+		return fmt.Errorf("copy the datapath's source: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	if err := os.Symlink(clang, filepath.Join(c.Dir, "bin", "clang")); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	if err := os.WriteFile(c.MountNS, nil, 0o644); err != nil {
+		return err
+	}
+	script := []string{
+		fmt.Sprintf("mount --bind %q %q", filepath.Join(c.Dir, "run"), ciliumRunDir),
+		fmt.Sprintf("mkdir -p %s/cgroupv2 %s/bpffs", ciliumRunDir, ciliumRunDir),
+		// Its socket LB's root: the node's cgroup subtree, the node's
+		// processes and its pods', never the machine's.
+		fmt.Sprintf("mount --bind %q %s/cgroupv2", n.Cgroup, ciliumRunDir),
+		// Its pins: the node's directory of the machine's bpffs, a
+		// mount point of its own (the agent mounts a bpffs where none
+		// is), private so that nothing it mounts there leaves.
+		fmt.Sprintf("mount --bind %q %s/bpffs", bpf, ciliumRunDir),
+		fmt.Sprintf("mount --make-private %s/bpffs", ciliumRunDir),
+	}
+	for _, s := range ciliumShadowed {
+		proc := "/proc/sys/" + s
+		val, err := os.ReadFile(proc)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", proc, err)
+		}
+		shadow := filepath.Join(c.Dir, "sysctl", strings.ReplaceAll(s, "/", "."))
+		if err := os.WriteFile(shadow, val, 0o644); err != nil {
+			return err
+		}
+		script = append(script, fmt.Sprintf("mount --bind %q %q", shadow, proc))
+	}
+	cmd := exec.CommandContext(ctx, "unshare", "--mount="+c.MountNS, "--propagation", "slave", "--",
+		"sh", "-ec", strings.Join(script, "\n"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("mount namespace: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	c.Env = []string{"K8S_NODE_NAME=" + n.Name, "HOME=" + filepath.Join(c.Dir, "home"),
+		// Each node its own xtables lock, as on separate machines: the
+		// agent installs its rules in the node's netfilter.
+		"XTABLES_LOCKFILE=" + filepath.Join(c.Dir, "xtables.lock"),
+		"PATH=" + filepath.Join(c.Dir, "bin") + ":" + os.Getenv("PATH")}
+	c.Args = ciliumArgs(filepath.Join(dir, "bin", "cilium-agent"), lib, l.APIServer.Kubeconfig, *n, c.Mode, c.Acceleration)
+	return nil
+}
+
+// bindPrivate makes dir a private bind mount of itself, where nsfs files
+// (a mount namespace's) can be bound.
+func bindPrivate(ctx context.Context, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if isMountPoint(dir) {
+		return nil
+	}
+	if err := run(ctx, "mount", "--bind", dir, dir); err != nil {
+		return err
+	}
+	return run(ctx, "mount", "--make-private", dir)
+}
+
+// ciliumHealth says whether the agent's API answers with its own state Ok
+// (GET /v1/healthz).
+func ciliumHealth(ctx context.Context, socket string) error {
+	body, status, err := unixGet(ctx, socket, "/v1/healthz")
+	if err != nil {
+		return err
+	}
+	var h struct {
+		Cilium struct {
+			State string `json:"state"`
+			Msg   string `json:"msg"`
+		} `json:"cilium"`
+	}
+	if status != http.StatusOK || json.Unmarshal(body, &h) != nil {
+		return fmt.Errorf("/v1/healthz: %d %.200q", status, body)
+	}
+	if h.Cilium.State != "Ok" {
+		return fmt.Errorf("cilium %s: %s", h.Cilium.State, h.Cilium.Msg)
+	}
+	return nil
+}
+
+// waitCilium waits until node n's agent is healthy.
+func (l *Lab) waitCilium(ctx context.Context, n Node, timeout time.Duration) error {
+	c := n.Cilium
+	deadline := time.Now().Add(timeout)
+	for {
+		err := ciliumHealth(ctx, c.Socket)
+		if err == nil {
+			return nil
+		}
+		if !processAlive(c.PID) {
+			return fmt.Errorf("cilium-agent on %s exited (%v); log %s:\n%s", n.Name, err, c.Log, logTail(c.Log, 30))
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cilium-agent on %s is not healthy after %s (%v); log %s:\n%s", n.Name, timeout, err, c.Log,
+				logTail(c.Log, 30))
+		}
+		if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// cniConf is the chained network's configuration cilium-cni reads for one
+// pod: the lab's veth as the previous plugin's result (generic-veth reads
+// the devices itself; it needs the result to be there).
+func cniConf(p Pod, hostVeth string) ([]byte, error) {
+	type ip struct {
+		Address   string `json:"address"`
+		Interface int    `json:"interface"`
+	}
+	type iface struct {
+		Name    string `json:"name"`
+		Sandbox string `json:"sandbox,omitempty"`
+	}
+	return json.Marshal(map[string]any{
+		"cniVersion": "1.0.0", "name": "sluice-lab", "type": "cilium-cni", "chaining-mode": "generic-veth",
+		"prevResult": map[string]any{
+			"cniVersion": "1.0.0",
+			"interfaces": []iface{{Name: hostVeth}, {Name: uplinkName, Sandbox: netnsPath(p.Netns)}},
+			"ips":        []ip{{netip.PrefixFrom(p.IPv4, 32).String(), 1}, {netip.PrefixFrom(p.IPv6, 128).String(), 1}},
+		},
+	})
+}
+
+// cniAddPods calls cilium-cni ADD for each of node n's pods, chained after
+// the lab's veth, in the node's namespaces (the plugin finds the pod's
+// veth and its peer itself), and waits until the agent has each as a
+// ready endpoint: only then does it reverse-translate their replies (a
+// NodePort to a local backend, DSR, hairpin).
+func (l *Lab) cniAddPods(ctx context.Context, n Node, dir string) error {
+	c := n.Cilium
+	for i, p := range n.Pods {
+		conf, err := cniConf(p, podVethName(i+1))
+		if err != nil {
+			return err
+		}
+		cmd := exec.CommandContext(ctx, "nsenter", "--net="+netnsPath(n.Netns), "--mount="+c.MountNS, "--",
+			filepath.Join(dir, "bin", "cilium-cni"))
+		cmd.Env = append(os.Environ(), "CNI_COMMAND=ADD", "CNI_CONTAINERID="+p.Name, "CNI_NETNS="+netnsPath(p.Netns),
+			"CNI_IFNAME="+uplinkName, "CNI_PATH="+filepath.Join(dir, "bin"),
+			"CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE="+labNamespace+";K8S_POD_NAME="+p.Name)
+		cmd.Stdin = bytes.NewReader(conf)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("cilium-cni ADD for %s on %s: %v: %s", p.Name, n.Name, err, strings.TrimSpace(string(out)))
+		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		missing, err := ciliumMissingEndpoints(ctx, c.Socket, n.Pods)
+		if err == nil && len(missing) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cilium-agent on %s has no ready endpoint for %v after a minute (%v); log %s:\n%s",
+				n.Name, missing, err, c.Log, logTail(c.Log, 20))
+		}
+		if err := sleepCtx(ctx, 250*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// ciliumMissingEndpoints lists the pods the agent has no ready endpoint
+// for (GET /v1/endpoint).
+func ciliumMissingEndpoints(ctx context.Context, socket string, pods []Pod) ([]string, error) {
+	body, status, err := unixGet(ctx, socket, "/v1/endpoint")
+	if err != nil {
+		return nil, err
+	}
+	var eps []struct {
+		Status struct {
+			State      string `json:"state"`
+			Networking struct {
+				Addressing []struct {
+					IPv4 string `json:"ipv4"`
+				} `json:"addressing"`
+			} `json:"networking"`
+		} `json:"status"`
+	}
+	if status != http.StatusOK || json.Unmarshal(body, &eps) != nil {
+		return nil, fmt.Errorf("/v1/endpoint: %d %.200q", status, body)
+	}
+	ready := map[string]bool{}
+	for _, e := range eps {
+		for _, a := range e.Status.Networking.Addressing {
+			if e.Status.State == "ready" {
+				ready[a.IPv4] = true
+			}
+		}
+	}
+	var missing []string
+	for _, p := range pods {
+		if !ready[p.IPv4.String()] {
+			missing = append(missing, p.Name)
+		}
+	}
+	return missing, nil
+}
+
+// cleanupCiliums removes the mount point /run/cilium when a Cilium lab
+// created it and no lab's mount namespace is left (the namespaces
+// themselves go with the others', cleanupKubelets).
+func cleanupCiliums(nm names, st *State) []error {
+	if st == nil || !st.CiliumCreatedRunDir {
+		return nil
+	}
+	others, _ := filepath.Glob("/run/*/mnt/node*")
+	others = slices.DeleteFunc(others, func(p string) bool { return strings.HasPrefix(p, nm.mountNSDir()+"/") })
+	if len(others) > 0 {
+		return nil
+	}
+	if err := syscall.Rmdir(ciliumRunDir); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) {
+		return []error{fmt.Errorf("remove %s: %w", ciliumRunDir, err)}
+	}
+	return nil
+}

@@ -1,0 +1,141 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-dataplane/sluice/internal/lab"
+)
+
+// TestPrivilegedCiliumLab: `lab up --dataplane cilium` (issue 46) brings up
+// the real cilium-agent on both nodes (kube-proxy replacement; node1 native
+// XDP, node2 tc), the demo's Services answer through it (ClusterIP from a
+// pod through its socket LB, NodePort from the client through node1's XDP
+// and node2's tc, to local and remote backends), its programs are on the
+// nodes' cgroups and devices only, and after lab down nothing of it is
+// left: no program, no mount, no /run/cilium it made, and the kernel-wide
+// sysctls it writes (kernel.unprivileged_bpf_disabled, which a reboot alone
+// undoes, and kernel.timer_migration) as they were. Needs
+// scripts/cilium-build.sh's build: the long mode's
+// (scripts/test-contenders.sh), not scripts/test.sh's (docs/cilium.md).
+func TestPrivilegedCiliumLab(t *testing.T) {
+	requirePrivileged(t, "bpftool")
+	sysctls := []string{"/proc/sys/kernel/unprivileged_bpf_disabled", "/proc/sys/kernel/timer_migration"}
+	before := map[string]string{}
+	for _, s := range sysctls {
+		b, err := os.ReadFile(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[s] = string(b)
+	}
+	_, runDirErr := os.Stat("/run/cilium")
+
+	cfg := labConfig(newPrefix(t), labNodes, labPodsPerNode)
+	cfg.Dataplane = lab.DataplaneCilium
+	cfg.LBAcceleration = lab.AccelerationBestEffort
+	cfg.NodeLBAcceleration = map[string]string{"node1": lab.AccelerationNative}
+	l := upLab(t, cfg, 5*time.Minute, " (dataplane cilium)")
+	if err := l.ApplyFile(filepath.Join("..", "..", "internal", "lab", "testdata", "demo-services.yaml")); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, c := range []struct{ name, from, url string }{
+		{"ClusterIP from a pod (socket LB)", "node1-pod1", "http://198.19.0.10/"},
+		{"dual-stack ClusterIP over IPv6 from a pod", "node2-pod1", "http://[fd00:198:19::14]/"},
+		{"NodePort via node1 (XDP) from the client", "client", "http://" + l.Nodes[0].IPv4.String() + ":30081/"},
+		{"NodePort via node2 (tc) from the client", "client", "http://" + l.Nodes[1].IPv4.String() + ":30082/"},
+		{"NodePort via node1, every pod a backend", "client", "http://" + l.Nodes[0].IPv4.String() + ":30080/"},
+		{"NodePort via node2, every pod a backend", "client", "http://" + l.Nodes[1].IPv4.String() + ":30080/"},
+	} {
+		// The Services were just applied: until the agents have them,
+		// a second at a time, at most 30 s.
+		var rep *lab.ProbeReport
+		for start := time.Now(); ; time.Sleep(time.Second) {
+			rep = probe(t, l, c.from, "http", "--url", c.url, "--count", "40")
+			if rep.OK == rep.Count || time.Since(start) > 30*time.Second {
+				break
+			}
+		}
+		if rep.OK != rep.Count || rep.Count != 40 {
+			t.Errorf("%s (%s from %s): %s", c.name, c.url, c.from, describe(rep))
+		}
+		if strings.Contains(c.name, "every pod") && len(rep.Backends) < len(l.Pods())-1 {
+			t.Errorf("%s: backends %v, want (nearly) every one of the %d pods: local and remote ones", c.name, rep.Backends, len(l.Pods()))
+		}
+	}
+
+	// XDP in the driver on node1's eth0, none on node2's.
+	for i, want := range []bool{true, false} {
+		n := l.Nodes[i]
+		out, err := exec.Command("ip", "-n", n.Netns, "-d", "link", "show", "dev", "eth0").CombinedOutput()
+		if err != nil {
+			t.Fatalf("ip link show eth0 in %s: %v: %s", n.Name, err, out)
+		}
+		if got := strings.Contains(string(out), "prog/xdp "); got != want {
+			t.Errorf("%s: native XDP on eth0 %v, want %v:\n%s", n.Name, got, want, out)
+		}
+	}
+
+	// Its socket LB on each node's cgroup subtree, none on the hierarchy's
+	// root.
+	cgroup2 := filepath.Dir(l.CgroupRoot)
+	ids := map[uint32]string{}
+	for _, n := range l.Nodes {
+		var attached []cgroupProg
+		bpftoolJSON(t, &attached, "cgroup", "show", n.Cgroup)
+		if len(attached) == 0 {
+			t.Errorf("%s: no program on the node's cgroup %s: Cilium's socket LB is not where the lab put it", n.Name, n.Cgroup)
+		}
+		for _, p := range attached {
+			ids[p.ID] = n.Name + "/" + p.Name
+		}
+	}
+	var atRoot []cgroupProg
+	bpftoolJSON(t, &atRoot, "cgroup", "show", cgroup2)
+	for _, p := range atRoot {
+		if _, ours := ids[p.ID]; ours || strings.HasPrefix(p.Name, "cil_") {
+			t.Errorf("root cgroup %s has Cilium's program %d %s (%s)", cgroup2, p.ID, p.Name, p.AttachType)
+		}
+	}
+
+	if err := l.Down(); err != nil {
+		t.Fatalf("lab down: %v", err)
+	}
+	var progs []struct {
+		ID uint32 `json:"id"`
+	}
+	bpftoolJSON(t, &progs, "prog", "show")
+	for _, p := range progs {
+		if where, ok := ids[p.ID]; ok {
+			t.Errorf("after lab down, program %d (%s) is still loaded", p.ID, where)
+		}
+	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(mounts), "\n") {
+		if strings.Contains(line, l.Prefix) || strings.Contains(line, " /run/cilium") {
+			t.Errorf("after lab down, a mount is left: %s", line)
+		}
+	}
+	if _, err := os.Stat("/run/cilium"); runDirErr != nil && err == nil {
+		t.Errorf("after lab down, /run/cilium (which the lab made) is left")
+	}
+	for _, s := range sysctls {
+		if b, err := os.ReadFile(s); err != nil || string(b) != before[s] {
+			t.Errorf("%s is %q (%v) after the Cilium lab, was %q: the agent wrote the machine's", s, b, err, before[s])
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "ip", "netns", "list").Output(); err == nil && strings.Contains(string(out), l.Prefix) {
+		t.Errorf("after lab down, namespaces are left:\n%s", out)
+	}
+}
