@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"net/netip"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -44,6 +45,17 @@ import (
 // disabled), both masquerading (--lb-mode snat), and the real kube-proxy,
 // whose NodePort path is the kernel's conntrack, DNAT and MASQUERADE.
 var ConnsContenders = []string{ContenderXDP, ContenderTC, lab.DataplaneKubeProxyIPTables, lab.DataplaneKubeProxyNFTables}
+
+// The real Cilium (lab dataplane cilium: scripts/cilium-build.sh), its
+// kube-proxy replacement masquerading (--bpf-lb-mode snat), on node1 with
+// native XDP or on tc: peers in the tables, not judged (docs/cilium.md).
+const (
+	ContenderCiliumXDP = "cilium-xdp"
+	ContenderCiliumTC  = "cilium-tc"
+)
+
+// isCiliumConns tells Cilium's contenders.
+func isCiliumConns(c string) bool { return c == ContenderCiliumXDP || c == ContenderCiliumTC }
 
 // connsMaxFailurePct bounds sluice's failed connections per churn: the
 // claim is "no more than the kernel, and at most 0.1%".
@@ -108,8 +120,9 @@ func (c ConnsConfig) Validate() error {
 		errs = append(errs, fmt.Errorf("--dataplanes: want one or more of %s", strings.Join(ConnsContenders, ", ")))
 	}
 	for _, d := range c.Contenders {
-		if !isSluiceConns(d) && !lab.IsKubeProxy(d) {
-			errs = append(errs, fmt.Errorf("--dataplanes: %q: want %s, %s or a kube-proxy-* dataplane", d, ContenderXDP, ContenderTC))
+		if !isSluiceConns(d) && !lab.IsKubeProxy(d) && !isCiliumConns(d) {
+			errs = append(errs, fmt.Errorf("--dataplanes: %q: want %s, %s, a kube-proxy-* dataplane, %s or %s", d, ContenderXDP, ContenderTC,
+				ContenderCiliumXDP, ContenderCiliumTC))
 		}
 	}
 	if len(c.Rates) == 0 {
@@ -256,9 +269,12 @@ func RunConns(ctx context.Context, cfg ConnsConfig) (*ConnsReport, error) {
 func connsLabConfig(cfg ConnsConfig, c string) lab.Config {
 	lc := lab.Config{Prefix: cfg.Prefix, Nodes: 2, PodsPerNode: 1, Dataplane: c, EchoConnections: cfg.Hold,
 		Exe: cfg.Exe, AgentBin: cfg.AgentBin, Progress: indent{cfg.Progress}}
-	if isSluiceConns(c) {
+	if isSluiceConns(c) || isCiliumConns(c) {
 		lc.Dataplane, lc.LBMode, lc.LBAcceleration = lab.DataplaneSluice, lab.LBModeSNAT, lab.AccelerationDisabled
-		if c == ContenderXDP {
+		if isCiliumConns(c) {
+			lc.Dataplane = lab.DataplaneCilium
+		}
+		if c == ContenderXDP || c == ContenderCiliumXDP {
 			lc.NodeLBAcceleration = map[string]string{"node1": lab.AccelerationNative}
 		}
 	}
@@ -383,6 +399,10 @@ func waitConns(ctx context.Context, l *lab.Lab, target string) error {
 // connsPath says how node1 forwards: for sluice what its agent attached
 // to eth0, for kube-proxy its mode.
 func connsPath(ctx context.Context, c string, node1 lab.Node) (string, error) {
+	if cl := node1.Cilium; cl != nil {
+		return fmt.Sprintf("Cilium's kube-proxy replacement (%s): --bpf-lb-mode %s --bpf-lb-acceleration %s, its BPF conntrack and SNAT",
+			filepath.Base(filepath.Dir(filepath.Dir(cl.Args[0]))), cl.Mode, cl.Acceleration), nil
+	}
 	if node1.Agent == nil {
 		return fmt.Sprintf("the real kube-proxy, %s mode: the kernel's conntrack, DNAT and MASQUERADE", strings.TrimPrefix(c, "kube-proxy-")), nil
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-dataplane/sluice/internal/lab"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
@@ -49,9 +50,10 @@ func (r *ConnsReport) judge() {
 	var kernels, sluices []string
 	for _, c := range r.Config.Contenders {
 		if r.measured(c) {
-			if isSluiceConns(c) {
+			switch {
+			case isSluiceConns(c):
 				sluices = append(sluices, c)
-			} else {
+			case lab.IsKubeProxy(c):
 				kernels = append(kernels, c)
 			}
 		}

@@ -239,3 +239,43 @@ func TestNATStats(t *testing.T) {
 		}
 	}
 }
+
+// TestConnsCilium: Cilium's contenders run on a Cilium lab (node1 native
+// XDP for cilium-xdp, tc for cilium-tc, masquerading) and stand in the
+// tables as peers: sluice is judged against the kernel alone, never
+// against Cilium's rows as if they were the kernel's.
+func TestConnsCilium(t *testing.T) {
+	cfg := DefaultConnsConfig()
+	cfg.Contenders = []string{ContenderXDP, ContenderCiliumXDP, ContenderCiliumTC}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for c, native := range map[string]bool{ContenderCiliumXDP: true, ContenderCiliumTC: false} {
+		lc := connsLabConfig(cfg, c)
+		if lc.Dataplane != lab.DataplaneCilium || lc.LBMode != lab.LBModeSNAT || (lc.NodeLBAcceleration["node1"] == lab.AccelerationNative) != native {
+			t.Errorf("%s: lab %s, mode %s, node1 %q", c, lc.Dataplane, lc.LBMode, lc.NodeLBAcceleration["node1"])
+		}
+	}
+	rep := &ConnsReport{Config: ConnsConfig{Contenders: cfg.Contenders, Rates: []int{300}},
+		Churn: []ConnsChurnRow{
+			{Contender: ContenderXDP, Rate: 300, Runs: []ConnsRun{churnRun(12000, 12000, nil, 500, -1)}},
+			{Contender: ContenderCiliumXDP, Rate: 300, Runs: []ConnsRun{churnRun(12000, 11000, map[string]int{"connect:ETIMEDOUT": 1000}, 500, -1)}},
+		}}
+	for i := range rep.Churn {
+		rep.Churn[i].summarize()
+	}
+	rep.judge()
+	for _, v := range rep.Verdicts {
+		if isCiliumConns(v.Contender) || isCiliumConns(v.Reference) {
+			t.Errorf("verdict %+v judges with a Cilium row", v)
+		}
+	}
+	if len(rep.Verdicts) != 1 || rep.Verdicts[0].Reference != "" {
+		t.Errorf("verdicts %+v: want sluice-xdp's alone, without a kernel reference", rep.Verdicts)
+	}
+	bad := DefaultConnsConfig()
+	bad.Contenders = []string{"cilium"}
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), ContenderCiliumXDP) {
+		t.Errorf("contender cilium: %v, want an error naming %s", err, ContenderCiliumXDP)
+	}
+}

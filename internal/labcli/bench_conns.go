@@ -55,7 +55,7 @@ take about 3.5 minutes per contender; --repeats adds as much again each.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&cfg.Contenders, "dataplanes", cfg.Contenders, "contenders, in run order: sluice-xdp, sluice-tc, kube-proxy-*")
+	f.StringSliceVar(&cfg.Contenders, "dataplanes", cfg.Contenders, "contenders, in run order: sluice-xdp, sluice-tc, kube-proxy-*, cilium-xdp, cilium-tc (scripts/cilium-build.sh; docs/cilium.md)")
 	f.IntSliceVar(&cfg.Rates, "rates", cfg.Rates, "churn rates, connections started a second")
 	f.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of each churn")
 	f.StringVar(&cfg.Close, "close", cfg.Close, "who closes a churn connection: client, server or rst")
