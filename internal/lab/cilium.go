@@ -165,6 +165,9 @@ func (l *Lab) startCiliums(ctx context.Context, cfg Config, nm names) error {
 			return fmt.Errorf("create the mount point %s: %w", ciliumRunDir, err)
 		}
 		l.CiliumCreatedRunDir = true
+		if err := l.save(); err != nil { // a failed up removes it too
+			return err
+		}
 	}
 	for i := range l.Nodes {
 		n := &l.Nodes[i]
