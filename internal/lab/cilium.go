@@ -205,6 +205,36 @@ func (l *Lab) startCiliums(ctx context.Context, cfg Config, nm names) error {
 	return nil
 }
 
+// restartCilium stops node n's cilium-agent with sig, starts it again
+// with the same command line in the node's namespaces and waits until it
+// is healthy. Its pins (the node's bpffs directory) and /run/cilium stay:
+// it restores its state from them, as on a node.
+func (l *Lab) restartCilium(ctx context.Context, n *Node, sig os.Signal) error {
+	c := n.Cilium
+	s, ok := sig.(syscall.Signal)
+	if !ok {
+		return fmt.Errorf("restart cilium-agent on %s: signal %v is not a syscall.Signal", n.Name, sig)
+	}
+	old := c.PID
+	if err := stopProcess(ctx, old, s, 30*time.Second); err != nil {
+		return fmt.Errorf("restart cilium-agent on %s: %w; log %s:\n%s", n.Name, err, c.Log, logTail(c.Log, 20))
+	}
+	l.step("cilium-agent on %s (pid %d) stopped by %v; starting it again", n.Name, old, sig)
+	pid, err := l.startDaemonNS(n.Name, c.Log, []string{"--mount=" + c.MountNS}, c.Env, c.Args...)
+	if err != nil {
+		return fmt.Errorf("restart cilium-agent on %s: %w", n.Name, err)
+	}
+	c.PID = pid
+	if err := l.save(); err != nil {
+		return err
+	}
+	if err := l.waitCilium(ctx, *n, 3*time.Minute); err != nil {
+		return err
+	}
+	l.step("cilium-agent on %s is healthy again (pid %d)", n.Name, pid)
+	return nil
+}
+
 // lookClang finds the clang the agent compiles its datapath with at every
 // start (it runs "clang" from its PATH): Debian's clang-19, Cilium's own
 // LLVM release, or a clang.

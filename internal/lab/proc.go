@@ -228,7 +228,8 @@ func (l *Lab) startAgents(ctx context.Context, cfg Config) error {
 // command line and waits for /healthz. The pins under its --bpf-root stay,
 // so the new agent finds the state the old one left. With a kube-proxy
 // dataplane it restarts the node's kube-proxy the same way and waits for
-// its first full sync.
+// its first full sync; with Cilium its cilium-agent, in the node's mount
+// namespace, and waits until it is healthy.
 func (l *Lab) RestartAgent(ctx context.Context, node string, sig os.Signal) error {
 	idx := slices.IndexFunc(l.Nodes, func(n Node) bool { return n.Name == node })
 	if idx < 0 {
@@ -237,6 +238,9 @@ func (l *Lab) RestartAgent(ctx context.Context, node string, sig os.Signal) erro
 	n := &l.Nodes[idx]
 	if n.KubeProxy != nil {
 		return l.restartKubeProxy(ctx, n, sig)
+	}
+	if n.Cilium != nil {
+		return l.restartCilium(ctx, n, sig)
 	}
 	if n.Agent == nil || len(n.Agent.Args) == 0 {
 		return fmt.Errorf("restart agent on %s: no agent recorded (dataplane %s)", node, l.Dataplane)
