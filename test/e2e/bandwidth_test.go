@@ -98,15 +98,15 @@ func TestPrivilegedBandwidthManager(t *testing.T) {
 	podSysctls(t, l, free.Name, "2", "9")
 	checkLimited := func(step string) {
 		t.Helper()
-		held(t, step+", egress of "+limited.Name, iperf(t, l, limited.Name, server.IPv4.String(), false), bwEgress)
-		held(t, step+", ingress of "+limited.Name, iperf(t, l, limited.Name, server.IPv4.String(), true), bwIngress)
+		held(t, step+", egress of "+limited.Name, func() float64 { return iperf(t, l, limited.Name, server.IPv4.String(), false) }, bwEgress)
+		held(t, step+", ingress of "+limited.Name, func() float64 { return iperf(t, l, limited.Name, server.IPv4.String(), true) }, bwIngress)
 	}
 	checkLimited("annotated")
 	// To a Pod on the same node, which never crosses a device (Cilium
 	// #15824): held too.
 	startIperfServer(t, l, free.Name)
-	held(t, "egress of "+limited.Name+" to "+free.Name+" on its node", iperf(t, l, limited.Name, free.IPv4.String(), false), bwEgress)
-	held(t, "ingress of "+limited.Name+" from "+free.Name+" on its node", iperf(t, l, limited.Name, free.IPv4.String(), true), bwIngress)
+	held(t, "egress of "+limited.Name+" to "+free.Name+" on its node", func() float64 { return iperf(t, l, limited.Name, free.IPv4.String(), false) }, bwEgress)
+	held(t, "ingress of "+limited.Name+" from "+free.Name+" on its node", func() float64 { return iperf(t, l, limited.Name, free.IPv4.String(), true) }, bwIngress)
 	unlimited(t, "egress of its neighbour "+free.Name, iperf(t, l, free.Name, server.IPv4.String(), false))
 	unlimited(t, "ingress of its neighbour "+free.Name, iperf(t, l, free.Name, server.IPv4.String(), true))
 	// From outside the cluster through a NodePort on the Pod's node: tc
@@ -120,7 +120,9 @@ func TestPrivilegedBandwidthManager(t *testing.T) {
 	apply(t, l, ns)
 	programmed(t, l, 1, frontend(netip.IPv4Unspecified(), a.nodePort(), "TCP"))
 	held(t, "ingress of "+limited.Name+" from the external client through NodePort "+hostPort(node1.IPv4, a.nodePort()),
-		iperf(t, l, "client", node1.IPv4.String(), false, "-p", strconv.Itoa(int(a.nodePort()))), bwIngress)
+		func() float64 {
+			return iperf(t, l, "client", node1.IPv4.String(), false, "-p", strconv.Itoa(int(a.nodePort())))
+		}, bwIngress)
 
 	// A bad value: reported with the Pod and the value, the Pod left
 	// unlimited, the others untouched.
@@ -337,16 +339,30 @@ func iperf(t *testing.T, l *lab.Lab, pod, server string, reverse bool, extra ...
 	return res.End.SumReceived.BitsPerSecond * float64(mss+66) / float64(mss)
 }
 
-func held(t *testing.T, what string, got float64, limit string) {
+// heldTries bounds the measurements of a limited stream that came out
+// below the band: a guest under TCG on a machine busy with other tests
+// delivered 69.5% of a 20M limit once (2026-11-30) and 99% later in the
+// same test. A stream above the band is never measured again: that is the
+// limit not holding.
+const heldTries = 3
+
+func held(t *testing.T, what string, measure func() float64, limit string) {
 	t.Helper()
 	r, err := bandwidth.ParseRate(limit)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := float64(r)
-	t.Logf("%s: %.2f Mbit/s on the wire, limit %s (%.3f)", what, got/1e6, limit, got/want)
-	if got > want*bwOver || got < want*bwUnder {
-		t.Errorf("%s: %.2f Mbit/s, want %s held (%.0f%%-%.0f%% of it)", what, got/1e6, limit, bwUnder*100, bwOver*100)
+	for try := 1; ; try++ {
+		got := measure()
+		t.Logf("%s: %.2f Mbit/s on the wire, limit %s (%.3f)", what, got/1e6, limit, got/want)
+		if got >= want*bwUnder && got <= want*bwOver {
+			return
+		}
+		if got > want*bwOver || try == heldTries {
+			t.Errorf("%s: %.2f Mbit/s, want %s held (%.0f%%-%.0f%% of it)", what, got/1e6, limit, bwUnder*100, bwOver*100)
+			return
+		}
 	}
 }
 
