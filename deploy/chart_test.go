@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -507,14 +508,14 @@ func TestSluiceChartPodSpec(t *testing.T) {
 	if m, ok := mounts["/host/proc/sys/net"]; !ok || m.ReadOnly {
 		t.Errorf("/host/proc/sys/net mount %+v, want the host's /proc/sys/net writable (bandwidth.ProcSys)", m)
 	}
-	for _, p := range []struct {
-		name  string
-		probe *corev1.Probe
-		path  string
-	}{{"liveness", c.LivenessProbe, "/livez"}, {"readiness", c.ReadinessProbe, "/healthz"}} {
-		if p.probe == nil || p.probe.HTTPGet == nil || p.probe.HTTPGet.Path != p.path || p.probe.HTTPGet.Port.String() != "healthz" {
-			t.Errorf("%s probe %+v, want GET %s on port healthz", p.name, p.probe, p.path)
-		}
+	if p := c.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/livez" || p.HTTPGet.Port.String() != "healthz" {
+		t.Errorf("liveness probe %+v, want GET /livez on port healthz", p)
+	}
+	// Readiness on the agent's own socket: port 10256 answers for
+	// kube-proxy while both run during a migration.
+	if p := c.ReadinessProbe; p == nil || p.Exec == nil ||
+		!slices.Equal(p.Exec.Command, []string{"sluice", "status", "--ready", "--api-socket=/run/sluice/sluice.sock"}) {
+		t.Errorf("readiness probe %+v, want sluice status --ready on the agent's socket", p)
 	}
 	ports := map[string]int32{}
 	for _, p := range c.Ports {

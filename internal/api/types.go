@@ -7,7 +7,10 @@
 // and an agent of neighbouring versions still understand each other.
 package api
 
-import "time"
+import (
+	"errors"
+	"time"
+)
 
 // Paths served by the agent.
 const (
@@ -441,4 +444,21 @@ type NATEntry struct {
 	Age       int64  `json:"age"`       // seconds since creation
 	// New: a new flow's mapping (snat_new), until the flow is established.
 	New bool `json:"new,omitempty"`
+}
+
+// Serving says whether the agent serves: it has synced once and attached
+// its programs (the socket LB to its cgroup, the tc/XDP LB to its
+// devices); the error says what is still missing. The chart's readiness
+// (`sluice status --ready`): port 10256 is kube-proxy's while both run
+// during a migration, so an HTTP probe there said "ready" for kube-proxy.
+func (s *Status) Serving() error {
+	switch {
+	case s.Sync.Total == 0:
+		return errors.New("no sync yet")
+	case s.SocketLB.Enabled && len(s.SocketLB.AttachPoints) == 0:
+		return errors.New("socket LB not attached yet")
+	case s.NorthSouth != nil && s.NorthSouth.Enabled && len(s.NorthSouth.Devices) == 0:
+		return errors.New("tc/XDP LB not attached to its devices yet")
+	}
+	return nil
 }

@@ -47,6 +47,7 @@ func agentCommands() []*cobra.Command {
 
 func statusCommand() *cobra.Command {
 	var o agentOptions
+	var ready bool
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show the agent's state: source, kernel features, attach points, map fill, last sync",
@@ -60,6 +61,13 @@ func statusCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if ready {
+				if err := st.Serving(); err != nil {
+					return fmt.Errorf("not ready: %w", err)
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), "ready: synced and attached")
+				return nil
+			}
 			if o.output == "json" {
 				return writeJSON(cmd.OutOrStdout(), st)
 			}
@@ -67,6 +75,8 @@ func statusCommand() *cobra.Command {
 		},
 	}
 	o.addFlags(cmd)
+	cmd.Flags().BoolVar(&ready, "ready", false,
+		"only say whether the agent serves (synced once, programs attached): exit 0 if so, 1 with what is missing (the chart's readiness probe)")
 	return cmd
 }
 

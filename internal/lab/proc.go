@@ -306,17 +306,10 @@ func agentAttached(ctx context.Context, socket string) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	st, err := api.NewClient(socket).Status(ctx)
-	switch {
-	case err != nil:
+	if err != nil {
 		return err
-	case st.Sync.Total == 0:
-		return errors.New("no sync yet")
-	case st.SocketLB.Enabled && len(st.SocketLB.AttachPoints) == 0:
-		return errors.New("socket LB not attached yet")
-	case st.NorthSouth != nil && st.NorthSouth.Enabled && len(st.NorthSouth.Devices) == 0:
-		return errors.New("tc/XDP LB not attached to its devices yet")
 	}
-	return nil
+	return st.Serving()
 }
 
 // agentHealth asks the agent's /healthz over its unix socket.
