@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -473,9 +472,7 @@ func cleanupCiliums(nm names, st *State) []error {
 	if st == nil || !st.CiliumCreatedRunDir {
 		return nil
 	}
-	others, _ := filepath.Glob("/run/*/mnt/node*")
-	others = slices.DeleteFunc(others, func(p string) bool { return strings.HasPrefix(p, nm.mountNSDir()+"/") })
-	if len(others) > 0 {
+	if otherLabsMountNS(nm) {
 		return nil
 	}
 	if err := syscall.Rmdir(ciliumRunDir); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) {

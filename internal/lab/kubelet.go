@@ -764,9 +764,7 @@ func cleanupKubelets(nm names, st *State) []error {
 	}
 	// The mount points are shared with any other kubelet lab on this
 	// machine, whose nodes' mounts on them a removal would take away.
-	others, _ := filepath.Glob("/run/*/mnt/node*")
-	others = slices.DeleteFunc(others, func(p string) bool { return strings.HasPrefix(p, nm.mountNSDir()+"/") })
-	if st != nil && len(others) == 0 {
+	if st != nil && !otherLabsMountNS(nm) {
 		var created []string
 		for _, n := range st.Nodes {
 			if n.Kubelet != nil {
@@ -780,6 +778,14 @@ func cleanupKubelets(nm names, st *State) []error {
 		}
 	}
 	return errs
+}
+
+// otherLabsMountNS reports whether another lab on this machine keeps node
+// mount namespaces, whose mounts on the machine's shared mount points a
+// removal would take away.
+func otherLabsMountNS(nm names) bool {
+	others, _ := filepath.Glob("/run/*/mnt/node*")
+	return slices.ContainsFunc(others, func(p string) bool { return !strings.HasPrefix(p, nm.mountNSDir()+"/") })
 }
 
 // hasCapability reports whether this process's effective set holds c.
