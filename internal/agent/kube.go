@@ -137,11 +137,7 @@ func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
 	// status (conditions, images, capacity) and every object's
 	// managedFields are dropped as they are decoded.
 	for kind, i := range inf {
-		tf := stripManagedFields
-		if kind == kindNode {
-			tf = slimNodeTransform
-		}
-		if err := i.SetTransform(tf); err != nil {
+		if err := i.SetTransform(informerTransform(kind)); err != nil {
 			return fmt.Errorf("%s informer: %w", kind, err)
 		}
 	}
@@ -191,6 +187,15 @@ func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
 	synced()
 	<-ctx.Done()
 	return nil
+}
+
+// informerTransform is the transform of kind's informer: what its cache
+// keeps of each object as it is decoded.
+func informerTransform(kind string) cache.TransformFunc {
+	if kind == kindNode {
+		return slimNodeTransform
+	}
+	return stripManagedFields
 }
 
 // stripManagedFields is an informer transform: the server-side apply
