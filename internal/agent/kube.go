@@ -22,7 +22,6 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
-	"github.com/sluice-dataplane/sluice/internal/healthcheck"
 )
 
 // proxyLabelSelector leaves out Services another proxy implements and
@@ -187,56 +186,6 @@ func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
 	synced()
 	<-ctx.Done()
 	return nil
-}
-
-// informerTransform is the transform of kind's informer: what its cache
-// keeps of each object as it is decoded.
-func informerTransform(kind string) cache.TransformFunc {
-	if kind == kindNode {
-		return slimNodeTransform
-	}
-	return stripManagedFields
-}
-
-// stripManagedFields is an informer transform: the server-side apply
-// bookkeeping, often the biggest part of an object, is never read here.
-func stripManagedFields(obj any) (any, error) {
-	if m, ok := obj.(metav1.Object); ok {
-		m.SetManagedFields(nil)
-	}
-	return obj, nil
-}
-
-// slimNodeTransform is the Node informer's transform: slimNode.
-func slimNodeTransform(obj any) (any, error) {
-	if n, ok := obj.(*corev1.Node); ok {
-		return slimNode(n), nil
-	}
-	return obj, nil
-}
-
-// slimNode is what the agent reads of a Node: its name and deletion, the
-// zone label (topology hints), the taint of a node the cluster autoscaler
-// removes (/healthz), its pod CIDRs and addresses. A kubelet's status
-// report changes none of it, so it wakes no sync (Agent.OnNodeUpdate), and
-// an agent caches ~200 bytes a Node instead of several KiB.
-func slimNode(n *corev1.Node) *corev1.Node {
-	out := &corev1.Node{
-		TypeMeta: n.TypeMeta,
-		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion,
-			DeletionTimestamp: n.DeletionTimestamp},
-		Spec:   corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
-		Status: corev1.NodeStatus{Addresses: n.Status.Addresses},
-	}
-	if z, ok := n.Labels[corev1.LabelTopologyZone]; ok {
-		out.Labels = map[string]string{corev1.LabelTopologyZone: z}
-	}
-	for _, t := range n.Spec.Taints {
-		if t.Key == healthcheck.ToBeDeletedTaint {
-			out.Spec.Taints = append(out.Spec.Taints, t)
-		}
-	}
-	return out
 }
 
 // nodeUnchanged: prev and cur differ in nothing the agent reads.
