@@ -100,6 +100,11 @@ func (t *Tracker) resolve(name types.NamespacedName) bool {
 		delete(t.state.Services, name)
 		return had
 	}
+	if len(lost) == 0 {
+		// Every frontend held: the translation itself, not a copy. Neither
+		// is modified, only replaced (State).
+		held = t.translated[name]
+	}
 	t.state.Services[name] = held
 	return !had || !reflect.DeepEqual(old, held)
 }

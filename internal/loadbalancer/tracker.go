@@ -15,6 +15,9 @@ import (
 
 // State is the desired load balancer state.
 type State struct {
+	// Services are the LBServices of each Service. A Service's slice (and
+	// the backends it names) is replaced when it changes, never modified:
+	// a caller may keep one Sync's slice to compare with the next.
 	Services map[types.NamespacedName][]LBService
 	// NodeIPs holds every node's InternalIPs; true marks this node's.
 	NodeIPs map[netip.Addr]bool
@@ -64,8 +67,8 @@ type Tracker struct {
 	// replies are translated, NodePorts only where localAddrs allow.
 	snatSources []netip.Addr
 	services    map[types.NamespacedName]*corev1.Service
-	slices      map[types.NamespacedName]*discoveryv1.EndpointSlice // last good, by slice name
-	slicesOf    map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice
+	slices      map[types.NamespacedName]*discoveryv1.EndpointSlice   // last good, by slice name
+	slicesOf    map[types.NamespacedName][]*discoveryv1.EndpointSlice // a few a Service: a list, not a map
 	nodes       map[string]nodeInfo
 	// pods are this node's Pods that ask for a hostPort; hostPorts says
 	// whether their HostPort frontends are served (SetHostPorts), and
@@ -92,7 +95,7 @@ func NewTracker(opts Options) *Tracker {
 		pendingPods:   map[types.NamespacedName]*corev1.Pod{},
 		services:      map[types.NamespacedName]*corev1.Service{},
 		slices:        map[types.NamespacedName]*discoveryv1.EndpointSlice{},
-		slicesOf:      map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice{},
+		slicesOf:      map[types.NamespacedName][]*discoveryv1.EndpointSlice{},
 		nodes:         map[string]nodeInfo{},
 		pods:          map[types.NamespacedName]*corev1.Pod{},
 		translated:    map[types.NamespacedName][]LBService{},
@@ -246,7 +249,7 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 		delete(t.state.Errors, key)
 		if old := t.slices[name]; old != nil {
 			owner := sliceService(old)
-			delete(t.slicesOf[owner], name.Name)
+			t.slicesOf[owner] = slices.DeleteFunc(t.slicesOf[owner], func(s *discoveryv1.EndpointSlice) bool { return s.Name == name.Name })
 			if len(t.slicesOf[owner]) == 0 {
 				delete(t.slicesOf, owner)
 			}
@@ -258,10 +261,7 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 		}
 		t.slices[name] = cur
 		owner := sliceService(cur)
-		if t.slicesOf[owner] == nil {
-			t.slicesOf[owner] = map[string]*discoveryv1.EndpointSlice{}
-		}
-		t.slicesOf[owner][name.Name] = cur
+		t.slicesOf[owner] = append(t.slicesOf[owner], cur)
 		dirty[owner] = true
 	}
 	clear(t.pendingSlices)
@@ -352,13 +352,9 @@ func (t *Tracker) translate(name types.NamespacedName) []Frontend {
 	var created int64
 	if svc := t.services[name]; svc != nil {
 		created = svc.CreationTimestamp.UnixNano()
-		own := make([]*discoveryv1.EndpointSlice, 0, len(t.slicesOf[name]))
-		for _, s := range t.slicesOf[name] {
-			own = append(own, s)
-		}
 		var err error
 		var ignored IgnoredFields
-		lbs, err = Translate(svc, own, t.opts)
+		lbs, err = Translate(svc, t.slicesOf[name], t.opts)
 		delete(t.state.Ignored, key)
 		switch {
 		case errors.As(err, &ignored):

@@ -539,10 +539,10 @@ func clusterBackends(eps []candidate, zone string) []Backend {
 		anyMine = anyMine || (zone != "" && slices.Contains(c.zones, zone))
 	}
 	if len(ready) == 0 {
-		return slices.Clip(terminating)
+		return exact(terminating)
 	}
 	if !allHinted || !anyMine {
-		return slices.Clip(ready)
+		return exact(ready)
 	}
 	var mine []Backend
 	for _, c := range eps {
@@ -550,7 +550,17 @@ func clusterBackends(eps []candidate, zone string) []Backend {
 			mine = append(mine, c.b)
 		}
 	}
-	return slices.Clip(mine)
+	return exact(mine)
+}
+
+// exact returns bs in an array of its length: the tracker keeps every
+// frontend's backends, and append's doubling would hold room for 16 of
+// 10. Nil stays nil.
+func exact(bs []Backend) []Backend {
+	if cap(bs) == len(bs) {
+		return bs
+	}
+	return slices.Clone(bs)
 }
 
 // localBackends is kube-proxy's Local list: this node's ready endpoints,
@@ -568,9 +578,9 @@ func localBackends(eps []candidate, nodeName string) []Backend {
 		}
 	}
 	if len(ready) > 0 {
-		return slices.Clip(ready)
+		return exact(ready)
 	}
-	return slices.Clip(terminating)
+	return exact(terminating)
 }
 
 // slicePort finds the slice port for a Service port by name and protocol.

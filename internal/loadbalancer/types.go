@@ -70,9 +70,9 @@ type Backend struct {
 	Addr        netip.Addr
 	Port        uint16
 	Proto       Proto
+	Terminating bool   // serving but terminating: used only when no ready backend exists
 	NodeName    string // EndpointSlice endpoint nodeName, may be empty
 	PodName     string // targetRef name when it is a Pod
-	Terminating bool   // serving but terminating: used only when no ready backend exists
 }
 
 func (b Backend) AddrPort() netip.AddrPort { return netip.AddrPortFrom(b.Addr, b.Port) }
