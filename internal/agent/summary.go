@@ -18,16 +18,23 @@ import (
 type summaryIndex struct {
 	nodeName string
 
-	perService   map[types.NamespacedName]serviceSummary
+	// perService is the LBServices of the State each Service's share was
+	// counted from: the State's own slices (replaced, never modified, when
+	// a Service changes), so the index holds no copy of a backend.
+	perService   map[types.NamespacedName][]loadbalancer.LBService
 	frontends    int
-	backendRefs  map[backendKey]int // distinct backends, by the Services using each
-	localRefs    map[netip.Addr]int // this node's backends, likewise
+	backendRefs  map[backendKey]int32 // distinct backends, by the Services using each
+	localRefs    map[netip.Addr]int32 // this node's backends, likewise
 	healthChecks map[types.NamespacedName]healthcheck.Service
+
+	// Scratch space of distinct, reused from Service to Service.
+	keys  []backendKey
+	local []netip.Addr
 }
 
 // backendKey is a backend's address, port and protocol in 20 bytes: a
 // netip.AddrPort takes 32 (its zone handle), and the index holds one per
-// backend twice (100,000 at 10,000 Services × 10).
+// distinct backend (100,000 at 10,000 Services × 10).
 type backendKey struct {
 	addr  [16]byte
 	port  uint16
@@ -39,13 +46,6 @@ func backendKeyOf(b loadbalancer.Backend) backendKey {
 	return backendKey{addr: b.Addr.As16(), port: b.Port, proto: b.Proto, v4: b.Addr.Is4()}
 }
 
-// serviceSummary is one Service's share of the summary.
-type serviceSummary struct {
-	frontends int
-	backends  []backendKey // distinct within the Service
-	local     []netip.Addr // distinct within the Service
-}
-
 func newSummaryIndex(nodeName string) *summaryIndex {
 	x := &summaryIndex{nodeName: nodeName}
 	x.reset()
@@ -55,10 +55,10 @@ func newSummaryIndex(nodeName string) *summaryIndex {
 // reset empties the index, sized for as much as it held: growing maps of
 // 100,000 entries from nothing doubles the cost of a rebuild.
 func (x *summaryIndex) reset() {
-	x.perService = make(map[types.NamespacedName]serviceSummary, len(x.perService))
+	x.perService = make(map[types.NamespacedName][]loadbalancer.LBService, len(x.perService))
 	x.frontends = 0
-	x.backendRefs = make(map[backendKey]int, len(x.backendRefs))
-	x.localRefs = make(map[netip.Addr]int, len(x.localRefs))
+	x.backendRefs = make(map[backendKey]int32, len(x.backendRefs))
+	x.localRefs = make(map[netip.Addr]int32, len(x.localRefs))
 	x.healthChecks = make(map[types.NamespacedName]healthcheck.Service, len(x.healthChecks))
 }
 
@@ -68,7 +68,7 @@ func (x *summaryIndex) update(st *loadbalancer.State, changed map[types.Namespac
 	if changed == nil {
 		x.reset()
 		if len(x.perService) == 0 { // the first: size for the state
-			x.perService = make(map[types.NamespacedName]serviceSummary, len(st.Services))
+			x.perService = make(map[types.NamespacedName][]loadbalancer.LBService, len(st.Services))
 		}
 		for name := range st.Services {
 			x.set(st, name)
@@ -83,13 +83,14 @@ func (x *summaryIndex) update(st *loadbalancer.State, changed map[types.Namespac
 // set replaces name's share with what st holds for it.
 func (x *summaryIndex) set(st *loadbalancer.State, name types.NamespacedName) {
 	if old, ok := x.perService[name]; ok {
-		x.frontends -= old.frontends
-		for _, k := range old.backends {
+		x.frontends -= len(old)
+		x.distinct(old)
+		for _, k := range x.keys {
 			if x.backendRefs[k]--; x.backendRefs[k] == 0 {
 				delete(x.backendRefs, k)
 			}
 		}
-		for _, a := range old.local {
+		for _, a := range x.local {
 			if x.localRefs[a]--; x.localRefs[a] == 0 {
 				delete(x.localRefs, a)
 			}
@@ -102,7 +103,30 @@ func (x *summaryIndex) set(st *loadbalancer.State, name types.NamespacedName) {
 	if len(lbs) == 0 {
 		return
 	}
-	s := serviceSummary{frontends: len(lbs), backends: make([]backendKey, 0, len(lbs[0].Backends))}
+	x.perService[name] = lbs
+	x.frontends += len(lbs)
+	x.distinct(lbs)
+	for _, k := range x.keys {
+		x.backendRefs[k]++
+	}
+	for _, a := range x.local {
+		x.localRefs[a]++
+	}
+	hc := false
+	for _, l := range lbs {
+		hc = hc || (l.ExternalTrafficLocal && l.HealthCheckNodePort != 0)
+	}
+	if hc {
+		// The health check rules stay in one place: ask for this Service alone.
+		one := &loadbalancer.State{Services: map[types.NamespacedName][]loadbalancer.LBService{name: lbs}}
+		maps.Copy(x.healthChecks, healthcheck.LocalServices(one, x.nodeName))
+	}
+}
+
+// distinct sets x.keys to the distinct backends of one Service's
+// LBServices and x.local to the distinct addresses of this node's.
+func (x *summaryIndex) distinct(lbs []loadbalancer.LBService) {
+	x.keys, x.local = x.keys[:0], x.local[:0]
 	// Most Services have a handful of distinct backends, repeated per
 	// frontend: a scan beats a map there. A big one (thousands of
 	// endpoints) would make the scan quadratic: sets then.
@@ -111,30 +135,15 @@ func (x *summaryIndex) set(st *loadbalancer.State, name types.NamespacedName) {
 	if len(lbs)*len(lbs[0].Backends) > smallService {
 		seen, seenLocal = make(map[backendKey]struct{}, len(lbs[0].Backends)), map[netip.Addr]struct{}{}
 	}
-	hc := false
 	for _, l := range lbs {
-		hc = hc || (l.ExternalTrafficLocal && l.HealthCheckNodePort != 0)
 		for _, b := range l.Backends {
-			if k := backendKeyOf(b); !contains(seen, s.backends, k) {
-				s.backends = append(s.backends, k)
+			if k := backendKeyOf(b); !contains(seen, x.keys, k) {
+				x.keys = append(x.keys, k)
 			}
-			if x.nodeName != "" && b.NodeName == x.nodeName && !contains(seenLocal, s.local, b.Addr) {
-				s.local = append(s.local, b.Addr)
+			if x.nodeName != "" && b.NodeName == x.nodeName && !contains(seenLocal, x.local, b.Addr) {
+				x.local = append(x.local, b.Addr)
 			}
 		}
-	}
-	x.perService[name] = s
-	x.frontends += s.frontends
-	for _, k := range s.backends {
-		x.backendRefs[k]++
-	}
-	for _, a := range s.local {
-		x.localRefs[a]++
-	}
-	if hc {
-		// The health check rules stay in one place: ask for this Service alone.
-		one := &loadbalancer.State{Services: map[types.NamespacedName][]loadbalancer.LBService{name: lbs}}
-		maps.Copy(x.healthChecks, healthcheck.LocalServices(one, x.nodeName))
 	}
 }
 

@@ -71,6 +71,9 @@ func (t *Tracker) setTranslation(name types.NamespacedName, lbs []LBService, cre
 		delete(t.translated, name)
 		delete(t.created, name)
 	} else {
+		if old := t.translated[name]; reflect.DeepEqual(old, lbs) {
+			lbs = old // one array for both, and for the State's readers
+		}
 		t.translated[name] = lbs
 		t.created[name] = created
 	}
@@ -100,11 +103,14 @@ func (t *Tracker) resolve(name types.NamespacedName) bool {
 		delete(t.state.Services, name)
 		return had
 	}
+	if had && reflect.DeepEqual(old, held) {
+		return false // the State's slice stays, as its readers hold it
+	}
 	if len(lost) == 0 {
 		// Every frontend held: the translation itself, not a copy. Neither
 		// is modified, only replaced (State).
 		held = t.translated[name]
 	}
 	t.state.Services[name] = held
-	return !had || !reflect.DeepEqual(old, held)
+	return true
 }

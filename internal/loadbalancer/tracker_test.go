@@ -583,3 +583,37 @@ func TestTrackerSNATSources(t *testing.T) {
 		t.Errorf("gone: NodeIPs %v", st.NodeIPs)
 	}
 }
+
+// TestTrackerUnchangedKeepsSlice: a Service translated again to the same
+// LBServices keeps the State's slice (its readers, the agent's summary and
+// the reconciler, hold it and no copy), and a change replaces it without
+// modifying the old one.
+func TestTrackerUnchangedKeepsSlice(t *testing.T) {
+	a := named("a", ip(1))
+	s1 := sliceFor("a", "a-1", ready("198.18.1.5", "node-1"), ready("198.18.1.6", "node-1"))
+	tr := NewTracker(Options{NodeName: "node-1"})
+	tr.OnServiceUpdate(nil, a)
+	tr.OnEndpointSliceUpdate(nil, s1)
+	st, _, _ := tr.Sync()
+	first := st.Services[types.NamespacedName{Namespace: "default", Name: "a"}]
+	kept := slices.Clone(first[0].Backends)
+
+	a2 := a.DeepCopy()
+	a2.Annotations = map[string]string{"x": "y"}
+	tr.OnServiceUpdate(a, a2)
+	st, changed, _ := tr.Sync()
+	again := st.Services[types.NamespacedName{Namespace: "default", Name: "a"}]
+	if len(changed) != 0 || &again[0] != &first[0] {
+		t.Errorf("an update that changes no LBService: changed %v, State's slice replaced %v", changed, &again[0] != &first[0])
+	}
+
+	s2 := sliceFor("a", "a-1", ready("198.18.1.5", "node-1"))
+	tr.OnEndpointSliceUpdate(s1, s2)
+	st, _, _ = tr.Sync()
+	if now := st.Services[types.NamespacedName{Namespace: "default", Name: "a"}]; len(now[0].Backends) != 1 || &now[0] == &first[0] {
+		t.Errorf("after removing an endpoint: %+v, want one backend in a new slice", now)
+	}
+	if !reflect.DeepEqual(first[0].Backends, kept) {
+		t.Errorf("the replaced slice was modified: %+v, was %+v", first[0].Backends, kept)
+	}
+}
