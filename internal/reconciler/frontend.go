@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -31,7 +32,7 @@ func (r *Reconciler) applyFrontend(st *loadbalancer.State, name types.Namespaced
 		r.frontends[k] = fe
 	}
 	r.setOwner(fe, name)
-	fe.svc = *lbs
+	fe.svc = lbs
 	if err := r.syncFrontend(fe, lbs); err != nil {
 		out := failed(err, true)
 		if full, ok := out.MapFull(); ok {
@@ -66,9 +67,9 @@ func (r *Reconciler) need(fe *frontend, lbs *loadbalancer.LBService, name string
 		}
 		return max(1, want-have)
 	case lbmap.BackendsMapName:
-		n := 0
+		n, o := 0, ownerOf(fe.owner)
 		for _, b := range lbs.Backends {
-			if be := r.backendOf[backendKey(fe.owner, b)]; be == nil || !be.installed {
+			if be := r.backendOf[backendKey(o, b)]; be == nil || !be.installed {
 				n++
 			}
 		}
@@ -98,17 +99,19 @@ func (r *Reconciler) setOwner(fe *frontend, name types.NamespacedName) {
 	if fe.owner == name {
 		return
 	}
-	if old := r.byOwner[fe.owner]; old != nil {
-		delete(old, fe.key)
-		if len(old) == 0 {
-			delete(r.byOwner, fe.owner)
-		}
-	}
+	r.disown(fe)
 	fe.owner = name
-	if r.byOwner[name] == nil {
-		r.byOwner[name] = map[feKey]*frontend{}
+	r.byOwner[name] = append(r.byOwner[name], fe)
+}
+
+// disown takes fe out of its owner's list.
+func (r *Reconciler) disown(fe *frontend) {
+	owned := slices.DeleteFunc(r.byOwner[fe.owner], func(o *frontend) bool { return o == fe })
+	if len(owned) == 0 {
+		delete(r.byOwner, fe.owner)
+	} else {
+		r.byOwner[fe.owner] = owned
 	}
-	r.byOwner[name][fe.key] = fe
 }
 
 // syncFrontend brings one frontend's entries to the desired state. Order:
@@ -262,18 +265,19 @@ func masterValue(fe *frontend, lbs *loadbalancer.LBService, count int, twoScopes
 func (r *Reconciler) ensureBackends(fe *frontend, bs []loadbalancer.Backend) ([]uint32, error) {
 	ids := make([]uint32, 0, len(bs))
 	var orphans map[beKey]*backend
+	o := ownerOf(fe.owner)
 	for _, b := range bs {
-		k := backendKey(fe.owner, b)
+		k := backendKey(o, b)
 		be := r.backendOf[k]
 		if be == nil {
 			if orphans == nil {
 				orphans = r.orphansOf(fe)
 			}
-			if be = orphans[backendKey(types.NamespacedName{}, b)]; be != nil {
-				if r.backendOf[be.key] == be {
-					delete(r.backendOf, be.key)
+			if be = orphans[backendKey(owner{}, b)]; be != nil {
+				if r.backendOf[be.key()] == be {
+					delete(r.backendOf, be.key())
 				}
-				be.key = k
+				be.owner = o
 				r.backendOf[k] = be
 			}
 		}
@@ -282,7 +286,7 @@ func (r *Reconciler) ensureBackends(fe *frontend, bs []loadbalancer.Backend) ([]
 			if err != nil {
 				return nil, err
 			}
-			be = &backend{id: id, key: k}
+			be = &backend{id: id, owner: o, val: lbmap.BackendValue{Addr: k.addr, Port: k.port, Proto: k.proto}}
 			r.backends[id] = be
 			r.backendOf[k] = be
 		}
@@ -311,8 +315,8 @@ func (r *Reconciler) orphansOf(fe *frontend) map[beKey]*backend {
 	out := map[beKey]*backend{}
 	for _, sc := range fe.scopes {
 		for _, v := range sc.slots {
-			if be := r.backends[v.BackendID]; be != nil && be.key.owner == (types.NamespacedName{}) {
-				out[be.key] = be
+			if be := r.backends[v.BackendID]; be != nil && be.owner == (owner{}) {
+				out[be.key()] = be
 			}
 		}
 	}

@@ -51,7 +51,7 @@ func (r *Reconciler) Installed() []InstalledService {
 			continue // never completed, or half deleted
 		}
 		s := InstalledService{
-			Name:            fe.svc.Name,
+			Name:            fe.desired().Name,
 			Type:            typeOf(ext.master.Flags),
 			Frontend:        fe.key.frontend(),
 			Flags:           ext.master.Flags,
@@ -76,8 +76,8 @@ func (r *Reconciler) installedBackends(fe *frontend, s scope) []InstalledBackend
 	// Names are not in the maps: take them from the last applied model,
 	// indexed once (a scan per slot is quadratic in a big Service).
 	type names struct{ node, pod string }
-	byAddr := make(map[netip.AddrPort]names, len(fe.svc.Backends))
-	for _, mb := range fe.svc.Backends {
+	byAddr := make(map[netip.AddrPort]names, len(fe.desired().Backends))
+	for _, mb := range fe.desired().Backends {
 		if k := netip.AddrPortFrom(mb.Addr, mb.Port); byAddr[k] == (names{}) {
 			byAddr[k] = names{mb.NodeName, mb.PodName}
 		}
@@ -135,7 +135,7 @@ func (r *Reconciler) InstalledIDs() (map[uint16]FrontendName, map[uint32]bool) {
 		if !ext.hasMaster {
 			continue
 		}
-		fes[ext.master.RevNatID] = FrontendName{Name: fe.svc.Name, Frontend: fe.key.frontend()}
+		fes[ext.master.RevNatID] = FrontendName{Name: fe.desired().Name, Frontend: fe.key.frontend()}
 		for _, s := range fe.scopes {
 			for _, v := range s.slots[:min(int(s.master.Count), len(s.slots))] {
 				if be := r.backends[v.BackendID]; be != nil && be.installed {

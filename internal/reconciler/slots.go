@@ -80,6 +80,10 @@ func sameSet(a, b []uint32) bool {
 
 func (r *Reconciler) writeSlots(fe *frontend, sc uint8, ids []uint32) error {
 	s := &fe.scopes[sc]
+	// Room for them all at once: setSlot's appends would double it.
+	if len(ids) > len(s.slots) {
+		s.slots = slices.Grow(s.slots, len(ids)-len(s.slots))
+	}
 	for i, id := range ids {
 		v := lbmap.ServiceValue{BackendID: id, RevNatID: fe.revNat}
 		if i < len(s.slots) && s.slots[i] == v {
@@ -185,8 +189,8 @@ func (r *Reconciler) deleteUnused() error {
 			r.freed++
 		}
 		delete(r.backends, id)
-		if r.backendOf[be.key] == be {
-			delete(r.backendOf, be.key)
+		if k := be.key(); r.backendOf[k] == be {
+			delete(r.backendOf, k)
 		}
 	}
 	clear(r.unused)
@@ -228,12 +232,7 @@ func (r *Reconciler) deleteFrontend(fe *frontend) (err error) {
 		}
 		delete(r.revNatOwner, fe.revNat)
 	}
-	if owned := r.byOwner[fe.owner]; owned != nil {
-		delete(owned, fe.key)
-		if len(owned) == 0 {
-			delete(r.byOwner, fe.owner)
-		}
-	}
+	r.disown(fe)
 	delete(r.frontends, fe.key)
 	return nil
 }
@@ -253,7 +252,7 @@ func (r *Reconciler) udpBackends(fe *frontend) map[uint32]netip.AddrPort {
 	for _, sc := range fe.scopes {
 		for _, v := range sc.slots {
 			if b, ok := r.backends[v.BackendID]; ok && v.BackendID != 0 {
-				out[v.BackendID] = netip.AddrPortFrom(b.key.addr.NetIP(), b.key.port.Host())
+				out[v.BackendID] = netip.AddrPortFrom(b.val.Addr.NetIP(), b.val.Port.Host())
 			}
 		}
 	}
