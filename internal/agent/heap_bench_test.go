@@ -40,12 +40,17 @@ func BenchmarkLiveHeap10k(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			var informers, pipeline uint64
+			var ms runtime.MemStats
 			for range b.N {
 				informers, pipeline = liveHeap10k(b, cluster)
+				runtime.ReadMemStats(&ms)
 			}
 			b.ReportMetric(float64(informers)/1e6, "informers-MB")
 			b.ReportMetric(float64(pipeline)/1e6, "pipeline-MB")
 			b.ReportMetric(float64(informers+pipeline)/1e6, "live-MB")
+			// What RSS follows: the heap may grow to the goal before the
+			// next collection (GOGC, GOMEMLIMIT).
+			b.ReportMetric(float64(ms.NextGC)/1e6, "gc-goal-MB")
 		})
 	}
 }

@@ -47,7 +47,7 @@ func (c claimants) remove(f Frontend, name types.NamespacedName) {
 // age, or it would win them from a Service that was never asked to give
 // them up.
 func (t *Tracker) olderThan(a, b types.NamespacedName) int {
-	return cmp.Or(cmp.Compare(t.created[a], t.created[b]), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	return cmp.Or(cmp.Compare(t.translated[a].created, t.translated[b].created), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 }
 
 // winner is the Service that holds frontend f.
@@ -55,11 +55,18 @@ func (t *Tracker) winner(f Frontend) types.NamespacedName {
 	return slices.MinFunc(t.claims[f], t.olderThan)
 }
 
+// translation is a Service's whole translation and the creationTimestamp
+// (Unix ns) of the version it is of.
+type translation struct {
+	lbs     []LBService
+	created int64
+}
+
 // setTranslation records name's whole translation, of the version created
 // at created (Unix ns), and returns the frontends whose claimants changed.
 func (t *Tracker) setTranslation(name types.NamespacedName, lbs []LBService, created int64) []Frontend {
 	var touched []Frontend
-	for _, l := range t.translated[name] {
+	for _, l := range t.translated[name].lbs {
 		t.claims.remove(l.Frontend, name)
 		touched = append(touched, l.Frontend)
 	}
@@ -69,13 +76,11 @@ func (t *Tracker) setTranslation(name types.NamespacedName, lbs []LBService, cre
 	}
 	if len(lbs) == 0 {
 		delete(t.translated, name)
-		delete(t.created, name)
 	} else {
-		if old := t.translated[name]; reflect.DeepEqual(old, lbs) {
+		if old := t.translated[name].lbs; reflect.DeepEqual(old, lbs) {
 			lbs = old // one array for both, and for the State's readers
 		}
-		t.translated[name] = lbs
-		t.created[name] = created
+		t.translated[name] = translation{lbs: lbs, created: created}
 	}
 	return touched
 }
@@ -86,7 +91,7 @@ func (t *Tracker) setTranslation(name types.NamespacedName, lbs []LBService, cre
 func (t *Tracker) resolve(name types.NamespacedName) bool {
 	var held []LBService
 	var lost []Conflict
-	for _, l := range t.translated[name] {
+	for _, l := range t.translated[name].lbs {
 		if w := t.winner(l.Frontend); w != name {
 			lost = append(lost, Conflict{Frontend: l.Frontend, Type: l.Type, Port: l.Name.Port, Winner: w})
 			continue
@@ -109,7 +114,7 @@ func (t *Tracker) resolve(name types.NamespacedName) bool {
 	if len(lost) == 0 {
 		// Every frontend held: the translation itself, not a copy. Neither
 		// is modified, only replaced (State).
-		held = t.translated[name]
+		held = t.translated[name].lbs
 	}
 	t.state.Services[name] = held
 	return true

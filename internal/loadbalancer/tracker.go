@@ -79,8 +79,7 @@ type Tracker struct {
 	tunnels        *tunnelIndex // State.Tunnels, kept per backend (tunnels.go)
 	// translated is each Service's whole translation, before conflicts;
 	// claims indexes it by frontend.
-	translated map[types.NamespacedName][]LBService
-	created    map[types.NamespacedName]int64 // creationTimestamp of translated's version
+	translated map[types.NamespacedName]translation
 	claims     claimants
 	state      *State
 }
@@ -98,8 +97,7 @@ func NewTracker(opts Options) *Tracker {
 		slicesOf:      map[types.NamespacedName][]*discoveryv1.EndpointSlice{},
 		nodes:         map[string]nodeInfo{},
 		pods:          map[types.NamespacedName]*corev1.Pod{},
-		translated:    map[types.NamespacedName][]LBService{},
-		created:       map[types.NamespacedName]int64{},
+		translated:    map[types.NamespacedName]translation{},
 		claims:        claimants{},
 		state: &State{
 			Services:    map[types.NamespacedName][]LBService{},
@@ -236,7 +234,7 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 		}
 		dirty[name] = true
 	}
-	clear(t.pendingSvcs)
+	t.pendingSvcs = drained(t.pendingSvcs)
 
 	for name, cur := range t.pendingSlices {
 		key := EndpointSliceObject(name.Namespace, name.Name)
@@ -264,7 +262,7 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 		t.slicesOf[owner] = append(t.slicesOf[owner], cur)
 		dirty[owner] = true
 	}
-	clear(t.pendingSlices)
+	t.pendingSlices = drained(t.pendingSlices)
 
 	if len(t.pendingNodes) > 0 {
 		for name, node := range t.pendingNodes {
@@ -290,7 +288,7 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 				}
 			}
 		}
-		clear(t.pendingNodes)
+		t.pendingNodes = drained(t.pendingNodes)
 		nodesChanged = t.rebuildNodeIPs()
 	} else if t.localDirty {
 		nodesChanged = t.rebuildNodeIPs()
@@ -305,7 +303,7 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 		}
 		dirty[HostPortOwner(name)] = true
 	}
-	clear(t.pendingPods)
+	t.pendingPods = drained(t.pendingPods)
 	if nodesChanged || t.hostPortsDirty {
 		// A hostPort without a hostIP answers on every node address.
 		for name := range t.pods {
@@ -450,6 +448,17 @@ func (t *Tracker) rebuildNodeIPs() bool {
 	}
 	t.state.NodeIPs, t.state.NoNodePort = ips, noNodePort
 	return true
+}
+
+// drained empties a map of pending changes for the next Sync. One that
+// held many (the initial list: 10,000 Services) is replaced, not
+// cleared: clear keeps the table of its largest size for good.
+func drained[K comparable, V any](m map[K]V) map[K]V {
+	if len(m) > 1024 {
+		return map[K]V{}
+	}
+	clear(m)
+	return m
 }
 
 // sliceService names the Service a slice belongs to; slices without the
