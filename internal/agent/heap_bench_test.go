@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"testing"
@@ -33,6 +34,9 @@ import (
 //
 // SLUICE_HEAP_PROFILE=FILE writes the heap profile once synced.
 func BenchmarkLiveHeap10k(b *testing.B) {
+	if p, ok := gcPercent(os.Getenv("GOGC")); ok { // the agent's, for gc-goal-MB
+		defer debug.SetGCPercent(debug.SetGCPercent(p))
+	}
 	for _, cluster := range []bool{false, true} {
 		name := "scaleset"
 		if cluster {

@@ -2,6 +2,17 @@ package agent
 
 import "testing"
 
+func TestGCPercent(t *testing.T) {
+	if p, ok := gcPercent(""); !ok || p != defaultGCPercent {
+		t.Errorf("gcPercent(\"\") = %d, %v; want %d, true", p, ok, defaultGCPercent)
+	}
+	for _, set := range []string{"100", "off", "200"} {
+		if p, ok := gcPercent(set); ok {
+			t.Errorf("gcPercent(%q) = %d: overrides the environment's GOGC", set, p)
+		}
+	}
+}
+
 func TestMemoryLimit(t *testing.T) {
 	for in, want := range map[string]int64{"": 0, "536870912": 483183819, "10": 9} {
 		if got, err := memoryLimit(in); err != nil || got != want {
