@@ -91,10 +91,7 @@ func CoreDNSBinary() (string, error) {
 // scripts/*-build.sh left (${SLUICE_CACHE:-/var/cache/sluice}), or "", and
 // the cache's root.
 func newestCached(tool, bin string) (path, root string) {
-	root = os.Getenv("SLUICE_CACHE")
-	if root == "" {
-		root = "/var/cache/sluice"
-	}
+	root = cacheRoot()
 	found, _ := filepath.Glob(filepath.Join(root, tool, "v*", "bin", bin))
 	if len(found) == 0 {
 		return "", root

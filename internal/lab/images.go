@@ -34,6 +34,15 @@ var busyboxApplets = []string{"sh", "cat", "ls", "mount", "umount", "stat", "sle
 // binDir's sluice, sluice-agent and sluice-dns-autoscaler (static
 // binaries: ./scripts/build.sh builds them so), as the Dockerfile's.
 func BuildSluiceImage(binDir, ref, file string) error {
+	spec, err := sluiceImageSpec(binDir)
+	if err != nil {
+		return err
+	}
+	return writeImage(ref, file, spec)
+}
+
+// sluiceImageSpec is sluice's image from binDir's binaries.
+func sluiceImageSpec(binDir string) (image.Spec, error) {
 	// /var/run → /run: the CLI's default API socket is /var/run/sluice/.
 	files := []image.File{{Path: "/tmp", Mode: 0o1777}, {Path: "/run/sluice"}, {Path: "/var/run", Link: "/run"},
 		{Path: "/sys/fs/bpf"}}
@@ -42,12 +51,12 @@ func BuildSluiceImage(binDir, ref, file string) error {
 	for _, b := range []string{"sluice", "sluice-agent", "sluice-dns-autoscaler", "sluice-lab"} {
 		src := filepath.Join(binDir, b)
 		if err := image.CheckStatic(src); err != nil {
-			return fmt.Errorf("sluice image: %w", err)
+			return image.Spec{}, fmt.Errorf("sluice image: %w", err)
 		}
 		files = append(files, image.File{Path: "/usr/local/bin/" + b, Src: src})
 	}
 	if err := image.CheckStatic(BusyboxPath); err != nil {
-		return fmt.Errorf("sluice image: %w (install Debian's busybox-static: ./scripts/deps.sh does)", err)
+		return image.Spec{}, fmt.Errorf("sluice image: %w (install Debian's busybox-static: ./scripts/deps.sh does)", err)
 	}
 	files = append(files, image.File{Path: "/bin/busybox", Src: BusyboxPath})
 	for _, a := range busyboxApplets {
@@ -55,14 +64,19 @@ func BuildSluiceImage(binDir, ref, file string) error {
 	}
 	nf, err := netfilterTools()
 	if err != nil {
-		return fmt.Errorf("sluice image: %w", err)
+		return image.Spec{}, fmt.Errorf("sluice image: %w", err)
 	}
 	files = append(files, nf...)
-	img, err := image.Build(image.Spec{Files: files, Created: time.Unix(0, 0).UTC(),
+	return image.Spec{Files: files, Created: time.Unix(0, 0).UTC(),
 		Entrypoint: []string{"/usr/local/bin/sluice-agent"},
-		Env:        []string{"PATH=/usr/local/bin:/usr/sbin:/bin"}})
+		Env:        []string{"PATH=/usr/local/bin:/usr/sbin:/bin"}}, nil
+}
+
+// writeImage writes an archive of spec's image, tagged ref, to file.
+func writeImage(ref, file string, spec image.Spec) error {
+	img, err := image.Build(spec)
 	if err != nil {
-		return fmt.Errorf("sluice image: %w", err)
+		return fmt.Errorf("image %s: %w", ref, err)
 	}
 	return image.Write(file, ref, img)
 }
@@ -122,24 +136,24 @@ func netfilterTools() ([]image.File, error) {
 	return files, nil
 }
 
-// BuildPauseImage writes an archive of the pause image (PauseImage) from
-// the static pause binary scripts/k8s-build.sh compiles.
-func BuildPauseImage(pauseBin, file string) error {
-	return staticBinaryImage(PauseImage, "/pause", pauseBin, file)
-}
-
 // staticBinaryImage writes an archive of an image, tagged ref, of one
 // static binary at path, its entrypoint.
 func staticBinaryImage(ref, path, bin, file string) error {
-	if err := image.CheckStatic(bin); err != nil {
-		return fmt.Errorf("image %s: %w", ref, err)
-	}
-	img, err := image.Build(image.Spec{Files: []image.File{{Path: path, Src: bin}},
-		Created: time.Unix(0, 0).UTC(), Entrypoint: []string{path}})
+	spec, err := staticBinarySpec(ref, path, bin)
 	if err != nil {
-		return fmt.Errorf("image %s: %w", ref, err)
+		return err
 	}
-	return image.Write(file, ref, img)
+	return writeImage(ref, file, spec)
+}
+
+// staticBinarySpec is the image ref of one static binary at path, its
+// entrypoint.
+func staticBinarySpec(ref, path, bin string) (image.Spec, error) {
+	if err := image.CheckStatic(bin); err != nil {
+		return image.Spec{}, fmt.Errorf("image %s: %w", ref, err)
+	}
+	return image.Spec{Files: []image.File{{Path: path, Src: bin}},
+		Created: time.Unix(0, 0).UTC(), Entrypoint: []string{path}}, nil
 }
 
 // binDir is where the lab finds sluice's binaries: $SLUICE_BIN_DIR, else
@@ -151,36 +165,61 @@ func (c *Config) binDir() string {
 	return filepath.Dir(c.Exe)
 }
 
-// buildImages writes sluice's image (under the chart's default name) and
-// the pause image to the run dir, for every node's containerd.
+// buildImages finds or builds sluice's image (under the chart's default
+// name), the pause image and CoreDNS's, for every node's containerd. The
+// archives are kept in the cache's images/ (imageCacheDir), named by
+// their inputs: the next lab of the same binaries builds nothing (a build
+// of sluice's takes tens of seconds).
 func (l *Lab) buildImages(cfg Config) error {
-	dir := filepath.Join(l.RunDir, "images")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
 	bin, err := controlplane.BinDir()
 	if err != nil {
-		return err
-	}
-	sluice := ImageArchive{Ref: ChartImageRepository + ":" + ChartAppVersion, File: filepath.Join(dir, "sluice.tar")}
-	l.step("building image %s from %s", sluice.Ref, cfg.binDir())
-	if err := BuildSluiceImage(cfg.binDir(), sluice.Ref, sluice.File); err != nil {
-		return err
-	}
-	pause := ImageArchive{Ref: PauseImage, File: filepath.Join(dir, "pause.tar")}
-	l.step("building image %s from %s", pause.Ref, filepath.Join(bin, "pause"))
-	if err := BuildPauseImage(filepath.Join(bin, "pause"), pause.File); err != nil {
 		return err
 	}
 	dnsBin, err := CoreDNSBinary()
 	if err != nil {
 		return fmt.Errorf("the kubelet lab's cluster DNS: %w", err)
 	}
-	dns := ImageArchive{Ref: CoreDNSImage, File: filepath.Join(dir, "coredns.tar")}
-	l.step("building image %s from %s", dns.Ref, dnsBin)
-	if err := BuildCoreDNSImage(dnsBin, dns.File); err != nil {
-		return err
+	type want struct {
+		ref, from string
+		spec      func() (image.Spec, error)
 	}
-	l.Images = []ImageArchive{sluice, pause, dns}
+	wants := []want{
+		{ChartImageRepository + ":" + ChartAppVersion, cfg.binDir(), func() (image.Spec, error) { return sluiceImageSpec(cfg.binDir()) }},
+		{PauseImage, filepath.Join(bin, "pause"), func() (image.Spec, error) {
+			return staticBinarySpec(PauseImage, "/pause", filepath.Join(bin, "pause"))
+		}},
+		{CoreDNSImage, dnsBin, func() (image.Spec, error) { return staticBinarySpec(CoreDNSImage, "/coredns", dnsBin) }},
+	}
+	dir := imageCacheDir()
+	l.Images = nil
+	for _, w := range wants {
+		spec, err := w.spec()
+		if err != nil {
+			return err
+		}
+		file, built, err := image.Archive(dir, w.ref, spec)
+		if err != nil {
+			return fmt.Errorf("image %s: %w", w.ref, err)
+		}
+		if built {
+			l.step("built image %s from %s (%s)", w.ref, w.from, file)
+		} else {
+			l.step("image %s from %s: built before (%s)", w.ref, w.from, file)
+		}
+		l.Images = append(l.Images, ImageArchive{Ref: w.ref, File: file})
+	}
 	return l.save()
+}
+
+// imageCacheDir keeps the kubelet lab's image archives:
+// ${SLUICE_CACHE:-/var/cache/sluice}/images.
+func imageCacheDir() string { return filepath.Join(cacheRoot(), "images") }
+
+// cacheRoot is where the build scripts and the lab keep what they made
+// once: $SLUICE_CACHE, else /var/cache/sluice.
+func cacheRoot() string {
+	if root := os.Getenv("SLUICE_CACHE"); root != "" {
+		return root
+	}
+	return "/var/cache/sluice"
 }

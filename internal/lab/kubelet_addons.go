@@ -32,12 +32,6 @@ const CoreDNSImage = "registry.k8s.io/coredns/coredns:v1.12.4"
 // run in every pod (test/utils/image/manifest.go).
 const AgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:2.53"
 
-// BuildCoreDNSImage writes an archive of CoreDNSImage: the static coredns
-// binary scripts/coredns-build.sh builds.
-func BuildCoreDNSImage(bin, file string) error {
-	return staticBinaryImage(CoreDNSImage, "/coredns", bin, file)
-}
-
 // agnhostTools are what the conformance tests run inside agnhost pods
 // besides agnhost itself (`/bin/sh -x -c "... | nc -v -t -w 2 host port"`,
 // nslookup, dig, curl): the upstream image has them from Alpine; here they are
