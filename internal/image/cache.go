@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"syscall"
 	"time"
 )
 
@@ -18,7 +20,8 @@ import (
 // digest of their inputs, written under a temporary name and renamed, so
 // labs building at once never read a partial one. dir keeps the newest
 // keep archives (an archive is new when made or used); older ones are
-// removed, never one used in the last hour.
+// removed, never one used in the last hour. One process builds a given
+// archive at a time; the others wait for it.
 func Archive(dir, ref string, spec Spec) (file string, built bool, err error) {
 	key, err := inputsDigest(ref, spec)
 	if err != nil {
@@ -28,6 +31,16 @@ func Archive(dir, ref string, spec Spec) (file string, built bool, err error) {
 		return "", false, fmt.Errorf("image cache: %w", err)
 	}
 	file = filepath.Join(dir, key+".tar")
+	// One build of an archive at a time: labs coming up together wait for
+	// the first one's instead of each compressing the same binaries.
+	lock, err := os.OpenFile(filepath.Join(dir, "."+key+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return "", false, fmt.Errorf("image cache: %w", err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return "", false, fmt.Errorf("image cache: lock %s: %w", lock.Name(), err)
+	}
 	if _, err := os.Stat(file); err == nil {
 		now := time.Now()
 		_ = os.Chtimes(file, now, now) // in use: the pruning spares it
@@ -75,6 +88,7 @@ func prune(dir string, keep int, spare time.Duration) {
 	for _, e := range es[min(keep, len(es)):] {
 		if time.Since(e.used) > spare {
 			os.Remove(e.path)
+			os.Remove(filepath.Join(dir, "."+strings.TrimSuffix(filepath.Base(e.path), ".tar")+".lock"))
 		}
 	}
 }

@@ -49,7 +49,7 @@ func TestArchiveCached(t *testing.T) {
 			t.Fatalf("%s: %v", file, err)
 		}
 	}
-	left, _ := filepath.Glob(filepath.Join(cache, ".*"))
+	left, _ := filepath.Glob(filepath.Join(cache, ".*-*"))
 	if len(left) != 0 {
 		t.Errorf("temporary files left in the cache: %v", left)
 	}

@@ -30,15 +30,20 @@ const BusyboxPath = "/bin/busybox"
 var busyboxApplets = []string{"sh", "cat", "ls", "mount", "umount", "stat", "sleep", "ps", "grep", "mkdir",
 	"rm", "env", "echo", "test", "[", "kill", "wget", "nc", "ip", "tail", "head", "df"}
 
-// BuildSluiceImage writes an archive of sluice's image, tagged ref, from
-// binDir's sluice, sluice-agent and sluice-dns-autoscaler (static
-// binaries: ./scripts/build.sh builds them so), as the Dockerfile's.
-func BuildSluiceImage(binDir, ref, file string) error {
+// SluiceImage finds or builds an archive of sluice's image, tagged ref,
+// from binDir's sluice, sluice-agent, sluice-dns-autoscaler and sluice-lab
+// (static binaries: ./scripts/build.sh builds them so), as the
+// Dockerfile's, in the image cache (imageCacheDir).
+func SluiceImage(binDir, ref string) (ImageArchive, error) {
 	spec, err := sluiceImageSpec(binDir)
 	if err != nil {
-		return err
+		return ImageArchive{}, err
 	}
-	return writeImage(ref, file, spec)
+	file, _, err := image.Archive(imageCacheDir(), ref, spec)
+	if err != nil {
+		return ImageArchive{}, fmt.Errorf("image %s: %w", ref, err)
+	}
+	return ImageArchive{Ref: ref, File: file}, nil
 }
 
 // sluiceImageSpec is sluice's image from binDir's binaries.

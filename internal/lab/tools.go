@@ -225,12 +225,8 @@ func imageCommand(prefix *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			img := ImageArchive{Ref: ChartImageRepository + ":" + tag,
-				File: filepath.Join(l.RunDir, "images", "sluice-"+tag+".tar")}
-			if err := os.MkdirAll(filepath.Dir(img.File), 0o755); err != nil {
-				return err
-			}
-			if err := BuildSluiceImage(binDir, img.Ref, img.File); err != nil {
+			img, err := SluiceImage(binDir, ChartImageRepository+":"+tag)
+			if err != nil {
 				return err
 			}
 			if err := l.ImportImages(cmd.Context(), img); err != nil {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -158,6 +159,27 @@ func qemuCommand(name string, args []string) *exec.Cmd {
 	cmd := exec.Command(name, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	return cmd
+}
+
+// startPinned starts cmd from an OS thread that stays until cmd has exited,
+// then calls waited with Wait's result. QEMU's parent-death signal follows
+// the thread that forked it, not this process: a Go thread ends when a
+// goroutine locked to it exits (every lab's network-namespace switch), so
+// a guest started beside a lab's work (test/e2e's parallel tests) would be
+// killed with whichever thread had happened to start it.
+func startPinned(cmd *exec.Cmd, waited func(error)) error {
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		waited(cmd.Wait())
+	}()
+	return <-started
 }
 
 // killQEMU kills QEMU's process group and reaps it.

@@ -244,14 +244,13 @@ func boot(ctx context.Context, cfg Config, res Result, sock, initrd string, nics
 	cmd.Stderr = consoleW
 	say("booting %s: %s -accel %s -smp %d -m %dM", cfg.Kernel.Release, QEMU, accelArg(res.Accel.Name, cfg.CPUs), cfg.CPUs, cfg.MemoryMiB)
 	bootStart := time.Now()
-	if err := cmd.Start(); err != nil {
-		return res, "", fmt.Errorf("start %s: %w", QEMU, err)
-	}
 	// One Wait, whose end every path below can see: reaped closes after it
 	// and waitErr holds its result.
 	var waitErr error
 	reaped := make(chan struct{})
-	go func() { waitErr = cmd.Wait(); close(reaped) }()
+	if err := startPinned(cmd, func(err error) { waitErr = err; close(reaped) }); err != nil {
+		return res, "", fmt.Errorf("start %s: %w", QEMU, err)
+	}
 	defer func() {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // its process group
 		<-reaped

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -520,5 +522,32 @@ func TestNICArgs(t *testing.T) {
 	nn = &nicNet{netns: "sluice-vmnet-1-1"}
 	if name, args := nn.wrap([]string{"-m", "1"}); name != "nsenter" || strings.Join(args, " ") != "--net=/run/netns/sluice-vmnet-1-1 -- "+QEMU+" -m 1" {
 		t.Errorf("NICs: %s %v, want QEMU inside the run's namespace", name, args)
+	}
+}
+
+// TestStartPinnedSurvivesThreadExits: a process started by startPinned,
+// with QEMU's parent-death signal, lives on while other goroutines lock
+// their threads and exit (which ends those threads), as a lab's namespace
+// switches do beside a guest.
+func TestStartPinnedSurvivesThreadExits(t *testing.T) {
+	cmd := qemuCommand("sleep", []string{"30"})
+	reaped := make(chan error, 1)
+	if err := startPinned(cmd, func(err error) { reaped <- err }); err != nil {
+		t.Fatal(err)
+	}
+	defer killQEMU(cmd)
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		}()
+	}
+	wg.Wait()
+	select {
+	case err := <-reaped:
+		t.Fatalf("the child died while threads ended: %v", err)
+	case <-time.After(300 * time.Millisecond):
 	}
 }

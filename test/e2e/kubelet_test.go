@@ -90,6 +90,7 @@ spec:
 //     cgroup programs, qdiscs, XDP and tc state and network sysctls as
 //     before the install, and the Service no longer answers.
 func TestPrivilegedKubeletHelm(t *testing.T) {
+	alongside(t, waits)
 	requirePrivileged(t, "containerd", "runc", "ctr", "unshare", "bpftool", "tc")
 	if _, err := lab.HelmBin(); err != nil {
 		t.Fatalf("helm: %v", err)
@@ -180,8 +181,8 @@ func TestPrivilegedKubeletHelm(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the upgrade's binaries: %v\n%s", err, out)
 	}
-	upgraded := lab.ImageArchive{Ref: lab.ChartImageRepository + ":e2e-upgrade", File: filepath.Join(binDir, "image.tar")}
-	if err := lab.BuildSluiceImage(binDir, upgraded.Ref, upgraded.File); err != nil {
+	upgraded, err := lab.SluiceImage(binDir, lab.ChartImageRepository+":e2e-upgrade")
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := l.ImportImages(ctx, upgraded); err != nil {
