@@ -172,10 +172,20 @@ func TestPrivilegedKubeletHelm(t *testing.T) {
 	// Day 2 under traffic: upgrade to a rebuilt image (built and imported
 	// first), then delete the agent's pod. Each stream is 4 connections of
 	// 900 requests 100 ms apart (90 s), longer than both steps.
+	// Only the agent is rebuilt (its version is what the test reads); the
+	// image's other binaries are the suite's own.
 	binDir := t.TempDir()
+	suiteBin, err := filepath.Abs(env.binDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{"sluice", "sluice-dns-autoscaler", "sluice-lab"} {
+		if err := os.Symlink(filepath.Join(suiteBin, b), filepath.Join(binDir, b)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	build := exec.CommandContext(ctx, "go", "build", "-ldflags",
-		"-X github.com/sluice-dataplane/sluice/internal/agent.Version=e2e-upgrade", "-o", binDir+"/", "./cmd/sluice", "./cmd/sluice-agent",
-		"./cmd/sluice-dns-autoscaler", "./cmd/sluice-lab")
+		"-X github.com/sluice-dataplane/sluice/internal/agent.Version=e2e-upgrade", "-o", binDir+"/", "./cmd/sluice-agent")
 	build.Dir = filepath.Join("..", "..")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {

@@ -246,6 +246,36 @@ func parseUplinks(v string) (map[string]string, error) {
 	return out, nil
 }
 
+// alongside lets t run beside the other tests that call it, once every
+// test that does not has ended, in a lane of its kind: at most one guest
+// under QEMU at a time (it keeps both cores busy), and as many of the
+// others as go test's -parallel allows (scripts/test.sh: 3). Only tests
+// whose lab shares nothing with another's call it: its own prefix names its
+// namespaces, cgroups, pins, run directory and mount namespaces, and its
+// addresses live behind its own fabric namespace. And only tests that
+// mostly wait (a kubelet lab's control plane and pods, a soak paced by the
+// clock, a guest's emulated CPU) and whose verdicts hold with less CPU: no
+// test that measures a rate against a band or floods at the generator's
+// maximum. They are about half of this package's time (docs/testing.md).
+func alongside(t *testing.T, kind lane) {
+	t.Helper()
+	t.Parallel()
+	if sem := lanes[kind]; sem != nil {
+		sem <- struct{}{}
+		t.Cleanup(func() { <-sem })
+	}
+}
+
+// lane is a kind of test that runs alongside others.
+type lane int
+
+const (
+	waits lane = iota // a kubelet lab, a soak: bounded by -parallel only
+	guest             // QEMU under TCG: one at a time
+)
+
+var lanes = map[lane]chan struct{}{guest: make(chan struct{}, 1)}
+
 // sharedLab returns the lab the Service tests share, bringing it up on first
 // use; TestMain takes it down. Tests apply their own Services and delete them.
 func sharedLab(t *testing.T) *lab.Lab {
