@@ -201,6 +201,8 @@ func (s *Summary) Event(e Event) {
 			p.started = append(p.started, e.Test)
 		}
 		p.status[e.Test] = "run"
+	case "pause", "cont": // a parallel test waiting for its turn, then running
+		p.status[e.Test] = map[string]string{"pause": "pause", "cont": "run"}[e.Action]
 	case "output":
 		p.output = append(p.output, outLine{e.Test, e.Output})
 	case "pass", "fail", "skip":
@@ -266,7 +268,7 @@ func (s *Summary) endPackage(e Event, p *pkgRun) {
 	}
 	explained := p.tests.Failed > 0
 	for _, t := range p.started {
-		if p.status[t] != "run" || strings.Contains(t, "/") {
+		if !unfinished(p.status[t]) || strings.Contains(t, "/") {
 			continue
 		}
 		explained = true
@@ -279,7 +281,7 @@ func (s *Summary) endPackage(e Event, p *pkgRun) {
 		s.writeLines(testLines(p.output, t, true))
 	}
 	for _, t := range p.started { // unfinished subtests of finished tests
-		if p.status[t] == "run" && strings.Contains(t, "/") {
+		if unfinished(p.status[t]) && strings.Contains(t, "/") {
 			s.report.Subtests.Failed++
 		}
 	}
@@ -325,14 +327,18 @@ func (c Counts) brief() string {
 func (p *pkgRun) failedSubtests(test string) []string {
 	var out []string
 	for _, t := range p.started {
-		if strings.HasPrefix(t, test+"/") && (p.status[t] == "fail" || p.status[t] == "run") {
+		if strings.HasPrefix(t, test+"/") && (p.status[t] == "fail" || unfinished(p.status[t])) {
 			out = append(out, t)
 		}
 	}
 	return out
 }
 
-// Running lists the top-level tests started and not yet ended, for a
+// unfinished says a test with status has started and not ended: running,
+// or paused (a parallel test waiting for the serial ones or a free slot).
+func unfinished(status string) bool { return status == "run" || status == "pause" }
+
+// Running lists the top-level tests running now (not those paused), for a
 // progress line while a long package runs.
 func (s *Summary) Running() []string {
 	var out []string

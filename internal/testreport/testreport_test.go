@@ -281,3 +281,34 @@ func TestGuestSkipConfirmed(t *testing.T) {
 		})
 	}
 }
+
+// A parallel test paused for its turn is not running, and one paused when
+// its package ends did not finish.
+func TestPausedParallelTests(t *testing.T) {
+	var out strings.Builder
+	s := &Summary{Out: &out, Root: true}
+	for _, e := range []Event{
+		{Action: "start", Package: "p"},
+		{Action: "run", Package: "p", Test: "TestWaits"},
+		{Action: "pause", Package: "p", Test: "TestWaits"},
+		{Action: "run", Package: "p", Test: "TestNever"},
+		{Action: "pause", Package: "p", Test: "TestNever"},
+		{Action: "run", Package: "p", Test: "TestSerial"},
+	} {
+		s.Event(e)
+	}
+	if got := s.Running(); !reflect.DeepEqual(got, []string{"p TestSerial"}) {
+		t.Errorf("Running() = %q, want only the serial test", got)
+	}
+	s.Event(Event{Action: "pass", Package: "p", Test: "TestSerial"})
+	s.Event(Event{Action: "cont", Package: "p", Test: "TestWaits"})
+	if got := s.Running(); !reflect.DeepEqual(got, []string{"p TestWaits"}) {
+		t.Errorf("Running() after cont = %q, want the continued test", got)
+	}
+	s.Event(Event{Action: "pass", Package: "p", Test: "TestWaits"})
+	s.Event(Event{Action: "fail", Package: "p"})
+	r := s.Finish()
+	if r.Tests.Passed != 2 || r.Tests.Failed != 1 || len(r.Failures) != 1 || r.Failures[0].Test != "TestNever" {
+		t.Errorf("tests %+v, failures %+v: want 2 passed and TestNever failed (did not finish)", r.Tests, r.Failures)
+	}
+}
