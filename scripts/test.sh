@@ -64,15 +64,11 @@ go build -o "$tmp/testreport" ./scripts/testreport
 set +e
 # The Cilium lab's tests need Cilium's build (~15 minutes cold), which this
 # command does not make: scripts/test-contenders.sh runs them (docs/cilium.md).
-# test/e2e first: go test starts packages in the order named, and the
-# longest one then runs beside all the others instead of after them. Its
-# tests that mostly wait (kubelet labs, the soak, the guests) run three at a
-# time once the others have ended (test/e2e's alongside; docs/testing.md).
-pkgs=(./...)
-if [ $# -eq 0 ]; then
-	pkgs=(./test/e2e ./...)
-fi
-go test -json -race -count=1 -timeout 75m -parallel 3 -skip '^TestPrivilegedCilium' "$@" "${pkgs[@]}" | tee bin/go-test.json | "$tmp/testreport"
+# test/e2e's tests that mostly wait (kubelet labs, the soak, the guests)
+# run three at a time once its others have ended (its alongside;
+# docs/testing.md). It starts last, in ./... order: named first, its
+# migration tests ran beside internal/datapath's floods and lost requests.
+go test -json -race -count=1 -timeout 75m -parallel 3 -skip '^TestPrivilegedCilium' "$@" ./... | tee bin/go-test.json | "$tmp/testreport"
 status=("${PIPESTATUS[@]}")
 set -e
 if [ "${status[2]}" -ne 0 ]; then

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -535,7 +536,10 @@ func TestStartPinnedSurvivesThreadExits(t *testing.T) {
 	if err := startPinned(cmd, func(err error) { reaped <- err }); err != nil {
 		t.Fatal(err)
 	}
-	defer killQEMU(cmd)
+	defer func() { // startPinned's Wait reaps it
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-reaped
+	}()
 	var wg sync.WaitGroup
 	for range 64 {
 		wg.Add(1)
@@ -547,6 +551,7 @@ func TestStartPinnedSurvivesThreadExits(t *testing.T) {
 	wg.Wait()
 	select {
 	case err := <-reaped:
+		reaped <- err // for the deferred kill's wait
 		t.Fatalf("the child died while threads ended: %v", err)
 	case <-time.After(300 * time.Millisecond):
 	}
