@@ -39,11 +39,18 @@ func SluiceImage(binDir, ref string) (ImageArchive, error) {
 	if err != nil {
 		return ImageArchive{}, err
 	}
-	file, _, err := image.Archive(imageCacheDir(), ref, spec)
+	img, _, err := cachedImage(ref, spec)
+	return img, err
+}
+
+// cachedImage finds or builds the archive of spec's image, tagged ref, in
+// the image cache; built says it was built now.
+func cachedImage(ref string, spec image.Spec) (img ImageArchive, built bool, err error) {
+	file, built, err := image.Archive(imageCacheDir(), ref, spec)
 	if err != nil {
-		return ImageArchive{}, fmt.Errorf("image %s: %w", ref, err)
+		return ImageArchive{}, false, fmt.Errorf("image %s: %w", ref, err)
 	}
-	return ImageArchive{Ref: ref, File: file}, nil
+	return ImageArchive{Ref: ref, File: file}, built, nil
 }
 
 // sluiceImageSpec is sluice's image from binDir's binaries.
@@ -184,34 +191,34 @@ func (l *Lab) buildImages(cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("the kubelet lab's cluster DNS: %w", err)
 	}
-	type want struct {
-		ref, from string
-		spec      func() (image.Spec, error)
+	pauseBin := filepath.Join(bin, "pause")
+	sluice, err := sluiceImageSpec(cfg.binDir())
+	if err != nil {
+		return err
 	}
-	wants := []want{
-		{ChartImageRepository + ":" + ChartAppVersion, cfg.binDir(), func() (image.Spec, error) { return sluiceImageSpec(cfg.binDir()) }},
-		{PauseImage, filepath.Join(bin, "pause"), func() (image.Spec, error) {
-			return staticBinarySpec(PauseImage, "/pause", filepath.Join(bin, "pause"))
-		}},
-		{CoreDNSImage, dnsBin, func() (image.Spec, error) { return staticBinarySpec(CoreDNSImage, "/coredns", dnsBin) }},
+	pause, err := staticBinarySpec(PauseImage, "/pause", pauseBin)
+	if err != nil {
+		return err
 	}
-	dir := imageCacheDir()
+	dns, err := staticBinarySpec(CoreDNSImage, "/coredns", dnsBin)
+	if err != nil {
+		return err
+	}
 	l.Images = nil
-	for _, w := range wants {
-		spec, err := w.spec()
+	for _, w := range []struct {
+		ref, from string
+		spec      image.Spec
+	}{{ChartImageRepository + ":" + ChartAppVersion, cfg.binDir(), sluice}, {PauseImage, pauseBin, pause}, {CoreDNSImage, dnsBin, dns}} {
+		img, built, err := cachedImage(w.ref, w.spec)
 		if err != nil {
 			return err
 		}
-		file, built, err := image.Archive(dir, w.ref, spec)
-		if err != nil {
-			return fmt.Errorf("image %s: %w", w.ref, err)
-		}
 		if built {
-			l.step("built image %s from %s (%s)", w.ref, w.from, file)
+			l.step("built image %s from %s (%s)", w.ref, w.from, img.File)
 		} else {
-			l.step("image %s from %s: built before (%s)", w.ref, w.from, file)
+			l.step("image %s from %s: built before (%s)", w.ref, w.from, img.File)
 		}
-		l.Images = append(l.Images, ImageArchive{Ref: w.ref, File: file})
+		l.Images = append(l.Images, img)
 	}
 	return l.save()
 }

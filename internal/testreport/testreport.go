@@ -201,8 +201,10 @@ func (s *Summary) Event(e Event) {
 			p.started = append(p.started, e.Test)
 		}
 		p.status[e.Test] = "run"
-	case "pause", "cont": // a parallel test waiting for its turn, then running
-		p.status[e.Test] = map[string]string{"pause": "pause", "cont": "run"}[e.Action]
+	case "pause": // a parallel test waiting for its turn
+		p.status[e.Test] = "pause"
+	case "cont":
+		p.status[e.Test] = "run"
 	case "output":
 		p.output = append(p.output, outLine{e.Test, e.Output})
 	case "pass", "fail", "skip":
