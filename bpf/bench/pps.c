@@ -21,6 +21,8 @@
  *                     rewrites addresses and the port the way the node's
  *                     translation would (checksums updated), with no lookup
  *                     at all, and sends with XDP_TX (or redirect)
+ *   xdp_pps_fwd_local the local delivery's ceiling: the forwarder's DNAT
+ *                     alone, then XDP_PASS to the stack
  *   xdp_pps_pass      XDP_PASS: gives a veth NAPI, so that frames sent to
  *                     it by XDP_TX or redirect are received; with
  *   tc_pps_pass       TC_ACT_OK, the tail-call targets that measure the
@@ -717,12 +719,11 @@ volatile const __u32 fwd_daddr;
 volatile const __u16 fwd_dport;
 volatile const __u32 fwd_ifindex;
 
-/* xdp_pps_fwd is the forwarding ceiling: what a translating XDP forwarder
- * costs at the least on this path: the same rewrite as the node's DNAT and
- * SNAT (addresses, destination port, both checksums updated), without any
- * map lookup, state or route. IPv4 without options, UDP or TCP. */
-SEC("xdp")
-int xdp_pps_fwd(struct xdp_md *ctx)
+/* pps_fwd_rewrite is the forwarder's rewrite: the destination address
+ * and port to the backend's and, with snat, the source address to the
+ * node's and the MACs to the next hop's (both checksums updated). IPv4
+ * without options, UDP or TCP; -1 for any other frame. */
+static __always_inline int pps_fwd_rewrite(struct xdp_md *ctx, bool snat)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -732,18 +733,20 @@ int xdp_pps_fwd(struct xdp_md *ctx)
 	__u32 l4csum_off;
 
 	if (data + 56 > data_end || pkt[14] != 0x45)
-		return XDP_PASS;
+		return -1;
 	if (pkt[23] == 17)
 		l4csum_off = 40;
 	else if (pkt[23] == 6)
 		l4csum_off = 50;
 	else
-		return XDP_PASS;
+		return -1;
 	__builtin_memcpy(&saddr, pkt + 26, 4);
 	__builtin_memcpy(&daddr, pkt + 30, 4);
 	__builtin_memcpy(&dport, pkt + 36, 2);
 	__builtin_memcpy(&icsum, pkt + PPS_ICSUM_OFF, 2);
 	__builtin_memcpy(&l4csum, pkt + l4csum_off, 2);
+	if (!snat)
+		nsaddr = saddr;
 	icsum = csum_move32(csum_move32(icsum, saddr, nsaddr), daddr, ndaddr);
 	if (l4csum || pkt[23] == 6) {
 		l4csum = csum_move32(csum_move32(l4csum, saddr, nsaddr), daddr, ndaddr);
@@ -751,19 +754,45 @@ int xdp_pps_fwd(struct xdp_md *ctx)
 		if (!l4csum && pkt[23] == 17)
 			l4csum = 0xffff;
 	}
-	/* Volatile loads: the loader sets these after compilation. */
-	*(__u32 *)pkt = *(const volatile __u32 *)fwd_dmac;
-	*(__u16 *)(pkt + 4) = *(const volatile __u16 *)(fwd_dmac + 4);
-	*(__u32 *)(pkt + 6) = *(const volatile __u32 *)fwd_smac;
-	*(__u16 *)(pkt + 10) = *(const volatile __u16 *)(fwd_smac + 4);
-	__builtin_memcpy(pkt + 26, &nsaddr, 4);
+	if (snat) {
+		/* Volatile loads: the loader sets these after compilation. */
+		*(__u32 *)pkt = *(const volatile __u32 *)fwd_dmac;
+		*(__u16 *)(pkt + 4) = *(const volatile __u16 *)(fwd_dmac + 4);
+		*(__u32 *)(pkt + 6) = *(const volatile __u32 *)fwd_smac;
+		*(__u16 *)(pkt + 10) = *(const volatile __u16 *)(fwd_smac + 4);
+		__builtin_memcpy(pkt + 26, &nsaddr, 4);
+	}
 	__builtin_memcpy(pkt + 30, &ndaddr, 4);
 	__builtin_memcpy(pkt + 36, &ndport, 2);
 	__builtin_memcpy(pkt + PPS_ICSUM_OFF, &icsum, 2);
 	__builtin_memcpy(pkt + l4csum_off, &l4csum, 2);
+	return 0;
+}
+
+/* xdp_pps_fwd is the forwarding ceiling: what a translating XDP forwarder
+ * costs at the least on this path: the same rewrite as the node's DNAT and
+ * SNAT, without any map lookup, state or route; fwd_ifindex 0 sends back
+ * out the device (XDP_TX), else redirects there. */
+SEC("xdp")
+int xdp_pps_fwd(struct xdp_md *ctx)
+{
+	if (pps_fwd_rewrite(ctx, true))
+		return XDP_PASS;
 	if (fwd_ifindex)
 		return bpf_redirect(fwd_ifindex, 0);
 	return XDP_TX;
+}
+
+/* xdp_pps_fwd_local is the ceiling of a local delivery: the DNAT alone
+ * (the frame stays addressed to this node's MAC) and XDP_PASS, so that
+ * what follows is the kernel's: an skb, GRO, tc ingress, where
+ * tc_pps_sink_local counts it. What an XDP load balancer that hands a
+ * local backend's packets to the stack costs at the least. */
+SEC("xdp")
+int xdp_pps_fwd_local(struct xdp_md *ctx)
+{
+	pps_fwd_rewrite(ctx, false);
+	return XDP_PASS;
 }
 
 SEC("xdp")

@@ -481,6 +481,8 @@ var contenders = []contender{
 // desc is c's description in topology kind: how sluice's programs send.
 func (c contender) desc(kind string) string {
 	switch {
+	case strings.HasSuffix(c.name, "-"+LBModeLocal):
+		return c.descr // to the stack, on any topology
 	case (strings.HasPrefix(c.name, ContenderXDP) || c.name == ContenderForwarder) && kind == TopologyOneNIC:
 		return c.descr + "XDP_TX"
 	case c.name == ContenderForwarder:
@@ -583,7 +585,13 @@ func (p *pps) modeContenders(sink link.Link) []contender {
 			continue
 		}
 		for _, base := range contenders {
-			if (base.name != ContenderXDP && base.name != ContenderTC) || !slices.Contains(p.cfg.Contenders, base.name) {
+			if (base.name != ContenderXDP && base.name != ContenderTC && base.name != ContenderForwarder) ||
+				!slices.Contains(p.cfg.Contenders, base.name) {
+				continue
+			}
+			// The forwarder has a local row only: the least a local
+			// delivery costs (DNAT and XDP_PASS), beside sluice-xdp's.
+			if base.name == ContenderForwarder && mode != LBModeLocal {
 				continue
 			}
 			// tc hands a local delivery to the stack by ending tcx's
@@ -594,6 +602,10 @@ func (p *pps) modeContenders(sink link.Link) []contender {
 			}
 			c := contender{name: base.name + "-" + mode, descr: modeDescr[mode] + base.descr}
 			attach := base.attach
+			if base.name == ContenderForwarder {
+				c.descr = modeDescr[mode] + forwarderLocalDescr
+				attach = attachForwarderLocal
+			}
 			// The program first: the local sink goes after it at tcx
 			// ingress (tc's own program there passes a local delivery on).
 			c.attach = func(p *pps) (func() error, error) {
@@ -750,6 +762,17 @@ func (p *pps) pinEth0NAPI() error {
 
 func attachForwarder(p *pps) (func() error, error) {
 	l, err := p.attachOnEth0(p.helpers.XdpPpsFwd)
+	if err != nil {
+		return nil, err
+	}
+	return l.Close, nil
+}
+
+// forwarderLocalDescr describes the forwarder's local row.
+const forwarderLocalDescr = "the local delivery's ceiling: a bare XDP program on eth0 that rewrites the destination address and port (checksums updated), no lookup, no state, XDP_PASS"
+
+func attachForwarderLocal(p *pps) (func() error, error) {
+	l, err := p.attachOnEth0(p.helpers.XdpPpsFwdLocal)
 	if err != nil {
 		return nil, err
 	}

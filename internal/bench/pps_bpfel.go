@@ -27,6 +27,7 @@ const (
 	ppsProgTcPpsRestore     = "tc_pps_restore"
 	ppsProgTcPpsSinkLocal   = "tc_pps_sink_local"
 	ppsProgXdpPpsFwd        = "xdp_pps_fwd"
+	ppsProgXdpPpsFwdLocal   = "xdp_pps_fwd_local"
 	ppsProgXdpPpsGen        = "xdp_pps_gen"
 	ppsProgXdpPpsGenWin     = "xdp_pps_gen_win"
 	ppsProgXdpPpsPass       = "xdp_pps_pass"
@@ -110,6 +111,7 @@ type ppsProgramSpecs struct {
 	TcPpsRestore     *ebpf.ProgramSpec `ebpf:"tc_pps_restore"`
 	TcPpsSinkLocal   *ebpf.ProgramSpec `ebpf:"tc_pps_sink_local"`
 	XdpPpsFwd        *ebpf.ProgramSpec `ebpf:"xdp_pps_fwd"`
+	XdpPpsFwdLocal   *ebpf.ProgramSpec `ebpf:"xdp_pps_fwd_local"`
 	XdpPpsGen        *ebpf.ProgramSpec `ebpf:"xdp_pps_gen"`
 	XdpPpsGenWin     *ebpf.ProgramSpec `ebpf:"xdp_pps_gen_win"`
 	XdpPpsPass       *ebpf.ProgramSpec `ebpf:"xdp_pps_pass"`
@@ -249,6 +251,7 @@ type ppsPrograms struct {
 	TcPpsRestore     *ebpf.Program `ebpf:"tc_pps_restore"`
 	TcPpsSinkLocal   *ebpf.Program `ebpf:"tc_pps_sink_local"`
 	XdpPpsFwd        *ebpf.Program `ebpf:"xdp_pps_fwd"`
+	XdpPpsFwdLocal   *ebpf.Program `ebpf:"xdp_pps_fwd_local"`
 	XdpPpsGen        *ebpf.Program `ebpf:"xdp_pps_gen"`
 	XdpPpsGenWin     *ebpf.Program `ebpf:"xdp_pps_gen_win"`
 	XdpPpsPass       *ebpf.Program `ebpf:"xdp_pps_pass"`
@@ -264,6 +267,7 @@ func (p *ppsPrograms) Close() error {
 		p.TcPpsRestore,
 		p.TcPpsSinkLocal,
 		p.XdpPpsFwd,
+		p.XdpPpsFwdLocal,
 		p.XdpPpsGen,
 		p.XdpPpsGenWin,
 		p.XdpPpsPass,

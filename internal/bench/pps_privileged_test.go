@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -32,6 +33,8 @@ import (
 // anything is.
 func TestPrivilegedPPSSmoke(t *testing.T) {
 	probetest.SkipUnless(t, append([]string{probe.BTF, probe.TC, probe.TCX}, probe.BenchPPS...)...)
+	// New flows in every mode: rows for the DSR LB node and the local
+	// backend, with the local delivery's ceiling beside them.
 	t.Run("one-nic/new flows", func(t *testing.T) { ppsSmoke(t, TopologyOneNIC, -1, true) })
 	for _, topo := range Topologies {
 		t.Run(topo+"/shared CPU", func(t *testing.T) { ppsSmoke(t, topo, -1, false) })
@@ -144,7 +147,9 @@ func loadHelpers(t *testing.T, consts map[string]any) *ppsObjects {
 // TestPrivilegedPPSForwarder: the forwarding ceiling rewrites a UDP and a
 // TCP frame as the node's translation does (the next hop's and eth0's
 // MACs, the node's address as source, the backend's address and port as
-// destination) with both checksums right, and sends it back out.
+// destination) with both checksums right, and sends it back out; the local
+// delivery's ceiling rewrites the destination alone and passes the frame
+// to the stack.
 func TestPrivilegedPPSForwarder(t *testing.T) {
 	objs := loadHelpers(t, map[string]any{"fwd_dmac": [6]byte(macNode2), "fwd_smac": [6]byte(macEth0),
 		"fwd_saddr": ipNode.As4(), "fwd_daddr": ipBackend.As4(), "fwd_dport": lbmap.PortFrom(backendPort), "fwd_ifindex": uint32(0)})
@@ -155,23 +160,33 @@ func TestPrivilegedPPSForwarder(t *testing.T) {
 			Proto: bpftest.TCP, Flags: bpftest.SYN, Payload: make([]byte, 6)},
 	} {
 		frame := in.MustBytes()
-		want := in.With(func(p *bpftest.Packet) {
-			p.SrcMAC, p.DstMAC = macEth0, macNode2
-			p.Src, p.Dst = netip.AddrPortFrom(ipNode, p.Src.Port()), netip.AddrPortFrom(ipBackend, backendPort)
-		})
-		opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame))}
-		ret, err := objs.XdpPpsFwd.Run(opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ret != 3 { // XDP_TX
-			t.Errorf("%s: verdict %d, want XDP_TX", in, ret)
-		}
-		if err := bpftest.CheckChecksums(opts.DataOut); err != nil {
-			t.Errorf("%s: %v", in, err)
-		}
-		if w := want.MustBytes(); string(opts.DataOut) != string(w) {
-			t.Errorf("%s: output\n%s\nwant\n%s", in, bpftest.Describe(opts.DataOut), bpftest.Describe(w))
+		for _, c := range []struct {
+			prog    *ebpf.Program
+			verdict uint32
+			want    bpftest.Packet
+		}{
+			{objs.XdpPpsFwd, 3 /* XDP_TX */, in.With(func(p *bpftest.Packet) {
+				p.SrcMAC, p.DstMAC = macEth0, macNode2
+				p.Src, p.Dst = netip.AddrPortFrom(ipNode, p.Src.Port()), netip.AddrPortFrom(ipBackend, backendPort)
+			})},
+			{objs.XdpPpsFwdLocal, 2 /* XDP_PASS */, in.With(func(p *bpftest.Packet) {
+				p.Dst = netip.AddrPortFrom(ipBackend, backendPort)
+			})},
+		} {
+			opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame))}
+			ret, err := c.prog.Run(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ret != c.verdict {
+				t.Errorf("%s: %s: verdict %d, want %d", c.prog, in, ret, c.verdict)
+			}
+			if err := bpftest.CheckChecksums(opts.DataOut); err != nil {
+				t.Errorf("%s: %s: %v", c.prog, in, err)
+			}
+			if w := c.want.MustBytes(); string(opts.DataOut) != string(w) {
+				t.Errorf("%s: %s: output\n%s\nwant\n%s", c.prog, in, bpftest.Describe(opts.DataOut), bpftest.Describe(w))
+			}
 		}
 	}
 }
@@ -265,6 +280,11 @@ func sinkTotal(t *testing.T, m *ebpf.Map) uint64 {
 func ppsSmoke(t *testing.T, topo string, nodeCPU int, newFlows bool) {
 	cfg := DefaultPPSConfig()
 	cfg.Topology, cfg.NewFlows = topo, newFlows
+	want := slices.Clone(AllContenders)
+	if newFlows {
+		cfg.Modes = LBModes
+		want = append(want, ContenderXDP+"-dsr", ContenderTC+"-dsr", ContenderXDP+"-local", ContenderForwarder+"-local")
+	}
 	// 100,000 repeats per ns/packet sample (~20 ms): a program of ~150 ns
 	// stands well above the noise of the helper-alone sample subtracted.
 	cfg.Duration, cfg.Repeats, cfg.Flows, cfg.ProgRepeat, cfg.NodeCPU = 50*time.Millisecond, 1, 16, 100_000, nodeCPU
@@ -296,8 +316,12 @@ func ppsSmoke(t *testing.T, topo string, nodeCPU int, newFlows bool) {
 			t.Errorf("%s: node CPU %.1f ns a packet, %.2f busy; want both measured", row.Contender, row.NodeNs, row.NodeBusy.Median)
 		}
 	}
-	if len(r.Rates) != len(AllContenders) {
-		t.Errorf("%d rate rows, want one per contender %v", len(r.Rates), AllContenders)
+	var got []string
+	for _, row := range r.Rates {
+		got = append(got, row.Contender)
+	}
+	if slices.Sort(got); !slices.Equal(got, slices.Sorted(slices.Values(want))) {
+		t.Errorf("rate rows %v, want one per contender %v", got, want)
 	}
 	if got := r.NodeCPU; (got == nil) != (nodeCPU < 0) || (got != nil && *got != nodeCPU) {
 		t.Errorf("report's node CPU %v, want %d (-1: none)", got, nodeCPU)

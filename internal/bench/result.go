@@ -188,6 +188,7 @@ var newFlowTargets = []ratioTarget{
 	{ContenderXDP, ContenderNFTables, 3},
 	{ContenderXDP, ContenderTC, 0},
 	{ContenderXDP, ContenderForwarder, 0},
+	{ContenderXDP + "-" + LBModeLocal, ContenderForwarder + "-" + LBModeLocal, 0},
 }
 
 // ComputeNodeCost fills NodeNs of every measured rate row from the

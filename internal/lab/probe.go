@@ -53,10 +53,34 @@ type ProbeReport struct {
 	// Truncated is set when the time budget ended the run before Count.
 	Truncated bool    `json:"truncated,omitempty"`
 	ElapsedMS float64 `json:"elapsedMillis"`
+	// Stalls are the first MaxStalls failures and answers slower than
+	// StallAfter, in the order seen, with their wall-clock times: when
+	// they happened, beside a lab's steps. StallsLeftOut counts the rest.
+	Stalls        []ProbeStall `json:"stalls,omitempty"`
+	StallsLeftOut int          `json:"stallsLeftOut,omitempty"`
 	// Churn and Hold are what only those probes measure (probe_churn.go).
 	Churn *ChurnReport `json:"churn,omitempty"`
 	Hold  *HoldReport  `json:"hold,omitempty"`
 }
+
+// ProbeStall is one failed request, or one answered after StallAfter.
+type ProbeStall struct {
+	// At is when the failure was seen or the slow answer came.
+	At time.Time `json:"at"`
+	// Millis is how long a slow answer took; 0 for a failure.
+	Millis float64 `json:"millis,omitempty"`
+	// Error is the failure's kind (as Errors counts it); empty for a
+	// slow answer.
+	Error string `json:"error,omitempty"`
+}
+
+// StallAfter is how slow an answer is recorded as a stall: far above any
+// answer on an idle lab (tens of µs to a few ms), below TCP's first
+// retransmission after a loss (200 ms and more) plus its answer.
+const StallAfter = 500 * time.Millisecond
+
+// MaxStalls bounds ProbeReport.Stalls.
+const MaxStalls = 200
 
 // LatencyStats summarises successful requests' latencies in microseconds.
 type LatencyStats struct {
@@ -237,11 +261,23 @@ func (rec *recorder) fail(err error) {
 	if rec.r.FirstError == "" {
 		rec.r.FirstError = err.Error()
 	}
+	rec.stall(ProbeStall{At: time.Now(), Error: kind})
 }
 
 func (rec *recorder) ok(d time.Duration) {
 	rec.r.OK++
 	rec.samples = append(rec.samples, d)
+	if d >= StallAfter {
+		rec.stall(ProbeStall{At: time.Now(), Millis: float64(d.Microseconds()) / 1e3})
+	}
+}
+
+func (rec *recorder) stall(s ProbeStall) {
+	if len(rec.r.Stalls) >= MaxStalls {
+		rec.r.StallsLeftOut++
+		return
+	}
+	rec.r.Stalls = append(rec.r.Stalls, s)
 }
 
 func (rec *recorder) done() *ProbeReport {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -34,5 +35,49 @@ func TestProbeHTTPStopFinishesTheRequestInFlight(t *testing.T) {
 	if rep.Count != 1 || rep.OK != 1 || rep.Backends["pod-a"] != 1 || !rep.Truncated {
 		t.Errorf("stopped during the first request: count %d, ok %d (%q), backends %v, truncated %v; want 1 request, answered, the rest not started",
 			rep.Count, rep.OK, rep.FirstError, rep.Backends, rep.Truncated)
+	}
+}
+
+// TestProbeStalls: a stream whose server stops answering for a while
+// records each failed request, and each answer slower than StallAfter, with
+// when it happened; fast answers are not stalls.
+func TestProbeStalls(t *testing.T) {
+	var slow atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch slow.Add(1) {
+		case 2:
+			time.Sleep(StallAfter + 100*time.Millisecond) // slow, answered
+		case 3:
+			time.Sleep(2 * time.Second) // past the timeout
+		}
+		_ = json.NewEncoder(w).Encode(EchoReply{Pod: "pod-a", Client: r.RemoteAddr})
+	}))
+	defer srv.Close()
+	before := time.Now()
+	rep, err := ProbeHTTP(t.Context(), ProbeConfig{Targets: []string{srv.URL}, Count: 5, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.OK != 4 || len(rep.Stalls) != 2 {
+		t.Fatalf("%d of %d answered, stalls %+v: want 4 answered and two stalls", rep.OK, rep.Count, rep.Stalls)
+	}
+	s, f := rep.Stalls[0], rep.Stalls[1]
+	if s.Error != "" || s.Millis < float64(StallAfter.Milliseconds()) || f.Error != "ETIMEDOUT" || f.Millis != 0 {
+		t.Errorf("stalls %+v: want a slow answer of ≥ %s, then an ETIMEDOUT", rep.Stalls, StallAfter)
+	}
+	if s.At.Before(before) || f.At.Before(s.At) || time.Since(f.At) < 0 {
+		t.Errorf("stalls at %s and %s: want in order, after the probe started at %s", s.At, f.At, before)
+	}
+}
+
+// TestProbeStallsBounded: past MaxStalls, stalls are counted, not kept.
+func TestProbeStallsBounded(t *testing.T) {
+	rec := newRecorder("http", ProbeConfig{})
+	for range MaxStalls + 7 {
+		rec.fail(context.DeadlineExceeded)
+		rec.ok(time.Millisecond)
+	}
+	if r := rec.done(); len(r.Stalls) != MaxStalls || r.StallsLeftOut != 7 {
+		t.Errorf("%d stalls kept, %d left out: want %d and 7", len(r.Stalls), r.StallsLeftOut, MaxStalls)
 	}
 }

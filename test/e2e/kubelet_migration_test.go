@@ -140,5 +140,5 @@ func (r *loopRun) check(t *testing.T, what string) {
 		t.Errorf("%s during %s: %s, want every one answered", r.what, what, describe(&rep))
 		return
 	}
-	t.Logf("%s: %d of %d answered across %s", r.what, rep.OK, rep.Count, what)
+	t.Logf("%s: %d of %d answered across %s%s", r.what, rep.OK, rep.Count, what, withStalls(&rep))
 }

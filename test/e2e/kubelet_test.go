@@ -24,6 +24,11 @@ import (
 // kubeletWorkloads are the test's real Pods: two echo backends (the lab's
 // echo server, from sluice's image) behind a dual-stack NodePort Service,
 // and a client pod. imagePullPolicy Never: the images were imported.
+// Each asks for CPU, as production workloads do: a BestEffort pod has
+// cpu.weight 1 against a Burstable one's, so on a saturated node any pod
+// with a request that starts working (sluice's agent loading its
+// programs, 100m) took the CPU from the backends for seconds, and
+// requests timed out in no dataplane's fault (docs/testing.md).
 const kubeletWorkloads = `apiVersion: apps/v1
 kind: Deployment
 metadata: {name: echo, namespace: default}
@@ -42,6 +47,7 @@ spec:
         env:
         - name: POD_NAME
           valueFrom: {fieldRef: {fieldPath: metadata.name}}
+        resources: {requests: {cpu: 100m}}
         readinessProbe:
           httpGet: {path: /, port: 8080}
           periodSeconds: 1
@@ -66,6 +72,7 @@ spec:
     image: IMAGE
     imagePullPolicy: Never
     command: ["sleep", "86400"]
+    resources: {requests: {cpu: 100m}}
 `
 
 // TestPrivilegedKubeletHelm is issue 25's node: a real kubelet and
@@ -552,8 +559,8 @@ func (s *streamPair) check(t *testing.T, what string) {
 		if r.OK != r.Count || len(r.Errors) > 0 {
 			t.Errorf("stream %s during %s: %s, want every request answered", res.what, what, describe(&r))
 		} else {
-			t.Logf("stream %s: %d of %d answered across %s (done %.0fs into the stream)", res.what, r.OK, r.Count, what,
-				stepDone.Sub(s.started).Seconds())
+			t.Logf("stream %s: %d of %d answered across %s (done %.0fs into the stream)%s", res.what, r.OK, r.Count, what,
+				stepDone.Sub(s.started).Seconds(), withStalls(&r))
 		}
 	}
 }

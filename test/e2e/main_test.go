@@ -19,10 +19,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -285,7 +288,7 @@ func sharedLab(t *testing.T) *lab.Lab {
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
 		cfg := labConfig(newPrefix(t), labNodes, labPodsPerNode)
-		cfg.Progress = t.Output()
+		cfg.Progress = stamped{t.Output()}
 		env.shared, env.sharedErr = lab.Up(ctx, cfg)
 		if env.shared != nil {
 			env.shared.SetProgress(nil) // this test's output closes before TestMain's Down
@@ -310,7 +313,7 @@ func upLab(t testing.TB, cfg lab.Config, timeout time.Duration, what string) *la
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cfg.Progress = t.Output()
+	cfg.Progress = stamped{t.Output()}
 	l, err := lab.Up(ctx, cfg)
 	if err != nil {
 		t.Fatalf("lab up%s: %v", what, err)
@@ -331,6 +334,7 @@ func upLab(t testing.TB, cfg lab.Config, timeout time.Duration, what string) *la
 // says where packets went.
 func agentDiagnostics(t testing.TB, l *lab.Lab) {
 	t.Helper()
+	chartDiagnostics(t, l)
 	for _, node := range l.Nodes {
 		if node.Agent == nil {
 			continue
@@ -365,7 +369,107 @@ func describe(r *lab.ProbeReport) string {
 	if len(r.Errors) > 0 {
 		s += fmt.Sprintf(", errors %v (first: %s)", r.Errors, r.FirstError)
 	}
-	return s + fmt.Sprintf(", %.0f ms", r.ElapsedMS)
+	return s + fmt.Sprintf(", %.0f ms", r.ElapsedMS) + withStalls(r)
+}
+
+// stalls says when a probe's failures and slow answers happened, by the
+// second (UTC, as the lab's progress lines in a test are stamped).
+func stalls(r *lab.ProbeReport) string {
+	if len(r.Stalls) == 0 {
+		return ""
+	}
+	type second struct {
+		failed  map[string]int
+		slow    int
+		slowest float64
+	}
+	var order []string
+	by := map[string]*second{}
+	for _, st := range r.Stalls {
+		k := st.At.UTC().Format("15:04:05")
+		sec := by[k]
+		if sec == nil {
+			sec = &second{failed: map[string]int{}}
+			by[k] = sec
+			order = append(order, k)
+		}
+		if st.Error != "" {
+			sec.failed[st.Error]++
+		} else {
+			sec.slow++
+			sec.slowest = max(sec.slowest, st.Millis)
+		}
+	}
+	parts := make([]string, 0, len(order))
+	for _, k := range order {
+		sec := by[k]
+		p := k
+		for _, e := range slices.Sorted(maps.Keys(sec.failed)) {
+			p += fmt.Sprintf(" %d×%s", sec.failed[e], e)
+		}
+		if sec.slow > 0 {
+			p += fmt.Sprintf(" %d slow (to %.0f ms)", sec.slow, sec.slowest)
+		}
+		parts = append(parts, p)
+	}
+	s := "stalls (failed, or answered after " + lab.StallAfter.String() + "): " + strings.Join(parts, ", ")
+	if r.StallsLeftOut > 0 {
+		s += fmt.Sprintf(" and %d more", r.StallsLeftOut)
+	}
+	return s
+}
+
+// withStalls is stalls(r) after "; ", or nothing.
+func withStalls(r *lab.ProbeReport) string {
+	if st := stalls(r); st != "" {
+		return "; " + st
+	}
+	return ""
+}
+
+// chartDiagnostics is agentDiagnostics for the agents of sluice's chart in
+// a kubelet lab, read through kubectl: each agent pod's drop events and
+// the end of its log, with timestamps to set beside the probes' stalls.
+func chartDiagnostics(t testing.TB, l *lab.Lab) {
+	t.Helper()
+	if l.APIServer == nil || len(l.Nodes) == 0 || l.Nodes[0].Kubelet == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pods, err := l.Kubectl(ctx, "-n", lab.ChartNamespace, "get", "pods", "-l", "app.kubernetes.io/name="+lab.ChartRelease,
+		"-o", "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName}{\"\\n\"}{end}")
+	if err != nil {
+		t.Logf("the chart's agent pods: %v", err)
+		return
+	}
+	for line := range strings.Lines(pods) {
+		pod, node, _ := strings.Cut(strings.TrimSpace(line), " ")
+		if pod == "" || !strings.HasPrefix(pod, lab.ChartRelease+"-") || strings.Count(pod, "-") != 1 {
+			continue // not the agent DaemonSet's
+		}
+		out, err := l.Kubectl(ctx, "-n", lab.ChartNamespace, "exec", pod, "-c", "agent", "--",
+			"sluice", "monitor", "--since", "10m", "--follow=false", "--type", "drop")
+		t.Logf("%s (%s): the agent's drop events of the last 10 minutes (err %v):\n%s", pod, node, err, out)
+		out, err = l.Kubectl(ctx, "-n", lab.ChartNamespace, "logs", pod, "-c", "agent", "--timestamps", "--tail=150")
+		t.Logf("%s (%s): the end of the agent's log (err %v):\n%s", pod, node, err, out)
+	}
+}
+
+// stamped prefixes every line written to w with the time (UTC), so that
+// a lab's steps in a test's output line up with its probes' stalls.
+type stamped struct{ w io.Writer }
+
+func (s stamped) Write(p []byte) (int, error) {
+	var b strings.Builder
+	for line := range strings.Lines(string(p)) {
+		b.WriteString(time.Now().UTC().Format("15:04:05.000 "))
+		b.WriteString(line)
+	}
+	if _, err := io.WriteString(s.w, b.String()); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // agentStatus runs `sluice status -o json` against a node's agent.
