@@ -175,7 +175,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&c.Devices, "devices", nil, "external network devices for tc/XDP (comma separated)")
 	fs.StringVar(&c.LBAlgorithm, "lb-algorithm", "random", "backend selection: random or maglev")
 	fs.StringVar(&c.LBMode, "lb-mode", "snat", "north-south forwarding: snat, dsr or hybrid")
-	fs.StringVar(&c.LBAcceleration, "lb-acceleration", "disabled", "XDP acceleration on --devices: disabled, native (driver mode, or fail) "+
+	fs.StringVar(&c.LBAcceleration, "lb-acceleration", "disabled", "XDP acceleration on --devices: disabled (the XDP object is not loaded), native (driver mode, or fail) "+
 		"or best-effort (driver mode where the driver allows it, else tc; a veth stays on tc: native XDP on a veth needs an XDP program "+
 		"on its peer and senders without TX checksum offload, see docs/xdp-on-veth.md)")
 	fs.StringVar(&c.NodePortRange, "node-port-range", DefaultNodePortRange, "NodePort range, MIN-MAX")

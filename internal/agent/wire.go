@@ -97,7 +97,9 @@ func openDataplane(cfg *Config) (dataplane, error) {
 		CTEntries: sizes.CT, NATEntries: sizes.NAT, FragEntries: sizes.Frag,
 		NATNewEntries: datapath.NewNATEntries(sizes.NAT, natPorts.Size()),
 		FlowCacheSets: cfg.FlowCacheSets, NoFlowCache: cfg.FlowCacheSets == 0,
-		Logf: logf,
+		// No device will run XDP: its object is not verified for nothing.
+		NoXDP: !xdpWanted(cfg),
+		Logf:  logf,
 	}
 	d.ns, err = datapath.LoadNorthSouth(opts)
 	if err == nil {

@@ -21,6 +21,30 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 )
 
+// xdpWanted says whether a device of --devices may run XDP, so that the
+// XDP object is worth loading (its verification is most of a start's
+// CPU): not with --lb-acceleration disabled, nor best-effort when every
+// device is a veth (best-effort keeps a veth on tc). A device that is not
+// a veth by the time they are attached then stays on tc and says why.
+func xdpWanted(cfg *Config) bool {
+	switch {
+	case cfg.XDPGeneric || cfg.LBAcceleration == "native":
+		return true
+	case cfg.LBAcceleration != "best-effort":
+		return false
+	}
+	devs, err := resolveDevices(cfg.Devices)
+	if err != nil || len(devs) == 0 {
+		return true // AttachDevices reports it
+	}
+	for _, d := range devs {
+		if veth, err := datapath.IsVeth(d.Ifindex); err != nil || !veth {
+			return true
+		}
+	}
+	return false
+}
+
 // AttachDevices resolves --devices in the agent's network namespace and
 // attaches the tc and XDP programs there.
 func (d *nodeDataplane) AttachDevices() ([]api.Device, error) {

@@ -19,9 +19,10 @@ import (
 // rate against each node of a lab per contender, with the pool of idle
 // connections running throughout (RunFloodPhases). sluice runs one lab
 // per --lb-mode, node1 on native XDP and node2 on tc (best-effort keeps a
-// veth on tc), so each lab floods both paths; the kernel's conntrack (the
-// real kube-proxy, which needs the real control plane the lab then
-// starts) is the anchor, flooded through node1.
+// veth on tc), so each lab floods both paths, and so does the real
+// Cilium's (a peer in the tables); the kernel's conntrack (the real
+// kube-proxy, which needs the real control plane the lab then starts) is
+// the anchor, flooded through node1.
 
 // FloodMatrixConfig configures RunFloodMatrix.
 type FloodMatrixConfig struct {
@@ -167,14 +168,21 @@ func runFloodMatrixLab(ctx context.Context, cfg FloodMatrixConfig, d, mode strin
 	if cfg.Progress != nil {
 		lc.Progress = indent{cfg.Progress}
 	}
-	// One lab floods both of sluice's paths: XDP on node1, tc on node2.
+	// One lab floods both of sluice's paths, and Cilium's: XDP on node1,
+	// tc on node2.
 	nodes := []string{lab.NodeName(1)}
 	what := d
-	if d == lab.DataplaneSluice {
-		lc.LBMode, lc.LBAcceleration = mode, lab.AccelerationBestEffort
+	switch d {
+	case lab.DataplaneSluice:
+		lc.LBMode = mode
+		what = fmt.Sprintf("%s --lb-mode %s (node1 native XDP, node2 tc)", d, mode)
+	case lab.DataplaneCilium: // its kube-proxy replacement, --bpf-lb-mode snat
+		what = d + " (node1 native XDP, node2 tc)"
+	}
+	if d == lab.DataplaneSluice || d == lab.DataplaneCilium {
+		lc.LBAcceleration = lab.AccelerationBestEffort // a veth: tc (Cilium: disabled)
 		lc.NodeLBAcceleration = map[string]string{lab.NodeName(1): lab.AccelerationNative}
 		nodes = append(nodes, lab.NodeName(2))
-		what = fmt.Sprintf("%s --lb-mode %s (node1 native XDP, node2 tc)", d, mode)
 	}
 	floodStep(cfg.Progress, "%s: lab up (2 nodes × 2 pods)", what)
 	l, err := lab.Up(ctx, lc)
@@ -234,7 +242,11 @@ func (r *FloodMatrixReport) WriteFiles(dir string) ([]string, error) {
 
 // contender names a row's dataplane, mode and path.
 func (row FloodRow) contender() string {
-	if row.Dataplane != lab.DataplaneSluice {
+	switch row.Dataplane {
+	case lab.DataplaneCilium:
+		return "cilium " + row.Acceleration
+	case lab.DataplaneSluice:
+	default:
 		return row.Dataplane
 	}
 	return fmt.Sprintf("sluice %s %s", row.Mode, row.Acceleration)

@@ -403,6 +403,12 @@ func floodMode(l *lab.Lab) string {
 // floodAcceleration is what the node's dataplane runs its NodePorts on:
 // xdp or tc (the agent's status, eth0), or the kernel dataplane's name.
 func floodAcceleration(ctx context.Context, l *lab.Lab, n lab.Node) (string, error) {
+	if n.Cilium != nil {
+		if n.Cilium.Acceleration == lab.AccelerationNative {
+			return "xdp", nil
+		}
+		return "tc", nil
+	}
 	if n.Agent == nil {
 		return strings.TrimPrefix(l.Dataplane, "kube-proxy-"), nil
 	}

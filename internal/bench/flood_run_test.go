@@ -146,3 +146,21 @@ func TestFloodPhaseSwept(t *testing.T) {
 		}
 	}
 }
+
+// A row is named by its contender and path: sluice's by mode and path,
+// Cilium's by path (its XDP on node1, tc on node2), the kernel's by name.
+func TestFloodRowContender(t *testing.T) {
+	for _, tc := range []struct {
+		row  FloodRow
+		want string
+	}{
+		{FloodRow{Dataplane: "sluice", Mode: "dsr", Acceleration: "xdp"}, "sluice dsr xdp"},
+		{FloodRow{Dataplane: "cilium", Mode: "masquerade", Acceleration: "tc"}, "cilium tc"},
+		{FloodRow{Dataplane: "cilium", Mode: "masquerade", Acceleration: "xdp"}, "cilium xdp"},
+		{FloodRow{Dataplane: "kube-proxy-iptables", Mode: "masquerade", Acceleration: "iptables"}, "kube-proxy-iptables"},
+	} {
+		if got := tc.row.contender(); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.row, got, tc.want)
+		}
+	}
+}

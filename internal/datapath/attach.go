@@ -128,6 +128,9 @@ func (n *NorthSouth) AttachDevices(opts DeviceOptions) ([]DeviceAttachment, erro
 // to tc untranslated (ns_xdp_defers): a VXLAN, Geneve or VLAN device, a
 // bridge, a device without XDP, whose redirect would drop it.
 func (n *NorthSouth) SetXDPTransmit(ifindex int) error {
+	if n.xdp.NsXdpTx == nil {
+		return nil // no XDP object: nothing redirects
+	}
 	if err := n.xdp.NsXdpTx.Put(uint32(ifindex), uint32(1)); err != nil {
 		return fmt.Errorf("allow XDP transmit on ifindex %d: %w", ifindex, err)
 	}
@@ -300,6 +303,10 @@ var devicePinNames = strings.NewReplacer("%", "%25", ".", "%2e")
 // DevicePinName is a device name as it may stand in a bpffs pin's name.
 func DevicePinName(dev string) string { return devicePinNames.Replace(dev) }
 
+// NoXDPObjectReason is a best-effort device's XDPError when the agent did
+// not load the XDP object: every device was a veth when it started.
+const NoXDPObjectReason = "the XDP object was not loaded: every device was a veth when the agent started (restart the agent for XDP here)"
+
 func (d *deviceAttachment) attachXDP(prog *ebpf.Program, opts DeviceOptions) error {
 	want := opts.XDP
 	if want == XDPBestEffort {
@@ -324,6 +331,11 @@ func (d *deviceAttachment) attachXDP(prog *ebpf.Program, opts DeviceOptions) err
 		}
 		d.XDPNote = note
 	}
+	if want == XDPNative && prog == nil && opts.XDP == XDPBestEffort {
+		// Every device was a veth when the agent started; an earlier
+		// agent's link goes below.
+		want, d.XDPError = XDPDisabled, NoXDPObjectReason
+	}
 	// A pinned link of another mode cannot change mode in place: it goes.
 	for _, m := range []XDPMode{XDPNative, XDPGeneric} {
 		if m == want {
@@ -335,6 +347,9 @@ func (d *deviceAttachment) attachXDP(prog *ebpf.Program, opts DeviceOptions) err
 	}
 	if want == XDPDisabled || want == "" {
 		return nil
+	}
+	if prog == nil {
+		return fmt.Errorf("%s XDP: the XDP object was not loaded (NorthSouthOptions.NoXDP: --lb-acceleration disabled)", want)
 	}
 	flags := link.XDPDriverMode
 	if want == XDPGeneric {

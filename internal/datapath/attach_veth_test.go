@@ -190,3 +190,76 @@ func TestPrivilegedXDPRedirectTarget(t *testing.T) {
 		t.Errorf("peer with XDP_PASS: takes redirects %t, ns_xdp_tx entry %t, note %q; want yes, an entry, no note", ok, entry, note)
 	}
 }
+
+// With NoXDP (--lb-acceleration disabled) the XDP object is not loaded:
+// no XDP program, the CT clock read from the tc object, XDP refused by
+// name, and tc attached; an earlier agent's native XDP link goes.
+func TestPrivilegedNorthSouthWithoutXDP(t *testing.T) {
+	probetest.SkipUnless(t, probe.BTF, probe.TCX, probe.XDP)
+	d := newDeviceTest(t, "nnx0", DeviceOptions{XDP: XDPNative})
+	first := d.load(t)
+	a := d.attach(t, first)
+	if a.XDP != XDPNative || a.XDPLinkID == 0 {
+		t.Fatalf("native on a veth: %+v, want native XDP attached", a)
+	}
+	before, err := first.CTNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	sizes := MapSizes{Services: 1024, Backends: 1024, RevNat: 1024, SockRev: 1024, Affinity: 1024, NodeIPs: 64}
+	second, err := LoadNorthSouth(NorthSouthOptions{BPFRoot: d.root, Sizes: sizes, CTEntries: 1024, NATEntries: 1024,
+		MaglevTableSize: 251, NoXDP: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	if p := second.Programs(); p.XDPIngress != nil || p.TCIngress == nil || p.TCEgress == nil {
+		t.Errorf("programs %+v: want tc's and no XDP program", p)
+	}
+	now, err := second.CTNow()
+	if err != nil || now < before || now > before+60 {
+		t.Errorf("CT clock %d (%v), want the same clock as before (%d) or a little later", now, err, before)
+	}
+	err = inNetns(d.ns.handle, func() error { _, err := second.AttachDevices(d.opts); return err })
+	if err == nil || !strings.Contains(err.Error(), "XDP object was not loaded") {
+		t.Errorf("native XDP without the XDP object: %v, want refused, saying why", err)
+	}
+	d.opts.XDP = XDPDisabled
+	b := d.attach(t, second)
+	if b.XDP != XDPDisabled || b.XDPLinkID != 0 || b.TC == "" {
+		t.Errorf("disabled: %+v, want tc only", b)
+	}
+	if !linkGone(a.XDPLinkID) {
+		t.Errorf("the earlier agent's native XDP link %d is still there", a.XDPLinkID)
+	}
+
+	// best-effort without the object (every device was a veth when the
+	// agent started), on a device that is not a veth (a bridge: this
+	// kernel has no dummy driver): tc, and why.
+	if err := d.nl.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "nnxd0"}}); err != nil {
+		t.Fatal(err)
+	}
+	dummy, err := d.nl.LinkByName("nnxd0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.nl.LinkSetUp(dummy); err != nil {
+		t.Fatal(err)
+	}
+	d.opts.XDP = XDPBestEffort
+	d.opts.Devices = []Device{{Name: "nnxd0", Ifindex: dummy.Attrs().Index}}
+	third, err := LoadNorthSouth(NorthSouthOptions{BPFRoot: d.root, Sizes: sizes, CTEntries: 1024, NATEntries: 1024,
+		MaglevTableSize: 251, NoXDP: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer third.Close()
+	c := d.attach(t, third)
+	if c.XDP != XDPDisabled || c.XDPError != NoXDPObjectReason || c.TC == "" {
+		t.Errorf("best-effort on a bridge without the XDP object: %+v, want tc only, XDPError %q", c, NoXDPObjectReason)
+	}
+}

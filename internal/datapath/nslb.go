@@ -43,6 +43,12 @@ type NorthSouthOptions struct {
 	// NoFlowCache turns it off.
 	FlowCacheSets uint32
 	NoFlowCache   bool
+	// NoXDP leaves the XDP object unloaded: no device will run XDP
+	// (--lb-acceleration disabled). Its verification is most of a load's
+	// CPU (seconds on a small node, minutes under TCG), spent for nothing
+	// there; Programs().XDPIngress is then nil, and AttachDevices refuses
+	// XDP.
+	NoXDP bool
 	// Logf, when not nil, gets a line for each pinned map whose entries
 	// are taken over into a new layout or size (migratePins).
 	Logf func(format string, args ...any)
@@ -253,7 +259,13 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 		objs any
 	}{
 		{"tc", tcSpec, &n.tc},
-		{"XDP", xdpSpec, &n.xdp},
+	}
+	if !opts.NoXDP {
+		objs = append(objs, struct {
+			name string
+			spec *ebpf.CollectionSpec
+			objs any
+		}{"XDP", xdpSpec, &n.xdp})
 	}
 	for _, o := range objs {
 		sizeMaps(o.spec, sizes)
@@ -303,13 +315,20 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 	m := &n.tc.tclbMaps
 	x := &n.xdp.xdplbMaps
 	for _, e := range [][2]*ebpf.Map{{m.CtEst, m.SnatEst}, {x.CtEst, x.SnatEst}} {
+		if e[0] == nil { // the XDP object, not loaded
+			continue
+		}
 		if err := fillEstTables(e[0], e[1], m.Ct, m.CtAny, m.Snat, m.SnatAny); err != nil {
 			n.Close()
 			return nil, fmt.Errorf("load north-south LB: %w", err)
 		}
 	}
 	n.lb = lbmap.NewKernel(m.LbServices, m.LbBackends, m.LbRevNat, m.LbNodeIps)
-	n.ct = lbmap.NewCT(m.Ct, m.CtAny, m.CtNew, n.tc.NsFlowCache, n.xdp.NsFlowCache)
+	flowCaches := []*ebpf.Map{n.tc.NsFlowCache}
+	if n.xdp.NsFlowCache != nil {
+		flowCaches = append(flowCaches, n.xdp.NsFlowCache)
+	}
+	n.ct = lbmap.NewCT(m.Ct, m.CtAny, m.CtNew, flowCaches...)
 	n.nat = lbmap.NewNAT(m.Snat, m.SnatAny, m.SnatNew)
 	// Established UDP flows an earlier build kept in ct and snat move to
 	// ct_any and snat_any, where the programs look for them now.
@@ -607,9 +626,9 @@ func (n *NorthSouth) SNATRoutes() (map[netip.Prefix]netip.Addr, error) {
 }
 
 // CTNow returns the datapath's CT clock (seconds), read by running
-// xdp_ct_clock, for ct list and garbage collection.
+// tc_ct_clock, for ct list and garbage collection.
 func (n *NorthSouth) CTNow() (uint32, error) {
-	ret, err := n.xdp.XdpCtClock.Run(&ebpf.RunOptions{Data: make([]byte, 14)})
+	ret, err := n.tc.TcCtClock.Run(&ebpf.RunOptions{Data: make([]byte, 14)})
 	if err != nil {
 		return 0, fmt.Errorf("read CT clock: %w", err)
 	}

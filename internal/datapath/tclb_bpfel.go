@@ -48,6 +48,7 @@ const (
 	tclbMapSnatAny           = "snat_any"
 	tclbMapSnatEst           = "snat_est"
 	tclbMapSnatNew           = "snat_new"
+	tclbProgTcCtClock        = "tc_ct_clock"
 	tclbProgTcLbEgress       = "tc_lb_egress"
 	tclbProgTcLbIngress      = "tc_lb_ingress"
 	tclbVarCsumV6Flag        = "csum_v6_flag"
@@ -99,6 +100,7 @@ type tclbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tclbProgramSpecs struct {
+	TcCtClock   *ebpf.ProgramSpec `ebpf:"tc_ct_clock"`
 	TcLbEgress  *ebpf.ProgramSpec `ebpf:"tc_lb_egress"`
 	TcLbIngress *ebpf.ProgramSpec `ebpf:"tc_lb_ingress"`
 }
@@ -258,12 +260,14 @@ type tclbVariables struct {
 //
 // It can be passed to loadTclbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tclbPrograms struct {
+	TcCtClock   *ebpf.Program `ebpf:"tc_ct_clock"`
 	TcLbEgress  *ebpf.Program `ebpf:"tc_lb_egress"`
 	TcLbIngress *ebpf.Program `ebpf:"tc_lb_ingress"`
 }
 
 func (p *tclbPrograms) Close() error {
 	return _TclbClose(
+		p.TcCtClock,
 		p.TcLbEgress,
 		p.TcLbIngress,
 	)

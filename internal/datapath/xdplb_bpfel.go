@@ -49,7 +49,6 @@ const (
 	xdplbMapSnatAny           = "snat_any"
 	xdplbMapSnatEst           = "snat_est"
 	xdplbMapSnatNew           = "snat_new"
-	xdplbProgXdpCtClock       = "xdp_ct_clock"
 	xdplbProgXdpLbIngress     = "xdp_lb_ingress"
 	xdplbVarCsumV6Flag        = "csum_v6_flag"
 	xdplbVarFcSetBits         = "fc_set_bits"
@@ -100,7 +99,6 @@ type xdplbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdplbProgramSpecs struct {
-	XdpCtClock   *ebpf.ProgramSpec `ebpf:"xdp_ct_clock"`
 	XdpLbIngress *ebpf.ProgramSpec `ebpf:"xdp_lb_ingress"`
 }
 
@@ -262,13 +260,11 @@ type xdplbVariables struct {
 //
 // It can be passed to loadXdplbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdplbPrograms struct {
-	XdpCtClock   *ebpf.Program `ebpf:"xdp_ct_clock"`
 	XdpLbIngress *ebpf.Program `ebpf:"xdp_lb_ingress"`
 }
 
 func (p *xdplbPrograms) Close() error {
 	return _XdplbClose(
-		p.XdpCtClock,
 		p.XdpLbIngress,
 	)
 }

@@ -60,14 +60,16 @@ pressure of ct_new).
 --matrix is the long mode of the test suite's TestPrivilegedFloodShapesKeepConnections:
 it brings up labs of its own, named by the prefix sluice-flood- (any earlier
 lab of that prefix is removed first), one per contender in turn: sluice in
-each of --modes (node1 on native XDP, node2 on tc) and the real kube-proxy
-of each other dataplane (the kernel's conntrack: the anchor; needs
+each of --modes (node1 on native XDP, node2 on tc), the real Cilium
+(cilium: its kube-proxy replacement, node1 on native XDP, node2 on tc;
+./scripts/cilium-build.sh, docs/cilium.md) and the real kube-proxy of each
+other dataplane (the kernel's conntrack: the anchor; needs
 ./scripts/k8s-build.sh, else reported as skipped). In each, a Service over
 each node's pods; a pool of --connections from the lab's client, a
 quarter through each node's NodePort of each Service, each asking every
 --interval and idle in between, open through all the lab's floods; then
 every one of --shapes at each of --rates (0: the generator's fastest) for
---duration against each node (sluice) or node1 (kube-proxy), to the
+--duration against each node (sluice, Cilium) or node1 (kube-proxy), to the
 NodePort of the Service whose pods are on the other node, a pause of an
 interval after each. Per flood: the pool's requests that lived through it
 (ok, failed, and how each failure came), a new client's 3 requests in its
