@@ -5,7 +5,7 @@
  * ports network order, everything else host order. One conntrack map and
  * one NAT map serve both families, like the LB maps, so the agent dumps and
  * collects one table each. Times are CT clock seconds: bpf_jiffies64() /
- * hz, read back by the agent through the xdp_ct_clock program.
+ * hz, read back by the agent through the tc_ct_clock program.
  *
  * Go mirrors these structs in internal/lbmap (ct.go, nat.go).
  */

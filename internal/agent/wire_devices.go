@@ -28,22 +28,30 @@ import (
 // a veth by the time they are attached then stays on tc and says why.
 func xdpWanted(cfg *Config) bool {
 	switch {
+	case len(cfg.Devices) == 0: // pods balanced per packet alone
+		return false
 	case cfg.XDPGeneric || cfg.LBAcceleration == "native":
 		return true
 	case cfg.LBAcceleration != "best-effort":
 		return false
 	}
-	devs, err := resolveDevices(cfg.Devices)
+	devs, err := xdpResolveDevices(cfg.Devices)
 	if err != nil || len(devs) == 0 {
 		return true // AttachDevices reports it
 	}
 	for _, d := range devs {
-		if veth, err := datapath.IsVeth(d.Ifindex); err != nil || !veth {
+		if veth, err := xdpIsVeth(d.Ifindex); err != nil || !veth {
 			return true
 		}
 	}
 	return false
 }
+
+// xdpWanted's view of the node's devices, replaced in its test.
+var (
+	xdpResolveDevices = resolveDevices
+	xdpIsVeth         = datapath.IsVeth
+)
 
 // AttachDevices resolves --devices in the agent's network namespace and
 // attaches the tc and XDP programs there.

@@ -1,12 +1,37 @@
 package agent
 
-import "testing"
+import (
+	"errors"
+	"testing"
+
+	"github.com/sluice-dataplane/sluice/internal/datapath"
+)
 
 // The XDP object is loaded where a device may run XDP: native or generic,
 // best-effort unless every device is a veth (a device that cannot be
-// resolved leaves the verdict to AttachDevices, which reports it), and
-// never with acceleration disabled.
+// resolved or inspected leaves the verdict to AttachDevices, which
+// reports it), never with acceleration disabled or without devices.
 func TestXDPWanted(t *testing.T) {
+	// Ifindex 1: a veth; 2: not; 3: cannot be inspected.
+	devices := map[string]int{"veth0": 1, "veth1": 1, "eth0": 2, "gone0": 3}
+	xdpResolveDevices = func(names []string) ([]datapath.Device, error) {
+		var out []datapath.Device
+		for _, n := range names {
+			i, ok := devices[n]
+			if !ok {
+				return nil, errors.New("no such device " + n)
+			}
+			out = append(out, datapath.Device{Name: n, Ifindex: i})
+		}
+		return out, nil
+	}
+	xdpIsVeth = func(ifindex int) (bool, error) {
+		if ifindex == 3 {
+			return false, errors.New("gone")
+		}
+		return ifindex == 1, nil
+	}
+	t.Cleanup(func() { xdpResolveDevices, xdpIsVeth = resolveDevices, datapath.IsVeth })
 	for _, tc := range []struct {
 		accel   string
 		generic bool
@@ -14,10 +39,14 @@ func TestXDPWanted(t *testing.T) {
 		want    bool
 	}{
 		{"disabled", false, []string{"eth0"}, false},
-		{"native", false, []string{"eth0"}, true},
-		{"best-effort", true, []string{"eth0"}, true},
-		{"best-effort", false, []string{"sluice-no-such-device"}, true},
-		{"best-effort", false, nil, true},
+		{"native", false, []string{"veth0"}, true},
+		{"native", false, nil, false},
+		{"best-effort", false, nil, false},
+		{"best-effort", true, []string{"veth0"}, true}, // generic: tests only
+		{"best-effort", false, []string{"veth0", "veth1"}, false},
+		{"best-effort", false, []string{"veth0", "eth0"}, true},
+		{"best-effort", false, []string{"veth0", "gone0"}, true},
+		{"best-effort", false, []string{"nosuch0"}, true},
 	} {
 		cfg := &Config{LBAcceleration: tc.accel, XDPGeneric: tc.generic, Devices: tc.devices}
 		if got := xdpWanted(cfg); got != tc.want {

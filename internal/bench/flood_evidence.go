@@ -63,6 +63,9 @@ func readFloodCounters(ctx context.Context, node lab.Node, frontend string) (flo
 		}
 		return nil
 	})
+	if err == nil && node.Cilium != nil {
+		c.drops, err = lab.CiliumDrops(ctx, node)
+	}
 	if err != nil || node.Agent == nil {
 		return c, err
 	}
@@ -98,7 +101,8 @@ type FloodEvidence struct {
 	// packets and new flows (sluice).
 	FrontendPackets uint64 `json:"frontend_packets,omitempty"`
 	FrontendConns   uint64 `json:"frontend_conns,omitempty"`
-	// Drops are the agent's, by reason (sluice).
+	// Drops are the agent's, by reason (sluice's, or Cilium's from its
+	// metrics API).
 	Drops map[string]uint64 `json:"drops,omitempty"`
 	// Maps are the agent's map fills after the flood, of the flow
 	// tables (sluice).
@@ -114,11 +118,7 @@ var floodMapNames = []string{"ct_new", "snat_new", "ct", "ct_any", "snat", "snat
 // evidence is what moved from before to after.
 func evidence(before, after floodCounters) FloodEvidence {
 	ev := FloodEvidence{RxPackets: after.rx - before.rx, Conntrack: [2]int64{before.conntrack, after.conntrack}}
-	if !after.agent {
-		return ev
-	}
-	ev.FrontendPackets, ev.FrontendConns = after.fe.Packets-before.fe.Packets, after.fe.Conns-before.fe.Conns
-	for reason, n := range after.drops {
+	for reason, n := range after.drops { // sluice's, or Cilium's
 		if d := n - before.drops[reason]; d > 0 {
 			if ev.Drops == nil {
 				ev.Drops = map[string]uint64{}
@@ -126,6 +126,10 @@ func evidence(before, after floodCounters) FloodEvidence {
 			ev.Drops[reason] = d
 		}
 	}
+	if !after.agent {
+		return ev
+	}
+	ev.FrontendPackets, ev.FrontendConns = after.fe.Packets-before.fe.Packets, after.fe.Conns-before.fe.Conns
 	ev.Maps = map[string]int{}
 	for _, name := range floodMapNames {
 		if n, ok := after.maps[name]; ok {
@@ -165,8 +169,8 @@ func reached(rep *FloodReport, ev FloodEvidence, agent bool) (bool, string) {
 	want := min(rep.Sent, uint64(floodReachedRate*rep.Elapsed.Seconds())) / 2
 	rx := fmt.Sprintf("eth0 received %d of %d frames", ev.RxPackets, rep.Sent)
 	switch {
-	case !agent:
-		return want > 0 && ev.RxPackets >= want, fmt.Sprintf("%s; conntrack %d → %d entries", rx, ev.Conntrack[0], ev.Conntrack[1])
+	case !agent: // the kernel's conntrack, or Cilium's drops
+		return want > 0 && ev.RxPackets >= want, fmt.Sprintf("%s; conntrack %d → %d entries", rx, ev.Conntrack[0], ev.Conntrack[1]) + dropsText(ev)
 	case rep.Shape == ShapeSYNACK:
 		return want > 0 && ev.RxPackets >= want, rx + dropsText(ev)
 	}

@@ -48,6 +48,9 @@ func TestFloodReached(t *testing.T) {
 		{"kernel, by the device", frames(ShapeUDP, 100000, 5*sec),
 			FloodEvidence{RxPackets: 99000, Conntrack: [2]int64{10, 65000}}, false, true, "conntrack 10 → 65000"},
 		{"kernel, lost on the way", frames(ShapeUDP, 100000, 5*sec), FloodEvidence{RxPackets: 100}, false, false, ""},
+		{"Cilium, by the device, its drops", frames(ShapeSYN, 100000, 5*sec),
+			FloodEvidence{RxPackets: 99000, Conntrack: [2]int64{0, 0}, Drops: map[string]uint64{"CT: Map insertion failed": 7}}, false, true,
+			"conntrack 0 → 0 entries, drops CT: Map insertion failed 7"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, text := reached(tc.rep, tc.ev, tc.agent)
@@ -144,6 +147,45 @@ func TestFloodPhaseSwept(t *testing.T) {
 		if got := ph.swept().Duration; got != tc.want {
 			t.Errorf("%s for %s: swept for %s; want %s", ph, tc.d, got, tc.want)
 		}
+	}
+}
+
+// Cilium's rows are shown, not judged: a flood that breaks its
+// connections fails no matrix, and says so in its row.
+func TestFloodMatrixCiliumNotJudged(t *testing.T) {
+	r := &FloodMatrixReport{Config: DefaultFloodMatrix(), Start: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
+	bad := FloodRow{Dataplane: "cilium", Mode: "masquerade", Acceleration: "xdp", Node: "node1", Shape: ShapeSYN, Rate: 20000,
+		PoolFailed: 17, NewClientOK: 1, NewClientCount: 3, Reached: true}
+	r.Runs = []FloodLabRun{{Dataplane: "cilium", Mode: "masquerade", Rows: []FloodRow{bad}, Pool: FloodPoolReport{Failed: 17}}}
+	if !r.Passed() {
+		t.Errorf("Passed() false for Cilium's broken connections: a peer, not judged")
+	}
+	var md strings.Builder
+	r.WriteMarkdown(&md)
+	if !strings.Contains(md.String(), "failed (a peer: not judged)") {
+		t.Errorf("the Markdown does not say Cilium's row failed:\n%s", md.String())
+	}
+	r.Runs = append(r.Runs, FloodLabRun{Dataplane: "sluice", Mode: "snat", Rows: []FloodRow{{Dataplane: "sluice", Mode: "snat",
+		Acceleration: "xdp", Shape: ShapeSYN, Rate: 20000, PoolFailed: 1, NewClientOK: 3, NewClientCount: 3, Reached: true}}})
+	if r.Passed() {
+		t.Errorf("Passed() with a sluice row that broke a connection")
+	}
+}
+
+// What moved between two readings: drops by reason for sluice's agent
+// and for Cilium's (no sluice agent there), the frontend's counters only
+// where sluice's agent runs.
+func TestFloodEvidenceDrops(t *testing.T) {
+	before := floodCounters{rx: 10, drops: map[string]uint64{"CT: Map insertion failed": 5}}
+	after := floodCounters{rx: 110, drops: map[string]uint64{"CT: Map insertion failed": 12, "Stale or unroutable IP": 0}}
+	ev := evidence(before, after)
+	if ev.RxPackets != 100 || len(ev.Drops) != 1 || ev.Drops["CT: Map insertion failed"] != 7 || ev.Maps != nil {
+		t.Errorf("Cilium's evidence %+v: want 100 packets and 7 drops of one reason, no maps", ev)
+	}
+	before.agent, after.agent = true, true
+	after.fe.Packets = 40
+	if ev := evidence(before, after); ev.FrontendPackets != 40 || ev.Drops["CT: Map insertion failed"] != 7 || ev.Maps == nil {
+		t.Errorf("sluice's evidence %+v: want the frontend's 40 packets, 7 drops, the maps", ev)
 	}
 }
 

@@ -319,6 +319,14 @@ func (d *deviceAttachment) attachXDP(prog *ebpf.Program, opts DeviceOptions) err
 			want, d.XDPError = XDPDisabled, VethBestEffortReason
 		}
 	}
+	if want != XDPDisabled && want != "" && prog == nil {
+		if opts.XDP != XDPBestEffort {
+			return fmt.Errorf("%s XDP: the XDP object was not loaded (the agent loads it only where a device may run XDP)", want)
+		}
+		// Every device was a veth when the agent started; an earlier
+		// agent's link goes below.
+		want, d.XDPError = XDPDisabled, NoXDPObjectReason
+	}
 	if want == XDPNative {
 		reason, note, err := vlanXDP(d.Device, d.Ifindex, opts.XDP == XDPNative)
 		switch {
@@ -331,11 +339,6 @@ func (d *deviceAttachment) attachXDP(prog *ebpf.Program, opts DeviceOptions) err
 		}
 		d.XDPNote = note
 	}
-	if want == XDPNative && prog == nil && opts.XDP == XDPBestEffort {
-		// Every device was a veth when the agent started; an earlier
-		// agent's link goes below.
-		want, d.XDPError = XDPDisabled, NoXDPObjectReason
-	}
 	// A pinned link of another mode cannot change mode in place: it goes.
 	for _, m := range []XDPMode{XDPNative, XDPGeneric} {
 		if m == want {
@@ -347,9 +350,6 @@ func (d *deviceAttachment) attachXDP(prog *ebpf.Program, opts DeviceOptions) err
 	}
 	if want == XDPDisabled || want == "" {
 		return nil
-	}
-	if prog == nil {
-		return fmt.Errorf("%s XDP: the XDP object was not loaded (NorthSouthOptions.NoXDP: --lb-acceleration disabled)", want)
 	}
 	flags := link.XDPDriverMode
 	if want == XDPGeneric {

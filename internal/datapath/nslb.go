@@ -47,7 +47,8 @@ type NorthSouthOptions struct {
 	// (--lb-acceleration disabled). Its verification is most of a load's
 	// CPU (seconds on a small node, minutes under TCG), spent for nothing
 	// there; Programs().XDPIngress is then nil, and AttachDevices refuses
-	// XDP.
+	// native or generic XDP and keeps a best-effort device on tc, saying
+	// why (NoXDPObjectReason).
 	NoXDP bool
 	// Logf, when not nil, gets a line for each pinned map whose entries
 	// are taken over into a new layout or size (migratePins).

@@ -480,3 +480,39 @@ func cleanupCiliums(nm names, st *State) []error {
 	}
 	return nil
 }
+
+// CiliumDrops is node n's cilium-agent's datapath drops by reason, from
+// its API's metrics (GET /v1/metrics/: cilium_drop_count_total, summed
+// over directions), as its BPF metrics map counts them.
+func CiliumDrops(ctx context.Context, n Node) (map[string]uint64, error) {
+	if n.Cilium == nil {
+		return nil, fmt.Errorf("%s runs no cilium-agent", n.Name)
+	}
+	body, status, err := unixGet(ctx, n.Cilium.Socket, "/v1/metrics/")
+	if err != nil {
+		return nil, fmt.Errorf("%s: cilium-agent metrics: %w", n.Name, err)
+	}
+	if status != http.StatusOK {
+		return nil, fmt.Errorf("%s: cilium-agent /v1/metrics/: %d %.200q", n.Name, status, body)
+	}
+	return ciliumDropsFrom(body)
+}
+
+// ciliumDropsFrom reads the drop counters out of /v1/metrics/'s answer.
+func ciliumDropsFrom(body []byte) (map[string]uint64, error) {
+	var ms []struct {
+		Name   string            `json:"name"`
+		Labels map[string]string `json:"labels"`
+		Value  float64           `json:"value"`
+	}
+	if err := json.Unmarshal(body, &ms); err != nil {
+		return nil, fmt.Errorf("cilium-agent /v1/metrics/: %w in %.200q", err, body)
+	}
+	drops := map[string]uint64{}
+	for _, m := range ms {
+		if m.Name == "cilium_drop_count_total" && m.Value > 0 {
+			drops[m.Labels["reason"]] += uint64(m.Value)
+		}
+	}
+	return drops, nil
+}

@@ -103,3 +103,23 @@ func TestCiliumDir(t *testing.T) {
 		t.Errorf("complete build: %q, %v", got, err)
 	}
 }
+
+// Cilium's drops by reason, summed over directions, from its metrics API;
+// other metrics and zero counters are not drops.
+func TestCiliumDropsFrom(t *testing.T) {
+	body := []byte(`[
+	 {"name":"cilium_drop_count_total","labels":{"direction":"INGRESS","reason":"CT: Map insertion failed"},"value":120},
+	 {"name":"cilium_drop_count_total","labels":{"direction":"EGRESS","reason":"CT: Map insertion failed"},"value":3},
+	 {"name":"cilium_drop_count_total","labels":{"direction":"INGRESS","reason":"Stale or unroutable IP"},"value":0},
+	 {"name":"cilium_forward_count_total","labels":{"direction":"INGRESS"},"value":999}]`)
+	got, err := ciliumDropsFrom(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got["CT: Map insertion failed"] != 123 {
+		t.Errorf("drops %v, want CT: Map insertion failed 123 alone", got)
+	}
+	if _, err := ciliumDropsFrom([]byte("not json")); err == nil {
+		t.Error("no error for an answer that is not JSON")
+	}
+}

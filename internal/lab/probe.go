@@ -54,8 +54,9 @@ type ProbeReport struct {
 	Truncated bool    `json:"truncated,omitempty"`
 	ElapsedMS float64 `json:"elapsedMillis"`
 	// Stalls are the first MaxStalls failures and answers slower than
-	// StallAfter, in the order seen, with their wall-clock times: when
-	// they happened, beside a lab's steps. StallsLeftOut counts the rest.
+	// StallAfter (churn and hold: connect and answer together), in the
+	// order seen, with their wall-clock times: when they happened, beside
+	// a lab's steps. StallsLeftOut counts the rest.
 	Stalls        []ProbeStall `json:"stalls,omitempty"`
 	StallsLeftOut int          `json:"stallsLeftOut,omitempty"`
 	// Churn and Hold are what only those probes measure (probe_churn.go).
@@ -67,7 +68,8 @@ type ProbeReport struct {
 type ProbeStall struct {
 	// At is when the failure was seen or the slow answer came.
 	At time.Time `json:"at"`
-	// Millis is how long a slow answer took; 0 for a failure.
+	// Millis is how long a slow answer took (churn and hold: with its
+	// connect); 0 for a failure.
 	Millis float64 `json:"millis,omitempty"`
 	// Error is the failure's kind (as Errors counts it); empty for a
 	// slow answer.

@@ -599,6 +599,11 @@ func (p *connProbe) ok(e *exchanged) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.rec.ok(e.request)
+	// A slow connect (a lost SYN: a retransmission a second later) with a
+	// fast answer is a stall too: the time the client waited in all.
+	if total := e.connect + e.request; e.request < StallAfter && total >= StallAfter {
+		p.rec.stall(ProbeStall{At: time.Now(), Millis: float64(total.Microseconds()) / 1e3})
+	}
 	p.connect = append(p.connect, e.connect)
 	p.rec.r.Backends[e.reply.Pod]++
 	p.rec.r.Clients[hostOf(e.reply.Client)]++
@@ -622,6 +627,9 @@ func (p *connProbe) failMany(phase string, err error, n int) {
 	}
 	p.rec.fail(&probeError{kind: kind, msg: err.Error()})
 	p.rec.r.Errors[kind] += n - 1
+	for range n - 1 {
+		p.rec.stall(ProbeStall{At: time.Now(), Error: kind})
+	}
 }
 
 // done closes the report: Count attempted.

@@ -436,3 +436,20 @@ func TestEnsureNoFile(t *testing.T) {
 		t.Errorf("the limit changed from %+v to %+v (err %v)", lim, after, err)
 	}
 }
+
+// A churn connection whose connect was slow (a SYN retransmitted) is a
+// stall even when its answer was fast, and a failure counted n times is n
+// stalls; a fast connection is none.
+func TestConnProbeStalls(t *testing.T) {
+	c1, c2 := net.Pipe()
+	defer c1.Close()
+	defer c2.Close()
+	p := &connProbe{ctx: t.Context(), rec: newRecorder("churn", ProbeConfig{})}
+	p.ok(&exchanged{conn: c1, connect: time.Millisecond, request: time.Millisecond, reply: EchoReply{Pod: "a"}})
+	p.ok(&exchanged{conn: c1, connect: time.Second, request: time.Millisecond, reply: EchoReply{Pod: "a"}})
+	p.failMany("connect", context.DeadlineExceeded, 3)
+	r := p.rec.done()
+	if len(r.Stalls) != 4 || r.Stalls[0].Millis < 1000 || r.Stalls[0].Error != "" || r.Stalls[3].Error != "connect:ETIMEDOUT" {
+		t.Errorf("stalls %+v: want the slow connect (≥ 1000 ms), then three connect:ETIMEDOUT", r.Stalls)
+	}
+}

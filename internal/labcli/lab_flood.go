@@ -76,9 +76,9 @@ interval after each. Per flood: the pool's requests that lived through it
 middle (each within 1 s, 3 s at the fastest), and the evidence that the
 flood reached the node (the node's counters, per shape: see
 docs/benchmarks.md). Writes JSON, Markdown and a plot under --out; fails
-when any flood broke a pooled connection, left the new client
-unanswered, or did not reach the node. About 20 minutes with the
-defaults.`,
+(Cilium's rows are shown, not judged) when any flood broke a pooled
+connection, left the new client unanswered, or did not reach the node.
+About 20 minutes with the defaults.`,
 		Example: `  sluice-lab flood --to 198.18.0.11:30295 --shape ack --rate 20000 --duration 10s
   sluice-lab flood --matrix
   sluice-lab flood --matrix --dataplanes sluice --modes dsr --shapes dsr3,syn --rates 20000 --duration 6s`,
