@@ -204,6 +204,10 @@ const bwGuestKernel = "6.12"
 // devices with fq there, fq with stamps on the Pods' veths for ingress.
 func TestPrivilegedBandwidthManagerEDTGuest(t *testing.T) {
 	requirePrivileged(t, "iperf3")
+	// iperf3 under TCG reaches 20 Mbit/s only with both cores: beside
+	// kubelet labs, or another package's floods, EDT's paced flow read
+	// 10-11 of 20 (CI, 2026-11-30).
+	alongside(t, alone)
 	res := guesttest.Run(t, bwGuestKernel, guesttest.Options{
 		Run:  "^TestPrivilegedBandwidthManager$",
 		Init: filepath.Join(env.binDir, "sluice-lab"),

@@ -260,13 +260,66 @@ func parseUplinks(v string) (map[string]string, error) {
 // clock, a guest's emulated CPU) and whose verdicts hold with less CPU: no
 // test that measures a rate against a band or floods at the generator's
 // maximum. They are about half of this package's time (docs/testing.md).
+// Lane alone is for a test that measures a rate in a guest: it runs after
+// the serial tests too, but by itself, once no alongside test and no other
+// package's test binary runs.
 func alongside(t *testing.T, kind lane) {
 	t.Helper()
 	t.Parallel()
+	if kind == alone {
+		quiet.Lock()
+		t.Cleanup(quiet.Unlock)
+		waitForOtherTests(t, 15*time.Minute)
+		return
+	}
+	quiet.RLock()
+	t.Cleanup(quiet.RUnlock)
 	if sem := lanes[kind]; sem != nil {
 		sem <- struct{}{}
 		t.Cleanup(func() { <-sem })
 	}
+}
+
+// quiet is held by every test alongside others, and by a test of lane
+// alone for itself: a test that waits for it starts when the others end.
+var quiet sync.RWMutex
+
+// waitForOtherTests waits, at most max, until no other test binary (go
+// test's <package>.test, another package's tests) runs on the machine:
+// scripts/test.sh runs the packages side by side, and a test of lane alone
+// measures a rate that another package's floods would take the CPU from.
+func waitForOtherTests(t *testing.T, max time.Duration) {
+	t.Helper()
+	start := time.Now()
+	for {
+		others := otherTestBinaries()
+		if len(others) == 0 {
+			if waited := time.Since(start); waited > time.Second {
+				t.Logf("waited %s for other packages' tests to end", waited.Round(time.Second))
+			}
+			return
+		}
+		if time.Since(start) > max {
+			t.Logf("still running after %s, going on beside them: %v", max, others)
+			return
+		}
+		time.Sleep(2 * time.Second)
+	}
+}
+
+// otherTestBinaries lists the go test binaries running, this one aside.
+func otherTestBinaries() []string {
+	self, _ := os.Executable()
+	procs, _ := filepath.Glob("/proc/[0-9]*/exe")
+	var out []string
+	for _, p := range procs {
+		exe, err := os.Readlink(p)
+		if err != nil || exe == self || !strings.HasSuffix(exe, ".test") {
+			continue
+		}
+		out = append(out, filepath.Base(exe)+" (pid "+filepath.Base(filepath.Dir(p))+")")
+	}
+	return out
 }
 
 // lane is a kind of test that runs alongside others.
@@ -275,6 +328,7 @@ type lane int
 const (
 	waits lane = iota // a kubelet lab, a soak: bounded by -parallel only
 	guest             // QEMU under TCG: one at a time
+	alone             // after the others, with the machine to itself
 )
 
 var lanes = map[lane]chan struct{}{guest: make(chan struct{}, 1)}
