@@ -14,6 +14,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // DataplaneCilium runs the real Cilium agent (kube-proxy replacement, its
@@ -482,36 +485,37 @@ func cleanupCiliums(nm names, st *State) []error {
 }
 
 // CiliumDrops is node n's cilium-agent's datapath drops by reason, from
-// its API's metrics (GET /v1/metrics/: cilium_drop_count_total, summed
-// over directions), as its BPF metrics map counts them.
+// its Prometheus metrics (cilium_drop_count_total, summed over
+// directions), as its BPF metrics map counts them. (Its API's /v1/metrics/
+// is gone in 1.20.)
 func CiliumDrops(ctx context.Context, n Node) (map[string]uint64, error) {
 	if n.Cilium == nil {
 		return nil, fmt.Errorf("%s runs no cilium-agent", n.Name)
 	}
-	body, status, err := unixGet(ctx, n.Cilium.Socket, "/v1/metrics/")
+	text, err := scrape(ctx, n)
 	if err != nil {
-		return nil, fmt.Errorf("%s: cilium-agent metrics: %w", n.Name, err)
+		return nil, fmt.Errorf("cilium-agent: %w", err)
 	}
-	if status != http.StatusOK {
-		return nil, fmt.Errorf("%s: cilium-agent /v1/metrics/: %d %.200q", n.Name, status, body)
-	}
-	return ciliumDropsFrom(body)
+	return ciliumDropsFrom(text)
 }
 
-// ciliumDropsFrom reads the drop counters out of /v1/metrics/'s answer.
-func ciliumDropsFrom(body []byte) (map[string]uint64, error) {
-	var ms []struct {
-		Name   string            `json:"name"`
-		Labels map[string]string `json:"labels"`
-		Value  float64           `json:"value"`
-	}
-	if err := json.Unmarshal(body, &ms); err != nil {
-		return nil, fmt.Errorf("cilium-agent /v1/metrics/: %w in %.200q", err, body)
+// ciliumDropsFrom reads the drop counters out of a /metrics page.
+func ciliumDropsFrom(text string) (map[string]uint64, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		return nil, fmt.Errorf("cilium-agent /metrics: %w", err)
 	}
 	drops := map[string]uint64{}
-	for _, m := range ms {
-		if m.Name == "cilium_drop_count_total" && m.Value > 0 {
-			drops[m.Labels["reason"]] += uint64(m.Value)
+	for _, m := range fams["cilium_drop_count_total"].GetMetric() {
+		v := m.GetCounter().GetValue() + m.GetUntyped().GetValue()
+		if v <= 0 {
+			continue
+		}
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "reason" {
+				drops[l.GetValue()] += uint64(v)
+			}
 		}
 	}
 	return drops, nil

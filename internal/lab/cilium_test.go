@@ -104,22 +104,25 @@ func TestCiliumDir(t *testing.T) {
 	}
 }
 
-// Cilium's drops by reason, summed over directions, from its metrics API;
+// Cilium's drops by reason, summed over directions, from its /metrics;
 // other metrics and zero counters are not drops.
 func TestCiliumDropsFrom(t *testing.T) {
-	body := []byte(`[
-	 {"name":"cilium_drop_count_total","labels":{"direction":"INGRESS","reason":"CT: Map insertion failed"},"value":120},
-	 {"name":"cilium_drop_count_total","labels":{"direction":"EGRESS","reason":"CT: Map insertion failed"},"value":3},
-	 {"name":"cilium_drop_count_total","labels":{"direction":"INGRESS","reason":"Stale or unroutable IP"},"value":0},
-	 {"name":"cilium_forward_count_total","labels":{"direction":"INGRESS"},"value":999}]`)
-	got, err := ciliumDropsFrom(body)
+	text := `# HELP cilium_drop_count_total Total dropped packets, tagged by drop reason and ingress/egress direction
+# TYPE cilium_drop_count_total counter
+cilium_drop_count_total{direction="INGRESS",reason="CT: Map insertion failed"} 120
+cilium_drop_count_total{direction="EGRESS",reason="CT: Map insertion failed"} 3
+cilium_drop_count_total{direction="INGRESS",reason="Stale or unroutable IP"} 0
+# TYPE cilium_forward_count_total counter
+cilium_forward_count_total{direction="INGRESS"} 999
+`
+	got, err := ciliumDropsFrom(text)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 1 || got["CT: Map insertion failed"] != 123 {
 		t.Errorf("drops %v, want CT: Map insertion failed 123 alone", got)
 	}
-	if _, err := ciliumDropsFrom([]byte("not json")); err == nil {
-		t.Error("no error for an answer that is not JSON")
+	if _, err := ciliumDropsFrom("cilium_drop_count_total{ 1"); err == nil {
+		t.Error("no error for a page that does not parse")
 	}
 }
