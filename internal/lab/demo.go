@@ -642,7 +642,9 @@ func waitServing(ctx context.Context, l *Lab, url string, timeout time.Duration)
 func serviceList(ctx context.Context, exe, socket string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, exe, "service", "list", "--api-socket", socket).CombinedOutput()
+	// The operator CLI, built beside sluice-lab (issue 47 split them).
+	cli := filepath.Join(filepath.Dir(exe), "sluice")
+	out, err := exec.CommandContext(ctx, cli, "service", "list", "--api-socket", socket).CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("sluice service list: %w", err)
 	}

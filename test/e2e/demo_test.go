@@ -127,6 +127,10 @@ func TestPrivilegedDemo(t *testing.T) {
 	if len(res.Latency) != 2 {
 		t.Fatalf("demo latency rows %+v, want new-connection and keepalive\n%s", res.Latency, out)
 	}
+	// node1's agent's table, through the operator CLI beside sluice-lab.
+	if !strings.Contains(res.ServiceList, "echo-tcp") || strings.Contains(string(out), "service list failed") {
+		t.Errorf("demo's sluice service list %q, want the demo's Services\n%s", res.ServiceList, out)
+	}
 	// Each comparison measured both targets with every request,
 	// alternating request by request.
 	measured := func(what, mode string, n1, n2, rounds int, p50 float64) {
