@@ -246,11 +246,10 @@ func (r *FloodMatrixReport) WriteFiles(dir string) ([]string, error) {
 
 // contender names a row's dataplane, mode and path.
 func (row FloodRow) contender() string {
-	switch row.Dataplane {
-	case lab.DataplaneCilium:
+	if row.Dataplane == lab.DataplaneCilium {
 		return "cilium " + row.Acceleration
-	case lab.DataplaneSluice:
-	default:
+	}
+	if row.Dataplane != lab.DataplaneSluice {
 		return row.Dataplane
 	}
 	return fmt.Sprintf("sluice %s %s", row.Mode, row.Acceleration)

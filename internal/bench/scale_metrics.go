@@ -5,8 +5,6 @@ import (
 	"strings"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/sluice-dataplane/sluice/internal/lab"
 )
@@ -52,12 +50,8 @@ const residentMemory = "process_resident_memory_bytes"
 type page map[string]*dto.MetricFamily
 
 func parseMetrics(text string) (page, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(strings.NewReader(text))
-	if err != nil {
-		return nil, fmt.Errorf("parse metrics: %w", err)
-	}
-	return page(fams), nil
+	fams, err := lab.ParseMetrics(text)
+	return page(fams), err
 }
 
 // values returns every series' value of a gauge or counter (kube-proxy has

@@ -260,13 +260,10 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 		objs any
 	}{
 		{"tc", tcSpec, &n.tc},
+		{"XDP", xdpSpec, &n.xdp},
 	}
-	if !opts.NoXDP {
-		objs = append(objs, struct {
-			name string
-			spec *ebpf.CollectionSpec
-			objs any
-		}{"XDP", xdpSpec, &n.xdp})
+	if opts.NoXDP {
+		objs = objs[:1]
 	}
 	for _, o := range objs {
 		sizeMaps(o.spec, sizes)

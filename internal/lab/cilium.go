@@ -14,9 +14,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 )
 
 // DataplaneCilium runs the real Cilium agent (kube-proxy replacement, its
@@ -501,8 +498,7 @@ func CiliumDrops(ctx context.Context, n Node) (map[string]uint64, error) {
 
 // ciliumDropsFrom reads the drop counters out of a /metrics page.
 func ciliumDropsFrom(text string) (map[string]uint64, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(strings.NewReader(text))
+	fams, err := ParseMetrics(text)
 	if err != nil {
 		return nil, fmt.Errorf("cilium-agent /metrics: %w", err)
 	}

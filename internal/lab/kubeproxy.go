@@ -15,6 +15,10 @@ import (
 	"syscall"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	"github.com/sluice-dataplane/sluice/internal/controlplane"
 )
 
@@ -291,6 +295,17 @@ func (l *Lab) Metrics(ctx context.Context, node string) (string, error) {
 		return "", fmt.Errorf("metrics: lab %s has no node %q", newNames(l.Prefix).base, node)
 	}
 	return scrape(ctx, n)
+}
+
+// ParseMetrics parses a /metrics page (Prometheus' text format) into its
+// metric families by name.
+func ParseMetrics(text string) (map[string]*dto.MetricFamily, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		return nil, fmt.Errorf("parse metrics: %w", err)
+	}
+	return fams, nil
 }
 
 func scrape(ctx context.Context, n Node) (string, error) {
