@@ -102,6 +102,7 @@ func openDataplane(cfg *Config) (dataplane, error) {
 		Logf:  logf,
 	}
 	d.ns, err = datapath.LoadNorthSouth(opts)
+	d.noXDP = opts.NoXDP
 	if err == nil {
 		d.maglev, err = d.ns.Maglev()
 	}
@@ -156,6 +157,9 @@ type nodeDataplane struct {
 	neighNodes  []netip.Addr                 // the nodes of the last SyncNeighbors
 	neighErr    error                        // and what it could not do
 	neighRec    *datapath.NeighbourRecord    // the same, pinned, for the next agent
+	// noXDP: the XDP object is not loaded, no device runs XDP, and no
+	// node needs a managed neighbour (dropNeighbors).
+	noXDP bool
 	snatRoutes  map[netip.Prefix]netip.Addr  // installed ns_snat_route entries
 }
 

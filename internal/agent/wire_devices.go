@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -191,11 +193,11 @@ func (d *nodeDataplane) SetNodeConfig(nodeIPs []netip.Addr) (SNATPorts, error) {
 // dropped there as a martian. The kernel keeps managed entries resolved, as
 // Cilium's agent arranges for its nodes.
 func (d *nodeDataplane) SyncNeighbors(nodes []netip.Addr, full bool) (err error) {
-	if d.cfg.LBAcceleration == "disabled" && !d.cfg.XDPGeneric {
-		return nil
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.noXDP {
+		return d.dropNeighbors()
+	}
 	// A route lookup per node is ~50 µs: 100 ms a sync at 2,000 Nodes
 	// (sluice-lab bench cluster). The same nodes as last time need nothing
 	// until the next full sync (a route change): what failed then is
@@ -245,6 +247,23 @@ func (d *nodeDataplane) SyncNeighbors(nodes []netip.Addr, full bool) (err error)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// dropNeighbors is SyncNeighbors where no device can run XDP (its object
+// is not loaded: xdpWanted): tc's bpf_redirect_neigh resolves its own next
+// hops, so no node needs an entry, and none is looked up (a route lookup
+// per node a sync, for nothing). At the first call it removes those a
+// previous agent recorded (one that ran XDP before --lb-acceleration
+// became disabled, say); it records none. Called with d.mu held.
+func (d *nodeDataplane) dropNeighbors() error {
+	if d.neighs != nil {
+		return nil
+	}
+	d.neighs = map[netip.Addr]netlink.Neigh{}
+	if _, err := os.Stat(filepath.Join(d.cfg.BPFRoot, datapath.NeighbourRecordName)); errors.Is(err, os.ErrNotExist) {
+		return nil // no agent here ever made one
+	}
+	return d.sweepNeighbors(nil)
 }
 
 // nodeNeighbourError is a node whose next hop XDP cannot be given: XDP

@@ -2,7 +2,8 @@ package e2e
 
 // Managed neighbour entries (XDP's next hops towards the other nodes) of a
 // node that left while no agent ran are removed by the next agent: it reads
-// the pinned record the previous one kept.
+// the pinned record the previous one kept. An agent that runs no XDP
+// removes them all: nothing needs them then.
 
 import (
 	"context"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -69,6 +71,38 @@ func TestPrivilegedStaleNeighboursSwept(t *testing.T) {
 	}
 	if !strings.Contains(neighs(), node2.String()+" ") {
 		t.Errorf("node2's neighbour entry gone with the stale one:\n%s", neighs())
+	}
+
+	managed := func() bool {
+		for _, line := range strings.Split(neighs(), "\n") {
+			if strings.HasPrefix(line, node2.String()+" ") && strings.Contains(line, " managed") {
+				return true
+			}
+		}
+		return false
+	}
+	if !managed() {
+		t.Fatalf("node2's entry is not a managed one before the switch:\n%s", neighs())
+	}
+	// Without XDP no node needs one: an agent started with
+	// --lb-acceleration disabled removes those its predecessor made
+	// (tc resolves its own next hops), node2's included.
+	args := l.Nodes[0].Agent.Args
+	i := slices.Index(args, "--lb-acceleration")
+	if i < 0 || i+1 >= len(args) {
+		t.Fatalf("node1's agent has no --lb-acceleration: %q", args)
+	}
+	args[i+1] = lab.AccelerationDisabled
+	// SIGKILL: the old agent cleans nothing up; the new one must.
+	if err := l.RestartAgent(ctx, node1.Name, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for managed() {
+		if time.Now().After(deadline) {
+			t.Fatalf("node2's managed neighbour still there 10 s after a restart without XDP:\n%s", neighs())
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
