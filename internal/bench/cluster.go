@@ -81,8 +81,8 @@ func DefaultClusterConfig() ClusterConfig {
 // Validate names the first bad value.
 func (c *ClusterConfig) Validate() error {
 	for _, d := range c.Dataplanes {
-		if !slices.Contains(ScaleDataplanes, d) {
-			return fmt.Errorf("--dataplanes: %q is none of %s", d, strings.Join(ScaleDataplanes, ", "))
+		if !slices.Contains(scaleContenders, d) {
+			return fmt.Errorf("--dataplanes: %q is none of %s", d, strings.Join(scaleContenders, ", "))
 		}
 	}
 	switch {
@@ -207,6 +207,9 @@ type clusterRun struct {
 	// leaseRV is each simulated Node's Lease resourceVersion, as a
 	// kubelet keeps its Lease to renew it (an update needs it).
 	leaseRV sync.Map
+	// pending are the churn's changes Cilium's map has not shown yet
+	// (cluster_cilium.go); nil for the others.
+	pending *ciliumPending
 }
 
 // simNode is simulated Node i: InternalIP in 100.64.0.0/16, pod CIDR the
@@ -279,7 +282,7 @@ func (c *clusterRun) run(ctx context.Context, res *ClusterContender) error {
 	}
 	res.ProgrammedSeconds = programmed
 	if s, err := c.scrape(ctx); err == nil {
-		res.RSSMiB = s.value(residentMemory) / (1 << 20)
+		res.RSSMiB = s.value(c.metrics.rss) / (1 << 20)
 	}
 	cfg.step("%s: %d Nodes, %d Services programmed: RSS %.0f MiB", d, cfg.Nodes+scaleNodes, cfg.Services, res.RSSMiB)
 
@@ -361,6 +364,9 @@ func (c *clusterRun) bigChange(ctx context.Context, name string, e, port int) (f
 			return 0, fmt.Errorf("create EndpointSlice %s: %w", s.Name, err)
 		}
 	}
+	if c.cilium != nil {
+		return c.ciliumBigChange(ctx, svc, sls, e)
+	}
 	if err := c.waitCaughtUp(ctx, marker); err != nil {
 		return 0, err
 	}
@@ -419,8 +425,15 @@ func (c *clusterRun) churn(ctx context.Context, res *ClusterContender) error {
 		wg.Go(func() { c.heartbeats(cctx, cfg.LeasePeriod, hb["lease"], c.renewLease) })
 	}
 	var changes atomic.Int64
-	var churnErr error
+	var churnErr, watchErr error
 	wg.Go(func() { churnErr = c.changeLoop(cctx, &changes) })
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	var watched sync.WaitGroup
+	if c.cilium != nil {
+		c.pending = newCiliumPending()
+		watched.Go(func() { watchErr = c.ciliumWatch(wctx, c.pending) })
+	}
 	// The requests: one a 100 ms over a new connection to the live Service.
 	probeDone := make(chan struct{})
 	var pr *lab.ProbeReport
@@ -437,7 +450,7 @@ func (c *clusterRun) churn(ctx context.Context, res *ClusterContender) error {
 		return err
 	}
 	read0, _ := readBytes(pid)
-	start, last, cpuLast := time.Now(), time.Now(), s0.value("process_cpu_seconds_total")
+	start, last, cpuLast := time.Now(), time.Now(), s0.value(c.metrics.cpu)
 	for cctx.Err() == nil {
 		if sleep(cctx, 5*time.Second) != nil {
 			break
@@ -446,8 +459,8 @@ func (c *clusterRun) churn(ctx context.Context, res *ClusterContender) error {
 		if err != nil {
 			continue
 		}
-		now, cpu := time.Now(), s.value("process_cpu_seconds_total")
-		sm := ClusterSample{Seconds: now.Sub(start).Seconds(), RSSMiB: s.value(residentMemory) / (1 << 20),
+		now, cpu := time.Now(), s.value(c.metrics.cpu)
+		sm := ClusterSample{Seconds: now.Sub(start).Seconds(), RSSMiB: s.value(c.metrics.rss) / (1 << 20),
 			CPUCores: (cpu - cpuLast) / now.Sub(last).Seconds()}
 		res.Samples = append(res.Samples, sm)
 		res.MaxRSSMiB = max(res.MaxRSSMiB, sm.RSSMiB)
@@ -459,8 +472,17 @@ func (c *clusterRun) churn(ctx context.Context, res *ClusterContender) error {
 	if churnErr != nil {
 		return churnErr
 	}
-	// The last changes' programming, then the histogram over the churn.
-	if err := c.waitCaughtUp(ctx, float64(time.Now().Add(-2*time.Second).UnixNano())/1e9); err != nil {
+	// The last changes' programming, then the histogram over the churn
+	// (Cilium: the changes seen in its map).
+	if c.cilium != nil {
+		err = c.ciliumCaughtUp(ctx, c.pending)
+		stopWatch()
+		watched.Wait()
+		err = cmp.Or(watchErr, err)
+	} else {
+		err = c.waitCaughtUp(ctx, float64(time.Now().Add(-2*time.Second).UnixNano())/1e9)
+	}
+	if err != nil {
 		return fmt.Errorf("after the churn: %w", err)
 	}
 	s1, err := c.scrape(ctx)
@@ -469,12 +491,18 @@ func (c *clusterRun) churn(ctx context.Context, res *ClusterContender) error {
 	}
 	read1, _ := readBytes(pid)
 	res.Changes = int(changes.Load())
-	b0, b1 := s0.buckets(c.metrics.programming), s1.buckets(c.metrics.programming)
-	delta := bucketDelta(b0, b1)
-	res.Programmed = int(delta.count())
-	res.LatencyMS = Percentiles{P50: delta.quantile(0.5) * 1e3, P99: delta.quantile(0.99) * 1e3}
-	res.MaxBucketMS = delta.maxBound() * 1e3
-	res.CPUCores = (s1.value("process_cpu_seconds_total") - s0.value("process_cpu_seconds_total")) / elapsed.Seconds()
+	if c.cilium != nil {
+		pc := percentiles(c.pending.latencies())
+		pc.Samples = nil // tens of thousands
+		res.Programmed, res.LatencyMS, res.MaxBucketMS = pc.N, pc, pc.Max
+	} else {
+		b0, b1 := s0.buckets(c.metrics.programming), s1.buckets(c.metrics.programming)
+		delta := bucketDelta(b0, b1)
+		res.Programmed = int(delta.count())
+		res.LatencyMS = Percentiles{P50: delta.quantile(0.5) * 1e3, P99: delta.quantile(0.99) * 1e3}
+		res.MaxBucketMS = delta.maxBound() * 1e3
+	}
+	res.CPUCores = (s1.value(c.metrics.cpu) - s0.value(c.metrics.cpu)) / elapsed.Seconds()
 	res.ReadKiBPerSec = float64(read1-read0) / 1024 / elapsed.Seconds()
 	res.Syncs = c.syncs(s1) - c.syncs(s0)
 	res.Heartbeats = map[string]float64{}
@@ -492,8 +520,11 @@ func (c *clusterRun) churn(ctx context.Context, res *ClusterContender) error {
 }
 
 func (c *clusterRun) syncs(s page) float64 {
-	if c.d == lab.DataplaneSluice {
+	switch c.d {
+	case lab.DataplaneSluice:
 		return s.value("sluice_syncs_total")
+	case lab.DataplaneCilium:
+		return 0 // no such count
 	}
 	n, _ := s.histogram("kubeproxy_sync_proxy_rules_duration_seconds") // one sample a sync
 	return float64(n)
@@ -509,6 +540,8 @@ func (c *clusterRun) dataplanePID() (int, error) {
 		return n.Agent.PID, nil
 	case n.KubeProxy != nil:
 		return n.KubeProxy.PID, nil
+	case n.Cilium != nil:
+		return n.Cilium.PID, nil
 	}
 	return 0, fmt.Errorf("%s runs no dataplane process", n.Name)
 }
@@ -629,7 +662,8 @@ func (c *clusterRun) changeWriter(ctx context.Context, svcs []int, rate float64,
 		if !short[i] {
 			sl.Endpoints = sl.Endpoints[:len(sl.Endpoints)-1]
 		}
-		scaleset.SetTriggerTime(sl, time.Now())
+		trigger := time.Now()
+		scaleset.SetTriggerTime(sl, trigger)
 		var out *discoveryv1.EndpointSlice
 		var err error
 		for try := 0; try < 2; try++ {
@@ -655,6 +689,9 @@ func (c *clusterRun) changeWriter(ctx context.Context, svcs []int, rate float64,
 			return fmt.Errorf("churn: update EndpointSlice %s: %w", sl.Name, err)
 		}
 		rv[i], short[i] = out.ResourceVersion, !short[i]
+		if c.pending != nil {
+			c.pending.add(i, len(sl.Endpoints), trigger)
+		}
 		n.Add(1)
 	}
 }

@@ -25,9 +25,13 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
-// ScaleDataplanes are the contenders of `sluice-lab bench scale`, in run order.
+// ScaleDataplanes are the contenders of `sluice-lab bench scale` by
+// default, in run order; scaleContenders adds Cilium, which needs its
+// build (scripts/cilium-build.sh) and is run when asked for.
 var ScaleDataplanes = []string{lab.DataplaneSluice, lab.DataplaneKubeProxyIPTables, lab.DataplaneKubeProxyIPTablesNFT,
 	lab.DataplaneKubeProxyNFTables, lab.DataplaneKubeProxyIPVS}
+
+var scaleContenders = append(slices.Clone(ScaleDataplanes), lab.DataplaneCilium)
 
 // ScaleConfig is one run of the scale study.
 type ScaleConfig struct {
@@ -104,8 +108,8 @@ func (c *ScaleConfig) Validate() error {
 		return errors.New("--dataplanes: none given")
 	}
 	for _, d := range c.Dataplanes {
-		if !slices.Contains(ScaleDataplanes, d) {
-			return fmt.Errorf("--dataplanes: %q: want some of %s", d, strings.Join(ScaleDataplanes, ","))
+		if !slices.Contains(scaleContenders, d) {
+			return fmt.Errorf("--dataplanes: %q: want some of %s", d, strings.Join(scaleContenders, ","))
 		}
 	}
 	switch {
@@ -203,6 +207,9 @@ type scaleRun struct {
 	clientPod string
 	slices    []*discoveryv1.EndpointSlice // by index, as last written
 	created   int
+	// cilium reads Cilium's service maps, which stand in for the
+	// metrics it does not have (scale_cilium.go); nil for the others.
+	cilium *ciliumMaps
 }
 
 func runContender(ctx context.Context, cfg ScaleConfig, d string) (res ScaleContender) {
@@ -232,6 +239,9 @@ func withScaleLab(ctx context.Context, cfg ScaleConfig, d string, run func(*scal
 	cfg.step("%s: lab up (real control plane, %d nodes)", d, scaleNodes)
 	lc := lab.Config{Prefix: cfg.Prefix, Nodes: scaleNodes, PodsPerNode: scalePodsPerNode, Dataplane: d,
 		ControlPlane: lab.ControlPlaneReal, Exe: cfg.Exe, AgentBin: cfg.AgentBin, Progress: indent{cfg.Progress}}
+	if d == lab.DataplaneCilium {
+		lc.CiliumArgs = ciliumScaleArgs(slices.Max(cfg.Sizes), cfg.Endpoints)
+	}
 	// No map-size flag for sluice: the agent sizes its maps from memory
 	// (docs/maps.md), and 10,000 × (1 + 10) service entries must fit its
 	// defaults as they would on a user's node.
@@ -257,6 +267,9 @@ func withScaleLab(ctx context.Context, cfg ScaleConfig, d string, run func(*scal
 	r, err := newScaleRun(cfg, d, l)
 	if err == nil {
 		err = run(r)
+		if r.cilium != nil {
+			r.cilium.close()
+		}
 	}
 	if err != nil {
 		errText = err.Error()
@@ -278,6 +291,9 @@ func newScaleRun(cfg ScaleConfig, d string, l *lab.Lab) (*scaleRun, error) {
 		live: liveSet(cfg.Sizes, cfg.Measured), metrics: metricsOf(d), cidrs: map[string]netip.Prefix{}}
 	for n := 1; n < clientNode; n++ {
 		r.cidrs[lab.NodeName(n)] = lab.PodCIDRv4(n)
+	}
+	if d == lab.DataplaneCilium {
+		r.cilium = newCiliumMaps(l)
 	}
 	for _, p := range l.Pods() {
 		switch {
@@ -350,7 +366,12 @@ func (r *scaleRun) grow(ctx context.Context, n int) (growSeconds, programmedSeco
 	r.created = n
 	growSeconds = time.Since(start).Seconds()
 	cfg.step("%s: %d Services created in %.1fs; waiting for every node's dataplane", d, n, growSeconds)
-	if err := r.waitCaughtUp(ctx, marker); err != nil {
+	if r.cilium != nil {
+		err = r.ciliumWaitProgrammed(ctx, n)
+	} else {
+		err = r.waitCaughtUp(ctx, marker)
+	}
+	if err != nil {
 		return growSeconds, -1, err
 	}
 	programmedSeconds = time.Since(start).Seconds()
@@ -361,7 +382,7 @@ func (r *scaleRun) grow(ctx context.Context, n int) (growSeconds, programmedSeco
 // measure takes the row's figures at n Services, once programmed.
 func (r *scaleRun) measure(ctx context.Context, n int, row ScaleRow) (_ ScaleRow, err error) {
 	if s, err := r.scrape(ctx); err == nil {
-		row.RSSMiB = s.value(residentMemory) / (1 << 20)
+		row.RSSMiB = s.value(r.metrics.rss) / (1 << 20)
 	}
 	targets := r.targets(n)
 	if row.NewConn, row.PodNewConn, err = r.latency(ctx, targets, false); err != nil {
@@ -588,50 +609,26 @@ func (r *scaleRun) oneChange(ctx context.Context, n int) (all, agent, write Perc
 	}
 	for c := range r.cfg.Changes {
 		i := serviceOf(c)
-		s0, err := r.scrape(ctx)
-		if err != nil {
-			return Percentiles{}, Percentiles{}, Percentiles{}, err
-		}
-		count0, sum0 := s0.histogram(r.metrics.programming)
-		agentCount0, agentSum0 := s0.histogram(r.metrics.changeToMap)
 		sl := r.slices[i].DeepCopy()
 		if c%2 == 0 {
 			sl.Endpoints = sl.Endpoints[:len(sl.Endpoints)-1]
 		}
-		cur, err := r.client.DiscoveryV1().EndpointSlices(sl.Namespace).Get(ctx, sl.Name, metav1.GetOptions{})
+		var m, a, w float64
+		var err error
+		if r.cilium != nil {
+			m, w, err = r.ciliumChange(ctx, i, sl)
+			a = -1
+		} else {
+			m, a, w, err = r.metricsChange(ctx, i, sl)
+		}
 		if err != nil {
-			return Percentiles{}, Percentiles{}, Percentiles{}, err
+			return Percentiles{}, Percentiles{}, Percentiles{}, fmt.Errorf("change %d (Service %d): %w", c+1, i, err)
 		}
-		sl.ResourceVersion = cur.ResourceVersion
-		t0 := time.Now()
-		scaleset.SetTriggerTime(sl, t0)
-		_, err = r.client.DiscoveryV1().EndpointSlices(sl.Namespace).Update(ctx, sl, metav1.UpdateOptions{})
-		writeMS = append(writeMS, float64(time.Since(t0).Microseconds())/1e3)
-		if err != nil {
-			return Percentiles{}, Percentiles{}, Percentiles{}, fmt.Errorf("update EndpointSlice %s: %w", sl.Name, err)
+		ms, writeMS = append(ms, m), append(writeMS, w)
+		if a >= 0 {
+			agentMS = append(agentMS, a)
 		}
-		deadline := time.Now().Add(r.cfg.StepTimeout)
-		for {
-			s, err := r.scrape(ctx)
-			if err != nil {
-				return Percentiles{}, Percentiles{}, Percentiles{}, err
-			}
-			if count, sum := s.histogram(r.metrics.programming); count > count0 {
-				// One trigger time per change: the sum grows by its latency.
-				ms = append(ms, (sum-sum0)/float64(count-count0)*1e3)
-				if c, sum := s.histogram(r.metrics.changeToMap); c > agentCount0 {
-					agentMS = append(agentMS, (sum-agentSum0)/float64(c-agentCount0)*1e3)
-				}
-				break
-			}
-			if time.Now().After(deadline) {
-				return Percentiles{}, Percentiles{}, Percentiles{}, fmt.Errorf("change %d (Service %d) not programmed within %v", c+1, i, r.cfg.StepTimeout)
-			}
-			if err := sleep(ctx, 50*time.Millisecond); err != nil {
-				return Percentiles{}, Percentiles{}, Percentiles{}, err
-			}
-		}
-		r.cfg.step("%s: change %d/%d (Service %d): %.1f ms", r.d, c+1, r.cfg.Changes, i, ms[len(ms)-1])
+		r.cfg.step("%s: change %d/%d (Service %d): %.1f ms", r.d, c+1, r.cfg.Changes, i, m)
 		// Past kube-proxy's --min-sync-period, so that each change is
 		// programmed by a sync of its own.
 		if err := sleep(ctx, 1100*time.Millisecond); err != nil {
@@ -644,6 +641,61 @@ func (r *scaleRun) oneChange(ctx context.Context, n int) (all, agent, write Perc
 		}
 	}
 	return percentiles(ms), percentiles(agentMS), percentiles(writeMS), nil
+}
+
+// metricsChange writes slice sl of Service i and times it from its
+// trigger time to the client node's rules or maps, from the dataplane's
+// own network programming histogram: that, sluice's own share (informer
+// → maps; -1 without), and the API write, in milliseconds.
+func (r *scaleRun) metricsChange(ctx context.Context, i int, sl *discoveryv1.EndpointSlice) (ms, agentMS, writeMS float64, err error) {
+	s0, err := r.scrape(ctx)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	count0, sum0 := s0.histogram(r.metrics.programming)
+	agentCount0, agentSum0 := s0.histogram(r.metrics.changeToMap)
+	if _, writeMS, err = r.writeSlice(ctx, sl); err != nil {
+		return 0, 0, writeMS, err
+	}
+	deadline := time.Now().Add(r.cfg.StepTimeout)
+	for {
+		s, err := r.scrape(ctx)
+		if err != nil {
+			return 0, 0, writeMS, err
+		}
+		if count, sum := s.histogram(r.metrics.programming); count > count0 {
+			// One trigger time per change: the sum grows by its latency.
+			agentMS = -1
+			if c, sum := s.histogram(r.metrics.changeToMap); c > agentCount0 {
+				agentMS = (sum - agentSum0) / float64(c-agentCount0) * 1e3
+			}
+			return (sum - sum0) / float64(count-count0) * 1e3, agentMS, writeMS, nil
+		}
+		if time.Now().After(deadline) {
+			return 0, 0, writeMS, fmt.Errorf("%s not programmed within %v", r.set.ServiceName(i), r.cfg.StepTimeout)
+		}
+		if err := sleep(ctx, 50*time.Millisecond); err != nil {
+			return 0, 0, writeMS, err
+		}
+	}
+}
+
+// writeSlice updates slice sl at the API with its trigger time set to
+// the moment of the write: that time, and the write's milliseconds.
+func (r *scaleRun) writeSlice(ctx context.Context, sl *discoveryv1.EndpointSlice) (t0 time.Time, writeMS float64, err error) {
+	cur, err := r.client.DiscoveryV1().EndpointSlices(sl.Namespace).Get(ctx, sl.Name, metav1.GetOptions{})
+	if err != nil {
+		return t0, 0, err
+	}
+	sl.ResourceVersion = cur.ResourceVersion
+	t0 = time.Now()
+	scaleset.SetTriggerTime(sl, t0)
+	_, err = r.client.DiscoveryV1().EndpointSlices(sl.Namespace).Update(ctx, sl, metav1.UpdateOptions{})
+	writeMS = float64(time.Since(t0).Microseconds()) / 1e3
+	if err != nil {
+		return t0, writeMS, fmt.Errorf("update EndpointSlice %s: %w", sl.Name, err)
+	}
+	return t0, writeMS, nil
 }
 
 // Traffic across a restart: new connections to the measured Services from
@@ -660,9 +712,9 @@ const (
 // gauge and its frontends before the restart and at the first sync. The
 // client pod opens new connections to targets throughout: a restart that
 // drops a frontend, or a first sync that deletes restored ones, fails
-// requests.
+// requests. Cilium has no sync gauge: its restart ends when a change made
+// while it was down is in its map (ciliumCold).
 func (r *scaleRun) cold(ctx context.Context, targets []string, row *ScaleRow) error {
-	node := lab.NodeName(clientNode)
 	if r.metrics.frontends != "" {
 		if s, err := r.scrape(ctx); err == nil {
 			row.Restart.FrontendsBefore = int(s.value(r.metrics.frontends))
@@ -686,6 +738,33 @@ func (r *scaleRun) cold(ctx context.Context, targets []string, row *ScaleRow) er
 		return err
 	}
 	t0 := time.Now()
+	if r.cilium != nil {
+		if row.ColdSeconds, err = r.ciliumCold(ctx, row.Services, t0); err != nil {
+			return err
+		}
+	} else if err := r.restartToSync(ctx, t0, row); err != nil {
+		return err
+	}
+	if err := sleep(ctx, restartTail); err != nil {
+		return err
+	}
+	rep, err := traffic.Stop()
+	traffic = nil
+	if err != nil {
+		return fmt.Errorf("traffic across the restart: %w", err)
+	}
+	row.Restart.Requests, row.Restart.OK, row.Restart.FirstError = rep.Count, rep.OK, rep.FirstError
+	r.cfg.step("%s: restart → first full sync %.2fs; traffic across it: %d of %d requests answered%s", r.d, row.ColdSeconds,
+		rep.OK, rep.Count, row.Restart.frontendsNote())
+	return nil
+}
+
+// restartToSync restarts the client node's sluice or kube-proxy at t0 and
+// waits for its first full sync after it (its last-sync gauge): the
+// seconds from t0 in row, and sluice's own start → maps gauge and its
+// frontends at that sync.
+func (r *scaleRun) restartToSync(ctx context.Context, t0 time.Time, row *ScaleRow) error {
+	node := lab.NodeName(clientNode)
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.StepTimeout)
 	defer cancel()
 	if err := r.l.RestartAgent(rctx, node, syscall.SIGTERM); err != nil {
@@ -713,17 +792,6 @@ func (r *scaleRun) cold(ctx context.Context, targets []string, row *ScaleRow) er
 			return err
 		}
 	}
-	if err := sleep(ctx, restartTail); err != nil {
-		return err
-	}
-	rep, err := traffic.Stop()
-	traffic = nil
-	if err != nil {
-		return fmt.Errorf("traffic across the restart: %w", err)
-	}
-	row.Restart.Requests, row.Restart.OK, row.Restart.FirstError = rep.Count, rep.OK, rep.FirstError
-	r.cfg.step("%s: restart → first full sync %.2fs; traffic across it: %d of %d requests answered%s", r.d, row.ColdSeconds,
-		rep.OK, rep.Count, row.Restart.frontendsNote())
 	return nil
 }
 

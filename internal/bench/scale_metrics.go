@@ -23,10 +23,18 @@ type dataplaneMetrics struct {
 	changeToMap string
 	// frontends is sluice's gauge of Service frontends in its maps.
 	frontends string
+	// rss and cpu are the process collector's resident memory and CPU
+	// seconds.
+	rss, cpu string
 }
 
 func metricsOf(dataplane string) dataplaneMetrics {
-	if dataplane == lab.DataplaneSluice {
+	switch dataplane {
+	case lab.DataplaneCilium:
+		// Its process collector under its own prefix; no programming
+		// metric or sync gauge (its maps are read instead).
+		return dataplaneMetrics{rss: "cilium_" + residentMemory, cpu: "cilium_" + cpuSeconds}
+	case lab.DataplaneSluice:
 		return dataplaneMetrics{
 			lastSync:    "sluice_sync_last_timestamp_seconds",
 			lastQueued:  "sluice_sync_last_queued_timestamp_seconds",
@@ -34,17 +42,25 @@ func metricsOf(dataplane string) dataplaneMetrics {
 			initialSync: "sluice_initial_sync_duration_seconds",
 			changeToMap: "sluice_change_to_map_duration_seconds",
 			frontends:   "sluice_frontends",
+			rss:         residentMemory,
+			cpu:         cpuSeconds,
 		}
 	}
 	return dataplaneMetrics{
 		lastSync:    "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
 		lastQueued:  "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
 		programming: "kubeproxy_network_programming_duration_seconds",
+		rss:         residentMemory,
+		cpu:         cpuSeconds,
 	}
 }
 
-// residentMemory is the process collector's RSS, which both export.
-const residentMemory = "process_resident_memory_bytes"
+// residentMemory is the process collector's RSS, which sluice and
+// kube-proxy export (Cilium with its prefix).
+const (
+	residentMemory = "process_resident_memory_bytes"
+	cpuSeconds     = "process_cpu_seconds_total"
+)
 
 // page is one parsed /metrics page.
 type page map[string]*dto.MetricFamily

@@ -45,7 +45,7 @@ func TestScaleConfigValidate(t *testing.T) {
 		{"decreasing sizes", func(c *ScaleConfig) { c.Sizes = []int{100, 10} }, "--sizes: [100 10]"},
 		{"zero size", func(c *ScaleConfig) { c.Sizes = []int{0} }, "--sizes: 0"},
 		{"too many", func(c *ScaleConfig) { c.Sizes = []int{20000} }, "--sizes: 20000"},
-		{"unknown dataplane", func(c *ScaleConfig) { c.Dataplanes = []string{"cilium"} }, `--dataplanes: "cilium"`},
+		{"unknown dataplane", func(c *ScaleConfig) { c.Dataplanes = []string{"calico"} }, `--dataplanes: "calico"`},
 		{"endpoints", func(c *ScaleConfig) { c.Endpoints = 3 }, "--endpoints: 3"},
 		{"rate", func(c *ScaleConfig) { c.Rate = 0 }, "--rate: 0"},
 		{"requests", func(c *ScaleConfig) { c.Requests = 1 }, "--requests: 1"},

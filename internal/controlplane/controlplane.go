@@ -487,10 +487,10 @@ func (c *ControlPlane) waitReady(ctx context.Context, timeout time.Duration) err
 	deadline := time.Now().Add(timeout)
 	var last error
 	for {
-		if !processAlive(c.st.EtcdPID) {
+		if !ProcessAlive(c.st.EtcdPID) {
 			return fmt.Errorf("etcd exited; log %s:\n%s", c.st.EtcdLog, logTail(c.st.EtcdLog, 30))
 		}
-		if !processAlive(c.st.APIServerPID) {
+		if !ProcessAlive(c.st.APIServerPID) {
 			return fmt.Errorf("kube-apiserver exited; log %s:\n%s", c.st.APIServerLog, logTail(c.st.APIServerLog, 30))
 		}
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -740,7 +740,7 @@ func (c *ControlPlane) stopProcess(pid int, bin string, timeout time.Duration) e
 				return false
 			}
 		}
-		return !processAlive(pid)
+		return !ProcessAlive(pid)
 	}
 	deadline := time.Now().Add(timeout)
 	for !gone() {
@@ -765,15 +765,15 @@ func (c *ControlPlane) stopProcess(pid int, bin string, timeout time.Duration) e
 // ours reports whether pid runs bin with an argument naming dir.
 func ours(pid int, bin, dir string) bool {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil || !processAlive(pid) {
+	if err != nil || !ProcessAlive(pid) {
 		return false
 	}
 	args := strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
 	return len(args) > 0 && filepath.Base(args[0]) == bin && bytes.Contains(data, []byte(dir))
 }
 
-// processAlive reports whether pid exists and is not a zombie.
-func processAlive(pid int) bool {
+// ProcessAlive reports whether pid exists and is not a zombie.
+func ProcessAlive(pid int) bool {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return false

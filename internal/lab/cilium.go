@@ -181,6 +181,7 @@ func (l *Lab) startCiliums(ctx context.Context, cfg Config, nm names) error {
 		if err := l.ciliumNode(ctx, n, c, dir, clang); err != nil {
 			return fmt.Errorf("cilium on %s: %w", n.Name, err)
 		}
+		c.Args = append(c.Args, cfg.CiliumArgs...)
 		n.Cilium, n.MetricsAddr = c, MetricsAddr
 		pid, err := l.startDaemonNS(n.Name, c.Log, []string{"--mount=" + c.MountNS}, c.Env, c.Args...)
 		if err != nil {
@@ -355,7 +356,7 @@ func (l *Lab) waitCilium(ctx context.Context, n Node, timeout time.Duration) err
 		if err == nil {
 			return nil
 		}
-		if !processAlive(c.PID) {
+		if !ProcessAlive(c.PID) {
 			return fmt.Errorf("cilium-agent on %s exited (%v); log %s:\n%s", n.Name, err, c.Log, logTail(c.Log, 30))
 		}
 		if time.Now().After(deadline) {

@@ -57,7 +57,7 @@ func TestPrivilegedLabRealControlPlane(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = l.Down() })
 	for _, pid := range oldCP {
-		if processAlive(pid) {
+		if ProcessAlive(pid) {
 			t.Errorf("control-plane process %d of the crashed lab survived the next up", pid)
 		}
 	}

@@ -552,7 +552,7 @@ func waitSocket(ctx context.Context, path string, pid int, log string, timeout t
 		if st, err := os.Stat(path); err == nil && st.Mode()&os.ModeSocket != 0 {
 			return nil
 		}
-		if !processAlive(pid) {
+		if !ProcessAlive(pid) {
 			return fmt.Errorf("exited: %s", logTail(log, 20))
 		}
 		if time.Now().After(deadline) {
@@ -592,7 +592,7 @@ func (l *Lab) waitNodesReady(ctx context.Context, timeout time.Duration) error {
 			}{
 				{n.Kubelet.KubeletPID, "kubelet", n.Kubelet.KubeletLog},
 				{n.Kubelet.ContainerdPID, "containerd", n.Kubelet.ContainerdLog}} {
-				if !processAlive(p.pid) {
+				if !ProcessAlive(p.pid) {
 					return fmt.Errorf("%s of %s exited: %s", p.name, n.Name, logTail(p.log, 30))
 				}
 			}

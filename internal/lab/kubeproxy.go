@@ -273,7 +273,7 @@ func (l *Lab) waitKubeProxySynced(ctx context.Context, n Node, timeout time.Dura
 			err = fmt.Errorf("%s is %v", syncedMetric, ts)
 		}
 		last = err
-		if !processAlive(n.KubeProxy.PID) {
+		if !ProcessAlive(n.KubeProxy.PID) {
 			return fmt.Errorf("kube-proxy on %s exited (%v); log %s:\n%s", n.Name, last, n.KubeProxy.Log,
 				logTail(n.KubeProxy.Log, 30))
 		}

@@ -95,6 +95,9 @@ type Config struct {
 	BandwidthManager bool
 	// AgentArgs are extra flags for every agent, after the lab's own.
 	AgentArgs []string
+	// CiliumArgs are extra flags for every cilium-agent (DataplaneCilium),
+	// after the lab's own (ciliumArgs): map sizes, say.
+	CiliumArgs []string
 	// ClusterDNS runs this many CoreDNS replicas in the lab's pods behind
 	// the kube-dns Service, and gives every pod a resolv.conf pointing at
 	// it (clusterdns.go); 0: none.
@@ -684,13 +687,13 @@ func (l *Lab) Down() error {
 func dataplanePids(nodes []Node) []int {
 	var pids []int
 	for _, n := range nodes {
-		if n.Agent != nil && n.Agent.PID > 0 && processAlive(n.Agent.PID) {
+		if n.Agent != nil && n.Agent.PID > 0 && ProcessAlive(n.Agent.PID) {
 			pids = append(pids, n.Agent.PID)
 		}
-		if n.KubeProxy != nil && n.KubeProxy.PID > 0 && processAlive(n.KubeProxy.PID) {
+		if n.KubeProxy != nil && n.KubeProxy.PID > 0 && ProcessAlive(n.KubeProxy.PID) {
 			pids = append(pids, n.KubeProxy.PID)
 		}
-		if n.Cilium != nil && n.Cilium.PID > 0 && processAlive(n.Cilium.PID) {
+		if n.Cilium != nil && n.Cilium.PID > 0 && ProcessAlive(n.Cilium.PID) {
 			pids = append(pids, n.Cilium.PID)
 		}
 	}
@@ -714,14 +717,14 @@ func stopGently(pids []int, timeout time.Duration) {
 	}
 	deadline := time.Now().Add(timeout)
 	for _, pid := range pids {
-		for processAlive(pid) && time.Now().Before(deadline) {
+		for ProcessAlive(pid) && time.Now().Before(deadline) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
 }
 
-// processAlive reports whether pid exists and is not a zombie.
-func processAlive(pid int) bool {
+// ProcessAlive reports whether pid exists and is not a zombie.
+func ProcessAlive(pid int) bool {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return false

@@ -348,7 +348,7 @@ func leftovers(t *testing.T, prefix string, pids []int) []string {
 		}
 	}
 	for _, pid := range pids {
-		if processAlive(pid) {
+		if ProcessAlive(pid) {
 			left = append(left, fmt.Sprintf("process %d", pid))
 		}
 	}
@@ -406,7 +406,7 @@ func TestPrivilegedLabUpAfterCrash(t *testing.T) {
 
 	l := upLab(t, prefix, 1, 2)
 	for _, pid := range old {
-		if processAlive(pid) {
+		if ProcessAlive(pid) {
 			t.Errorf("process %d of the crashed lab survived the next up", pid)
 		}
 	}

@@ -72,7 +72,7 @@ func stopProcess(ctx context.Context, pid int, sig syscall.Signal, timeout time.
 		return fmt.Errorf("send %v to pid %d: %w", sig, pid, err)
 	}
 	deadline := time.Now().Add(timeout)
-	for processAlive(pid) {
+	for ProcessAlive(pid) {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("pid %d still running %s after %v", pid, timeout, sig)
 		}

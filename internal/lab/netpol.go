@@ -119,7 +119,7 @@ func (l *Lab) waitPolicyEngine(ctx context.Context, n Node, timeout time.Duratio
 		if err == nil {
 			return nil
 		}
-		if !processAlive(n.PolicyEngine.PID) {
+		if !ProcessAlive(n.PolicyEngine.PID) {
 			return fmt.Errorf("kube-router on %s exited; log %s:\n%s", n.Name, n.PolicyEngine.Log, logTail(n.PolicyEngine.Log, 30))
 		}
 		if time.Now().After(deadline) {

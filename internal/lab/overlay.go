@@ -144,7 +144,7 @@ func (l *Lab) waitOverlay(ctx context.Context, n Node, timeout time.Duration) er
 		if len(missing) == 0 {
 			return nil
 		}
-		if !processAlive(n.Overlay.PID) {
+		if !ProcessAlive(n.Overlay.PID) {
 			return fmt.Errorf("flanneld on %s exited; log %s:\n%s", n.Name, n.Overlay.Log, logTail(n.Overlay.Log, 30))
 		}
 		if time.Now().After(deadline) {

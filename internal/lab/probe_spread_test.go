@@ -184,7 +184,7 @@ func TestBackendHelpers(t *testing.T) {
 		t.Errorf("backend: %v", err)
 	}
 	for _, pid := range helpers {
-		if processAlive(pid) {
+		if ProcessAlive(pid) {
 			t.Errorf("helper %d outlived its backend", pid)
 		}
 	}

@@ -149,7 +149,7 @@ func (l *Lab) startBackends(ctx context.Context, conns int) error {
 			if _, err := os.Stat(ready); err == nil {
 				break
 			}
-			if !processAlive(p.PID) {
+			if !ProcessAlive(p.PID) {
 				return fmt.Errorf("echo backend of %s exited: %s", p.Name, logTail(p.Log, 20))
 			}
 			if time.Now().After(deadline) {
@@ -287,7 +287,7 @@ func waitHealthy(ctx context.Context, a *Agent, timeout time.Duration) error {
 				return nil
 			}
 		}
-		if !processAlive(a.PID) {
+		if !ProcessAlive(a.PID) {
 			return fmt.Errorf("exited before /healthz answered (%v); log %s:\n%s", last, a.Log, logTail(a.Log, 30))
 		}
 		if time.Now().After(deadline) {

@@ -156,7 +156,7 @@ func (l *Lab) Status(ctx context.Context) Status {
 	for _, n := range l.Nodes {
 		ns := NodeStatus{Endpoint: n.Endpoint, LBAcceleration: n.LBAcceleration, Pods: []PodStatus{}}
 		if n.Agent != nil {
-			as := &AgentStatus{Agent: *n.Agent, Alive: processAlive(n.Agent.PID)}
+			as := &AgentStatus{Agent: *n.Agent, Alive: ProcessAlive(n.Agent.PID)}
 			if err := agentHealth(ctx, n.Agent.Socket); err != nil {
 				as.Error = err.Error()
 			} else {
@@ -165,7 +165,7 @@ func (l *Lab) Status(ctx context.Context) Status {
 			ns.Agent = as
 		}
 		if n.KubeProxy != nil {
-			ks := &KubeProxyStatus{KubeProxy: *n.KubeProxy, Alive: processAlive(n.KubeProxy.PID)}
+			ks := &KubeProxyStatus{KubeProxy: *n.KubeProxy, Alive: ProcessAlive(n.KubeProxy.PID)}
 			if v, err := l.metricValue(ctx, n, syncedMetric); err != nil {
 				ks.Error = err.Error()
 			} else {
@@ -174,7 +174,7 @@ func (l *Lab) Status(ctx context.Context) Status {
 			ns.KubeProxy = ks
 		}
 		if c := n.Cilium; c != nil {
-			cs := &CiliumStatus{Cilium: *c, Alive: processAlive(c.PID)}
+			cs := &CiliumStatus{Cilium: *c, Alive: ProcessAlive(c.PID)}
 			if err := ciliumHealth(ctx, c.Socket); err != nil {
 				cs.Error = err.Error()
 			} else {
@@ -183,11 +183,11 @@ func (l *Lab) Status(ctx context.Context) Status {
 			ns.Cilium = cs
 		}
 		for _, p := range n.Pods {
-			ns.Pods = append(ns.Pods, PodStatus{Endpoint: p.Endpoint, PID: p.PID, Alive: processAlive(p.PID)})
+			ns.Pods = append(ns.Pods, PodStatus{Endpoint: p.Endpoint, PID: p.PID, Alive: ProcessAlive(p.PID)})
 		}
 		if k := n.Kubelet; k != nil {
-			ns.Kubelet = &KubeletStatus{Kubelet: *k, KubeletAlive: processAlive(k.KubeletPID),
-				ContainerdAlive: processAlive(k.ContainerdPID), Ready: l.nodeReady(ctx, n.Name)}
+			ns.Kubelet = &KubeletStatus{Kubelet: *k, KubeletAlive: ProcessAlive(k.KubeletPID),
+				ContainerdAlive: ProcessAlive(k.ContainerdPID), Ready: l.nodeReady(ctx, n.Name)}
 		}
 		st.Nodes = append(st.Nodes, ns)
 	}

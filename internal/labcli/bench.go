@@ -45,6 +45,14 @@ dataplane's network programming time for --changes single EndpointSlice
 changes (its own histogram: trigger-time annotation → rules or maps), and a
 restart of the client node's dataplane to its first full sync.
 
+--dataplanes cilium runs the real Cilium (scripts/cilium-build.sh;
+docs/cilium.md) with its LB maps sized for the largest size, as its docs
+tell a user to. It has no programming metric: a Service counts as
+programmed when its frontend's entry in the node's Cilium service map has
+the slice's backends, a change is timed from its trigger time to that
+entry (polled every millisecond), and its restart ends when a change
+written while it was down is in the map.
+
 Writes results.json, results.md and PNG plots under --out. A dataplane this
 machine cannot run is reported as skipped with the reason; a step past
 --step-timeout as "did not finish". Needs root, kube-apiserver and kube-proxy
@@ -57,6 +65,7 @@ under TCG (no KVM) keep the sizes small and compare contenders of the same
 run only.`,
 		Example: `  sluice-lab bench scale --sizes 1,100 --dataplanes sluice
   sluice-lab bench scale --dataplanes sluice,kube-proxy-iptables,kube-proxy-nftables
+  sluice-lab bench scale --sizes 1,10000 --dataplanes sluice,cilium --repeats 1
   sluice-lab bench scale --guest 6.12 --sizes 1,100 --dataplanes kube-proxy-ipvs,sluice --requests 100 --repeats 1 --changes 5`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -17,20 +17,7 @@ import (
 // frontends as before (one that ran before the handlers had seen every
 // object would delete restored ones). The full study: docs/scale.md.
 func TestPrivilegedBenchScale(t *testing.T) {
-	requireControlPlane(t)
-	cfg := bench.DefaultScaleConfig()
-	cfg.Dataplanes = []string{lab.DataplaneSluice}
-	cfg.Sizes, cfg.Measured, cfg.Requests, cfg.Repeats, cfg.Changes = []int{1, 500}, 3, 40, 1, 2
-	cfg.StepTimeout = 3 * time.Minute
-	cfg.Prefix, cfg.Progress, cfg.Exe, cfg.AgentBin = benchLab(t)
-	rep, err := bench.RunScale(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := rep.Contenders[0]
-	if c.Error != "" || c.Skipped != "" || len(c.Rows) != len(cfg.Sizes) {
-		t.Fatalf("sluice: error %q, skipped %q, %d rows of %d", c.Error, c.Skipped, len(c.Rows), len(cfg.Sizes))
-	}
+	cfg, c, md := shortScale(t, lab.DataplaneSluice, 500)
 	for _, row := range c.Rows {
 		r := row.Restart
 		switch {
@@ -46,7 +33,30 @@ func TestPrivilegedBenchScale(t *testing.T) {
 			t.Errorf("%d Services: report lacks figures: %+v", row.Services, row)
 		}
 	}
+	t.Logf("\n%s", md)
+}
+
+// shortScale runs `sluice-lab bench scale` in short on dataplane d: 1 and
+// n Services × 10 on the real apiserver, a few requests and two changes a
+// size. It fails the test unless d ran every size; the report's rows are
+// the caller's to check, with its Markdown.
+func shortScale(t *testing.T, d string, n int) (bench.ScaleConfig, bench.ScaleContender, string) {
+	t.Helper()
+	requireControlPlane(t)
+	cfg := bench.DefaultScaleConfig()
+	cfg.Dataplanes = []string{d}
+	cfg.Sizes, cfg.Measured, cfg.Requests, cfg.Repeats, cfg.Changes = []int{1, n}, 3, 40, 1, 2
+	cfg.StepTimeout = 3 * time.Minute
+	cfg.Prefix, cfg.Progress, cfg.Exe, cfg.AgentBin = benchLab(t)
+	rep, err := bench.RunScale(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := rep.Contenders[0]
+	if c.Error != "" || c.Skipped != "" || len(c.Rows) != len(cfg.Sizes) {
+		t.Fatalf("%s: error %q, skipped %q, %d rows of %d", d, c.Error, c.Skipped, len(c.Rows), len(cfg.Sizes))
+	}
 	var md strings.Builder
 	rep.WriteMarkdown(&md)
-	t.Logf("\n%s", md.String())
+	return cfg, c, md.String()
 }

@@ -161,3 +161,25 @@ func TestPrivilegedCiliumLab(t *testing.T) {
 		t.Errorf("after lab down, namespaces are left:\n%s", out)
 	}
 }
+
+// TestPrivilegedCiliumBenchScale is `sluice-lab bench scale --dataplanes
+// cilium` in short (issue 46): 1 and 300 Services × 10 through the real
+// Cilium, programmed as its service maps show them, a few requests and
+// changes a size, and a restart across traffic that ends when a change
+// written while the agent was down is in its map: every request answered.
+func TestPrivilegedCiliumBenchScale(t *testing.T) {
+	cfg, c, md := shortScale(t, lab.DataplaneCilium, 300)
+	for _, row := range c.Rows {
+		r := row.Restart
+		switch {
+		case row.DidNotFinish != "":
+			t.Errorf("%d Services: did not finish: %s", row.Services, row.DidNotFinish)
+		case r.Requests < 50 || r.OK != r.Requests:
+			t.Errorf("%d Services: across the restart %d of %d requests answered (first error %q); want all of at least 50",
+				row.Services, r.OK, r.Requests, r.FirstError)
+		case row.ColdSeconds <= 0 || row.RSSMiB <= 0 || row.OneChangeMS.N != cfg.Changes || row.ProgrammedSeconds <= 0:
+			t.Errorf("%d Services: report lacks figures: %+v", row.Services, row)
+		}
+	}
+	t.Logf("\n%s", md)
+}
