@@ -159,8 +159,8 @@ type nodeDataplane struct {
 	neighRec    *datapath.NeighbourRecord    // the same, pinned, for the next agent
 	// noXDP: the XDP object is not loaded, no device runs XDP, and no
 	// node needs a managed neighbour (dropNeighbors).
-	noXDP bool
-	snatRoutes  map[netip.Prefix]netip.Addr  // installed ns_snat_route entries
+	noXDP      bool
+	snatRoutes map[netip.Prefix]netip.Addr // installed ns_snat_route entries
 }
 
 // northSouthMaps is the LB maps plus the tables only the tc/XDP programs

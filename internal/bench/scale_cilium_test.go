@@ -38,7 +38,7 @@ func TestCiliumScaleArgs(t *testing.T) {
 		want []string
 	}{
 		{1, 10, nil},
-		{2000, 10, nil},                                // 22,000 entries: the default 65,536 holds twice that
+		{2000, 10, nil}, // 22,000 entries: the default 65,536 holds twice that
 		{5000, 10, []string{"--bpf-lb-map-max=131072"}}, // 55,000
 		{10000, 10, []string{"--bpf-lb-map-max=262144"}},
 	} {
