@@ -802,6 +802,7 @@ func (r *ClusterReport) Markdown() string {
 		c.Nodes, scaleNodes, c.StatusPeriod, c.LeasePeriod, c.Services, c.BigServices, c.ChurnRate, c.Churn)
 	b.WriteString("| dataplane | set programmed (s) | RSS (MiB) | one change of a big Service (ms) | churn: programmed | p50 / p99 (ms) | max bucket (ms) | CPU (cores) | max RSS (MiB) | read (KiB/s) | syncs | requests failed |\n")
 	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	cilium := false
 	for _, x := range r.Contenders {
 		switch {
 		case x.Skipped != "":
@@ -815,11 +816,18 @@ func (r *ClusterReport) Markdown() string {
 		for _, e := range c.BigServices {
 			big = append(big, fmt.Sprintf("%d: %.1f", e, x.BigChangeMS[strconv.Itoa(e)]))
 		}
-		fmt.Fprintf(&b, "| %s | %.1f | %.0f | %s | %d of %d | %.1f / %.1f | %.0f | %.2f | %.0f | %.0f | %.0f | %d of %d |\n",
+		syncs := fmt.Sprintf("%.0f", x.Syncs)
+		if x.Name == lab.DataplaneCilium {
+			syncs, cilium = "–", true
+		}
+		fmt.Fprintf(&b, "| %s | %.1f | %.0f | %s | %d of %d | %.1f / %.1f | %.0f | %.2f | %.0f | %.0f | %s | %d of %d |\n",
 			x.Name, x.ProgrammedSeconds, x.RSSMiB, strings.Join(big, ", "), x.Programmed, x.Changes, x.LatencyMS.P50, x.LatencyMS.P99,
-			x.MaxBucketMS, x.CPUCores, x.MaxRSSMiB, x.ReadKiBPerSec, x.Syncs, x.Failed, x.Requests)
+			x.MaxBucketMS, x.CPUCores, x.MaxRSSMiB, x.ReadKiBPerSec, syncs, x.Failed, x.Requests)
 	}
 	b.WriteString("\nLatency from each change's trigger time to the client node's rules or maps (the dataplane's own network programming histogram, interpolated in its buckets); CPU and RSS of the client node's agent or kube-proxy; read: its rchar (sockets and files).\n")
+	if cilium {
+		b.WriteString("\nCilium has no programming histogram: each change is looked for in its service map on the client node every millisecond until its Service has the backends the change left, and \"max bucket\" is the slowest change seen; it counts no syncs.\n")
+	}
 	return b.String()
 }
 

@@ -754,7 +754,11 @@ func (r *scaleRun) cold(ctx context.Context, targets []string, row *ScaleRow) er
 		return fmt.Errorf("traffic across the restart: %w", err)
 	}
 	row.Restart.Requests, row.Restart.OK, row.Restart.FirstError = rep.Count, rep.OK, rep.FirstError
-	r.cfg.step("%s: restart → first full sync %.2fs; traffic across it: %d of %d requests answered%s", r.d, row.ColdSeconds,
+	synced := "first full sync"
+	if r.cilium != nil {
+		synced = "a change written while it was down in its map"
+	}
+	r.cfg.step("%s: restart → %s %.2fs; traffic across it: %d of %d requests answered%s", r.d, synced, row.ColdSeconds,
 		rep.OK, rep.Count, row.Restart.frontendsNote())
 	return nil
 }

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
 // ScaleReport is the result of `sluice-lab bench scale`: results.json.
@@ -315,6 +317,10 @@ func (r *ScaleReport) WriteMarkdown(w io.Writer) {
 				init = fmt.Sprintf("%.2f", row.InitialSyncSeconds)
 			}
 			note := ""
+			if c.Name == lab.DataplaneCilium {
+				// No programming metric: its service map (scale_cilium.go).
+				note = "programmed, changes and restart from its service map"
+			}
 			if row.DidNotFinish != "" {
 				note = "did not finish: " + row.DidNotFinish
 			}
