@@ -139,6 +139,12 @@ type ClusterContender struct {
 	Changes       int                `json:"changes"`
 	Programmed    int                `json:"programmed"`
 	LatencyMS     Percentiles        `json:"latencyMS"`
+	// What the latency is made of, over the churn: the duration of one
+	// sync (rules or maps; sluice and kube-proxy), and sluice's own share
+	// of a change (informer callback → maps), p50 and p99 by
+	// interpolation in their buckets.
+	SyncMS  Percentiles `json:"syncMS"`
+	AgentMS Percentiles `json:"agentMS"`
 	MaxBucketMS   float64            `json:"maxBucketMS"`
 	CPUCores      float64            `json:"cpuCores"`
 	MaxRSSMiB     float64            `json:"maxRSSMiB"`
@@ -502,6 +508,8 @@ func (c *clusterRun) churn(ctx context.Context, res *ClusterContender) error {
 		res.LatencyMS = Percentiles{P50: delta.quantile(0.5) * 1e3, P99: delta.quantile(0.99) * 1e3}
 		res.MaxBucketMS = delta.maxBound() * 1e3
 	}
+	res.SyncMS = histogramMS(s0, s1, c.metrics.syncDuration)
+	res.AgentMS = histogramMS(s0, s1, c.metrics.changeToMap)
 	res.CPUCores = (s1.value(c.metrics.cpu) - s0.value(c.metrics.cpu)) / elapsed.Seconds()
 	res.ReadKiBPerSec = float64(read1-read0) / 1024 / elapsed.Seconds()
 	res.Syncs = c.syncs(s1) - c.syncs(s0)
@@ -696,6 +704,20 @@ func (c *clusterRun) changeWriter(ctx context.Context, svcs []int, rate float64,
 	}
 }
 
+// histogramMS is the p50 and p99, in milliseconds, of the samples histogram
+// name gained from s0 to s1; none when it is empty (or the dataplane has
+// no such histogram).
+func histogramMS(s0, s1 page, name string) Percentiles {
+	if name == "" {
+		return Percentiles{}
+	}
+	d := bucketDelta(s0.buckets(name), s1.buckets(name))
+	if d.count() == 0 {
+		return Percentiles{}
+	}
+	return Percentiles{N: int(d.count()), P50: d.quantile(0.5) * 1e3, P99: d.quantile(0.99) * 1e3}
+}
+
 // histBucket is a cumulative histogram bucket.
 type histBucket struct {
 	le    float64
@@ -800,16 +822,16 @@ func (r *ClusterReport) Markdown() string {
 		r.Started.Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&b, "%d simulated Nodes + %d real (status every %v, Lease every %v), %d Services × 10 endpoints, big Services %v endpoints, churn %.0f changes/s for %v.\n\n",
 		c.Nodes, scaleNodes, c.StatusPeriod, c.LeasePeriod, c.Services, c.BigServices, c.ChurnRate, c.Churn)
-	b.WriteString("| dataplane | set programmed (s) | RSS (MiB) | one change of a big Service (ms) | churn: programmed | p50 / p99 (ms) | max bucket (ms) | CPU (cores) | max RSS (MiB) | read (KiB/s) | syncs | requests failed |\n")
-	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("| dataplane | set programmed (s) | RSS (MiB) | one change of a big Service (ms) | churn: programmed | p50 / p99 (ms) | max bucket (ms) | a sync p50 / p99 (ms) | agent share p50 / p99 (ms) | CPU (cores) | max RSS (MiB) | read (KiB/s) | syncs | requests failed |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	cilium := false
 	for _, x := range r.Contenders {
 		switch {
 		case x.Skipped != "":
-			fmt.Fprintf(&b, "| %s | skipped: %s |||||||||||\n", x.Name, x.Skipped)
+			fmt.Fprintf(&b, "| %s | skipped: %s |||||||||||||\n", x.Name, x.Skipped)
 			continue
 		case x.Error != "" && x.Changes == 0:
-			fmt.Fprintf(&b, "| %s | did not finish: %s |||||||||||\n", x.Name, strings.ReplaceAll(x.Error, "|", "/"))
+			fmt.Fprintf(&b, "| %s | did not finish: %s |||||||||||||\n", x.Name, strings.ReplaceAll(x.Error, "|", "/"))
 			continue
 		}
 		var big []string
@@ -820,15 +842,23 @@ func (r *ClusterReport) Markdown() string {
 		if x.Name == lab.DataplaneCilium {
 			syncs, cilium = "–", true
 		}
-		fmt.Fprintf(&b, "| %s | %.1f | %.0f | %s | %d of %d | %.1f / %.1f | %.0f | %.2f | %.0f | %.0f | %s | %d of %d |\n",
+		fmt.Fprintf(&b, "| %s | %.1f | %.0f | %s | %d of %d | %.1f / %.1f | %.0f | %s | %s | %.2f | %.0f | %.0f | %s | %d of %d |\n",
 			x.Name, x.ProgrammedSeconds, x.RSSMiB, strings.Join(big, ", "), x.Programmed, x.Changes, x.LatencyMS.P50, x.LatencyMS.P99,
-			x.MaxBucketMS, x.CPUCores, x.MaxRSSMiB, x.ReadKiBPerSec, syncs, x.Failed, x.Requests)
+			x.MaxBucketMS, pairMS(x.SyncMS), pairMS(x.AgentMS), x.CPUCores, x.MaxRSSMiB, x.ReadKiBPerSec, syncs, x.Failed, x.Requests)
 	}
-	b.WriteString("\nLatency from each change's trigger time to the client node's rules or maps (the dataplane's own network programming histogram, interpolated in its buckets); CPU and RSS of the client node's agent or kube-proxy; read: its rchar (sockets and files).\n")
+	b.WriteString("\nLatency from each change's trigger time to the client node's rules or maps (the dataplane's own network programming histogram, interpolated in its buckets); a sync: the duration of one (rules or maps, its own histogram); agent share: sluice's informer callback → maps; CPU and RSS of the client node's agent or kube-proxy; read: its rchar (sockets and files).\n")
 	if cilium {
 		b.WriteString("\nCilium has no programming histogram: each change is looked for in its service map on the client node every millisecond until its Service has the backends the change left, and \"max bucket\" is the slowest change seen; it counts no syncs.\n")
 	}
 	return b.String()
+}
+
+// pairMS is "p50 / p99" of p, "–" without samples.
+func pairMS(p Percentiles) string {
+	if p.N == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f / %.1f", p.P50, p.P99)
 }
 
 // WriteMarkdown writes Markdown to w.

@@ -72,11 +72,12 @@ func TestSimNodesDistinct(t *testing.T) {
 func TestClusterMarkdown(t *testing.T) {
 	r := &ClusterReport{Config: DefaultClusterConfig(), Contenders: []ClusterContender{
 		{Name: "sluice", ProgrammedSeconds: 12, RSSMiB: 90, BigChangeMS: map[string]float64{"1000": 3, "5000": 9},
-			Changes: 60000, Programmed: 60000, LatencyMS: Percentiles{P50: 4, P99: 20}, CPUCores: 0.3, Requests: 6000},
+			Changes: 60000, Programmed: 60000, LatencyMS: Percentiles{P50: 4, P99: 20}, CPUCores: 0.3, Requests: 6000,
+			SyncMS: Percentiles{N: 900, P50: 2, P99: 8}},
 		{Name: "kube-proxy-nftables", Skipped: "no nft"},
 	}}
 	md := r.Markdown()
-	for _, want := range []string{"| sluice | 12.0 | 90 | 1000: 3.0, 5000: 9.0 | 60000 of 60000 | 4.0 / 20.0 |", "skipped: no nft"} {
+	for _, want := range []string{"| sluice | 12.0 | 90 | 1000: 3.0, 5000: 9.0 | 60000 of 60000 | 4.0 / 20.0 | 0 | 2.0 / 8.0 | – |", "skipped: no nft"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}
@@ -100,5 +101,45 @@ x_count 6
 	b := p.buckets("x")
 	if b.count() != 6 || len(b) != 3 {
 		t.Errorf("buckets %v: count %v, want 3 buckets and 6 samples", b, b.count())
+	}
+}
+
+// TestHistogramMS: the samples a histogram gained between two scrapes, in
+// milliseconds; nothing for a histogram that gained none or is not named.
+func TestHistogramMS(t *testing.T) {
+	page0 := `# TYPE s histogram
+s_bucket{le="0.001"} 10
+s_bucket{le="0.01"} 10
+s_bucket{le="0.1"} 10
+s_bucket{le="+Inf"} 10
+s_sum 0.005
+s_count 10
+`
+	page1 := `# TYPE s histogram
+s_bucket{le="0.001"} 10
+s_bucket{le="0.01"} 108
+s_bucket{le="0.1"} 110
+s_bucket{le="+Inf"} 110
+s_sum 0.5
+s_count 110
+`
+	p0, err := parseMetrics(page0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1, err := parseMetrics(page1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := histogramMS(p0, p1, "s")
+	// 100 samples: 98 in (1, 10] ms, 2 in (10, 100] ms.
+	if got.N != 100 || got.P50 <= 1 || got.P50 > 10 || got.P99 <= 10 || got.P99 > 100 {
+		t.Errorf("histogramMS = %+v, want 100 samples, p50 in (1, 10] ms, p99 in (10, 100] ms", got)
+	}
+	if z := histogramMS(p1, p1, "s"); z.N != 0 {
+		t.Errorf("no new samples: %+v, want none", z)
+	}
+	if z := histogramMS(p0, p1, ""); z.N != 0 {
+		t.Errorf("no histogram named: %+v, want none", z)
 	}
 }

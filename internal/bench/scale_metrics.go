@@ -26,6 +26,8 @@ type dataplaneMetrics struct {
 	// rss and cpu are the process collector's resident memory and CPU
 	// seconds.
 	rss, cpu string
+	// syncDuration is the histogram of one sync's (rules or maps) duration.
+	syncDuration string
 }
 
 func metricsOf(dataplane string) dataplaneMetrics {
@@ -41,17 +43,19 @@ func metricsOf(dataplane string) dataplaneMetrics {
 			programming: "sluice_network_programming_duration_seconds",
 			initialSync: "sluice_initial_sync_duration_seconds",
 			changeToMap: "sluice_change_to_map_duration_seconds",
-			frontends:   "sluice_frontends",
-			rss:         residentMemory,
-			cpu:         cpuSeconds,
+			frontends:    "sluice_frontends",
+			rss:          residentMemory,
+			cpu:          cpuSeconds,
+			syncDuration: "sluice_sync_duration_seconds",
 		}
 	}
 	return dataplaneMetrics{
 		lastSync:    "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
 		lastQueued:  "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
 		programming: "kubeproxy_network_programming_duration_seconds",
-		rss:         residentMemory,
-		cpu:         cpuSeconds,
+		rss:          residentMemory,
+		cpu:          cpuSeconds,
+		syncDuration: "kubeproxy_sync_proxy_rules_duration_seconds",
 	}
 }
 
