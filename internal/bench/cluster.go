@@ -136,15 +136,15 @@ type ClusterContender struct {
 	// its buckets, max as the highest bucket bound reached), CPU cores,
 	// RSS (max), bytes read (rchar) a second, syncs, and the requests of
 	// the client pod throughout.
-	Changes       int                `json:"changes"`
-	Programmed    int                `json:"programmed"`
-	LatencyMS     Percentiles        `json:"latencyMS"`
+	Changes    int         `json:"changes"`
+	Programmed int         `json:"programmed"`
+	LatencyMS  Percentiles `json:"latencyMS"`
 	// What the latency is made of, over the churn: the duration of one
 	// sync (rules or maps; sluice and kube-proxy), and sluice's own share
 	// of a change (informer callback → maps), p50 and p99 by
 	// interpolation in their buckets.
-	SyncMS  Percentiles `json:"syncMS"`
-	AgentMS Percentiles `json:"agentMS"`
+	SyncMS        Percentiles        `json:"syncMS"`
+	AgentMS       Percentiles        `json:"agentMS"`
 	MaxBucketMS   float64            `json:"maxBucketMS"`
 	CPUCores      float64            `json:"cpuCores"`
 	MaxRSSMiB     float64            `json:"maxRSSMiB"`

@@ -38,11 +38,11 @@ func metricsOf(dataplane string) dataplaneMetrics {
 		return dataplaneMetrics{rss: "cilium_" + residentMemory, cpu: "cilium_" + cpuSeconds}
 	case lab.DataplaneSluice:
 		return dataplaneMetrics{
-			lastSync:    "sluice_sync_last_timestamp_seconds",
-			lastQueued:  "sluice_sync_last_queued_timestamp_seconds",
-			programming: "sluice_network_programming_duration_seconds",
-			initialSync: "sluice_initial_sync_duration_seconds",
-			changeToMap: "sluice_change_to_map_duration_seconds",
+			lastSync:     "sluice_sync_last_timestamp_seconds",
+			lastQueued:   "sluice_sync_last_queued_timestamp_seconds",
+			programming:  "sluice_network_programming_duration_seconds",
+			initialSync:  "sluice_initial_sync_duration_seconds",
+			changeToMap:  "sluice_change_to_map_duration_seconds",
 			frontends:    "sluice_frontends",
 			rss:          residentMemory,
 			cpu:          cpuSeconds,
@@ -50,9 +50,9 @@ func metricsOf(dataplane string) dataplaneMetrics {
 		}
 	}
 	return dataplaneMetrics{
-		lastSync:    "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-		lastQueued:  "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
-		programming: "kubeproxy_network_programming_duration_seconds",
+		lastSync:     "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+		lastQueued:   "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+		programming:  "kubeproxy_network_programming_duration_seconds",
 		rss:          residentMemory,
 		cpu:          cpuSeconds,
 		syncDuration: "kubeproxy_sync_proxy_rules_duration_seconds",
