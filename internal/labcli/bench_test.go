@@ -13,7 +13,7 @@ func TestBenchScaleFlags(t *testing.T) {
 	}{
 		{[]string{"--sizes", "100,10"}, "--sizes: [100 10]"},
 		{[]string{"--sizes", "0"}, "--sizes: 0"},
-		{[]string{"--dataplanes", "cilium"}, `--dataplanes: "cilium"`},
+		{[]string{"--dataplanes", "calico"}, `--dataplanes: "calico"`},
 		{[]string{"--rate", "-1"}, "--rate: -1"},
 		{[]string{"--step-timeout", "1s"}, "--step-timeout: 1s"},
 		{[]string{"-o", "yaml"}, `-o "yaml"`},
