@@ -12,7 +12,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sluice-dataplane/sluice/internal/agent/scaleset"
 	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
@@ -119,40 +118,18 @@ func (c *clusterRun) ciliumBigChange(ctx context.Context, svc *corev1.Service, s
 	if err != nil {
 		return 0, fmt.Errorf("Service %s: ClusterIP %q: %w", svc.Name, cur.Spec.ClusterIP, err)
 	}
-	port := uint16(svc.Spec.Ports[0].Port)
+	fe := ciliumFrontend{svc.Name, vip, uint16(svc.Spec.Ports[0].Port)}
 	node := lab.NodeName(clientNode)
-	wait := func(want int) (time.Time, error) {
-		deadline := time.Now().Add(c.cfg.StepTimeout)
-		for {
-			got, found, err := c.cilium.backends(node, vip, port)
-			if err != nil {
-				return time.Time{}, err
-			}
-			if found && got == want {
-				return time.Now(), nil
-			}
-			if time.Now().After(deadline) {
-				return time.Time{}, fmt.Errorf("Service %s: %d backends in Cilium's map after %v, want %d", svc.Name, got, c.cfg.StepTimeout, want)
-			}
-			if err := sleep(ctx, ciliumPollEvery); err != nil {
-				return time.Time{}, err
-			}
-		}
-	}
-	if _, err := wait(e); err != nil {
+	if _, err := c.ciliumWaitCount(ctx, node, fe, e); err != nil {
 		return 0, err
 	}
-	sl, err := c.client.DiscoveryV1().EndpointSlices(sls[0].Namespace).Get(ctx, sls[0].Name, metav1.GetOptions{})
+	sl := sls[0].DeepCopy() // as created; writeSlice takes its resourceVersion
+	sl.Endpoints = sl.Endpoints[1:]
+	t0, _, err := c.writeSlice(ctx, sl)
 	if err != nil {
 		return 0, err
 	}
-	sl.Endpoints = sl.Endpoints[1:]
-	t0 := time.Now()
-	scaleset.SetTriggerTime(sl, t0)
-	if _, err := c.client.DiscoveryV1().EndpointSlices(sl.Namespace).Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
-		return 0, err
-	}
-	seen, err := wait(e - 1)
+	seen, err := c.ciliumWaitCount(ctx, node, fe, e-1)
 	if err != nil {
 		return 0, err
 	}

@@ -166,14 +166,26 @@ func (r *scaleRun) ciliumWaitProgrammed(ctx context.Context, n int) error {
 // a lookup is a syscall of a few microseconds.
 const ciliumPollEvery = time.Millisecond
 
-// ciliumWaitCount waits until Service i has want backends in node's map:
+// ciliumFrontend is a Service's ClusterIP frontend as Cilium's map keys it.
+type ciliumFrontend struct {
+	name string
+	vip  netip.Addr
+	port uint16
+}
+
+// frontend is Service i of the set.
+func (r *scaleRun) frontend(i int) ciliumFrontend {
+	return ciliumFrontend{r.set.ServiceName(i), r.set.ClusterIP(i), uint16(r.set.Port)}
+}
+
+// ciliumWaitCount waits until frontend fe has want backends in node's map:
 // the time it was seen, from which a change's latency is taken. The map
 // is opened again every second: an agent that restarts may pin a new one.
-func (r *scaleRun) ciliumWaitCount(ctx context.Context, node string, i, want int) (time.Time, error) {
+func (r *scaleRun) ciliumWaitCount(ctx context.Context, node string, fe ciliumFrontend, want int) (time.Time, error) {
 	start := time.Now()
 	deadline, reopen := start.Add(r.cfg.StepTimeout), start.Add(time.Second)
 	for {
-		got, found, err := r.cilium.backends(node, r.set.ClusterIP(i), uint16(r.set.Port))
+		got, found, err := r.cilium.backends(node, fe.vip, fe.port)
 		if err == nil && found && got == want {
 			return time.Now(), nil
 		}
@@ -181,7 +193,7 @@ func (r *scaleRun) ciliumWaitCount(ctx context.Context, node string, i, want int
 			if err == nil {
 				err = fmt.Errorf("%d backends (frontend found: %v), want %d", got, found, want)
 			}
-			return time.Time{}, fmt.Errorf("%s on %s after %v: %w", r.set.ServiceName(i), node, r.cfg.StepTimeout, err)
+			return time.Time{}, fmt.Errorf("%s on %s after %v: %w", fe.name, node, r.cfg.StepTimeout, err)
 		} else if now.After(reopen) {
 			r.cilium.forget(node)
 			reopen = now.Add(time.Second)
@@ -200,7 +212,7 @@ func (r *scaleRun) ciliumChange(ctx context.Context, i int, sl *discoveryv1.Endp
 	if err != nil {
 		return 0, writeMS, err
 	}
-	seen, err := r.ciliumWaitCount(ctx, lab.NodeName(clientNode), i, len(sl.Endpoints))
+	seen, err := r.ciliumWaitCount(ctx, lab.NodeName(clientNode), r.frontend(i), len(sl.Endpoints))
 	if err != nil {
 		return 0, writeMS, err
 	}
@@ -241,7 +253,7 @@ func (r *scaleRun) ciliumCold(ctx context.Context, n int, t0 time.Time) (float64
 	if _, _, err := r.writeSlice(ctx, sl); err != nil {
 		return 0, err
 	}
-	seen, err := r.ciliumWaitCount(ctx, node, i, len(sl.Endpoints))
+	seen, err := r.ciliumWaitCount(ctx, node, r.frontend(i), len(sl.Endpoints))
 	if err != nil {
 		return 0, err
 	}
@@ -251,7 +263,7 @@ func (r *scaleRun) ciliumCold(ctx context.Context, n int, t0 time.Time) (float64
 	if err := scaleset.ApplySlice(ctx, r.client, r.slices[i]); err != nil {
 		return 0, err
 	}
-	if _, err := r.ciliumWaitCount(ctx, node, i, len(r.slices[i].Endpoints)); err != nil {
+	if _, err := r.ciliumWaitCount(ctx, node, r.frontend(i), len(r.slices[i].Endpoints)); err != nil {
 		return 0, err
 	}
 	return seen.Sub(t0).Seconds(), nil
