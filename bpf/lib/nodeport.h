@@ -12,7 +12,9 @@
  *   ICMP errors about a flow    the quoted packet and the outer addresses,
  *                              in both of the reply paths above
  *
- * Anything else goes to the stack untouched.
+ * Anything else goes to the stack untouched. ICMP errors and the DSR
+ * backend node's tunnel run as tail-call stages of their own (Stages,
+ * below), verified from their own entries.
  *
  * With SLUICE_POD_LB (tc_pod.c, --socket-lb=false) the same path serves
  * every frontend, ClusterIPs included, at LB_SCOPE_INT for traffic from
@@ -421,9 +423,11 @@ static __always_inline int nodeport_lb(struct __ctx_buff *ctx, struct ns_pkt *p,
 			return NS_DROP(SL_DROP_SRC_RANGE);
 #ifdef SLUICE_XDP
 		/* The way first, before any state: tc makes the flow of a
-		 * packet XDP cannot send (ns_xdp_route). */
+		 * packet XDP cannot send (ns_xdp_route). The backend from its
+		 * map value: a stack copy live across the call costs the
+		 * service path's frame 16 bytes. */
 		if (!(kind & (CT_F_DSR | CT_F_LOCAL)) &&
-		    ns_xdp_route(ctx, p, &be_addr, be_port, NULL) < 0)
+		    ns_xdp_route(ctx, p, (const union lb_addr *)be->addr, be->port, NULL) < 0)
 			return CTX_ACT_OK;
 #endif /* SLUICE_XDP */
 #ifndef SLUICE_POD_LB
@@ -669,13 +673,67 @@ static __noinline bool ns_tunnel_rpf(struct __ctx_buff *ctx, const struct ns_pkt
 }
 #endif /* SLUICE_POD_LB */
 
+#ifndef SLUICE_POD_LB
+/* Stages: the two large subpaths that few packets take, the ICMP errors
+ * and the DSR backend node's tunnel, run as programs of their own, reached
+ * by tail call from the service path's program through a prog array each
+ * object fills as it loads (static values, pinned so that it keeps its
+ * programs while the agent restarts). The verifier then walks each once,
+ * from its own entry, instead of once for every way the service path can
+ * reach it: a feature costs its own subtree (docs/kernels.md). A stage
+ * parses the packet again (the frame is untouched until then) and gives
+ * its own verdict. A tail call that finds no program (the array emptied
+ * by hand) falls through to the caller's verdict for it. */
+enum {
+	NS_STAGE_ICMP,        /* nodeport_icmp_ingress */
+	NS_STAGE_DSR_BACKEND, /* nodeport_dsr_backend */
+	NS_STAGES,
+};
+
+#ifdef SLUICE_XDP
+#define NS_STAGE_SEC "xdp"
+#define ns_stage_icmp xdp_lb_icmp
+#define ns_stage_dsr_backend xdp_lb_dsr_backend
+#define ns_stages xdp_lb_stages
+#else
+#define NS_STAGE_SEC "tc"
+#define ns_stage_icmp tc_lb_icmp
+#define ns_stage_dsr_backend tc_lb_dsr_backend
+#define ns_stages tc_lb_stages
+#endif /* SLUICE_XDP */
+
+int ns_stage_icmp(struct __ctx_buff *ctx);
+int ns_stage_dsr_backend(struct __ctx_buff *ctx);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, NS_STAGES);
+	__uint(key_size, sizeof(__u32));
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, int(struct __ctx_buff *));
+} ns_stages SEC(".maps") = {
+	.values = {
+		[NS_STAGE_ICMP] = (void *)&ns_stage_icmp,
+		[NS_STAGE_DSR_BACKEND] = (void *)&ns_stage_dsr_backend,
+	},
+};
+
+/* ns_stage continues in stage; missing is the verdict when the array has
+ * no program for it. */
+static __always_inline int ns_stage(struct __ctx_buff *ctx, __u32 stage, int missing)
+{
+	bpf_tail_call(ctx, &ns_stages, stage);
+	return missing;
+}
+#endif /* SLUICE_POD_LB */
+
 /* nodeport_dispatch sends a parsed packet to its path. */
 static __always_inline int nodeport_dispatch(struct __ctx_buff *ctx, struct ns_pkt *p,
 					     const struct ns_config *cfg)
 {
 #ifndef SLUICE_POD_LB
 	if (p->proto == IPPROTO_ICMP || p->proto == IPPROTO_ICMPV6)
-		return nodeport_icmp_ingress(ctx, p);
+		return ns_stage(ctx, NS_STAGE_ICMP, CTX_ACT_OK);
 	/* DSR tunnels only in a DSR mode and from the cluster's nodes: in
 	 * SNAT mode no node sends one, and the stack has them; anyone who
 	 * can spoof a node's address would reach the pods through it. */
@@ -683,8 +741,9 @@ static __always_inline int nodeport_dispatch(struct __ctx_buff *ctx, struct ns_p
 		if (cfg->mode == NS_MODE_SNAT)
 			return CTX_ACT_OK;
 		if (dsr_from_node(p))
-			return ns_tunnel_rpf(ctx, p) ? nodeport_dsr_backend(ctx, p, cfg) :
-						       NS_DROP(SL_DROP_DSR_SPOOFED);
+			return ns_tunnel_rpf(ctx, p) ?
+			       ns_stage(ctx, NS_STAGE_DSR_BACKEND, NS_DROP(SL_DROP_UNKNOWN)) :
+			       NS_DROP(SL_DROP_DSR_SPOOFED);
 		/* An outer header with an option (IPv4) or a destination
 		 * options header (IPv6) is how sluice's DSR names the backend:
 		 * ours, from no node. Any other tunnel is the stack's. */
@@ -715,6 +774,31 @@ static __always_inline int nodeport_ingress(struct __ctx_buff *ctx)
 	}
 	return ns_verdict(ctx, &p, nodeport_dispatch(ctx, &p, cfg), SL_HOOK_THIS);
 }
+
+#ifndef SLUICE_POD_LB
+/* The stages' programs (ns_stages): the packet nodeport_dispatch sent
+ * here, parsed again. */
+SEC(NS_STAGE_SEC)
+int ns_stage_icmp(struct __ctx_buff *ctx)
+{
+	struct ns_pkt p;
+
+	if (ctx_linearize(ctx) || parse_pkt(ctx, &p) != PARSE_OK)
+		return CTX_ACT_OK;
+	return ns_verdict(ctx, &p, nodeport_icmp_ingress(ctx, &p), SL_HOOK_THIS);
+}
+
+SEC(NS_STAGE_SEC)
+int ns_stage_dsr_backend(struct __ctx_buff *ctx)
+{
+	const struct ns_config *cfg = ns_cfg();
+	struct ns_pkt p;
+
+	if (!cfg || ctx_linearize(ctx) || parse_pkt(ctx, &p) != PARSE_OK)
+		return CTX_ACT_OK;
+	return ns_verdict(ctx, &p, nodeport_dsr_backend(ctx, &p, cfg), SL_HOOK_THIS);
+}
+#endif /* SLUICE_POD_LB */
 
 #ifdef SLUICE_TC
 /* nodeport_egress runs on every packet leaving an external device: a local

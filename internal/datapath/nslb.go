@@ -344,6 +344,11 @@ func createPins(spec *ebpf.CollectionSpec, root string) error {
 		if ms.Pinning != ebpf.PinByName {
 			continue
 		}
+		if ms.Type == ebpf.ProgramArray {
+			// Made empty here; the load puts the stages' programs in.
+			ms = ms.Copy()
+			ms.Contents = nil
+		}
 		m, err := ebpf.NewMapWithOptions(ms, ebpf.MapOptions{PinPath: root})
 		if err != nil {
 			return fmt.Errorf("map %s: %w", name, err)

@@ -48,8 +48,11 @@ const (
 	tclbMapSnatAny           = "snat_any"
 	tclbMapSnatEst           = "snat_est"
 	tclbMapSnatNew           = "snat_new"
+	tclbMapTcLbStages        = "tc_lb_stages"
 	tclbProgTcCtClock        = "tc_ct_clock"
+	tclbProgTcLbDsrBackend   = "tc_lb_dsr_backend"
 	tclbProgTcLbEgress       = "tc_lb_egress"
+	tclbProgTcLbIcmp         = "tc_lb_icmp"
 	tclbProgTcLbIngress      = "tc_lb_ingress"
 	tclbVarCsumV6Flag        = "csum_v6_flag"
 	tclbVarFcSetBits         = "fc_set_bits"
@@ -100,9 +103,11 @@ type tclbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tclbProgramSpecs struct {
-	TcCtClock   *ebpf.ProgramSpec `ebpf:"tc_ct_clock"`
-	TcLbEgress  *ebpf.ProgramSpec `ebpf:"tc_lb_egress"`
-	TcLbIngress *ebpf.ProgramSpec `ebpf:"tc_lb_ingress"`
+	TcCtClock      *ebpf.ProgramSpec `ebpf:"tc_ct_clock"`
+	TcLbDsrBackend *ebpf.ProgramSpec `ebpf:"tc_lb_dsr_backend"`
+	TcLbEgress     *ebpf.ProgramSpec `ebpf:"tc_lb_egress"`
+	TcLbIcmp       *ebpf.ProgramSpec `ebpf:"tc_lb_icmp"`
+	TcLbIngress    *ebpf.ProgramSpec `ebpf:"tc_lb_ingress"`
 }
 
 // tclbMapSpecs contains maps before they are loaded into the kernel.
@@ -141,6 +146,7 @@ type tclbMapSpecs struct {
 	SnatAny       *ebpf.MapSpec `ebpf:"snat_any"`
 	SnatEst       *ebpf.MapSpec `ebpf:"snat_est"`
 	SnatNew       *ebpf.MapSpec `ebpf:"snat_new"`
+	TcLbStages    *ebpf.MapSpec `ebpf:"tc_lb_stages"`
 }
 
 // tclbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -206,6 +212,7 @@ type tclbMaps struct {
 	SnatAny       *ebpf.Map `ebpf:"snat_any"`
 	SnatEst       *ebpf.Map `ebpf:"snat_est"`
 	SnatNew       *ebpf.Map `ebpf:"snat_new"`
+	TcLbStages    *ebpf.Map `ebpf:"tc_lb_stages"`
 }
 
 func (m *tclbMaps) Close() error {
@@ -242,6 +249,7 @@ func (m *tclbMaps) Close() error {
 		m.SnatAny,
 		m.SnatEst,
 		m.SnatNew,
+		m.TcLbStages,
 	)
 }
 
@@ -260,15 +268,19 @@ type tclbVariables struct {
 //
 // It can be passed to loadTclbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tclbPrograms struct {
-	TcCtClock   *ebpf.Program `ebpf:"tc_ct_clock"`
-	TcLbEgress  *ebpf.Program `ebpf:"tc_lb_egress"`
-	TcLbIngress *ebpf.Program `ebpf:"tc_lb_ingress"`
+	TcCtClock      *ebpf.Program `ebpf:"tc_ct_clock"`
+	TcLbDsrBackend *ebpf.Program `ebpf:"tc_lb_dsr_backend"`
+	TcLbEgress     *ebpf.Program `ebpf:"tc_lb_egress"`
+	TcLbIcmp       *ebpf.Program `ebpf:"tc_lb_icmp"`
+	TcLbIngress    *ebpf.Program `ebpf:"tc_lb_ingress"`
 }
 
 func (p *tclbPrograms) Close() error {
 	return _TclbClose(
 		p.TcCtClock,
+		p.TcLbDsrBackend,
 		p.TcLbEgress,
+		p.TcLbIcmp,
 		p.TcLbIngress,
 	)
 }

@@ -49,6 +49,9 @@ const (
 	xdplbMapSnatAny           = "snat_any"
 	xdplbMapSnatEst           = "snat_est"
 	xdplbMapSnatNew           = "snat_new"
+	xdplbMapXdpLbStages       = "xdp_lb_stages"
+	xdplbProgXdpLbDsrBackend  = "xdp_lb_dsr_backend"
+	xdplbProgXdpLbIcmp        = "xdp_lb_icmp"
 	xdplbProgXdpLbIngress     = "xdp_lb_ingress"
 	xdplbVarCsumV6Flag        = "csum_v6_flag"
 	xdplbVarFcSetBits         = "fc_set_bits"
@@ -99,7 +102,9 @@ type xdplbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdplbProgramSpecs struct {
-	XdpLbIngress *ebpf.ProgramSpec `ebpf:"xdp_lb_ingress"`
+	XdpLbDsrBackend *ebpf.ProgramSpec `ebpf:"xdp_lb_dsr_backend"`
+	XdpLbIcmp       *ebpf.ProgramSpec `ebpf:"xdp_lb_icmp"`
+	XdpLbIngress    *ebpf.ProgramSpec `ebpf:"xdp_lb_ingress"`
 }
 
 // xdplbMapSpecs contains maps before they are loaded into the kernel.
@@ -139,6 +144,7 @@ type xdplbMapSpecs struct {
 	SnatAny       *ebpf.MapSpec `ebpf:"snat_any"`
 	SnatEst       *ebpf.MapSpec `ebpf:"snat_est"`
 	SnatNew       *ebpf.MapSpec `ebpf:"snat_new"`
+	XdpLbStages   *ebpf.MapSpec `ebpf:"xdp_lb_stages"`
 }
 
 // xdplbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -205,6 +211,7 @@ type xdplbMaps struct {
 	SnatAny       *ebpf.Map `ebpf:"snat_any"`
 	SnatEst       *ebpf.Map `ebpf:"snat_est"`
 	SnatNew       *ebpf.Map `ebpf:"snat_new"`
+	XdpLbStages   *ebpf.Map `ebpf:"xdp_lb_stages"`
 }
 
 func (m *xdplbMaps) Close() error {
@@ -242,6 +249,7 @@ func (m *xdplbMaps) Close() error {
 		m.SnatAny,
 		m.SnatEst,
 		m.SnatNew,
+		m.XdpLbStages,
 	)
 }
 
@@ -260,11 +268,15 @@ type xdplbVariables struct {
 //
 // It can be passed to loadXdplbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdplbPrograms struct {
-	XdpLbIngress *ebpf.Program `ebpf:"xdp_lb_ingress"`
+	XdpLbDsrBackend *ebpf.Program `ebpf:"xdp_lb_dsr_backend"`
+	XdpLbIcmp       *ebpf.Program `ebpf:"xdp_lb_icmp"`
+	XdpLbIngress    *ebpf.Program `ebpf:"xdp_lb_ingress"`
 }
 
 func (p *xdplbPrograms) Close() error {
 	return _XdplbClose(
+		p.XdpLbDsrBackend,
+		p.XdpLbIcmp,
 		p.XdpLbIngress,
 	)
 }

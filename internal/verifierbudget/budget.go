@@ -46,6 +46,28 @@ type Budget struct {
 // DefaultBudget is the budget sluice's programs are held to.
 var DefaultBudget = Budget{Stack: MaxStack - 64, Insns: MaxInsns * 7 / 10}
 
+// ServicePathBudget holds the programs every north-south packet enters
+// (tc_lb_ingress, xdp_lb_ingress) to a third of the verifier's limit and
+// two 32-byte frames less than DefaultBudget, so that each new branch of
+// the service path finds room: their rare subpaths run as tail-call
+// stages (bpf/lib/nodeport.h), verified on their own under DefaultBudget.
+// On Debian's 6.1, which prunes least, they process 321K and 240K
+// instructions (2026-11-30; 543K and 505K before the stages).
+var ServicePathBudget = Budget{Stack: MaxStack - 128, Insns: 350_000}
+
+// ServicePathPrograms are the programs ServicePathBudget holds.
+var ServicePathPrograms = []string{"tc_lb_ingress", "xdp_lb_ingress"}
+
+// BudgetFor is the budget of the program named prog.
+func BudgetFor(prog string) Budget {
+	for _, p := range ServicePathPrograms {
+		if p == prog {
+			return ServicePathBudget
+		}
+	}
+	return DefaultBudget
+}
+
 // Round61 is a frame's share of the combined stack on Linux 6.1 (up to
 // 6.8): rounded up to 32 bytes, at least 32.
 func Round61(depth int) int {

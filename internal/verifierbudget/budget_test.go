@@ -177,3 +177,22 @@ func TestDeepestChains(t *testing.T) {
 		t.Error("recursion: want an error")
 	}
 }
+
+func TestBudgetFor(t *testing.T) {
+	for _, c := range []struct {
+		prog string
+		want Budget
+	}{
+		{"tc_lb_ingress", ServicePathBudget},
+		{"xdp_lb_ingress", ServicePathBudget},
+		{"tc_lb_dsr_backend", DefaultBudget},
+		{"sock4_connect", DefaultBudget},
+	} {
+		if got := BudgetFor(c.prog); got != c.want {
+			t.Errorf("BudgetFor(%s) = %+v, want %+v", c.prog, got, c.want)
+		}
+	}
+	if ServicePathBudget.Stack >= DefaultBudget.Stack || ServicePathBudget.Insns >= DefaultBudget.Insns {
+		t.Errorf("ServicePathBudget %+v is no tighter than DefaultBudget %+v", ServicePathBudget, DefaultBudget)
+	}
+}
