@@ -40,6 +40,9 @@ struct icmp4hdr {
 #define TCP_DOFF_OFF  12
 #define TCP_FLAGS_OFF 13
 
+/* A DSR tunnel's IPv6 destination options header (struct dsr_opt6). */
+#define NS_DSR_OPT6_LEN 24
+
 struct ns_pkt {
 	union lb_addr saddr;
 	union lb_addr daddr;
@@ -245,7 +248,9 @@ static __always_inline int parse_ipv6(struct __ctx_buff *ctx, struct ns_pkt *p, 
 
 		if (ctx_load_bytes(ctx, p->l4_off, dh, sizeof(dh)))
 			return PARSE_DROP;
-		if (dh[0] != IPPROTO_IPV6)
+		/* Of sluice's length only: the inner packet stays within
+		 * CTX_PULL_LEN (nodeport.h), so tc reads what XDP reads. */
+		if (dh[0] != IPPROTO_IPV6 || (dh[1] + 1) * 8 != NS_DSR_OPT6_LEN)
 			return PARSE_SKIP;
 		p->proto = IPPROTO_IPV6;
 		p->l4_off += (dh[1] + 1) * 8;

@@ -54,6 +54,38 @@
 #include "ns_send.h"
 #include "ns_reply.h"
 
+/* The deepest header byte each path reads, from the frame's start: at tc
+ * nothing past ctx.h's CTX_PULL_LEN is sure to be in the linear part, and
+ * a read there would fail at tc where XDP (the whole frame) succeeds. A
+ * change that reads deeper fails to compile here until CTX_PULL_LEN, which
+ * costs a pull of that much on entry, grows with it.
+ *   ICMPv4 error: IPv4 with options, the error's header, the quoted IPv4
+ *     with options and the quoted TCP checksum (icmp_parse_error);
+ *   ICMPv6 error: the same with IPv6 headers (a quote's extension headers
+ *     are not parsed);
+ *   TCP or UDP: IPv4 with options, or IPv6 with a fragment or jumbo
+ *     header, then ports and TCP's flags (parse_l4);
+ *   DSR tunnel: the outer IPv4 header with options, or IPv6 and sluice's
+ *     destination options (parse_ipv6 takes no other length); the inner
+ *     packet is read after the outer header is popped, as a TCP/UDP one. */
+#define NS_IP4_MAX_HLEN 60
+#define NS_L4_READ (TCP_FLAGS_OFF + 1)
+#define NS_QUOTE_L4_READ (offsetof(struct tcphdr, check) + sizeof(__sum16))
+#define NS_READ_ICMP4 (ETH_HLEN + NS_IP4_MAX_HLEN + ICMP_ERR_HLEN + NS_IP4_MAX_HLEN + NS_QUOTE_L4_READ)
+#define NS_READ_ICMP6 (ETH_HLEN + 2 * sizeof(struct ipv6hdr) + ICMP_ERR_HLEN + NS_QUOTE_L4_READ)
+#define NS_READ_L4_4 (ETH_HLEN + NS_IP4_MAX_HLEN + NS_L4_READ)
+#define NS_READ_L4_6 (ETH_HLEN + sizeof(struct ipv6hdr) + sizeof(struct ipv6_jumbo) + NS_L4_READ)
+#define NS_READ_DSR4 (ETH_HLEN + NS_IP4_MAX_HLEN)
+#define NS_READ_DSR6 (ETH_HLEN + sizeof(struct ipv6hdr) + sizeof(struct dsr_opt6))
+_Static_assert(sizeof(struct ipv6_frag) <= sizeof(struct ipv6_jumbo), "IPv6's deepest L4 read");
+_Static_assert(sizeof(struct dsr_opt6) == NS_DSR_OPT6_LEN, "parse_ipv6's DSR header length");
+#ifdef SLUICE_TC
+_Static_assert(CTX_PULL_LEN >= NS_READ_ICMP4 && CTX_PULL_LEN >= NS_READ_ICMP6 &&
+	       CTX_PULL_LEN >= NS_READ_L4_4 && CTX_PULL_LEN >= NS_READ_L4_6 &&
+	       CTX_PULL_LEN >= NS_READ_DSR4 && CTX_PULL_LEN >= NS_READ_DSR6,
+	       "CTX_PULL_LEN (ctx.h) must cover the deepest header read");
+#endif /* SLUICE_TC */
+
 
 /* ns_rewrite_sport gives a flow whose tuple after DNAT another flow holds
  * (CT_F_SPORT, ct.h) the client port its backend sees (before a masqueraded

@@ -55,6 +55,8 @@ type Packet struct {
 	// and, with ACK set, 1001: what a peer whose SYN had the default
 	// sequence asks for, so that a handshake of default packets is exact).
 	Seq, Ack uint32
+	// IPOptions are IPv4 options of its IP header (none by default).
+	IPOptions []layers.IPv4Option
 }
 
 // ethernet is the Ethernet header of a test frame, MACs defaulted.
@@ -103,6 +105,7 @@ func (p Packet) Bytes() ([]byte, error) {
 		if p.MayFragment {
 			ip.Flags = 0
 		}
+		ip.Options = p.IPOptions
 		net, ls = ip, []gopacket.SerializableLayer{eth, ip}
 	} else {
 		ip := &layers.IPv6{
@@ -210,6 +213,8 @@ type ICMPError struct {
 	// Fragment) whose IP header, IPv6's fragment header included, and
 	// QuoteL4 bytes after it are quoted.
 	QuoteFrame Frame
+	// IPOptions are IPv4 options of the error's own IP header.
+	IPOptions []layers.IPv4Option
 }
 
 // With returns a copy of e with fn applied, for expected packets.
@@ -257,6 +262,7 @@ func (e ICMPError) Bytes() ([]byte, error) {
 		if e.FromSluice {
 			ip.Id, ip.Flags = 0, layers.IPv4DontFragment
 		}
+		ip.Options = e.IPOptions
 		icmp := &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(e.Type, e.Code), Seq: e.MTU}
 		ls = []gopacket.SerializableLayer{eth, ip, icmp, gopacket.Payload(quote)}
 	} else {
@@ -291,6 +297,9 @@ type Encap struct {
 	Inner   Packet
 	// Frame, when set, is carried instead of Inner (a Fragment of it).
 	Frame Frame
+	// Options6, when set, is the IPv6 destination options header
+	// carried instead of the one Backend names (any other sender's).
+	Options6 []byte
 }
 
 func (e Encap) String() string {
@@ -334,7 +343,11 @@ func (e Encap) Bytes() ([]byte, error) {
 	} else {
 		ip6 := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolIPv6,
 			SrcIP: e.Src.AsSlice(), DstIP: e.Dst.AsSlice()}
-		if e.Backend.IsValid() {
+		switch {
+		case e.Options6 != nil:
+			ip6.NextHeader = layers.IPProtocolIPv6Destination
+			payload = append(slices.Clone(e.Options6), payload...)
+		case e.Backend.IsValid():
 			ip6.NextHeader = layers.IPProtocolIPv6Destination
 			payload = append(DSROptions6(e.Backend), payload...)
 		}
