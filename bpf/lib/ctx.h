@@ -182,12 +182,18 @@ static __always_inline int ctx_store_bytes(struct __sk_buff *ctx, __u32 off,
 }
 
 /* ctx_push_l3 makes room for an outer IPv4 (v6: IPv6) header of len bytes
- * between the Ethernet header and the packet; ctx_pop_l3 removes it. */
+ * between the Ethernet header and the packet; ctx_pop_l3 removes it. A
+ * GSO packet keeps its gso_size (BPF_F_ADJ_ROOM_FIXED_GSO): each segment
+ * leaves len bytes longer, which the caller's MTU check (ns_fib_tunnel, on
+ * one segment plus len) has counted. Without the flag the kernel shrinks a
+ * TCP packet's segments, and refuses a UDP GSO packet, whose gso_size
+ * delineates its datagrams (a QUIC server's sends, UDP GRO). */
 static __always_inline int ctx_push_l3(struct __sk_buff *ctx, __u32 len, bool v6)
 {
 	return bpf_skb_adjust_room(ctx, len, BPF_ADJ_ROOM_MAC,
-				   v6 ? BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 :
-					BPF_F_ADJ_ROOM_ENCAP_L3_IPV4);
+				   (v6 ? BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 :
+					 BPF_F_ADJ_ROOM_ENCAP_L3_IPV4) |
+				   BPF_F_ADJ_ROOM_FIXED_GSO);
 }
 
 static __always_inline int ctx_pop_l3(struct __sk_buff *ctx, __u32 len)

@@ -358,6 +358,7 @@ func probeCommand() *cobra.Command {
 			f.BoolVar(&cfg.V4Mapped, "v4-mapped", false, "send to an IPv4 target from an IPv6 socket")
 			f.IntVar(&cfg.Size, "size", 0, "pad each datagram to this many bytes (above the MTU: sent in fragments)")
 			f.IntVar(&cfg.ReplySize, "reply-size", 0, "ask the echo backend for replies of this many bytes, and check their size")
+			f.IntVar(&cfg.GSO, "gso", 0, "send each request as this many datagrams of --size bytes in one UDP GSO send (UDP_SEGMENT), all to be answered")
 		case "tcp":
 			f.BoolVar(&cfg.V4Mapped, "v4-mapped", false, "connect to an IPv4 target from an IPv6 socket")
 		case "stream":

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -154,6 +156,12 @@ type ProbeConfig struct {
 	// the echo backend for replies of this many (0: the pod name alone):
 	// above the MTU they travel in fragments (udp).
 	Size, ReplySize int
+	// GSO sends each request as this many datagrams of Size bytes in one
+	// sendmsg() with UDP_SEGMENT (the kernel's UDP GSO, as QUIC servers
+	// send): one packet of up to 64 KiB until a device segments it. The
+	// request is answered when every datagram's reply came (udp; 0: one
+	// datagram a request).
+	GSO int
 	// Name is what a dns probe looks up.
 	Name string
 	// SourcePort fixes the client port (http, udp, tcp), so that repeated
@@ -193,6 +201,13 @@ func (c *ProbeConfig) validate() error {
 	}
 	if c.ReplySize < 0 || c.ReplySize > maxUDPReply {
 		return fmt.Errorf("probe: reply size %d: want 0..%d", c.ReplySize, maxUDPReply)
+	}
+	if c.GSO < 0 || c.GSO > maxGSOSegments {
+		return fmt.Errorf("probe: gso %d: want 0..%d datagrams", c.GSO, maxGSOSegments)
+	}
+	if c.GSO > 0 && (c.Size < len(udpProbePayload(0, c.ReplySize)) || c.GSO*c.Size > maxGSOBytes) {
+		return fmt.Errorf("probe: gso %d × size %d: want a --size of at least the probe's text and at most %d bytes in all",
+			c.GSO, c.Size, maxGSOBytes)
 	}
 	return nil
 }
@@ -601,7 +616,9 @@ func ProbeUDP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
 		}
 		start := time.Now()
 		okBefore := rec.r.OK
-		if err := unix.Sendto(fd, payload, 0, to); err != nil {
+		if cfg.GSO > 0 {
+			probeGSO(rec, fd, to, sa, payload, buf, cfg, start)
+		} else if err := unix.Sendto(fd, payload, 0, to); err != nil {
 			rec.fail(fmt.Errorf("sendto %s: %w", addrOfSockaddr(sa), err))
 		} else if n, from, err := recvfrom(fd, buf, start.Add(cfg.Timeout)); err != nil {
 			rec.fail(fmt.Errorf("recvfrom after sendto %s: %w", addrOfSockaddr(sa), err))
@@ -622,6 +639,47 @@ func ProbeUDP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
 		}
 	}
 	return rec.done(), nil
+}
+
+// UDP GSO (linux/udp.h): at most 64 segments in one send, and the IP
+// length's 64 KiB.
+const (
+	maxGSOSegments = 64
+	maxGSOBytes    = 60000
+	udpSegment     = 103 // UDP_SEGMENT
+)
+
+// probeGSO sends cfg.GSO copies of payload (cfg.Size bytes each) as one
+// UDP GSO send to sa (to: nil on a connected socket) and reads a reply
+// for each: the request is answered when all came back in time.
+func probeGSO(rec *recorder, fd int, to, sa unix.Sockaddr, payload, buf []byte, cfg ProbeConfig, start time.Time) {
+	msg := bytes.Repeat(payload, cfg.GSO)
+	oob := make([]byte, unix.CmsgSpace(2))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
+	h.Level, h.Type = unix.SOL_UDP, udpSegment
+	h.SetLen(unix.CmsgLen(2))
+	binary.NativeEndian.PutUint16(oob[unix.CmsgLen(0):], uint16(cfg.Size))
+	if err := unix.Sendmsg(fd, msg, oob, to, 0); err != nil {
+		rec.fail(fmt.Errorf("sendmsg of %d datagrams (UDP GSO) to %s: %w", cfg.GSO, addrOfSockaddr(sa), err))
+		return
+	}
+	names := map[string]int{}
+	var from unix.Sockaddr
+	for got := 0; got < cfg.GSO; got++ {
+		n, f, err := recvfrom(fd, buf, start.Add(cfg.Timeout))
+		if err != nil {
+			rec.fail(fmt.Errorf("%d of %d replies to a UDP GSO send to %s: %w", got, cfg.GSO, addrOfSockaddr(sa), err))
+			return
+		}
+		name, _, _ := bytes.Cut(buf[:n], []byte("\n"))
+		names[string(name)]++
+		from = f
+	}
+	rec.ok(time.Since(start))
+	for name, n := range names {
+		rec.r.Backends[name] += n
+	}
+	rec.r.Peers[addrOfSockaddr(from)] += cfg.GSO
 }
 
 // udpProbePayload is a probe datagram of size bytes (at least its text),

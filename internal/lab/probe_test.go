@@ -3,8 +3,12 @@ package lab
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -79,5 +83,69 @@ func TestProbeStallsBounded(t *testing.T) {
 	}
 	if r := rec.done(); len(r.Stalls) != MaxStalls || r.StallsLeftOut != 7 {
 		t.Errorf("%d stalls kept, %d left out: want %d and 7", len(r.Stalls), r.StallsLeftOut, MaxStalls)
+	}
+}
+
+// TestProbeUDPGSO: a GSO request is one UDP_SEGMENT send of --gso
+// datagrams, answered when every one came back: through loopback, whose
+// receiving socket gets them one by one, each echoed by a server here.
+// A server that answers all but one fails the request.
+func TestProbeUDPGSO(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		answer int // replies per request the server sends at most
+		ok     int
+	}{{"every datagram answered", 8, 3}, {"one datagram unanswered", 7, 0}} {
+		t.Run(c.name, func(t *testing.T) {
+			srv, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Close()
+			var sizes []int
+			var mu sync.Mutex
+			go func() {
+				buf := make([]byte, 65536)
+				for seen := 0; ; seen++ {
+					n, from, err := srv.ReadFromUDP(buf)
+					if err != nil {
+						return
+					}
+					mu.Lock()
+					sizes = append(sizes, n)
+					mu.Unlock()
+					if seen%8 < c.answer {
+						srv.WriteToUDP([]byte("pod-a\n"), from)
+					}
+				}
+			}()
+			rep, err := ProbeUDP(context.Background(), ProbeConfig{
+				Targets: []string{srv.LocalAddr().String()}, Count: 3, GSO: 8, Size: 500,
+				Timeout: 300 * time.Millisecond,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.OK != c.ok {
+				t.Errorf("%d of 3 requests answered, want %d (%+v)", rep.OK, c.ok, rep)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(sizes) < 8 || slices.ContainsFunc(sizes, func(n int) bool { return n != 500 }) {
+				t.Errorf("the server read datagrams of %v bytes, want 500 each", sizes)
+			}
+			if c.ok == 3 && rep.Backends["pod-a"] != 24 {
+				t.Errorf("replies by backend %v, want pod-a 24", rep.Backends)
+			}
+		})
+	}
+	for _, bad := range []ProbeConfig{
+		{Targets: []string{"127.0.0.1:1"}, Count: 1, GSO: 65, Size: 100},
+		{Targets: []string{"127.0.0.1:1"}, Count: 1, GSO: 4, Size: 2},
+		{Targets: []string{"127.0.0.1:1"}, Count: 1, GSO: 64, Size: 1400},
+	} {
+		if _, err := ProbeUDP(context.Background(), bad); err == nil || !strings.Contains(err.Error(), "gso") {
+			t.Errorf("GSO %d × %d: error %v, want one naming gso", bad.GSO, bad.Size, err)
+		}
 	}
 }
