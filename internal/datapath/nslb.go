@@ -344,18 +344,26 @@ func createPins(spec *ebpf.CollectionSpec, root string) error {
 		if ms.Pinning != ebpf.PinByName {
 			continue
 		}
-		if ms.Type == ebpf.ProgramArray {
-			// Made empty here; the load puts the stages' programs in.
-			ms = ms.Copy()
-			ms.Contents = nil
-		}
-		m, err := ebpf.NewMapWithOptions(ms, ebpf.MapOptions{PinPath: root})
+		// Made empty here; the load puts the stages' programs in.
+		m, err := ebpf.NewMapWithOptions(withoutPrograms(ms), ebpf.MapOptions{PinPath: root})
 		if err != nil {
 			return fmt.Errorf("map %s: %w", name, err)
 		}
 		m.Close()
 	}
 	return nil
+}
+
+// withoutPrograms is ms without the programs a prog array's static values
+// name (the stages, bpf/lib/nodeport.h): a map made apart from its
+// collection cannot resolve them. Any other map comes back as it is.
+func withoutPrograms(ms *ebpf.MapSpec) *ebpf.MapSpec {
+	if ms.Type != ebpf.ProgramArray || len(ms.Contents) == 0 {
+		return ms
+	}
+	ms = ms.Copy()
+	ms.Contents = nil
+	return ms
 }
 
 func orDefault(v, def uint32) uint32 {

@@ -190,13 +190,12 @@ type headroomResult struct {
 // Maglev's sizes go with constants the verifier does read).
 func loadEachProgram(t *testing.T, spec *ebpf.CollectionSpec) []headroomResult {
 	t.Helper()
-	for _, ms := range spec.Maps {
-		ms.Pinning = ebpf.PinNone
+	for name, ms := range spec.Maps {
 		// The stages' prog array names its programs, which load one
 		// at a time here, each verified from its own entry.
-		if ms.Type == ebpf.ProgramArray {
-			ms.Contents = nil
-		}
+		ms = withoutPrograms(ms)
+		spec.Maps[name] = ms
+		ms.Pinning = ebpf.PinNone
 		switch ms.Type {
 		case ebpf.Hash, ebpf.LRUHash, ebpf.PerCPUHash, ebpf.LRUCPUHash, ebpf.LPMTrie, ebpf.HashOfMaps:
 			ms.MaxEntries = min(ms.MaxEntries, 1024)

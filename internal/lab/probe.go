@@ -626,9 +626,7 @@ func ProbeUDP(ctx context.Context, cfg ProbeConfig) (*ProbeReport, error) {
 			rec.fail(&probeError{kind: "bad-reply", msg: fmt.Sprintf("reply from %s of %d bytes, want %d", addrOfSockaddr(from), n, cfg.ReplySize)})
 		} else {
 			rec.ok(time.Since(start))
-			name, _, _ := bytes.Cut(buf[:n], []byte("\n"))
-			rec.r.Backends[string(name)]++
-			rec.r.Peers[addrOfSockaddr(from)]++
+			udpReply(rec, buf[:n], from)
 		}
 		if cfg.Connected && rec.r.OK == okBefore {
 			closeFD() // the next request connects again
@@ -663,23 +661,28 @@ func probeGSO(rec *recorder, fd int, to, sa unix.Sockaddr, payload, buf []byte, 
 		rec.fail(fmt.Errorf("sendmsg of %d datagrams (UDP GSO) to %s: %w", cfg.GSO, addrOfSockaddr(sa), err))
 		return
 	}
-	names := map[string]int{}
-	var from unix.Sockaddr
+	replies := make([][]byte, 0, cfg.GSO)
+	froms := make([]unix.Sockaddr, 0, cfg.GSO)
 	for got := 0; got < cfg.GSO; got++ {
-		n, f, err := recvfrom(fd, buf, start.Add(cfg.Timeout))
+		n, from, err := recvfrom(fd, buf, start.Add(cfg.Timeout))
 		if err != nil {
 			rec.fail(fmt.Errorf("%d of %d replies to a UDP GSO send to %s: %w", got, cfg.GSO, addrOfSockaddr(sa), err))
 			return
 		}
-		name, _, _ := bytes.Cut(buf[:n], []byte("\n"))
-		names[string(name)]++
-		from = f
+		replies, froms = append(replies, bytes.Clone(buf[:n])), append(froms, from)
 	}
 	rec.ok(time.Since(start))
-	for name, n := range names {
-		rec.r.Backends[name] += n
+	for i, r := range replies {
+		udpReply(rec, r, froms[i])
 	}
-	rec.r.Peers[addrOfSockaddr(from)] += cfg.GSO
+}
+
+// udpReply records an answered datagram's backend (the reply's first
+// line, the pod's name) and the address recvfrom() gave.
+func udpReply(rec *recorder, reply []byte, from unix.Sockaddr) {
+	name, _, _ := bytes.Cut(reply, []byte("\n"))
+	rec.r.Backends[string(name)]++
+	rec.r.Peers[addrOfSockaddr(from)]++
 }
 
 // udpProbePayload is a probe datagram of size bytes (at least its text),
