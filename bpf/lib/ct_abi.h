@@ -141,9 +141,30 @@ _Static_assert(__builtin_offsetof(struct ct_entry, ack_prev) % 8 == 0 &&
 struct nat_entry {
 	__u8   to_addr[16]; /* EGRESS: node IP; INGRESS: the client */
 	__be16 to_port;
-	__u16  pad;
-	__u32  created;     /* CT clock second */
-};
+	__u16  flags;       /* SNAT_F_* */
+	__u32  created;     /* CT clock second: made, or taken back by its
+			     * client (SNAT_F_REUSED); SNAT_TAKING while a
+			     * CPU takes the port over */
+} __attribute__((aligned(8))); /* nat_word: a 64-bit compare and swap */
+
+/* An ingress mapping that a new flow of its own client took back (a SYN on
+ * the tuple of a flow that is over, snat_hold) at its created second: the
+ * conntrack entries under its tuple may still be the last flow's for a
+ * moment, and say nothing of whether the port is free. */
+#define SNAT_F_REUSED 1
+/* created while a CPU takes the port over (snat_claim): a CT second the
+ * clock never reaches. */
+#define SNAT_TAKING 0xffffffffU
+
+/* nat_word is the 64-bit word of n's to_port, flags and created (bpfel:
+ * created the high half), for one compare and swap of the three. */
+#define nat_word(n) ((__u64 *)&(n)->to_port)
+#define nat_word_created(w) ((__u32)((w) >> 32))
+#define nat_word_flags(w) ((__u16)((w) >> 16))
+_Static_assert(__builtin_offsetof(struct nat_entry, to_port) % 8 == 0 &&
+		       __builtin_offsetof(struct nat_entry, flags) == 18 &&
+		       __builtin_offsetof(struct nat_entry, created) == 20,
+	       "nat_entry: to_port, flags and created, an aligned word for a 64-bit compare and swap");
 
 /* The flow cache (flowcache.h): per CPU, sets of NS_FLOW_WAYS entries
  * (NS_FLOW_SETS unless the agent sizes it), each what an established

@@ -13,7 +13,10 @@
  * dropped as nat-exhausted only when every port to that backend is held.
  * A port whose flow is over is taken over at once (snat_port_free), as
  * netfilter reuses the tuples of closed connections, but not while the
- * backend holds it in TIME_WAIT.
+ * backend holds it in TIME_WAIT, and by one CPU only: a compare and swap of
+ * the mapping's word marks it taken (SNAT_TAKING), against another CPU's
+ * take-over and against the old flow's client taking it back for a new
+ * flow on the same tuple (snat_hold), which marks it too (SNAT_F_REUSED).
  * A new flow's mappings are in snat_new and move to snat (snat_any for UDP)
  * with its conntrack entries (ct_promote, ct_complete); a port is taken
  * when either table holds its ingress tuple. A TCP SYN writes only the
@@ -112,42 +115,79 @@ static __always_inline int snat_put(const struct ct_tuple *t, const struct nat_e
 	return snat_est_update(t, n, uflags);
 }
 
-/* snat_port_free: the mapping n under the ingress tuple t (backend:bport
- * -> node:nat port) belongs to a flow that is over, so another client may
- * take its port: its ingress entry (k, built here) is dead; or it was
- * reset; or both sides sent their FIN, the client's first, and the last
- * packet passed two CT seconds ago (one second at least): the backend was
- * in LAST_ACK until the client's last ACK reached it, a round trip after
- * its FIN, and a SYN on the tuple before then meets that socket (a
- * challenge ACK, the client's RST: a failed connect, seen at 2,000 short
- * connections a second when ports went at the backend's FIN). A backend
- * that closed first holds the tuple in TIME_WAIT, where a SYN with another
- * client's TCP timestamps fails PAWS about half the time (a challenge
- * ACK, a RST, a retry a second later): its entry lives CT_TIME_WAIT past
- * the close (ct.h), and the port waits that long. A mapping without an
- * ingress entry is free after the agent's GC grace (two CT seconds: its
- * flow's entries may have been written just after it). */
-static __always_inline bool snat_port_free(const struct ct_tuple *t, const struct nat_entry *n,
-					   __u32 now, struct ct_tuple *k)
+/* snat_port_free: the mapping n under the scratch's ingress tuple (tuple2:
+ * backend:bport -> node:nat port), whose word (nat_word) was claim_word
+ * when read, belongs to a flow that is over at CT second claim_now, so
+ * another client may take its port: its ingress entry (tuple3, built
+ * here) is dead; or it was reset; or both sides sent their
+ * FIN, the client's first, and the last packet passed two CT seconds ago
+ * (one second at least): the backend was in LAST_ACK until the client's
+ * last ACK reached it, a round trip after its FIN, and a SYN on the tuple
+ * before then meets that socket (a challenge ACK, the client's RST: a
+ * failed connect, seen at 2,000 short connections a second when ports went
+ * at the backend's FIN). A backend that closed first holds the tuple in
+ * TIME_WAIT, where a SYN with another client's TCP timestamps fails PAWS
+ * about half the time (a challenge ACK, a RST, a retry a second later):
+ * its entry lives CT_TIME_WAIT past the close (ct.h), and the port waits
+ * that long. A mapping without an ingress entry is free after the agent's
+ * GC grace (two CT seconds: its flow's entries may have been written just
+ * after it), and so is one its client took back (SNAT_F_REUSED): until
+ * then the entry found may be the last flow's, closed, while the new flow
+ * on the same tuple is about to write its own. One being taken over
+ * (SNAT_TAKING) is not free twice. */
+static __always_inline bool snat_port_free(struct ct_scratch *s, const struct nat_entry *n)
 {
 	const struct ns_config *cfg;
 	const struct ct_entry *in;
+	__u32 created = nat_word_created(s->claim_word);
 
-	ct_tuple_set(k, (const union lb_addr *)n->to_addr, (const union lb_addr *)t->saddr,
-		     n->to_port, t->sport, t->proto, CT_DIR_INGRESS);
-	in = ct_lookup(k);
+	if (created == SNAT_TAKING ||
+	    ((nat_word_flags(s->claim_word) & SNAT_F_REUSED) && created + 2 >= s->claim_now))
+		return false;
+	ct_tuple_set(&s->tuple3, (const union lb_addr *)n->to_addr,
+		     (const union lb_addr *)s->tuple2.saddr, n->to_port, s->tuple2.sport,
+		     s->tuple2.proto, CT_DIR_INGRESS);
+	/* From the scratch again after the lookup: few values live across
+	 * it, and snat_claim's frame stays one 32-byte step of 6.1's. */
+	in = ct_lookup(&s->tuple3);
 	if (!in)
-		return n->created + 2 < now;
-	if (in->lifetime < now)
+		return nat_word_created(s->claim_word) + 2 < s->claim_now;
+	if (in->lifetime < s->claim_now)
 		return true;
-	if (t->proto != IPPROTO_TCP || !(in->flags & CT_F_CLOSING))
+	if (s->tuple2.proto != IPPROTO_TCP || !(in->flags & CT_F_CLOSING))
 		return false;
 	if (in->flags & CT_F_RST)
 		return true;
 	if ((in->flags & (CT_F_FIN_REPLY | CT_F_TW_BACKEND)) != CT_F_FIN_REPLY || !(cfg = ns_cfg()))
 		return false;
 	/* The last packet came at lifetime less the close timeout. */
-	return in->lifetime + 2 <= now + or_default(cfg->tcp_close_timeout, CT_DEFAULT_TCP_CLOSE);
+	return in->lifetime + 2 <= s->claim_now + or_default(cfg->tcp_close_timeout, CT_DEFAULT_TCP_CLOSE);
+}
+
+/* snat_hold keeps the ingress mapping n, which names this flow's client,
+ * for a new flow of that client (its SYN on the tuple of a flow that is
+ * over; a mapping found again): marked taken back at now (SNAT_F_REUSED),
+ * the port is not free (snat_port_free) in the two CT seconds the flow's
+ * conntrack entries take to replace the last flow's. A CPU that read the
+ * word before finds it changed and leaves the port (snat_claim). false
+ * when another CPU is taking the port over (SNAT_TAKING): the flow finds
+ * another. One compare and swap a CT second at most. */
+static __always_inline bool snat_hold(struct ct_scratch *s, struct nat_entry *n, __u32 now)
+{
+	/* The word found and the one wanted live in the scratch: snat_claim's
+	 * frame stays one 32-byte step of 6.1's rounding. */
+	s->claim_word = READ_ONCE(*nat_word(n));
+	if (nat_word_created(s->claim_word) == SNAT_TAKING)
+		return false;
+	s->hold_word = (s->claim_word & 0xffff) |
+		       ((__u64)(nat_word_flags(s->claim_word) | SNAT_F_REUSED) << 16) |
+		       ((__u64)now << 32);
+	if (s->claim_word == s->hold_word ||
+	    __sync_val_compare_and_swap(nat_word(n), s->claim_word, s->hold_word) == s->claim_word)
+		return true;
+	/* Changed meanwhile: taken back on another CPU too (the same SYN
+	 * sent again), or being taken over. */
+	return nat_word_created(READ_ONCE(*nat_word(n))) != SNAT_TAKING;
 }
 
 /* snat_try_claim takes the scratch's ingress tuple (tuple2) for the
@@ -180,7 +220,7 @@ static __always_inline int snat_try_claim(struct ct_scratch *s, __u32 fresh)
  * claim_now (the scratch's, set by snat_claim_args: this frame stays one
  * 32-byte step of 6.1's rounding): 0 when this flow has it. A tuple held for
  * the same client already is its own (a SYN sent again, a flow made again
- * after its entries were evicted). One held by a flow that is over
+ * after its entries were evicted), held for it (snat_hold). One held by a flow that is over
  * (snat_port_free at CT second now) is taken over: that flow's mappings go,
  * and the claim is tried once more. A global function: verified once, a
  * return of unknown value to its callers (the retry loop's paths stay few).
@@ -189,7 +229,7 @@ static __always_inline int snat_try_claim(struct ct_scratch *s, __u32 fresh)
 __noinline int snat_claim(void)
 {
 	struct ct_scratch *s = ns_scratch();
-	const struct nat_entry *n;
+	struct nat_entry *n;
 
 	if (!s)
 		return -1;
@@ -200,18 +240,22 @@ __noinline int snat_claim(void)
 		return snat_try_claim(s, s->claim_fresh);
 	if (n->to_port == s->nat.to_port &&
 	    addr_equal((const union lb_addr *)s->nat.to_addr, n->to_addr))
-		return 0;
-	if (!snat_port_free(&s->tuple2, n, s->claim_now, &s->tuple3))
+		return snat_hold(s, n, s->claim_now) ? 0 : -1;
+	s->claim_word = READ_ONCE(*nat_word(n));
+	if (!snat_port_free(s, n))
 		return -1;
-	/* Still the mapping found free (tuple3 names its client)? Another
-	 * CPU may have taken the port over meanwhile and claimed it for a
-	 * new flow, whose mapping the deletes below would take (its client's
-	 * ACK would then find its flow gone: bench conns on tc, 1 connection
-	 * in 80,000 at 2,000 a second, reset). The maps have no compare and
-	 * delete: this narrows the race to the few instructions below. */
-	n = snat_lookup(&s->tuple2);
-	if (!n || n->to_port != s->tuple3.sport ||
-	    !addr_equal((const union lb_addr *)s->tuple3.saddr, n->to_addr))
+	/* The port is this CPU's to take over only while the word is still
+	 * the one found free: another CPU may have taken the port over
+	 * meanwhile (and claimed it for a new flow, whose mapping the deletes
+	 * below would take), or the old flow's client taken it back for a new
+	 * flow (snat_hold) whose conntrack entries are not written yet. Its
+	 * client's ACK would then find its flow gone, and the backend reset
+	 * the connection (bench conns on tc before the recheck this replaces:
+	 * 1 connection in 80,000 at 2,000 a second). Marked SNAT_TAKING, the mapping is neither free nor
+	 * taken back elsewhere until it goes. */
+	if (__sync_val_compare_and_swap(nat_word(n), s->claim_word,
+					(s->claim_word & 0xffffffffULL) | ((__u64)SNAT_TAKING << 32)) !=
+	    s->claim_word)
 		return -1;
 	/* The old flow's egress mapping (client -> backend), while it still
 	 * gives this port: its key is in tuple3, less the direction. */
@@ -278,13 +322,13 @@ static __noinline int snat_scan(const struct snat_range *r)
 /* snat_reuse checks the egress mapping of p (client -> backend, after
  * DNAT) found under s->tuple and copied into s->nat: its ingress mapping
  * (what the replies need; the two are evicted apart) must give p's client,
- * and is written back into the flow's table (fresh: snat_new) when it is
- * gone. 0 leaves the egress mapping in s->nat; -1 when the port went to
+ * held for this flow (snat_hold), and is written back into the flow's table
+ * (fresh: snat_new) when it is gone. 0 leaves the egress mapping in s->nat; -1 when the port went to
  * another flow meanwhile: the stale mapping is deleted, for a new one. */
 static __noinline int snat_reuse(const struct ns_pkt *p, struct ct_scratch *s, bool fresh,
 				 __u32 now)
 {
-	const struct nat_entry *n;
+	struct nat_entry *n;
 
 	if (!p || !s)
 		return -1;
@@ -292,7 +336,8 @@ static __noinline int snat_reuse(const struct ns_pkt *p, struct ct_scratch *s, b
 		     s->nat.to_port, p->proto, NAT_DIR_INGRESS);
 	n = snat_lookup(&s->tuple2);
 	if (n) {
-		if (n->to_port == p->sport && addr_equal(&p->saddr, n->to_addr))
+		if (n->to_port == p->sport && addr_equal(&p->saddr, n->to_addr) &&
+		    snat_hold(s, n, now))
 			return 0;
 	} else {
 		__builtin_memcpy(s->nat.to_addr, p->saddr.b, sizeof(s->nat.to_addr));
@@ -351,7 +396,7 @@ static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 	/* The reverse mapping: backend -> node:nat port gives the client. */
 	__builtin_memcpy(s->nat.to_addr, p->saddr.b, sizeof(s->nat.to_addr));
 	s->nat.to_port = p->sport;
-	s->nat.pad = 0;
+	s->nat.flags = 0;
 	s->nat.created = now;
 	ct_tuple_set(in, &p->daddr, &node, p->dport, 0, p->proto, NAT_DIR_INGRESS);
 	snat_claim_args(s, fresh, now);
@@ -461,7 +506,7 @@ static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry
 		     e->nat_port, p->proto, NAT_DIR_EGRESS);
 	__builtin_memcpy(s->nat.to_addr, p->saddr.b, sizeof(s->nat.to_addr));
 	s->nat.to_port = p->sport;
-	s->nat.pad = 0;
+	s->nat.flags = 0;
 	s->nat.created = e->created;
 
 	fresh = e->flags & CT_F_NEW;
@@ -737,7 +782,7 @@ __noinline int ct_complete(const struct ns_pkt *p)
 	if (snat_move(&s->tuple2, s)) {
 		__builtin_memcpy(s->nat.to_addr, p->saddr.b, sizeof(s->nat.to_addr));
 		s->nat.to_port = p->sport;
-		s->nat.pad = 0;
+		s->nat.flags = 0;
 		s->nat.created = s->claim_now;
 		s->claim_fresh = false;
 		if (snat_claim()) {
@@ -750,7 +795,7 @@ __noinline int ct_complete(const struct ns_pkt *p)
 	/* The egress mapping: client -> backend gives node:nat port. */
 	__builtin_memcpy(s->nat.to_addr, s->tuple2.daddr, sizeof(s->nat.to_addr));
 	s->nat.to_port = s->tuple2.dport;
-	s->nat.pad = 0;
+	s->nat.flags = 0;
 	s->nat.created = s->claim_now;
 	ct_tuple_set(&s->tuple2, &p->saddr, (const union lb_addr *)s->half_key.daddr, p->sport,
 		     s->half_key.dport, p->proto, NAT_DIR_EGRESS);

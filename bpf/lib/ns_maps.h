@@ -399,6 +399,9 @@ struct ct_scratch {
 				    * need not look again) */
 	__u32 claim_fresh;         /* snat_claim's arguments: the flow's table */
 	__u32 claim_now;           /* (fresh: snat_new) and the CT second */
+	__u64 claim_word;          /* snat_claim, snat_hold: the word of the
+				    * mapping found (nat_word) */
+	__u64 hold_word;           /* snat_hold: the word it wants */
 	struct dsr_scratch dsr;
 };
 

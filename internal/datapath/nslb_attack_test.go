@@ -152,6 +152,89 @@ func TestPrivilegedNorthSouthNATPortTakeover(t *testing.T) {
 	})
 }
 
+// tableWith returns the first of tables that holds key, its value in v;
+// nil when none does.
+func tableWith(t *testing.T, key lbmap.CTTuple, v any, tables ...*ebpf.Map) *ebpf.Map {
+	t.Helper()
+	for _, m := range tables {
+		if err := m.Lookup(&key, v); err == nil {
+			return m
+		}
+	}
+	return nil
+}
+
+// A port is taken over by one flow only, never from a new flow of the old
+// flow's own client. With one nat port, a flow is reset and its client
+// opens a new connection from the same port (a SYN on the same tuple:
+// tcp_tw_reuse, or a RST'd socket's port chosen again), which takes its
+// mapping back. On two CPUs, another new flow may have read conntrack the
+// moment before that SYN's entries replaced the reset flow's: the test
+// puts the reset flow's entry back, as that CPU saw it. The other flow
+// must not take the port (it did before: the first client's ACK would
+// then find its mapping gone and be given another port, which the backend
+// would reset). Two seconds on, a mapping taken back whose flow never wrote
+// an entry is free again. And a mapping another CPU is taking over
+// (SNAT_TAKING) is neither taken over twice nor taken back.
+func TestPrivilegedNorthSouthNATPortTakenBack(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		cts := []*ebpf.Map{n.tc.Ct, n.tc.CtAny, n.tc.CtNew}
+		nats := []*ebpf.Map{n.tc.Snat, n.tc.SnatAny, n.tc.SnatNew}
+		setNATRange(t, n, snatMin, snatMin, ctNow)
+		old := masqueradedFlow{client(46000), apLBTCP, apRemote, bpftest.TCP}
+		port := handshake(t, n, prog, old)
+		_, in, _, ing := old.keys(port)
+		reset := bpftest.Packet{Src: old.be, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP, Flags: bpftest.RST}
+		wantVerdict(t, kind, prog, "the backend resets the first flow", reset, vPass)
+		var closed lbmap.CTEntry
+		if tableWith(t, in, &closed, cts...) == nil {
+			t.Fatalf("the reset flow's ingress entry %s: in no table", in)
+		}
+
+		setNATRange(t, n, snatMin, snatMin, ctNow+5)
+		again := bpftest.Packet{Src: old.c, Dst: old.fe, Proto: bpftest.TCP, Flags: bpftest.SYN}
+		wantVerdict(t, kind, prog, "a new flow of the same client and port", again, vPass)
+		if p := natPort(t, n, old.c, old.be, bpftest.TCP); p != port {
+			t.Fatalf("the client's new flow on the same tuple: nat port %d, want its mapping's, %d", p, port)
+		}
+		var mine lbmap.CTEntry
+		m := tableWith(t, in, &mine, cts...)
+		if m == nil {
+			t.Fatalf("the new flow's ingress entry %s: in no table", in)
+		}
+		must(t, m.Put(&in, &closed)) // as another CPU read it a moment before
+		other := bpftest.Packet{Src: client(47000), Dst: apLBTCP, Proto: bpftest.TCP, Flags: bpftest.SYN}
+		wantVerdict(t, kind, prog, "another client while the port is taken back", other, vDrop)
+		var got lbmap.NATEntry
+		if tableWith(t, ing, &got, nats...) == nil || got.ToAddr.NetIP() != old.c.Addr() || got.ToPort.Host() != old.c.Port() {
+			t.Errorf("the ingress mapping of port %d: %v, want the client's, %s", port, got, old.c)
+		}
+
+		setNATRange(t, n, snatMin, snatMin, ctNow+8)
+		other.Src = client(47001)
+		wantVerdict(t, kind, prog, "another client two seconds on, no entry of the new flow's written", other, vPass)
+		if p := natPort(t, n, other.Src, old.be, bpftest.TCP); p != port {
+			t.Fatalf("another client two seconds on: nat port %d, want %d", p, port)
+		}
+
+		// That flow reset in turn, and its mapping marked as a CPU
+		// taking the port over marks it.
+		reset.Flags = bpftest.RST
+		wantVerdict(t, kind, prog, "the backend resets the other flow", reset, vPass)
+		m = tableWith(t, ing, &got, nats...)
+		if m == nil {
+			t.Fatalf("the other flow's ingress mapping %s: in no table", ing)
+		}
+		got.Created = 0xffffffff // SNAT_TAKING
+		must(t, m.Put(&ing, &got))
+		setNATRange(t, n, snatMin, snatMin, ctNow+12)
+		other.Src = client(47002)
+		wantVerdict(t, kind, prog, "a third client while another CPU takes the port over", other, vDrop)
+		again.Src = client(47001)
+		wantVerdict(t, kind, prog, "the other flow's client on its tuple while another CPU takes the port over", again, vDrop)
+	})
+}
+
 // Only an exhausted range drops a new flow: with 64 nat ports and 63 held
 // by live flows, a new flow finds the last one (the random probes miss it
 // most of the time; the search port by port does not).

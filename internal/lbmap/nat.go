@@ -13,13 +13,17 @@ import (
 type NATEntry struct {
 	ToAddr  Addr
 	ToPort  Port
-	Pad     uint16
-	Created uint32 // CT clock seconds
+	Flags   uint16 // SNAT_F_*: NATFlagReused
+	Created uint32 // CT clock seconds: made, or taken back by its client (NATFlagReused)
 }
 
 func (e NATEntry) String() string {
 	return fmt.Sprintf("-> %s", addrPort(e.ToAddr, e.ToPort))
 }
+
+// NATFlagReused marks an ingress mapping that a new flow of its own client
+// took back at its Created second (SNAT_F_REUSED, ct_abi.h).
+const NATFlagReused = 1
 
 // NAT reads the SNAT maps: snat and snat_any, the established TCP and
 // other flows' mappings, and snat_new, the new flows'.
