@@ -5,7 +5,7 @@
  * shared with xdp_lb.c.
  */
 #define SLUICE_TC
-#include "nodeport.h"
+#include "ns_entry.h"
 
 SEC("tc")
 int tc_lb_ingress(struct __sk_buff *ctx)

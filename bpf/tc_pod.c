@@ -11,7 +11,7 @@
  */
 #define SLUICE_TC
 #define SLUICE_POD_LB
-#include "nodeport.h"
+#include "ns_entry.h"
 
 SEC("tc")
 int tc_pod_from_pod(struct __sk_buff *ctx)

@@ -4,7 +4,7 @@
  * backends leave through the stack and are handled by tc_lb_egress.
  */
 #define SLUICE_XDP
-#include "nodeport.h"
+#include "ns_entry.h"
 
 SEC("xdp")
 int xdp_lb_ingress(struct xdp_md *ctx)
