@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -519,6 +520,15 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 	for _, b := range topology(nm, cfg.Nodes, cfg.PodsPerNode, real, cfg.CNI != "", cfg.Uplinks) {
 		if err := ipBatch(ctx, b.netns, b.cmds); err != nil {
 			return err
+		}
+	}
+
+	if pods := l.Pods(); len(pods) > 0 {
+		l.step("steering each flow a pod receives to one CPU (RPS on the pods' eth0, as a NIC's RSS upstream does)")
+		for _, p := range pods {
+			if err := setRPS(ctx, p.Netns, "eth0", goruntime.NumCPU()); err != nil {
+				return err
+			}
 		}
 	}
 

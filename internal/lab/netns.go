@@ -34,6 +34,44 @@ func ipBatch(ctx context.Context, ns string, cmds []string) error {
 	return nil
 }
 
+// cpuMask is the rps_cpus mask of CPUs 0..n-1: hex, a comma between each
+// 32 CPUs, as the kernel writes it.
+func cpuMask(n int) string {
+	var words []string
+	for ; n > 0; n -= 32 {
+		w := uint32(0xffffffff)
+		if n < 32 {
+			w = 1<<uint(n) - 1
+		}
+		words = append([]string{fmt.Sprintf("%08x", w)}, words...)
+	}
+	if len(words) == 0 {
+		return "0"
+	}
+	return strings.Join(words, ",")
+}
+
+// setRPS steers each flow that dev in namespace ns receives to one CPU
+// (Receive Packet Steering over every CPU), as a NIC's RSS does for every
+// real node and so for its pods. Without it a lab's backend takes a TCP
+// handshake's last ACK and the first request, sent by the client from two
+// CPUs, on two CPUs at once, and the kernel (6.18 here) now and then
+// answers the request with a RST: its lookup on one CPU misses the
+// connection while the other swaps the request socket for the full one in
+// the established hash. That reset ~1 in 100,000 new connections with the
+// kernel's path and sluice's alike (docs/benchmarks.md, 2026-11-30). sysfs
+// shows the devices of the namespace that mounted it: `ip netns exec`
+// mounts the namespace's own.
+func setRPS(ctx context.Context, ns, dev string, cpus int) error {
+	path := "/sys/class/net/" + dev + "/queues/rx-0/rps_cpus"
+	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "sh", "-c",
+		"echo "+cpuMask(cpus)+" > "+path).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("netns %s: RPS on %s (%s): %w: %s", ns, dev, path, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
 func addNetns(ctx context.Context, name string) error {
 	out, err := exec.CommandContext(ctx, "ip", "netns", "add", name).CombinedOutput()
 	if err != nil {
