@@ -523,13 +523,7 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 		}
 	}
 
-	// Not in a bandwidth manager's lab yet: its tests hold a Pod's rate to
-	// a band measured at the receiving Pod, and the one same-node check
-	// (policed at the receiving Pod's veth) read 1.100 of its 1.10 bound
-	// in one of two runs in a TCG guest since the Pods got RPS: not
-	// measured apart from noise yet, so those labs keep the fabric they
-	// were measured on.
-	if pods := l.Pods(); len(pods) > 0 && !cfg.BandwidthManager {
+	if pods := l.Pods(); len(pods) > 0 {
 		l.step("steering each flow a pod receives to one CPU (RPS on the pods' eth0, as a NIC's RSS upstream does)")
 		for _, p := range pods {
 			if err := setRPS(ctx, p.Netns, "eth0", goruntime.NumCPU()); err != nil {
