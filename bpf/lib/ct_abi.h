@@ -161,6 +161,9 @@ struct nat_entry {
 #define nat_word(n) ((__u64 *)&(n)->to_port)
 #define nat_word_created(w) ((__u32)((w) >> 32))
 #define nat_word_flags(w) ((__u16)((w) >> 16))
+/* nat_word_with is the word w with flags and created replaced. */
+#define nat_word_with(w, flags, created)                                                    \
+	(((w) & 0xffffULL) | ((__u64)(__u16)(flags) << 16) | ((__u64)(__u32)(created) << 32))
 _Static_assert(__builtin_offsetof(struct nat_entry, to_port) % 8 == 0 &&
 		       __builtin_offsetof(struct nat_entry, flags) == 18 &&
 		       __builtin_offsetof(struct nat_entry, created) == 20,

@@ -179,9 +179,7 @@ static __always_inline bool snat_hold(struct ct_scratch *s, struct nat_entry *n,
 	s->claim_word = READ_ONCE(*nat_word(n));
 	if (nat_word_created(s->claim_word) == SNAT_TAKING)
 		return false;
-	s->hold_word = (s->claim_word & 0xffff) |
-		       ((__u64)(nat_word_flags(s->claim_word) | SNAT_F_REUSED) << 16) |
-		       ((__u64)now << 32);
+	s->hold_word = nat_word_with(s->claim_word, nat_word_flags(s->claim_word) | SNAT_F_REUSED, now);
 	if (s->claim_word == s->hold_word ||
 	    __sync_val_compare_and_swap(nat_word(n), s->claim_word, s->hold_word) == s->claim_word)
 		return true;
@@ -254,8 +252,8 @@ __noinline int snat_claim(void)
 	 * 1 connection in 80,000 at 2,000 a second). Marked SNAT_TAKING, the mapping is neither free nor
 	 * taken back elsewhere until it goes. */
 	if (__sync_val_compare_and_swap(nat_word(n), s->claim_word,
-					(s->claim_word & 0xffffffffULL) | ((__u64)SNAT_TAKING << 32)) !=
-	    s->claim_word)
+					nat_word_with(s->claim_word, nat_word_flags(s->claim_word),
+						      SNAT_TAKING)) != s->claim_word)
 		return -1;
 	/* The old flow's egress mapping (client -> backend), while it still
 	 * gives this port: its key is in tuple3, less the direction. */
