@@ -5,11 +5,18 @@
  */
 #define SLUICE_XDP
 #include "ns_entry.h"
+#include "xdp_entry.h"
 
 SEC("xdp")
 int xdp_lb_ingress(struct xdp_md *ctx)
 {
 	return nodeport_ingress(ctx);
 }
+
+XDP_LB_ENTRY_MAP xdp_lb_entry SEC(".maps") = {
+	.values = {
+		[0] = (void *)&xdp_lb_ingress,
+	},
+};
 
 char __license[] SEC("license") = "Dual BSD/GPL";

@@ -78,6 +78,9 @@ type deviceAttachment struct {
 	DeviceAttachment
 	links   []*pinnedLink
 	filters []netlink.Filter // TCKindTC
+	// front is the device-bound VLAN front XDP runs here (vlan.go), nil
+	// when XDP runs the service path itself.
+	front *ebpf.Program
 }
 
 // tc filter identity: replacing the filter with the same handle and
@@ -190,6 +193,9 @@ func (d *deviceAttachment) release(detach bool) error {
 	for _, l := range d.links {
 		errs = append(errs, l.release(detach))
 	}
+	if d.front != nil {
+		errs = append(errs, d.front.Close())
+	}
 	if detach {
 		for _, f := range d.filters {
 			if err := netlink.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
@@ -208,6 +214,9 @@ func attachDevice(dev Device, progs NorthSouthPrograms, opts DeviceOptions) (*de
 			for _, l := range d.links {
 				l.release(false)
 			}
+			if d.front != nil {
+				d.front.Close()
+			}
 		}
 	}()
 	attachTC := d.attachTC
@@ -217,7 +226,7 @@ func attachDevice(dev Device, progs NorthSouthPrograms, opts DeviceOptions) (*de
 	if err := attachTC(progs, opts.LinksDir); err != nil {
 		return nil, err
 	}
-	if err := d.attachXDP(progs.XDPIngress, opts); err != nil {
+	if err := d.attachXDP(progs.XDPIngress, progs.XDPVLANFront, opts); err != nil {
 		return nil, err
 	}
 	ok = true
@@ -307,7 +316,7 @@ func DevicePinName(dev string) string { return devicePinNames.Replace(dev) }
 // not load the XDP object: every device was a veth when it started.
 const NoXDPObjectReason = "the XDP object was not loaded: every device was a veth when the agent started (restart the agent for XDP here)"
 
-func (d *deviceAttachment) attachXDP(prog *ebpf.Program, opts DeviceOptions) error {
+func (d *deviceAttachment) attachXDP(prog *ebpf.Program, front func(int) (*ebpf.Program, error), opts DeviceOptions) error {
 	want := opts.XDP
 	if want == XDPBestEffort {
 		want = XDPNative
@@ -328,7 +337,10 @@ func (d *deviceAttachment) attachXDP(prog *ebpf.Program, opts DeviceOptions) err
 		want, d.XDPError = XDPDisabled, NoXDPObjectReason
 	}
 	if want == XDPNative {
-		reason, note, err := vlanXDP(d.Device, d.Ifindex, opts.XDP == XDPNative)
+		fp, reason, note, err := vlanXDP(d.Device, d.Ifindex, opts.XDP == XDPNative, front)
+		if fp != nil { // the link holds it; closed with the attachment
+			prog, d.front = fp, fp
+		}
 		switch {
 		case err != nil && opts.XDP == XDPNative:
 			return fmt.Errorf("native XDP: %w", err)

@@ -79,6 +79,9 @@ type NorthSouthPrograms struct {
 	TCIngress  *ebpf.Program // tc / tcx ingress
 	TCEgress   *ebpf.Program // tc / tcx egress: reverse DNAT of local backends' replies
 	XDPIngress *ebpf.Program // XDP, when acceleration is on
+	// XDPVLANFront loads the device-bound front of XDPIngress for the
+	// device ifindex (vlan.go), nil without the XDP object.
+	XDPVLANFront func(ifindex int) (*ebpf.Program, error)
 }
 
 const (
@@ -375,11 +378,15 @@ func orDefault(v, def uint32) uint32 {
 
 // Programs returns the programs for the next layer to attach.
 func (n *NorthSouth) Programs() NorthSouthPrograms {
-	return NorthSouthPrograms{
+	p := NorthSouthPrograms{
 		TCIngress:  n.tc.TcLbIngress,
 		TCEgress:   n.tc.TcLbEgress,
 		XDPIngress: n.xdp.XdpLbIngress,
 	}
+	if n.xdp.XdpLbEntry != nil {
+		p.XDPVLANFront = func(ifindex int) (*ebpf.Program, error) { return loadVLANFront(ifindex, n.xdp.XdpLbEntry) }
+	}
+	return p
 }
 
 // FlowCacheSets is the size of each program's per-CPU flow cache in sets

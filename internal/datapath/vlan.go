@@ -13,10 +13,12 @@ package datapath
 // off and says so.
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"unsafe"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -97,27 +99,81 @@ func SetRXVLANOffload(dev string, on bool) error {
 	return nil
 }
 
-// vlanXDP is what native XDP on dev needs for its VLAN devices: "" when
-// nothing (no VLAN device on it, or its RX VLAN offload is off); else the
-// reason XDP would see their traffic untagged, and with fix, that offload
-// turned off (the note says so).
-func vlanXDP(dev string, ifindex int, fix bool) (reason, note string, err error) {
+// xdpDevBoundOnly is BPF_F_XDP_DEV_BOUND_ONLY: a program loaded for one
+// device, which may call its driver's metadata kfuncs.
+const xdpDevBoundOnly = 1 << 6
+
+// loadVLANFront loads bpf/xdp_vlan.c's front for the device ifindex,
+// reaching the service path through entry (xdp_lb_entry). An error says
+// why the device's tags cannot be read: the kernel (before 6.8) or the
+// driver does not give them to XDP.
+func loadVLANFront(ifindex int, entry *ebpf.Map) (*ebpf.Program, error) {
+	ok, known, err := XDPRxVLANTag(ifindex)
+	switch {
+	case err != nil:
+		return nil, err
+	case !known:
+		return nil, errors.New("the kernel reports no XDP RX metadata (netdev xdp-rx-metadata-features, 6.8)")
+	case !ok:
+		return nil, errors.New("its driver does not give XDP the VLAN tag it takes off (no vlan-tag in xdp-rx-metadata-features)")
+	}
+	spec, err := loadXdpvlan()
+	if err != nil {
+		return nil, fmt.Errorf("VLAN front spec: %w", err)
+	}
+	ps := spec.Programs[xdpvlanProgXdpVlanFront]
+	ps.Ifindex, ps.Flags = uint32(ifindex), ps.Flags|xdpDevBoundOnly
+	var objs xdpvlanObjects
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{
+		MapReplacements: map[string]*ebpf.Map{xdpvlanMapXdpLbEntry: entry},
+	}); err != nil {
+		return nil, fmt.Errorf("load the VLAN front (bpf_xdp_metadata_rx_vlan_tag): %w", err)
+	}
+	objs.XdpLbEntry.Close() // the replacement's clone; entry stays open
+	return objs.XdpVlanFront, nil
+}
+
+// vlanXDP is what native XDP on dev needs for its VLAN devices: "" and no
+// front when nothing (no VLAN device on it, or its RX VLAN offload is off).
+// Else, where front (nil: none) loads the device-bound front that reads
+// each frame's stripped tag, that program, to attach in the service path's
+// place, and a note saying so. Else the reason XDP would see their traffic
+// untagged, and with fix, that offload turned off (the note says so).
+func vlanXDP(dev string, ifindex int, fix bool, front func(ifindex int) (*ebpf.Program, error)) (
+	prog *ebpf.Program, reason, note string, err error) {
 	uppers, err := vlanUppers(ifindex)
 	if err != nil || len(uppers) == 0 {
-		return "", "", err
+		return nil, "", "", err
 	}
 	on, err := RXVLANOffload(dev)
 	if err != nil || !on {
-		return "", "", err
+		return nil, "", "", err
 	}
-	reason = fmt.Sprintf("VLAN devices on it (%s) and rx-vlan-offload on: XDP would see their traffic untagged, as the native VLAN's (ethtool -K %s rxvlan off lets XDP on)",
-		strings.Join(uppers, ", "), dev)
+	return vlanOffloaded(dev, ifindex, uppers, fix, front)
+}
+
+// vlanOffloaded is vlanXDP for a device with VLAN devices uppers on it and
+// its RX VLAN offload on.
+func vlanOffloaded(dev string, ifindex int, uppers []string, fix bool, front func(ifindex int) (*ebpf.Program, error)) (
+	prog *ebpf.Program, reason, note string, err error) {
+	names := strings.Join(uppers, ", ")
+	why := ""
+	if front != nil {
+		p, ferr := front(ifindex)
+		if ferr == nil {
+			return p, "", fmt.Sprintf("VLAN devices on it (%s), rx-vlan-offload on: XDP reads each frame's stripped tag "+
+				"(bpf_xdp_metadata_rx_vlan_tag) and leaves tagged frames to tc", names), nil
+		}
+		why = fmt.Sprintf(" (the tag cannot be read: %v)", ferr)
+	}
+	reason = fmt.Sprintf("VLAN devices on it (%s) and rx-vlan-offload on: XDP would see their traffic untagged, as the native VLAN's%s (ethtool -K %s rxvlan off lets XDP on)",
+		names, why, dev)
 	if !fix {
-		return reason, "", nil
+		return nil, reason, "", nil
 	}
 	if err := SetRXVLANOffload(dev, false); err != nil {
-		return reason, "", err
+		return nil, reason, "", err
 	}
-	return "", fmt.Sprintf("rx-vlan-offload turned off for native XDP: VLAN devices on it (%s), whose frames XDP must see tagged",
-		strings.Join(uppers, ", ")), nil
+	return nil, "", fmt.Sprintf("rx-vlan-offload turned off for native XDP: VLAN devices on it (%s), whose frames XDP must see tagged%s",
+		names, why), nil
 }

@@ -49,6 +49,7 @@ const (
 	xdplbMapSnatAny           = "snat_any"
 	xdplbMapSnatEst           = "snat_est"
 	xdplbMapSnatNew           = "snat_new"
+	xdplbMapXdpLbEntry        = "xdp_lb_entry"
 	xdplbMapXdpLbStages       = "xdp_lb_stages"
 	xdplbProgXdpLbDsrBackend  = "xdp_lb_dsr_backend"
 	xdplbProgXdpLbIcmp        = "xdp_lb_icmp"
@@ -144,6 +145,7 @@ type xdplbMapSpecs struct {
 	SnatAny       *ebpf.MapSpec `ebpf:"snat_any"`
 	SnatEst       *ebpf.MapSpec `ebpf:"snat_est"`
 	SnatNew       *ebpf.MapSpec `ebpf:"snat_new"`
+	XdpLbEntry    *ebpf.MapSpec `ebpf:"xdp_lb_entry"`
 	XdpLbStages   *ebpf.MapSpec `ebpf:"xdp_lb_stages"`
 }
 
@@ -211,6 +213,7 @@ type xdplbMaps struct {
 	SnatAny       *ebpf.Map `ebpf:"snat_any"`
 	SnatEst       *ebpf.Map `ebpf:"snat_est"`
 	SnatNew       *ebpf.Map `ebpf:"snat_new"`
+	XdpLbEntry    *ebpf.Map `ebpf:"xdp_lb_entry"`
 	XdpLbStages   *ebpf.Map `ebpf:"xdp_lb_stages"`
 }
 
@@ -249,6 +252,7 @@ func (m *xdplbMaps) Close() error {
 		m.SnatAny,
 		m.SnatEst,
 		m.SnatNew,
+		m.XdpLbEntry,
 		m.XdpLbStages,
 	)
 }
