@@ -5,10 +5,10 @@ package bench
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -330,22 +330,16 @@ func (p *pps) setup() error {
 	if err != nil {
 		return fmt.Errorf("load helper spec: %w", err)
 	}
-	var tmpl [minFrameLen]byte
-	copy(tmpl[:], frame)
-	var synTmpl [minSYNFrameLen]byte
-	genSyn, l4 := uint8(0), uint8(bpftest.UDP)
+	l4 := uint8(bpftest.UDP)
 	if p.cfg.NewFlows {
-		copy(synTmpl[:], frame)
-		genSyn, l4 = 1, bpftest.TCP
+		l4 = bpftest.TCP
 	}
 	fwdSMAC, fwdIfindex := macEth0, uint32(0) // one NIC: back out eth0, XDP_TX
 	if p.cfg.Topology == TopologyTwoNIC {
 		fwdSMAC, fwdIfindex = macEth1, uint32(p.topo.eth1)
 	}
-	consts := map[string]any{
-		// The generator.
-		"pps_tmpl": tmpl, "base_sport": uint16(baseSport), "flows": uint32(p.cfg.Flows),
-		"gen_syn": genSyn, "syn_tmpl": synTmpl, "syn_saddr": binary.BigEndian.Uint32(synSources.AsSlice()),
+	consts := genConsts(frame, p.cfg.Flows, p.cfg.NewFlows)
+	maps.Copy(consts, map[string]any{
 		"node_cpu": uint32(max(p.cfg.NodeCPU, 0)),
 		"window":   uint32(genWindow), "batch": uint32(genBatch),
 		"wait_ns": uint64(genWait), "stall_ns": uint64(genStall),
@@ -358,7 +352,7 @@ func (p *pps) setup() error {
 		"fwd_daddr": ipBackend.As4(), "fwd_dport": lbmap.PortFrom(backendPort), "fwd_ifindex": fwdIfindex,
 		// A DSR LB node's tunnel to the backend's node.
 		"tunnel_addr": ipNode2.As4(),
-	}
+	})
 	for name, v := range consts {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)

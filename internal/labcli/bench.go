@@ -22,7 +22,7 @@ func benchCommand() *cobra.Command {
 		Use:   "bench",
 		Short: "Benchmarks: every contender in one run, min/median/max over repeats",
 	}
-	cmd.AddCommand(benchPPSCommand(), benchScaleCommand(), benchClusterCommand(), benchBandwidthCommand(), benchQperfCommand(), benchDNSCommand(), benchConnsCommand())
+	cmd.AddCommand(benchPPSCommand(), benchScaleCommand(), benchClusterCommand(), benchBandwidthCommand(), benchQperfCommand(), benchDNSCommand(), benchConnsCommand(), benchProgCommand())
 	return cmd
 }
 
