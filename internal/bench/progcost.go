@@ -30,9 +30,13 @@ import (
 // tail-calls the program; the helper alone, tail-calling a program that
 // only returns, is taken off). The frames are the lab client's to node1's
 // NodePort, whose one endpoint is node2's pod: a masqueraded forward, as
-// behind an ingress controller. Two kinds: one UDP flow again and again
-// (established, after the first run), and TCP SYNs of a new flow each
-// (pps's --new-flows frames). It is the one figure of `bench pps` that the
+// behind an ingress controller. Two kinds: 1,024 UDP flows in turn
+// (established, after each one's first run), and TCP SYNs of a new flow
+// each (pps's --new-flows frames), fewer of them: every SYN masqueraded to
+// the one backend takes one of the node's ~64k ports toward it, which
+// Cilium holds until the flow's conntrack entry expires (its SYNs are
+// dropped after ~65k, measured), and sluice takes over once the flow is
+// dead. It is the one figure of `bench pps` that the
 // real Cilium can be put beside, since its agent, not a loader, sets its
 // programs up: `bench pps` loads sluice's objects on a bare topology.
 
@@ -49,16 +53,18 @@ var ProgDataplanes = []string{ProgSluice, ProgCilium}
 type ProgConfig struct {
 	Dataplanes []string
 	// Repeats is the samples per program and frame kind; ProgRepeat the
-	// BPF_PROG_RUN repeat count of one sample.
-	Repeats, ProgRepeat int
-	Prefix              string
-	Exe, AgentBin       string
-	Progress            io.Writer
+	// BPF_PROG_RUN repeat count of one sample of the established flows,
+	// NewFlowRepeat of the new flows'.
+	Repeats, ProgRepeat, NewFlowRepeat int
+	Prefix                             string
+	Exe, AgentBin                      string
+	Progress                           io.Writer
 }
 
 // DefaultProgConfig is what `sluice-lab bench prog` runs without flags.
 func DefaultProgConfig() ProgConfig {
-	return ProgConfig{Dataplanes: slices.Clone(ProgDataplanes), Repeats: 5, ProgRepeat: 200000, Prefix: "sluice-prog-"}
+	return ProgConfig{Dataplanes: slices.Clone(ProgDataplanes), Repeats: 5, ProgRepeat: 200000, NewFlowRepeat: 3000,
+		Prefix: "sluice-prog-"}
 }
 
 // Validate names the first bad field.
@@ -71,8 +77,9 @@ func (c ProgConfig) Validate() error {
 			return fmt.Errorf("bench prog: unknown dataplane %q (want %v)", d, ProgDataplanes)
 		}
 	}
-	if c.Repeats < 1 || c.ProgRepeat < 1 {
-		return fmt.Errorf("bench prog: --repeats %d and --prog-repeat %d must be at least 1", c.Repeats, c.ProgRepeat)
+	if c.Repeats < 1 || c.ProgRepeat < 1 || c.NewFlowRepeat < 1 {
+		return fmt.Errorf("bench prog: --repeats %d, --prog-repeat %d and --new-flow-repeat %d must be at least 1",
+			c.Repeats, c.ProgRepeat, c.NewFlowRepeat)
 	}
 	return nil
 }
@@ -89,6 +96,10 @@ const (
 	ProgNewFlow     = "new TCP SYN"
 )
 
+// progFlows are the established UDP flows the frames cycle through (source
+// ports), as bench pps's default: each made by its first run.
+const progFlows = 1024
+
 // ProgRow is one program on one frame kind.
 type ProgRow struct {
 	Dataplane string `json:"dataplane"`
@@ -100,8 +111,12 @@ type ProgRow struct {
 	Verdict     string `json:"verdict"`
 	// Forwarded: the verdict is the hook's forwarding one (XDP_TX,
 	// TC_ACT_REDIRECT); any other measured another path.
-	Forwarded bool   `json:"forwarded"`
-	Skipped   string `json:"skipped,omitempty"`
+	Forwarded bool `json:"forwarded"`
+	// Drops are the dataplane's own drop counters by reason, what they
+	// rose by during this row's samples (Cilium's metrics; sluice's
+	// programs count theirs in the same map the agent exports).
+	Drops   map[string]uint64 `json:"drops,omitempty"`
+	Skipped string            `json:"skipped,omitempty"`
 }
 
 // ProgReport is `bench prog`'s result.
@@ -126,13 +141,16 @@ func RunProg(ctx context.Context, cfg ProgConfig) (*ProgReport, error) {
 	return rep, err
 }
 
-// progService is the conns Service with a UDP port beside its TCP one, on
-// the same NodePort.
+// progUDPNodePort is the Service's UDP NodePort (the apiserver gives one
+// Service's TCP and UDP ports a NodePort each).
+const progUDPNodePort = connsNodePort + 1
+
+// progService is the conns Service with a UDP port beside its TCP one.
 func progService(backend string) *corev1.Service {
 	svc := connsService(backend)
 	svc.Name = "prog"
 	svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: "udp", Protocol: corev1.ProtocolUDP, Port: 53,
-		TargetPort: intstr.FromInt32(lab.EchoUDPPort), NodePort: connsNodePort})
+		TargetPort: intstr.FromInt32(lab.EchoUDPPort), NodePort: progUDPNodePort})
 	return svc
 }
 
@@ -178,7 +196,7 @@ func runProgDataplane(ctx context.Context, cfg ProgConfig, d string, rep *ProgRe
 			}
 		}()
 		for _, f := range frames {
-			rows, err := progCosts(ctx, cfg, d, progs, f)
+			rows, err := progCosts(ctx, cfg, d, progs, f, progDrops(ctx, node1))
 			rep.Rows = append(rep.Rows, rows...)
 			if err != nil {
 				return err
@@ -208,8 +226,12 @@ func progFrames(l *lab.Lab, node1 lab.Node) ([]progFrame, error) {
 	}
 	var out []progFrame
 	for _, kind := range []string{ProgEstablished, ProgNewFlow} {
+		port := uint16(progUDPNodePort)
+		if kind == ProgNewFlow {
+			port = connsNodePort
+		}
 		frame, err := progPacket(clientMAC, nodeMAC, netip.AddrPortFrom(l.Client.IPv4, baseSport),
-			netip.AddrPortFrom(node1.IPv4, connsNodePort), kind == ProgNewFlow)
+			netip.AddrPortFrom(node1.IPv4, port), kind == ProgNewFlow)
 		if err != nil {
 			return nil, err
 		}
@@ -230,7 +252,8 @@ func closeFrames(fs []progFrame) {
 }
 
 // progPacket is benchPacket's frame between the lab's addresses: UDP from
-// src to dst, or a TCP SYN from synSources:1024 (the first new flow).
+// src to dst, or a TCP SYN from synSources:1024 (the first new flow) to
+// dst.
 func progPacket(srcMAC, dstMAC net.HardwareAddr, src, dst netip.AddrPort, newFlows bool) ([]byte, error) {
 	pkt := bpftest.Packet{SrcMAC: srcMAC, DstMAC: dstMAC, Src: src, Dst: dst, Proto: bpftest.UDP,
 		Payload: make([]byte, 60-minFrameLen)}
@@ -259,13 +282,13 @@ func genConsts(frame []byte, flows int, newFlows bool) map[string]any {
 }
 
 // loadRestore loads pps's helpers with frame as the template the restore
-// helpers write: one UDP flow, or a new TCP flow every run.
+// helpers write: progFlows UDP flows in turn, or a new TCP flow every run.
 func loadRestore(objs *ppsObjects, frame []byte, newFlows bool) error {
 	spec, err := loadPps()
 	if err != nil {
 		return fmt.Errorf("load helper spec: %w", err)
 	}
-	for name, v := range genConsts(frame, 1, newFlows) {
+	for name, v := range genConsts(frame, progFlows, newFlows) {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)
 		}
@@ -360,8 +383,19 @@ var (
 	progForward = map[string]string{"xdp": "tx", "tc": "redirect"}
 )
 
-// progCosts samples each of progs on frame f, in turns.
-func progCosts(ctx context.Context, cfg ProgConfig, d string, progs []hookProgram, f progFrame) ([]ProgRow, error) {
+// progDrops reads node's dataplane's drop counters by reason: Cilium's
+// metrics, sluice's agent's.
+func progDrops(ctx context.Context, node lab.Node) func() (map[string]uint64, error) {
+	if node.Cilium != nil {
+		return func() (map[string]uint64, error) { return lab.CiliumDrops(ctx, node) }
+	}
+	return func() (map[string]uint64, error) { return lab.AgentDrops(ctx, node) }
+}
+
+// progCosts samples each of progs on frame f, in turns; drops reads the
+// dataplane's drop counters, before and after each sample.
+func progCosts(ctx context.Context, cfg ProgConfig, d string, progs []hookProgram, f progFrame,
+	drops func() (map[string]uint64, error)) ([]ProgRow, error) {
 	rows := make([]ProgRow, len(progs))
 	samples := make([][]float64, len(progs))
 	for i, h := range progs {
@@ -381,7 +415,29 @@ func progCosts(ctx context.Context, cfg ProgConfig, d string, progs []hookProgra
 				restore, null, targets = f.gen.TcPpsRestore, f.gen.TcPpsPass, f.gen.PpsTcTarget
 				runCtx = skbCtx{IngressIfindex: uint32(h.ifindex), Ifindex: uint32(h.ifindex)}
 			}
-			prog, base, verdict, err := costSample(restore, h.prog, null, targets, f.frame, runCtx, cfg.ProgRepeat)
+			repeat := cfg.ProgRepeat
+			if f.kind == ProgNewFlow {
+				repeat = cfg.NewFlowRepeat
+			}
+			before, err := drops()
+			if err != nil {
+				return rows, fmt.Errorf("%s's drop counters: %w", d, err)
+			}
+			prog, base, verdict, err := costSample(restore, h.prog, null, targets, f.frame, runCtx, repeat)
+			if err == nil {
+				after, derr := drops()
+				if derr != nil {
+					return rows, fmt.Errorf("%s's drop counters: %w", d, derr)
+				}
+				for reason, n := range after {
+					if n > before[reason] {
+						if rows[i].Drops == nil {
+							rows[i].Drops = map[string]uint64{}
+						}
+						rows[i].Drops[reason] += n - before[reason]
+					}
+				}
+			}
 			if err != nil {
 				// A program the helper cannot tail-call (another
 				// kind of XDP program, frags) or run is a skip.

@@ -1,7 +1,10 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
+	"slices"
 	"io"
 	"strings"
 
@@ -56,7 +59,9 @@ func (r *ProgReport) WriteMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "# sluice-lab bench prog\n\n%d CPUs, kernel %s, %s.\n\n", r.CPUs, r.Kernel, r.Start.Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(w, "Each dataplane's programs on node1's eth0, as its agent attached them in a lab (node1 on native XDP), "+
 		"run with BPF_PROG_RUN on the lab client's frames to node1's NodePort, whose one endpoint is node2's pod "+
-		"(masqueraded): %d samples of %d runs each, the restore helper's own time taken off.\n\n", r.Config.Repeats, r.Config.ProgRepeat)
+		"(masqueraded): %d samples per row, of %d runs (%d UDP flows in turn) and of %d runs (a new TCP flow each: all of them "+
+		"fit, with the other hook's, in the ~64k ports a node masquerades to one backend with), the restore helper's own time taken off.\n\n",
+		r.Config.Repeats, r.Config.ProgRepeat, progFlows, r.Config.NewFlowRepeat)
 	for _, d := range r.Config.Dataplanes {
 		if p, ok := r.Paths[d]; ok {
 			fmt.Fprintf(w, "- %s: %s\n", d, p)
@@ -65,7 +70,8 @@ func (r *ProgReport) WriteMarkdown(w io.Writer) {
 			fmt.Fprintf(w, "- %s: skipped: %s\n", d, why)
 		}
 	}
-	fmt.Fprintf(w, "\n| dataplane | hook | program | frames | ns/packet median (min–max) | verdict |\n| --- | --- | --- | --- | ---: | --- |\n")
+	fmt.Fprintf(w, "\n| dataplane | hook | program | frames | ns/packet median (min–max) | verdict | its drop counters during the samples |\n"+
+		"| --- | --- | --- | --- | ---: | --- | --- |\n")
 	for _, x := range r.Rows {
 		cost, verdict := fmt.Sprintf("%.1f (%.1f–%.1f)", x.NsPerPacket.Median, x.NsPerPacket.Min, x.NsPerPacket.Max), x.Verdict
 		if x.Skipped != "" {
@@ -73,7 +79,7 @@ func (r *ProgReport) WriteMarkdown(w io.Writer) {
 		} else if !x.Forwarded {
 			verdict += " (not forwarded: another path)"
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", x.Dataplane, x.Hook, x.Program, x.Frames, cost, verdict)
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s |\n", x.Dataplane, x.Hook, x.Program, x.Frames, cost, verdict, dropText(x.Drops))
 	}
 	if rs := r.Ratios(); len(rs) > 0 {
 		fmt.Fprintf(w, "\n| hook | frames | sluice ns | Cilium ns | Cilium ÷ sluice |\n| --- | --- | ---: | ---: | ---: |\n")
@@ -144,4 +150,18 @@ func (r *ProgReport) writePlot(path string) (drawn bool, err error) {
 		return false, fmt.Errorf("save plot %s: %w", path, err)
 	}
 	return true, nil
+}
+
+// dropText lists drops by reason, most first; "none" when there are none.
+func dropText(drops map[string]uint64) string {
+	if len(drops) == 0 {
+		return "none"
+	}
+	reasons := slices.Collect(maps.Keys(drops))
+	slices.SortFunc(reasons, func(a, b string) int { return cmp.Or(cmp.Compare(drops[b], drops[a]), cmp.Compare(a, b)) })
+	parts := make([]string, len(reasons))
+	for i, r := range reasons {
+		parts[i] = fmt.Sprintf("%s: %d", r, drops[r])
+	}
+	return strings.Join(parts, ", ")
 }

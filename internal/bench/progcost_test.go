@@ -21,6 +21,7 @@ func TestProgConfigValidate(t *testing.T) {
 		{func(c *ProgConfig) { c.Dataplanes = []string{"sluice", "calico"} }, `"calico"`},
 		{func(c *ProgConfig) { c.Repeats = 0 }, "--repeats 0"},
 		{func(c *ProgConfig) { c.ProgRepeat = 0 }, "--prog-repeat 0"},
+		{func(c *ProgConfig) { c.NewFlowRepeat = 0 }, "--new-flow-repeat 0"},
 	} {
 		c := DefaultProgConfig()
 		tc.change(&c)
@@ -42,7 +43,8 @@ func TestProgReport(t *testing.T) {
 			{Dataplane: ProgSluice, Hook: "xdp", Program: "xdp_lb_ingress", Frames: ProgNewFlow, NsPerPacket: stats(900), Verdict: "tx", Forwarded: true},
 			{Dataplane: ProgSluice, Hook: "tc", Program: "tc_lb_ingress", Frames: ProgEstablished, NsPerPacket: stats(200), Verdict: "redirect", Forwarded: true},
 			{Dataplane: ProgCilium, Hook: "xdp", Program: "cil_xdp_entry", Frames: ProgEstablished, NsPerPacket: stats(250), Verdict: "tx", Forwarded: true},
-			{Dataplane: ProgCilium, Hook: "xdp", Program: "cil_xdp_entry", Frames: ProgNewFlow, NsPerPacket: stats(700), Verdict: "pass"},
+			{Dataplane: ProgCilium, Hook: "xdp", Program: "cil_xdp_entry", Frames: ProgNewFlow, NsPerPacket: stats(700), Verdict: "pass",
+				Drops: map[string]uint64{"CT: Map insertion failed": 7, "No mapping for NAT masquerade": 90}},
 			{Dataplane: ProgCilium, Hook: "tc", Program: "cil_from_netdev", Frames: ProgEstablished, Skipped: "set tail-call target: invalid argument"},
 		}}
 	rs := r.Ratios()
@@ -51,7 +53,8 @@ func TestProgReport(t *testing.T) {
 	}
 	var md strings.Builder
 	r.WriteMarkdown(&md)
-	for _, want := range []string{"| cilium | xdp | cil_xdp_entry | new TCP SYN | 700.0 (699.0–701.0) | pass (not forwarded: another path) |",
+	for _, want := range []string{"| cilium | xdp | cil_xdp_entry | new TCP SYN | 700.0 (699.0–701.0) | pass (not forwarded: another path) | No mapping for NAT masquerade: 90, CT: Map insertion failed: 7 |",
+		"| tc_lb_ingress | established UDP | 200.0 (199.0–201.0) | redirect | none |",
 		"skipped: set tail-call target", "| xdp | established UDP | 100.0 | 250.0 | 2.50× |", "- sluice: sluice path"} {
 		if !strings.Contains(md.String(), want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md.String())

@@ -494,17 +494,36 @@ func CiliumDrops(ctx context.Context, n Node) (map[string]uint64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cilium-agent: %w", err)
 	}
-	return ciliumDropsFrom(text)
+	return dropsFrom(text, "cilium_drop_count_total")
 }
 
-// ciliumDropsFrom reads the drop counters out of a /metrics page.
+// AgentDrops is node n's sluice agent's datapath drops by reason, from its
+// Prometheus metrics (sluice_drop_count_total).
+func AgentDrops(ctx context.Context, n Node) (map[string]uint64, error) {
+	if n.Agent == nil {
+		return nil, fmt.Errorf("%s runs no sluice agent", n.Name)
+	}
+	text, err := scrape(ctx, n)
+	if err != nil {
+		return nil, fmt.Errorf("sluice agent: %w", err)
+	}
+	return dropsFrom(text, "sluice_drop_count_total")
+}
+
+// ciliumDropsFrom reads Cilium's drop counters out of a /metrics page.
 func ciliumDropsFrom(text string) (map[string]uint64, error) {
+	return dropsFrom(text, "cilium_drop_count_total")
+}
+
+// dropsFrom reads the counter family of drops by reason out of a /metrics
+// page, summed over any other label.
+func dropsFrom(text, family string) (map[string]uint64, error) {
 	fams, err := ParseMetrics(text)
 	if err != nil {
-		return nil, fmt.Errorf("cilium-agent /metrics: %w", err)
+		return nil, fmt.Errorf("/metrics: %w", err)
 	}
 	drops := map[string]uint64{}
-	for _, m := range fams["cilium_drop_count_total"].GetMetric() {
+	for _, m := range fams[family].GetMetric() {
 		v := m.GetCounter().GetValue() + m.GetUntyped().GetValue()
 		if v <= 0 {
 			continue

@@ -22,8 +22,11 @@ XDP, --lb-mode snat; Cilium with its kube-proxy replacement, docs/cilium.md)
 and a NodePort Service (TCP and UDP) whose one endpoint is node2's pod. The
 programs the agent attached to node1's eth0 (XDP and tc ingress), with the
 agent's own maps and configuration, run with BPF_PROG_RUN on the lab
-client's frames to node1's NodePort: one UDP flow again and again
-(established after the first run) and TCP SYNs of a new flow each. The
+client's frames to node1's NodePort: 1,024 UDP flows in turn (each
+established after its first run) and TCP SYNs of a new flow each,
+--new-flow-repeat a sample (every one takes a port of the ~64k the node
+masquerades to the one backend with; Cilium keeps it until the flow's
+conntrack entry expires and drops SYNs once they are gone). The
 frames are written anew before every run by bench pps's restore helper,
 whose own time is measured apart and taken off.
 
@@ -50,7 +53,8 @@ cannot run is reported as skipped). Needs root; about 2 minutes a dataplane.`,
 	f := cmd.Flags()
 	f.StringSliceVar(&cfg.Dataplanes, "dataplanes", cfg.Dataplanes, "dataplanes, in run order: sluice, cilium")
 	f.IntVar(&cfg.Repeats, "repeats", cfg.Repeats, "samples per program and frame kind (min/median/max)")
-	f.IntVar(&cfg.ProgRepeat, "prog-repeat", cfg.ProgRepeat, "BPF_PROG_RUN repeat count of one sample")
+	f.IntVar(&cfg.ProgRepeat, "prog-repeat", cfg.ProgRepeat, "BPF_PROG_RUN repeat count of one sample of the established flows")
+	f.IntVar(&cfg.NewFlowRepeat, "new-flow-repeat", cfg.NewFlowRepeat, "BPF_PROG_RUN repeat count of one sample of new flows (a new SYN each)")
 	f.StringVar(&out, "out", "results/prog", "results directory")
 	return cmd
 }
