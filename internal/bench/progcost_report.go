@@ -3,9 +3,9 @@ package bench
 import (
 	"cmp"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
-	"io"
 	"strings"
 
 	"gonum.org/v1/plot"
