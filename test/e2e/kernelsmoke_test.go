@@ -22,6 +22,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/sluice-dataplane/sluice/internal/bench"
 	"github.com/sluice-dataplane/sluice/internal/lab"
 	kprobe "github.com/sluice-dataplane/sluice/internal/probe"
 	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
@@ -135,7 +136,41 @@ func TestPrivilegedKernelSmoke(t *testing.T) {
 		probetest.SkipUnlessAny(t, kprobe.SockDestroy, kprobe.SockDiagDestroy)
 		checkConnectedUDPFollows(t, l, addrs{k: 82}, "smoke-udp-connected", node1.Pods[0], node2.Pods[0], node1.Pods[0])
 	})
+	t.Run(smokeSteps[6], func(t *testing.T) {
+		probetest.SkipUnless(t, kprobe.XDP)
+		smokeFlood(t, l)
+	})
 }
+
+// smokeFlood floods node1's NodePort through its XDP (a network card's
+// driver in the virtio guest) with spoofed SYNs while a pool of idle
+// connections through both nodes waits between requests: none breaks,
+// and a new client is answered during the flood (bench.RunFloodPhases;
+// the full shapes and rates are TestPrivilegedFloodShapesKeepConnections
+// and `sluice-lab flood --matrix`). A rate a TCG guest keeps up with.
+func smokeFlood(t *testing.T, l *lab.Lab) {
+	t.Helper()
+	run, err := bench.RunFloodPhases(t.Context(), l, bench.FloodRunConfig{
+		Phases:      []bench.FloodPhase{{Shape: bench.ShapeSYN, Rate: smokeFloodRate, Node: "node1", Duration: smokeFloodFor}},
+		Connections: 20, Interval: 4 * time.Second, Progress: t.Output()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range run.Rows {
+		if !r.Passed() {
+			t.Errorf("%s", r)
+		}
+	}
+	if run.Pool.Broken > 0 {
+		t.Errorf("the pool: %d of %d connections broken", run.Pool.Broken, run.Pool.Connections)
+	}
+}
+
+// The smoke's flood: 1,000 spoofed SYNs a second for 4 s.
+const (
+	smokeFloodRate = 1000
+	smokeFloodFor  = 4 * time.Second
+)
 
 // smokeService is a dual-stack NodePort Service of test a over the pod of
 // node.
@@ -166,6 +201,12 @@ func smokeNodePort(t *testing.T, l *lab.Lab, entry lab.Node, a addrs, backends [
 	rep := probeAnswered(t, l, "client", "udp", "--addr", addr, "--count", "6", "--timeout", "2s", "--new-socket-per-request")
 	if rep.OK != rep.Count {
 		t.Errorf("UDP %s from the client: %s", addr, describe(rep))
+	}
+	// Datagrams above the MTU: each request in fragments, and each reply.
+	rep = probeAnswered(t, l, "client", "udp", "--addr", addr, "--count", "4", "--timeout", "2s", "--new-socket-per-request",
+		"--size", "3000", "--reply-size", "3000")
+	if rep.OK != rep.Count {
+		t.Errorf("UDP %s from the client, 3,000-byte datagrams (fragments both ways): %s", addr, describe(rep))
 	}
 }
 
@@ -249,7 +290,7 @@ func smokeInGuest(t *testing.T, kernel string, o guesttest.Options) {
 // offloads the driver sets. A guest's virtio-net is every cloud VM's card.
 func TestPrivilegedKernelSmokeVirtioGuest(t *testing.T) {
 	alongside(t, guest)
-	smokeInGuest(t, virtioGuestKernel, guesttest.Options{Env: []string{uplinksEnv + "=" + virtioUplinks}, NICs: 3, NICQueues: 2})
+	smokeInGuest(t, virtioGuestKernel, guesttest.Options{Env: []string{uplinksEnv + "=" + virtioUplinks}, NICs: 4, NICQueues: 2})
 }
 
 // requireCard checks that ep's eth0 is a network card's driver (not a
@@ -276,8 +317,10 @@ func requireCard(t *testing.T, l *lab.Lab, ep string) string {
 	return fmt.Sprintf("driver %s, %s combined queue pairs", driver, combined)
 }
 
-// virtioUplinks are the guest's three cards as the lab's eth0s.
-const virtioUplinks = "node1=eth0,node2=eth1,client=eth2"
+// virtioUplinks are the guest's cards as the lab's eth0s, and the fourth
+// joining the fabric's bridge to them (what stays on veths, the flood's
+// traffic source, reaches the nodes' cards through it).
+const virtioUplinks = "node1=eth0,node2=eth1,client=eth2,fabric=eth3"
 
 // virtioGuestKernel is the virtio-net smoke's guest: 6.12, whose virtio_net
 // has the XDP features the agent reads (netdev genetlink, 6.3+).

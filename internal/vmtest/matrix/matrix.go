@@ -62,7 +62,7 @@ const (
 
 // SmokeSteps are TestPrivilegedKernelSmoke's subtests (test/e2e).
 var SmokeSteps = []string{"clusterip-tcp", "clusterip-udp", "nodeport-tc", "nodeport-xdp", "restart-keeps-connection",
-	"connected-udp-follows-endpoint"}
+	"connected-udp-follows-endpoint", "syn-flood-keeps-connections"}
 
 // benchHostOnly is why bench's pps tests stay on the host (measured
 // 2026-11-25): they time the node's CPU per packet, and in a 6.12 guest
