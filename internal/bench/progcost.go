@@ -51,14 +51,17 @@ var ProgDataplanes = []string{ProgSluice, ProgCilium}
 
 // ProgConfig configures RunProg.
 type ProgConfig struct {
-	Dataplanes []string
+	Dataplanes []string `json:"dataplanes"`
 	// Repeats is the samples per program and frame kind; ProgRepeat the
 	// BPF_PROG_RUN repeat count of one sample of the established flows,
 	// NewFlowRepeat of the new flows'.
-	Repeats, ProgRepeat, NewFlowRepeat int
-	Prefix                             string
-	Exe, AgentBin                      string
-	Progress                           io.Writer
+	Repeats       int       `json:"repeats"`
+	ProgRepeat    int       `json:"prog_repeat"`
+	NewFlowRepeat int       `json:"new_flow_repeat"`
+	Prefix        string    `json:"-"`
+	Exe           string    `json:"-"`
+	AgentBin      string    `json:"-"`
+	Progress      io.Writer `json:"-"`
 }
 
 // DefaultProgConfig is what `sluice-lab bench prog` runs without flags.
