@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 	"github.com/sluice-dataplane/sluice/internal/probe"
 	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
+	"github.com/sluice-dataplane/sluice/internal/testreport"
 )
 
 // vlanPushProg is a tc program that gives every frame VLAN 100's tag in
@@ -67,7 +68,7 @@ func sendFrame(t *testing.T, ns *testNetns, dev string, frame []byte) {
 // the service path translates the tagged SYN as the native VLAN's: the
 // leak the front closes, shown first.
 func TestPrivilegedXDPVLANFront(t *testing.T) {
-	probetest.SkipUnless(t, probe.BTF, probe.TCX, probe.XDP)
+	probetest.SkipUnless(t, probe.BTF, probe.XDP)
 	n := newNorthSouth(t)
 	node, peer := newTestNetns(t), newTestNetns(t)
 	node.addVeth(t, "vf0", "vf0p")
@@ -84,11 +85,13 @@ func TestPrivilegedXDPVLANFront(t *testing.T) {
 	})
 	if err != nil {
 		if ok, known, _ := xdpRxVLANTagIn(node, idx); !known || !ok {
-			t.Skipf("the kernel gives XDP no stripped VLAN tag on a veth (bpf_xdp_metadata_rx_vlan_tag, 6.8): %v", err)
+			t.Skipf("%sthe kernel gives XDP no stripped VLAN tag on a veth (bpf_xdp_metadata_rx_vlan_tag, added in 6.8): %v",
+				testreport.FeatureSkip, err)
 		}
 		t.Fatalf("load the VLAN front for vf0: %v", err)
 	}
 	t.Cleanup(func() { front.Close() })
+	probetest.SkipUnless(t, probe.TCX) // the peer's tagging program
 
 	port := uint16(46500)
 	// syn sends a SYN to the NodePort from the peer, tagged or not, and
