@@ -174,13 +174,21 @@ func RunCluster(ctx context.Context, cfg ClusterConfig) (*ClusterReport, error) 
 		cfg.Progress = io.Discard
 	}
 	rep := &ClusterReport{Config: cfg, Host: hostInfo(), Started: time.Now().UTC()}
+	// A contender that did not finish is a row of the report and, once
+	// every other has run, the command's error (a non-zero exit naming
+	// it); one this machine cannot run is a skip.
+	var errs []error
 	for _, d := range cfg.Dataplanes {
 		if err := ctx.Err(); err != nil {
-			return rep, err
+			return rep, errors.Join(append(errs, err)...)
 		}
-		rep.Contenders = append(rep.Contenders, runClusterContender(ctx, cfg, d))
+		c := runClusterContender(ctx, cfg, d)
+		rep.Contenders = append(rep.Contenders, c)
+		if c.Error != "" {
+			errs = append(errs, fmt.Errorf("bench cluster: %s did not finish: %s", d, c.Error))
+		}
 	}
-	return rep, nil
+	return rep, errors.Join(errs...)
 }
 
 func (c *ClusterConfig) step(format string, args ...any) {
