@@ -174,19 +174,25 @@ func RunScale(ctx context.Context, cfg ScaleConfig) (*ScaleReport, error) {
 		return nil, err
 	}
 	rep := &ScaleReport{Started: time.Now().UTC(), Config: cfg, Host: hostInfo()}
+	// As bench cluster: a contender that did not finish is a row and,
+	// after the others, the command's error.
+	var errs []error
 	for _, d := range cfg.Dataplanes {
 		if ctx.Err() != nil {
 			break
 		}
 		res := runContender(ctx, cfg, d)
 		rep.Contenders = append(rep.Contenders, res)
+		if res.Error != "" {
+			errs = append(errs, fmt.Errorf("bench scale: %s did not finish: %s", d, res.Error))
+		}
 	}
 	rep.Seconds = time.Since(rep.Started).Seconds()
 	rep.computeTargets()
 	if err := ctx.Err(); err != nil {
-		return rep, fmt.Errorf("scale benchmark interrupted: %w", err)
+		errs = append(errs, fmt.Errorf("scale benchmark interrupted: %w", err))
 	}
-	return rep, nil
+	return rep, errors.Join(errs...)
 }
 
 func (c *ScaleConfig) step(format string, args ...any) {
