@@ -224,24 +224,11 @@ func groupedBars(path, title, ylabel string, names []string, groups []string, va
 		bars.Offset = w * vg.Length(float64(g)-float64(len(groups)-1)/2)
 		p.Add(bars)
 		p.Legend.Add(group, bars)
-		var labels plotter.XYLabels
-		for i, v := range values[g] {
-			if v == 0 {
-				continue
-			}
-			labels.XYs = append(labels.XYs, plotter.XY{X: float64(i), Y: v})
-			labels.Labels = append(labels.Labels, fmt.Sprintf(format, v))
+		lbl, err := barValueLabels(values[g], format, bars.Offset)
+		if err != nil {
+			return false, fmt.Errorf("plot %s: %w", path, err)
 		}
-		if len(labels.XYs) > 0 {
-			lbl, err := plotter.NewLabels(labels)
-			if err != nil {
-				return false, fmt.Errorf("plot %s: %w", path, err)
-			}
-			for i := range lbl.TextStyle {
-				lbl.TextStyle[i].XAlign = -0.5
-				lbl.TextStyle[i].YAlign = 0
-				lbl.Offset.X = bars.Offset
-			}
+		if lbl != nil {
 			p.Add(lbl)
 		}
 	}

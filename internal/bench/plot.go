@@ -245,3 +245,29 @@ func recoverPlot(path string, err *error) {
 		*err = fmt.Errorf("plot %s: %v", path, rec)
 	}
 }
+
+// barValueLabels writes each non-zero value of a bar chart above its bar
+// (format, e.g. "%.0f"), shifted by the bars' offset; nil when no value is
+// above zero.
+func barValueLabels(values []float64, format string, offset vg.Length) (*plotter.Labels, error) {
+	var labels plotter.XYLabels
+	for i, v := range values {
+		if v > 0 {
+			labels.XYs = append(labels.XYs, plotter.XY{X: float64(i), Y: v})
+			labels.Labels = append(labels.Labels, fmt.Sprintf(format, v))
+		}
+	}
+	if len(labels.XYs) == 0 {
+		return nil, nil
+	}
+	lbl, err := plotter.NewLabels(labels)
+	if err != nil {
+		return nil, err
+	}
+	for i := range lbl.TextStyle {
+		lbl.TextStyle[i].XAlign = -0.5
+		lbl.TextStyle[i].YAlign = 0
+	}
+	lbl.Offset = vg.Point{X: offset}
+	return lbl, nil
+}

@@ -139,23 +139,11 @@ func (r *ProgReport) writePlot(path string) (drawn bool, err error) {
 		bars.Offset = vg.Length(j)*width - width/2
 		// Each median written above its bar: an established flow's few
 		// tens of ns make no visible bar beside a new flow's thousands.
-		var labels plotter.XYLabels
-		for i, v := range vals {
-			if v > 0 {
-				labels.XYs = append(labels.XYs, plotter.XY{X: float64(i), Y: v})
-				labels.Labels = append(labels.Labels, fmt.Sprintf("%.0f", v))
-			}
-		}
-		lbl, err := plotter.NewLabels(labels)
+		lbl, err := barValueLabels(vals, "%.0f", bars.Offset)
 		if err != nil {
 			return false, fmt.Errorf("plot %s: %w", path, err)
 		}
-		for i := range lbl.TextStyle {
-			lbl.TextStyle[i].XAlign = -0.5
-			lbl.TextStyle[i].YAlign = 0
-		}
-		lbl.Offset = vg.Point{X: bars.Offset}
-		p.Add(bars, lbl)
+		p.Add(bars, lbl) // some: lbl is not nil
 		p.Legend.Add(d, bars)
 		drawn = true
 	}
