@@ -317,28 +317,23 @@ func node1Programs() ([]hookProgram, error) {
 		return nil, err
 	}
 	idx := eth0.Attrs().Index
-	var ids []struct {
-		hook string
-		id   uint32
-	}
-	if x := eth0.Attrs().Xdp; x != nil && x.ProgId != 0 {
-		ids = append(ids, struct {
-			hook string
-			id   uint32
-		}{"xdp", x.ProgId})
-	}
 	tc, err := tcIngressProgram(eth0)
 	if err != nil {
 		return nil, err
 	}
-	if tc != 0 {
-		ids = append(ids, struct {
-			hook string
-			id   uint32
-		}{"tc", tc})
+	var xdp uint32
+	if x := eth0.Attrs().Xdp; x != nil {
+		xdp = x.ProgId
 	}
+	ids := []struct {
+		hook string
+		id   uint32
+	}{{"xdp", xdp}, {"tc", tc}}
 	var out []hookProgram
 	for _, h := range ids {
+		if h.id == 0 { // nothing attached at that hook
+			continue
+		}
 		p, err := ebpf.NewProgramFromID(ebpf.ProgramID(h.id))
 		if err != nil {
 			for _, o := range out {
