@@ -5,6 +5,7 @@ package bench
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -309,6 +310,22 @@ func benchPacket(frameLen int, newFlows bool) ([]byte, error) {
 		return nil, fmt.Errorf("benchmark packet is %d bytes, want %d", len(frame), frameLen)
 	}
 	return frame, nil
+}
+
+// genConsts are the generator's and restore helpers' constants for
+// frame: flows UDP flows from its source port on, or with newFlows a TCP
+// SYN of a new flow each from synSources.
+func genConsts(frame []byte, flows int, newFlows bool) map[string]any {
+	var tmpl [minFrameLen]byte
+	copy(tmpl[:], frame)
+	var synTmpl [minSYNFrameLen]byte
+	genSyn := uint8(0)
+	if newFlows {
+		copy(synTmpl[:], frame)
+		genSyn = 1
+	}
+	return map[string]any{"pps_tmpl": tmpl, "base_sport": uint16(baseSport), "flows": uint32(flows),
+		"gen_syn": genSyn, "syn_tmpl": synTmpl, "syn_saddr": binary.BigEndian.Uint32(synSources.AsSlice())}
 }
 
 func (p *pps) setup() error {

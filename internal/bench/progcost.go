@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -266,22 +265,6 @@ func progPacket(srcMAC, dstMAC net.HardwareAddr, src, dst netip.AddrPort, newFlo
 		pkt.Payload = make([]byte, 60-minFrameLen-12)
 	}
 	return pkt.Bytes()
-}
-
-// genConsts are the generator's and restore helpers' constants for
-// frame: flows UDP flows from its source port on, or with newFlows a TCP
-// SYN of a new flow each from synSources.
-func genConsts(frame []byte, flows int, newFlows bool) map[string]any {
-	var tmpl [minFrameLen]byte
-	copy(tmpl[:], frame)
-	var synTmpl [minSYNFrameLen]byte
-	genSyn := uint8(0)
-	if newFlows {
-		copy(synTmpl[:], frame)
-		genSyn = 1
-	}
-	return map[string]any{"pps_tmpl": tmpl, "base_sport": uint16(baseSport), "flows": uint32(flows),
-		"gen_syn": genSyn, "syn_tmpl": synTmpl, "syn_saddr": binary.BigEndian.Uint32(synSources.AsSlice())}
 }
 
 // loadRestore loads pps's helpers with frame as the template the restore

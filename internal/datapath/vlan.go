@@ -149,13 +149,6 @@ func vlanXDP(dev string, ifindex int, fix bool, front func(ifindex int) (*ebpf.P
 	if err != nil || !on {
 		return nil, "", "", err
 	}
-	return vlanOffloaded(dev, ifindex, uppers, fix, front)
-}
-
-// vlanOffloaded is vlanXDP for a device with VLAN devices uppers on it and
-// its RX VLAN offload on.
-func vlanOffloaded(dev string, ifindex int, uppers []string, fix bool, front func(ifindex int) (*ebpf.Program, error)) (
-	prog *ebpf.Program, reason, note string, err error) {
 	names := strings.Join(uppers, ", ")
 	why := ""
 	if front != nil {
