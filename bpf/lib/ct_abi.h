@@ -251,7 +251,11 @@ struct ns_config {
 	__u8  snat_addr6[16];    /* node IPv6 used as SNAT source */
 	__u64 clock_override;    /* tests only: the CT clock in seconds; 0 = jiffies */
 	__u32 hz;                /* CONFIG_HZ, to turn jiffies into seconds */
-	__u32 mode;              /* NS_MODE_* */
+	__u16 mode;              /* NS_MODE_* */
+	__be16 dsr_gue_port;     /* network order: DSR's GUE port, decapsulated
+				  * in every DSR mode; sent with NS_CFG_DSR_GUE.
+				  * 0: IPIP only (an older agent's map: the
+				  * field was mode's upper half) */
 	__u32 tcp_syn_timeout;   /* seconds */
 	__u32 tcp_est_timeout;
 	__u32 tcp_close_timeout;
@@ -285,5 +289,8 @@ struct ns_config {
  * tuple as a new flow, and netfilter would give them another client port
  * (a clash), which the backend answers with a reset. */
 #define NS_CFG_HANDED_OVER (1 << 3)
+/* DSR in GUE (UDP to dsr_gue_port, the source port from the flow hash):
+ * --dsr-dispatch=gue. Else IPIP / IP6IP6. */
+#define NS_CFG_DSR_GUE (1 << 4)
 
 #endif /* __SLUICE_CT_ABI_H */

@@ -196,6 +196,17 @@ static __always_inline int ctx_push_l3(struct __sk_buff *ctx, __u32 len, bool v6
 				   BPF_F_ADJ_ROOM_FIXED_GSO);
 }
 
+/* ctx_push_udp is ctx_push_l3 for an outer IP and UDP header and what
+ * follows it (GUE), len bytes in all: a GSO packet becomes a UDP tunnel's
+ * (SKB_GSO_UDP_TUNNEL), whose segments each get the outer headers. */
+static __always_inline int ctx_push_udp(struct __sk_buff *ctx, __u32 len, bool v6)
+{
+	return bpf_skb_adjust_room(ctx, len, BPF_ADJ_ROOM_MAC,
+				   (v6 ? BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 :
+					 BPF_F_ADJ_ROOM_ENCAP_L3_IPV4) |
+				   BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_FIXED_GSO);
+}
+
 static __always_inline int ctx_pop_l3(struct __sk_buff *ctx, __u32 len)
 {
 	return bpf_skb_adjust_room(ctx, -(__s32)len, BPF_ADJ_ROOM_MAC, 0);
@@ -300,6 +311,11 @@ static __always_inline int xdp_move_head(struct xdp_md *ctx, int delta)
 }
 
 static __always_inline int ctx_push_l3(struct xdp_md *ctx, __u32 len, bool v6)
+{
+	return xdp_move_head(ctx, -(int)len);
+}
+
+static __always_inline int ctx_push_udp(struct xdp_md *ctx, __u32 len, bool v6)
 {
 	return xdp_move_head(ctx, -(int)len);
 }

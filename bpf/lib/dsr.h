@@ -75,89 +75,192 @@ static __always_inline __u16 ns_remote_kind(const struct ns_config *cfg, __u8 pr
 
 #define DSR_IP4_DF 0x4000 /* IPv4 don't fragment, host order */
 
-/* dsr_encap wraps the packet of p in an outer header src -> dst naming
- * backend:port and turns p into the outer packet's view (for the FIB
- * lookup). The header is built in the scratch, off the stack. */
-static __always_inline int dsr_encap(struct __ctx_buff *ctx, struct ns_pkt *p,
-				     const union lb_addr *src, const union lb_addr *dst,
-				     const union lb_addr *backend, __be16 port)
+/* dsr_gue_on: this node sends DSR in GUE (--dsr-dispatch=gue). */
+static __always_inline bool dsr_gue_on(const struct ns_config *cfg)
 {
-	struct ct_scratch *s = ns_scratch();
-	__u32 inner_len = ctx_len(ctx) - p->l3_off;
+	return cfg && cfg->dsr_gue_port && (cfg->flags & NS_CFG_DSR_GUE);
+}
 
-	if (!s)
+/* dsr_outer4 fills the outer IPv4 header of a packet of tot bytes in the
+ * scratch, but its checksum (the IPIP header's option is summed with it),
+ * from this node's address to the tunnel's end (dsr_info's node). DF as
+ * the inner packet says, as Linux's IPIP tunnels do with path MTU
+ * discovery: a router on the way answers the client's DF packets (to this
+ * node, which is what the stack learns from). Without DF the outer packet
+ * may be fragmented, so it needs an ID of its own (RFC 6864: ID 0 only for
+ * atomic datagrams). The caller zeroed it. */
+static __always_inline int dsr_outer4(struct __ctx_buff *ctx, const struct ns_pkt *p,
+				      const struct ns_config *cfg, struct ct_scratch *s,
+				      struct iphdr *ip4, __u32 hlen, __u8 proto, __u32 tot)
+{
+	if (ctx_load_bytes(ctx, p->l3_off + 1, &ip4->tos, 1) ||
+	    ctx_load_bytes(ctx, p->l3_off + offsetof(struct iphdr, frag_off), &ip4->frag_off, 2))
 		return -1;
-	if (!p->v6) {
-		struct iphdr *ip4 = &s->dsr.h4.ip;
-		struct dsr_opt4 *o = &s->dsr.h4.opt;
-		__be16 frag;
-		__u8 tos;
+	ip4->version = 4;
+	ip4->ihl = hlen / 4;
+	ip4->tot_len = bpf_htons(tot);
+	ip4->ttl = IPIP_TTL;
+	ip4->protocol = proto;
+	ip4->saddr = snat_conf_addr(cfg, false)->w[3];
+	ip4->daddr = s->dsr.info.node.w[3];
+	ip4->frag_off &= bpf_htons(DSR_IP4_DF);
+	if (!ip4->frag_off)
+		ip4->id = (__be16)bpf_get_prandom_u32();
+	return 0;
+}
 
-		if (ctx_load_bytes(ctx, p->l3_off + 1, &tos, 1) ||
-		    ctx_load_bytes(ctx, p->l3_off + offsetof(struct iphdr, frag_off), &frag, 2))
-			return -1;
+/* dsr_outer6 fills the outer IPv6 header in the scratch, its flow label
+ * from the inner flow's hash (RFC 6438): every packet an LB node tunnels
+ * to one node has the same addresses, and a fabric's ECMP (and Linux's
+ * multipath hash) spreads IPv6 by the label too. The caller zeroed it. */
+static __always_inline void dsr_outer6(const struct ns_config *cfg, struct ct_scratch *s,
+				       struct ipv6hdr *ip6, __u8 nexthdr, __u32 payload)
+{
+	__u32 label = s->dsr.info.hash;
+
+	ip6->version = 6;
+	ip6->flow_lbl[0] = (label >> 16) & 0x0f;
+	ip6->flow_lbl[1] = label >> 8;
+	ip6->flow_lbl[2] = label;
+	ip6->payload_len = bpf_htons(payload);
+	ip6->nexthdr = nexthdr;
+	ip6->hop_limit = IPIP_TTL;
+	__builtin_memcpy(&ip6->saddr, snat_conf_addr(cfg, true)->b, 16);
+	__builtin_memcpy(&ip6->daddr, s->dsr.info.node.b, 16);
+}
+
+/* dsr_encap_ipip: the outer header is IPIP (IP6IP6) with the backend in an
+ * IPv4 option (an IPv6 destination options header). */
+static __always_inline int dsr_encap_ipip(struct __ctx_buff *ctx, struct ns_pkt *p,
+					  const struct ns_config *cfg, struct ct_scratch *s,
+					  __u32 inner_len)
+{
+	const struct dsr_info *d = &s->dsr.info;
+
+	if (!p->v6) {
+		struct dsr_opt4 *o = &s->dsr.h4.opt;
+
 		__builtin_memset(&s->dsr.h4, 0, sizeof(s->dsr.h4));
-		ip4->version = 4;
-		ip4->ihl = sizeof(s->dsr.h4) / 4;
-		ip4->tos = tos;
-		ip4->tot_len = bpf_htons(inner_len + sizeof(s->dsr.h4));
-		ip4->ttl = IPIP_TTL;
-		ip4->protocol = IPPROTO_IPIP;
-		ip4->saddr = src->w[3];
-		ip4->daddr = dst->w[3];
-		/* DF as the inner packet says, as Linux's IPIP tunnels do with
-		 * path MTU discovery: a router on the way answers the client's
-		 * DF packets (to this node, which is what the stack learns
-		 * from). Without DF the outer packet may be fragmented, so it
-		 * needs an ID of its own (RFC 6864: ID 0 only for atomic
-		 * datagrams). */
-		if (frag & bpf_htons(DSR_IP4_DF))
-			ip4->frag_off = bpf_htons(DSR_IP4_DF);
-		else
-			ip4->id = (__be16)bpf_get_prandom_u32();
+		if (dsr_outer4(ctx, p, cfg, s, &s->dsr.h4.ip, sizeof(s->dsr.h4), IPPROTO_IPIP,
+			       inner_len + sizeof(s->dsr.h4)))
+			return -1;
 		o->type = DSR_OPT4_TYPE;
 		o->len = sizeof(*o);
-		o->port = port;
-		o->addr = backend->w[3];
-		ip4->check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&s->dsr.h4,
-						     sizeof(s->dsr.h4), 0));
+		o->port = d->port;
+		o->addr = d->backend.w[3];
+		s->dsr.h4.ip.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&s->dsr.h4,
+							     sizeof(s->dsr.h4), 0));
 		if (ctx_push_l3(ctx, sizeof(s->dsr.h4), false) ||
 		    ctx_store_bytes(ctx, p->l3_off, &s->dsr.h4, sizeof(s->dsr.h4)))
 			return -1;
 		p->proto = IPPROTO_IPIP;
 	} else {
-		struct ipv6hdr *ip6 = &s->dsr.h6.ip;
 		struct dsr_opt6 *o = &s->dsr.h6.opt;
-		/* The flow label from the inner flow's hash (RFC 6438): every
-		 * packet an LB node tunnels to one node has the same addresses,
-		 * and a fabric's ECMP (and Linux's multipath hash) spreads
-		 * IPv6 by the label too. */
-		__u32 label = ns_flow_hash(p);
 
 		__builtin_memset(&s->dsr.h6, 0, sizeof(s->dsr.h6));
-		ip6->version = 6;
-		ip6->flow_lbl[0] = (label >> 16) & 0x0f;
-		ip6->flow_lbl[1] = label >> 8;
-		ip6->flow_lbl[2] = label;
-		ip6->payload_len = bpf_htons(inner_len + sizeof(*o));
-		ip6->nexthdr = IPPROTO_DSTOPTS;
-		ip6->hop_limit = IPIP_TTL;
-		__builtin_memcpy(&ip6->saddr, src->b, 16);
-		__builtin_memcpy(&ip6->daddr, dst->b, 16);
+		dsr_outer6(cfg, s, &s->dsr.h6.ip, IPPROTO_DSTOPTS, inner_len + sizeof(*o));
 		o->nexthdr = IPPROTO_IPV6;
 		o->hdrlen = sizeof(*o) / 8 - 1;
 		o->type = DSR_OPT6_TYPE;
 		o->len = sizeof(o->port) + sizeof(o->addr);
-		o->port = port;
-		__builtin_memcpy(o->addr, backend->b, 16);
+		o->port = d->port;
+		__builtin_memcpy(o->addr, d->backend.b, 16);
 		o->pad_type = 1;
 		if (ctx_push_l3(ctx, sizeof(s->dsr.h6), true) ||
 		    ctx_store_bytes(ctx, p->l3_off, &s->dsr.h6, sizeof(s->dsr.h6)))
 			return -1;
 		p->proto = IPPROTO_IPV6;
 	}
-	p->saddr = *src;
-	p->daddr = *dst;
+	return 0;
+}
+
+/* dsr_gue_sport is the outer UDP source port: the flow's hash h in the
+ * dynamic range (49152-65535, as RFC 7510 asks of MPLS in UDP). Each flow
+ * keeps one path and one RX queue; one LB node's flows spread over all. */
+static __always_inline __be16 dsr_gue_sport(__u32 h)
+{
+	return bpf_htons(0xc000 | ((h ^ (h >> 16)) & 0x3fff));
+}
+
+#define DSR_GUE4_HLEN (sizeof(struct iphdr) + sizeof(struct udphdr) + DSR_GUE4_LEN)
+#define DSR_GUE6_HLEN (sizeof(struct ipv6hdr) + sizeof(struct udphdr) + DSR_GUE6_LEN)
+
+/* dsr_encap_gue: the outer header is IP, UDP to the GUE port and GUE, the
+ * backend in GUE's private data. The UDP checksum is 0: allowed for IPv4,
+ * and for IPv6 tunnels (RFC 6935; Linux's own FOU/GUE sends it so by
+ * default); only the backend's node reads the packet, before its stack. */
+static __always_inline int dsr_encap_gue(struct __ctx_buff *ctx, struct ns_pkt *p,
+					 const struct ns_config *cfg, struct ct_scratch *s,
+					 __u32 inner_len)
+{
+	const struct dsr_info *d = &s->dsr.info;
+	struct dsr_gue *g;
+
+	if (!p->v6) {
+		g = &s->dsr.g4.gue;
+		__builtin_memset(&s->dsr.g4, 0, sizeof(s->dsr.g4));
+		s->dsr.g4.udp.source = dsr_gue_sport(d->hash);
+		if (dsr_outer4(ctx, p, cfg, s, &s->dsr.g4.ip, sizeof(struct iphdr), IPPROTO_UDP,
+			       inner_len + DSR_GUE4_HLEN))
+			return -1;
+		s->dsr.g4.ip.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&s->dsr.g4.ip,
+							     sizeof(struct iphdr), 0));
+		s->dsr.g4.udp.dest = cfg->dsr_gue_port;
+		s->dsr.g4.udp.len = bpf_htons(inner_len + DSR_GUE4_HLEN - sizeof(struct iphdr));
+		g->hlen = DSR_GUE4_LEN / 4 - 1;
+		g->proto = IPPROTO_IPIP;
+		__builtin_memcpy(g->addr, &d->backend.w[3], 4);
+	} else {
+		g = &s->dsr.g6.gue;
+		__builtin_memset(&s->dsr.g6, 0, sizeof(s->dsr.g6));
+		s->dsr.g6.udp.source = dsr_gue_sport(d->hash);
+		dsr_outer6(cfg, s, &s->dsr.g6.ip, IPPROTO_UDP,
+			   inner_len + DSR_GUE6_HLEN - sizeof(struct ipv6hdr));
+		s->dsr.g6.udp.dest = cfg->dsr_gue_port;
+		s->dsr.g6.udp.len = s->dsr.g6.ip.payload_len;
+		g->hlen = DSR_GUE6_LEN / 4 - 1;
+		g->proto = IPPROTO_IPV6;
+		__builtin_memcpy(g->addr, d->backend.b, 16);
+	}
+	g->kind = bpf_htons(DSR_GUE_KIND);
+	g->port = d->port;
+	if (!p->v6) {
+		if (ctx_push_udp(ctx, DSR_GUE4_HLEN, false) ||
+		    ctx_store_bytes(ctx, p->l3_off, &s->dsr.g4, DSR_GUE4_HLEN))
+			return -1;
+	} else if (ctx_push_udp(ctx, DSR_GUE6_HLEN, true) ||
+		   ctx_store_bytes(ctx, p->l3_off, &s->dsr.g6, DSR_GUE6_HLEN)) {
+		return -1;
+	}
+	p->proto = IPPROTO_UDP;
+	return 0;
+}
+
+/* dsr_encap wraps the packet of p in an outer header from this node's
+ * address to the tunnel's end, naming the backend (the scratch's dsr_info:
+ * node, backend, port; ns_dsr_forward fills it; the flow's hash goes
+ * there too, for the IPv6 flow label and GUE's source port), GUE's or IPIP's as the
+ * configuration says, and turns p into the outer packet's view (for the
+ * FIB lookup). The header is built in the scratch, off the stack; a
+ * function of its own, so that its locals stay out of the service path's
+ * frame. */
+static __noinline int dsr_encap(struct __ctx_buff *ctx, struct ns_pkt *p)
+{
+	const struct ns_config *cfg = ns_cfg();
+	struct ct_scratch *s = ns_scratch();
+	int ret;
+
+	if (!cfg || !s || !p)
+		return -1;
+	s->dsr.info.hash = ns_flow_hash(p);
+	if (dsr_gue_on(cfg))
+		ret = dsr_encap_gue(ctx, p, cfg, s, ctx_len(ctx) - p->l3_off);
+	else
+		ret = dsr_encap_ipip(ctx, p, cfg, s, ctx_len(ctx) - p->l3_off);
+	if (ret)
+		return ret;
+	p->saddr = *snat_conf_addr(cfg, p->v6);
+	p->daddr = s->dsr.info.node;
 	p->sport = p->dport = 0;
 	return 0;
 }
@@ -179,24 +282,27 @@ static __always_inline __u32 dsr_ip_hlen(const struct ns_pkt *p)
 	return p->v6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr);
 }
 
-/* dsr_overhead is what the outer header adds, the backend's option too. */
-static __always_inline __u32 dsr_overhead(const struct ns_pkt *p)
+/* dsr_overhead is what the outer header adds, the backend's option (or
+ * UDP and GUE) too. */
+static __always_inline __u32 dsr_overhead(const struct ns_pkt *p, const struct ns_config *cfg)
 {
+	if (dsr_gue_on(cfg))
+		return p->v6 ? DSR_GUE6_HLEN : DSR_GUE4_HLEN;
 	return p->v6 ? sizeof(struct ipv6hdr) + sizeof(struct dsr_opt6) :
 		       sizeof(struct iphdr) + sizeof(struct dsr_opt4);
 }
 
-/* dsr_mtu returns the MTU the client must use when p plus the outer header
+/* dsr_mtu returns the MTU the client must use when the packet plus the outer
+ * header (hlen bytes)
  * exceeds the MTU of the device p came in on, else 0: the guess when the
  * FIB does not know the tunnel's route (ns_dsr_forward). */
-static __always_inline __u32 dsr_mtu(struct __ctx_buff *ctx, const struct ns_pkt *p)
+static __always_inline __u32 dsr_mtu(struct __ctx_buff *ctx, __u32 hlen)
 {
 	__u32 mtu = 0;
 
-	if (bpf_check_mtu(ctx, 0, &mtu, dsr_overhead(p), 0) != BPF_MTU_CHK_RET_FRAG_NEEDED ||
-	    mtu <= dsr_overhead(p))
+	if (bpf_check_mtu(ctx, 0, &mtu, hlen, 0) != BPF_MTU_CHK_RET_FRAG_NEEDED || mtu <= hlen)
 		return 0;
-	return mtu - dsr_overhead(p);
+	return mtu - hlen;
 }
 
 /* The ICMP header of the error: type, code, checksum, then the unused
@@ -334,24 +440,29 @@ static __always_inline bool dsr_from_node(const struct ns_pkt *p)
 	return val && addr_equal(&p->saddr, val->node_addr);
 }
 
-/* dsr_is_tunnel: p is an IPIP / IP6IP6 packet to this node (parse_ipv6
- * takes the destination options of the IPv6 one). */
-static __always_inline bool dsr_is_tunnel(const struct ns_pkt *p)
+/* dsr_is_gue: p is UDP to this node's DSR GUE port (decapsulated in
+ * every DSR mode, whichever dispatch this node sends with, so that nodes
+ * can change --dsr-dispatch one at a time). */
+static __always_inline bool dsr_is_gue(const struct ns_pkt *p, const struct ns_config *cfg)
 {
-	return p->proto == (p->v6 ? IPPROTO_IPV6 : IPPROTO_IPIP) &&
+	return p->proto == IPPROTO_UDP && cfg->dsr_gue_port && p->dport == cfg->dsr_gue_port;
+}
+
+/* dsr_is_tunnel: p is an IPIP / IP6IP6 packet (parse_ipv6 takes the
+ * destination options of the IPv6 one) or a GUE one, to this node. */
+static __always_inline bool dsr_is_tunnel(const struct ns_pkt *p, const struct ns_config *cfg)
+{
+	return (p->proto == (p->v6 ? IPPROTO_IPV6 : IPPROTO_IPIP) || dsr_is_gue(p, cfg)) &&
 	       lb_is_node_addr(&p->daddr);
 }
 
 /* dsr_backend reads the backend the LB node named in the outer header of
  * p, if it did. */
 static __always_inline void dsr_backend(struct __ctx_buff *ctx, const struct ns_pkt *p,
-					struct dsr_info *d)
+					struct ct_scratch *s, struct dsr_info *d)
 {
 	__u32 len = p->l4_off - p->l3_off;
-	struct ct_scratch *s = ns_scratch();
 
-	if (!s)
-		return;
 	if (!p->v6) {
 		struct dsr_opt4 *o = &s->dsr.h4.opt;
 
@@ -374,6 +485,32 @@ static __always_inline void dsr_backend(struct __ctx_buff *ctx, const struct ns_
 	d->has_backend = true;
 }
 
+/* dsr_gue_backend reads the backend from the GUE header after p's UDP
+ * header; false when it is not sluice's (a GUE packet always names one). */
+static __always_inline bool dsr_gue_backend(struct __ctx_buff *ctx, const struct ns_pkt *p,
+					    struct ct_scratch *s, struct dsr_info *d)
+{
+	struct dsr_gue *g = &s->dsr.g6.gue;
+	__u32 off = p->l4_off + sizeof(struct udphdr);
+
+	if (!p->v6) {
+		if (ctx_load_bytes(ctx, off, g, DSR_GUE4_LEN) ||
+		    g->hlen != DSR_GUE4_LEN / 4 - 1 || g->proto != IPPROTO_IPIP)
+			return false;
+		addr_from_v4(&d->backend, *(__be32 *)g->addr);
+	} else {
+		if (ctx_load_bytes(ctx, off, g, DSR_GUE6_LEN) ||
+		    g->hlen != DSR_GUE6_LEN / 4 - 1 || g->proto != IPPROTO_IPV6)
+			return false;
+		__builtin_memcpy(d->backend.b, g->addr, sizeof(g->addr));
+	}
+	if (g->flags || g->kind != bpf_htons(DSR_GUE_KIND))
+		return false;
+	d->port = g->port;
+	d->has_backend = true;
+	return true;
+}
+
 /* dsr_decap strips the outer header of p and parses the inner packet into
  * p; it returns the scratch's dsr_info: the sender (the LB node) and the
  * backend it chose, or NULL. */
@@ -388,7 +525,13 @@ static __always_inline struct dsr_info *dsr_decap(struct __ctx_buff *ctx, struct
 	d = &s->dsr.info;
 	__builtin_memset(d, 0, sizeof(*d));
 	d->node = p->saddr;
-	dsr_backend(ctx, p, d);
+	if (p->proto == IPPROTO_UDP) {
+		if (!dsr_gue_backend(ctx, p, s, d))
+			return NULL;
+		len += sizeof(struct udphdr) + (p->v6 ? DSR_GUE6_LEN : DSR_GUE4_LEN);
+	} else {
+		dsr_backend(ctx, p, s, d);
+	}
 	if (ctx_pop_l3(ctx, len) || parse_pkt(ctx, p) != PARSE_OK)
 		return NULL;
 	return d;

@@ -81,12 +81,15 @@
 #define NS_READ_L4_6 (ETH_HLEN + sizeof(struct ipv6hdr) + sizeof(struct ipv6_jumbo) + NS_L4_READ)
 #define NS_READ_DSR4 (ETH_HLEN + NS_IP4_MAX_HLEN)
 #define NS_READ_DSR6 (ETH_HLEN + sizeof(struct ipv6hdr) + sizeof(struct dsr_opt6))
+#define NS_READ_GUE4 (ETH_HLEN + NS_IP4_MAX_HLEN + sizeof(struct udphdr) + DSR_GUE4_LEN)
+#define NS_READ_GUE6 (ETH_HLEN + sizeof(struct ipv6hdr) + sizeof(struct udphdr) + DSR_GUE6_LEN)
 _Static_assert(sizeof(struct ipv6_frag) <= sizeof(struct ipv6_jumbo), "IPv6's deepest L4 read");
 _Static_assert(sizeof(struct dsr_opt6) == NS_DSR_OPT6_LEN, "parse_ipv6's DSR header length");
 #ifdef SLUICE_TC
 _Static_assert(CTX_PULL_LEN >= NS_READ_ICMP4 && CTX_PULL_LEN >= NS_READ_ICMP6 &&
 	       CTX_PULL_LEN >= NS_READ_L4_4 && CTX_PULL_LEN >= NS_READ_L4_6 &&
-	       CTX_PULL_LEN >= NS_READ_DSR4 && CTX_PULL_LEN >= NS_READ_DSR6,
+	       CTX_PULL_LEN >= NS_READ_DSR4 && CTX_PULL_LEN >= NS_READ_DSR6 &&
+	       CTX_PULL_LEN >= NS_READ_GUE4 && CTX_PULL_LEN >= NS_READ_GUE6,
 	       "CTX_PULL_LEN (ctx.h) must cover the deepest header read");
 #endif /* SLUICE_TC */
 

@@ -184,17 +184,19 @@ static __always_inline int nodeport_dispatch(struct __ctx_buff *ctx, struct ns_p
 	/* DSR tunnels only in a DSR mode and from the cluster's nodes: in
 	 * SNAT mode no node sends one, and the stack has them; anyone who
 	 * can spoof a node's address would reach the pods through it. */
-	if (dsr_is_tunnel(p)) {
+	if (dsr_is_tunnel(p, cfg)) {
 		if (cfg->mode == NS_MODE_SNAT)
 			return CTX_ACT_OK;
 		if (dsr_from_node(p))
 			return ns_tunnel_rpf(ctx, p) ?
 			       ns_stage(ctx, NS_STAGE_DSR_BACKEND, NS_DROP(SL_DROP_UNKNOWN)) :
 			       NS_DROP(SL_DROP_DSR_SPOOFED);
-		/* An outer header with an option (IPv4) or a destination
-		 * options header (IPv6) is how sluice's DSR names the backend:
-		 * ours, from no node. Any other tunnel is the stack's. */
-		return p->l4_off - p->l3_off > (p->v6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr)) ?
+		/* GUE to the port, an outer header with an option (IPv4) or a
+		 * destination options header (IPv6) is how sluice's DSR names
+		 * the backend: ours, from no node. Any other tunnel is the
+		 * stack's. */
+		return dsr_is_gue(p, cfg) ||
+		       p->l4_off - p->l3_off > (p->v6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr)) ?
 		       NS_DROP(SL_DROP_DSR_UNKNOWN_NODE) : CTX_ACT_OK;
 	}
 #endif /* SLUICE_POD_LB */

@@ -326,6 +326,24 @@ struct dsr_opt6 {
 	__u8   pad_len;
 };
 
+/* DSR in UDP (--dsr-dispatch=gue): GUE, variant 0 (draft-ietf-intarea-gue),
+ * no flags, no extension fields; its private data names the backend. The
+ * UDP source port carries the flow's hash, so a fabric's ECMP and a NIC's
+ * RSS spread an LB node's flows as they spread any UDP. IPv4 uses the
+ * first 12 bytes (the address's first 4), IPv6 all 24. */
+#define DSR_GUE_KIND  0x534c /* private data as sluice's DSR writes it */
+#define DSR_GUE4_LEN  12
+#define DSR_GUE6_LEN  24
+
+struct dsr_gue {
+	__u8   hlen;     /* version 0, C 0, then 32-bit words after the first */
+	__u8   proto;    /* the inner packet's: IPPROTO_IPIP, IPPROTO_IPV6 */
+	__be16 flags;    /* none */
+	__be16 kind;     /* DSR_GUE_KIND */
+	__be16 port;     /* the backend's */
+	__u8   addr[16]; /* the backend's; IPv4 in the first 4 bytes */
+};
+
 /* dsr_info is what a DSR packet brings the backend node: the LB node (the
  * outer source) and the backend it chose, when it says. */
 struct dsr_info {
@@ -333,6 +351,7 @@ struct dsr_info {
 	union lb_addr backend;
 	__be16 port;
 	bool   has_backend;
+	__u32  hash;   /* an LB node's: the flow's (dsr_encap) */
 };
 
 /* dsr_scratch is DSR's room off the stack: the outer header dsr_encap
@@ -348,6 +367,16 @@ struct dsr_scratch {
 			struct ipv6hdr  ip;
 			struct dsr_opt6 opt;
 		} h6;
+		struct {
+			struct iphdr    ip;
+			struct udphdr   udp;
+			struct dsr_gue  gue;
+		} g4;
+		struct {
+			struct ipv6hdr  ip;
+			struct udphdr   udp;
+			struct dsr_gue  gue;
+		} g6;
 	};
 	struct dsr_info   info;
 	struct lb_svc_key key;

@@ -156,7 +156,8 @@ static __always_inline int ns_dsr_forward(struct __ctx_buff *ctx, struct ns_pkt 
 	union lb_addr node __align_stack_8;
 	union lb_addr src __align_stack_8;
 	struct bpf_fib_lookup *fib = ns_fib_buf();
-	__u32 hlen = dsr_overhead(p), mtu;
+	__u32 hlen = dsr_overhead(p, cfg), mtu;
+	struct ct_scratch *s;
 	long rc;
 
 	/* The outer source is this node's configured address, which every
@@ -167,18 +168,25 @@ static __always_inline int ns_dsr_forward(struct __ctx_buff *ctx, struct ns_pkt 
 		return CTX_ACT_DROP;
 	/* The outer header's length is 16 bits: a BIG TCP aggregate (tc, GRO
 	 * over 64 KiB) does not fit it. */
-	if (ctx_len(ctx) - p->l3_off + hlen > 0xffff)
+	if (ctx_len(ctx) - p->l3_off > 0xffff - hlen)
 		return NS_DROP(SL_DROP_DSR_TOO_LONG);
-	rc = ns_fib_tunnel(ctx, p, &src, &node, p->v6 ? IPPROTO_IPV6 : IPPROTO_IPIP, hlen, fib);
+	rc = ns_fib_tunnel(ctx, p, &src, &node,
+			   dsr_gue_on(cfg) ? IPPROTO_UDP : p->v6 ? IPPROTO_IPV6 : IPPROTO_IPIP, hlen, fib);
 	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
 		return fib->mtu_result > hlen ? dsr_reply_too_big(ctx, p, fib->mtu_result - hlen) :
 						CTX_ACT_DROP;
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH && (mtu = dsr_mtu(ctx, p)))
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH && (mtu = dsr_mtu(ctx, hlen)))
 		return dsr_reply_too_big(ctx, p, mtu);
 	/* Passed in its outer header, it would come from this node: tc's. */
 	if (NS_XDP_DEFERS(ctx, rc, fib))
 		return CTX_ACT_OK;
-	if (dsr_encap(ctx, p, &src, &node, backend, port))
+	s = ns_scratch();
+	if (!s)
+		return CTX_ACT_DROP;
+	s->dsr.info.node = node;
+	s->dsr.info.backend = *backend;
+	s->dsr.info.port = port;
+	if (dsr_encap(ctx, p))
 		return CTX_ACT_DROP;
 	return ns_send(ctx, p, FWD_ENCAP, fib, rc);
 }

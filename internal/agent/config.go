@@ -38,8 +38,14 @@ type Config struct {
 	Devices         []string
 	LBAlgorithm     string
 	LBMode          string
-	LBAcceleration  string
-	NodePortRange   string
+	// DSRDispatch is how DSR flows reach the backend's node: "ipip" (an
+	// IPIP / IP6IP6 header with an option naming the backend) or "gue"
+	// (UDP to DSRGUEPort, the source port from the flow hash, for fabrics
+	// whose ECMP and NICs whose RSS hash ports). Every node takes both in.
+	DSRDispatch    string
+	DSRGUEPort     uint16
+	LBAcceleration string
+	NodePortRange  string
 	// SNATRange is --snat-port-range: the nat ports of masqueraded flows,
 	// MIN-MAX; empty: 1024-65535 less the NodePorts and the node's
 	// ephemeral ports (SNATPortRange).
@@ -130,6 +136,14 @@ type Config struct {
 const (
 	DefaultBPFRoot       = "/sys/fs/bpf/sluice"
 	DefaultNodePortRange = "30000-32767"
+	// DefaultDSRGUEPort is below 1024, so never a nat port (at least 1024),
+	// a NodePort of the default range or a host's ephemeral port; UDP 1022
+	// is RFC 3692's experiment port, as the IP option of DSR in IPIP is
+	// RFC 4727's experimental type.
+	DefaultDSRGUEPort = 1022
+	// --dsr-dispatch values.
+	DSRDispatchIPIP = "ipip"
+	DSRDispatchGUE  = "gue"
 	// kube-proxy's minSyncPeriod is 1s for iptables; the maps take a change
 	// in microseconds, so only bursts need folding.
 	DefaultSyncPeriodMin = time.Millisecond
@@ -175,6 +189,10 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&c.Devices, "devices", nil, "external network devices for tc/XDP (comma separated)")
 	fs.StringVar(&c.LBAlgorithm, "lb-algorithm", "random", "backend selection: random or maglev")
 	fs.StringVar(&c.LBMode, "lb-mode", "snat", "north-south forwarding: snat, dsr or hybrid")
+	fs.StringVar(&c.DSRDispatch, "dsr-dispatch", DSRDispatchIPIP, "how DSR sends a flow to its backend's node: ipip (IPIP / IP6IP6, the backend in an IP option) "+
+		"or gue (UDP to --dsr-gue-port, its source port from the flow hash: ECMP and RSS spread the flows; docs/troubleshooting.md#dsr-on-a-real-fabric). "+
+		"Every node takes both in")
+	fs.Uint16Var(&c.DSRGUEPort, "dsr-gue-port", DefaultDSRGUEPort, "UDP port of DSR in GUE, the same on every node: the nodes take GUE in on it in dsr and hybrid modes")
 	fs.StringVar(&c.LBAcceleration, "lb-acceleration", "disabled", "XDP acceleration on --devices: disabled (the XDP object is not loaded), native (driver mode, or fail) "+
 		"or best-effort (driver mode where the driver allows it, else tc; a veth stays on tc: native XDP on a veth needs an XDP program "+
 		"on its peer and senders without TX checksum offload, see docs/xdp-on-veth.md)")
@@ -341,6 +359,10 @@ func (c *Config) Validate() error {
 	checkEnum("local-delivery", c.LocalDelivery, LocalDeliveryStack, LocalDeliveryPeer)
 	checkEnum("hostport", c.HostPort, HostPortAuto, HostPortOn, HostPortOff)
 	checkEnum("lb-mode", c.LBMode, "snat", "dsr", "hybrid")
+	checkEnum("dsr-dispatch", c.DSRDispatch, DSRDispatchIPIP, DSRDispatchGUE)
+	if c.DSRGUEPort == 0 {
+		bad("dsr-gue-port", c.DSRGUEPort, "want a UDP port from 1 to 65535")
+	}
 	checkEnum("lb-acceleration", c.LBAcceleration, "disabled", "native", "best-effort")
 	checkEnum("log-level", c.LogLevel, "debug", "info", "warn", "error")
 
@@ -457,6 +479,9 @@ func (c *Config) NotImplemented() []string {
 		}
 		if c.LBMode != "snat" {
 			out = append(out, "--lb-mode="+c.LBMode)
+		}
+		if c.DSRDispatch != DSRDispatchIPIP {
+			out = append(out, "--dsr-dispatch="+c.DSRDispatch)
 		}
 		if c.LBAcceleration != "disabled" {
 			out = append(out, "--lb-acceleration="+c.LBAcceleration)

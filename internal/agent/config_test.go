@@ -143,6 +143,8 @@ func TestConfigInvalid(t *testing.T) {
 		{"nodeport-addresses primary and CIDRs", []string{"--nodeport-addresses=primary,10.0.0.0/8"}, "primary stands alone"},
 		{"lb-algorithm", []string{"--lb-algorithm=roundrobin"}, "--lb-algorithm=roundrobin: want one of random, maglev"},
 		{"lb-mode", []string{"--lb-mode=dnat"}, "--lb-mode=dnat: want one of snat, dsr, hybrid"},
+		{"dsr-dispatch", []string{"--dsr-dispatch=geneve"}, "--dsr-dispatch=geneve: want one of ipip, gue"},
+		{"dsr-gue-port zero", []string{"--dsr-gue-port=0"}, "--dsr-gue-port=0: want a UDP port from 1 to 65535"},
 		{"lb-acceleration", []string{"--lb-acceleration=generic"}, "--lb-acceleration=generic: want one of disabled, native, best-effort"},
 		{"log-level", []string{"--log-level=trace"}, "--log-level=trace: want one of debug, info, warn, error"},
 		{"node-port-range reversed", []string{"--node-port-range=32000-31000"}, "--node-port-range=32000-31000: MIN 32000 is above MAX 31000"},

@@ -109,6 +109,9 @@ func (a *Agent) newNorthSouthStatus(devs []api.Device) *api.NorthSouth {
 		Devices: devs, CTGC: api.CTGC{Interval: a.cfg.CTGCInterval},
 		LocalDelivery: cmp.Or(a.cfg.LocalDelivery, LocalDeliveryStack),
 	}
+	if a.dsrMode() {
+		st.DSRDispatch, st.DSRGUEPort = cmp.Or(a.cfg.DSRDispatch, DSRDispatchIPIP), a.cfg.DSRGUEPort
+	}
 	st.NetfilterHandoff = "off: not probed"
 	for _, f := range a.features {
 		if !a.cfg.NetfilterHandoff {

@@ -74,6 +74,26 @@ func (p SNATPorts) String() string {
 	return fmt.Sprintf("%s (%d ports%s; NodePorts %d-%d, %s)", p.Ranges(), p.Size(), from, p.NodePorts[0], p.NodePorts[1], eph)
 }
 
+// checkGUEPort: DSR's GUE port is none of the nat ports, the NodePorts or
+// the host's ephemeral ports. The datapath takes UDP from a node to that
+// port for a tunnel: a masqueraded flow's reply to a nat port, a NodePort
+// or a host socket's port equal to it would be lost.
+func (p SNATPorts) checkGUEPort(port uint16) error {
+	in := func(r [2]uint16) bool { return port >= r[0] && port <= r[1] }
+	switch {
+	case in(p.NodePorts):
+		return fmt.Errorf("--dsr-gue-port=%d is in the NodePort range %d-%d: choose a port outside it (the default, %d, is)",
+			port, p.NodePorts[0], p.NodePorts[1], DefaultDSRGUEPort)
+	case in(p.Ephemeral):
+		return fmt.Errorf("--dsr-gue-port=%d is in the node's ip_local_port_range %d-%d (the host's own sockets take it): choose a port outside it (the default, %d, is)",
+			port, p.Ephemeral[0], p.Ephemeral[1], DefaultDSRGUEPort)
+	case in(p.Range) && !(p.Hole != ([2]uint16{}) && in(p.Hole)):
+		return fmt.Errorf("--dsr-gue-port=%d is a nat port (%s): choose a port outside them (the default, %d, is) or narrow --snat-port-range",
+			port, p.Ranges(), DefaultDSRGUEPort)
+	}
+	return nil
+}
+
 // SNATPortRange chooses the nat ports of masqueraded flows when
 // --snat-port-range is not given: 1024-65535 less one hole over the
 // NodePorts and the node's ephemeral ports (ip_local_port_range,

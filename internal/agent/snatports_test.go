@@ -197,3 +197,35 @@ func FuzzSNATPortRange(f *testing.F) {
 		}
 	})
 }
+
+// DSR's GUE port must be none of the nat ports, NodePorts or ephemeral
+// ports: the datapath takes UDP from a node to it for a tunnel.
+func TestSNATPortsCheckGUEPort(t *testing.T) {
+	def := SNATPortRange([2]uint16{30000, 32767}, [2]uint16{32768, 60999})
+	explicit, err := ExplicitSNATPorts([2]uint16{40000, 50000}, [2]uint16{30000, 32767}, [2]uint16{32768, 39000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		ports SNATPorts
+		port  uint16
+		want  string // "" no error
+	}{
+		{"default port, default ranges", def, DefaultDSRGUEPort, ""},
+		{"a nat port below the hole", def, 6080, "--dsr-gue-port=6080 is a nat port (1024-65535 less 30000-60999)"},
+		{"a nat port above the hole", def, 61000, "is a nat port"},
+		{"a NodePort", def, 30500, "is in the NodePort range 30000-32767"},
+		{"an ephemeral port", def, 40000, "ip_local_port_range 32768-60999"},
+		{"outside an explicit range", explicit, 6080, ""},
+		{"inside an explicit range", explicit, 45000, "is a nat port (40000-50000)"},
+	} {
+		err := tc.ports.checkGUEPort(tc.port)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: error %v, want one containing %q", tc.name, err, tc.want)
+		}
+	}
+}

@@ -162,11 +162,20 @@ func (d *nodeDataplane) SetNodeConfig(nodeIPs []netip.Addr) (SNATPorts, error) {
 		SNATHoleMin:     snatPorts.Hole[0],
 		SNATHoleMax:     snatPorts.Hole[1],
 		HashKey:         d.hashKey,
-		Mode:            map[string]uint32{"snat": lbmap.ModeSNAT, "dsr": lbmap.ModeDSR, "hybrid": lbmap.ModeHybrid}[d.cfg.LBMode],
+		Mode:            map[string]uint16{"snat": lbmap.ModeSNAT, "dsr": lbmap.ModeDSR, "hybrid": lbmap.ModeHybrid}[d.cfg.LBMode],
 		TCPSynTimeout:   uint32(d.cfg.CTTimeoutSYN / time.Second),
 		TCPEstTimeout:   uint32(d.cfg.CTTimeoutTCP / time.Second),
 		TCPCloseTimeout: uint32(d.cfg.CTTimeoutFIN / time.Second),
 		UDPTimeout:      uint32(d.cfg.CTTimeoutAny / time.Second),
+	}
+	if d.cfg.LBMode != "snat" {
+		if err := snatPorts.checkGUEPort(d.cfg.DSRGUEPort); err != nil {
+			return snatPorts, err
+		}
+		c.DSRGUEPort = lbmap.DSRGUEPortOf(d.cfg.DSRGUEPort)
+		if d.cfg.DSRDispatch == DSRDispatchGUE {
+			c.Flags |= lbmap.NSConfigDSRGUE
+		}
 	}
 	if d.cfg.LocalDelivery != LocalDeliveryPeer {
 		c.Flags |= lbmap.NSConfigLocalViaStack

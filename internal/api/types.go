@@ -297,8 +297,12 @@ type BPFRevNat struct {
 // NorthSouth describes the tc/XDP load balancer, like the
 // KubeProxyReplacement section of `cilium status`.
 type NorthSouth struct {
-	Enabled         bool   `json:"enabled"`
-	Mode            string `json:"mode,omitempty"`      // snat, dsr or hybrid
+	Enabled bool   `json:"enabled"`
+	Mode    string `json:"mode,omitempty"` // snat, dsr or hybrid
+	// DSRDispatch is how DSR flows leave (ipip or gue, --dsr-dispatch) and
+	// DSRGUEPort the UDP port GUE takes (in dsr and hybrid modes).
+	DSRDispatch     string `json:"dsrDispatch,omitempty"`
+	DSRGUEPort      uint16 `json:"dsrGUEPort,omitempty"`
 	Algorithm       string `json:"algorithm,omitempty"` // random or maglev (the default)
 	MaglevTableSize uint32 `json:"maglevTableSize,omitempty"`
 	// MaglevSeedSource is where the seed of the Maglev tables came from:

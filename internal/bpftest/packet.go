@@ -300,12 +300,53 @@ type Encap struct {
 	// Options6, when set, is the IPv6 destination options header
 	// carried instead of the one Backend names (any other sender's).
 	Options6 []byte
+	// GUEPort, when set, makes the outer header IP, UDP to that port and
+	// GUE naming Backend (--dsr-dispatch=gue) instead of IPIP; the UDP
+	// source port is GUESrcPort, 0 for the program's pick (MatchOuterID).
+	GUEPort, GUESrcPort uint16
+}
+
+// DSRGUEKind marks GUE's private data as sluice's DSR writes it
+// (DSR_GUE_KIND, bpf/lib/ns_maps.h).
+const DSRGUEKind = 0x534c
+
+// DSRGUE is the UDP header (checksum 0) and the GUE header naming backend
+// in front of payload, an inner packet of the backend's family.
+func DSRGUE(sport, dport uint16, backend netip.AddrPort, payload []byte) []byte {
+	addr := backend.Addr().AsSlice()
+	proto := byte(layers.IPProtocolIPv4)
+	if backend.Addr().Is6() {
+		proto = byte(layers.IPProtocolIPv6)
+	}
+	gue := []byte{byte((8+len(addr))/4 - 1), proto, 0, 0, DSRGUEKind >> 8, DSRGUEKind & 0xff}
+	gue = append(binary.BigEndian.AppendUint16(gue, backend.Port()), addr...)
+	h := binary.BigEndian.AppendUint16(nil, sport)
+	h = binary.BigEndian.AppendUint16(h, dport)
+	h = binary.BigEndian.AppendUint16(h, uint16(8+len(gue)+len(payload)))
+	h = append(h, 0, 0)
+	return append(append(h, gue...), payload...)
+}
+
+// guePayload is the inner packet of a DSR GUE packet's IP payload p (UDP,
+// GUE of sluice's kind, the packet), or nil.
+func guePayload(p []byte) []byte {
+	if len(p) < 8+4 {
+		return nil
+	}
+	hlen := 4 + 4*int(p[8]&0x1f)
+	if p[8]>>6 != 0 || len(p) < 8+hlen || hlen < 8 || binary.BigEndian.Uint16(p[8+4:]) != DSRGUEKind {
+		return nil
+	}
+	return p[8+hlen:]
 }
 
 func (e Encap) String() string {
 	var inner Frame = e.Inner
 	if e.Frame != nil {
 		inner = e.Frame
+	}
+	if e.GUEPort != 0 {
+		return fmt.Sprintf("GUE %s:%d -> %s:%d carrying %s", e.Src, e.GUESrcPort, e.Dst, e.GUEPort, inner)
 	}
 	return fmt.Sprintf("IPIP %s -> %s carrying %s", e.Src, e.Dst, inner)
 }
@@ -330,6 +371,9 @@ func (e Encap) Bytes() ([]byte, error) {
 	eth := ethernet(e.SrcMAC, e.DstMAC, e.Src.Is4())
 	var outer gopacket.SerializableLayer
 	payload := inner[14:]
+	if e.GUEPort != 0 {
+		return e.gueBytes(eth, inner)
+	}
 	if e.Src.Is4() {
 		ip4 := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolIPv4,
 			SrcIP: e.Src.AsSlice(), DstIP: e.Dst.AsSlice()}
@@ -356,6 +400,30 @@ func (e Encap) Bytes() ([]byte, error) {
 	buf := gopacket.NewSerializeBuffer()
 	err = gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
 		eth, outer, gopacket.Payload(payload))
+	if err != nil {
+		return nil, fmt.Errorf("serialize %s: %w", e, err)
+	}
+	return buf.Bytes(), nil
+}
+
+// gueBytes serializes e in GUE: outer TTL 64 (DF as for IPIP), the
+// inner packet untouched.
+func (e Encap) gueBytes(eth *layers.Ethernet, inner []byte) ([]byte, error) {
+	var outer gopacket.SerializableLayer
+	if e.Src.Is4() {
+		ip4 := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolUDP,
+			SrcIP: e.Src.AsSlice(), DstIP: e.Dst.AsSlice()}
+		if len(inner) >= 14+20 && inner[14+6]&0x40 != 0 {
+			ip4.Flags = layers.IPv4DontFragment
+		}
+		outer = ip4
+	} else {
+		outer = &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolUDP,
+			SrcIP: e.Src.AsSlice(), DstIP: e.Dst.AsSlice()}
+	}
+	buf := gopacket.NewSerializeBuffer()
+	err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
+		eth, outer, gopacket.Payload(DSRGUE(e.GUESrcPort, e.GUEPort, e.Backend, inner[14:])))
 	if err != nil {
 		return nil, fmt.Errorf("serialize %s: %w", e, err)
 	}
@@ -393,8 +461,14 @@ func DSROptions6(backend netip.AddrPort) []byte {
 // Any other want comes back as it is.
 func MatchOuterID(got, want []byte) ([]byte, error) {
 	const l3 = 14
+	want, err := matchGUESource(got, want)
+	if err != nil {
+		return want, err
+	}
 	if len(want) >= l3+40 && len(got) >= l3+40 && want[l3]>>4 == 6 && got[l3]>>4 == 6 &&
-		want[l3+6] == byte(layers.IPProtocolIPv6Destination) && got[l3+6] == want[l3+6] {
+		(want[l3+6] == byte(layers.IPProtocolIPv6Destination) ||
+			want[l3+6] == byte(layers.IPProtocolUDP) && guePayload(want[l3+40:]) != nil) &&
+		got[l3+6] == want[l3+6] {
 		if got[l3+1]&0x0f == 0 && got[l3+2] == 0 && got[l3+3] == 0 {
 			return want, fmt.Errorf("DSR outer IPv6 header without a flow label (RFC 6438: the inner flow's hash)")
 		}
@@ -404,8 +478,7 @@ func MatchOuterID(got, want []byte) ([]byte, error) {
 		return out, nil
 	}
 	if len(want) < l3+20 || len(got) < l3+20 || !frameIs4(want) || !frameIs4(got) ||
-		want[l3+9] != byte(layers.IPProtocolIPv4) || got[l3+9] != byte(layers.IPProtocolIPv4) ||
-		want[l3+6]&0x40 != 0 {
+		!isDSR4(want) || got[l3+9] != want[l3+9] || want[l3+6]&0x40 != 0 {
 		return want, nil
 	}
 	id := got[l3+4 : l3+6]
@@ -424,6 +497,42 @@ func MatchOuterID(got, want []byte) ([]byte, error) {
 		sum = sum&0xffff + sum>>16
 	}
 	binary.BigEndian.PutUint16(out[l3+10:], ^uint16(sum))
+	return out, nil
+}
+
+// isDSR4: the IPv4 frame is IPIP, or GUE of sluice's DSR.
+func isDSR4(frame []byte) bool {
+	const l3 = 14
+	hl := l3 + 4*int(frame[l3]&0x0f)
+	return frame[l3+9] == byte(layers.IPProtocolIPv4) ||
+		frame[l3+9] == byte(layers.IPProtocolUDP) && len(frame) > hl && guePayload(frame[hl:]) != nil
+}
+
+// matchGUESource returns want with got's UDP source port when want is a
+// DSR GUE frame whose source port is 0 (the program's pick, from the flow
+// hash); it errs when got's is not in the dynamic range 49152-65535.
+func matchGUESource(got, want []byte) ([]byte, error) {
+	const l3 = 14
+	if len(want) < l3+20 || len(got) != len(want) || want[12] != got[12] || want[13] != got[13] {
+		return want, nil
+	}
+	off := l3 + 40
+	if frameIs4(want) {
+		off = l3 + 4*int(want[l3]&0x0f)
+		if want[l3+9] != byte(layers.IPProtocolUDP) {
+			return want, nil
+		}
+	} else if want[l3+6] != byte(layers.IPProtocolUDP) {
+		return want, nil
+	}
+	if len(want) < off+8 || guePayload(want[off:]) == nil || want[off] != 0 || want[off+1] != 0 {
+		return want, nil
+	}
+	if sport := binary.BigEndian.Uint16(got[off:]); sport < 49152 {
+		return want, fmt.Errorf("DSR GUE source port %d, want the flow's hash in 49152-65535", sport)
+	}
+	out := slices.Clone(want)
+	copy(out[off:off+2], got[off:off+2])
 	return out, nil
 }
 
@@ -462,10 +571,18 @@ func checkOuter(frame []byte) ([]byte, error) {
 		if err := ip4.DecodeFromBytes(eth.Payload, gopacket.NilDecodeFeedback); err != nil {
 			return nil, fmt.Errorf("decode: %w", err)
 		}
-		if ip4.Protocol != layers.IPProtocolIPv4 {
+		rest = ip4.Payload
+		if ip4.Protocol == layers.IPProtocolUDP {
+			if rest = guePayload(rest); rest == nil {
+				return nil, nil
+			}
+			if err := gueUDPOK(ip4.Payload); err != nil {
+				return nil, err
+			}
+		} else if ip4.Protocol != layers.IPProtocolIPv4 {
 			return nil, nil
 		}
-		outer, innerType, rest, whole = &ip4, layers.EthernetTypeIPv4, ip4.Payload, ip4.Payload
+		outer, innerType, whole = &ip4, layers.EthernetTypeIPv4, ip4.Payload
 	case eth.EthernetType == layers.EthernetTypeIPv6:
 		if err := ip6.DecodeFromBytes(eth.Payload, gopacket.NilDecodeFeedback); err != nil {
 			return nil, fmt.Errorf("decode: %w", err)
@@ -474,6 +591,11 @@ func checkOuter(frame []byte) ([]byte, error) {
 		if ip6.NextHeader == layers.IPProtocolIPv6Destination && len(rest) >= 8 &&
 			rest[0] == byte(layers.IPProtocolIPv6) && len(rest) >= (int(rest[1])+1)*8 {
 			rest = rest[(int(rest[1])+1)*8:]
+		} else if ip6.NextHeader == layers.IPProtocolUDP && guePayload(rest) != nil {
+			if err := gueUDPOK(rest); err != nil {
+				return nil, err
+			}
+			rest = guePayload(rest)
 		} else if ip6.NextHeader != layers.IPProtocolIPv6 {
 			return nil, nil
 		}
@@ -490,6 +612,18 @@ func checkOuter(frame []byte) ([]byte, error) {
 	}
 	inner := append(append([]byte{}, frame[:12]...), byte(innerType>>8), byte(innerType))
 	return append(inner, rest...), nil
+}
+
+// gueUDPOK checks a DSR GUE packet's UDP header (IP payload p): its
+// length, and checksum 0 (dsr.h sends none, RFC 6935 for IPv6).
+func gueUDPOK(p []byte) error {
+	if l := binary.BigEndian.Uint16(p[4:]); int(l) != len(p) {
+		return fmt.Errorf("GUE: UDP length %d, the IP payload is %d bytes", l, len(p))
+	}
+	if c := binary.BigEndian.Uint16(p[6:]); c != 0 {
+		return fmt.Errorf("GUE: UDP checksum %#04x, want 0", c)
+	}
+	return nil
 }
 
 func checkChecksums(frame []byte) error {

@@ -260,6 +260,9 @@ func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns 
 			fb = fmt.Sprintf("%d backends on unknown nodes use SNAT: %s", ns.DSRSNATFallback, strings.Join(ns.DSRSNATFallbackExamples, ", "))
 		}
 		line("  DSR", "%d tunnel entries; %s", ns.DSRTunnels, fb)
+		if ns.DSRDispatch != "" {
+			line("  DSR dispatch", "%s", dsrDispatchLine(ns))
+		}
 	}
 	alg := "Random"
 	if ns.Algorithm == "maglev" {
@@ -642,4 +645,12 @@ func writeBPFLB(w io.Writer, d *api.BPFLB) error {
 		fmt.Fprintf(tw, "%s\tanother node\n", ip)
 	}
 	return tw.Flush()
+}
+
+// dsrDispatchLine says how DSR flows leave and what comes in.
+func dsrDispatchLine(ns *api.NorthSouth) string {
+	if ns.DSRDispatch == "gue" {
+		return fmt.Sprintf("GUE to UDP %d, source port from the flow hash (ECMP and RSS spread the flows); IPIP taken in too", ns.DSRGUEPort)
+	}
+	return fmt.Sprintf("IPIP, the backend in an IP option (one outer flow per node pair: --dsr-dispatch=gue spreads them); GUE to UDP %d taken in too", ns.DSRGUEPort)
 }

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"strings"
 	"testing"
 
@@ -24,18 +23,29 @@ func TestStatusDSRLine(t *testing.T) {
 			"DSR:  4 tunnel entries; 3 backends on unknown nodes use SNAT: 10.9.0.1 (node node9 is not in the Node list), 10.9.0.2 (node node9 is not in the Node list)"},
 		{"snat", api.NorthSouth{Enabled: true, Mode: "snat", DSRSNATFallback: 3}, ""},
 	} {
-		var out bytes.Buffer
-		if err := writeStatus(&out, &api.Status{NodeName: "node1", NorthSouth: &tc.ns}); err != nil {
-			t.Fatal(err)
-		}
-		got := ""
-		for _, l := range strings.Split(out.String(), "\n") {
-			if strings.HasPrefix(strings.TrimSpace(l), "DSR:") {
-				got = strings.Join(strings.Fields(l), " ")
-			}
-		}
-		if want := strings.Join(strings.Fields(tc.want), " "); got != want {
-			t.Errorf("%s: DSR line %q, want %q\n%s", tc.name, got, want, out.String())
+		if got, want := statusLine(t, tc.ns, "DSR"), strings.Join(strings.Fields(tc.want), " "); got != want {
+			t.Errorf("%s: DSR line %q, want %q", tc.name, got, want)
 		}
 	}
 }
+
+// In a DSR mode the status says how flows leave (IPIP or GUE, with the
+// port) and that both come in.
+func TestStatusDSRDispatchLine(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ns   api.NorthSouth
+		want string // "" for none
+	}{
+		{"gue", api.NorthSouth{Enabled: true, Mode: "dsr", DSRDispatch: "gue", DSRGUEPort: 1022},
+			"DSR dispatch: GUE to UDP 1022, source port from the flow hash (ECMP and RSS spread the flows); IPIP taken in too"},
+		{"ipip", api.NorthSouth{Enabled: true, Mode: "hybrid", DSRDispatch: "ipip", DSRGUEPort: 1022},
+			"DSR dispatch: IPIP, the backend in an IP option (one outer flow per node pair: --dsr-dispatch=gue spreads them); GUE to UDP 1022 taken in too"},
+		{"snat", api.NorthSouth{Enabled: true, Mode: "snat"}, ""},
+	} {
+		if got, want := statusLine(t, tc.ns, "DSR dispatch"), strings.Join(strings.Fields(tc.want), " "); got != want {
+			t.Errorf("%s: dispatch line %q, want %q", tc.name, got, want)
+		}
+	}
+}
+

@@ -29,7 +29,7 @@ func TestPrivilegedNorthSouthDSRFallbackSNAT(t *testing.T) {
 		must(t, n.SetTunnel(netip.PrefixFrom(ipNode2v6, 128), ipNode2v6))
 		for i, tc := range []struct {
 			name    string
-			mode    uint32
+			mode    uint16
 			pkt     func(port uint16) bpftest.Packet
 			backend netip.AddrPort
 			node    netip.Addr // this node: the SNAT source and the outer source
@@ -147,17 +147,26 @@ func TestPrivilegedNorthSouthDSRFlowLabel(t *testing.T) {
 			}
 			return uint32(f[15]&0x0f)<<16 | uint32(f[16])<<8 | uint32(f[17])
 		}
-		labels := map[uint32]bool{}
-		for port := uint16(47200); port < 47216; port++ {
-			in := udpPkt(client6(port), apLBUDP6)
-			l := label(in)
-			if again := label(in); again != l {
-				t.Errorf("%s (%s): flow label %#x, then %#x for the same flow", in, kind.name, l, again)
-			}
-			labels[l] = true
-		}
-		if len(labels) < 12 {
-			t.Errorf("%s: 16 flows got %d flow labels, want them spread (%v)", kind.name, len(labels), labels)
-		}
+		checkSpread(t, kind, "flow label", 47200, func(p uint16) bpftest.Packet { return udpPkt(client6(p), apLBUDP6) }, label)
 	})
+}
+
+// checkSpread sends 16 flows (client ports from first on, made by pkt) and
+// checks that value (what the LB node put in the outer header) is the same
+// for every packet of a flow and spread over the flows.
+func checkSpread(t *testing.T, kind attachKind, what string, first uint16,
+	pkt func(port uint16) bpftest.Packet, value func(bpftest.Packet) uint32) {
+	t.Helper()
+	seen := map[uint32]bool{}
+	for port := first; port < first+16; port++ {
+		in := pkt(port)
+		v := value(in)
+		if again := value(in); again != v {
+			t.Errorf("%s (%s): %s %#x, then %#x for the same flow", in, kind.name, what, v, again)
+		}
+		seen[v] = true
+	}
+	if len(seen) < 12 {
+		t.Errorf("%s: 16 flows got %d values of the %s, want them spread (%v)", kind.name, len(seen), what, seen)
+	}
 }

@@ -51,14 +51,14 @@ func nodesViaLo(t testing.TB) {
 	must(t, os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0))
 }
 
-func setMode(t testing.TB, n *NorthSouth, mode uint32) {
+func setMode(t testing.TB, n *NorthSouth, mode uint16) {
 	t.Helper()
 	setModeOnly(t, n, mode)
 	setNodeTunnels(t, n)
 }
 
 // setModeOnly writes the mode without any tunnel entry.
-func setModeOnly(t testing.TB, n *NorthSouth, mode uint32) {
+func setModeOnly(t testing.TB, n *NorthSouth, mode uint16) {
 	t.Helper()
 	must(t, n.SetConfig(lbmap.NSConfig{
 		SNATAddr4: lbmap.AddrFrom(ipNode), SNATAddr6: lbmap.AddrFrom(ipNode6), HZ: 250,
@@ -82,7 +82,7 @@ func TestPrivilegedNorthSouthDSREncap(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
 		for _, tc := range []struct {
 			name     string
-			mode     uint32
+			mode     uint16
 			in       bpftest.Packet
 			backend  netip.AddrPort
 			dsr      bool

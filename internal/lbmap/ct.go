@@ -69,9 +69,9 @@ const (
 
 // Load balancing modes for remote backends (NS_MODE_*), --lb-mode.
 const (
-	ModeSNAT   uint32 = 0
-	ModeDSR    uint32 = 1
-	ModeHybrid uint32 = 2 // DSR for TCP, SNAT for UDP
+	ModeSNAT   uint16 = 0
+	ModeDSR    uint16 = 1
+	ModeHybrid uint16 = 2 // DSR for TCP, SNAT for UDP
 )
 
 // Default conntrack timeouts in seconds (Cilium's), used by the datapath
@@ -171,11 +171,16 @@ func (e CTEntry) Collectable(now uint32) bool {
 // NSConfig mirrors struct ns_config, the tc/XDP configuration. Zero
 // timeouts and ports take the datapath's defaults.
 type NSConfig struct {
-	SNATAddr4       Addr   // v4-mapped node IP for SNAT to remote backends
-	SNATAddr6       Addr   // node IPv6 for SNAT
-	ClockOverride   uint64 // tests only: the CT clock in seconds
-	HZ              uint32 // the kernel's CONFIG_HZ
-	Mode            uint32 // Mode*
+	SNATAddr4     Addr   // v4-mapped node IP for SNAT to remote backends
+	SNATAddr6     Addr   // node IPv6 for SNAT
+	ClockOverride uint64 // tests only: the CT clock in seconds
+	HZ            uint32 // the kernel's CONFIG_HZ
+	Mode          uint16 // Mode*
+	// DSRGUEPort is the UDP port of DSR in GUE, in network order
+	// (DSRGUEPortOf): decapsulated in every DSR mode, sent with
+	// NSConfigDSRGUE. 0: IPIP only. It and Mode were one uint32 before,
+	// so an older agent's pinned map reads as IPIP.
+	DSRGUEPort      uint16
 	TCPSynTimeout   uint32
 	TCPEstTimeout   uint32
 	TCPCloseTimeout uint32
@@ -214,6 +219,13 @@ const NSConfigDrain uint32 = 1 << 2
 // a local backend's packets to the stack untranslated, as netfilter's
 // entry translates them.
 const NSConfigHandedOver uint32 = 1 << 3
+
+// NSConfigDSRGUE (NS_CFG_DSR_GUE): DSR flows leave in GUE to DSRGUEPort,
+// their UDP source port from the flow hash (--dsr-dispatch=gue).
+const NSConfigDSRGUE uint32 = 1 << 4
+
+// DSRGUEPortOf is port as NSConfig.DSRGUEPort holds it (network order).
+func DSRGUEPortOf(port uint16) uint16 { return port<<8 | port>>8 }
 
 // CTFlagsString names the set flags, e.g. "SYN|ESTABLISHED|SNAT".
 func CTFlagsString(f uint16) string {

@@ -36,7 +36,7 @@ const tunnelOverhead = 40 + 24
 type Violation struct {
 	Rule    string
 	Program string
-	Mode    uint32
+	Mode    uint16
 	Detail  string
 	In, Out []byte
 	Code    uint32

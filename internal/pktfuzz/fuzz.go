@@ -17,7 +17,7 @@ import (
 )
 
 // Modes are the forwarding modes a fuzz input chooses from.
-var Modes = []uint32{lbmap.ModeSNAT, lbmap.ModeDSR, lbmap.ModeHybrid}
+var Modes = []uint16{lbmap.ModeSNAT, lbmap.ModeDSR, lbmap.ModeHybrid}
 
 // Stats count what a Fuzzer ran.
 type Stats struct {
@@ -54,7 +54,7 @@ func (s *Stats) add(o Stats) {
 type clock struct {
 	mu   sync.RWMutex
 	now  uint64
-	mode uint32
+	mode uint16
 }
 
 // clockStart is where the CT clock starts, and epochStep how far an epoch
@@ -73,7 +73,7 @@ type Fuzzer struct {
 	progs       []*Program
 	r           *runner
 	clk         *clock
-	mode        uint32
+	mode        uint16
 	tunnelNodes []netip.Addr
 	calls       chan func()
 	Stats       Stats
@@ -124,7 +124,7 @@ func (fz *Fuzzer) do(fn func()) {
 // timeout. When the 32-bit clock would wrap, the agent's garbage
 // collection empties conntrack and SNAT (all of it is dead by then) and the
 // clock starts over.
-func (fz *Fuzzer) Epoch(mode uint32) error {
+func (fz *Fuzzer) Epoch(mode uint16) error {
 	c := fz.clk
 	c.mu.Lock()
 	defer c.mu.Unlock()

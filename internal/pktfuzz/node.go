@@ -218,7 +218,7 @@ var snatPorts = [2]uint16{61000, 65535}
 // SetMode sets the forwarding mode (lbmap.ModeSNAT, ModeDSR, ModeHybrid)
 // and the CT clock (seconds), keeping the rest of the node's config: the
 // agent's defaults for --node-port-range 30000-32767.
-func (n *Node) SetMode(mode uint32, clock uint64) error {
+func (n *Node) SetMode(mode uint16, clock uint64) error {
 	return n.ns.SetConfig(lbmap.NSConfig{
 		SNATAddr4: lbmap.AddrFrom(NodeIP4), SNATAddr6: lbmap.AddrFrom(NodeIP6),
 		ClockOverride: clock, HZ: 250, Mode: mode,

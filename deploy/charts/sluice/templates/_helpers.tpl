@@ -112,6 +112,8 @@ bpf-root: {{ .Values.bpf.root | quote }}
 cgroup-root: {{ include "sluice.cgroupMountPath" . | quote }}
 cni-conf-dir: {{ .Values.cniConfDir | quote }}
 devices: {{ join "," .Values.devices | quote }}
+dsr-dispatch: {{ .Values.dsr.dispatch | quote }}
+dsr-gue-port: {{ .Values.dsr.guePort | int64 | toString | quote }}
 enable-bandwidth-manager: {{ .Values.bandwidthManager.enabled | quote }}
 enable-bbr: {{ .Values.bandwidthManager.bbr | quote }}
 hostport: {{ .Values.hostPort | toString | quote }}
