@@ -48,4 +48,3 @@ func TestStatusDSRDispatchLine(t *testing.T) {
 		}
 	}
 }
-
