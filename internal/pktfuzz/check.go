@@ -2,6 +2,7 @@ package pktfuzz
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"net/netip"
@@ -93,10 +94,11 @@ func (fz *Fuzzer) check(p *Program, in []byte, inf frameInfo, res result, gso gs
 		return fz.checkTunnel(in, inf, out, of, bad)
 	case (of.proto == protoICMP || of.proto == protoICMPv6) && (inf.proto == protoTCP || inf.proto == protoUDP):
 		return checkGeneratedICMP(inf, out, of, bad)
-	case (inf.proto == protoIPIP || inf.proto == protoIPv6) && of.proto != inf.proto:
-		// Decapsulated (a DSR backend node): the inner packet is what was
-		// translated.
-		in = innerFrame(in, inf)
+	}
+	// Decapsulated (a DSR backend node): the inner packet is what was
+	// translated.
+	if inner, ok := tunnelInner(in, inf, out, of); ok {
+		in = inner
 		inf = parseFrame(in)
 	}
 	if !inf.ipOK {
@@ -164,6 +166,40 @@ func innerFrame(frame []byte, f frameInfo) []byte {
 		t = []byte{byte(ethTypeIPv6 >> 8), byte(ethTypeIPv6 & 0xff)}
 	}
 	return append(append(append([]byte(nil), frame[:12]...), t...), frame[f.l3+hdr:]...)
+}
+
+// tunnelInner is the packet the DSR tunnel packet in carries, when out is
+// it decapsulated: IPIP / IP6IP6 (out of another protocol), or GUE to the
+// node's GUE port (out no longer that).
+func tunnelInner(in []byte, inf frameInfo, out []byte, of frameInfo) ([]byte, bool) {
+	switch {
+	case (inf.proto == protoIPIP || inf.proto == protoIPv6) && of.proto != inf.proto:
+		return innerFrame(in, inf), true
+	case isGUE(in, inf) && !isGUE(out, of):
+		return gueInner(in, inf), true
+	}
+	return nil, false
+}
+
+// isGUE: frame (parsed as f) is UDP to the node's GUE port carrying GUE
+// of sluice's kind (bpf/lib/ns_maps.h).
+func isGUE(frame []byte, f frameInfo) bool {
+	return f.ipOK && f.proto == protoUDP && !f.fragment && f.dport == GUEPort && f.l4Complete &&
+		len(frame) >= f.l4+8+8 && binary.BigEndian.Uint16(frame[f.l4+8+4:]) == bpftest.DSRGUEKind
+}
+
+// gueInner is the packet a GUE frame carries, as a frame of its own (nil
+// when its header runs past the frame).
+func gueInner(frame []byte, f frameInfo) []byte {
+	off := f.l4 + 8 + 4 + 4*int(frame[f.l4+8]&0x1f)
+	if off >= len(frame) {
+		return nil
+	}
+	t := []byte{byte(ethTypeIPv4 >> 8), byte(ethTypeIPv4 & 0xff)}
+	if frame[off]>>4 == 6 {
+		t = []byte{byte(ethTypeIPv6 >> 8), byte(ethTypeIPv6 & 0xff)}
+	}
+	return append(append(append([]byte(nil), frame[:12]...), t...), frame[off:]...)
 }
 
 // checkTunnel checks a packet the program put in a DSR tunnel.
@@ -243,8 +279,8 @@ func (fz *Fuzzer) tupleGiven(p *Program, req tuple) (bool, error) {
 // that it comes back as a reply from what the client asked for.
 func (fz *Fuzzer) roundTrip(p *Program, in []byte, inf frameInfo, out []byte) *Violation {
 	of := parseFrame(out)
-	if (inf.proto == protoIPIP || inf.proto == protoIPv6) && of.proto != inf.proto {
-		in = innerFrame(in, inf) // decapsulated: the reply is to the inner packet
+	if inner, ok := tunnelInner(in, inf, out, of); ok {
+		in = inner // decapsulated: the reply is to the inner packet
 		inf = parseFrame(in)
 	}
 	if inf.proto != of.proto || inf.proto != protoTCP && inf.proto != protoUDP || !inf.l4Complete || !of.l4Complete ||

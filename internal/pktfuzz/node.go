@@ -219,14 +219,21 @@ var snatPorts = [2]uint16{61000, 65535}
 // and the CT clock (seconds), keeping the rest of the node's config: the
 // agent's defaults for --node-port-range 30000-32767.
 func (n *Node) SetMode(mode uint16, clock uint64) error {
-	return n.ns.SetConfig(lbmap.NSConfig{
+	c := lbmap.NSConfig{
 		SNATAddr4: lbmap.AddrFrom(NodeIP4), SNATAddr6: lbmap.AddrFrom(NodeIP6),
 		ClockOverride: clock, HZ: 250, Mode: mode,
 		TCPSynTimeout: lbmap.DefaultTCPSynTimeout, TCPEstTimeout: lbmap.DefaultTCPEstTimeout,
 		TCPCloseTimeout: lbmap.DefaultTCPCloseTimeout, UDPTimeout: lbmap.DefaultUDPTimeout,
 		SNATPortMin: snatPorts[0], SNATPortMax: snatPorts[1],
-	})
+	}
+	if mode != lbmap.ModeSNAT { // the agent's: GUE taken in, IPIP sent
+		c.DSRGUEPort = lbmap.DSRGUEPortOf(GUEPort)
+	}
+	return n.ns.SetConfig(c)
 }
+
+// GUEPort is the node's DSR GUE port (the agent's default --dsr-gue-port).
+const GUEPort = 1022
 
 // makeNetns creates the node's namespace with its devices, neighbours and
 // routes (the plan above). It runs on a thread of its own that it then

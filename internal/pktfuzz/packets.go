@@ -366,7 +366,23 @@ func tunnelSeeds() []Seed {
 		{"IPIP from node2 for no service", encap(Node2IP4, NodeIP4, tcp(ap(ClientIP4, 44004), ap(Node2IP4, 22), bpftest.SYN, 0, 64))},
 		{"IPIP from node2, inner to a pod directly", encap(Node2IP4, NodeIP4, tcp(ap(ClientIP4, 44005), localBackend4, bpftest.SYN, 0, 64))},
 		{"IPIP in IPIP", encap(Node2IP4, NodeIP4, encap(Node2IP4, NodeIP4, tcp(ap(ClientIP4, 44006), ap(Node2IP4, 30080), bpftest.SYN, 0, 64)))},
+		{"GUE from node2: a DSR request for a local backend",
+			gue(Node2IP4, NodeIP4, localBackend4, tcp(ap(ClientIP4, 44007), ap(Node2IP4, 30080), bpftest.SYN, 0, 64))},
+		{"GUE from node2, IPv6", gue(Node2IP6, NodeIP6, localBackend6, tcp(ap(ClientIP6, 44008), ap(Node2IP6, 30080), bpftest.SYN, 0, 64))},
+		{"GUE from node2 to an LB IP", gue(Node2IP4, NodeIP4, localBackend4, udp(ap(ClientIP4, 44009), mustAP("198.19.200.1:53"), 10, 64))},
+		{"GUE from no node", gue(netip.MustParseAddr("198.18.0.99"), NodeIP4, localBackend4,
+			tcp(ap(ClientIP4, 44010), ap(Node2IP4, 30080), bpftest.SYN, 0, 64))},
+		{"GUE in GUE", gue(Node2IP4, NodeIP4, localBackend4,
+			gue(Node2IP4, NodeIP4, localBackend4, tcp(ap(ClientIP4, 44011), ap(Node2IP4, 30080), bpftest.SYN, 0, 64)))},
 	}
+}
+
+// gue wraps frame's L3 packet in IP, UDP to the GUE port and GUE naming
+// backend, src -> dst, as an LB node with --dsr-dispatch=gue sends it.
+func gue(src, dst netip.Addr, backend netip.AddrPort, frame []byte) []byte {
+	outer := ipLayer(src, dst, layers.IPProtocolUDP, 64)
+	return serialize(ether(src.Is6()), outer.(gopacket.SerializableLayer),
+		gopacket.Payload(bpftest.DSRGUE(50000, GUEPort, backend, l3(frame))))
 }
 
 // vlan inserts an 802.1Q (or 802.1ad) tag after the MACs.
