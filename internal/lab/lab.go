@@ -913,11 +913,20 @@ func (l *Lab) podInfos() []PodInfo {
 func (l *Lab) FabricPorts() []string {
 	var out []string
 	for _, n := range l.Nodes {
-		if l.Uplinks[n.Name] == "" {
-			out = append(out, fabricPortName(n.Index))
+		if p := l.FabricPort(n); p != "" {
+			out = append(out, p)
 		}
 	}
 	return out
+}
+
+// FabricPort is the fabric-side name of node's eth0 veth, in the
+// FabricNetns namespace; "" for a node whose eth0 is a card.
+func (l *Lab) FabricPort(node Node) string {
+	if l.Uplinks[node.Name] != "" {
+		return ""
+	}
+	return fabricPortName(node.Index)
 }
 
 // checkUplinks: a node or the client each, a device name each, and only in

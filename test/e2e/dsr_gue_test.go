@@ -48,9 +48,9 @@ type wireTap struct {
 // backend node's, so the same for both.
 func tapFabricPort(t *testing.T, l *lab.Lab, node lab.Node) *wireTap {
 	t.Helper()
-	port := fmt.Sprintf("n%d", node.Index)
-	if !slices.Contains(l.FabricPorts(), port) {
-		t.Fatalf("node %s has no fabric port %s (FabricPorts %v)", node.Name, port, l.FabricPorts())
+	port := l.FabricPort(node)
+	if port == "" {
+		t.Fatalf("node %s is on a card, not a veth: no fabric port to capture on", node.Name)
 	}
 	w := &wireTap{gue: map[wireFlow]map[uint16]bool{}, stop: make(chan struct{}), done: make(chan error, 1), ports: port}
 	ready := make(chan error, 1)
