@@ -207,9 +207,13 @@ static __always_inline int ctx_push_udp(struct __sk_buff *ctx, __u32 len, bool v
 				   BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_FIXED_GSO);
 }
 
+/* ctx_pop_l3 keeps a GSO packet's gso_size too: an aggregate GRO merged
+ * under the outer headers (a GUE port's, wire_gro.go) has the inner
+ * segments' size already, which the kernel would otherwise raise by len. */
 static __always_inline int ctx_pop_l3(struct __sk_buff *ctx, __u32 len)
 {
-	return bpf_skb_adjust_room(ctx, -(__s32)len, BPF_ADJ_ROOM_MAC, 0);
+	return bpf_skb_adjust_room(ctx, -(__s32)len, BPF_ADJ_ROOM_MAC,
+				   BPF_F_ADJ_ROOM_FIXED_GSO);
 }
 
 /* ctx_grow_head inserts len bytes between the Ethernet header and the

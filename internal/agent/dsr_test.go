@@ -37,6 +37,7 @@ type nsMemDataplane struct {
 func (d *nsMemDataplane) NorthSouthLoaded() bool                        { return true }
 func (d *nsMemDataplane) AttachDevices() ([]api.Device, error)          { return nil, nil }
 func (d *nsMemDataplane) SetNodeConfig([]netip.Addr) (SNATPorts, error) { return SNATPorts{}, nil }
+func (d *nsMemDataplane) SyncGUEGRO([]netip.Addr) (string, error)       { return "", nil }
 func (d *nsMemDataplane) SyncPodIfaces([]netip.Addr, bool) error        { return nil }
 func (d *nsMemDataplane) SyncNeighbors([]netip.Addr, bool) error        { return nil }
 func (d *nsMemDataplane) CollectGarbage() (gcResult, error)             { return gcResult{}, nil }

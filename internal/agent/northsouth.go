@@ -33,6 +33,10 @@ type northSouthDataplane interface {
 	// SyncNeighbors may skip the work when nodes are those of its last
 	// call, which succeeded, unless full.
 	SyncNeighbors(nodes []netip.Addr, full bool) error
+	// SyncGUEGRO opens (in dsr and hybrid modes) or closes the kernel's
+	// GUE ports that let GRO merge DSR segments before tc (wire_gro.go);
+	// it returns the state `sluice status` shows.
+	SyncGUEGRO(nodeIPs []netip.Addr) (string, error)
 	CollectGarbage() (gcResult, error)
 	DumpCT() (*api.BPFCT, error)
 	DumpNAT() (*api.BPFNAT, error)
@@ -98,7 +102,28 @@ func (a *Agent) startNorthSouth() error {
 		a.log.Warn("north-south LB degraded", "note", n)
 	}
 	a.checkVethXDP()
+	a.syncGUEGRO(ns)
 	return nil
+}
+
+// syncGUEGRO keeps the kernel's GUE ports for GRO in step with the node's
+// addresses. A failure costs GRO only: a warning, never an error.
+func (a *Agent) syncGUEGRO(ns northSouthDataplane) {
+	a.mu.Lock()
+	ips := slices.Clone(a.nodeIPs)
+	a.mu.Unlock()
+	state, err := ns.SyncGUEGRO(ips)
+	a.mu.Lock()
+	if a.ns != nil {
+		a.ns.DSRGRO = state
+	}
+	a.mu.Unlock()
+	if err != nil {
+		a.warn("dsr-gro", api.Warning{Subsystem: "north-south", Message: err.Error(),
+			Fix: fmt.Sprintf("free UDP port %d on the node's addresses (ss -ulpn), or choose another --dsr-gue-port on every node; DSR works without it, its segments unmerged on tc", a.cfg.DSRGUEPort)})
+		return
+	}
+	a.unwarn("dsr-gro")
 }
 
 func (a *Agent) newNorthSouthStatus(devs []api.Device) *api.NorthSouth {
@@ -194,6 +219,7 @@ func (a *Agent) afterSync(full bool) error {
 	a.mu.Unlock()
 	if dirty {
 		errs = append(errs, a.applyNodeConfig(ns))
+		a.syncGUEGRO(ns)
 	}
 	if lb, ok := a.pl.(localBackender); ok {
 		if err := ns.SyncPodIfaces(lb.LocalBackends(), full); err != nil {

@@ -157,6 +157,8 @@ type nodeDataplane struct {
 	neighNodes  []netip.Addr                 // the nodes of the last SyncNeighbors
 	neighErr    error                        // and what it could not do
 	neighRec    *datapath.NeighbourRecord    // the same, pinned, for the next agent
+	// fouLoadTried: SyncGUEGRO ran modprobe fou once (wire_gro.go).
+	fouLoadTried bool
 	// noXDP: the XDP object is not loaded, no device runs XDP, and no
 	// node needs a managed neighbour (dropNeighbors).
 	noXDP      bool

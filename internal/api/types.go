@@ -301,8 +301,11 @@ type NorthSouth struct {
 	Mode    string `json:"mode,omitempty"` // snat, dsr or hybrid
 	// DSRDispatch is how DSR flows leave (ipip or gue, --dsr-dispatch) and
 	// DSRGUEPort the UDP port GUE takes (in dsr and hybrid modes).
-	DSRDispatch     string `json:"dsrDispatch,omitempty"`
-	DSRGUEPort      uint16 `json:"dsrGUEPort,omitempty"`
+	DSRDispatch string `json:"dsrDispatch,omitempty"`
+	DSRGUEPort  uint16 `json:"dsrGUEPort,omitempty"`
+	// DSRGRO says whether GRO merges DSR segments in GUE before tc (the
+	// kernel's GUE port open on the node's addresses) and why not.
+	DSRGRO          string `json:"dsrGRO,omitempty"`
 	Algorithm       string `json:"algorithm,omitempty"` // random or maglev (the default)
 	MaglevTableSize uint32 `json:"maglevTableSize,omitempty"`
 	// MaglevSeedSource is where the seed of the Maglev tables came from:

@@ -263,6 +263,9 @@ func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns 
 		if ns.DSRDispatch != "" {
 			line("  DSR dispatch", "%s", dsrDispatchLine(ns))
 		}
+		if ns.DSRGRO != "" {
+			line("  DSR GRO", "%s", ns.DSRGRO)
+		}
 	}
 	alg := "Random"
 	if ns.Algorithm == "maglev" {

@@ -48,3 +48,22 @@ func TestStatusDSRDispatchLine(t *testing.T) {
 		}
 	}
 }
+
+// The DSR GRO line shows what the agent reports about GRO of DSR segments
+// (the kernel's GUE ports), in DSR modes only.
+func TestStatusDSRGROLine(t *testing.T) {
+	on := "on: the kernel's GUE port (FOU) on 10.0.0.1:1022, on eth0: GRO merges a flow's DSR segments before tc"
+	for _, tc := range []struct {
+		name string
+		ns   api.NorthSouth
+		want string // "" for none
+	}{
+		{"on", api.NorthSouth{Enabled: true, Mode: "dsr", DSRDispatch: "gue", DSRGUEPort: 1022, DSRGRO: on}, "DSR GRO: " + on},
+		{"not reported", api.NorthSouth{Enabled: true, Mode: "hybrid", DSRDispatch: "ipip", DSRGUEPort: 1022}, ""},
+		{"snat", api.NorthSouth{Enabled: true, Mode: "snat", DSRGRO: on}, ""},
+	} {
+		if got, want := statusLine(t, tc.ns, "DSR GRO"), strings.Join(strings.Fields(tc.want), " "); got != want {
+			t.Errorf("%s: DSR GRO line %q, want %q", tc.name, got, want)
+		}
+	}
+}

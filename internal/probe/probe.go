@@ -63,6 +63,14 @@ const (
 	// VLAN8021Q: 802.1Q VLAN devices (CONFIG_VLAN_8021Q), built in or a
 	// module.
 	VLAN8021Q = "802.1Q VLAN devices"
+	// FOU: the kernel's FOU/GUE ports (CONFIG_NET_FOU), built in or a
+	// module, through which GRO merges DSR segments in GUE before tc.
+	FOU = "FOU (GUE ports)"
+	// GROBoundUDP: GRO finds a UDP tunnel socket bound to the receiving
+	// device (6.5, 7938cd154368 "net: gro: fix misuse of CB in udp socket
+	// lookup"; before, it looks for one bound to no device), which the
+	// agent's GUE ports for GRO are.
+	GROBoundUDP = "GRO of device-bound UDP tunnel sockets"
 	// L4CsumIPv6: bpf_l4_csum_replace takes BPF_F_IPV6 (6.16), which
 	// keeps skb->csum right when an IPv6 address in the pseudo header
 	// changes on a CHECKSUM_COMPLETE packet (a NIC's receive checksum).
@@ -196,13 +204,15 @@ func probeAll() Features {
 		{L4CsumIPv6, "6.16", l4CsumIPv6},
 		{SockDestroy, "6.5", sockDestroy},
 		{NFConntrackKfuncs, "5.18", nfConntrackKfuncs},
+		{GROBoundUDP, "6.5", func() (string, error) { return "", GROFindsBoundUDP() }},
 		// Config options (CONFIG_IP_VS, CONFIG_NET_SCH_FQ,
-		// CONFIG_INET_DIAG_DESTROY, CONFIG_VLAN_8021Q), not releases: no
+		// CONFIG_INET_DIAG_DESTROY, CONFIG_VLAN_8021Q, CONFIG_NET_FOU), not releases: no
 		// since.
 		{SockDiagDestroy, "", sockDiagDestroy},
 		{IPVS, "", ipvs},
 		{SchFQ, "", schFQ},
 		{VLAN8021Q, "", vlan8021Q},
+		{FOU, "", fou},
 	}
 	out := make(Features, 0, len(checks))
 	for _, c := range checks {
@@ -470,6 +480,22 @@ func schFQ() (string, error) { return configModule("CONFIG_NET_SCH_FQ", "sch_fq"
 
 // vlan8021Q: CONFIG_VLAN_8021Q, VLAN devices (configModule).
 func vlan8021Q() (string, error) { return configModule("CONFIG_VLAN_8021Q", "8021q") }
+
+// GROFindsBoundUDP is GROBoundUDP's probe, by release: the fix changed
+// no interface a probe can see.
+func GROFindsBoundUDP() error {
+	major, minor, err := KernelVersion()
+	if err != nil {
+		return err
+	}
+	if major < 6 || major == 6 && minor < 5 {
+		return fmt.Errorf("kernel %d.%d: GRO looks up UDP tunnel sockets as bound to no device (fixed in 6.5)", major, minor)
+	}
+	return nil
+}
+
+// fou: CONFIG_NET_FOU, the GUE ports of GRO for DSR (configModule).
+func fou() (string, error) { return configModule("CONFIG_NET_FOU", "fou") }
 
 // configModule is a kernel config option from the kernel's config where it
 // can be read (built in, or module among the running kernel's), else

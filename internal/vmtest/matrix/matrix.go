@@ -95,6 +95,10 @@ var DefaultSuites = []Suite{
 	// Debian's kernels do (as a module): the guests must take that path.
 	{Name: "bandwidth", Package: "./test/e2e", Args: []string{"-test.run", "^" + BandwidthTest + "$"}, Timeout: 15 * time.Minute,
 		GuestEnv: []string{"SLUICE_TEST_WANT_EDT=1"}},
+	// GRO of DSR segments on the backend node: on tc through the kernel's
+	// GUE port (FOU, a module in Debian's kernels; 6.5+ for GRO to find
+	// it), which this VM's kernel lacks.
+	{Name: "dsr-gro", Package: "./test/e2e", Args: []string{"-test.run", "^TestPrivilegedDSRGRO$"}, Timeout: 10 * time.Minute},
 	// A real NIC driver: the north-south tests with node1, node2 and the
 	// client on virtio-net cards of two queue pairs (native XDP in
 	// virtio_net), a fourth card joining the lab's bridge to them.
