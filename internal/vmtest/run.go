@@ -302,6 +302,14 @@ func boot(ctx context.Context, cfg Config, res Result, sock, initrd string, nics
 			switch e.Kind {
 			case "stage":
 				say("guest: %s ready (guest uptime %.2fs)", e.Stage, e.Uptime.Seconds())
+				// The guest's driver has negotiated its features, on
+				// which QEMU clears any steering program: RSS now.
+				if e.Stage == "nics" && nics != nil && cfg.NICQueues > 1 {
+					if err := nics.steerTaps(true); err != nil {
+						return res, "", err
+					}
+					say("RSS on the taps: each frame's queue from its outer headers, as a NIC's (steer.go)")
+				}
 			case "start":
 				cmdStart = time.Now()
 				res.Boot, res.GuestBoot = cmdStart.Sub(bootStart), e.Uptime

@@ -7,19 +7,25 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-dataplane/sluice/internal/lab"
+	"github.com/sluice-dataplane/sluice/internal/netdevnl"
+	"github.com/sluice-dataplane/sluice/internal/testreport"
 )
 
 // dsrGUEPort is the agents' default --dsr-gue-port.
@@ -273,4 +279,234 @@ func TestPrivilegedDSRGUE(t *testing.T) {
 			t.Logf("%d DSR flows to %s in GUE on %d UDP source ports", len(tap.gue), node2.Name, len(ports))
 		})
 	}
+}
+
+// TestPrivilegedDSRRXQueues measures where the DSR flows of one LB node
+// land on the backend node's network card: its packets per RX queue
+// (netdev queue statistics, ethtool -S, else the queues' interrupts)
+// before and after 200 UDP flows from the client through node1's NodePort
+// to a Service whose backends are on node2. The card's queue is RSS's, from
+// the outer headers (the guest's taps steer as a NIC does: vmtest's
+// steer.go). With --dsr-dispatch=ipip every flow has the same outer header,
+// so they share one queue (logged: the contrast); with gue each flow's UDP
+// source port differs and they must spread: no queue above 80% of them.
+// It needs the nodes on cards of several queues, so it runs in the virtio
+// guest (the matrix's virtio suite); on the lab's veths (one queue) it
+// skips.
+func TestPrivilegedDSRRXQueues(t *testing.T) {
+	requirePrivileged(t)
+	if len(env.uplinks) == 0 {
+		t.Skip(testreport.FeatureSkip + "network cards with several RX queues and RSS (the lab's veths have one): run in the virtio guest (docs/kernels.md)")
+	}
+	for _, dispatch := range []string{"ipip", "gue"} {
+		t.Run(dispatch, func(t *testing.T) {
+			l := nsLab(t, lab.LBModeDSR, lab.AccelerationBestEffort, "--dsr-dispatch="+dispatch)
+			node1, node2 := l.Nodes[0], l.Nodes[1]
+			card := requireCard(t, l, node2.Name)
+			remote := addrs{k: 17}
+			apply(t, l, nsService("ns-rxq", remote, map[string]string{lab.LabelNode: node2.Name}))
+			programmed(t, l, len(node2.Pods), nsFrontends(remote)...)
+			addr := hostPort(node1.IPv4, remote.nodePort())
+			// Neighbours resolved before counting (under TCG the first
+			// request may take more than its second).
+			probe(t, l, "client", "udp", "--addr", addr, "--count", "3", "--timeout", "3s")
+			before, irqBefore := rxQueuePackets(t, l, node2), irqPerQueue(t, l, node2)
+			const flows = 200
+			rep := probe(t, l, "client", "udp", "--addr", addr, "--count", fmt.Sprint(flows), "--timeout", "2s", "--new-socket-per-request")
+			if rep.OK != rep.Count {
+				t.Errorf("UDP %s (--dsr-dispatch=%s): %s", addr, dispatch, describe(rep))
+			}
+			after, irqAfter := rxQueuePackets(t, l, node2), irqPerQueue(t, l, node2)
+			var irqs []string
+			for q, n := range irqAfter {
+				if q < len(irqBefore) {
+					irqs = append(irqs, fmt.Sprintf("input.%d %d", q, n-irqBefore[q]))
+				}
+			}
+			t.Logf("--dsr-dispatch=%s: interrupts by RX queue: %s", dispatch, strings.Join(irqs, ", "))
+			var total, top uint64
+			var per []string
+			for q, n := range after {
+				d := n - before[q]
+				total += d
+				top = max(top, d)
+				per = append(per, fmt.Sprintf("rx-%d %d", q, d))
+			}
+			t.Logf("--dsr-dispatch=%s: %d flows; %s's card (%s) received %s", dispatch, flows, node2.Name, card, strings.Join(per, ", "))
+			if len(after) < 2 || total < flows {
+				t.Fatalf("%s's card: %d queues, %d packets counted, want several queues and at least the %d requests", node2.Name, len(after), total, flows)
+			}
+			if dispatch == "gue" && top*10 > total*8 {
+				t.Errorf("--dsr-dispatch=gue: one RX queue of %s took %d of %d packets, want the flows spread", node2.Name, top, total)
+			}
+		})
+	}
+}
+
+// The netdev family's per-queue statistics (include/uapi/linux/netdev.h,
+// 6.10): where virtio_net counts each queue's packets since 6.10 (ethtool
+// -S kept only rx_queue_N_packets before that).
+const (
+	netdevCmdQstatsGet     = 12
+	netdevAQstatsIfindex   = 1
+	netdevAQstatsQueueType = 2
+	netdevAQstatsQueueID   = 3
+	netdevAQstatsScope     = 4
+	netdevAQstatsRxPackets = 8
+	netdevQstatsScopeQueue = 1
+	netdevQueueTypeRx      = 0
+)
+
+// rxQueuePackets reads node's eth0's received packets per RX queue: from
+// the netdev family's queue statistics, else ethtool -S.
+func rxQueuePackets(t *testing.T, l *lab.Lab, node lab.Node) []uint64 {
+	t.Helper()
+	per, err := qstatsRx(filepath.Join("/run/netns", node.Netns), "eth0")
+	if err == nil && len(per) > 1 {
+		return per
+	}
+	per = nil
+	out, cerr := l.Command(t.Context(), node.Name, "ethtool", "-S", "eth0").CombinedOutput()
+	if cerr != nil {
+		t.Fatalf("%s: ethtool -S eth0: %v: %s", node.Name, cerr, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		m := rxQueueStat.FindStringSubmatch(strings.TrimSpace(line))
+		if m == nil {
+			continue
+		}
+		q, _ := strconv.Atoi(m[1])
+		n, perr := strconv.ParseUint(m[2], 10, 64)
+		if perr != nil || q != len(per) {
+			t.Fatalf("%s: ethtool -S: %q out of order or unreadable: %v\n%s", node.Name, line, perr, out)
+		}
+		per = append(per, n)
+	}
+	if len(per) == 0 {
+		// virtio_net in 6.12 names per-queue packets in neither (its
+		// queue statistics list queue 0 alone here): its RX queues'
+		// interrupts, one a packet while the requests go one at a time.
+		t.Logf("%s: eth0's packets per RX queue: neither netdev queue statistics (%v) nor ethtool -S: its RX queues' interrupts instead", node.Name, err)
+		return irqPerQueue(t, l, node)
+	}
+	return per
+}
+
+var rxQueueStat = regexp.MustCompile(`^rx_queue_(\d+)_packets:\s*(\d+)$`)
+
+// qstatsRx dumps dev's RX queues' packet counts from the netdev family,
+// in the namespace at nsPath.
+func qstatsRx(nsPath, dev string) ([]uint64, error) {
+	type result struct {
+		per []uint64
+		err error
+	}
+	c := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends in the node's netns
+		var r result
+		defer func() { c <- r }()
+		ns, err := netns.GetFromPath(nsPath)
+		if err != nil {
+			r.err = err
+			return
+		}
+		defer ns.Close()
+		if r.err = netns.Set(ns); r.err != nil {
+			return
+		}
+		link, err := netlink.LinkByName(dev)
+		if err != nil {
+			r.err = err
+			return
+		}
+		fam, err := netdevnl.Family()
+		if err != nil {
+			r.err = err
+			return
+		}
+		req := netdevnl.Request(fam, netdevCmdQstatsGet, unix.NLM_F_DUMP)
+		req.AddData(nl.NewRtAttr(netdevAQstatsIfindex, nl.Uint32Attr(uint32(link.Attrs().Index))))
+		req.AddData(nl.NewRtAttr(netdevAQstatsScope, nl.Uint32Attr(netdevQstatsScopeQueue)))
+		msgs, err := req.Execute(unix.NETLINK_GENERIC, 0)
+		if err != nil {
+			r.err = fmt.Errorf("qstats-get of %s: %w", dev, err)
+			return
+		}
+		byQueue := map[uint32]uint64{}
+		for _, m := range msgs {
+			attrs, err := netdevnl.Attrs(m)
+			if err != nil {
+				r.err = err
+				return
+			}
+			var rx bool
+			var id uint32
+			var pkts uint64
+			for _, a := range attrs {
+				switch a.Attr.Type {
+				case netdevAQstatsQueueType:
+					rx = len(a.Value) == 4 && binary.NativeEndian.Uint32(a.Value) == netdevQueueTypeRx
+				case netdevAQstatsQueueID:
+					id = binary.NativeEndian.Uint32(a.Value)
+				case netdevAQstatsRxPackets: // NLA_UINT: 4 or 8 bytes
+					if len(a.Value) == 8 {
+						pkts = binary.NativeEndian.Uint64(a.Value)
+					} else if len(a.Value) == 4 {
+						pkts = uint64(binary.NativeEndian.Uint32(a.Value))
+					}
+				}
+			}
+			if rx {
+				byQueue[id] = pkts
+			}
+		}
+		for q := range uint32(len(byQueue)) {
+			r.per = append(r.per, byQueue[q])
+		}
+	}()
+	r := <-c
+	return r.per, r.err
+}
+
+// irqPerQueue is the interrupts of node's eth0's RX queues (virtio's
+// "virtioN-input.Q" lines of /proc/interrupts), summed over the CPUs.
+func irqPerQueue(t *testing.T, l *lab.Lab, node lab.Node) []uint64 {
+	t.Helper()
+	out, err := l.Command(t.Context(), node.Name, "ethtool", "-i", "eth0").CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: ethtool -i eth0: %v: %s", node.Name, err, out)
+	}
+	bus := ""
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(line, "bus-info: "); ok {
+			bus = strings.TrimSpace(v)
+		}
+	}
+	m, _ := filepath.Glob("/sys/bus/pci/devices/" + bus + "/virtio*")
+	if len(m) == 0 {
+		t.Fatalf("%s: eth0 (bus %q) has no virtio device", node.Name, bus)
+	}
+	prefix := filepath.Base(m[0]) + "-input."
+	data, err := os.ReadFile("/proc/interrupts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var per []uint64
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || !strings.HasPrefix(f[len(f)-1], prefix) {
+			continue
+		}
+		var sum uint64
+		for _, c := range f[1:] {
+			n, err := strconv.ParseUint(c, 10, 64)
+			if err != nil {
+				break
+			}
+			sum += n
+		}
+		per = append(per, sum)
+	}
+	return per
 }

@@ -108,8 +108,8 @@ var DefaultSuites = []Suite{
 }
 
 // VirtioTests are the virtio suite's tests: NodePort in every mode on XDP
-// and tc, fragments, bulk TCP with GRO.
-const VirtioTests = "^(TestPrivilegedNorthSouthModes|TestPrivilegedNorthSouthFragments|TestPrivilegedNodePortBulkGRO)$"
+// and tc, fragments, bulk TCP with GRO, DSR's flows over the RX queues.
+const VirtioTests = "^(TestPrivilegedNorthSouthModes|TestPrivilegedNorthSouthFragments|TestPrivilegedNodePortBulkGRO|TestPrivilegedDSRRXQueues)$"
 
 // BandwidthTest is the bandwidth suite's test: Pods' egress and ingress
 // annotations held in a lab, by EDT + fq where the kernel has sch_fq.
