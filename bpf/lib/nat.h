@@ -80,11 +80,15 @@ static __always_inline bool snat_is_nat_port(const struct ns_config *cfg, __be16
 			     p <= cfg->snat_hole_max);
 }
 
-/* snat_source is the node address a flow to backend leaves with: the
- * source of the route to it through another device (ns_snat_route: an
- * overlay's, whose replies come back through that device); else the
- * frontend itself when it is a node IP (NodePort); else the configured one
- * of the family. */
+/* snat_source is the node address a flow to backend leaves with, as
+ * MASQUERADE takes the source of the route out: the source of the route to
+ * it through another device (ns_snat_route: an overlay's, whose replies
+ * come back through that device); else the configured one of the family
+ * (the node's address, the source of the routes ns_snat_route leaves out);
+ * else, with none of the family, the frontend itself when it is a node IP.
+ * Not the frontend first: a NodePort on an address of another device (a
+ * VLAN's, a second network's) is no address the backend's node routes
+ * back to this node. */
 static __always_inline int snat_source(const struct ns_config *cfg, bool v6,
 				       const union lb_addr *frontend,
 				       const union lb_addr *backend, union lb_addr *out)
@@ -98,12 +102,14 @@ static __always_inline int snat_source(const struct ns_config *cfg, bool v6,
 		__builtin_memcpy(out->b, route->node_addr, sizeof(out->b));
 		return 0;
 	}
+	*out = *snat_conf_addr(cfg, v6);
+	if (!addr_is_any(out))
+		return 0;
 	if (lb_is_node_addr(frontend)) {
 		*out = *frontend;
 		return 0;
 	}
-	*out = *snat_conf_addr(cfg, v6);
-	return addr_is_any(out) ? -1 : 0;
+	return -1;
 }
 
 /* snat_put writes a mapping into the table of its flow (fresh: snat_new). */

@@ -337,6 +337,15 @@ func (d *deviceAttachment) attachXDP(prog *ebpf.Program, front func(int) (*ebpf.
 		want, d.XDPError = XDPDisabled, NoXDPObjectReason
 	}
 	if want == XDPNative {
+		parent, err := vlanParent(d.Ifindex)
+		if err != nil {
+			return fmt.Errorf("native XDP: %w", err)
+		}
+		if parent != "" { // tc only, in native mode too: an earlier agent's link goes below
+			want, d.XDPError = XDPDisabled, fmt.Sprintf(VLANDeviceReason, parent)
+		}
+	}
+	if want == XDPNative {
 		fp, reason, note, err := vlanXDP(d.Device, d.Ifindex, opts.XDP == XDPNative, front)
 		if fp != nil { // the link holds it; closed with the attachment
 			prog, d.front = fp, fp

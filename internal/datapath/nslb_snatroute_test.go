@@ -15,7 +15,8 @@ import (
 // masqueraded with that route's source, as MASQUERADE takes the egress
 // device's address, and the reply to that source is translated back; a
 // backend outside every prefix keeps the node's address; a prefix deleted
-// gives new flows the node's address again. tc and XDP, both families.
+// gives new flows the node's address again; a frontend that is a node
+// address is not the source. tc and XDP, both families.
 func TestPrivilegedNorthSouthSNATRoute(t *testing.T) {
 	forEachIngress(t, testSNATRoute)
 }
@@ -44,6 +45,15 @@ func testSNATRoute(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Prog
 	must(t, n.DeleteSNATRoute(pods4)) // a missing one is fine
 	checkRemoteFlow(t, kind, n, prog, remoteFlow{"TCP after the route went: the node's address",
 		tcpSyn(client(43002), apLBTCP), apRemote, ipNode})
+	// A frontend that is an address of the node (a NodePort on a VLAN's or
+	// a second network's address) is no source while the node's address
+	// is configured: the backend's node need not route back to it
+	// (TestPrivilegedVLANNodePort); the node's address, MASQUERADE's.
+	fe := lbmap.AddrFrom(apLBTCP.Addr())
+	must(t, n.Maps().UpdateNodeIP(fe, lbmap.NodeIP{Local: true}))
+	checkRemoteFlow(t, kind, n, prog, remoteFlow{"TCP to a frontend that is a node address: the node's address",
+		tcpSyn(client(43003), apLBTCP), apRemote, ipNode})
+	must(t, n.Maps().DeleteNodeIP(fe))
 }
 
 // checkRemoteFlow runs a new flow's first packet and its reply through

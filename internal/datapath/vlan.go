@@ -38,6 +38,30 @@ func vlanUppers(ifindex int) ([]string, error) {
 	return out, nil
 }
 
+// VLANDeviceReason is a VLAN device's XDPError (with its parent's name):
+// Linux has no driver XDP on VLAN devices, and none is needed: the
+// device's frames cross XDP on the parent first, which leaves the tagged
+// ones to it, and tc here serves them.
+const VLANDeviceReason = "a VLAN device: no XDP of its own (its frames cross XDP on %s, which leaves them to it)"
+
+// vlanParent is the name of the device a VLAN device ifindex sits on, or
+// "" when ifindex is no VLAN device.
+func vlanParent(ifindex int) (string, error) {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return "", fmt.Errorf("device %d: %w", ifindex, err)
+	}
+	v, ok := l.(*netlink.Vlan)
+	if !ok {
+		return "", nil
+	}
+	p, err := netlink.LinkByIndex(v.ParentIndex)
+	if err != nil {
+		return fmt.Sprintf("ifindex %d", v.ParentIndex), nil
+	}
+	return p.Attrs().Name, nil
+}
+
 // ethtool's legacy flags (linux/ethtool.h): ETHTOOL_GFLAGS, ETHTOOL_SFLAGS
 // and ETH_FLAG_RXVLAN, which the kernel maps to NETIF_F_HW_VLAN_CTAG_RX
 // (rx-vlan-offload).

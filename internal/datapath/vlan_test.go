@@ -28,6 +28,16 @@ func TestPrivilegedVLANOffloadForXDP(t *testing.T) {
 			t.Fatalf("no VLAN device: reason %q, note %q, err %v; want nothing needed", reason, note, err)
 		}
 		must(t, netlink.LinkAdd(&netlink.Vlan{LinkAttrs: netlink.LinkAttrs{Name: "vl0.100", ParentIndex: idx}, VlanId: 100}))
+		// The VLAN device itself gets no XDP (tc only, in native mode
+		// too), its parent named.
+		if v, err := netlink.LinkByName("vl0.100"); err != nil {
+			t.Fatal(err)
+		} else if p, err := vlanParent(v.Attrs().Index); err != nil || p != name {
+			t.Errorf("vlanParent(vl0.100) = %q, %v; want %q", p, err, name)
+		}
+		if p, err := vlanParent(idx); err != nil || p != "" {
+			t.Errorf("vlanParent(%s) = %q, %v; want none", name, p, err)
+		}
 		on, err := RXVLANOffload(name)
 		if err != nil || !on {
 			t.Fatalf("a veth's rx-vlan-offload: %t, %v; want on (the kernel's default)", on, err)

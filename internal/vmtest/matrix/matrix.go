@@ -99,6 +99,9 @@ var DefaultSuites = []Suite{
 	// GUE port (FOU, a module in Debian's kernels; 6.5+ for GRO to find
 	// it), which this VM's kernel lacks.
 	{Name: "dsr-gro", Package: "./test/e2e", Args: []string{"-test.run", "^TestPrivilegedDSRGRO$"}, Timeout: 10 * time.Minute},
+	// VLANs beside native XDP: a lab whose client sends on VLAN 100 with
+	// TX VLAN offload (802.1Q devices, which this VM's kernel lacks).
+	{Name: "vlan", Package: "./test/e2e", Args: []string{"-test.run", "^TestPrivilegedVLANNodePort$"}, Timeout: 10 * time.Minute},
 	// A real NIC driver: the north-south tests with node1, node2 and the
 	// client on virtio-net cards of two queue pairs (native XDP in
 	// virtio_net), a fourth card joining the lab's bridge to them.
