@@ -23,8 +23,8 @@ import (
 const tunSetSteeringEBPF = 0x800454e0
 
 // rssProgram returns the steering program: for IPv4 (addresses, and the
-// ports of TCP and UDP) a mixed hash, which tun takes modulo its queues;
-// 0 for anything else.
+// ports of TCP and UDP but in a fragment) a mixed hash, which tun takes
+// modulo its queues; 0 for anything else.
 func rssProgram() (*ebpf.Program, error) {
 	const (
 		ethType = -4  // u16 at fp-4
@@ -54,6 +54,11 @@ func rssProgram() (*ebpf.Program, error) {
 		asm.LoadMem(asm.R8, asm.RFP, ipHdr+12, asm.Word), // saddr
 		asm.LoadMem(asm.R7, asm.RFP, ipHdr+16, asm.Word), // daddr
 		asm.Xor.Reg(asm.R8, asm.R7),
+		// A fragment has addresses alone, as at a NIC: every fragment of
+		// a datagram on one queue (frag_off, network order).
+		asm.LoadMem(asm.R7, asm.RFP, ipHdr+6, asm.Half),
+		asm.And.Imm(asm.R7, 0xff3f), // MF and the offset
+		asm.JNE.Imm(asm.R7, 0, "mix"),
 		asm.LoadMem(asm.R7, asm.RFP, ipHdr+9, asm.Byte), // protocol
 		asm.JEq.Imm(asm.R7, unix.IPPROTO_TCP, "l4"),
 		asm.JEq.Imm(asm.R7, unix.IPPROTO_UDP, "l4"),

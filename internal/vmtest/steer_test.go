@@ -18,7 +18,8 @@ import (
 // multi-queue tap of two queues in a namespace of the test's own gets the
 // steering program; frames the namespace sends out of it land on a queue:
 // IPIP packets between two addresses all on one, whatever they carry; UDP
-// datagrams of different source ports on both, about evenly.
+// datagrams of different source ports on both, about evenly; a datagram's
+// fragments on one.
 func TestPrivilegedRSSSteering(t *testing.T) {
 	probetest.RequireRoot(t, "a network namespace, a tap and a BPF program")
 	prog, err := rssProgram()
@@ -116,6 +117,53 @@ func rssSteeringIn(t *testing.T, prog *ebpf.Program) {
 		t.Errorf("200 UDP flows of different source ports over two queues: %v, want 200, both about half", udp)
 	} else {
 		t.Logf("200 UDP flows: queues %v", udp)
+	}
+	// Fragments: 3,000-byte datagrams leave in two or three fragments,
+	// which must share a queue (no ports after the first).
+	for sport := range 50 {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+		if err == nil {
+			err = unix.Bind(fd, &unix.SockaddrInet4{Port: 40000 + sport})
+		}
+		if err == nil {
+			err = unix.Sendto(fd, make([]byte, 3000), 0, dst)
+		}
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		if err != nil {
+			t.Errorf("3,000-byte UDP datagram %d: %v", sport, err)
+			return
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	byID := map[uint16]map[int]bool{}
+	frags := 0
+	buf := make([]byte, 2048)
+	for q, fd := range queues {
+		for {
+			n, err := unix.Read(fd, buf)
+			if err != nil {
+				break
+			}
+			if n > 14+20 && buf[12] == 0x08 && buf[13] == 0 && buf[14+9] == unix.IPPROTO_UDP {
+				id := uint16(buf[14+4])<<8 | uint16(buf[14+5])
+				if byID[id] == nil {
+					byID[id] = map[int]bool{}
+				}
+				byID[id][q] = true
+				frags++
+			}
+		}
+	}
+	spread := 0
+	for _, qs := range byID {
+		if len(qs) > 1 {
+			spread++
+		}
+	}
+	if len(byID) != 50 || frags < 100 || spread > 0 {
+		t.Errorf("50 fragmented datagrams: %d IP IDs in %d fragments, %d of them over both queues; want 50, at least 100, none", len(byID), frags, spread)
 	}
 	raw, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_IPIP)
 	if err != nil {
