@@ -96,19 +96,25 @@ func rssSteeringIn(t *testing.T, prog *ebpf.Program) {
 		return got
 	}
 	count(0) // the namespace's own first frames (none expected)
-	for sport := range 200 {
+	// send sends one datagram of size bytes from port sport.
+	send := func(sport, size int) bool {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
 		if err == nil {
-			err = unix.Bind(fd, &unix.SockaddrInet4{Port: 49152 + sport*61%16384})
+			err = unix.Bind(fd, &unix.SockaddrInet4{Port: sport})
 		}
 		if err == nil {
-			err = unix.Sendto(fd, []byte("q"), 0, dst)
+			err = unix.Sendto(fd, make([]byte, size), 0, dst)
 		}
 		if fd >= 0 {
 			unix.Close(fd)
 		}
 		if err != nil {
-			t.Errorf("UDP datagram %d: %v", sport, err)
+			t.Errorf("UDP datagram of %d bytes from port %d: %v", size, sport, err)
+		}
+		return err == nil
+	}
+	for i := range 200 {
+		if !send(49152+i*61%16384, 1) {
 			return
 		}
 	}
@@ -120,19 +126,8 @@ func rssSteeringIn(t *testing.T, prog *ebpf.Program) {
 	}
 	// Fragments: 3,000-byte datagrams leave in two or three fragments,
 	// which must share a queue (no ports after the first).
-	for sport := range 50 {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
-		if err == nil {
-			err = unix.Bind(fd, &unix.SockaddrInet4{Port: 40000 + sport})
-		}
-		if err == nil {
-			err = unix.Sendto(fd, make([]byte, 3000), 0, dst)
-		}
-		if fd >= 0 {
-			unix.Close(fd)
-		}
-		if err != nil {
-			t.Errorf("3,000-byte UDP datagram %d: %v", sport, err)
+	for i := range 50 {
+		if !send(40000+i, 3000) {
 			return
 		}
 	}
