@@ -305,7 +305,7 @@ func boot(ctx context.Context, cfg Config, res Result, sock, initrd string, nics
 				// The guest's driver has negotiated its features, on
 				// which QEMU clears any steering program: RSS now.
 				if e.Stage == "nics" && nics != nil && cfg.NICQueues > 1 {
-					if err := nics.steerTaps(true); err != nil {
+					if err := nics.steerTaps(); err != nil {
 						return res, "", err
 					}
 					say("RSS on the taps: each frame's queue from its outer headers, as a NIC's (steer.go)")

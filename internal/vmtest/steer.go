@@ -89,10 +89,10 @@ func rssProgram() (*ebpf.Program, error) {
 	return ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SocketFilter, License: "GPL", Instructions: insns})
 }
 
-// steerTaps gives each tap of nn the RSS steering program: it attaches a
+// steerTaps gives each (multi-queue) tap of nn the RSS steering program: it attaches a
 // queue of its own for the ioctl and detaches it again; the program stays
 // with the (persistent) tap, QEMU's queues use it.
-func (nn *nicNet) steerTaps(multiQueue bool) error {
+func (nn *nicNet) steerTaps() error {
 	prog, err := rssProgram()
 	if err != nil {
 		return fmt.Errorf("guest NICs: RSS steering program: %w", err)
@@ -101,12 +101,12 @@ func (nn *nicNet) steerTaps(multiQueue bool) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends in the run's netns
-		errc <- nn.steerIn(prog.FD(), multiQueue)
+		errc <- nn.steerIn(prog.FD())
 	}()
 	return <-errc
 }
 
-func (nn *nicNet) steerIn(progFD int, multiQueue bool) error {
+func (nn *nicNet) steerIn(progFD int) error {
 	ns, err := netns.GetFromName(nn.netns)
 	if err != nil {
 		return fmt.Errorf("guest NICs: netns %s: %w", nn.netns, err)
@@ -120,13 +120,9 @@ func (nn *nicNet) steerIn(progFD int, multiQueue bool) error {
 		if err != nil {
 			return fmt.Errorf("guest NICs: /dev/net/tun: %w", err)
 		}
-		flags := uint16(unix.IFF_TAP | unix.IFF_NO_PI)
-		if multiQueue {
-			flags |= unix.IFF_MULTI_QUEUE
-		}
 		ifr, err := unix.NewIfreq(tap)
 		if err == nil {
-			ifr.SetUint16(flags)
+			ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_MULTI_QUEUE)
 			err = unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr)
 		}
 		if err == nil {

@@ -16,11 +16,11 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/sluice-dataplane/sluice/internal/lab"
@@ -33,32 +33,24 @@ import (
 // the lab on 2026-12-01), one packet a segment is none.
 const dsrGROMerge = 4
 
-// rxPackets is dev's received packets in netns (/proc/net/dev there).
+// rxPackets is dev's received packets in netns (the link's statistics).
 func rxPackets(t *testing.T, netns, dev string) uint64 {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	out, err := nsCommand(ctx, netns, "cat", "/proc/net/dev").Output()
-	if err != nil {
-		t.Fatalf("/proc/net/dev in %s: %v", netns, err)
-	}
-	for _, line := range strings.Split(string(out), "\n") {
-		name, rest, ok := strings.Cut(line, ":")
-		if !ok || strings.TrimSpace(name) != dev {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) < 2 {
-			break
-		}
-		n, err := strconv.ParseUint(f[1], 10, 64)
+	var n uint64
+	err := lab.InNetns(netns, func() error {
+		link, err := netlink.LinkByName(dev)
 		if err != nil {
-			t.Fatalf("/proc/net/dev in %s: %s: %v", netns, line, err)
+			return err
 		}
-		return n
+		if s := link.Attrs().Statistics; s != nil {
+			n = s.RxPackets
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("%s's statistics in %s: %v", dev, netns, err)
 	}
-	t.Fatalf("/proc/net/dev in %s has no %s", netns, dev)
-	return 0
+	return n
 }
 
 // TestPrivilegedDSRGRO sends a bulk TCP stream in segments from the client
