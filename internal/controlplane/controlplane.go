@@ -251,10 +251,24 @@ func (c *ControlPlane) start(ctx context.Context, o Options, bin, etcdBin string
 
 	etcdURL := "http://" + netip.AddrPortFrom(o.Address, uint16(o.EtcdPort)).String()
 	peerURL := "http://" + netip.AddrPortFrom(o.Address, uint16(o.EtcdPort+1)).String()
-	c.step(o.Progress, "starting etcd on %s (%s)", etcdURL, etcdBin)
-	pid, err := c.startProcess(o, c.st.EtcdLog, etcdBin,
+	dataDir := filepath.Join(dir, "etcd")
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return fmt.Errorf("control plane: create %s: %w", dataDir, err)
+	}
+	c.step(o.Progress, "starting etcd on %s (%s, data in memory)", etcdURL, etcdBin)
+	// The lab's etcd keeps its data on a tmpfs of its own mount namespace:
+	// the state is disposable, and on a loaded machine (parallel lab tests,
+	// a TCG guest) a disk's fsync took etcd past its 7 s request timeout,
+	// which kube-apiserver's start-up hooks treat as fatal. The tmpfs
+	// lives and dies with the process: nothing to unmount on any exit.
+	pid, err := c.startProcess(o, c.st.EtcdLog, "unshare", "--mount", "--propagation=private", "--",
+		"sh", "-c", `mount -t tmpfs -o mode=0700 sluice-etcd "$0" && exec "$@"`, dataDir,
+		etcdBin,
 		"--name=sluice",
-		"--data-dir="+filepath.Join(dir, "etcd"),
+		"--data-dir="+dataDir,
+		// A request times out after 5 s + 2 election timeouts: 15 s
+		// rides out a starved CPU. One member: no election to slow.
+		"--heartbeat-interval=500", "--election-timeout=5000",
 		"--listen-client-urls="+etcdURL,
 		"--advertise-client-urls="+etcdURL,
 		"--listen-peer-urls="+peerURL,
