@@ -27,4 +27,10 @@ fi
 case " $* " in
 *" --cni flannel "* | *" --cni=flannel "*) ./scripts/flannel-build.sh >/dev/null ;; # the overlay CNI
 esac
+case " $* " in
+*cilium*) # the contender: ~15 minutes once, then cached (docs/cilium.md)
+	SLUICE_CILIUM_DIR=$(dirname "$(./scripts/cilium-build.sh | tail -n 1)")
+	export SLUICE_CILIUM_DIR
+	;;
+esac
 exec ./bin/sluice-lab conformance "$@"

@@ -93,7 +93,7 @@ func ciliumAcceleration(a string) string {
 // CiliumNode, identities and endpoints; the lab applies the CRDs), eth0 as
 // the device, the lab's mode and acceleration. Paths are the node's mount
 // namespace's.
-func ciliumArgs(bin, libDir, kubeconfig string, n Node, mode, acceleration string) []string {
+func ciliumArgs(bin, libDir, kubeconfig string, n Node, mode, acceleration, bpfRoot, cgroupRoot string) []string {
 	return []string{bin,
 		"--k8s-kubeconfig-path=" + kubeconfig,
 		"--kube-proxy-replacement=true",
@@ -123,8 +123,8 @@ func ciliumArgs(bin, libDir, kubeconfig string, n Node, mode, acceleration strin
 		// traffic to the outside is not measured.
 		"--enable-ipv4-masquerade=false",
 		"--enable-ipv6-masquerade=false",
-		"--bpf-root=" + ciliumRunDir + "/bpffs",
-		"--cgroup-root=" + ciliumRunDir + "/cgroupv2",
+		"--bpf-root=" + bpfRoot,
+		"--cgroup-root=" + cgroupRoot,
 		"--lib-dir=" + libDir,
 		"--state-dir=" + ciliumRunDir,
 		// cilium_host gets the pods' gateway address, which every pod
@@ -139,9 +139,11 @@ func ciliumArgs(bin, libDir, kubeconfig string, n Node, mode, acceleration strin
 }
 
 // startCiliums runs cilium-agent on every node, each in the node's network
-// namespace and a mount namespace of its own, and waits until each is
-// healthy and knows the node's pods.
-func (l *Lab) startCiliums(ctx context.Context, cfg Config, nm names) error {
+// namespace and a mount namespace of its own (a kubelet lab's: the node's,
+// where containerd calls cilium-cni chained after the lab's ptp plugin),
+// and waits until each is healthy and knows the node's pods. extra are
+// more agent flags (Config.CiliumArgs).
+func (l *Lab) startCiliums(ctx context.Context, nm names, extra []string) error {
 	dir, err := CiliumDir()
 	if err != nil {
 		return err
@@ -170,18 +172,21 @@ func (l *Lab) startCiliums(ctx context.Context, cfg Config, nm names) error {
 	}
 	for i := range l.Nodes {
 		n := &l.Nodes[i]
-		acc := cfg.LBAcceleration
+		acc := l.LBAcceleration
 		if n.LBAcceleration != "" {
 			acc = n.LBAcceleration
 		}
-		c := &Cilium{Dir: filepath.Join(l.RunDir, n.Name, "cilium"), MountNS: nm.mountNSFile(n.Index),
-			Mode: cfg.LBMode, Acceleration: ciliumAcceleration(acc)}
+		c := &Cilium{Dir: ciliumDir(l.RunDir, n.Name), MountNS: nm.mountNSFile(n.Index),
+			Mode: l.LBMode, Acceleration: ciliumAcceleration(acc)}
+		if n.Kubelet != nil {
+			c.MountNS = n.Kubelet.MountNS
+		}
 		c.Name, c.Log = DataplaneCilium, filepath.Join(c.Dir, "agent.log")
 		c.Socket = filepath.Join(c.Dir, "run", "cilium.sock")
 		if err := l.ciliumNode(ctx, n, c, dir, clang); err != nil {
 			return fmt.Errorf("cilium on %s: %w", n.Name, err)
 		}
-		c.Args = append(c.Args, cfg.CiliumArgs...)
+		c.Args = append(c.Args, extra...)
 		n.Cilium, n.MetricsAddr = c, MetricsAddr
 		pid, err := l.startDaemonNS(n.Name, c.Log, []string{"--mount=" + c.MountNS}, c.Env, c.Args...)
 		if err != nil {
@@ -247,12 +252,16 @@ func lookClang() (string, error) {
 	return "", errors.New("cilium-agent compiles its datapath with clang at start: no clang-19 or clang in PATH (scripts/deps.sh installs clang-19)")
 }
 
-// ciliumNode makes node n's Cilium directories and mount namespace and
-// fills in the agent's command line.
+// ciliumDir is node's Cilium directory under the lab's run dir.
+func ciliumDir(runDir, node string) string { return filepath.Join(runDir, node, "cilium") }
+
+// ciliumNode makes node n's Cilium directories and mount namespace (a
+// kubelet node's is made with the node's, makeMountNS) and fills in the
+// agent's command line.
 func (l *Lab) ciliumNode(ctx context.Context, n *Node, c *Cilium, dir, clang string) error {
 	bpf := filepath.Join(l.BPFRoot, n.Name)
 	for _, d := range []string{filepath.Join(c.Dir, "run"), filepath.Join(c.Dir, "lib"), filepath.Join(c.Dir, "home"),
-		filepath.Join(c.Dir, "sysctl"), filepath.Join(c.Dir, "bin"), bpf} {
+		filepath.Join(c.Dir, "bin"), bpf} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
@@ -269,6 +278,20 @@ func (l *Lab) ciliumNode(ctx context.Context, n *Node, c *Cilium, dir, clang str
 	if err := os.Symlink(clang, filepath.Join(c.Dir, "bin", "clang")); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
 	}
+	c.Env = []string{"K8S_NODE_NAME=" + n.Name, "HOME=" + filepath.Join(c.Dir, "home"),
+		// Each node its own xtables lock, as on separate machines: the
+		// agent installs its rules in the node's netfilter.
+		"XTABLES_LOCKFILE=" + filepath.Join(c.Dir, "xtables.lock"),
+		"PATH=" + filepath.Join(c.Dir, "bin") + ":" + os.Getenv("PATH")}
+	agent := filepath.Join(dir, "bin", "cilium-agent")
+	if n.Kubelet != nil {
+		// The node's own bpffs directory and cgroup subtree (its pods'
+		// and its daemons') are mounted in its namespace already.
+		c.Args = ciliumArgs(agent, lib, l.APIServer.Kubeconfig, *n, c.Mode, c.Acceleration, "/sys/fs/bpf", NodeCgroupPath)
+		return nil
+	}
+	c.Args = ciliumArgs(agent, lib, l.APIServer.Kubeconfig, *n, c.Mode, c.Acceleration,
+		ciliumRunDir+"/bpffs", ciliumRunDir+"/cgroupv2")
 	if err := os.WriteFile(c.MountNS, nil, 0o644); err != nil {
 		return err
 	}
@@ -284,30 +307,41 @@ func (l *Lab) ciliumNode(ctx context.Context, n *Node, c *Cilium, dir, clang str
 		fmt.Sprintf("mount --bind %q %s/bpffs", bpf, ciliumRunDir),
 		fmt.Sprintf("mount --make-private %s/bpffs", ciliumRunDir),
 	}
-	for _, s := range ciliumShadowed {
-		proc := "/proc/sys/" + s
-		val, err := os.ReadFile(proc)
-		if err != nil {
-			return fmt.Errorf("read %s: %w", proc, err)
-		}
-		shadow := filepath.Join(c.Dir, "sysctl", strings.ReplaceAll(s, "/", "."))
-		if err := os.WriteFile(shadow, val, 0o644); err != nil {
-			return err
-		}
-		script = append(script, fmt.Sprintf("mount --bind %q %q", shadow, proc))
+	binds, err := shadowSysctls(filepath.Join(c.Dir, "sysctl"), ciliumShadowed)
+	if err != nil {
+		return err
 	}
+	script = append(script, binds...)
 	cmd := exec.CommandContext(ctx, "unshare", "--mount="+c.MountNS, "--propagation", "slave", "--",
 		"sh", "-ec", strings.Join(script, "\n"))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("mount namespace: %v: %s", err, strings.TrimSpace(string(out)))
 	}
-	c.Env = []string{"K8S_NODE_NAME=" + n.Name, "HOME=" + filepath.Join(c.Dir, "home"),
-		// Each node its own xtables lock, as on separate machines: the
-		// agent installs its rules in the node's netfilter.
-		"XTABLES_LOCKFILE=" + filepath.Join(c.Dir, "xtables.lock"),
-		"PATH=" + filepath.Join(c.Dir, "bin") + ":" + os.Getenv("PATH")}
-	c.Args = ciliumArgs(filepath.Join(dir, "bin", "cilium-agent"), lib, l.APIServer.Kubeconfig, *n, c.Mode, c.Acceleration)
 	return nil
+}
+
+// shadowSysctls writes each kernel-wide sysctl's current value to a file
+// in dir and returns the mount commands that bind each file over its
+// /proc/sys entry in a node's mount namespace: a daemon there writes the
+// file, the machine keeps its own value.
+func shadowSysctls(dir string, sysctls []string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var script []string
+	for _, s := range sysctls {
+		proc := "/proc/sys/" + s
+		val, err := os.ReadFile(proc)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", proc, err)
+		}
+		shadow := filepath.Join(dir, strings.ReplaceAll(s, "/", "."))
+		if err := os.WriteFile(shadow, val, 0o644); err != nil {
+			return nil, err
+		}
+		script = append(script, fmt.Sprintf("mount --bind %q %q", shadow, proc))
+	}
+	return script, nil
 }
 
 // bindPrivate makes dir a private bind mount of itself, where nsfs files

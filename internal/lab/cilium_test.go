@@ -17,7 +17,8 @@ import (
 // metrics where every contender's are scraped.
 func TestCiliumArgs(t *testing.T) {
 	n := Node{Index: 2, Endpoint: Endpoint{Name: "node2"}}
-	args := ciliumArgs("/c/bin/cilium-agent", "/lab/node2/cilium/lib", "/lab/kubeconfig", n, LBModeDSR, ciliumAcceleration(AccelerationNative))
+	args := ciliumArgs("/c/bin/cilium-agent", "/lab/node2/cilium/lib", "/lab/kubeconfig", n, LBModeDSR, ciliumAcceleration(AccelerationNative),
+		ciliumRunDir+"/bpffs", ciliumRunDir+"/cgroupv2")
 	if args[0] != "/c/bin/cilium-agent" {
 		t.Fatalf("binary %q", args[0])
 	}

@@ -29,8 +29,9 @@ const DefaultConformanceFocus = `\[sig-network\] Services.*\[Conformance\]`
 // ConformanceConfig describes a conformance run.
 type ConformanceConfig struct {
 	// Dataplanes are run in order: DataplaneSluice (the chart),
-	// ConformanceSluiceDSR (the chart with lbMode dsr) or a
-	// DataplaneKubeProxy*.
+	// ConformanceSluiceDSR (the chart with lbMode dsr), a
+	// DataplaneKubeProxy* or DataplaneCilium (the CNI, chained after the
+	// lab's ptp, with kube-proxy replacement).
 	Dataplanes []string
 	Nodes      int
 	Focus      string
@@ -456,8 +457,9 @@ func conformanceCommand() *cobra.Command {
 			}
 			cfg.Dataplanes = strings.Split(dataplanes, ",")
 			for _, dp := range cfg.Dataplanes {
-				if _, ok := conformanceChartSets(dp); !ok && !IsKubeProxy(dp) {
-					return fmt.Errorf("--dataplanes: %q is neither %s, %s nor a kube-proxy-* dataplane", dp, DataplaneSluice, ConformanceSluiceDSR)
+				if _, ok := conformanceChartSets(dp); !ok && !IsKubeProxy(dp) && dp != DataplaneCilium {
+					return fmt.Errorf("--dataplanes: %q is neither %s, %s, %s nor a kube-proxy-* dataplane", dp, DataplaneSluice,
+						ConformanceSluiceDSR, DataplaneCilium)
 				}
 			}
 			exe, err := os.Executable()
@@ -474,7 +476,7 @@ func conformanceCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&dataplanes, "dataplanes", DataplaneSluice+","+DataplaneKubeProxyIPTables, "dataplanes to run the tests against, in order: sluice, sluice-dsr (lbMode dsr), kube-proxy-iptables, kube-proxy-nftables, ...")
+	cmd.Flags().StringVar(&dataplanes, "dataplanes", DataplaneSluice+","+DataplaneKubeProxyIPTables, "dataplanes to run the tests against, in order: sluice, sluice-dsr (lbMode dsr), kube-proxy-iptables, kube-proxy-nftables, ..., cilium (the CNI, chained, with kube-proxy replacement; scripts/cilium-build.sh)")
 	cmd.Flags().IntVar(&cfg.Nodes, "nodes", 2, "kubelet nodes")
 	cmd.Flags().StringVar(&cfg.Focus, "focus", DefaultConformanceFocus, "ginkgo focus: which tests")
 	cmd.Flags().StringVar(&cfg.Skip, "skip", "", "ginkgo skip")

@@ -154,7 +154,7 @@ func findKubeletTools() (kubeletTools, error) {
 
 // startKubelets brings up every node's mount namespace, containerd and
 // kubelet, imports the images, and waits for every Node to be Ready.
-func (l *Lab) startKubelets(ctx context.Context, nm names, t kubeletTools, images []ImageArchive) error {
+func (l *Lab) startKubelets(ctx context.Context, nm names, t kubeletTools, images []ImageArchive, ciliumExtra []string) error {
 	for i := range l.Nodes {
 		n := &l.Nodes[i]
 		l.step("%s: mount namespace, containerd and kubelet %s", n.Name, controlplane.Version)
@@ -170,6 +170,13 @@ func (l *Lab) startKubelets(ctx context.Context, nm names, t kubeletTools, image
 	}
 	if err := l.setPodCIDRs(ctx); err != nil {
 		return err
+	}
+	if l.Dataplane == DataplaneCilium {
+		// Before any Pod: containerd's cilium-cni needs the agent.
+		l.step("starting cilium-agent on %d nodes, each in its node's mount namespace (cilium-cni chained after ptp)", len(l.Nodes))
+		if err := l.startCiliums(ctx, nm, ciliumExtra); err != nil {
+			return err
+		}
 	}
 	l.step("cluster DNS: CoreDNS pods behind kube-dns %s (ready once a dataplane serves the kubernetes Service)", ClusterDNSIPv4)
 	return l.startKubeletDNS(ctx)
@@ -206,15 +213,23 @@ func (l *Lab) startKubelet(ctx context.Context, nm names, n *Node, t kubeletTool
 	if err := l.makeMountNS(ctx, nm, n); err != nil {
 		return err
 	}
-	if err := writeCNIConfig(filepath.Join(k.Dir, "cni-conf"), n.Index, !l.NoPortmap); err != nil {
+	cilium := l.Dataplane == DataplaneCilium
+	if err := writeCNIConfig(filepath.Join(k.Dir, "cni-conf"), n.Index, !l.NoPortmap, cilium); err != nil {
 		return err
+	}
+	cniDir := t.cniDir
+	if cilium {
+		var err error
+		if cniDir, err = ciliumCNIBinDir(filepath.Join(k.Dir, "cni-bin"), t.cniDir); err != nil {
+			return err
+		}
 	}
 	ctrdConfig := filepath.Join(k.Dir, "containerd.toml")
 	restrictOOM := !hasCapability(unix.CAP_SYS_RESOURCE)
 	if restrictOOM {
 		l.step("%s: no CAP_SYS_RESOURCE here: containers keep containerd's oom_score_adj (restrict_oom_score_adj)", n.Name)
 	}
-	if err := os.WriteFile(ctrdConfig, []byte(containerdConfig(t.cniDir, restrictOOM)), 0o644); err != nil {
+	if err := os.WriteFile(ctrdConfig, []byte(containerdConfig(cniDir, restrictOOM)), 0o644); err != nil {
 		return err
 	}
 	pid, err := l.startInNode(n, k.ContainerdLog, t.containerd, "--config", ctrdConfig)
@@ -293,10 +308,6 @@ func (l *Lab) makeMountNS(ctx context.Context, nm names, n *Node) error {
 			return err
 		}
 	}
-	sysctlDir := filepath.Join(k.Dir, "sysctl")
-	if err := os.MkdirAll(sysctlDir, 0o755); err != nil {
-		return err
-	}
 	// Set up inside the new namespace by a shell, as setns(CLONE_NEWNS) is
 	// refused to a multi-threaded Go process. Every mount target is made
 	// here first; those that did not exist are recorded for teardown.
@@ -324,18 +335,25 @@ func (l *Lab) makeMountNS(ctx context.Context, nm names, n *Node) error {
 	// under the node's /sys/fs/bpf stays the node's. Shared, as the
 	// chart's Bidirectional bpffs volume needs.
 	script = append(script, "mount --make-private /sys/fs/bpf", "mount --make-shared /sys/fs/bpf")
-	for _, s := range kernelTunables {
-		proc := "/proc/sys/" + s
-		val, err := os.ReadFile(proc)
-		if err != nil {
-			return fmt.Errorf("read %s: %w", proc, err)
-		}
-		shadow := filepath.Join(sysctlDir, strings.ReplaceAll(s, "/", "."))
-		if err := os.WriteFile(shadow, val, 0o644); err != nil {
+	shadowed := kernelTunables
+	if l.Dataplane == DataplaneCilium {
+		// cilium-agent runs in this namespace, where containerd's
+		// cilium-cni reaches it at /run/cilium.
+		run := filepath.Join(ciliumDir(l.RunDir, n.Name), "run")
+		if err := os.MkdirAll(run, 0o755); err != nil {
 			return err
 		}
-		bind(shadow, proc)
+		if err := l.mkdirRecorded(k, ciliumRunDir); err != nil {
+			return err
+		}
+		bind(run, ciliumRunDir)
+		shadowed = append(slices.Clone(shadowed), ciliumShadowed...)
 	}
+	binds, err := shadowSysctls(filepath.Join(k.Dir, "sysctl"), shadowed)
+	if err != nil {
+		return err
+	}
+	script = append(script, binds...)
 	script = append(script, fmt.Sprintf("echo %q > /proc/sys/kernel/hostname", n.Name))
 	cmd := exec.CommandContext(ctx, "unshare", "--mount="+k.MountNS, "--uts="+k.UTSNS, "--propagation", "slave", "--",
 		"sh", "-ec", strings.Join(script, "\n"))
@@ -471,8 +489,10 @@ func KubeletPodRange(node int) (v4first, v4last, v6first, v6last netip.Addr) {
 // writeCNIConfig writes the node's CNI network: Debian's ptp plugin (a veth
 // per pod, the gateway address on the host side, a host route per pod: the
 // lab's own pod wiring) with host-local addresses from KubeletPodRange,
-// then portmap for hostPort unless told not to (the dataplane's then).
-func writeCNIConfig(dir string, node int, portmap bool) error {
+// then portmap for hostPort unless told not to (the dataplane's then), and
+// with cilium, cilium-cni chained in generic-veth mode (Cilium's chaining
+// beside another CNI's veths: it makes each pod its endpoint).
+func writeCNIConfig(dir string, node int, portmap, cilium bool) error {
 	v4a, v4b, v6a, v6b := KubeletPodRange(node)
 	conf := map[string]any{
 		"cniVersion": "0.4.0",
@@ -500,11 +520,44 @@ func writeCNIConfig(dir string, node int, portmap bool) error {
 			"capabilities": map[string]bool{"portMappings": true},
 		})
 	}
+	if cilium {
+		conf["plugins"] = append(conf["plugins"].([]any), map[string]any{
+			"type":          "cilium-cni",
+			"chaining-mode": "generic-veth",
+		})
+	}
 	data, err := json.MarshalIndent(conf, "", "  ")
 	if err != nil {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, "10-sluice-lab.conflist"), data, 0o644)
+}
+
+// ciliumCNIBinDir makes dir the node's CNI plugin directory: links to
+// every plugin of the machine's (Debian's) and to the Cilium build's
+// cilium-cni, which containerd (one bin_dir) then finds beside them.
+func ciliumCNIBinDir(dir, machine string) (string, error) {
+	cilium, err := CiliumDir()
+	if err != nil {
+		return "", err
+	}
+	entries, err := os.ReadDir(machine)
+	if err != nil {
+		return "", fmt.Errorf("CNI plugins: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	links := map[string]string{"cilium-cni": filepath.Join(cilium, "bin", "cilium-cni")}
+	for _, e := range entries {
+		links[e.Name()] = filepath.Join(machine, e.Name())
+	}
+	for name, target := range links {
+		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrExist) {
+			return "", err
+		}
+	}
+	return dir, nil
 }
 
 // ImageArchive is an image archive to import into every node's containerd.

@@ -2,10 +2,12 @@ package lab
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -50,7 +52,7 @@ func TestKubeletCNIConfig(t *testing.T) {
 	for i, node := range []int{1, 2, MaxNodes} {
 		portmap := i != 1 // node 2 as with --no-portmap
 		dir := t.TempDir()
-		if err := writeCNIConfig(dir, node, portmap); err != nil {
+		if err := writeCNIConfig(dir, node, portmap, false); err != nil {
 			t.Fatal(err)
 		}
 		data, err := os.ReadFile(filepath.Join(dir, "10-sluice-lab.conflist"))
@@ -96,6 +98,61 @@ func TestKubeletCNIConfig(t *testing.T) {
 	}
 }
 
+// TestKubeletCNIConfigCilium: with Cilium as the kubelet lab's dataplane,
+// cilium-cni is chained last in generic-veth mode (it makes each pod its
+// endpoint on the ptp plugin's veth), and the node's CNI bin dir links
+// Debian's plugins and the Cilium build's cilium-cni side by side.
+func TestKubeletCNIConfigCilium(t *testing.T) {
+	dir := t.TempDir()
+	if err := writeCNIConfig(dir, 1, true, true); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "10-sluice-lab.conflist"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conf struct {
+		Plugins []map[string]any `json:"plugins"`
+	}
+	if err := json.Unmarshal(data, &conf); err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, p := range conf.Plugins {
+		types = append(types, fmt.Sprint(p["type"]))
+	}
+	if !slices.Equal(types, []string{"ptp", "portmap", "cilium-cni"}) || conf.Plugins[2]["chaining-mode"] != "generic-veth" {
+		t.Fatalf("plugins %v: want ptp, portmap, then cilium-cni in generic-veth chaining:\n%s", types, data)
+	}
+
+	machine, build := t.TempDir(), t.TempDir()
+	for _, f := range []string{filepath.Join(machine, "ptp"), filepath.Join(machine, "host-local"),
+		filepath.Join(build, "bin", "cilium-cni"), filepath.Join(build, "bin", "cilium-agent"),
+		filepath.Join(build, "lib", "bpf", "bpf_lxc.c"), filepath.Join(build, "crds", "ciliumnodes.yaml")} {
+		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv(ciliumDirEnv, build)
+	bin, err := ciliumCNIBinDir(filepath.Join(t.TempDir(), "cni-bin"), machine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"ptp": filepath.Join(machine, "ptp"),
+		"host-local": filepath.Join(machine, "host-local"), "cilium-cni": filepath.Join(build, "bin", "cilium-cni")} {
+		if got, err := os.Readlink(filepath.Join(bin, name)); err != nil || got != want {
+			t.Errorf("%s in the node's CNI bin dir: %q (%v), want a link to %s", name, got, err, want)
+		}
+	}
+	// Again (a restarted up): the links are there already.
+	if _, err := ciliumCNIBinDir(bin, machine); err != nil {
+		t.Errorf("second time: %v", err)
+	}
+}
+
 // TestKubeletConfig: the KubeletConfiguration is valid YAML with the
 // node's cgroup root and the settings the lab depends on.
 func TestKubeletConfig(t *testing.T) {
@@ -122,6 +179,7 @@ func TestKubeletConfigRejects(t *testing.T) {
 		{Nodes: 1, Kubelet: true, PodsPerNode: 2},
 		{Nodes: 1, Kubelet: true, Dataplane: DataplaneSluice}, // installed with its chart
 		{Nodes: 1, Kubelet: true, ControlPlane: ControlPlaneManifests},
+		{Nodes: 1, Kubelet: true, Dataplane: DataplaneCilium, CNI: CNIFlannel}, // chained after ptp only
 	} {
 		c.Exe = "/bin/true"
 		if err := c.setDefaults(); err == nil {
@@ -131,6 +189,10 @@ func TestKubeletConfigRejects(t *testing.T) {
 	c := Config{Nodes: 1, Kubelet: true, Exe: "/bin/true"}
 	if err := c.setDefaults(); err != nil || c.Dataplane != DataplaneNone || c.ControlPlane != ControlPlaneReal {
 		t.Errorf("kubelet defaults: %v, dataplane %q, control plane %q", err, c.Dataplane, c.ControlPlane)
+	}
+	c = Config{Nodes: 2, Kubelet: true, Dataplane: DataplaneCilium, Exe: "/bin/true"}
+	if err := c.setDefaults(); err != nil {
+		t.Errorf("Cilium as the kubelet lab's CNI: %v", err)
 	}
 }
 

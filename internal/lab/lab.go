@@ -158,8 +158,8 @@ func (c *Config) setDefaults() error {
 			c.Dataplane = DataplaneNone
 		case c.Dataplane == DataplaneSluice:
 			return fmt.Errorf("dataplane %q with a kubelet lab: sluice is installed into the cluster (lab up --chart, lab helm), use dataplane %s", c.Dataplane, DataplaneNone)
-		case c.Dataplane == DataplaneCilium:
-			return fmt.Errorf("dataplane %q with a kubelet lab: not built yet (Cilium as the kubelet lab's CNI, issue 46); the network-namespace lab runs it (docs/cilium.md)", c.Dataplane)
+		case c.Dataplane == DataplaneCilium && c.CNI == CNIFlannel:
+			return fmt.Errorf("dataplane %q with cni %q: Cilium is chained into the lab's own CNI network (routes); chaining after flannel is not built", c.Dataplane, c.CNI)
 		}
 		if c.PodsPerNode != 0 {
 			return fmt.Errorf("pods per node %d with a kubelet lab: its workloads are real Pods, want 0", c.PodsPerNode)
@@ -561,7 +561,7 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 			if err := l.buildImages(cfg); err != nil {
 				return err
 			}
-			if err := l.startKubelets(ctx, nm, l.tools, l.Images); err != nil {
+			if err := l.startKubelets(ctx, nm, l.tools, l.Images, cfg.CiliumArgs); err != nil {
 				return err
 			}
 			if l.CNI == CNIFlannel {
@@ -614,9 +614,9 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 		if err := l.startKubeProxies(ctx, cfg); err != nil {
 			return err
 		}
-	case cfg.Dataplane == DataplaneCilium:
+	case cfg.Dataplane == DataplaneCilium && !cfg.Kubelet: // a kubelet lab's started with its kubelets
 		l.step("starting cilium-agent on %d nodes, each in a mount namespace of its own", cfg.Nodes)
-		if err := l.startCiliums(ctx, cfg, nm); err != nil {
+		if err := l.startCiliums(ctx, nm, cfg.CiliumArgs); err != nil {
 			return err
 		}
 	}

@@ -26,16 +26,7 @@ import (
 // (scripts/test-contenders.sh), not scripts/test.sh's (docs/cilium.md).
 func TestPrivilegedCiliumLab(t *testing.T) {
 	requirePrivileged(t, "bpftool")
-	sysctls := []string{"/proc/sys/kernel/unprivileged_bpf_disabled", "/proc/sys/kernel/timer_migration"}
-	before := map[string]string{}
-	for _, s := range sysctls {
-		b, err := os.ReadFile(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		before[s] = string(b)
-	}
-	_, runDirErr := os.Stat("/run/cilium")
+	machine := recordMachine(t)
 
 	cfg := labConfig(newPrefix(t), labNodes, labPodsPerNode)
 	cfg.Dataplane = lab.DataplaneCilium
@@ -94,7 +85,20 @@ func TestPrivilegedCiliumLab(t *testing.T) {
 		t.Errorf("after the restart of node1's cilium-agent: %s", describe(rep))
 	}
 
-	// XDP in the driver on node1's eth0, none on node2's.
+	xdpOnNode1Only(t, l)
+
+	cgroups := map[string]string{}
+	for _, n := range l.Nodes {
+		cgroups[n.Name] = n.Cgroup
+	}
+	ids := ciliumSocketLB(t, l, cgroups)
+	ciliumDownLeavesNothing(t, l, machine, ids)
+}
+
+// xdpOnNode1Only checks Cilium's XDP is in the driver on node1's eth0
+// (native) and not on node2's (tc).
+func xdpOnNode1Only(t *testing.T, l *lab.Lab) {
+	t.Helper()
 	for i, want := range []bool{true, false} {
 		n := l.Nodes[i]
 		out, err := exec.Command("ip", "-n", n.Netns, "-d", "link", "show", "dev", "eth0").CombinedOutput()
@@ -105,19 +109,47 @@ func TestPrivilegedCiliumLab(t *testing.T) {
 			t.Errorf("%s: native XDP on eth0 %v, want %v:\n%s", n.Name, got, want, out)
 		}
 	}
+}
 
-	// Its socket LB on each node's cgroup subtree, none on the hierarchy's
-	// root.
+// machineState is what a Cilium lab must leave as it found it: the
+// kernel-wide sysctls the agent writes (kernel.unprivileged_bpf_disabled,
+// which a reboot alone undoes, and kernel.timer_migration), and whether
+// /run/cilium was there.
+type machineState struct {
+	sysctls   map[string]string
+	runDirErr error
+}
+
+func recordMachine(t *testing.T) machineState {
+	t.Helper()
+	m := machineState{sysctls: map[string]string{}}
+	for _, s := range []string{"/proc/sys/kernel/unprivileged_bpf_disabled", "/proc/sys/kernel/timer_migration"} {
+		b, err := os.ReadFile(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.sysctls[s] = string(b)
+	}
+	_, m.runDirErr = os.Stat("/run/cilium")
+	return m
+}
+
+// ciliumSocketLB checks Cilium's socket LB is on each node's cgroup
+// subtree (cgroups: node name → the cgroup the lab gave its agent as
+// root) and none is on the hierarchy's root, and returns the programs it
+// found there by ID.
+func ciliumSocketLB(t *testing.T, l *lab.Lab, cgroups map[string]string) map[uint32]string {
+	t.Helper()
 	cgroup2 := filepath.Dir(l.CgroupRoot)
 	ids := map[uint32]string{}
-	for _, n := range l.Nodes {
+	for node, cg := range cgroups {
 		var attached []cgroupProg
-		bpftoolJSON(t, &attached, "cgroup", "show", n.Cgroup)
+		bpftoolJSON(t, &attached, "cgroup", "show", cg)
 		if len(attached) == 0 {
-			t.Errorf("%s: no program on the node's cgroup %s: Cilium's socket LB is not where the lab put it", n.Name, n.Cgroup)
+			t.Errorf("%s: no program on the node's cgroup %s: Cilium's socket LB is not where the lab put it", node, cg)
 		}
 		for _, p := range attached {
-			ids[p.ID] = n.Name + "/" + p.Name
+			ids[p.ID] = node + "/" + p.Name
 		}
 	}
 	var atRoot []cgroupProg
@@ -127,7 +159,14 @@ func TestPrivilegedCiliumLab(t *testing.T) {
 			t.Errorf("root cgroup %s has Cilium's program %d %s (%s)", cgroup2, p.ID, p.Name, p.AttachType)
 		}
 	}
+	return ids
+}
 
+// ciliumDownLeavesNothing takes the lab down and checks nothing of
+// Cilium's is left: no program of ids, no mount, no /run/cilium the lab
+// made, the machine's sysctls as recorded, no namespace.
+func ciliumDownLeavesNothing(t *testing.T, l *lab.Lab, machine machineState, ids map[uint32]string) {
+	t.Helper()
 	if err := l.Down(); err != nil {
 		t.Fatalf("lab down: %v", err)
 	}
@@ -149,17 +188,72 @@ func TestPrivilegedCiliumLab(t *testing.T) {
 			t.Errorf("after lab down, a mount is left: %s", line)
 		}
 	}
-	if _, err := os.Stat("/run/cilium"); runDirErr != nil && err == nil {
+	if _, err := os.Stat("/run/cilium"); machine.runDirErr != nil && err == nil {
 		t.Errorf("after lab down, /run/cilium (which the lab made) is left")
 	}
-	for _, s := range sysctls {
-		if b, err := os.ReadFile(s); err != nil || string(b) != before[s] {
-			t.Errorf("%s is %q (%v) after the Cilium lab, was %q: the agent wrote the machine's", s, b, err, before[s])
+	for s, before := range machine.sysctls {
+		if b, err := os.ReadFile(s); err != nil || string(b) != before {
+			t.Errorf("%s is %q (%v) after the Cilium lab, was %q: the agent wrote the machine's", s, b, err, before)
 		}
 	}
-	if out, err := exec.CommandContext(ctx, "ip", "netns", "list").Output(); err == nil && strings.Contains(string(out), l.Prefix) {
+	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil && strings.Contains(string(out), l.Prefix) {
 		t.Errorf("after lab down, namespaces are left:\n%s", out)
 	}
+}
+
+// TestPrivilegedCiliumKubelet: `lab up --kubelet --dataplane cilium`
+// (issue 46): Cilium is the kubelet lab's CNI, chained after the lab's ptp
+// plugin (generic-veth), with kube-proxy replacement, node1's XDP in the
+// driver and node2 on tc, in DSR mode. Real Pods become its endpoints
+// through cilium-cni (CoreDNS, which reaches the apiserver through
+// Cilium's ClusterIP, included); the Service answers a pod at its
+// ClusterIP and the lab's client at each node's NodePort on both
+// families; the client's address reaches a remote backend (DSR). Its
+// socket LB is on the node's cgroup subtree (pods and daemons), none at
+// the root; after lab down nothing of it is left.
+func TestPrivilegedCiliumKubelet(t *testing.T) {
+	requirePrivileged(t, "bpftool", "containerd", "runc", "ctr", "unshare")
+	machine := recordMachine(t)
+	cfg := lab.Config{Prefix: newPrefix(t), Nodes: 2, Kubelet: true, Dataplane: lab.DataplaneCilium,
+		LBMode: lab.LBModeDSR, LBAcceleration: lab.AccelerationBestEffort,
+		NodeLBAcceleration: map[string]string{"node1": lab.AccelerationNative},
+		Exe:                filepath.Join(env.binDir, "sluice-lab")}
+	l := upLab(t, cfg, 6*time.Minute, " with kubelets and Cilium as the CNI")
+	if err := l.WaitClusterDNS(t.Context(), 2*time.Minute); err != nil {
+		t.Fatalf("CoreDNS through Cilium's ClusterIP to the apiserver: %v", err)
+	}
+	vip := applyKubeletWorkloads(t, l)
+	var nodePorts []string
+	for _, n := range l.Nodes {
+		nodePorts = append(nodePorts, n.IPv4.String()+":30080", "["+n.IPv6.String()+"]:30080")
+	}
+	waitServed(t, l, vip, nodePorts...)
+
+	// Every running Pod is Cilium's endpoint, made through cilium-cni.
+	eps := kubectl(t, l, "get", "ciliumendpoints", "-A", "-o", "jsonpath={range .items[*]}{.metadata.name}={.status.state} {end}")
+	for _, pod := range strings.Fields(kubectl(t, l, "get", "pods", "-A", "-o", "jsonpath={.items[*].metadata.name}")) {
+		if !strings.Contains(" "+eps, " "+pod+"=ready") {
+			t.Errorf("pod %s is no ready CiliumEndpoint: %s", pod, eps)
+		}
+	}
+	// DSR: both echo pods answer node1's NodePort, the remote one with
+	// the client's own address as the peer.
+	r := probe(t, l, "client", "http", "--url", "http://"+nodePorts[0]+"/", "--count", "40")
+	if r.OK != r.Count || len(r.Backends) != 2 {
+		t.Errorf("NodePort %s: %s, want every request answered by both backends", nodePorts[0], describe(r))
+	}
+	for c := range r.Clients {
+		if c != lab.ClientIPv4.String() {
+			t.Errorf("NodePort %s: a backend saw client %s, want the client's own %s (DSR keeps it)", nodePorts[0], c, lab.ClientIPv4)
+		}
+	}
+	xdpOnNode1Only(t, l)
+	cgroups := map[string]string{}
+	for _, n := range l.Nodes {
+		cgroups[n.Name] = filepath.Dir(n.Cgroup) // the node's subtree: its pods' and its daemons'
+	}
+	ids := ciliumSocketLB(t, l, cgroups)
+	ciliumDownLeavesNothing(t, l, machine, ids)
 }
 
 // TestPrivilegedCiliumBenchScale is `sluice-lab bench scale --dataplanes
