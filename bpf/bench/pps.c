@@ -17,6 +17,8 @@
  *                     source address and port counting up: --new-flows)
  *   xdp_pps_sink      counts packets per CPU and drops them
  *   xdp_pps_sink_to   the same for frames to the forwarding's next hop only
+ *   tc_pps_sink_pod   the lab mode's: at a backend pod's tc ingress, counts
+ *                     and drops the packets to it, passes the rest (ARP)
  *   xdp_pps_fwd       the forwarding ceiling: a bare XDP forwarder that
  *                     rewrites addresses and the port the way the node's
  *                     translation would (checksums updated), with no lookup
@@ -690,8 +692,7 @@ int xdp_pps_sink_tunnel(struct xdp_md *ctx)
  * stack, the frames the node translated for a local backend (IPv4 to
  * backend_addr:backend_port), and drops every frame: the cost of a local
  * delivery up to the stack, without the pod's. */
-SEC("tc")
-int tc_pps_sink_local(struct __sk_buff *skb)
+static __always_inline bool pps_to_backend(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -700,11 +701,29 @@ int tc_pps_sink_local(struct __sk_buff *skb)
 	__u16 dport;
 
 	if (data + PPS_HDR_LEN > data_end)
-		return TC_ACT_SHOT;
+		return false;
 	__builtin_memcpy(&daddr, pkt + 30, 4);
 	__builtin_memcpy(&dport, pkt + 36, 2);
-	if (pkt[14] == 0x45 && daddr == backend_addr && dport == backend_port)
+	return skb->protocol == bpf_htons(0x0800) && pkt[14] == 0x45 && daddr == backend_addr && dport == backend_port;
+}
+
+SEC("tc")
+int tc_pps_sink_local(struct __sk_buff *skb)
+{
+	if (pps_to_backend(skb))
 		pps_count_frame();
+	return TC_ACT_SHOT;
+}
+
+/* tc_pps_sink_pod counts and drops, at tc ingress of a lab pod's eth0,
+ * the packets to backend_addr:backend_port, and passes every other frame:
+ * the pod still answers its node's ARP and neighbour solicitations. */
+SEC("tc")
+int tc_pps_sink_pod(struct __sk_buff *skb)
+{
+	if (!pps_to_backend(skb))
+		return TC_ACT_OK;
+	pps_count_frame();
 	return TC_ACT_SHOT;
 }
 

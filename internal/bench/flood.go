@@ -282,19 +282,23 @@ func floodFrames(src string, node *lab.Node, cfg FloodConfig) (*floodGen, int, e
 
 // loadFloodGen loads the helper object with xdp_pps_gen writing g's
 // frames.
-func loadFloodGen(g *floodGen) (*ppsObjects, error) {
+func loadFloodGen(g *floodGen) (*ppsObjects, error) { return loadPpsWith(g.consts()) }
+
+// loadPpsWith loads the helper object (bpf/bench/pps.c) with its constants
+// set to consts.
+func loadPpsWith(consts map[string]any) (*ppsObjects, error) {
 	spec, err := loadPps()
 	if err != nil {
 		return nil, err
 	}
-	for name, v := range g.consts() {
+	for name, v := range consts {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return nil, fmt.Errorf("set %s: %w", name, err)
 		}
 	}
 	var objs ppsObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
-		return nil, fmt.Errorf("load the generator: %w", err)
+		return nil, fmt.Errorf("load the helper programs: %w", err)
 	}
 	return &objs, nil
 }

@@ -26,6 +26,7 @@ const (
 	ppsProgTcPpsPass        = "tc_pps_pass"
 	ppsProgTcPpsRestore     = "tc_pps_restore"
 	ppsProgTcPpsSinkLocal   = "tc_pps_sink_local"
+	ppsProgTcPpsSinkPod     = "tc_pps_sink_pod"
 	ppsProgXdpPpsFwd        = "xdp_pps_fwd"
 	ppsProgXdpPpsFwdLocal   = "xdp_pps_fwd_local"
 	ppsProgXdpPpsGen        = "xdp_pps_gen"
@@ -110,6 +111,7 @@ type ppsProgramSpecs struct {
 	TcPpsPass        *ebpf.ProgramSpec `ebpf:"tc_pps_pass"`
 	TcPpsRestore     *ebpf.ProgramSpec `ebpf:"tc_pps_restore"`
 	TcPpsSinkLocal   *ebpf.ProgramSpec `ebpf:"tc_pps_sink_local"`
+	TcPpsSinkPod     *ebpf.ProgramSpec `ebpf:"tc_pps_sink_pod"`
 	XdpPpsFwd        *ebpf.ProgramSpec `ebpf:"xdp_pps_fwd"`
 	XdpPpsFwdLocal   *ebpf.ProgramSpec `ebpf:"xdp_pps_fwd_local"`
 	XdpPpsGen        *ebpf.ProgramSpec `ebpf:"xdp_pps_gen"`
@@ -250,6 +252,7 @@ type ppsPrograms struct {
 	TcPpsPass        *ebpf.Program `ebpf:"tc_pps_pass"`
 	TcPpsRestore     *ebpf.Program `ebpf:"tc_pps_restore"`
 	TcPpsSinkLocal   *ebpf.Program `ebpf:"tc_pps_sink_local"`
+	TcPpsSinkPod     *ebpf.Program `ebpf:"tc_pps_sink_pod"`
 	XdpPpsFwd        *ebpf.Program `ebpf:"xdp_pps_fwd"`
 	XdpPpsFwdLocal   *ebpf.Program `ebpf:"xdp_pps_fwd_local"`
 	XdpPpsGen        *ebpf.Program `ebpf:"xdp_pps_gen"`
@@ -266,6 +269,7 @@ func (p *ppsPrograms) Close() error {
 		p.TcPpsPass,
 		p.TcPpsRestore,
 		p.TcPpsSinkLocal,
+		p.TcPpsSinkPod,
 		p.XdpPpsFwd,
 		p.XdpPpsFwdLocal,
 		p.XdpPpsGen,

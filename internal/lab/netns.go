@@ -62,6 +62,10 @@ func cpuMask(n int) string {
 // kernel's path and sluice's alike (docs/benchmarks.md, 2026-11-30). sysfs
 // shows the devices of the namespace that mounted it: `ip netns exec`
 // mounts the namespace's own.
+// SetRPS steers what dev in netns ns receives to its first cpus CPUs
+// (RPS); 0 turns RPS off: the receiving CPU does the work.
+func SetRPS(ctx context.Context, ns, dev string, cpus int) error { return setRPS(ctx, ns, dev, cpus) }
+
 func setRPS(ctx context.Context, ns, dev string, cpus int) error {
 	path := "/sys/class/net/" + dev + "/queues/rx-0/rps_cpus"
 	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "sh", "-c",

@@ -146,6 +146,7 @@ func scaleInGuest(cmd *cobra.Command, spec string) (*bench.ScaleReport, error) {
 func benchPPSCommand() *cobra.Command {
 	cfg := bench.DefaultPPSConfig()
 	var out, output string
+	var dataplanes []string
 	cmd := &cobra.Command{
 		Use:   "pps",
 		Short: "North-south NodePort forwarding rate: sluice XDP vs tc vs kernel forwarding",
@@ -158,11 +159,36 @@ rules; then times each program per packet with BPF_PROG_RUN. With one NIC
 (the default) the backend's node sits on the fabric behind eth0, as on most
 cloud nodes, and the node sends each packet back out eth0 (XDP_TX); with two
 NICs the backend is behind a second device (bpf_redirect). Writes JSON,
-Markdown and a bar chart (PNG) under --out. Needs root.`,
+Markdown and a bar chart (PNG) under --out. Needs root.
+
+With --dataplanes, the lab mode: whole dataplanes side by side, each with
+its own agent in a lab of its own (sluice's, the real Cilium's, the real
+kube-proxy's; 2 nodes × 1 pod, node1 native XDP, node2 tc), the same
+generator sending from a traffic source on the fabric to each node's
+NodePort, a sink counting at the backend pod (tc ingress of its eth0): one
+row per dataplane and entry node, sluice's rate over each other's from the
+same run. --duration, --repeats, --flows, --new-flows and --out apply.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
 				return fmt.Errorf("-o %q: want table or json", output)
+			}
+			if len(dataplanes) > 0 {
+				for _, name := range []string{"topology", "modes", "contenders", "node-cpu", "frame-len", "prog-repeat"} {
+					if cmd.Flags().Changed(name) {
+						return fmt.Errorf("--%s: the standalone mode's; with --dataplanes (the lab mode) it does not apply", name)
+					}
+				}
+				lcfg := bench.PPSLabConfig{Dataplanes: dataplanes, Duration: cfg.Duration, Repeats: cfg.Repeats, Flows: cfg.Flows,
+					NewFlows: cfg.NewFlows, Prefix: "sluice-ppslab-"}
+				return runLabBench(cmd, out, func(exe, agentBin string, progress io.Writer) (benchReport, error) {
+					lcfg.Exe, lcfg.AgentBin, lcfg.Progress = exe, agentBin, progress
+					report, err := bench.RunPPSLab(cmd.Context(), lcfg)
+					if report == nil {
+						return nil, err
+					}
+					return report, err
+				})
 			}
 			cfg.Progress = cmd.ErrOrStderr()
 			report, err := bench.RunPPS(cmd.Context(), cfg)
@@ -195,6 +221,7 @@ Markdown and a bar chart (PNG) under --out. Needs root.`,
 	f.StringVar(&cfg.Topology, "topology", cfg.Topology, fmt.Sprintf("%s: client and backend node behind eth0 (XDP_TX); %s: the backend behind a second device (bpf_redirect)", bench.TopologyOneNIC, bench.TopologyTwoNIC))
 	f.StringSliceVar(&cfg.Modes, "modes", []string{bench.LBModeSNAT}, fmt.Sprintf("load-balancing modes of sluice's XDP and tc contenders, %v: snat masquerades to a remote backend, dsr sends it in IPIP (a DSR LB node), local reaches a backend on the node; each mode but snat adds rows <contender>-<mode>", bench.LBModes))
 	f.StringSliceVar(&cfg.Contenders, "contenders", nil, fmt.Sprintf("contenders to run (default all: %v; the cost of the datapath's events: %v)", bench.AllContenders, bench.MonitorContenders))
+	f.StringSliceVar(&dataplanes, "dataplanes", nil, "the lab mode: these dataplanes (sluice, cilium, kube-proxy-iptables, ...), each in a lab of its own, through their own agents")
 	f.StringVar(&out, "out", "results/pps", "directory for the JSON, Markdown and PNG results")
 	f.StringVarP(&output, "output", "o", "table", "stdout format: table or json")
 	return cmd

@@ -277,3 +277,15 @@ func TestPrivilegedCiliumBenchScale(t *testing.T) {
 	}
 	t.Logf("\n%s", md)
 }
+
+// TestPrivilegedCiliumBenchPPS: the lab mode of bench pps with Cilium
+// beside sluice (issue 46), established flows and new flows: Cilium's XDP
+// on node1 and its tc on node2 forward the generator's packets to the
+// other node's pod, with sluice's rows and ratios from the same run.
+func TestPrivilegedCiliumBenchPPS(t *testing.T) {
+	requirePrivileged(t)
+	requireControlPlane(t)
+	for _, newFlows := range []bool{false, true} {
+		shortPPSLab(t, newFlows, lab.DataplaneSluice, lab.DataplaneCilium)
+	}
+}
