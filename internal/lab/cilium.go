@@ -186,6 +186,7 @@ func (l *Lab) startCiliums(ctx context.Context, nm names, extra []string) error 
 		if err := l.ciliumNode(ctx, n, c, dir, clang); err != nil {
 			return fmt.Errorf("cilium on %s: %w", n.Name, err)
 		}
+		c.Args = append(c.Args, "--bpf-lb-algorithm="+l.lbAlgorithm())
 		c.Args = append(c.Args, extra...)
 		n.Cilium, n.MetricsAddr = c, MetricsAddr
 		pid, err := l.startDaemonNS(n.Name, c.Log, []string{"--mount=" + c.MountNS}, c.Env, c.Args...)
@@ -250,6 +251,15 @@ func lookClang() (string, error) {
 		}
 	}
 	return "", errors.New("cilium-agent compiles its datapath with clang at start: no clang-19 or clang in PATH (scripts/deps.sh installs clang-19)")
+}
+
+// lbAlgorithm is the lab's LBAlgorithm; a lab from before it picked at
+// random.
+func (l *Lab) lbAlgorithm() string {
+	if l.LBAlgorithm == "" {
+		return LBAlgorithmRandom
+	}
+	return l.LBAlgorithm
 }
 
 // ciliumDir is node's Cilium directory under the lab's run dir.

@@ -106,6 +106,8 @@ func upCommand(prefix *string) *cobra.Command {
 	cmd.Flags().StringArrayVar(&cfg.KubeProxyArgs, "kube-proxy-arg", nil, "extra flag for every kube-proxy (repeatable)")
 	cmd.Flags().StringVar(&cfg.AgentBin, "agent-bin", "", "sluice-agent binary (default: next to this binary)")
 	cmd.Flags().StringVar(&cfg.LBMode, "lb-mode", LBModeSNAT, "agents' north-south mode on eth0: snat, dsr or hybrid")
+	cmd.Flags().StringVar(&cfg.LBAlgorithm, "lb-algorithm", LBAlgorithmRandom,
+		"backend selection: random or maglev (sluice's --lb-algorithm, Cilium's --bpf-lb-algorithm, kube-proxy ipvs's mh scheduler)")
 	cmd.Flags().StringVar(&cfg.LBAcceleration, "lb-acceleration", AccelerationBestEffort, "agents' XDP acceleration on eth0: disabled, native or best-effort (a veth: tc only)")
 	cmd.Flags().StringToStringVar(&cfg.NodeLBAcceleration, "node-lb-acceleration", nil,
 		"a node's own --lb-acceleration, e.g. node1=native (repeatable)")
@@ -127,6 +129,7 @@ func upCommand(prefix *string) *cobra.Command {
 	cmd.Flags().BoolVar(&cfg.BandwidthManager, "bandwidth-manager", false,
 		"agents with --enable-bandwidth-manager: pods' kubernetes.io/egress-bandwidth and ingress-bandwidth annotations (lab annotate) are enforced")
 	cmd.Flags().StringArrayVar(&cfg.AgentArgs, "agent-arg", nil, "extra flag for every agent (repeatable)")
+	cmd.Flags().StringArrayVar(&cfg.CiliumArgs, "cilium-arg", nil, "extra flag for every cilium-agent, after the lab's (repeatable; dataplane cilium)")
 	return cmd
 }
 

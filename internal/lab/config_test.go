@@ -38,6 +38,37 @@ func TestConfigNorthSouthDefaultsAndValidation(t *testing.T) {
 	}
 }
 
+// TestConfigLBAlgorithm: random by default; maglev for sluice, Cilium
+// and kube-proxy's ipvs mode (mh); refused, naming why, where the
+// dataplane has no Maglev (kube-proxy's iptables and nftables modes) or
+// the lab does not set it (a kubelet lab's sluice comes from its chart).
+func TestConfigLBAlgorithm(t *testing.T) {
+	for _, tt := range []struct {
+		dataplane, alg string
+		kubelet        bool
+		want, wantErr  string
+	}{
+		{DataplaneSluice, "", false, LBAlgorithmRandom, ""},
+		{DataplaneSluice, LBAlgorithmMaglev, false, LBAlgorithmMaglev, ""},
+		{DataplaneCilium, LBAlgorithmMaglev, false, LBAlgorithmMaglev, ""},
+		{DataplaneCilium, LBAlgorithmMaglev, true, LBAlgorithmMaglev, ""},
+		{DataplaneKubeProxyIPVS, LBAlgorithmMaglev, false, LBAlgorithmMaglev, ""},
+		{DataplaneKubeProxyIPTables, LBAlgorithmMaglev, false, "", "random only"},
+		{DataplaneKubeProxyNFTables, LBAlgorithmMaglev, false, "", "random only"},
+		{"", LBAlgorithmMaglev, true, "", "lbAlgorithm=maglev"},
+		{DataplaneSluice, "round-robin", false, "", `lb-algorithm "round-robin"`},
+	} {
+		c := Config{Nodes: 2, Dataplane: tt.dataplane, Kubelet: tt.kubelet, LBAlgorithm: tt.alg, Exe: "/bin/true", AgentBin: "/bin/true"}
+		err := c.setDefaults()
+		switch {
+		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+			t.Errorf("%s %q (kubelet %v): %v, want an error naming %s", tt.dataplane, tt.alg, tt.kubelet, err, tt.wantErr)
+		case tt.wantErr == "" && (err != nil || c.LBAlgorithm != tt.want):
+			t.Errorf("%s %q (kubelet %v): %v, algorithm %q, want %q", tt.dataplane, tt.alg, tt.kubelet, err, c.LBAlgorithm, tt.want)
+		}
+	}
+}
+
 func TestConfigNodeAccelerationAndVeths(t *testing.T) {
 	for _, tt := range []struct {
 		name      string

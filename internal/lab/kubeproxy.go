@@ -212,7 +212,7 @@ func (l *Lab) startKubeProxies(ctx context.Context, cfg Config) error {
 		if pathDir != "" {
 			kp.Env = append(kp.Env, "PATH="+pathDir+":"+os.Getenv("PATH"))
 		}
-		kp.Args = append([]string{filepath.Join(bin, "kube-proxy"),
+		kp.Args = []string{filepath.Join(bin, "kube-proxy"),
 			"--kubeconfig=" + l.APIServer.Kubeconfig,
 			"--hostname-override=" + n.Name,
 			"--proxy-mode=" + mode,
@@ -229,7 +229,11 @@ func (l *Lab) startKubeProxies(ctx context.Context, cfg Config) error {
 			"--conntrack-tcp-timeout-close-wait=0",
 			"--metrics-bind-address=" + MetricsAddr,
 			"--healthz-bind-address=0.0.0.0:10256",
-		}, cfg.KubeProxyArgs...)
+		}
+		if mode == "ipvs" && l.lbAlgorithm() == LBAlgorithmMaglev {
+			kp.Args = append(kp.Args, "--ipvs-scheduler=mh") // IPVS's Maglev hashing
+		}
+		kp.Args = append(kp.Args, cfg.KubeProxyArgs...)
 		n.KubeProxy = kp
 		n.MetricsAddr = MetricsAddr
 		if err := l.startKubeProxy(n); err != nil {

@@ -37,11 +37,14 @@ const (
 )
 
 // North-south settings the lab passes to its agents (--lb-mode,
-// --lb-acceleration), with the node's fabric interface as --devices.
+// --lb-algorithm, --lb-acceleration), with the node's fabric interface as --devices.
 const (
 	LBModeSNAT   = "snat"
 	LBModeDSR    = "dsr"
 	LBModeHybrid = "hybrid"
+
+	LBAlgorithmRandom = "random"
+	LBAlgorithmMaglev = "maglev"
 
 	AccelerationDisabled   = "disabled"
 	AccelerationNative     = "native"
@@ -71,6 +74,12 @@ type Config struct {
 	// LBMode is every agent's --lb-mode for north-south traffic on its
 	// eth0: LBModeSNAT (the default), LBModeDSR or LBModeHybrid.
 	LBMode string
+	// LBAlgorithm is how a Service's backend is picked: LBAlgorithmRandom
+	// (the default) or LBAlgorithmMaglev, sluice's --lb-algorithm,
+	// Cilium's --bpf-lb-algorithm, kube-proxy ipvs's mh scheduler
+	// (Maglev hashing); kube-proxy's iptables and nftables modes pick at
+	// random only.
+	LBAlgorithm string
 	// LBAcceleration is every agent's --lb-acceleration:
 	// AccelerationBestEffort (the default), AccelerationNative or
 	// AccelerationDisabled.
@@ -220,6 +229,21 @@ func (c *Config) setDefaults() error {
 	default:
 		return fmt.Errorf("lb-mode %q: want %s, %s or %s", c.LBMode, LBModeSNAT, LBModeDSR, LBModeHybrid)
 	}
+	switch c.LBAlgorithm {
+	case "":
+		c.LBAlgorithm = LBAlgorithmRandom
+	case LBAlgorithmRandom:
+	case LBAlgorithmMaglev:
+		switch {
+		case c.Kubelet && c.Dataplane == DataplaneNone:
+			return fmt.Errorf("lb-algorithm %s with a kubelet lab: sluice is installed by its chart there, set its value (lab up --chart ... ; lab helm -- upgrade ... --set lbAlgorithm=maglev)", c.LBAlgorithm)
+		case IsKubeProxy(c.Dataplane) && c.Dataplane != DataplaneKubeProxyIPVS:
+			return fmt.Errorf("lb-algorithm %s with dataplane %s: kube-proxy's iptables and nftables modes pick backends at random only (its ipvs mode has Maglev hashing: %s)",
+				c.LBAlgorithm, c.Dataplane, DataplaneKubeProxyIPVS)
+		}
+	default:
+		return fmt.Errorf("lb-algorithm %q: want %s or %s", c.LBAlgorithm, LBAlgorithmRandom, LBAlgorithmMaglev)
+	}
 	switch c.LBAcceleration {
 	case "":
 		c.LBAcceleration = AccelerationBestEffort
@@ -281,6 +305,8 @@ type State struct {
 	// agent's status says what it could do.
 	LBMode         string `json:"lbMode,omitempty"`
 	LBAcceleration string `json:"lbAcceleration,omitempty"`
+	// LBAlgorithm is Config.LBAlgorithm (every dataplane that has one).
+	LBAlgorithm string `json:"lbAlgorithm,omitempty"`
 	// Devices are the agents' --devices: the nodes' fabric interface.
 	Devices []string `json:"devices,omitempty"`
 	// NoPortmap: the kubelet nodes' CNI network has no portmap plugin
@@ -453,6 +479,7 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 		NetworkPolicy: cfg.NetworkPolicy,
 		CNI:           cfg.CNI,
 		Created:       time.Now().UTC(),
+		LBAlgorithm:   cfg.LBAlgorithm,
 	}
 	if cfg.Dataplane == DataplaneSluice || cfg.Dataplane == DataplaneCilium {
 		l.LBMode, l.LBAcceleration, l.Devices = cfg.LBMode, cfg.LBAcceleration, []string{uplinkName}

@@ -193,6 +193,7 @@ func (l *Lab) startAgents(ctx context.Context, cfg Config) error {
 			"--devices", strings.Join(l.Devices, ","),
 			"--lb-mode", l.LBMode,
 			"--lb-acceleration", accel,
+			"--lb-algorithm", l.lbAlgorithm(),
 			// Where kube-proxy serves its metrics too: one address per node.
 			"--metrics-addr", MetricsAddr,
 			// The lab wires its pods itself: no CNI network, no portmap

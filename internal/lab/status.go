@@ -23,6 +23,7 @@ type Status struct {
 	// LBMode, LBAcceleration and Devices are the agents' north-south flags.
 	LBMode         string       `json:"lbMode,omitempty"`
 	LBAcceleration string       `json:"lbAcceleration,omitempty"`
+	LBAlgorithm    string       `json:"lbAlgorithm,omitempty"`
 	Devices        []string     `json:"devices,omitempty"`
 	Veths          VethPrep     `json:"veths"`
 	ManifestsDir   string       `json:"manifestsDir"`
@@ -107,7 +108,7 @@ type PodStatus struct {
 // Status checks every process of the lab.
 func (l *Lab) Status(ctx context.Context) Status {
 	st := Status{Prefix: l.Prefix, Dataplane: l.Dataplane, ControlPlane: l.ControlPlane, LBMode: l.LBMode,
-		LBAcceleration: l.LBAcceleration, Devices: l.Devices, Veths: l.Veths, ManifestsDir: l.ManifestsDir,
+		LBAcceleration: l.LBAcceleration, LBAlgorithm: l.LBAlgorithm, Devices: l.Devices, Veths: l.Veths, ManifestsDir: l.ManifestsDir,
 		CgroupRoot: l.CgroupRoot, Client: l.Client}
 	if st.ControlPlane == "" {
 		st.ControlPlane = ControlPlaneManifests // state of an older lab
@@ -232,7 +233,11 @@ func (st Status) Print(w io.Writer, asJSON bool) error {
 		if len(own) > 0 {
 			accel += " (" + strings.Join(own, ", ") + ")"
 		}
-		fmt.Fprintf(w, "North-south: lb-mode %s, lb-acceleration %s on %s\n", st.LBMode, accel, strings.Join(st.Devices, ","))
+		alg := ""
+		if st.LBAlgorithm != "" {
+			alg = ", lb-algorithm " + st.LBAlgorithm
+		}
+		fmt.Fprintf(w, "North-south: lb-mode %s%s, lb-acceleration %s on %s\n", st.LBMode, alg, accel, strings.Join(st.Devices, ","))
 	}
 	if d := st.ClusterDNS; d != nil {
 		svc := "answers"

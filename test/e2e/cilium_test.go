@@ -13,9 +13,9 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
-// TestPrivilegedCiliumLab: `lab up --dataplane cilium` (issue 46) brings up
-// the real cilium-agent on both nodes (kube-proxy replacement; node1 native
-// XDP, node2 tc), the demo's Services answer through it (ClusterIP from a
+// TestPrivilegedCiliumLab: `lab up --dataplane cilium --lb-algorithm maglev`
+// (issue 46) brings up the real cilium-agent on both nodes (kube-proxy
+// replacement, Maglev; node1 native XDP, node2 tc), the demo's Services answer through it (ClusterIP from a
 // pod through its socket LB, NodePort from the client through node1's XDP
 // and node2's tc, to local and remote backends), its programs are on the
 // nodes' cgroups and devices only, and after lab down nothing of it is
@@ -32,7 +32,15 @@ func TestPrivilegedCiliumLab(t *testing.T) {
 	cfg.Dataplane = lab.DataplaneCilium
 	cfg.LBAcceleration = lab.AccelerationBestEffort
 	cfg.NodeLBAcceleration = map[string]string{"node1": lab.AccelerationNative}
+	cfg.LBAlgorithm = lab.LBAlgorithmMaglev
 	l := upLab(t, cfg, 5*time.Minute, " (dataplane cilium)")
+	// --lb-algorithm maglev is Cilium's --bpf-lb-algorithm=maglev: its
+	// Maglev tables' map is pinned in each node's bpffs directory.
+	for _, n := range l.Nodes {
+		if _, err := os.Stat(filepath.Join(l.BPFRoot, n.Name, "tc", "globals", "cilium_lb4_maglev")); err != nil {
+			t.Errorf("%s: no Maglev map of Cilium's: %v", n.Name, err)
+		}
+	}
 	if err := l.ApplyFile(filepath.Join("..", "..", "internal", "lab", "testdata", "demo-services.yaml")); err != nil {
 		t.Fatal(err)
 	}
