@@ -292,5 +292,12 @@ struct ns_config {
 /* DSR in GUE (UDP to dsr_gue_port, the source port from the flow hash):
  * --dsr-dispatch=gue. Else IPIP / IP6IP6. */
 #define NS_CFG_DSR_GUE (1 << 4)
+/* Unloading, the live flows being written into netfilter's conntrack: a
+ * local backend's packets are dropped (handover) until
+ * NS_CFG_HANDED_OVER. Translated here, one could meet an entry just
+ * written as a new flow (the clash above, a reset); untranslated, it could
+ * reach kube-proxy's rules before its entry is there (another backend, a
+ * reset). TCP retransmits it once the entry is in place. */
+#define NS_CFG_HANDING_OVER (1 << 5)
 
 #endif /* __SLUICE_CT_ABI_H */

@@ -33,6 +33,9 @@ enum sl_drop_reason {
 				    * does not lead to */
 	SL_DROP_DSR_TOO_LONG,      /* a GSO aggregate over 64 KiB (BIG TCP) that
 				    * DSR's outer header cannot carry */
+	SL_DROP_HANDOVER,          /* a local backend's packet while the agent
+				    * writes its flows into netfilter's conntrack
+				    * (unloading): TCP retransmits it */
 	SL_DROP_MAX,
 };
 

@@ -453,8 +453,11 @@ translate:
 		return ns_send(ctx, p, FWD_ROUTE, fib, rc);
 	}
 #ifndef SLUICE_POD_LB
-	if ((kind & CT_F_LOCAL) && (cfg->flags & NS_CFG_HANDED_OVER))
-		return CTX_ACT_OK; /* netfilter's now (ct_abi.h) */
+	if ((kind & CT_F_LOCAL) && (cfg->flags & (NS_CFG_HANDED_OVER | NS_CFG_HANDING_OVER))) {
+		if (cfg->flags & NS_CFG_HANDED_OVER)
+			return CTX_ACT_OK; /* netfilter's now (ct_abi.h) */
+		return NS_DROP(SL_DROP_HANDOVER);
+	}
 #endif /* SLUICE_POD_LB */
 	if (pkt_rewrite(ctx, p, true, &be_addr, be_port) ||
 	    ns_rewrite_sport(ctx, p, e, created))

@@ -247,8 +247,12 @@ func (d *nodeDataplane) Close() error {
 		// detach, and those made meanwhile once after: kube-proxy (back
 		// on the node) translates them as sluice did (internal/nfexport).
 		d.drain()
+		holding := d.cfg.NetfilterHandoff &&
+			d.setConfigFlag(lbmap.NSConfigHandingOver, "local flows translated by tc while they are handed over: a packet of one meanwhile may be reset by netfilter's clash handling")
 		if d.exportFlows("before detaching") {
 			d.setConfigFlag(lbmap.NSConfigHandedOver, "local flows still translated by tc until the detach: a packet of one meanwhile may be reset by netfilter's clash handling")
+		} else if holding {
+			d.clearConfigFlag(lbmap.NSConfigHandingOver) // no hand-over: sluice serves them until the detach
 		}
 		errs = append(errs, d.ns.DetachDevices())
 		d.exportFlows("after detaching")
@@ -289,6 +293,18 @@ func (d *nodeDataplane) setConfigFlag(flag uint32, failed string) bool {
 		return false
 	}
 	return true
+}
+
+// clearConfigFlag clears flag in ns_config; a failure is logged.
+func (d *nodeDataplane) clearConfigFlag(flag uint32) {
+	cfg, err := d.ns.Config()
+	if err == nil {
+		cfg.Flags &^= flag
+		err = d.ns.SetConfig(cfg)
+	}
+	if err != nil {
+		slog.Warn("ns_config flag not cleared", "flag", flag, "err", err)
+	}
 }
 
 // exportFlows hands the live north-south flows to netfilter's conntrack

@@ -13,9 +13,10 @@ import (
 // a flow sluice has no state for, a TCP SYN or a UDP datagram, goes to
 // the stack untouched and makes no state, where kube-proxy's rules take
 // it, while a flow sluice has is still translated until the programs
-// detach (its entry handed to netfilter's conntrack meanwhile); once
-// handed over, a local backend's packets go to the stack untranslated, as
-// netfilter's entry translates them.
+// detach (its entry handed to netfilter's conntrack meanwhile); while the
+// entries are written a local backend's packets are dropped; once handed
+// over they go to the stack untranslated, as netfilter's entry translates
+// them.
 func TestPrivilegedNorthSouthDrain(t *testing.T) {
 	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
 		run := runner(t, prog)
@@ -58,10 +59,23 @@ func TestPrivilegedNorthSouthDrain(t *testing.T) {
 			t.Errorf("%s (a flow sluice has) while draining: verdict %s; want it still balanced", bpftest.Describe(live.MustBytes()), kind.verdicts[res.Verdict])
 		}
 
+		// Handing over (the entries being written): the local flow's
+		// packets are dropped, neither translated (a clash with an entry
+		// just written) nor left to kube-proxy's rules before their entry
+		// is there; TCP retransmits them. The remote one is still
+		// balanced.
+		setFlags(cfg.Flags | lbmap.NSConfigDrain | lbmap.NSConfigHandingOver)
+		if res := run(local); kind.verdicts[res.Verdict] != vDrop {
+			t.Errorf("%s (a local flow) while handing over: verdict %s; want it dropped", bpftest.Describe(local.MustBytes()), kind.verdicts[res.Verdict])
+		}
+		if res := run(live); kind.verdicts[res.Verdict] == vDrop || string(res.Frame) == string(live.MustBytes()) {
+			t.Errorf("%s (a remote flow) while handing over: verdict %s; want it still balanced", bpftest.Describe(live.MustBytes()), kind.verdicts[res.Verdict])
+		}
+
 		// Handed over: the local flow's packets go to the stack untouched
 		// (netfilter's entry translates them; translated here they would
 		// clash with it), the remote one is still balanced.
-		setFlags(cfg.Flags | lbmap.NSConfigDrain | lbmap.NSConfigHandedOver)
+		setFlags(cfg.Flags | lbmap.NSConfigDrain | lbmap.NSConfigHandingOver | lbmap.NSConfigHandedOver)
 		if res := run(local); kind.verdicts[res.Verdict] != vPass || string(res.Frame) != string(local.MustBytes()) {
 			t.Errorf("%s (a local flow) handed over: verdict %s, frame %s; want it passed to the stack untouched",
 				bpftest.Describe(local.MustBytes()), kind.verdicts[res.Verdict], bpftest.Describe(res.Frame))

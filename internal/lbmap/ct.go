@@ -224,6 +224,12 @@ const NSConfigHandedOver uint32 = 1 << 3
 // their UDP source port from the flow hash (--dsr-dispatch=gue).
 const NSConfigDSRGUE uint32 = 1 << 4
 
+// NSConfigHandingOver (NS_CFG_HANDING_OVER): an unloading agent is writing
+// its live flows into netfilter's conntrack: tc and XDP drop a local
+// backend's packets (reason handover) until NSConfigHandedOver, so that
+// none meets a half-written hand-over (a reset); TCP retransmits them.
+const NSConfigHandingOver uint32 = 1 << 5
+
 // DSRGUEPortOf is port as NSConfig.DSRGUEPort holds it (network order).
 func DSRGUEPortOf(port uint16) uint16 { return port<<8 | port>>8 }
 

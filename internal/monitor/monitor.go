@@ -31,6 +31,7 @@ var DropReasons = []Reason{
 	{"handshake", "SL_DROP_HANDSHAKE", "a client packet of a half-open TCP flow that is not its handshake's ACK (a blind ACK)"},
 	{"dsr-spoofed", "SL_DROP_DSR_SPOOFED", "a DSR tunnel packet from a node's address, on a device or from a MAC the route to that node does not lead to"},
 	{"dsr-too-long", "SL_DROP_DSR_TOO_LONG", "a GSO aggregate over 64 KiB (BIG TCP on the LB node) that DSR's outer header cannot carry: turn BIG TCP off on DSR nodes"},
+	{"handover", "SL_DROP_HANDOVER", "a local backend's packet while the unloading agent writes its live flows into netfilter's conntrack (milliseconds); TCP retransmits it"},
 }
 
 // Reason is one drop reason: its name in events and metrics, its C
