@@ -252,7 +252,8 @@ func (d *nodeDataplane) Close() error {
 		if d.exportFlows("before detaching") {
 			d.setConfigFlag(lbmap.NSConfigHandedOver, "local flows still translated by tc until the detach: a packet of one meanwhile may be reset by netfilter's clash handling")
 		} else if holding {
-			d.clearConfigFlag(lbmap.NSConfigHandingOver) // no hand-over: sluice serves them until the detach
+			// No hand-over: sluice serves them until the detach.
+			d.updateConfigFlags(0, lbmap.NSConfigHandingOver, "local flows dropped until the detach (no hand-over ran)")
 		}
 		errs = append(errs, d.ns.DetachDevices())
 		d.exportFlows("after detaching")
@@ -283,9 +284,15 @@ func (d *nodeDataplane) drain() {
 // setConfigFlag sets flag in ns_config; a failure is logged with what it
 // means.
 func (d *nodeDataplane) setConfigFlag(flag uint32, failed string) bool {
+	return d.updateConfigFlags(flag, 0, failed)
+}
+
+// updateConfigFlags sets set and clears clear in ns_config; a failure is
+// logged with what it means.
+func (d *nodeDataplane) updateConfigFlags(set, clear uint32, failed string) bool {
 	cfg, err := d.ns.Config()
 	if err == nil {
-		cfg.Flags |= flag
+		cfg.Flags = cfg.Flags&^clear | set
 		err = d.ns.SetConfig(cfg)
 	}
 	if err != nil {
@@ -293,18 +300,6 @@ func (d *nodeDataplane) setConfigFlag(flag uint32, failed string) bool {
 		return false
 	}
 	return true
-}
-
-// clearConfigFlag clears flag in ns_config; a failure is logged.
-func (d *nodeDataplane) clearConfigFlag(flag uint32) {
-	cfg, err := d.ns.Config()
-	if err == nil {
-		cfg.Flags &^= flag
-		err = d.ns.SetConfig(cfg)
-	}
-	if err != nil {
-		slog.Warn("ns_config flag not cleared", "flag", flag, "err", err)
-	}
 }
 
 // exportFlows hands the live north-south flows to netfilter's conntrack

@@ -975,14 +975,7 @@ func (p *pps) sinkCounts() ([]uint64, error) {
 }
 
 // sinkCount sums the sink's per-CPU counters.
-func (p *pps) sinkCount() (uint64, error) {
-	perCPU, err := p.sinkCounts()
-	var n uint64
-	for _, v := range perCPU {
-		n += v
-	}
-	return n, err
-}
+func (p *pps) sinkCount() (uint64, error) { return perCPUSum(p.helpers.PpsCount) }
 
 // genCPU is the CPU the generator is pinned to: the last one.
 func genCPU() int { return runtime.NumCPU() - 1 }
