@@ -109,21 +109,7 @@ func TestPrivilegedStaleNeighboursSwept(t *testing.T) {
 // linkIndex is the ifindex of dev in the named network namespace.
 func linkIndex(t *testing.T, ns, dev string) int {
 	t.Helper()
-	h, err := netns.GetFromName(ns)
-	if err != nil {
-		t.Fatalf("netns %s: %v", ns, err)
-	}
-	defer h.Close()
-	nl, err := netlink.NewHandleAt(h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nl.Close()
-	l, err := nl.LinkByName(dev)
-	if err != nil {
-		t.Fatalf("%s in %s: %v", dev, ns, err)
-	}
-	return l.Attrs().Index
+	return linkIn(t, ns, dev).Attrs().Index
 }
 
 // TestPrivilegedXDPClientWithoutNeighbour (issue 45): with native XDP, the
