@@ -721,6 +721,39 @@ func TestPrivilegedNorthSouthDSRICMPToBackend(t *testing.T) {
 			Code: bpftest.ICMPFragNeeded, MTU: 1400, Quote: reply, QuoteL4: 8}
 		runPacket(t, kind, prog, "LB node: the error about the reply, to the backend's node", icmpErr, vPass,
 			bpftest.Encap{Src: ipNode, Dst: ipNode2, Backend: apRemoteU, Frame: icmpErr})
+		// IPv6 (packet too big), and each in GUE with --dsr-dispatch=gue:
+		// the error takes its flow's tunnel.
+		router6 := netip.MustParseAddr("fd00:198:18::1")
+		for _, gue := range []bool{false, true} {
+			setGUE(t, n, gue)
+			port := uint16(0)
+			if gue {
+				port = dsrGUEPort
+			}
+			for i, c := range []struct {
+				flow           bpftest.Packet
+				backend        netip.AddrPort
+				node, tunnelTo netip.Addr
+				err            bpftest.ICMPError
+			}{
+				{udpPkt(client(49410+uint16(btoi(gue))), apLBUDP), apRemoteU, ipNode, ipNode2,
+					bpftest.ICMPError{Src: router, Type: bpftest.ICMPDestUnreach, Code: bpftest.ICMPFragNeeded, MTU: 1400}},
+				{udpPkt(client6(49420+uint16(btoi(gue))), apLBUDP6), apRemoteU6, ipNode6, ipNode2v6,
+					bpftest.ICMPError{Src: router6, Type: bpftest.ICMPv6PacketTooBig, MTU: 1400}},
+			} {
+				if !gue && i == 0 {
+					continue // IPv4 in IPIP: above
+				}
+				name := fmt.Sprintf("LB node, %s, gue %v", c.flow.Dst.Addr(), gue)
+				runPacket(t, kind, prog, name+": the flow's packet", c.flow, vPass,
+					bpftest.Encap{Src: c.node, Dst: c.tunnelTo, Backend: c.backend, Inner: c.flow, GUEPort: port})
+				e := c.err
+				e.Dst, e.Quote, e.QuoteL4 = c.flow.Dst.Addr(), bpftest.Packet{Src: c.flow.Dst, Dst: c.flow.Src, Proto: c.flow.Proto}, 8
+				runPacket(t, kind, prog, name+": the error about the reply, to the backend's node", e, vPass,
+					bpftest.Encap{Src: c.node, Dst: c.tunnelTo, Backend: c.backend, Frame: e, GUEPort: port})
+			}
+		}
+		setGUE(t, n, false)
 
 		// Backend node (this one, as node 1 of the other node's tunnel): a
 		// UDP flow of node 2's to a local backend, then the error.
