@@ -695,12 +695,18 @@ func (b *bwBench) iperf(ctx context.Context, r *BandwidthRow, d time.Duration, p
 	cmd := exec.CommandContext(ctx, "ip", args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(b.cgroupFD.Fd())}
 	out, err := cmd.Output()
+	return r.fromIperf(out, err, strings.Join(args[3:], " "))
+}
+
+// fromIperf fills r's measured fields from iperf3's JSON report out (err:
+// how the command ended; what: its arguments, for the error).
+func (r *BandwidthRow) fromIperf(out []byte, err error, what string) error {
 	var res iperf3Result
 	if jerr := json.Unmarshal(out, &res); jerr != nil {
-		return fmt.Errorf("iperf3 %s: %v (%v)", strings.Join(args[3:], " "), err, jerr)
+		return fmt.Errorf("iperf3 %s: %v (%v)", what, err, jerr)
 	}
 	if res.Error != "" {
-		return fmt.Errorf("iperf3 %s: %s", strings.Join(args[3:], " "), res.Error)
+		return fmt.Errorf("iperf3 %s: %s", what, res.Error)
 	}
 	if r.Proto == "udp" {
 		r.Goodput, r.LostPct = res.End.SumReceived.BitsPerSecond, res.End.Sum.LostPercent

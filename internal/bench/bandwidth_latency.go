@@ -55,27 +55,37 @@ func (b *bwBench) latency(ctx context.Context, r *LatencyRow, cfg BandwidthConfi
 		r.Skipped = "sockperf not found: run scripts/deps.sh"
 		return nil
 	}
-	d := max(cfg.Duration, 4*time.Second)
-	bulk := BandwidthRow{Direction: r.Direction, Proto: "tcp", CC: "cubic", Flows: 1, RateBits: r.RateBits}
+	cc := "cubic"
 	if len(cfg.CCs) > 0 {
-		bulk.CC = cfg.CCs[0]
+		cc = cfg.CCs[0]
 	}
+	return underBulk(r, max(cfg.Duration, 4*time.Second), cc,
+		func(bulk *BandwidthRow, d time.Duration) error { return b.iperf(ctx, bulk, d, b.bulkPort, b.bulkCPU) },
+		func(window time.Duration) ([]float64, error) { return b.sockperfRTTs(ctx, window) })
+}
+
+// underBulk runs bulk, one stream of congestion control cc for d in r's
+// direction, and probe from a second into it until a second before its
+// end; r gets the probe's round trips and the bulk stream's wire rate.
+func underBulk(r *LatencyRow, d time.Duration, cc string, bulk func(*BandwidthRow, time.Duration) error,
+	probe func(window time.Duration) ([]float64, error)) error {
+	row := BandwidthRow{Direction: r.Direction, Proto: "tcp", CC: cc, Flows: 1, RateBits: r.RateBits}
 	bulkErr := make(chan error, 1)
-	go func() { bulkErr <- b.iperf(ctx, &bulk, d, b.bulkPort, b.bulkCPU) }()
+	go func() { bulkErr <- bulk(&row, d) }()
 	select {
 	case err := <-bulkErr:
 		return fmt.Errorf("bulk stream under the latency probe: %w", errors.Join(err, errors.New("ended before the probe started")))
 	case <-time.After(time.Second):
 	}
 	window := d - 2*time.Second
-	rtts, perr := b.sockperfRTTs(ctx, window)
+	rtts, perr := probe(window)
 	if err := <-bulkErr; err != nil {
 		return fmt.Errorf("bulk stream under the latency probe: %w", err)
 	}
 	if perr != nil {
 		return perr
 	}
-	r.BulkWire = bulk.Wire
+	r.BulkWire = row.Wire
 	r.fill(rtts, window)
 	return nil
 }
@@ -132,8 +142,14 @@ func (b *bwBench) sockperfRTTs(ctx context.Context, d time.Duration) ([]float64,
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(b.cgroupFD.Fd())}
+	return sockperfLog(cmd, logPath, strings.Join(args[3:], " "))
+}
+
+// sockperfLog runs cmd, a sockperf ping-pong writing its full log to
+// logPath, and returns every round trip of the log, µs.
+func sockperfLog(cmd *exec.Cmd, logPath, what string) ([]float64, error) {
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("sockperf %s: %v: %s", strings.Join(args[3:], " "), err, lastLines(out, 3))
+		return nil, fmt.Errorf("sockperf %s: %v: %s", what, err, lastLines(out, 3))
 	}
 	f, err := os.Open(logPath)
 	if err != nil {

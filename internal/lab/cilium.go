@@ -322,7 +322,18 @@ func (l *Lab) ciliumNode(ctx context.Context, n *Node, c *Cilium, dir, clang str
 		return err
 	}
 	script = append(script, binds...)
-	cmd := exec.CommandContext(ctx, "unshare", "--mount="+c.MountNS, "--propagation", "slave", "--",
+	if l.BandwidthManager {
+		procfs, err := ciliumProcfsScript(filepath.Join(c.Dir, "sysctl"))
+		if err != nil {
+			return err
+		}
+		script = append(script, procfs...)
+		c.Args = append(c.Args, "--enable-bandwidth-manager=true", "--procfs="+ciliumProcfs)
+	}
+	// In the node's network namespace: what the script binds of
+	// /proc/sys/net is the node's.
+	cmd := exec.CommandContext(ctx, "nsenter", "--net="+netnsPath(n.Netns), "--",
+		"unshare", "--mount="+c.MountNS, "--propagation", "slave", "--",
 		"sh", "-ec", strings.Join(script, "\n"))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("mount namespace: %v: %s", err, strings.TrimSpace(string(out)))
@@ -330,11 +341,52 @@ func (l *Lab) ciliumNode(ctx context.Context, n *Node, c *Cilium, dir, clang str
 	return nil
 }
 
+// ciliumProcfs is the agent's --procfs with the bandwidth manager: its
+// sysctls' tree (sys/), made in the node's mount namespace by
+// ciliumProcfsScript.
+const ciliumProcfs = ciliumRunDir + "/procfs"
+
+// ciliumBWShadowed are the sysctls Cilium's bandwidth manager reads and
+// raises (pkg/datapath/linux/bandwidth: net.core.default_qdisc, which it
+// reads to decide whether it can run, and netdev_max_backlog) that the
+// kernel keeps for the whole machine: /proc/sys shows them in the initial
+// network namespace only, so in a lab node's the agent would find no
+// default_qdisc and turn its bandwidth manager off.
+var ciliumBWShadowed = []string{"net/core/default_qdisc", "net/core/netdev_max_backlog"}
+
+// ciliumProcfsScript returns the commands that build ciliumProcfs in the
+// node's mount namespace, run from the node's network namespace: sys/
+// holds the node's /proc/sys (every directory bound as it is, the
+// network namespace's entries of net/core each bound), and the machine's
+// values of ciliumBWShadowed as files in dir the agent may write. The
+// agent then reads and writes the node's own sysctls through it, as
+// through /proc/sys, and the machine's global ones are left alone.
+func ciliumProcfsScript(dir string) ([]string, error) {
+	var script []string
+	sys := ciliumProcfs + "/sys"
+	script = append(script,
+		fmt.Sprintf("mkdir -p %s/net/core", sys),
+		fmt.Sprintf(`for e in /proc/sys/*; do b=${e##*/}; [ "$b" = net ] && continue; mkdir -p %s/$b; mount --rbind $e %s/$b; done`, sys, sys),
+		fmt.Sprintf(`for e in /proc/sys/net/*; do b=${e##*/}; [ "$b" = core ] && continue; mkdir -p %s/net/$b; mount --rbind $e %s/net/$b; done`, sys, sys),
+		fmt.Sprintf(`for e in /proc/sys/net/core/*; do b=${e##*/}; touch %s/net/core/$b; mount --bind $e %s/net/core/$b; done`, sys, sys))
+	binds, err := shadowSysctlsAt(dir, ciliumBWShadowed, sys)
+	if err != nil {
+		return nil, err
+	}
+	return append(script, binds...), nil
+}
+
 // shadowSysctls writes each kernel-wide sysctl's current value to a file
 // in dir and returns the mount commands that bind each file over its
 // /proc/sys entry in a node's mount namespace: a daemon there writes the
 // file, the machine keeps its own value.
 func shadowSysctls(dir string, sysctls []string) ([]string, error) {
+	return shadowSysctlsAt(dir, sysctls, "/proc/sys")
+}
+
+// shadowSysctlsAt is shadowSysctls binding each file at root/<sysctl>
+// instead, touched first where root is not /proc/sys.
+func shadowSysctlsAt(dir string, sysctls []string, root string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -349,7 +401,11 @@ func shadowSysctls(dir string, sysctls []string) ([]string, error) {
 		if err := os.WriteFile(shadow, val, 0o644); err != nil {
 			return nil, err
 		}
-		script = append(script, fmt.Sprintf("mount --bind %q %q", shadow, proc))
+		target := root + "/" + s
+		if root != "/proc/sys" {
+			script = append(script, fmt.Sprintf("touch %q", target))
+		}
+		script = append(script, fmt.Sprintf("mount --bind %q %q", shadow, target))
 	}
 	return script, nil
 }
@@ -435,6 +491,14 @@ func cniConf(p Pod, hostVeth string) ([]byte, error) {
 	})
 }
 
+// ciliumCNIAttempts bounds cniAddPods's ADDs of one pod; ciliumEndpointWait
+// its wait for the endpoints to be ready (programs compiled and attached:
+// seconds on this machine, minutes in an emulated guest).
+const (
+	ciliumCNIAttempts  = 4
+	ciliumEndpointWait = 10 * time.Minute
+)
+
 // cniAddPods calls cilium-cni ADD for each of node n's pods, chained after
 // the lab's veth, in the node's namespaces (the plugin finds the pod's
 // veth and its peer itself), and waits until the agent has each as a
@@ -447,27 +511,105 @@ func (l *Lab) cniAddPods(ctx context.Context, n Node, dir string) error {
 		if err != nil {
 			return err
 		}
-		cmd := exec.CommandContext(ctx, "nsenter", "--net="+netnsPath(n.Netns), "--mount="+c.MountNS, "--",
-			filepath.Join(dir, "bin", "cilium-cni"))
-		cmd.Env = append(os.Environ(), "CNI_COMMAND=ADD", "CNI_CONTAINERID="+p.Name, "CNI_NETNS="+netnsPath(p.Netns),
-			"CNI_IFNAME="+uplinkName, "CNI_PATH="+filepath.Join(dir, "bin"),
-			"CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE="+labNamespace+";K8S_POD_NAME="+p.Name)
-		cmd.Stdin = bytes.NewReader(conf)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("cilium-cni ADD for %s on %s: %v: %s", p.Name, n.Name, err, strings.TrimSpace(string(out)))
+		cni := func(command string) ([]byte, error) {
+			cmd := exec.CommandContext(ctx, "nsenter", "--net="+netnsPath(n.Netns), "--mount="+c.MountNS, "--",
+				filepath.Join(dir, "bin", "cilium-cni"))
+			cmd.Env = append(os.Environ(), "CNI_COMMAND="+command, "CNI_CONTAINERID="+p.Name, "CNI_NETNS="+netnsPath(p.Netns),
+				"CNI_IFNAME="+uplinkName, "CNI_PATH="+filepath.Join(dir, "bin"),
+				"CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE="+labNamespace+";K8S_POD_NAME="+p.Name)
+			cmd.Stdin = bytes.NewReader(conf)
+			return cmd.CombinedOutput()
+		}
+		// The node's first endpoint waits for the agent to compile its
+		// endpoint program (bpf_lxc): past the plugin's fixed 90 s API
+		// timeout in an emulated guest, which cancels the endpoint and
+		// its compile with it. Then ciliumWarm has the agent make the
+		// endpoint without a client waiting, the compiled template
+		// stays in the agent, and an ADD after a DEL is quick.
+		for attempt := 1; ; attempt++ {
+			out, err := cni("ADD")
+			if err == nil {
+				break
+			}
+			if attempt == ciliumCNIAttempts || !strings.Contains(string(out), "timeout exceeded") {
+				return fmt.Errorf("cilium-cni ADD for %s on %s: %v: %s", p.Name, n.Name, err, strings.TrimSpace(string(out)))
+			}
+			l.step("cilium-cni ADD for %s on %s timed out (attempt %d of %d): the agent compiles the endpoint program meanwhile, without the plugin's timeout",
+				p.Name, n.Name, attempt, ciliumCNIAttempts)
+			if err := l.ciliumWarm(ctx, n, p, i+1); err != nil {
+				return fmt.Errorf("cilium on %s: %w", n.Name, err)
+			}
+			if out, err := cni("DEL"); err != nil {
+				return fmt.Errorf("cilium-cni DEL for %s on %s after a timed-out ADD: %v: %s", p.Name, n.Name, err, strings.TrimSpace(string(out)))
+			}
 		}
 	}
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(ciliumEndpointWait)
 	for {
 		missing, err := ciliumMissingEndpoints(ctx, c.Socket, n.Pods)
 		if err == nil && len(missing) == 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("cilium-agent on %s has no ready endpoint for %v after a minute (%v); log %s:\n%s",
-				n.Name, missing, err, c.Log, logTail(c.Log, 20))
+			return fmt.Errorf("cilium-agent on %s has no ready endpoint for %v after %s (%v); log %s:\n%s",
+				n.Name, missing, ciliumEndpointWait, err, c.Log, logTail(c.Log, 20))
 		}
 		if err := sleepCtx(ctx, 250*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// ciliumWarm asks node n's agent for pod p's endpoint (the pod's veth the
+// i-th of the node) as cilium-cni's generic-veth chaining does, but
+// without waiting for its programs (sync-build-endpoint false: nothing
+// cancels their compile), and waits until it is ready.
+func (l *Lab) ciliumWarm(ctx context.Context, n Node, p Pod, i int) error {
+	hostMAC, err := LinkMAC(n.Netns, podVethName(i))
+	if err != nil {
+		return err
+	}
+	hostIdx, err := LinkIndex(n.Netns, podVethName(i))
+	if err != nil {
+		return err
+	}
+	podMAC, err := LinkMAC(p.Netns, uplinkName)
+	if err != nil {
+		return err
+	}
+	routing := false
+	req, err := json.Marshal(map[string]any{
+		"addressing":               map[string]string{"ipv4": p.IPv4.String(), "ipv6": p.IPv6.String()},
+		"container-id":             p.Name,
+		"state":                    "waiting-for-identity",
+		"host-mac":                 hostMAC.String(),
+		"interface-index":          hostIdx,
+		"mac":                      podMAC.String(),
+		"interface-name":           podVethName(i),
+		"container-interface-name": uplinkName,
+		"k8s-pod-name":             p.Name,
+		"k8s-namespace":            labNamespace,
+		"datapath-configuration": map[string]any{"require-arp-passthrough": true, "require-egress-prog": true,
+			"external-ipam": true, "require-routing": &routing},
+	})
+	if err != nil {
+		return err
+	}
+	put, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	body, status, err := unixDo(put, n.Cilium.Socket, http.MethodPut, "/v1/endpoint/cilium-local:0", req)
+	if err != nil || status/100 != 2 {
+		return fmt.Errorf("PUT endpoint for %s: %d %v: %s", p.Name, status, err, strings.TrimSpace(string(body)))
+	}
+	for deadline := time.Now().Add(ciliumEndpointWait); ; {
+		missing, err := ciliumMissingEndpoints(ctx, n.Cilium.Socket, []Pod{p})
+		if err == nil && len(missing) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no ready endpoint for %s after %s (%v); log %s:\n%s", p.Name, ciliumEndpointWait, err, n.Cilium.Log, logTail(n.Cilium.Log, 20))
+		}
+		if err := sleepCtx(ctx, time.Second); err != nil {
 			return err
 		}
 	}

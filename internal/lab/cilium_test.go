@@ -2,6 +2,7 @@ package lab
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -125,5 +126,39 @@ cilium_forward_count_total{direction="INGRESS"} 999
 	}
 	if _, err := ciliumDropsFrom("cilium_drop_count_total{ 1"); err == nil {
 		t.Error("no error for a page that does not parse")
+	}
+}
+
+// TestCiliumProcfsScript: the bandwidth manager's procfs tree binds the
+// node's /proc/sys entries (net/core each by itself) and puts the
+// machine's values of the global net.core sysctls Cilium reads and raises
+// in files of the lab's, bound into the tree, never over /proc/sys.
+func TestCiliumProcfsScript(t *testing.T) {
+	dir := t.TempDir()
+	script, err := ciliumProcfsScript(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Join(script, "\n")
+	for _, s := range ciliumBWShadowed {
+		want, err := os.ReadFile("/proc/sys/" + s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shadow := filepath.Join(dir, strings.ReplaceAll(s, "/", "."))
+		got, err := os.ReadFile(shadow)
+		if err != nil || string(got) != string(want) {
+			t.Errorf("%s: shadow %q (%v), want the machine's %q", s, got, err, want)
+		}
+		bind := fmt.Sprintf("mount --bind %q %q", shadow, ciliumProcfs+"/sys/"+s)
+		if !strings.Contains(all, bind) || !strings.Contains(all, fmt.Sprintf("touch %q", ciliumProcfs+"/sys/"+s)) {
+			t.Errorf("%s: no touch and %q in\n%s", s, bind, all)
+		}
+	}
+	if strings.Contains(all, `"/proc/sys/net`) {
+		t.Errorf("a bind over the machine's /proc/sys/net:\n%s", all)
+	}
+	if !strings.Contains(all, "/proc/sys/net/core/*") {
+		t.Errorf("the network namespace's own net/core entries are not bound:\n%s", all)
 	}
 }

@@ -142,3 +142,26 @@ func TestConfigEchoConnections(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigBandwidthManager: the bandwidth manager is sluice's or
+// Cilium's; kube-proxy has none, and Cilium's in a kubelet lab is not
+// built: each refused naming the dataplane.
+func TestConfigBandwidthManager(t *testing.T) {
+	for _, tt := range []struct {
+		dataplane string
+		kubelet   bool
+		wantErr   string
+	}{
+		{DataplaneSluice, false, ""},
+		{DataplaneCilium, false, ""},
+		{DataplaneCilium, true, "not built"},
+		{DataplaneKubeProxyIPTables, false, "dataplane kube-proxy-iptables: it has none"},
+		{DataplaneNone, false, "dataplane none: it has none"},
+	} {
+		c := Config{Nodes: 2, Dataplane: tt.dataplane, Kubelet: tt.kubelet, BandwidthManager: true, Exe: "/bin/true", AgentBin: "/bin/true"}
+		err := c.setDefaults()
+		if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+			t.Errorf("%s (kubelet %v): %v, want %q", tt.dataplane, tt.kubelet, err, tt.wantErr)
+		}
+	}
+}

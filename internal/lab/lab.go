@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluice-dataplane/sluice/internal/bandwidth"
 	"github.com/sluice-dataplane/sluice/internal/controlplane"
 	"github.com/sluice-dataplane/sluice/internal/datapath"
 	"github.com/sluice-dataplane/sluice/internal/vmtest"
@@ -99,9 +100,10 @@ type Config struct {
 	// `sluice-lab vm run --nics` (whose cards are joined to each other and
 	// to nothing else).
 	Uplinks map[string]string
-	// BandwidthManager runs every agent with --enable-bandwidth-manager:
-	// the pods' kubernetes.io/egress-bandwidth and ingress-bandwidth
-	// annotations (lab annotate) are enforced.
+	// BandwidthManager runs every agent with --enable-bandwidth-manager
+	// (sluice's, or Cilium's, which needs sch_fq): the pods'
+	// kubernetes.io/egress-bandwidth and ingress-bandwidth annotations
+	// (lab annotate) are enforced.
 	BandwidthManager bool
 	// AgentArgs are extra flags for every agent, after the lab's own.
 	AgentArgs []string
@@ -184,6 +186,14 @@ func (c *Config) setDefaults() error {
 	}
 	if !slices.Contains(Dataplanes, c.Dataplane) {
 		return fmt.Errorf("dataplane %q: want one of %s", c.Dataplane, strings.Join(Dataplanes, ", "))
+	}
+	if c.BandwidthManager {
+		switch {
+		case c.Dataplane == DataplaneCilium && c.Kubelet:
+			return fmt.Errorf("bandwidth-manager with dataplane %s in a kubelet lab: not built (Cilium's bandwidth manager runs in the lab without --kubelet)", c.Dataplane)
+		case c.Dataplane != DataplaneSluice && c.Dataplane != DataplaneCilium:
+			return fmt.Errorf("bandwidth-manager with dataplane %s: it has none (sluice's or Cilium's)", c.Dataplane)
+		}
 	}
 	if c.ClusterDNS > 0 && c.Dataplane == DataplaneNone {
 		return fmt.Errorf("cluster DNS needs a dataplane for the %s Service's VIP: dataplane %s balances no Service", ClusterDNSName, DataplaneNone)
@@ -307,6 +317,8 @@ type State struct {
 	LBAcceleration string `json:"lbAcceleration,omitempty"`
 	// LBAlgorithm is Config.LBAlgorithm (every dataplane that has one).
 	LBAlgorithm string `json:"lbAlgorithm,omitempty"`
+	// BandwidthManager is Config.BandwidthManager.
+	BandwidthManager bool `json:"bandwidthManager,omitempty"`
 	// Devices are the agents' --devices: the nodes' fabric interface.
 	Devices []string `json:"devices,omitempty"`
 	// NoPortmap: the kubelet nodes' CNI network has no portmap plugin
@@ -428,6 +440,14 @@ func Up(ctx context.Context, cfg Config) (*Lab, error) {
 	if err := checkDataplane(cfg.Dataplane); err != nil {
 		return nil, err
 	}
+	if cfg.BandwidthManager && cfg.Dataplane == DataplaneCilium {
+		// Cilium's has no fallback: without fq on its devices it limits
+		// nothing (sluice's falls back; docs/bandwidth.md).
+		if err := bandwidth.ProbeFQ(); err != nil {
+			return nil, &DataplaneUnavailableError{Dataplane: cfg.Dataplane, Reason: fmt.Sprintf(
+				"its bandwidth manager needs sch_fq, which this kernel lacks (%v): run it in a kernel that has it, e.g. sluice-lab vm run --kernel 6.12 -- sluice-lab up --dataplane cilium --bandwidth-manager", err)}
+		}
+	}
 	if cfg.ControlPlane == ControlPlaneReal {
 		if _, err := controlplane.BinDir(); err != nil {
 			return nil, fmt.Errorf("control-plane %s: %w", ControlPlaneReal, err)
@@ -475,11 +495,12 @@ func (l *Lab) up(ctx context.Context, cfg Config, nm names) error {
 		BPFRoot:      nm.bpfRoot(),
 		FabricNetns:  nm.fabricNetns(),
 		Veths:        cfg.Veths, Uplinks: cfg.Uplinks,
-		NoPortmap:     cfg.NoPortmap,
-		NetworkPolicy: cfg.NetworkPolicy,
-		CNI:           cfg.CNI,
-		Created:       time.Now().UTC(),
-		LBAlgorithm:   cfg.LBAlgorithm,
+		NoPortmap:        cfg.NoPortmap,
+		NetworkPolicy:    cfg.NetworkPolicy,
+		CNI:              cfg.CNI,
+		Created:          time.Now().UTC(),
+		LBAlgorithm:      cfg.LBAlgorithm,
+		BandwidthManager: cfg.BandwidthManager,
 	}
 	if cfg.Dataplane == DataplaneSluice || cfg.Dataplane == DataplaneCilium {
 		l.LBMode, l.LBAcceleration, l.Devices = cfg.LBMode, cfg.LBAcceleration, []string{uplinkName}

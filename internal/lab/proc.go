@@ -330,6 +330,12 @@ func agentHealth(ctx context.Context, socket string) error {
 func unixGet(ctx context.Context, socket, path string) ([]byte, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
+	return unixDo(ctx, socket, http.MethodGet, path, nil)
+}
+
+// unixDo sends a request to the HTTP server on a unix socket, body JSON
+// (nil: none), and returns the response's body (at most 4 MiB) and status.
+func unixDo(ctx context.Context, socket, method, path string, body []byte) ([]byte, int, error) {
 	client := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
@@ -337,17 +343,24 @@ func unixGet(ctx context.Context, socket, path string) ([]byte, int, error) {
 		},
 	}}
 	defer client.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent"+path, nil)
+	var in io.Reader
+	if body != nil {
+		in = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://agent"+path, in)
 	if err != nil {
 		return nil, 0, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	return body, resp.StatusCode, err
+	out, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	return out, resp.StatusCode, err
 }
 
 // logTail returns the last n lines of a log file, for error messages.

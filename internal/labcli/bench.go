@@ -135,7 +135,7 @@ func scaleInGuest(cmd *cobra.Command, spec string) (*bench.ScaleReport, error) {
 	}
 	var report bench.ScaleReport
 	accel, err := benchInGuest(cmd, spec, []string{"bench", "scale", "-o", "json", "--out", "/tmp/sluice-scale-guest"},
-		[]string{"guest", "out", "output"}, env, &report)
+		[]string{"guest", "out", "output"}, env, 0, &report)
 	if accel == "" {
 		return nil, err
 	}

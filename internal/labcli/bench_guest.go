@@ -2,6 +2,7 @@ package labcli
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -17,11 +18,11 @@ import (
 
 // benchInGuest runs this binary's args, followed by the flags the user set
 // on cmd but those named in skip, inside kernel spec under QEMU (vmtest),
-// with env added to the guest's environment, and decodes the JSON report
+// with env added to the guest's environment and memMiB of memory (0: 3 GiB), and decodes the JSON report
 // the command prints on stdout into report. It returns the kernel's label
 // ("a guest under tcg: why"), "" when the guest did not run or printed no
 // report, and an error for a run that failed.
-func benchInGuest(cmd *cobra.Command, spec string, args, skip, env []string, report any) (string, error) {
+func benchInGuest(cmd *cobra.Command, spec string, args, skip, env []string, memMiB int, report any) (string, error) {
 	progress := cmd.ErrOrStderr()
 	say := func(s string) { fmt.Fprintf(progress, "vmtest: %s\n", s) }
 	k, err := vmtest.Get(cmd.Context(), spec, say)
@@ -39,7 +40,7 @@ func benchInGuest(cmd *cobra.Command, spec string, args, skip, env []string, rep
 	res, err := vmtest.Run(cmd.Context(), vmtest.Config{
 		Kernel: k, Argv: argv, Stdout: &stdout, Stderr: progress, Progress: progress,
 		Env:       append([]string{"PATH=" + os.Getenv("PATH"), "HOME=/root", "TERM=dumb"}, env...),
-		MemoryMiB: 3072, CPUs: 2, Timeout: 3 * time.Hour,
+		MemoryMiB: cmp.Or(memMiB, 3072), CPUs: 2, Timeout: 3 * time.Hour,
 	})
 	if err != nil {
 		return "", err

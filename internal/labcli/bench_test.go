@@ -29,3 +29,29 @@ func TestBenchScaleFlags(t *testing.T) {
 		}
 	}
 }
+
+// Bad `bench bandwidth --dataplanes` (lab mode) flags fail before any lab
+// is built, naming the flag or the value.
+func TestBenchBandwidthLabFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--dataplanes", "sluice", "--cc", "bbr"}, "--cc: the standalone mode's"},
+		{[]string{"--dataplanes", "sluice", "--contenders", "htb"}, "--contenders: the standalone mode's"},
+		{[]string{"--dataplanes", "sluice", "--flows", "1,8"}, "--flows [1 8]: the lab mode takes one"},
+		{[]string{"--dataplanes", "kube-proxy-iptables"}, `dataplane "kube-proxy-iptables"`},
+		{[]string{"--dataplanes", "sluice", "--repeats", "0"}, "repeats 0"},
+		{[]string{"--dataplanes", "sluice", "--rates", "fast"}, "--rates"},
+	} {
+		root := NewRoot()
+		root.SetArgs(append([]string{"bench", "bandwidth", "--out", t.TempDir()}, tc.args...))
+		var out strings.Builder
+		root.SetOut(&out)
+		root.SetErr(&out)
+		err := root.Execute()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("bench bandwidth %v: %v, want an error containing %q", tc.args, err, tc.want)
+		}
+	}
+}
