@@ -25,5 +25,5 @@ echo "==> go test -race ./internal/lab ./test/e2e -run '^TestPrivilegedCilium|^T
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 go build -o "$tmp/testreport" ./scripts/testreport
-go test -json -race -count=1 -timeout 30m -run '^TestPrivilegedCilium|^TestCilium|^TestCniConf' "$@" ./internal/lab ./test/e2e |
+go test -json -race -count=1 -timeout 90m -run '^TestPrivilegedCilium|^TestCilium|^TestCniConf' "$@" ./internal/lab ./test/e2e |
 	tee bin/go-test-contenders.json | "$tmp/testreport"

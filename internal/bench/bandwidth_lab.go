@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -156,6 +157,11 @@ func runBandwidthLabDataplane(ctx context.Context, cfg BandwidthLabConfig, d str
 		return err
 	}
 	defer stop()
+	for _, p := range []lab.Pod{limited, free} {
+		if err := bwLabReachable(ctx, p, server); err != nil {
+			return err
+		}
+	}
 	dirs := []string{"egress"}
 	if cfg.Ingress {
 		dirs = append(dirs, "ingress")
@@ -228,6 +234,34 @@ func bwLabServers(ctx context.Context, l *lab.Lab, pod lab.Pod, sockperf bool) (
 		cmds = append(cmds, c)
 	}
 	return stop, sleepCtx(ctx, 500*time.Millisecond)
+}
+
+// bwLabReachable waits (2 minutes at most) until pod connects to the
+// server pod's echo port: a dataplane that has just come up may still be
+// learning the other node's pods (Cilium's endpoint addresses reach its
+// other agents through the apiserver; in an emulated guest that took
+// long enough for a first iperf3 to hang).
+func bwLabReachable(ctx context.Context, pod, server lab.Pod) error {
+	addr := net.JoinHostPort(server.IPv4.String(), strconv.Itoa(lab.EchoHTTPPort))
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		err := lab.InNetns(pod.Netns, func() error {
+			c, err := net.DialTimeout("tcp", addr, time.Second)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		})
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s cannot reach %s (%s) after 2 minutes: %w", pod.Name, server.Name, addr, err)
+		}
+		if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
+			return err
+		}
+	}
 }
 
 // bwLabRuns fills row with cfg.Repeats iperf3 runs from pod to server.

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/vishvananda/netlink"
 )
 
 // DataplaneCilium runs the real Cilium agent (kube-proxy replacement, its
@@ -201,6 +203,11 @@ func (l *Lab) startCiliums(ctx context.Context, nm names, extra []string) error 
 	for _, n := range l.Nodes {
 		if err := l.waitCilium(ctx, n, 3*time.Minute); err != nil {
 			return err
+		}
+		if l.BandwidthManager {
+			if err := l.ciliumFQLeaves(ctx, n); err != nil {
+				return fmt.Errorf("cilium on %s: %w", n.Name, err)
+			}
 		}
 		if err := l.cniAddPods(ctx, n, dir); err != nil {
 			return err
@@ -553,6 +560,82 @@ func (l *Lab) cniAddPods(ctx context.Context, n Node, dir string) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("cilium-agent on %s has no ready endpoint for %v after %s (%v); log %s:\n%s",
 				n.Name, missing, ciliumEndpointWait, err, c.Log, logTail(c.Log, 20))
+		}
+		if err := sleepCtx(ctx, 250*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// Cilium's fq settings (pkg/datapath/linux/bandwidth: FqDefaultHorizon,
+// FqDefaultBuckets), which it checks on its devices' qdiscs.
+const (
+	ciliumFQHorizonUS  = 2_000_000
+	ciliumFQBucketsLog = 15
+)
+
+// ciliumFQLeaves gives node n's eth0 the qdiscs Cilium's bandwidth
+// manager means it to have. On a multi-queue device (the lab's veths have
+// a TX queue per CPU) it puts mq at the root and counts on the children
+// being fq because it set net.core.default_qdisc=fq, a kernel-wide
+// setting the lab shadows (ciliumBWShadowed): they come up as the
+// machine's default (fq_codel), which ignores EDT's timestamps, and no
+// limit would hold. Once its mq is there, each child becomes the fq it
+// would have had, with its horizon and buckets, which it then takes as
+// its own (nothing to redo on its next pass).
+func (l *Lab) ciliumFQLeaves(ctx context.Context, n Node) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var root string
+		changed := 0
+		err := inNetns(n.Netns, func() error {
+			link, err := netlink.LinkByName(uplinkName)
+			if err != nil {
+				return err
+			}
+			qdiscs, err := netlink.QdiscList(link)
+			if err != nil {
+				return err
+			}
+			var mq uint32
+			for _, q := range qdiscs {
+				if q.Attrs().Parent == netlink.HANDLE_ROOT {
+					root = q.Type()
+					if root == "mq" {
+						mq = q.Attrs().Handle
+					}
+				}
+			}
+			if mq == 0 {
+				return nil
+			}
+			for _, q := range qdiscs {
+				a := q.Attrs()
+				if a.Parent == netlink.HANDLE_ROOT || a.Parent == netlink.HANDLE_CLSACT || a.Parent>>16 != mq>>16 || q.Type() == "fq" {
+					continue
+				}
+				fq := &netlink.Fq{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: a.LinkIndex, Parent: a.Parent},
+					Pacing: 1, Horizon: ciliumFQHorizonUS, Buckets: ciliumFQBucketsLog, HorizonDropPolicy: netlink.HORIZON_DROP_POLICY_DEFAULT}
+				if err := netlink.QdiscReplace(fq); err != nil {
+					return fmt.Errorf("fq under Cilium's mq at %s: %w", netlink.HandleStr(a.Parent), err)
+				}
+				changed++
+			}
+			return nil
+		})
+		switch {
+		case err != nil:
+			return err
+		case root == "mq":
+			if changed > 0 {
+				l.step("cilium on %s: fq as the %d child(ren) of its mq on %s, as its net.core.default_qdisc=fq would have made them", n.Name, changed, uplinkName)
+			}
+			return nil
+		case root == "fq":
+			return nil // a one-queue device: Cilium put fq there itself
+		case time.Now().After(deadline):
+			return fmt.Errorf("no fq or mq root qdisc on %s a minute after the agent was healthy (root %q); log %s:\n%s",
+				uplinkName, root, n.Cilium.Log, logTail(n.Cilium.Log, 20))
 		}
 		if err := sleepCtx(ctx, 250*time.Millisecond); err != nil {
 			return err

@@ -127,7 +127,7 @@ func upCommand(prefix *string) *cobra.Command {
 	cmd.Flags().IntVar(&cfg.ClusterDNS, "cluster-dns", 0,
 		"CoreDNS replicas behind the kube-dns Service ("+ClusterDNSIPv4.String()+"), pods' resolv.conf pointing at it (scripts/coredns-build.sh builds CoreDNS)")
 	cmd.Flags().BoolVar(&cfg.BandwidthManager, "bandwidth-manager", false,
-		"agents with --enable-bandwidth-manager: pods' kubernetes.io/egress-bandwidth and ingress-bandwidth annotations (lab annotate) are enforced")
+		"agents with --enable-bandwidth-manager (sluice's; Cilium's with dataplane cilium, which needs sch_fq: a Debian guest, sluice-lab vm run): pods' kubernetes.io/egress-bandwidth and ingress-bandwidth annotations (lab annotate) are enforced")
 	cmd.Flags().StringArrayVar(&cfg.AgentArgs, "agent-arg", nil, "extra flag for every agent (repeatable)")
 	cmd.Flags().StringArrayVar(&cfg.CiliumArgs, "cilium-arg", nil, "extra flag for every cilium-agent, after the lab's (repeatable; dataplane cilium)")
 	return cmd

@@ -111,8 +111,10 @@ var DefaultSuites = []Suite{
 }
 
 // VirtioTests are the virtio suite's tests: NodePort in every mode on XDP
-// and tc, fragments, bulk TCP with GRO, DSR's flows over the RX queues.
-const VirtioTests = "^(TestPrivilegedNorthSouthModes|TestPrivilegedNorthSouthFragments|TestPrivilegedNodePortBulkGRO|TestPrivilegedDSRRXQueues)$"
+// and tc, fragments, bulk TCP with GRO, DSR's flows over the RX queues,
+// and the kernel smoke (its SYN flood through virtio_net's XDP among its
+// steps).
+const VirtioTests = "^(TestPrivilegedNorthSouthModes|TestPrivilegedNorthSouthFragments|TestPrivilegedNodePortBulkGRO|TestPrivilegedDSRRXQueues|TestPrivilegedKernelSmoke)$"
 
 // BandwidthTest is the bandwidth suite's test: Pods' egress and ingress
 // annotations held in a lab, by EDT + fq where the kernel has sch_fq.
