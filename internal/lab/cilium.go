@@ -549,10 +549,14 @@ func (l *Lab) cniAddPods(ctx context.Context, n Node, dir string) error {
 			if out, err := cni("DEL"); err != nil {
 				return fmt.Errorf("cilium-cni DEL for %s on %s after a timed-out ADD: %v: %s", p.Name, n.Name, err, strings.TrimSpace(string(out)))
 			}
-			// Removing the endpoint took the pod's host routes, the
-			// lab's (as the CNI plugin's before Cilium in a chain):
-			// put them back, or the pod is cut off (seen in the 6.12
-			// guest: "No route to host" to it, its node's replies lost).
+			// Removing the endpoint set the pod's host-side veth down,
+			// which took its host routes, the lab's (as the CNI
+			// plugin's before Cilium in a chain): both back, or the
+			// pod is cut off (seen in the 6.12 guest: "No route to
+			// host" to it, its node's replies lost).
+			if err := run(ctx, "ip", "-n", n.Netns, "link", "set", podVethName(i+1), "up"); err != nil {
+				return fmt.Errorf("%s's veth on %s after the endpoint's DEL: %w", p.Name, n.Name, err)
+			}
 			for _, r := range [][]string{{p.IPv4.String() + "/32"}, {"-6", p.IPv6.String() + "/128"}} {
 				args := append([]string{"-n", n.Netns}, r[:len(r)-1]...)
 				args = append(args, "route", "replace", r[len(r)-1], "dev", podVethName(i+1))
