@@ -66,7 +66,7 @@ pod of node2 (TCP, --flows streams, --repeats runs of --duration), sockperf
 under a bulk stream (--latency). Cilium's needs sch_fq, which this VM's
 kernel lacks: its rows are skipped with the reason here, and run in a guest
 (--guest 6.12; the Cilium agents compile their datapath there, emulated:
-allow ~30 minutes). --rates, --flows (one value), --duration, --repeats,
+allow ~45 minutes). --rates, --flows (one value), --duration, --repeats,
 --ingress, --latency, --guest and --out apply.`,
 		Example: `  sluice-lab bench bandwidth --rates 10M,200M --contenders sluice,tbf-cni,htb
   sluice-lab bench bandwidth --guest 6.12 --rates 10M --contenders edt-fq,tbf-cni,htb --flows 1 --cc cubic --udp=false

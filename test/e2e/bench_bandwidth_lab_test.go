@@ -117,7 +117,7 @@ func TestPrivilegedCiliumBenchBandwidth(t *testing.T) {
 // TestPrivilegedCiliumBenchBandwidthGuest runs TestPrivilegedCiliumBenchBandwidth
 // inside Debian's 6.12 (sch_fq as a module) under QEMU: the lab's control
 // plane and both agents there, Cilium compiling its datapath emulated
-// (about 15 of the run's 25 minutes).
+// (8 to 16 minutes a node of the run's 30 to 45).
 func TestPrivilegedCiliumBenchBandwidthGuest(t *testing.T) {
 	requirePrivileged(t, "iperf3", "sockperf")
 	requireControlPlane(t)
