@@ -7,8 +7,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
-	"net"
 	"net/netip"
 	"os/exec"
 	"slices"
@@ -16,9 +14,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/sluice-dataplane/sluice/internal/datapath"
 	"github.com/sluice-dataplane/sluice/internal/lab"
@@ -132,10 +127,7 @@ func TestPrivilegedXDPClientWithoutNeighbour(t *testing.T) {
 		}
 		return string(out)
 	}
-	l1, err := macIn(node1.Netns, "eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l1 := linkIn(t, node1.Netns, "eth0").Attrs().HardwareAddr
 	ip(l.Client.Netns, "neigh", "replace", node1.IPv4.String(), "lladdr", l1.String(), "dev", "eth0", "nud", "permanent")
 	ip(node1.Netns, "neigh", "flush", "to", l.Client.IPv4.String(), "dev", "eth0")
 	if out := ip(node1.Netns, "neigh", "show", "to", l.Client.IPv4.String(), "dev", "eth0"); strings.TrimSpace(out) != "" {
@@ -149,23 +141,4 @@ func TestPrivilegedXDPClientWithoutNeighbour(t *testing.T) {
 	if out := ip(node1.Netns, "neigh", "show", "to", l.Client.IPv4.String(), "dev", "eth0"); !strings.Contains(out, "lladdr") {
 		t.Errorf("node1 did not resolve the client (tc's redirect_neigh): %q", out)
 	}
-}
-
-// macIn is the MAC address of dev in the named network namespace.
-func macIn(ns, dev string) (net.HardwareAddr, error) {
-	h, err := netns.GetFromName(ns)
-	if err != nil {
-		return nil, fmt.Errorf("netns %s: %w", ns, err)
-	}
-	defer h.Close()
-	nh, err := netlink.NewHandleAt(h)
-	if err != nil {
-		return nil, fmt.Errorf("netlink in %s: %w", ns, err)
-	}
-	defer nh.Close()
-	link, err := nh.LinkByName(dev)
-	if err != nil {
-		return nil, fmt.Errorf("%s in %s: %w", dev, ns, err)
-	}
-	return link.Attrs().HardwareAddr, nil
 }
