@@ -95,10 +95,11 @@ var DefaultSuites = []Suite{
 	// Debian's kernels do (as a module): the guests must take that path.
 	{Name: "bandwidth", Package: "./test/e2e", Args: []string{"-test.run", "^" + BandwidthTest + "$"}, Timeout: 15 * time.Minute,
 		GuestEnv: []string{"SLUICE_TEST_WANT_EDT=1"}},
-	// GRO of DSR segments on the backend node: on tc through the kernel's
-	// GUE port (FOU, a module in Debian's kernels; 6.5+ for GRO to find
-	// it), which this VM's kernel lacks.
-	{Name: "dsr-gro", Package: "./test/e2e", Args: []string{"-test.run", "^TestPrivilegedDSRGRO$"}, Timeout: 10 * time.Minute},
+	// DSR's encapsulations inside each kernel: GRO of DSR segments on the
+	// backend node (on tc through the kernel's GUE port: FOU, a module in
+	// Debian's kernels, 6.5+ for GRO to find it, which this VM's kernel
+	// lacks), DSR in GUE both hooks, and UDP-GSO aggregates through DSR.
+	{Name: "dsr", Package: "./test/e2e", Args: []string{"-test.run", DSRTests}, Timeout: 15 * time.Minute},
 	// VLANs beside native XDP: a lab whose client sends on VLAN 100 with
 	// TX VLAN offload (802.1Q devices, which this VM's kernel lacks).
 	{Name: "vlan", Package: "./test/e2e", Args: []string{"-test.run", "^TestPrivilegedVLANNodePort$"}, Timeout: 10 * time.Minute},
@@ -115,6 +116,9 @@ var DefaultSuites = []Suite{
 // and the kernel smoke (its SYN flood through virtio_net's XDP among its
 // steps).
 const VirtioTests = "^(TestPrivilegedNorthSouthModes|TestPrivilegedNorthSouthFragments|TestPrivilegedNodePortBulkGRO|TestPrivilegedDSRRXQueues|TestPrivilegedKernelSmoke)$"
+
+// DSRTests are the dsr suite's tests.
+const DSRTests = "^(TestPrivilegedDSRGRO|TestPrivilegedDSRGUE|TestPrivilegedNorthSouthUDPGSO)$"
 
 // BandwidthTest is the bandwidth suite's test: Pods' egress and ingress
 // annotations held in a lab, by EDT + fq where the kernel has sch_fq.
