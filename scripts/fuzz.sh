@@ -7,7 +7,8 @@
 # With --packets N, also the packet fuzzer's long run (internal/pktfuzz):
 # N packets through every tc and XDP program, every invariant checked.
 #
-#   ./scripts/fuzz.sh                       # 60 s per target, 2 at a time (what CI runs)
+#   ./scripts/fuzz.sh                       # 60 s per target, 2 at a time
+#   ./scripts/fuzz.sh -t 30s                # what scripts/test.sh (and CI) runs
 #   ./scripts/fuzz.sh -t 10m --packets 10000000   # the long run (docs/testing.md)
 #   ./scripts/fuzz.sh -t 30s --only 'Tracker|Packets'
 #

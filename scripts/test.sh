@@ -65,10 +65,13 @@ set +e
 # The Cilium lab's tests need Cilium's build (~15 minutes cold), which this
 # command does not make: scripts/test-contenders.sh runs them (docs/cilium.md).
 # test/e2e's tests that mostly wait (kubelet labs, the soak, the guests)
-# run three at a time once its others have ended (its alongside;
-# docs/testing.md). It starts last, in ./... order: named first, its
-# migration tests ran beside internal/datapath's floods and lost requests.
-go test -json -race -count=1 -timeout 75m -parallel 3 -skip '^TestPrivilegedCilium' "$@" ./... | tee bin/go-test.json | "$tmp/testreport"
+# run four at a time, longest first, once its others have ended: its own
+# scheduler decides (test/e2e/alongside_test.go), so -parallel is above
+# their count and never holds one back (the other packages' parallel tests
+# bound themselves by the CPUs). It starts last, in ./... order: named
+# first, its migration tests ran beside internal/datapath's floods and
+# lost requests.
+go test -json -race -count=1 -timeout 75m -parallel 16 -skip '^TestPrivilegedCilium' "$@" ./... | tee bin/go-test.json | "$tmp/testreport"
 status=("${PIPESTATUS[@]}")
 set -e
 if [ "${status[2]}" -ne 0 ]; then
@@ -79,11 +82,12 @@ if [ "${status[0]}" -ne 0 ]; then # a failure the events did not show
 	exit 1
 fi
 
-# Every native fuzz target for 60 s, two at a time on one worker each (CI's
+# Every native fuzz target for 30 s, two at a time on one worker each (CI's
 # two cores), after the tests pass; a crash fails the run, its input in the
 # target's testdata/fuzz/ (docs/testing.md). Not with arguments (a targeted
-# run). The long run: ./scripts/fuzz.sh -t 10m --packets 10000000.
+# run). The short version of the fuzzing; the long run is
+# ./scripts/fuzz.sh -t 10m --packets 10000000.
 if [ $# -eq 0 ]; then
-	echo "==> fuzz (every target 60 s)"
-	./scripts/fuzz.sh -t 60s -j 2
+	echo "==> fuzz (every target 30 s)"
+	./scripts/fuzz.sh -t 30s -j 2
 fi

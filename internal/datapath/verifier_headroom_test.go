@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -132,12 +133,17 @@ func TestPrivilegedVerifierHeadroom(t *testing.T) {
 	t.Logf("kernel %s; budget: stack %d of %d bytes (6.1's rule), %d of %d instructions",
 		release, verifierbudget.DefaultBudget.Stack, verifierbudget.MaxStack,
 		verifierbudget.DefaultBudget.Insns, verifierbudget.MaxInsns)
+	// The verifier takes one CPU per load: a load per CPU at once, whatever
+	// go test's -parallel (scripts/test.sh sets it for test/e2e's scheduler).
+	cpus := make(chan struct{}, runtime.NumCPU())
 	for _, obj := range headroomObjects(testing.Short()) {
 		t.Run(obj.name, func(t *testing.T) {
 			probetest.SkipUnless(t, obj.features...)
 			for _, cfg := range obj.configs {
 				t.Run(cfg.name, func(t *testing.T) {
-					t.Parallel() // the verifier takes one CPU per load
+					t.Parallel()
+					cpus <- struct{}{}
+					defer func() { <-cpus }()
 					spec, err := obj.load()
 					if err != nil {
 						t.Fatal(err)

@@ -207,7 +207,7 @@ func TestPrivilegedBandwidthManagerEDTGuest(t *testing.T) {
 	// iperf3 under TCG reaches 20 Mbit/s only with both cores: beside
 	// kubelet labs, or another package's floods, EDT's paced flow read
 	// 10-11 of 20 (CI, 2026-11-30).
-	alongside(t, alone)
+	alongside(t, alone, 2*time.Minute)
 	res := guesttest.Run(t, bwGuestKernel, guesttest.Options{
 		Run:  "^TestPrivilegedBandwidthManager$",
 		Init: filepath.Join(env.binDir, "sluice-lab"),

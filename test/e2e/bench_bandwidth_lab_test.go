@@ -81,7 +81,7 @@ func shortBandwidthLab(t *testing.T, dataplanes ...string) *bench.BandwidthLabRe
 // gives it.
 func TestPrivilegedBenchBandwidthLab(t *testing.T) {
 	requirePrivileged(t, "iperf3", "sockperf")
-	alongside(t, alone) // iperf3 against a band, as the bandwidth manager's test
+	alongside(t, alone, time.Minute) // iperf3 against a band, as the bandwidth manager's test
 	shortBandwidthLab(t, lab.DataplaneSluice)
 }
 
@@ -121,7 +121,7 @@ func TestPrivilegedCiliumBenchBandwidth(t *testing.T) {
 func TestPrivilegedCiliumBenchBandwidthGuest(t *testing.T) {
 	requirePrivileged(t, "iperf3", "sockperf")
 	requireControlPlane(t)
-	alongside(t, alone)
+	alongside(t, alone, 40*time.Minute)
 	vars := []string{"SLUICE_BIN_DIR=" + env.binDir, bwWantEDTEnv + "=1"}
 	if d := os.Getenv("SLUICE_K8S_BIN_DIR"); d != "" {
 		vars = append(vars, "SLUICE_K8S_BIN_DIR="+d)

@@ -53,7 +53,7 @@ func churnStep(pods []lab.Pod, i, phase int) []endpoint {
 // external client. Every request must be answered: 0 failed, per traffic
 // kind. SLUICE_CHURN_DURATION=10m runs the long soak; CI runs 2 minutes.
 func TestPrivilegedChurnSoak(t *testing.T) {
-	alongside(t, waits)
+	alongside(t, waits, 2*time.Minute)
 	dur := churnDuration(t)
 	requirePrivileged(t)
 	cfg := labConfig(newPrefix(t), 2, 3)

@@ -260,7 +260,7 @@ func smokeRestart(t *testing.T, l *lab.Lab, node lab.Node, a addrs, backends []s
 // same bin/ agents, the guest's own kernel. On a machine that cannot boot
 // a guest (no QEMU, no kernel package) it skips saying why.
 func TestPrivilegedKernelSmokeGuest(t *testing.T) {
-	alongside(t, guest)
+	alongside(t, guest, 2*time.Minute)
 	smokeInGuest(t, smokeGuestKernel, guesttest.Options{})
 }
 
@@ -289,7 +289,7 @@ func smokeInGuest(t *testing.T, kernel string, o guesttest.Options) {
 // through the driver's XDP send queues) and its tc path (node2), with the
 // offloads the driver sets. A guest's virtio-net is every cloud VM's card.
 func TestPrivilegedKernelSmokeVirtioGuest(t *testing.T) {
-	alongside(t, guest)
+	alongside(t, guest, 3*time.Minute+30*time.Second)
 	smokeInGuest(t, virtioGuestKernel, guesttest.Options{Env: []string{uplinksEnv + "=" + virtioUplinks}, NICs: 4, NICQueues: 2})
 }
 

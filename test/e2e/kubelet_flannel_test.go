@@ -73,7 +73,7 @@ spec:
 //   - a pod on node1 reaches the ClusterIP, whose backend is on node2,
 //     through the overlay.
 func TestPrivilegedKubeletFlannel(t *testing.T) {
-	alongside(t, waits)
+	alongside(t, waits, 3*time.Minute)
 	requirePrivileged(t, "containerd", "runc", "ctr", "unshare", "iptables", "nft")
 	if _, err := lab.HelmBin(); err != nil {
 		t.Fatalf("helm: %v", err)

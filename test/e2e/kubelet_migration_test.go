@@ -22,83 +22,96 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/lab"
 )
 
-// TestPrivilegedKubeletMigrationFromKubeProxy: 100 connections (50 each
+// TestPrivilegedKubeletMigrationFromKubeProxyIPTables: 100 connections (50 each
 // way, each asking every 2 s) and 20 new connections a second through
 // both ways keep every request answered while the chart goes in beside
-// kube-proxy (iptables, and nftables), kube-proxy is stopped and the
+// kube-proxy (iptables here), kube-proxy is stopped and the
 // cleanup DaemonSet runs; afterwards nothing of kube-proxy's is left on
 // the nodes. Then, under the same load opened through sluice, kube-proxy
 // starts again and `helm uninstall` removes sluice: every request is
 // answered again, the agents hand their live flows to netfilter, and the
 // node is as it was before sluice came.
-func TestPrivilegedKubeletMigrationFromKubeProxy(t *testing.T) {
+//
+// One test per kube-proxy mode, each a kubelet lab of its own, so that the
+// two run beside each other and the other kubelet labs (alongside): the
+// paced streams and the loop hold with the CPU they share (the pods ask
+// for CPU as production workloads do, docs/testing.md).
+func TestPrivilegedKubeletMigrationFromKubeProxyIPTables(t *testing.T) {
+	alongside(t, waits, 4*time.Minute)
+	kubeletMigration(t, lab.DataplaneKubeProxyIPTables)
+}
+
+// TestPrivilegedKubeletMigrationFromKubeProxyNFTables is the same from
+// kube-proxy's nftables mode.
+func TestPrivilegedKubeletMigrationFromKubeProxyNFTables(t *testing.T) {
+	alongside(t, waits, 4*time.Minute)
+	kubeletMigration(t, lab.DataplaneKubeProxyNFTables)
+}
+
+func kubeletMigration(t *testing.T, dp string) {
 	requirePrivileged(t, "containerd", "runc", "ctr", "unshare", "iptables", "nft")
 	if _, err := lab.HelmBin(); err != nil {
 		t.Fatalf("helm: %v", err)
 	}
-	for _, dp := range []string{lab.DataplaneKubeProxyIPTables, lab.DataplaneKubeProxyNFTables} {
-		t.Run(dp, func(t *testing.T) {
-			cfg := lab.Config{Prefix: newPrefix(t), Nodes: 2, Kubelet: true, Dataplane: dp, Exe: filepath.Join(env.binDir, "sluice-lab")}
-			l := upLab(t, cfg, 4*time.Minute, " with kubelets and "+dp)
-			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
-			defer cancel()
-			vip := applyKubeletWorkloads(t, l)
-			node := l.Nodes[1]
-			nodePort := node.IPv4.String() + ":30080"
-			waitServed(t, l, vip+":80", nodePort, l.Nodes[0].IPv4.String()+":30080")
-			before := nodeState(t, l, node)
+	cfg := lab.Config{Prefix: newPrefix(t), Nodes: 2, Kubelet: true, Dataplane: dp, Exe: filepath.Join(env.binDir, "sluice-lab")}
+	l := upLab(t, cfg, 4*time.Minute, " with kubelets and "+dp)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	defer cancel()
+	vip := applyKubeletWorkloads(t, l)
+	node := l.Nodes[1]
+	nodePort := node.IPv4.String() + ":30080"
+	waitServed(t, l, vip+":80", nodePort, l.Nodes[0].IPv4.String()+":30080")
+	before := nodeState(t, l, node)
 
-			// 50 connections each way, a request every 2 s for 80 s.
-			streams := startStreamsOf(ctx, t, l, vip+":80", nodePort, 50, 40, 2*time.Second)
-			loop := startLoop(ctx, t, l, "http://"+l.Nodes[0].IPv4.String()+":30080/", 20, 70*time.Second)
+	// 50 connections each way, a request every 2 s for 80 s.
+	streams := startStreamsOf(ctx, t, l, vip+":80", nodePort, 50, 40, 2*time.Second)
+	loop := startLoop(ctx, t, l, "http://"+l.Nodes[0].IPv4.String()+":30080/", 20, 70*time.Second)
 
-			manifest := filepath.Join("..", "..", "deploy", "migrate", "cleanup-kube-proxy.yaml")
-			logs, err := l.MigrateToSluiceChart(ctx, filepath.Join("..", "..", "deploy", "charts", "sluice"), manifest)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, n := range l.Nodes {
-				if !strings.Contains(logs, "keeper") {
-					t.Errorf("cleanup logs say nothing of the keeper table:\n%s", logs)
-					break
-				}
-				// What is left of kube-proxy's, as the cleanup sees it.
-				out, err := l.Command(ctx, n.Name, filepath.Join(env.binDir, "sluice"), "cleanup-kube-proxy", "--dry-run").CombinedOutput()
-				if err != nil || !strings.Contains(string(out), "nothing of kube-proxy's") {
-					t.Errorf("%s after the cleanup: sluice cleanup-kube-proxy --dry-run: %v\n%s", n.Name, err, out)
-				}
-			}
-			streams.check(t, "the migration from "+dp)
-			loop.check(t, "the migration from "+dp)
-			if st := podStatus(t, l); st.NorthSouth != nil {
-				t.Logf("netfilter handoff on %s: %s, %d packets", st.NodeName, st.NorthSouth.NetfilterHandoff, st.NorthSouth.NetfilterHandoffPackets)
-			}
-			if t.Failed() {
-				return
-			}
+	manifest := filepath.Join("..", "..", "deploy", "migrate", "cleanup-kube-proxy.yaml")
+	logs, err := l.MigrateToSluiceChart(ctx, filepath.Join("..", "..", "deploy", "charts", "sluice"), manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range l.Nodes {
+		if !strings.Contains(logs, "keeper") {
+			t.Errorf("cleanup logs say nothing of the keeper table:\n%s", logs)
+			break
+		}
+		// What is left of kube-proxy's, as the cleanup sees it.
+		out, err := l.Command(ctx, n.Name, filepath.Join(env.binDir, "sluice"), "cleanup-kube-proxy", "--dry-run").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "nothing of kube-proxy's") {
+			t.Errorf("%s after the cleanup: sluice cleanup-kube-proxy --dry-run: %v\n%s", n.Name, err, out)
+		}
+	}
+	streams.check(t, "the migration from "+dp)
+	loop.check(t, "the migration from "+dp)
+	if st := podStatus(t, l); st.NorthSouth != nil {
+		t.Logf("netfilter handoff on %s: %s, %d packets", st.NodeName, st.NorthSouth.NetfilterHandoff, st.NorthSouth.NetfilterHandoffPackets)
+	}
+	if t.Failed() {
+		return
+	}
 
-			// And back: kube-proxy again, sluice uninstalled, under the same
-			// load opened through sluice.
-			streams = startStreamsOf(ctx, t, l, vip+":80", nodePort, 50, 40, 2*time.Second)
-			loop = startLoop(ctx, t, l, "http://"+l.Nodes[0].IPv4.String()+":30080/", 20, 70*time.Second)
-			handover, err := l.MigrateToKubeProxyChart(ctx, dp)
-			if err != nil {
-				t.Fatal(err)
-			}
-			// node2 (the streams' NodePort) has live north-south flows to
-			// hand over.
-			if !strings.Contains(handover, "live flows handed to netfilter's conntrack") {
-				t.Errorf("the agents logged no hand-over of their live flows while unloading:\n%s", handover)
-			}
-			streams.check(t, "the way back to "+dp)
-			loop.check(t, "the way back to "+dp)
-			after := nodeState(t, l, node)
-			for _, k := range slices.Sorted(maps.Keys(before)) {
-				if before[k] != after[k] {
-					t.Errorf("%s after the way back to %s differs from before sluice:\nbefore:\n%s\nafter:\n%s", k, dp, before[k], after[k])
-				}
-			}
-		})
+	// And back: kube-proxy again, sluice uninstalled, under the same
+	// load opened through sluice.
+	streams = startStreamsOf(ctx, t, l, vip+":80", nodePort, 50, 40, 2*time.Second)
+	loop = startLoop(ctx, t, l, "http://"+l.Nodes[0].IPv4.String()+":30080/", 20, 70*time.Second)
+	handover, err := l.MigrateToKubeProxyChart(ctx, dp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// node2 (the streams' NodePort) has live north-south flows to
+	// hand over.
+	if !strings.Contains(handover, "live flows handed to netfilter's conntrack") {
+		t.Errorf("the agents logged no hand-over of their live flows while unloading:\n%s", handover)
+	}
+	streams.check(t, "the way back to "+dp)
+	loop.check(t, "the way back to "+dp)
+	after := nodeState(t, l, node)
+	for _, k := range slices.Sorted(maps.Keys(before)) {
+		if before[k] != after[k] {
+			t.Errorf("%s after the way back to %s differs from before sluice:\nbefore:\n%s\nafter:\n%s", k, dp, before[k], after[k])
+		}
 	}
 }
 

@@ -97,7 +97,7 @@ spec:
 //     cgroup programs, qdiscs, XDP and tc state and network sysctls as
 //     before the install, and the Service no longer answers.
 func TestPrivilegedKubeletHelm(t *testing.T) {
-	alongside(t, waits)
+	alongside(t, waits, 7*time.Minute)
 	requirePrivileged(t, "containerd", "runc", "ctr", "unshare", "bpftool", "tc")
 	if _, err := lab.HelmBin(); err != nil {
 		t.Fatalf("helm: %v", err)

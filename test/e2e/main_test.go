@@ -249,41 +249,6 @@ func parseUplinks(v string) (map[string]string, error) {
 	return out, nil
 }
 
-// alongside lets t run beside the other tests that call it, once every
-// test that does not has ended, in a lane of its kind: at most one guest
-// under QEMU at a time (it keeps both cores busy), and as many of the
-// others as go test's -parallel allows (scripts/test.sh: 3). Only tests
-// whose lab shares nothing with another's call it: its own prefix names its
-// namespaces, cgroups, pins, run directory and mount namespaces, and its
-// addresses live behind its own fabric namespace. And only tests that
-// mostly wait (a kubelet lab's control plane and pods, a soak paced by the
-// clock, a guest's emulated CPU) and whose verdicts hold with less CPU: no
-// test that measures a rate against a band or floods at the generator's
-// maximum. They are about half of this package's time (docs/testing.md).
-// Lane alone is for a test that measures a rate in a guest: it runs after
-// the serial tests too, but by itself, once no alongside test and no other
-// package's test binary runs.
-func alongside(t *testing.T, kind lane) {
-	t.Helper()
-	t.Parallel()
-	if kind == alone {
-		quiet.Lock()
-		t.Cleanup(quiet.Unlock)
-		waitForOtherTests(t, 15*time.Minute)
-		return
-	}
-	quiet.RLock()
-	t.Cleanup(quiet.RUnlock)
-	if sem := lanes[kind]; sem != nil {
-		sem <- struct{}{}
-		t.Cleanup(func() { <-sem })
-	}
-}
-
-// quiet is held by every test alongside others, and by a test of lane
-// alone for itself: a test that waits for it starts when the others end.
-var quiet sync.RWMutex
-
 // waitForOtherTests waits, at most max, until no other test binary (go
 // test's <package>.test, another package's tests) runs on the machine:
 // scripts/test.sh runs the packages side by side, and a test of lane alone
@@ -321,17 +286,6 @@ func otherTestBinaries() []string {
 	}
 	return out
 }
-
-// lane is a kind of test that runs alongside others.
-type lane int
-
-const (
-	waits lane = iota // a kubelet lab, a soak: bounded by -parallel only
-	guest             // QEMU under TCG: one at a time
-	alone             // after the others, with the machine to itself
-)
-
-var lanes = map[lane]chan struct{}{guest: make(chan struct{}, 1)}
 
 // sharedLab returns the lab the Service tests share, bringing it up on first
 // use; TestMain takes it down. Tests apply their own Services and delete them.

@@ -42,7 +42,7 @@ FROM`
 // its NodePort traffic; deleting the policy opens both again. With
 // localDelivery=peer the engine drops the pods' NodePort replies.
 func TestPrivilegedKubeletNetworkPolicy(t *testing.T) {
-	alongside(t, waits)
+	alongside(t, waits, 3*time.Minute)
 	requirePrivileged(t, "containerd", "runc", "ctr", "unshare", "ipset", "iptables")
 	if _, err := lab.HelmBin(); err != nil {
 		t.Fatalf("helm: %v", err)
