@@ -270,20 +270,27 @@ type HoldReport struct {
 // closes as Close says. Connections start on schedule, each in a goroutine
 // of its own, whatever earlier ones do (an open loop: a slow or failing
 // path does not lower the offered rate); at most MaxInFlight at once.
+// When ctx ends (SIGINT, SIGTERM: stopped early) no connection starts any
+// more and those under way finish within their timeout, so that a probe
+// stopped on purpose reports what it started without failures of its own
+// making; the budget cuts them all.
 func ProbeChurn(ctx context.Context, cfg ChurnConfig) (*ProbeReport, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, cfg.Budget)
+	run, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Budget)
 	defer cancel()
-	p, err := newConnProbe(ctx, "churn", cfg.ConnLoad, cfg.MaxInFlight, cfg.Close == CloseServer)
+	p, err := newConnProbe(run, "churn", cfg.ConnLoad, cfg.MaxInFlight, cfg.Close == CloseServer)
 	if err != nil {
 		return nil, err
 	}
+	starting, stopStarting := context.WithCancel(run)
+	defer stopStarting()
+	defer context.AfterFunc(ctx, stopStarting)()
 	n := churnCount(cfg.Rate, cfg.Duration)
-	attempted, took := p.launch(ctx, cfg.Rate, n, func(i int) { p.churnOne(i, cfg.Close) })
+	attempted, took := p.launch(starting, cfg.Rate, n, func(i int) { p.churnOne(i, cfg.Close) })
 	p.wg.Wait()
-	rep := p.done(attempted, ctx.Err() != nil)
+	rep := p.done(attempted, attempted < n || run.Err() != nil)
 	ports := readClientPorts()
 	rep.Churn = &ChurnReport{ConnStats: p.stats(cfg.Rate, took, ports), DurationMS: millis(cfg.Duration),
 		Close: cfg.Close, Failed: rep.Count - rep.OK}
@@ -362,7 +369,7 @@ func ProbeHold(ctx context.Context, cfg HoldConfig) (*ProbeReport, error) {
 // connProbe is the state churn and hold share between their connections'
 // goroutines.
 type connProbe struct {
-	ctx     context.Context // the run: budget, SIGINT, SIGTERM
+	ctx     context.Context // the run: its budget (hold: SIGINT, SIGTERM too)
 	timeout time.Duration
 	dialer  net.Dialer
 	targets []string

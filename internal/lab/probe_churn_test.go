@@ -166,6 +166,11 @@ func TestProbeChurnCancel(t *testing.T) {
 		t.Errorf("cancelled after 300 ms: returned after %v, truncated %v, %d attempted: want within 2 s, truncated, about 30\n%s",
 			took, r.Truncated, r.Count, reportJSON(r))
 	}
+	// Stopped on purpose: the connections under way finish, none fails
+	// for the stop.
+	if r.OK != r.Count || len(r.Errors) != 0 {
+		t.Errorf("cancelled: %d of %d answered, errors %v: want every started connection answered", r.OK, r.Count, r.Errors)
+	}
 }
 
 func TestProbeHold(t *testing.T) {

@@ -2,12 +2,25 @@ package probe_test
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
 	"github.com/sluice-dataplane/sluice/internal/probe"
 	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
+
+// TestMain loads nf_conntrack where it is a module (a guest's Debian
+// kernel) before the first probe, as on a node kube-proxy ran on: the
+// conntrack kfuncs are in its BTF, so probe.NFConntrackKfuncs finds them
+// only once it is loaded (internal/datapath's TestMain does the same). A
+// kernel without modules has it built in or not at all.
+func TestMain(m *testing.M) {
+	if os.Geteuid() == 0 {
+		_ = exec.Command("modprobe", "nf_conntrack").Run()
+	}
+	os.Exit(m.Run())
+}
 
 func TestFeaturesMissing(t *testing.T) {
 	fs := probe.Features{

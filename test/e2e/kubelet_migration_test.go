@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -83,8 +84,9 @@ func kubeletMigration(t *testing.T, dp string) {
 			t.Errorf("%s after the cleanup: sluice cleanup-kube-proxy --dry-run: %v\n%s", n.Name, err, out)
 		}
 	}
-	streams.check(t, "the migration from "+dp)
-	loop.check(t, "the migration from "+dp)
+	done := time.Now()
+	streams.checkFrom(t, "the migration from "+dp, done)
+	loop.checkFrom(t, "the migration from "+dp, done)
 	if st := podStatus(t, l); st.NorthSouth != nil {
 		t.Logf("netfilter handoff on %s: %s, %d packets", st.NodeName, st.NorthSouth.NetfilterHandoff, st.NorthSouth.NetfilterHandoffPackets)
 	}
@@ -105,8 +107,9 @@ func kubeletMigration(t *testing.T, dp string) {
 	if !strings.Contains(handover, "live flows handed to netfilter's conntrack") {
 		t.Errorf("the agents logged no hand-over of their live flows while unloading:\n%s", handover)
 	}
-	streams.check(t, "the way back to "+dp)
-	loop.check(t, "the way back to "+dp)
+	done = time.Now()
+	streams.checkFrom(t, "the way back to "+dp, done)
+	loop.checkFrom(t, "the way back to "+dp, done)
 	after := nodeState(t, l, node)
 	for _, k := range slices.Sorted(maps.Keys(before)) {
 		if before[k] != after[k] {
@@ -116,10 +119,13 @@ func kubeletMigration(t *testing.T, dp string) {
 }
 
 // loopRun is a churn probe (new connections at a rate) from the lab's
-// client, running in the background.
+// client, running in the background; its duration is a bound: checkFrom
+// stops it trafficTail after the step it covers (the connections under way
+// finish).
 type loopRun struct {
 	done chan struct{}
 	what string
+	stop func()
 	out  []byte
 	err  error
 }
@@ -134,12 +140,19 @@ func startLoop(ctx context.Context, t *testing.T, l *lab.Lab, url string, rate i
 		defer close(r.done)
 		r.out, r.err = cmd.Output()
 	}()
+	r.stop = func() {
+		if cmd.Process != nil {
+			_ = cmd.Process.Signal(syscall.SIGTERM) // nsenter execs the probe
+		}
+	}
 	return r
 }
 
-func (r *loopRun) check(t *testing.T, what string) {
+// checkFrom waits until trafficTail after stepDone (or the loop's end),
+// stops the loop and fails the test on any connection not answered.
+func (r *loopRun) checkFrom(t *testing.T, what string, stepDone time.Time) {
 	t.Helper()
-	<-r.done
+	stopAt(stepDone.Add(trafficTail), r.done, r.stop)
 	if r.err != nil {
 		t.Errorf("%s during %s: %v", r.what, what, r.err)
 		return

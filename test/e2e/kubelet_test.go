@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -177,8 +178,8 @@ func TestPrivilegedKubeletHelm(t *testing.T) {
 	checkScaledDNS(t, l, 3)
 
 	// Day 2 under traffic: upgrade to a rebuilt image (built and imported
-	// first), then delete the agent's pod. Each stream is 4 connections of
-	// 900 requests 100 ms apart (90 s), longer than both steps.
+	// first), then delete the agent's pod. Each stream is 4 connections of at most
+	// 900 requests 100 ms apart (90 s), stopped trafficTail after the steps.
 	// Only the agent is rebuilt (its version is what the test reads); the
 	// image's other binaries are the suite's own.
 	binDir := t.TempDir()
@@ -478,15 +479,59 @@ func waitServed(t *testing.T, l *lab.Lab, vip string, nodePorts ...string) {
 }
 
 // streamPair is a long-lived stream through the ClusterIP from the client
-// pod and one through the NodePort from the lab's client.
+// pod and one through the NodePort from the lab's client. Its count is a
+// bound: check stops it trafficTail after the step it covers.
 type streamPair struct {
 	done    chan struct{}
 	started time.Time
+	stop    func() // SIGTERM to both probes: each reports what it did
 	results [2]struct {
 		what string
 		out  []byte
 		err  error
 	}
+}
+
+// trafficTail is how long the kubelet tests' streams and loops of new
+// connections run on after the step they cover has ended (traffic through
+// the state the step left), before they are stopped: their counts and
+// durations are bounds for a slow machine, not how long they run.
+const trafficTail = 20 * time.Second
+
+// signalProbes sends sig to the lab's probes (sluice-lab probe KIND --addr
+// addr) running in l's cgroups: the ones inside a pod, which kubectl exec
+// does not pass a signal to. It returns how many it signalled.
+func signalProbes(l *lab.Lab, kind, addr string, sig syscall.Signal) int {
+	want := "\x00probe\x00" + kind + "\x00--addr\x00" + addr + "\x00"
+	inLab := "/" + filepath.Base(l.CgroupRoot) + "/"
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	n := 0
+	for _, p := range procs {
+		cmdline, err := os.ReadFile(filepath.Join(p, "cmdline"))
+		if err != nil || !strings.Contains(string(cmdline), want) {
+			continue
+		}
+		if cg, err := os.ReadFile(filepath.Join(p, "cgroup")); err != nil || !strings.Contains(string(cg), inLab) {
+			continue
+		}
+		pid, err := strconv.Atoi(filepath.Base(p))
+		if err == nil && syscall.Kill(pid, sig) == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// stopAt waits until at (or until done closes), then calls stop and waits
+// for done.
+func stopAt(at time.Time, done <-chan struct{}, stop func()) {
+	select {
+	case <-done:
+		return
+	case <-time.After(time.Until(at)):
+	}
+	stop()
+	<-done
 }
 
 func startStreams(ctx context.Context, t *testing.T, l *lab.Lab, vip, nodePort string, count int) *streamPair {
@@ -531,6 +576,14 @@ func startStreamsOf(ctx context.Context, t *testing.T, l *lab.Lab, vip, nodePort
 		<-finished
 		close(s.done)
 	}()
+	s.stop = func() {
+		if clientCmd.Process != nil {
+			_ = clientCmd.Process.Signal(syscall.SIGTERM) // nsenter execs the probe
+		}
+		if signalProbes(l, "stream", vip, syscall.SIGTERM) == 0 {
+			t.Logf("the pod's stream to %s not found to stop: it runs its count out", vip)
+		}
+	}
 	time.Sleep(2 * time.Second) // connected before the step under test
 	return s
 }
@@ -539,13 +592,19 @@ func startStreamsOf(ctx context.Context, t *testing.T, l *lab.Lab, vip, nodePort
 // the streams must have outlasted the step (what) they covered.
 func (s *streamPair) check(t *testing.T, what string) {
 	t.Helper()
-	stepDone := time.Now()
+	s.checkFrom(t, what, time.Now())
+}
+
+// checkFrom is check for a step that ended at stepDone: the streams run on
+// until trafficTail after it.
+func (s *streamPair) checkFrom(t *testing.T, what string, stepDone time.Time) {
+	t.Helper()
 	select {
 	case <-s.done:
 		t.Fatalf("the streams ended before %s finished (%.0fs after they started): make them longer", what, time.Since(s.started).Seconds())
 	default:
 	}
-	<-s.done
+	stopAt(stepDone.Add(trafficTail), s.done, s.stop)
 	for _, res := range s.results {
 		if res.err != nil {
 			t.Errorf("stream %s during %s: %v", res.what, what, res.err)
