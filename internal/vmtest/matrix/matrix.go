@@ -234,6 +234,10 @@ func runKernel(ctx context.Context, cfg Config, spec string, bins map[string]str
 			kr.Suites = append(kr.Suites, sr)
 			continue
 		}
+		if ctx.Err() != nil { // interrupted: no further suite
+			kr.Error = fmt.Sprintf("stopped before %s: %v", s.Name, ctx.Err())
+			return kr
+		}
 		fmt.Fprintf(cfg.Log, "matrix: ==> %s on %s\n", s.Name, kr.Release)
 		unlock, err := lock(cfg.LockFile)
 		if err != nil {
