@@ -6,7 +6,12 @@
 # feature the probe reports missing fails the run (docs/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each step says when it started (minutes:seconds into the run), so that a
+# slow CI run shows where its time went (docs/testing.md).
+step() { printf '==> [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
+step "dependencies (apt, Go modules)"
 ./scripts/deps.sh
+step "build"
 ./scripts/build.sh
 export GOTOOLCHAIN=auto
 
@@ -15,37 +20,37 @@ export GOTOOLCHAIN=auto
 # kube-controller-manager, kube-scheduler, kubectl and pause built from the
 # k8s.io/kubernetes module (about 10 minutes the first time, then cached
 # under /var/cache/sluice).
-echo "==> etcd and the Kubernetes binaries (apiserver, kube-proxy, kubelet, controller-manager, scheduler, kubectl)"
+step "etcd and the Kubernetes binaries (apiserver, kube-proxy, kubelet, controller-manager, scheduler, kubectl)"
 ./scripts/etcd.sh >/dev/null
 SLUICE_K8S_BIN_DIR=$(./scripts/k8s-build.sh | tail -n 1)
 export SLUICE_K8S_BIN_DIR
-echo "==> CoreDNS (the lab's cluster DNS) built from its Go module (a few minutes once, then cached)"
+step "CoreDNS (the lab's cluster DNS) built from its Go module (a few minutes once, then cached)"
 SLUICE_COREDNS_BIN=$(./scripts/coredns-build.sh | tail -n 1)/coredns
 export SLUICE_COREDNS_BIN
-echo "==> kube-router (the kubelet lab's NetworkPolicy engine) built from its Go module (a minute or two once, then cached)"
+step "kube-router (the kubelet lab's NetworkPolicy engine) built from its Go module (a minute or two once, then cached)"
 SLUICE_KUBE_ROUTER_BIN=$(./scripts/kube-router-build.sh | tail -n 1)/kube-router
 export SLUICE_KUBE_ROUTER_BIN
-echo "==> flanneld (the kubelet lab's overlay CNI) built from its Go module (a minute or two once, then cached)"
+step "flanneld (the kubelet lab's overlay CNI) built from its Go module (a minute or two once, then cached)"
 SLUICE_FLANNEL_BIN=$(./scripts/flannel-build.sh | tail -n 1)/flanneld
 export SLUICE_FLANNEL_BIN
-echo "==> helm (the deploy/ tests lint and render the charts with it; built once, cached)"
+step "helm (the deploy/ tests lint and render the charts with it; built once, cached)"
 ./scripts/helm-build.sh >/dev/null
-echo "==> guest kernel for the kernel smoke (Debian 12's 6.1 under QEMU; downloaded once, cached)"
+step "guest kernel for the kernel smoke (Debian 12's 6.1 under QEMU; downloaded once, cached)"
 # test/e2e's TestPrivilegedKernelSmokeGuest boots it (docs/kernels.md). A
 # machine that cannot get it lets that test skip, which the summary accepts
 # only after trying again (no QEMU, or the package out of reach).
 ./bin/sluice-lab vm fetch 6.1 || echo "guest kernel 6.1 unavailable here: TestPrivilegedKernelSmokeGuest will say why"
 
-echo "==> generated BPF objects match the sources"
+step "generated BPF objects match the sources"
 ./scripts/check-generate.sh
 
-echo "==> gofmt"
+step "gofmt"
 bad=$(gofmt -l cmd internal deploy test scripts)
 if [ -n "$bad" ]; then
 	echo "gofmt needed on:"; echo "$bad"; exit 1
 fi
 
-echo "==> go vet"
+step "go vet"
 go vet ./...
 
 # Privileged tests start bin/sluice, bin/sluice-lab and bin/sluice-agent.
@@ -57,7 +62,7 @@ export SLUICE_BIN_DIR="$PWD/bin"
 # runs in full. scripts/testreport reads `go test -json`: a line per package,
 # each failed test's output in full, then the counts and the skips. The raw
 # events stay in bin/go-test.json.
-echo "==> go test -race (unit and privileged)"
+step "go test -race (unit and privileged)"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 go build -o "$tmp/testreport" ./scripts/testreport
@@ -88,6 +93,7 @@ fi
 # run). The short version of the fuzzing; the long run is
 # ./scripts/fuzz.sh -t 10m --packets 10000000.
 if [ $# -eq 0 ]; then
-	echo "==> fuzz (every target 30 s)"
+	step "fuzz (every target 30 s)"
 	./scripts/fuzz.sh -t 30s -j 2
 fi
+step "done"

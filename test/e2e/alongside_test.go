@@ -142,7 +142,9 @@ func (s *scheduler) dispatch() {
 
 // next is the arrived ticket to start now, or nil: the longest of lanes
 // waits and guest while a slot is free (a guest only when no guest runs);
-// one of lane alone only when nothing runs and nothing else waits to.
+// one of lane alone only when nothing runs and nothing else waits to. The
+// guests run one after another, so a guest counts as long as every guest
+// still waiting: the chain they make is what the phase waits for.
 func next(waiting, running []*ticket, slots int) *ticket {
 	guests := 0
 	for _, r := range running {
@@ -152,6 +154,18 @@ func next(waiting, running []*ticket, slots int) *ticket {
 		case guest:
 			guests++
 		}
+	}
+	var chain time.Duration
+	for _, tk := range waiting {
+		if tk.kind == guest {
+			chain += tk.expect
+		}
+	}
+	length := func(tk *ticket) time.Duration {
+		if tk.kind == guest {
+			return chain
+		}
+		return tk.expect
 	}
 	var best, lone *ticket
 	for _, tk := range waiting {
@@ -164,7 +178,7 @@ func next(waiting, running []*ticket, slots int) *ticket {
 				lone = tk
 			}
 		case tk.kind == guest && guests > 0:
-		case best == nil || tk.expect > best.expect:
+		case best == nil || length(tk) > length(best) || length(tk) == length(best) && tk.expect > best.expect:
 			best = tk
 		}
 	}
@@ -190,7 +204,7 @@ func TestAlongsideSchedule(t *testing.T) {
 		s.register("soak", waits, 2*m),
 		s.register("guest-a", guest, 3*m),
 		s.register("guest-b", guest, 4*m),
-		s.register("helm", waits, 7*m),
+		s.register("helm", waits, 8*m),
 		s.register("band", alone, 2*m),
 		s.register("migration", waits, 4*m),
 	}
@@ -234,6 +248,17 @@ func TestAlongsideSchedule(t *testing.T) {
 	}
 	if got := started(); !slices.Equal(got, []string{"band"}) || len(s.waiting) != 0 {
 		t.Fatalf("at the end %v running, %d waiting; want band alone", got, len(s.waiting))
+	}
+}
+
+// TestAlongsideGuestChain: the guests, one at a time, count as long as
+// their chain: two of 3 and 4 minutes start before a test of 5.
+func TestAlongsideGuestChain(t *testing.T) {
+	m := time.Minute
+	waiting := []*ticket{{name: "kubelet", kind: waits, expect: 5 * m, arrived: true},
+		{name: "guest-a", kind: guest, expect: 3 * m, arrived: true}, {name: "guest-b", kind: guest, expect: 4 * m, arrived: true}}
+	if got := next(waiting, nil, 1); got == nil || got.name != "guest-b" {
+		t.Fatalf("first of a 5-minute test and guests of 3 and 4 on one slot: %v, want guest-b (the chain of 7, its longest)", got)
 	}
 }
 

@@ -38,14 +38,14 @@ import (
 // paced streams and the loop hold with the CPU they share (the pods ask
 // for CPU as production workloads do, docs/testing.md).
 func TestPrivilegedKubeletMigrationFromKubeProxyIPTables(t *testing.T) {
-	alongside(t, waits, 4*time.Minute)
+	alongside(t, waits, 2*time.Minute)
 	kubeletMigration(t, lab.DataplaneKubeProxyIPTables)
 }
 
 // TestPrivilegedKubeletMigrationFromKubeProxyNFTables is the same from
 // kube-proxy's nftables mode.
 func TestPrivilegedKubeletMigrationFromKubeProxyNFTables(t *testing.T) {
-	alongside(t, waits, 4*time.Minute)
+	alongside(t, waits, 2*time.Minute)
 	kubeletMigration(t, lab.DataplaneKubeProxyNFTables)
 }
 
@@ -136,9 +136,15 @@ func startLoop(ctx context.Context, t *testing.T, l *lab.Lab, url string, rate i
 	r := &loopRun{done: make(chan struct{}), what: fmt.Sprintf("%d new connections a second to %s from the lab's client", rate, addr)}
 	cmd := l.Command(ctx, "client", filepath.Join(env.binDir, "sluice-lab"), "probe", "churn", "--addr", addr,
 		"--rate", fmt.Sprint(rate), "--duration", d.String(), "-o", "json")
+	var stdout strings.Builder
+	cmd.Stdout = &stdout
+	err := cmd.Start() // here, so that stop may read cmd.Process
 	go func() {
 		defer close(r.done)
-		r.out, r.err = cmd.Output()
+		if err == nil {
+			err = cmd.Wait()
+		}
+		r.out, r.err = []byte(stdout.String()), err
 	}()
 	r.stop = func() {
 		if cmd.Process != nil {

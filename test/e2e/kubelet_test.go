@@ -98,7 +98,7 @@ spec:
 //     cgroup programs, qdiscs, XDP and tc state and network sysctls as
 //     before the install, and the Service no longer answers.
 func TestPrivilegedKubeletHelm(t *testing.T) {
-	alongside(t, waits, 7*time.Minute)
+	alongside(t, waits, 3*time.Minute+30*time.Second)
 	requirePrivileged(t, "containerd", "runc", "ctr", "unshare", "bpftool", "tc")
 	if _, err := lab.HelmBin(); err != nil {
 		t.Fatalf("helm: %v", err)
@@ -560,14 +560,18 @@ func startStreamsOf(ctx context.Context, t *testing.T, l *lab.Lab, vip, nodePort
 	s.results[0].what, s.results[1].what = "ClusterIP "+vip+" from pod client", "NodePort "+nodePort+" from the lab's client"
 	finished := make(chan struct{}, 2)
 	for i, c := range cmds {
-		var stderr bytes.Buffer
-		c.Stderr = &stderr
+		var stdout, stderr bytes.Buffer
+		c.Stdout, c.Stderr = &stdout, &stderr
+		// Started here, so that stop may read c.Process.
+		err := c.Start()
 		go func() {
-			out, err := c.Output()
+			if err == nil {
+				err = c.Wait()
+			}
 			if err != nil {
 				err = fmt.Errorf("%w: %s", err, stderr.String())
 			}
-			s.results[i].out, s.results[i].err = out, err
+			s.results[i].out, s.results[i].err = stdout.Bytes(), err
 			finished <- struct{}{}
 		}()
 	}
