@@ -8,7 +8,9 @@ import (
 )
 
 // Tests that mostly wait (a kubelet lab's control plane and pods, a soak
-// paced by the clock, a guest's emulated CPU) run beside each other once
+// paced by the clock, a guest's emulated CPU), and labs whose checks are
+// functional with generous timeouts (the contenders, the migration tests,
+// host ports: 2 s a request or more), run beside each other once
 // every serial test of the package has ended: about half of this package's
 // time (docs/testing.md). Only tests whose lab shares nothing with
 // another's do: its own prefix names its namespaces, cgroups, pins, run

@@ -49,18 +49,22 @@ func contenderLab(t *testing.T, dataplane string) *lab.Lab {
 // apiserver allocates the Service's addresses and ports (the ones asked
 // for here), the dataplane programs them, and the same traffic checks pass.
 func TestPrivilegedContenderSluiceRealControlPlane(t *testing.T) {
+	alongside(t, waits, 20*time.Second)
 	testContender(t, lab.DataplaneSluice)
 }
 
 func TestPrivilegedContenderKubeProxyIPTables(t *testing.T) {
+	alongside(t, waits, 20*time.Second)
 	testContender(t, lab.DataplaneKubeProxyIPTables)
 }
 
 func TestPrivilegedContenderKubeProxyIPTablesNFT(t *testing.T) {
+	alongside(t, waits, 20*time.Second)
 	testContender(t, lab.DataplaneKubeProxyIPTablesNFT)
 }
 
 func TestPrivilegedContenderKubeProxyNFTables(t *testing.T) {
+	alongside(t, waits, 20*time.Second)
 	testContender(t, lab.DataplaneKubeProxyNFTables)
 }
 

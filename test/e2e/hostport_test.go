@@ -32,6 +32,7 @@ import (
 // addresses do not answer them. Removing the ports takes them away. On tc
 // and on native XDP, and with pods balanced per packet.
 func TestPrivilegedHostPort(t *testing.T) {
+	alongside(t, waits, 10*time.Second)
 	for _, c := range []struct {
 		name, accel string
 		args        []string

@@ -21,6 +21,7 @@ import (
 // are balanced anew and reset). Once for each kube-proxy mode this
 // machine runs; node1 native XDP, node2 tc.
 func TestPrivilegedMigrationFromKubeProxy(t *testing.T) {
+	alongside(t, waits, time.Minute)
 	for _, from := range []string{lab.DataplaneKubeProxyIPTables, lab.DataplaneKubeProxyNFTables} {
 		t.Run(from, func(t *testing.T) {
 			l := contenderLab(t, from)
@@ -57,6 +58,7 @@ func TestPrivilegedMigrationFromKubeProxy(t *testing.T) {
 // through kube-proxy's rules. Without the handoff, the NodePort connections
 // would be balanced anew by kube-proxy's rules and reset.
 func TestPrivilegedMigrationBackToKubeProxy(t *testing.T) {
+	alongside(t, waits, 30*time.Second)
 	const to = lab.DataplaneKubeProxyIPTables
 	requireControlPlane(t)
 	cfg := labConfig(newPrefix(t), labNodes, labPodsPerNode)
