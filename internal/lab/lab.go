@@ -724,6 +724,9 @@ func (l *Lab) Down() error {
 	stopGently(dataplanePids(l.Nodes), 5*time.Second)
 	var cpErr error
 	if l.cp != nil { // started here: Stop also reaps
+		// The apiserver's other clients (CoreDNS, kubelets, pods) before
+		// it: with their watches open it takes 10 s to stop.
+		killClients(newNames(l.Prefix))
 		cpErr = l.cp.Stop()
 	}
 	l.Close()
@@ -756,6 +759,36 @@ func dataplanePids(nodes []Node) []int {
 		}
 	}
 	return pids
+}
+
+// killClients kills every process in the lab's network namespaces but the
+// control plane's: the apiserver's clients, so that it stops at once.
+// Errors are Cleanup's to report, which kills what is left.
+func killClients(nm names) {
+	nets, _ := listNetns(nm.prefix)
+	_ = killInNetns(nets, nm.cpNetns())
+}
+
+// killInNetns sends SIGKILL to every process in the namespaces nets but
+// except (and never to this process).
+func killInNetns(nets []string, except string) []error {
+	var errs []error
+	for _, ns := range nets {
+		if ns == except {
+			continue
+		}
+		pids, err := netnsPids(ns)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, pid := range pids {
+			if pid != os.Getpid() {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	return errs
 }
 
 // Close releases this process's handles on the lab without stopping it.
@@ -816,6 +849,7 @@ func Cleanup(prefix string) error {
 			st = nil
 		}
 	}
+	killClients(nm)
 	if err := stopControlPlane(nm.cpDir()); err != nil {
 		errs = append(errs, fmt.Errorf("stop control plane: %w", err))
 	}
@@ -824,18 +858,7 @@ func Cleanup(prefix string) error {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	for _, ns := range nets {
-		pids, err := netnsPids(ns)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, pid := range pids {
-			if pid != os.Getpid() {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	}
+	errs = append(errs, killInNetns(nets, "")...)
 
 	mount, err := datapath.Cgroup2Mount()
 	if err != nil {
