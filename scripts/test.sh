@@ -71,12 +71,12 @@ set +e
 # command does not make: scripts/test-contenders.sh runs them (docs/cilium.md).
 # test/e2e's tests that mostly wait (kubelet labs, the soak, the guests)
 # run four at a time, longest first, once its others have ended: its own
-# scheduler decides (test/e2e/alongside_test.go), so -parallel is above
+# scheduler decides (test/e2e/alongside_test.go), so -parallel (64) is above
 # their count and never holds one back (the other packages' parallel tests
 # bound themselves by the CPUs). It starts last, in ./... order: named
 # first, its migration tests ran beside internal/datapath's floods and
 # lost requests.
-go test -json -race -count=1 -timeout 75m -parallel 16 -skip '^TestPrivilegedCilium' "$@" ./... | tee bin/go-test.json | "$tmp/testreport"
+go test -json -race -count=1 -timeout 75m -parallel 64 -skip '^TestPrivilegedCilium' "$@" ./... | tee bin/go-test.json | "$tmp/testreport"
 status=("${PIPESTATUS[@]}")
 set -e
 if [ "${status[2]}" -ne 0 ]; then

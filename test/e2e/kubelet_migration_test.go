@@ -34,18 +34,19 @@ import (
 // node is as it was before sluice came.
 //
 // One test per kube-proxy mode, each a kubelet lab of its own, so that the
-// two run beside each other and the other kubelet labs (alongside): the
-// paced streams and the loop hold with the CPU they share (the pods ask
-// for CPU as production workloads do, docs/testing.md).
+// two run beside each other and the other kubelet labs (alongside), never
+// beside a TCG guest (lane noGuest): the paced streams and the loop hold
+// with the CPU they share then (the pods ask for CPU as production
+// workloads do, docs/testing.md).
 func TestPrivilegedKubeletMigrationFromKubeProxyIPTables(t *testing.T) {
-	alongside(t, waits, 2*time.Minute)
+	alongside(t, noGuest, 2*time.Minute)
 	kubeletMigration(t, lab.DataplaneKubeProxyIPTables)
 }
 
 // TestPrivilegedKubeletMigrationFromKubeProxyNFTables is the same from
 // kube-proxy's nftables mode.
 func TestPrivilegedKubeletMigrationFromKubeProxyNFTables(t *testing.T) {
-	alongside(t, waits, 2*time.Minute)
+	alongside(t, noGuest, 2*time.Minute)
 	kubeletMigration(t, lab.DataplaneKubeProxyNFTables)
 }
 

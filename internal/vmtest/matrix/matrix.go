@@ -243,7 +243,7 @@ func runKernel(ctx context.Context, cfg Config, spec string, bins map[string]str
 			return kr
 		}
 		fmt.Fprintf(cfg.Log, "matrix: ==> %s on %s\n", s.Name, kr.Release)
-		unlock, err := lock(cfg.LockFile)
+		unlock, err := lock(ctx, cfg.LockFile)
 		if err != nil {
 			kr.Error = err.Error()
 			return kr
@@ -372,8 +372,9 @@ func modulePath(root string) (string, error) {
 }
 
 // lock takes an exclusive flock on path ("" takes none) and returns its
-// release.
-func lock(path string) (func(), error) {
+// release; it gives up when ctx ends (an interrupted run waits for no
+// lock).
+func lock(ctx context.Context, path string) (func(), error) {
 	if path == "" {
 		return func() {}, nil
 	}
@@ -381,11 +382,22 @@ func lock(path string) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("matrix lock: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("matrix lock %s: %w", path, err)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("matrix lock %s: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("matrix lock %s: %w", path, ctx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
 	}
-	return func() { f.Close() }, nil
 }
 
 // prefixed indents every line written to w.
