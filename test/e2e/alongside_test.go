@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"sync"
@@ -66,7 +67,7 @@ func alongside(t *testing.T, kind lane, expect time.Duration) {
 	}
 }
 
-var sched = &scheduler{slots: alongsideSlots}
+var sched = &scheduler{slots: alongsideSlots, warn: os.Stderr}
 
 type ticket struct {
 	name    string
@@ -84,6 +85,7 @@ type scheduler struct {
 	running []*ticket
 	open    bool // every registered test arrived, or arrivalGrace passed
 	timer   *time.Timer
+	warn    io.Writer // where to say it started without some (nil: nowhere)
 }
 
 func (s *scheduler) register(name string, kind lane, expect time.Duration) *ticket {
@@ -102,14 +104,14 @@ func (s *scheduler) arrive(tk *ticket) {
 		s.timer = time.AfterFunc(arrivalGrace, func() {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			if !s.open {
+			if !s.open && s.warn != nil {
 				held := 0
 				for _, tk := range s.waiting {
 					if !tk.arrived {
 						held++
 					}
 				}
-				fmt.Fprintf(os.Stderr, "alongside: starting without %d tests go test holds back (its -parallel is below their count: the order is not longest first)\n", held)
+				fmt.Fprintf(s.warn, "alongside: starting without %d tests go test holds back (its -parallel is below their count: the order is not longest first)\n", held)
 			}
 			s.open = true
 			s.dispatch()
