@@ -545,6 +545,9 @@ func (l *Lab) StartProbe(ctx context.Context, target, kind string, args ...strin
 	return p, nil
 }
 
+// Done is closed when the probe has ended, stopped or not.
+func (p *RunningProbe) Done() <-chan struct{} { return p.done }
+
 // Stop sends the probe SIGTERM (if it still runs) and decodes its report.
 func (p *RunningProbe) Stop() (*ProbeReport, error) {
 	p.stop()

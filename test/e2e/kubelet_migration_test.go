@@ -10,13 +10,11 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -120,58 +118,40 @@ func kubeletMigration(t *testing.T, dp string) {
 }
 
 // loopRun is a churn probe (new connections at a rate) from the lab's
-// client, running in the background; its duration is a bound: checkFrom
-// stops it trafficTail after the step it covers (the connections under way
-// finish).
+// client, running in the background (lab.StartProbe); its duration is a
+// bound: checkFrom stops it trafficTail after the step it covers (the
+// connections under way finish).
 type loopRun struct {
-	done chan struct{}
+	p    *lab.RunningProbe
 	what string
-	stop func()
-	out  []byte
-	err  error
 }
 
 func startLoop(ctx context.Context, t *testing.T, l *lab.Lab, url string, rate int, d time.Duration) *loopRun {
 	t.Helper()
 	addr := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/")
-	r := &loopRun{done: make(chan struct{}), what: fmt.Sprintf("%d new connections a second to %s from the lab's client", rate, addr)}
-	cmd := l.Command(ctx, "client", filepath.Join(env.binDir, "sluice-lab"), "probe", "churn", "--addr", addr,
-		"--rate", fmt.Sprint(rate), "--duration", d.String(), "-o", "json")
-	var stdout strings.Builder
-	cmd.Stdout = &stdout
-	err := cmd.Start() // here, so that stop may read cmd.Process
-	go func() {
-		defer close(r.done)
-		if err == nil {
-			err = cmd.Wait()
-		}
-		r.out, r.err = []byte(stdout.String()), err
-	}()
-	r.stop = func() {
-		if cmd.Process != nil {
-			_ = cmd.Process.Signal(syscall.SIGTERM) // nsenter execs the probe
-		}
+	p, err := l.StartProbe(ctx, "client", "churn", "--addr", addr, "--rate", fmt.Sprint(rate), "--duration", d.String())
+	if err != nil {
+		t.Fatal(err)
 	}
-	return r
+	return &loopRun{p: p, what: fmt.Sprintf("%d new connections a second to %s from the lab's client", rate, addr)}
 }
 
 // checkFrom waits until trafficTail after stepDone (or the loop's end),
 // stops the loop and fails the test on any connection not answered.
 func (r *loopRun) checkFrom(t *testing.T, what string, stepDone time.Time) {
 	t.Helper()
-	stopAt(stepDone.Add(trafficTail), r.done, r.stop)
-	if r.err != nil {
-		t.Errorf("%s during %s: %v", r.what, what, r.err)
-		return
+	select {
+	case <-r.p.Done():
+	case <-time.After(time.Until(stepDone.Add(trafficTail))):
 	}
-	var rep lab.ProbeReport
-	if err := json.Unmarshal(r.out, &rep); err != nil {
-		t.Errorf("%s: %v in %q", r.what, err, r.out)
+	rep, err := r.p.Stop()
+	if err != nil {
+		t.Errorf("%s during %s: %v", r.what, what, err)
 		return
 	}
 	if rep.OK != rep.Count || rep.Count == 0 || len(rep.Errors) > 0 {
-		t.Errorf("%s during %s: %s, want every one answered", r.what, what, describe(&rep))
+		t.Errorf("%s during %s: %s, want every one answered", r.what, what, describe(rep))
 		return
 	}
-	t.Logf("%s: %d of %d answered across %s%s", r.what, rep.OK, rep.Count, what, withStalls(&rep))
+	t.Logf("%s: %d of %d answered across %s%s", r.what, rep.OK, rep.Count, what, withStalls(rep))
 }
