@@ -31,6 +31,7 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/agent"
 	"github.com/sluice-dataplane/sluice/internal/controlplane/cptest"
+	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
 
@@ -306,7 +307,7 @@ func (h *handlerRecorder) OnServiceUpdate(prev, cur *corev1.Service) {
 	h.note("Service", nilIfNil(prev), nilIfNil(cur))
 }
 
-func (h *handlerRecorder) OnEndpointSliceUpdate(prev, cur *discoveryv1.EndpointSlice) {
+func (h *handlerRecorder) OnSliceUpdate(prev, cur *loadbalancer.Slice) {
 	h.note("EndpointSlice", nilIfNil(prev), nilIfNil(cur))
 }
 

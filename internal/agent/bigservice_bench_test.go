@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 )
 
 // bigService is a NodePort Service of e endpoints in slices of 100, as the
@@ -62,7 +63,7 @@ func BenchmarkBigServiceChange(b *testing.B) {
 			svc, slices := bigService(e)
 			pl.OnServiceUpdate(nil, svc)
 			for _, s := range slices {
-				pl.OnEndpointSliceUpdate(nil, s)
+				pl.OnSliceUpdate(nil, loadbalancer.NewSlice(s))
 			}
 			if _, err := pl.Sync(true); err != nil {
 				b.Fatal(err)
@@ -74,7 +75,7 @@ func BenchmarkBigServiceChange(b *testing.B) {
 				if n%2 == 1 {
 					prev, cur = off, on
 				}
-				pl.OnEndpointSliceUpdate(prev, cur)
+				pl.OnSliceUpdate(loadbalancer.NewSlice(prev), loadbalancer.NewSlice(cur))
 				if _, err := pl.Sync(false); err != nil {
 					b.Fatal(err)
 				}

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sluice-dataplane/sluice/internal/datapath"
+	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 	"github.com/sluice-dataplane/sluice/internal/probe"
 	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
@@ -75,7 +76,7 @@ func BenchmarkSyncOneChangeDSR10k(b *testing.B) {
 		}
 		eps[i] = dsrSlice(name, addrs...)
 		pl.OnServiceUpdate(nil, svc)
-		pl.OnEndpointSliceUpdate(nil, eps[i])
+		pl.OnSliceUpdate(nil, loadbalancer.NewSlice(eps[i]))
 	}
 	var inTunnels time.Duration // of the last sync
 	sync := func(full bool) int {
@@ -109,7 +110,7 @@ func BenchmarkSyncOneChangeDSR10k(b *testing.B) {
 		if n%2 == 1 {
 			prev, cur = cur, prev
 		}
-		pl.OnEndpointSliceUpdate(prev, cur)
+		pl.OnSliceUpdate(loadbalancer.NewSlice(prev), loadbalancer.NewSlice(cur))
 		if got := sync(false); got != 1 {
 			b.Fatalf("change %d: %d tunnel entries changed, want 1", n, got)
 		}

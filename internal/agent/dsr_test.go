@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 )
 
 // nsMemDataplane is memDataplane with the tc/XDP side loaded: its DSR tunnel
@@ -170,7 +171,7 @@ func TestAgentDSRWithoutPodCIDRs(t *testing.T) {
 	a.OnNodeUpdate(nil, dsrNode("node1", "198.18.0.11"))
 	a.OnNodeUpdate(nil, dsrNode("node2", "198.18.0.12", "fd00:198:18::12"))
 	a.OnServiceUpdate(nil, dsrService("web", 10))
-	a.OnEndpointSliceUpdate(nil, dsrSlice("web", "10.1.0.5@node1", "10.2.0.5@node2", "10.2.0.6@node2", "10.9.0.5@node9"))
+	a.OnSliceUpdate(nil, loadbalancer.NewSlice(dsrSlice("web", "10.1.0.5@node1", "10.2.0.5@node2", "10.2.0.6@node2", "10.9.0.5@node9")))
 	if out := a.syncOnce(true, false); out.failed {
 		t.Fatalf("first sync failed: %+v", a.sync)
 	}
@@ -202,7 +203,7 @@ func TestAgentDSRWithoutPodCIDRs(t *testing.T) {
 	}
 
 	// One endpoint more: one entry written.
-	a.OnEndpointSliceUpdate(nil, dsrSlice("web", "10.1.0.5@node1", "10.2.0.5@node2", "10.2.0.6@node2", "10.2.0.7@node2", "10.9.0.5@node9"))
+	a.OnSliceUpdate(nil, loadbalancer.NewSlice(dsrSlice("web", "10.1.0.5@node1", "10.2.0.5@node2", "10.2.0.6@node2", "10.2.0.7@node2", "10.9.0.5@node9")))
 	a.syncOnce(false, false)
 	got, after := dp.snapshot()
 	want[hostPrefix("10.2.0.7")] = netip.MustParseAddr("198.18.0.12")
@@ -250,7 +251,7 @@ func TestAgentDSRFallbackSNATMode(t *testing.T) {
 	a, _ := newDSRAgent(t, "snat")
 	a.OnNodeUpdate(nil, dsrNode("node1", "198.18.0.11"))
 	a.OnServiceUpdate(nil, dsrService("web", 10))
-	a.OnEndpointSliceUpdate(nil, dsrSlice("web", "10.9.0.5@node9", "10.9.0.6@"))
+	a.OnSliceUpdate(nil, loadbalancer.NewSlice(dsrSlice("web", "10.9.0.5@node9", "10.9.0.6@")))
 	a.syncOnce(true, false)
 	st, err := a.Status(context.Background())
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/healthcheck"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 	"github.com/sluice-dataplane/sluice/internal/reconciler"
 )
 
@@ -242,11 +243,11 @@ func TestAgentNodeEligibility(t *testing.T) {
 // nopPipeline records nothing.
 type nopPipeline struct{}
 
-func (nopPipeline) OnServiceUpdate(_, _ *corev1.Service)                  {}
-func (nopPipeline) OnEndpointSliceUpdate(_, _ *discoveryv1.EndpointSlice) {}
-func (nopPipeline) OnNodeUpdate(_, _ *corev1.Node)                        {}
-func (nopPipeline) Sync(bool) (summary, error)                            { return summary{}, nil }
-func (nopPipeline) Installed() []api.Service                              { return nil }
+func (nopPipeline) OnServiceUpdate(_, _ *corev1.Service)   {}
+func (nopPipeline) OnSliceUpdate(_, _ *loadbalancer.Slice) {}
+func (nopPipeline) OnNodeUpdate(_, _ *corev1.Node)         {}
+func (nopPipeline) Sync(bool) (summary, error)             { return summary{}, nil }
+func (nopPipeline) Installed() []api.Service               { return nil }
 func (nopPipeline) InstalledIDs() (map[uint16]reconciler.FrontendName, map[uint32]bool) {
 	return nil, nil
 }
@@ -298,7 +299,7 @@ spec:
 				case *corev1.Service:
 					pl.OnServiceUpdate(nil, o)
 				case *discoveryv1.EndpointSlice:
-					pl.OnEndpointSliceUpdate(nil, o)
+					pl.OnSliceUpdate(nil, loadbalancer.NewSlice(o))
 				}
 			}
 			if _, err := pl.Sync(false); err != nil {

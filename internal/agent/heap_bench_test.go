@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
+	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 )
 
 // BenchmarkLiveHeap10k is the agent's live heap once 10,000 Services × 10
@@ -96,7 +97,7 @@ func liveHeap10k(b *testing.B, cluster bool) (informers, pipeline uint64) {
 		pl.OnServiceUpdate(nil, o.(*corev1.Service))
 	}
 	for _, o := range sliceStore.List() {
-		pl.OnEndpointSliceUpdate(nil, o.(*discoveryv1.EndpointSlice))
+		pl.OnSliceUpdate(nil, o.(*loadbalancer.Slice))
 	}
 	if sum, err := pl.Sync(true); err != nil || sum.Backends != n*m {
 		b.Fatalf("initial sync: %d backends, %v", sum.Backends, err)

@@ -4,11 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 )
 
 // proxyLabelSelector leaves out Services another proxy implements and
@@ -155,7 +156,7 @@ func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
 		case kindService:
 			reg, err = i.AddEventHandler(eventHandler(h.OnServiceUpdate))
 		case kindEndpointSlice:
-			reg, err = i.AddEventHandler(eventHandler(h.OnEndpointSliceUpdate))
+			reg, err = i.AddEventHandler(eventHandler(h.OnSliceUpdate))
 		case kindNode:
 			reg, err = i.AddEventHandler(eventHandler(h.OnNodeUpdate))
 		case kindPod:
@@ -200,11 +201,10 @@ func nodeUnchanged(prev, cur *corev1.Node) bool {
 
 // sliceUnchanged: prev and cur differ in nothing the agent reads of an
 // EndpointSlice (its endpoints, ports, address family and labels).
-func sliceUnchanged(prev, cur *discoveryv1.EndpointSlice) bool {
-	return prev != nil && cur != nil && prev.AddressType == cur.AddressType &&
-		apiequality.Semantic.DeepEqual(prev.Labels, cur.Labels) &&
+func sliceUnchanged(prev, cur *loadbalancer.Slice) bool {
+	return prev != nil && cur != nil && prev.AddressType == cur.AddressType && prev.Service == cur.Service &&
 		apiequality.Semantic.DeepEqual(prev.Ports, cur.Ports) &&
-		apiequality.Semantic.DeepEqual(prev.Endpoints, cur.Endpoints)
+		slices.EqualFunc(prev.Endpoints, cur.Endpoints, loadbalancer.Endpoint.Equal)
 }
 
 // listFailed records a list or watch error of an informer (which retries
@@ -277,23 +277,12 @@ var (
 	_ Source = (*ManifestSource)(nil)
 )
 
-// triggerTime is a slice's endpoints.kubernetes.io/last-change-trigger-time:
-// when the Pod or Service change behind this version happened. Zero when
-// absent or malformed, as kube-proxy treats it.
-func triggerTime(s *discoveryv1.EndpointSlice) time.Time {
-	v, ok := s.Annotations[corev1.EndpointsLastChangeTriggerTime]
-	if !ok {
-		return time.Time{}
-	}
-	t, err := time.Parse(time.RFC3339Nano, v)
-	if err != nil {
-		return time.Time{}
-	}
-	return t
-}
+// triggerTime is a slice's endpoints.kubernetes.io/last-change-trigger-time
+// (loadbalancer.Slice.TriggerTime).
+func triggerTime(s *loadbalancer.Slice) time.Time { return s.TriggerTime }
 
 // Compile-time checks that the callbacks match the informers' types.
 var (
 	_ = eventHandler[corev1.Service]
-	_ = eventHandler[discoveryv1.EndpointSlice]
+	_ = eventHandler[loadbalancer.Slice]
 )

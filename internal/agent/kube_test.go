@@ -12,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 )
 
 func TestKubeSource(t *testing.T) {
@@ -91,9 +93,9 @@ func (h slowHandler) OnServiceUpdate(prev, cur *corev1.Service) {
 	h.recorder.OnServiceUpdate(prev, cur)
 }
 
-func (h slowHandler) OnEndpointSliceUpdate(prev, cur *discoveryv1.EndpointSlice) {
+func (h slowHandler) OnSliceUpdate(prev, cur *loadbalancer.Slice) {
 	time.Sleep(h.delay)
-	h.recorder.OnEndpointSliceUpdate(prev, cur)
+	h.recorder.OnSliceUpdate(prev, cur)
 }
 
 func (h slowHandler) OnNodeUpdate(prev, cur *corev1.Node) {

@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 	"github.com/sluice-dataplane/sluice/internal/quantity"
 )
 
@@ -263,7 +264,8 @@ func dispatch(h Handler, prev, cur runtime.Object) {
 	case *corev1.Service:
 		h.OnServiceUpdate(typed[*corev1.Service](prev), typed[*corev1.Service](cur))
 	case *discoveryv1.EndpointSlice:
-		h.OnEndpointSliceUpdate(typed[*discoveryv1.EndpointSlice](prev), typed[*discoveryv1.EndpointSlice](cur))
+		h.OnSliceUpdate(loadbalancer.NewSlice(typed[*discoveryv1.EndpointSlice](prev)),
+			loadbalancer.NewSlice(typed[*discoveryv1.EndpointSlice](cur)))
 	case *corev1.Node:
 		h.OnNodeUpdate(typed[*corev1.Node](prev), typed[*corev1.Node](cur))
 	case *corev1.Pod:

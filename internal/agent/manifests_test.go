@@ -14,8 +14,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 )
 
 // recorder is a Handler that records "add|update|delete Kind ns/name".
@@ -62,7 +63,7 @@ func objOrNil[T interface {
 func (r *recorder) OnServiceUpdate(prev, cur *corev1.Service) {
 	r.record("Service", objOrNil(prev), objOrNil(cur))
 }
-func (r *recorder) OnEndpointSliceUpdate(prev, cur *discoveryv1.EndpointSlice) {
+func (r *recorder) OnSliceUpdate(prev, cur *loadbalancer.Slice) {
 	r.record("EndpointSlice", objOrNil(prev), objOrNil(cur))
 }
 func (r *recorder) OnNodeUpdate(prev, cur *corev1.Node) {

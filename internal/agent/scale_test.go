@@ -152,7 +152,7 @@ func BenchmarkSyncOneChange10k(b *testing.B) {
 	}
 	for i := range svcs {
 		pl.OnServiceUpdate(nil, svcs[i])
-		pl.OnEndpointSliceUpdate(nil, slices[i])
+		pl.OnSliceUpdate(nil, loadbalancer.NewSlice(slices[i]))
 	}
 	start := time.Now()
 	if sum, err := pl.Sync(true); err != nil || sum.Backends != 100000 {
@@ -167,7 +167,7 @@ func BenchmarkSyncOneChange10k(b *testing.B) {
 		if i%2 == 1 {
 			s = slices[k]
 		}
-		pl.OnEndpointSliceUpdate(slices[k], s)
+		pl.OnSliceUpdate(loadbalancer.NewSlice(slices[k]), loadbalancer.NewSlice(s))
 		if _, err := pl.Sync(false); err != nil {
 			b.Fatal(err)
 		}
@@ -365,7 +365,7 @@ func TestPreparedPipelineSyncsEverything(t *testing.T) {
 	}
 	for i := range svcs {
 		p.OnServiceUpdate(nil, svcs[i])
-		p.OnEndpointSliceUpdate(nil, slices[i])
+		p.OnSliceUpdate(nil, loadbalancer.NewSlice(slices[i]))
 	}
 	p.prepare()
 	m := lbmap.NewMemory()

@@ -4,16 +4,18 @@ import (
 	"context"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 )
 
 // Handler receives object changes from a source; prev nil is an add, cur nil
 // a delete. The load balancer's change tracker implements it.
 type Handler interface {
 	OnServiceUpdate(prev, cur *corev1.Service)
-	OnEndpointSliceUpdate(prev, cur *discoveryv1.EndpointSlice)
+	// OnSliceUpdate: an EndpointSlice, as loadbalancer.NewSlice reads it
+	// (the informer's cache keeps it so).
+	OnSliceUpdate(prev, cur *loadbalancer.Slice)
 	OnNodeUpdate(prev, cur *corev1.Node)
 }
 

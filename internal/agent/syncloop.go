@@ -12,7 +12,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 )
@@ -246,7 +245,7 @@ func (a *Agent) OnServiceUpdate(prev, cur *corev1.Service) {
 // maxTriggers bounds the trigger times kept while syncs fail.
 const maxTriggers = 100_000
 
-func (a *Agent) OnEndpointSliceUpdate(prev, cur *discoveryv1.EndpointSlice) {
+func (a *Agent) OnSliceUpdate(prev, cur *loadbalancer.Slice) {
 	// An update that changes no endpoint (a re-list's replay, a controller
 	// rewriting the same slice with a new trigger time) is no change: no
 	// sync, and no network-programming sample, as kube-proxy's tracker
@@ -254,7 +253,7 @@ func (a *Agent) OnEndpointSliceUpdate(prev, cur *discoveryv1.EndpointSlice) {
 	if sliceUnchanged(prev, cur) {
 		return
 	}
-	a.pl.OnEndpointSliceUpdate(prev, cur)
+	a.pl.OnSliceUpdate(prev, cur)
 	// Recorded after the pipeline has the change, so that a sync that takes
 	// the time also takes the change. Like kube-proxy, only changes after
 	// the agent's start count: the initial list's are history.

@@ -54,7 +54,7 @@ type Tracker struct {
 
 	mu            sync.Mutex
 	pendingSvcs   map[types.NamespacedName]*corev1.Service // nil: deleted
-	pendingSlices map[types.NamespacedName]*discoveryv1.EndpointSlice
+	pendingSlices map[types.NamespacedName]*Slice
 	pendingNodes  map[string]*corev1.Node
 	pendingPods   map[types.NamespacedName]*corev1.Pod
 	// localAddrs are this node's own interface addresses (SetLocalAddresses),
@@ -67,8 +67,8 @@ type Tracker struct {
 	// replies are translated, NodePorts only where localAddrs allow.
 	snatSources []netip.Addr
 	services    map[types.NamespacedName]*corev1.Service
-	slices      map[types.NamespacedName]*discoveryv1.EndpointSlice   // last good, by slice name
-	slicesOf    map[types.NamespacedName][]*discoveryv1.EndpointSlice // a few a Service: a list, not a map
+	slices      map[types.NamespacedName]*Slice   // last good, by slice name
+	slicesOf    map[types.NamespacedName][]*Slice // a few a Service: a list, not a map
 	nodes       map[string]nodeInfo
 	// pods are this node's Pods that ask for a hostPort; hostPorts says
 	// whether their HostPort frontends are served (SetHostPorts), and
@@ -89,12 +89,12 @@ func NewTracker(opts Options) *Tracker {
 	return &Tracker{
 		opts:          opts,
 		pendingSvcs:   map[types.NamespacedName]*corev1.Service{},
-		pendingSlices: map[types.NamespacedName]*discoveryv1.EndpointSlice{},
+		pendingSlices: map[types.NamespacedName]*Slice{},
 		pendingNodes:  map[string]*corev1.Node{},
 		pendingPods:   map[types.NamespacedName]*corev1.Pod{},
 		services:      map[types.NamespacedName]*corev1.Service{},
-		slices:        map[types.NamespacedName]*discoveryv1.EndpointSlice{},
-		slicesOf:      map[types.NamespacedName][]*discoveryv1.EndpointSlice{},
+		slices:        map[types.NamespacedName]*Slice{},
+		slicesOf:      map[types.NamespacedName][]*Slice{},
 		nodes:         map[string]nodeInfo{},
 		pods:          map[types.NamespacedName]*corev1.Pod{},
 		translated:    map[types.NamespacedName]translation{},
@@ -127,8 +127,15 @@ func (t *Tracker) OnServiceUpdate(prev, cur *corev1.Service) {
 	t.mu.Unlock()
 }
 
-// OnEndpointSliceUpdate records an EndpointSlice change, as OnServiceUpdate.
+// OnEndpointSliceUpdate records an EndpointSlice change, as OnServiceUpdate
+// (as a Slice: OnSliceUpdate).
 func (t *Tracker) OnEndpointSliceUpdate(prev, cur *discoveryv1.EndpointSlice) {
+	t.OnSliceUpdate(NewSlice(prev), NewSlice(cur))
+}
+
+// OnSliceUpdate records an EndpointSlice change, as OnServiceUpdate: the
+// agent's informer keeps its EndpointSlices as Slices.
+func (t *Tracker) OnSliceUpdate(prev, cur *Slice) {
 	obj := cur
 	if obj == nil {
 		obj = prev
@@ -247,7 +254,7 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 		delete(t.state.Errors, key)
 		if old := t.slices[name]; old != nil {
 			owner := sliceService(old)
-			t.slicesOf[owner] = slices.DeleteFunc(t.slicesOf[owner], func(s *discoveryv1.EndpointSlice) bool { return s.Name == name.Name })
+			t.slicesOf[owner] = slices.DeleteFunc(t.slicesOf[owner], func(s *Slice) bool { return s.Name == name.Name })
 			if len(t.slicesOf[owner]) == 0 {
 				delete(t.slicesOf, owner)
 			}
@@ -352,7 +359,7 @@ func (t *Tracker) translate(name types.NamespacedName) []Frontend {
 		created = svc.CreationTimestamp.UnixNano()
 		var err error
 		var ignored IgnoredFields
-		lbs, err = Translate(svc, t.slicesOf[name], t.opts)
+		lbs, err = TranslateSlices(svc, t.slicesOf[name], t.opts)
 		delete(t.state.Ignored, key)
 		switch {
 		case errors.As(err, &ignored):
@@ -463,10 +470,9 @@ func drained[K comparable, V any](m map[K]V) map[K]V {
 
 // sliceService names the Service a slice belongs to; slices without the
 // label belong to no Service and land under an empty name, never translated.
-func sliceService(s *discoveryv1.EndpointSlice) types.NamespacedName {
-	svc := s.Labels[discoveryv1.LabelServiceName]
-	if svc == "" {
+func sliceService(s *Slice) types.NamespacedName {
+	if s.Service == "" {
 		return types.NamespacedName{}
 	}
-	return types.NamespacedName{Namespace: s.Namespace, Name: svc}
+	return types.NamespacedName{Namespace: s.Namespace, Name: s.Service}
 }

@@ -149,6 +149,18 @@ func EndpointSliceObject(namespace, name string) string {
 // no LBServices and no error, as in kube-proxy. SCTP ports are skipped; the
 // Tracker reports them in State.Unsupported.
 func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, opts Options) ([]LBService, error) {
+	own := make([]*Slice, 0, len(epSlices))
+	for _, s := range epSlices {
+		if s != nil {
+			own = append(own, NewSlice(s))
+		}
+	}
+	return TranslateSlices(svc, own, opts)
+}
+
+// TranslateSlices is Translate of Slices: the Tracker's, whose informer
+// keeps EndpointSlices as Slices.
+func TranslateSlices(svc *corev1.Service, epSlices []*Slice, opts Options) ([]LBService, error) {
 	if svc == nil {
 		return nil, fmt.Errorf("translate: nil Service")
 	}
@@ -190,9 +202,9 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, opts 
 		}
 	}
 
-	own := make([]*discoveryv1.EndpointSlice, 0, len(epSlices))
+	own := make([]*Slice, 0, len(epSlices))
 	for _, s := range epSlices {
-		if s == nil || s.Namespace != svc.Namespace || s.Labels[discoveryv1.LabelServiceName] != svc.Name {
+		if s == nil || s.Namespace != svc.Namespace || s.Service != svc.Name {
 			continue
 		}
 		if err := validateEndpointSlice(s); err != nil {
@@ -201,7 +213,7 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, opts 
 		own = append(own, s)
 	}
 	// Sorted so that deduplication across slices is deterministic.
-	slices.SortFunc(own, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(own, func(a, b *Slice) int { return cmp.Compare(a.Name, b.Name) })
 
 	nodePorts := svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer
 	allocateNodePorts := svc.Spec.AllocateLoadBalancerNodePorts == nil || *svc.Spec.AllocateLoadBalancerNodePorts
@@ -470,7 +482,7 @@ type candidate struct {
 // as kube-proxy reads them: the ready ones and the serving-terminating
 // ones (a nil Ready or Serving counts as true), each address:port once,
 // sorted; only addresses[0] counts.
-func endpoints(own []*discoveryv1.EndpointSlice, v6 bool, portName string, proto Proto) []candidate {
+func endpoints(own []*Slice, v6 bool, portName string, proto Proto) []candidate {
 	want := discoveryv1.AddressTypeIPv4
 	if v6 {
 		want = discoveryv1.AddressTypeIPv6
@@ -484,30 +496,21 @@ func endpoints(own []*discoveryv1.EndpointSlice, v6 bool, portName string, proto
 		if !ok {
 			continue
 		}
-		for _, ep := range s.Endpoints {
+		for i := range s.Endpoints {
 			// As kube-proxy's endpointslicecache: a nil ready or serving is
 			// true, a nil terminating false (the API's field comment asks
 			// to defer a nil serving to ready; kube-proxy does not, and a
-			// terminating endpoint without conditions set stays usable).
-			ready := ep.Conditions.Ready == nil || *ep.Conditions.Ready
-			serving := ep.Conditions.Serving == nil || *ep.Conditions.Serving
-			terminating := ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
-			if !ready && !(serving && terminating) {
+			// terminating endpoint without conditions set stays usable):
+			// NewSlice reads them so.
+			ep := &s.Endpoints[i]
+			ready := ep.Ready
+			if !ready && !(ep.Serving && ep.Terminating) {
 				continue
 			}
-			addr, _ := parseIP(ep.Addresses[0]) // validated
-			c := candidate{b: Backend{Addr: addr, Port: port, Proto: proto, Terminating: !ready}, ready: ready}
-			if ep.NodeName != nil {
-				c.b.NodeName = *ep.NodeName
-			}
-			if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
-				c.b.PodName = ep.TargetRef.Name
-			}
-			if ep.Hints != nil && len(ep.Hints.ForZones) > 0 {
-				c.hasHint = true
-				for _, z := range ep.Hints.ForZones {
-					c.zones = append(c.zones, z.Name)
-				}
+			c := candidate{b: Backend{Addr: ep.Addr, Port: port, Proto: proto, Terminating: !ready,
+				NodeName: ep.NodeName, PodName: ep.PodName}, ready: ready} // Addr validated
+			if zones := ep.Zones(); len(zones) > 0 {
+				c.hasHint, c.zones = true, zones
 			}
 			// The same endpoint may sit in two slices while the controller
 			// moves it; the ready copy wins.
@@ -584,7 +587,7 @@ func localBackends(eps []candidate, nodeName string) []Backend {
 }
 
 // slicePort finds the slice port for a Service port by name and protocol.
-func slicePort(s *discoveryv1.EndpointSlice, name string, proto Proto) (uint16, bool) {
+func slicePort(s *Slice, name string, proto Proto) (uint16, bool) {
 	for _, p := range s.Ports {
 		pname := ""
 		if p.Name != nil {
@@ -606,7 +609,7 @@ func slicePort(s *discoveryv1.EndpointSlice, name string, proto Proto) (uint16, 
 
 // validateEndpointSlice checks everything Translate relies on, so that a bad
 // slice is refused as a whole (and its last good version kept).
-func validateEndpointSlice(s *discoveryv1.EndpointSlice) error {
+func validateEndpointSlice(s *Slice) error {
 	obj := EndpointSliceObject(s.Namespace, s.Name)
 	var v6 bool
 	switch s.AddressType {
@@ -631,18 +634,21 @@ func validateEndpointSlice(s *discoveryv1.EndpointSlice) error {
 			}
 		}
 	}
-	for i, ep := range s.Endpoints {
+	for i := range s.Endpoints {
+		ep := &s.Endpoints[i]
 		field := "endpoints[" + strconv.Itoa(i) + "].addresses"
-		if len(ep.Addresses) == 0 {
+		if r := ep.rare; r != nil && r.noAddress {
 			return &FieldError{Object: obj, Field: field, Reason: "at least one address required"}
 		}
-		// Consumers use only the first address (EndpointSlice API contract).
-		ip, err := parseIP(ep.Addresses[0])
-		if err == nil && ip.Is6() != v6 {
-			err = fmt.Errorf("not an %s address", s.AddressType)
+		// Consumers use only the first address (EndpointSlice API
+		// contract); NewSlice parsed it.
+		if !ep.Addr.IsValid() {
+			_, err := parseIP(ep.rare.badAddr)
+			return &FieldError{Object: obj, Field: field + "[0]", Value: ep.rare.badAddr, Reason: err.Error()}
 		}
-		if err != nil {
-			return &FieldError{Object: obj, Field: field + "[0]", Value: ep.Addresses[0], Reason: err.Error()}
+		if ep.Addr.Is6() != v6 {
+			return &FieldError{Object: obj, Field: field + "[0]", Value: ep.Addr.String(),
+				Reason: fmt.Sprintf("not an %s address", s.AddressType)}
 		}
 	}
 	return nil
