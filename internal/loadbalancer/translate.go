@@ -272,6 +272,10 @@ func TranslateSlices(svc *corev1.Service, epSlices []*Slice, opts Options) ([]LB
 			}
 			return c
 		}
+		// The frontends of one port and family (ClusterIP, NodePort,
+		// ExternalIPs, LoadBalancer IPs) share one list of each kind: an
+		// LBService's backends are never written once translated.
+		cluster, local := map[bool][]Backend{}, map[bool][]Backend{}
 		add := func(t FrontendType, addr netip.Addr, port uint16) {
 			fe := Frontend{Addr: addr, Port: port, Proto: proto}
 			if seen[fe] {
@@ -282,14 +286,21 @@ func TranslateSlices(svc *corev1.Service, epSlices []*Slice, opts Options) ([]LB
 			lbs.Name = name
 			lbs.Type = t
 			lbs.Frontend = fe
-			lbs.Backends = clusterBackends(endpointsFor(addr), opts.Zone)
+			v6 := addr.Is6()
+			if _, ok := cluster[v6]; !ok {
+				cluster[v6] = clusterBackends(endpointsFor(addr), opts.Zone)
+			}
+			lbs.Backends = cluster[v6]
 			if t == ClusterIP {
 				lbs.ExternalTrafficLocal = false
 			} else {
 				lbs.InternalTrafficLocal = false
 			}
 			if lbs.ExternalTrafficLocal || lbs.InternalTrafficLocal {
-				lbs.LocalBackends = localBackends(endpointsFor(addr), opts.NodeName)
+				if _, ok := local[v6]; !ok {
+					local[v6] = localBackends(endpointsFor(addr), opts.NodeName)
+				}
+				lbs.LocalBackends = local[v6]
 			}
 			// Source ranges guard LoadBalancer IPs only, per family as
 			// kube-proxy's proxier of each family sees them: a family
