@@ -200,7 +200,7 @@ func nodeUnchanged(prev, cur *corev1.Node) bool {
 }
 
 // sliceUnchanged: prev and cur differ in nothing the agent reads of an
-// EndpointSlice (its endpoints, ports, address family and labels).
+// EndpointSlice (its endpoints, ports, address family and Service).
 func sliceUnchanged(prev, cur *loadbalancer.Slice) bool {
 	return prev != nil && cur != nil && prev.AddressType == cur.AddressType && prev.Service == cur.Service &&
 		apiequality.Semantic.DeepEqual(prev.Ports, cur.Ports) &&

@@ -55,10 +55,11 @@ type Endpoint struct {
 }
 
 // endpointRare is what few endpoints have: a zone hint, or an address
-// that does not parse (kept for the error that names it).
+// that does not parse or is not of the slice's family (kept as written,
+// for the error that names it).
 type endpointRare struct {
 	zones     []string // hints.forZones
-	badAddr   string   // addresses[0] when it did not parse
+	addr      string   // addresses[0] as written, when it is invalid here
 	noAddress bool     // addresses empty
 }
 
@@ -85,12 +86,13 @@ func NewSlice(s *discoveryv1.EndpointSlice) *Slice {
 		}
 	}
 	for i := range s.Endpoints {
-		out.Endpoints[i] = newEndpoint(&s.Endpoints[i])
+		out.Endpoints[i] = newEndpoint(&s.Endpoints[i], s.AddressType == discoveryv1.AddressTypeIPv6)
 	}
 	return out
 }
 
-func newEndpoint(ep *discoveryv1.Endpoint) Endpoint {
+// newEndpoint is ep of a slice of IPv6 addresses (v6) or IPv4 ones.
+func newEndpoint(ep *discoveryv1.Endpoint, v6 bool) Endpoint {
 	c := ep.Conditions
 	e := Endpoint{Ready: c.Ready == nil || *c.Ready, Serving: c.Serving == nil || *c.Serving,
 		Terminating: c.Terminating != nil && *c.Terminating}
@@ -99,8 +101,11 @@ func newEndpoint(ep *discoveryv1.Endpoint) Endpoint {
 		rare.noAddress = true
 	} else if a, err := parseIP(ep.Addresses[0]); err == nil {
 		e.Addr = a
+		if a.Is6() != v6 {
+			rare.addr = ep.Addresses[0]
+		}
 	} else {
-		rare.badAddr = ep.Addresses[0]
+		rare.addr = ep.Addresses[0]
 	}
 	if ep.NodeName != nil {
 		e.NodeName = unique.Make(*ep.NodeName).Value()
@@ -113,7 +118,7 @@ func newEndpoint(ep *discoveryv1.Endpoint) Endpoint {
 			rare.zones = append(rare.zones, z.Name)
 		}
 	}
-	if !e.Addr.IsValid() || len(rare.zones) > 0 {
+	if rare.noAddress || rare.addr != "" || !e.Addr.IsValid() || len(rare.zones) > 0 {
 		e.rare = &rare
 	}
 	return e
@@ -125,7 +130,7 @@ func (e Endpoint) Equal(o Endpoint) bool {
 		e.Serving != o.Serving || e.Terminating != o.Terminating || (e.rare == nil) != (o.rare == nil) {
 		return false
 	}
-	return e.rare == nil || e.rare.badAddr == o.rare.badAddr && e.rare.noAddress == o.rare.noAddress &&
+	return e.rare == nil || e.rare.addr == o.rare.addr && e.rare.noAddress == o.rare.noAddress &&
 		slices.Equal(e.rare.zones, o.rare.zones)
 }
 
@@ -137,8 +142,11 @@ func (s *Slice) DeepCopyObject() runtime.Object {
 	out := &Slice{TypeMeta: s.TypeMeta, Service: s.Service, TriggerTime: s.TriggerTime, AddressType: s.AddressType,
 		Endpoints: slices.Clone(s.Endpoints)}
 	s.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
-	for i := range s.Ports {
-		out.Ports = append(out.Ports, *s.Ports[i].DeepCopy())
+	if s.Ports != nil {
+		out.Ports = make([]discoveryv1.EndpointPort, len(s.Ports))
+		for i := range s.Ports {
+			s.Ports[i].DeepCopyInto(&out.Ports[i])
+		}
 	}
 	for i, e := range out.Endpoints {
 		if e.rare != nil {

@@ -648,17 +648,26 @@ func validateEndpointSlice(s *Slice) error {
 	for i := range s.Endpoints {
 		ep := &s.Endpoints[i]
 		field := "endpoints[" + strconv.Itoa(i) + "].addresses"
-		if r := ep.rare; r != nil && r.noAddress {
-			return &FieldError{Object: obj, Field: field, Reason: "at least one address required"}
-		}
 		// Consumers use only the first address (EndpointSlice API
-		// contract); NewSlice parsed it.
+		// contract); NewSlice parsed it and kept it as written where it
+		// is invalid here.
+		r := ep.rare
 		if !ep.Addr.IsValid() {
-			_, err := parseIP(ep.rare.badAddr)
-			return &FieldError{Object: obj, Field: field + "[0]", Value: ep.rare.badAddr, Reason: err.Error()}
+			if r == nil || r.noAddress {
+				return &FieldError{Object: obj, Field: field, Reason: "at least one address required"}
+			}
+			reason := "not an IP address"
+			if _, err := parseIP(r.addr); err != nil {
+				reason = err.Error()
+			}
+			return &FieldError{Object: obj, Field: field + "[0]", Value: r.addr, Reason: reason}
 		}
 		if ep.Addr.Is6() != v6 {
-			return &FieldError{Object: obj, Field: field + "[0]", Value: ep.Addr.String(),
+			written := ep.Addr.String()
+			if r != nil && r.addr != "" {
+				written = r.addr
+			}
+			return &FieldError{Object: obj, Field: field + "[0]", Value: written,
 				Reason: fmt.Sprintf("not an %s address", s.AddressType)}
 		}
 	}
