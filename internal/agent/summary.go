@@ -135,7 +135,12 @@ func (x *summaryIndex) distinct(lbs []loadbalancer.LBService) {
 	if len(lbs)*len(lbs[0].Backends) > smallService {
 		seen, seenLocal = make(map[backendKey]struct{}, len(lbs[0].Backends)), map[netip.Addr]struct{}{}
 	}
-	for _, l := range lbs {
+	for i, l := range lbs {
+		// The frontends of one port and family share their list
+		// (loadbalancer.TranslateSlices): counted once.
+		if shared(lbs[:i], l.Backends) {
+			continue
+		}
 		for _, b := range l.Backends {
 			if k := backendKeyOf(b); !contains(seen, x.keys, k) {
 				x.keys = append(x.keys, k)
@@ -169,6 +174,19 @@ const smallService = 64
 
 // contains reports whether k is in list, by the set when there is one
 // (adding k to it), else by a scan.
+// shared reports whether bs is the backend list of one of lbs.
+func shared(lbs []loadbalancer.LBService, bs []loadbalancer.Backend) bool {
+	if len(bs) == 0 {
+		return true
+	}
+	for _, l := range lbs {
+		if len(l.Backends) == len(bs) && &l.Backends[0] == &bs[0] {
+			return true
+		}
+	}
+	return false
+}
+
 func contains[K comparable](set map[K]struct{}, list []K, k K) bool {
 	if set == nil {
 		return slices.Contains(list, k)

@@ -3,7 +3,6 @@ package loadbalancer
 import (
 	"cmp"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -498,7 +497,7 @@ func endpoints(own []*Slice, v6 bool, portName string, proto Proto) []candidate 
 	if v6 {
 		want = discoveryv1.AddressTypeIPv6
 	}
-	found := map[netip.AddrPort]candidate{}
+	var out []candidate
 	for _, s := range own {
 		if s.AddressType != want {
 			continue
@@ -523,17 +522,25 @@ func endpoints(own []*Slice, v6 bool, portName string, proto Proto) []candidate 
 			if zones := ep.Zones(); len(zones) > 0 {
 				c.hasHint, c.zones = true, zones
 			}
-			// The same endpoint may sit in two slices while the controller
-			// moves it; the ready copy wins.
-			if prev, dup := found[c.b.AddrPort()]; dup && (prev.ready || !ready) {
-				continue
-			}
-			found[c.b.AddrPort()] = c
+			out = append(out, c)
 		}
 	}
-	out := slices.Collect(maps.Values(found))
-	slices.SortFunc(out, func(a, b candidate) int { return a.b.AddrPort().Compare(b.b.AddrPort()) })
-	return out
+	// Sorted, each address:port once. The same endpoint may sit in two
+	// slices while the controller moves it: the first ready copy wins,
+	// else the first (a stable sort keeps the slices' order among them).
+	slices.SortStableFunc(out, func(a, b candidate) int { return a.b.AddrPort().Compare(b.b.AddrPort()) })
+	kept := out[:0]
+	for i := 0; i < len(out); {
+		j, pick := i+1, i
+		for ; j < len(out) && out[j].b.AddrPort() == out[i].b.AddrPort(); j++ {
+			if !out[pick].ready && out[j].ready {
+				pick = j
+			}
+		}
+		kept = append(kept, out[pick])
+		i = j
+	}
+	return kept
 }
 
 // clusterBackends is kube-proxy's Cluster list (CategorizeEndpoints): the
