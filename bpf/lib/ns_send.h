@@ -136,6 +136,12 @@ static __always_inline int ns_forward(struct __ctx_buff *ctx, const struct ns_pk
 
 	if (!fib)
 		return CTX_ACT_DROP;
+#ifdef SLUICE_XDP
+	/* XDP hands every local delivery to the stack (ns_send), whatever
+	 * the route: none to look up (--local-delivery=peer is tc's). */
+	if (how == FWD_LOCAL)
+		return CTX_ACT_OK;
+#endif /* SLUICE_XDP */
 	/* Through the host's stack: no route to look up here. */
 	if (how == FWD_LOCAL && (cfg = ns_cfg()) && (cfg->flags & NS_CFG_LOCAL_VIA_STACK))
 		return CTX_ACT_OK;
