@@ -179,12 +179,7 @@ func shared(lbs []loadbalancer.LBService, bs []loadbalancer.Backend) bool {
 	if len(bs) == 0 {
 		return true
 	}
-	for _, l := range lbs {
-		if len(l.Backends) == len(bs) && &l.Backends[0] == &bs[0] {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(lbs, func(l loadbalancer.LBService) bool { return loadbalancer.SameList(l.Backends, bs) })
 }
 
 func contains[K comparable](set map[K]struct{}, list []K, k K) bool {

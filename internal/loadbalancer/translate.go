@@ -574,6 +574,13 @@ func clusterBackends(eps []candidate, zone string) []Backend {
 	return exact(mine)
 }
 
+// SameList reports whether a and b are one backend list (the same
+// elements in the same memory), as TranslateSlices gives the frontends of
+// one port and family: consumers that walk each list once skip the others.
+func SameList(a, b []Backend) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
 // exact returns bs in an array of its length: the tracker keeps every
 // frontend's backends, and append's doubling would hold room for 16 of
 // 10. Nil stays nil.

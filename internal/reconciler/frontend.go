@@ -145,7 +145,7 @@ func (r *Reconciler) syncFrontend(fe *frontend, lbs *loadbalancer.LBService) (er
 		return err
 	}
 	intIDs := extIDs
-	if !sameList(intBackends, extBackends) { // most frontends: one list for both scopes
+	if !loadbalancer.SameList(intBackends, extBackends) { // most frontends: one list for both scopes
 		if intIDs, err = r.ensureBackends(fe, intBackends); err != nil {
 			return err
 		}
@@ -222,12 +222,6 @@ func (r *Reconciler) scopeBackends(lbs *loadbalancer.LBService) (ext, in []loadb
 		in = lbs.LocalBackends
 	}
 	return ext, in
-}
-
-// sameList reports whether a and b are one slice (the same elements in
-// the same memory), not only equal ones.
-func sameList(a, b []loadbalancer.Backend) bool {
-	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 func (r *Reconciler) isLocal(b loadbalancer.Backend) bool {
