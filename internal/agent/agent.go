@@ -45,7 +45,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.SlogLevel()}))
 	slog.SetDefault(log)
-	setGCPercent()
+	setGCPercent(startGCPercent)
 	setMemoryLimit(log)
 
 	// Devices named explicitly must exist before anything is loaded or

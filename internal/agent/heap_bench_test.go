@@ -35,7 +35,7 @@ import (
 //
 // SLUICE_HEAP_PROFILE=FILE writes the heap profile once synced.
 func BenchmarkLiveHeap10k(b *testing.B) {
-	if p, ok := gcPercent(os.Getenv("GOGC")); ok { // the agent's, for gc-goal-MB
+	if p, ok := gcPercent(os.Getenv("GOGC"), steadyGCPercent); ok { // the synced agent's, for gc-goal-MB
 		defer debug.SetGCPercent(debug.SetGCPercent(p))
 	}
 	for _, cluster := range []bool{false, true} {

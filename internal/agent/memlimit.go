@@ -27,31 +27,52 @@ func memoryLimit(envValue string) (int64, error) {
 	return n / 10 * 9, nil
 }
 
-// defaultGCPercent is the agent's GOGC unless the environment sets one.
-// RSS follows the collector's goal, the live heap plus GOGC percent of it:
-// at 10,000 Services × 10 endpoints (~78 MB live) Go's 100 lets the heap
-// reach ~160 MB, 50 ~120 MB. The price is twice the collections for the
-// same allocation, each of them marking the live heap: ~10% more time for
-// the initial sync at that size (BenchmarkSyncOneChange10k, one core), and
-// nothing that shows once synced, when a change allocates a few KiB. Unlike
-// a fixed memory limit it has no cliff: a bigger cluster's larger live
-// heap gets a proportionally larger goal, never a collector that runs
-// without end (a container limit, SLUICE_MEMORY_LIMIT, adds that ceiling).
-const defaultGCPercent = 50
+// The agent's GOGC, unless the environment sets one: startGCPercent
+// until the first full sync, steadyGCPercent after it. RSS follows the
+// collector's goal, the live heap plus GOGC percent of it, and the
+// runtime keeps ~10% above that goal before it returns pages: at 10,000
+// Services × 10 endpoints (~70 MB live) Go's 100 lets the heap reach ~140
+// MB, 50 ~105, 25 ~88. The start allocates most (every object decoded,
+// translated and written once): Go's default there collects half as
+// often as 50 and a quarter as often as 25, so a cold start or a restart
+// is programmed sooner. Once synced a change allocates a few KiB, so the
+// smaller goal costs little CPU (each collection marks the live heap:
+// ~40 ms of a core at that size); then the heap the start grew is
+// returned at once (debug.FreeOSMemory) rather than at the background
+// scavenger's pace. Unlike a fixed memory limit it has no cliff: a bigger
+// cluster's larger live heap gets a proportionally larger goal, never a
+// collector that runs without end (a container limit,
+// SLUICE_MEMORY_LIMIT, adds that ceiling).
+const (
+	startGCPercent  = 100
+	steadyGCPercent = 25
+)
 
-// gcPercent is the GOGC to set for the environment's GOGC value: none
-// (false) when it is set, which the runtime has applied already and wins.
-func gcPercent(envValue string) (int, bool) {
+// gcPercent is the GOGC to set for the environment's GOGC value, pct
+// when it is empty: none (false) when it is set, which the runtime has
+// applied already and wins.
+func gcPercent(envValue string, pct int) (int, bool) {
 	if envValue != "" {
 		return 0, false
 	}
-	return defaultGCPercent, true
+	return pct, true
 }
 
-// setGCPercent applies gcPercent.
-func setGCPercent() {
-	if p, ok := gcPercent(os.Getenv("GOGC")); ok {
+// setGCPercent applies gcPercent for pct.
+func setGCPercent(pct int) bool {
+	p, ok := gcPercent(os.Getenv("GOGC"), pct)
+	if ok {
 		debug.SetGCPercent(p)
+	}
+	return ok
+}
+
+// settleMemory is the switch to steadyGCPercent after the first full
+// sync, with the start's extra heap handed back to the kernel (a forced
+// collection, in the background: the sync loop goes on).
+func settleMemory() {
+	if setGCPercent(steadyGCPercent) {
+		go debug.FreeOSMemory()
 	}
 }
 

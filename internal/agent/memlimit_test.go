@@ -3,11 +3,16 @@ package agent
 import "testing"
 
 func TestGCPercent(t *testing.T) {
-	if p, ok := gcPercent(""); !ok || p != defaultGCPercent {
-		t.Errorf("gcPercent(\"\") = %d, %v; want %d, true", p, ok, defaultGCPercent)
+	for _, pct := range []int{startGCPercent, steadyGCPercent} {
+		if p, ok := gcPercent("", pct); !ok || p != pct {
+			t.Errorf("gcPercent(\"\", %d) = %d, %v; want %d, true", pct, p, ok, pct)
+		}
+	}
+	if startGCPercent <= steadyGCPercent {
+		t.Errorf("start GOGC %d, steady %d: want the start's goal the larger", startGCPercent, steadyGCPercent)
 	}
 	for _, set := range []string{"100", "off", "200"} {
-		if p, ok := gcPercent(set); ok {
+		if p, ok := gcPercent(set, steadyGCPercent); ok {
 			t.Errorf("gcPercent(%q) = %d: overrides the environment's GOGC", set, p)
 		}
 	}

@@ -134,6 +134,7 @@ func (a *Agent) syncOnce(full, retry bool) syncOutcome {
 		a.initialSync = true
 		a.mu.Unlock()
 		if initial {
+			settleMemory()
 			a.metrics.initialSync.Set(end.Sub(a.started).Seconds())
 			a.log.Info("initial sync done", "sinceStart", end.Sub(a.started), "sync", dur, "services", sum.Services,
 				"backends", sum.Backends, "skipped", len(sum.Skipped))

@@ -60,6 +60,10 @@ var env struct {
 func TestMain(m *testing.M) { os.Exit(run(m)) }
 
 func run(m *testing.M) int {
+	if err := selectPhase(os.Getenv(phaseEnv)); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
+		return 2
+	}
 	env.skip = skipReason()
 	if env.skip != "" {
 		return m.Run()
