@@ -131,7 +131,7 @@ else
 	} >"$tmp/packages.json" &
 	pkgspid=$!
 	{
-		SLUICE_E2E_PHASE=alongside "${gotest[@]}" ./test/e2e
+		SLUICE_E2E_PHASE=alongside SLUICE_E2E_OTHERS_DONE="$tmp/packages.rc" "${gotest[@]}" ./test/e2e
 		echo $? >"$tmp/e2e-alongside.rc"
 		until [ -e "$tmp/packages.rc" ]; do
 			sleep 2
