@@ -78,14 +78,15 @@ go build -o "$tmp/testreport" ./scripts/testreport
 # each (CI's two cores); a crash fails the run, its input in the target's
 # testdata/fuzz/ (docs/testing.md). Not with arguments (a targeted run). The
 # short version of the fuzzing; the long run is
-# ./scripts/fuzz.sh -t 10m --packets 10000000. It runs beside test/e2e's
-# serial phase, at the idle CPU priority (SCHED_IDLE, inherited by its
-# builds and workers): a process of that class runs only on a CPU no other
-# process wants, so the tests' rates and timeouts are not its to take.
-# Before that phase the other packages and test/e2e's alongside phase keep
-# both CPUs busy, and it would spend its 30 s a target starved.
+# ./scripts/fuzz.sh -t 10m --packets 10000000. It runs beside test/e2e, at
+# the idle CPU priority (SCHED_IDLE, inherited by its builds and workers):
+# test/e2e's labs and guests mostly wait, and a process of that class runs
+# only on a CPU no other process wants, so the tests' rates and timeouts
+# are not its to take. It starts when test/e2e's binary does: before, the
+# other packages keep both CPUs busy and it would spend its 30 s starved.
 fuzz_beside_e2e() {
-	until [ -e "$tmp/serial.start" ] || [ -e "$tmp/go-test.done" ]; do
+	local e2e='"Action":"start","Package":"github.com/sluice-dataplane/sluice/test/e2e"'
+	until grep -qF "$e2e" bin/go-test.json 2>/dev/null || [ -e "$tmp/go-test.done" ]; do
 		sleep 2
 	done
 	echo "$SECONDS" >"$tmp/fuzz.start"
@@ -98,63 +99,25 @@ fuzz_beside_e2e() {
 	echo "$rc $SECONDS" >"$tmp/fuzz.rc"
 }
 if [ $# -eq 0 ]; then
+	: >bin/go-test.json
 	setsid bash -c "$(declare -f fuzz_beside_e2e); tmp=$tmp; SECONDS=$SECONDS; fuzz_beside_e2e" &
 	fuzzpid=$!
 fi
+set +e
 # The Cilium lab's tests need Cilium's build (~15 minutes cold), which this
 # command does not make: scripts/test-contenders.sh runs them (docs/cilium.md).
-gotest=(go test -json -race -count=1 -timeout 75m -parallel 64 -skip '^TestPrivilegedCilium')
-set +e
-if [ $# -gt 0 ]; then # a targeted run: go test as named
-	"${gotest[@]}" "$@" | tee bin/go-test.json | "$tmp/testreport"
-	status=("${PIPESTATUS[@]}")
-	status=("${status[0]}" "${status[2]}")
-else
-	# Two runs side by side, then one alone (docs/testing.md):
-	# - every package but test/e2e (go test's two at a time);
-	# - test/e2e's alongside phase: its tests that mostly wait (kubelet
-	#   labs, the soak, the contenders, the guests one at a time; its own
-	#   scheduler starts them four at a time, longest first, so -parallel
-	#   (64) is above their count and never holds one back). Its lanes
-	#   noGuest and alone wait for the other packages' tests to end.
-	# - then test/e2e's serial phase, which floods, measures rates against
-	#   bands and benchmarks, with the machine to itself (and the fuzz
-	#   stage at idle priority).
-	# Each writes its events to a FIFO that testreport reads line by line.
-	mkfifo "$tmp/packages.json" "$tmp/e2e.json"
-	"$tmp/testreport" -tee bin/go-test.json "$tmp/packages.json" "$tmp/e2e.json" &
-	reportpid=$!
-	mapfile -t pkgs < <(go list ./... | grep -v '/test/e2e$')
-	{
-		"${gotest[@]}" "${pkgs[@]}"
-		echo $? >"$tmp/packages.rc"
-	} >"$tmp/packages.json" &
-	pkgspid=$!
-	{
-		SLUICE_E2E_PHASE=alongside SLUICE_E2E_OTHERS_DONE="$tmp/packages.rc" "${gotest[@]}" ./test/e2e
-		echo $? >"$tmp/e2e-alongside.rc"
-		until [ -e "$tmp/packages.rc" ]; do
-			sleep 2
-		done
-		echo "$SECONDS" >"$tmp/serial.start"
-		step "test/e2e's serial tests (the machine to themselves; fuzzing beside them at idle priority)"
-		SLUICE_E2E_PHASE=serial "${gotest[@]}" ./test/e2e
-		echo $? >"$tmp/e2e-serial.rc"
-	} >"$tmp/e2e.json"
-	wait "$pkgspid"
-	wait "$reportpid"
-	report=$?
-	status=(0 "$report")
-	for rc in packages e2e-alongside e2e-serial; do
-		read -r code <"$tmp/$rc.rc" || code=1
-		if [ "$code" -ne 0 ]; then
-			status[0]=$code
-		fi
-	done
-fi
+# test/e2e's tests that mostly wait (kubelet labs, the soak, the guests)
+# run four at a time, longest first, once its others have ended: its own
+# scheduler decides (test/e2e/alongside_test.go), so -parallel (64) is above
+# their count and never holds one back (the other packages' parallel tests
+# bound themselves by the CPUs). It starts last, in ./... order: named
+# first, its migration tests ran beside internal/datapath's floods and
+# lost requests.
+go test -json -race -count=1 -timeout 75m -parallel 64 -skip '^TestPrivilegedCilium' "$@" ./... | tee bin/go-test.json | "$tmp/testreport"
+status=("${PIPESTATUS[@]}")
 : >"$tmp/go-test.done"
 set -e
-if [ "${status[1]}" -ne 0 ]; then
+if [ "${status[2]}" -ne 0 ]; then
 	exit 1
 fi
 if [ "${status[0]}" -ne 0 ]; then # a failure the events did not show

@@ -14,10 +14,8 @@ import (
 // paced by the clock, a guest's emulated CPU), and labs whose checks are
 // functional with generous timeouts (the contenders, the migration tests,
 // host ports: 2 s a request or more), run beside each other once
-// every serial test of the package has ended, or, as scripts/test.sh runs
-// them, in a phase of their own beside the other packages' tests before
-// the serial ones (phases_test.go): about half of this package's time
-// (docs/testing.md). Only tests whose lab shares nothing with
+// every serial test of the package has ended: about half of this package's
+// time (docs/testing.md). Only tests whose lab shares nothing with
 // another's do: its own prefix names its namespaces, cgroups, pins, run
 // directory and mount namespaces, and its addresses live behind its own
 // fabric namespace. And only tests whose verdicts hold with less CPU: no
@@ -50,27 +48,21 @@ const alongsideSlots = 4
 
 // arrivalGrace bounds the wait for every registered test to reach the
 // scheduler before the first start: they all arrive together when the
-// serial tests end (or, in the alongside phase, when the binary starts),
-// unless go test's -parallel holds some back.
+// serial tests end, unless go test's -parallel holds some back.
 const arrivalGrace = 5 * time.Second
 
 // alongside lets t run beside the other tests that call it, in a lane of
 // its kind, once every test that does not has ended. expect is how long t
 // takes on the 2-core VM (its order among the others, longest first).
-// A test of lane alone runs when no other test of the package runs; it
-// and a test of lane noGuest then wait (at most 15 minutes) until no other
-// package's test binary runs: scripts/test.sh starts this package's
-// alongside phase beside the other packages (phaseEnv), whose floods and
-// verifier loads take the CPU a band needs and the backlog a migration's
-// every request needs. A noGuest test holds its slot while it waits; the
-// guests, longest first, have started before it.
+// A test of lane alone runs when no other test of the package runs, and
+// waits (at most 15 minutes) until no other package's test binary runs.
 func alongside(t *testing.T, kind lane, expect time.Duration) {
 	t.Helper()
 	tk := sched.register(t.Name(), kind, expect)
 	t.Parallel()
 	sched.arrive(tk)
 	t.Cleanup(func() { sched.release(tk) })
-	if kind == alone || kind == noGuest {
+	if kind == alone {
 		waitForOtherTests(t, 15*time.Minute)
 	}
 }

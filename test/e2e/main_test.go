@@ -60,10 +60,6 @@ var env struct {
 func TestMain(m *testing.M) { os.Exit(run(m)) }
 
 func run(m *testing.M) int {
-	if err := selectPhase(os.Getenv(phaseEnv)); err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
-		return 2
-	}
 	env.skip = skipReason()
 	if env.skip != "" {
 		return m.Run()
@@ -253,24 +249,15 @@ func parseUplinks(v string) (map[string]string, error) {
 	return out, nil
 }
 
-// waitForOtherTests waits, at most max, until the other packages' tests
-// have ended (othersDoneEnv's file), or else until no other test binary
-// (go test's <package>.test) runs on the machine: scripts/test.sh runs the
-// packages side by side, and a test of lane alone measures a rate that
-// another package's floods would take the CPU from.
+// waitForOtherTests waits, at most max, until no other test binary (go
+// test's <package>.test, another package's tests) runs on the machine:
+// scripts/test.sh runs the packages side by side, and a test of lane alone
+// measures a rate that another package's floods would take the CPU from.
 func waitForOtherTests(t *testing.T, max time.Duration) {
 	t.Helper()
 	start := time.Now()
-	marker := os.Getenv(othersDoneEnv)
 	for {
-		var others []string
-		if marker != "" {
-			if _, err := os.Stat(marker); err != nil {
-				others = []string{"the other packages' go test (" + othersDoneEnv + "=" + marker + " not there yet)"}
-			}
-		} else {
-			others = otherTestBinaries()
-		}
+		others := otherTestBinaries()
 		if len(others) == 0 {
 			if waited := time.Since(start); waited > time.Second {
 				t.Logf("waited %s for other packages' tests to end", waited.Round(time.Second))
@@ -284,13 +271,6 @@ func waitForOtherTests(t *testing.T, max time.Duration) {
 		time.Sleep(2 * time.Second)
 	}
 }
-
-// othersDoneEnv names a file that appears when the other packages' go test
-// has ended (scripts/test.sh, which runs it beside this package's alongside
-// phase): waitForOtherTests then waits for the file rather than for a
-// moment with no test binary, which a run of packages also has between
-// two of them, while it builds the next.
-const othersDoneEnv = "SLUICE_E2E_OTHERS_DONE"
 
 // otherTestBinaries lists the go test binaries running, this one aside.
 func otherTestBinaries() []string {
