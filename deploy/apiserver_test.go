@@ -31,6 +31,7 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/agent"
 	"github.com/sluice-dataplane/sluice/internal/controlplane/cptest"
+	"github.com/sluice-dataplane/sluice/internal/kubeclient"
 	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
@@ -398,7 +399,7 @@ func TestPrivilegedRBAC(t *testing.T) {
 	cfg := cp.RESTConfig()
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: groups}
 	cfg.Wrap(rec.wrap)
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := kubeclient.New(cfg) // the agent's own client: protobuf, its three API groups
 	if err != nil {
 		t.Fatal(err)
 	}

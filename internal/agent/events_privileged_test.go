@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/sluice-dataplane/sluice/internal/controlplane/cptest"
+	"github.com/sluice-dataplane/sluice/internal/kubeclient"
 )
 
 // TestPrivilegedSkipEventOnService: with an API server as the source, a
@@ -41,7 +42,11 @@ func TestPrivilegedSkipEventOnService(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	a, _ := newKubeAgent(t, NewKubeSource(client, cp.URL(), "node1", discardLog()))
+	slim, err := kubeclient.New(cp.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := newKubeAgent(t, NewKubeSource(slim, cp.URL(), "node1", discardLog()))
 	runAgent(t, a, time.Minute)
 
 	events := func(name string) []corev1.Event {

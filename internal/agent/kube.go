@@ -9,19 +9,18 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/kubeclient"
 	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 )
 
@@ -29,10 +28,10 @@ import (
 // headless ones, as kube-proxy's informers do.
 const proxyLabelSelector = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
 
-// KubeSource follows Services, EndpointSlices and this node's Node object
-// through client-go shared informers.
+// KubeSource follows Services, EndpointSlices and Nodes (and this node's
+// Pods) through client-go shared informers.
 type KubeSource struct {
-	client   kubernetes.Interface
+	client   kubeclient.Interface
 	nodeName string
 	host     string
 	log      *slog.Logger
@@ -47,7 +46,7 @@ type KubeSource struct {
 }
 
 // NewKubeSource returns a source reading from client.
-func NewKubeSource(client kubernetes.Interface, host, nodeName string, log *slog.Logger) *KubeSource {
+func NewKubeSource(client kubeclient.Interface, host, nodeName string, log *slog.Logger) *KubeSource {
 	return &KubeSource{client: client, host: host, nodeName: nodeName, log: log}
 }
 
@@ -58,9 +57,10 @@ func (s *KubeSource) WithPods() *KubeSource {
 	return s
 }
 
-// KubeClient builds a clientset from a kubeconfig file, or from the
-// in-cluster service account when kubeconfig is empty.
-func KubeClient(kubeconfig string) (kubernetes.Interface, string, error) {
+// KubeClient builds the agent's client (kubeclient: protobuf on the wire,
+// as kube-proxy's default) from a kubeconfig file, or from the in-cluster
+// service account when kubeconfig is empty.
+func KubeClient(kubeconfig string) (kubeclient.Interface, string, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig == "" {
@@ -72,16 +72,11 @@ func KubeClient(kubeconfig string) (kubernetes.Interface, string, error) {
 		return nil, "", fmt.Errorf("kubernetes client config: %w", err)
 	}
 	cfg.UserAgent = "sluice-agent"
-	// Protobuf, as kube-proxy's default: a third of JSON's bytes on the
-	// wire and far less to decode for every watched object. CRDs have none,
-	// and the agent reads none.
-	cfg.ContentType = "application/vnd.kubernetes.protobuf"
-	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
-	cs, err := kubernetes.NewForConfig(cfg)
+	c, err := kubeclient.New(cfg)
 	if err != nil {
-		return nil, "", fmt.Errorf("kubernetes client: %w", err)
+		return nil, "", err
 	}
-	return cs, cfg.Host, nil
+	return c, cfg.Host, nil
 }
 
 // EventRecorder implements eventSource: Events about skipped Services go to
@@ -92,9 +87,9 @@ func (s *KubeSource) EventRecorder() eventRecorder {
 	defer s.mu.Unlock()
 	if s.events == nil {
 		s.events = record.NewBroadcaster()
-		s.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.client.CoreV1().Events("")})
+		s.events.StartRecordingToSink(s.client.EventSink())
 	}
-	return kubeEvents{s.events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "sluice-agent", Host: s.nodeName})}
+	return kubeEvents{s.events.NewRecorder(kubeclient.Scheme, corev1.EventSource{Component: "sluice-agent", Host: s.nodeName})}
 }
 
 type kubeEvents struct{ rec record.EventRecorder }
@@ -114,24 +109,20 @@ func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
 	}()
 	// No informer resync: the sync loop's periodic full sync repairs the
 	// maps, and replaying every object would only cost CPU.
-	svcFactory := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = proxyLabelSelector }))
+	//
 	// Every Node: the socket LB answers a NodePort on any node's address
 	// (a pod dialing another node's IP is balanced before it leaves), as
 	// Cilium's socket LB does, so it needs all of them, not only its own.
-	nodeFactory := informers.NewSharedInformerFactory(s.client, 0)
-
+	proxied := func(o *metav1.ListOptions) { o.LabelSelector = proxyLabelSelector }
 	inf := map[string]cache.SharedIndexInformer{
-		kindService:       svcFactory.Core().V1().Services().Informer(),
-		kindEndpointSlice: svcFactory.Discovery().V1().EndpointSlices().Informer(),
-		kindNode:          nodeFactory.Core().V1().Nodes().Informer(),
+		kindService:       s.informer("services", proxied, &corev1.Service{}),
+		kindEndpointSlice: s.informer("endpointslices", proxied, &discoveryv1.EndpointSlice{}),
+		kindNode:          s.informer("nodes", nil, &corev1.Node{}),
 	}
 	// Only this node's Pods: a node agent never needs the others'.
-	podFactory := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "spec.nodeName=" + s.nodeName }))
 	ph, podHandler := h.(PodHandler)
 	if s.pods && podHandler {
-		inf[kindPod] = podFactory.Core().V1().Pods().Informer()
+		inf[kindPod] = s.informer("pods", func(o *metav1.ListOptions) { o.FieldSelector = "spec.nodeName=" + s.nodeName }, &corev1.Pod{})
 	}
 	// The informers' caches keep what the agent reads: a Node's heartbeat
 	// status (conditions, images, capacity) and every object's
@@ -171,12 +162,11 @@ func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
 	s.informers = inf
 	s.mu.Unlock()
 
-	svcFactory.Start(ctx.Done())
-	nodeFactory.Start(ctx.Done())
-	podFactory.Start(ctx.Done()) // starts nothing unless the Pod informer was made
-	defer svcFactory.Shutdown()
-	defer nodeFactory.Shutdown()
-	defer podFactory.Shutdown()
+	var running sync.WaitGroup
+	defer running.Wait()
+	for _, i := range inf {
+		running.Go(func() { i.RunWithContext(ctx) })
+	}
 
 	if !cache.WaitForCacheSync(ctx.Done(), hasSynced...) {
 		return nil // ctx done
@@ -187,6 +177,14 @@ func (s *KubeSource) Run(ctx context.Context, h Handler, synced func()) error {
 	synced()
 	<-ctx.Done()
 	return nil
+}
+
+// informer is a shared informer of resource's objects (of obj's type)
+// listed with tweak, as client-go's factories make them (a namespace
+// index), no resync.
+func (s *KubeSource) informer(resource string, tweak func(*metav1.ListOptions), obj runtime.Object) cache.SharedIndexInformer {
+	return cache.NewSharedIndexInformer(s.client.ListWatch(resource, metav1.NamespaceAll, tweak), obj, 0,
+		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 }
 
 // nodeUnchanged: prev and cur differ in nothing the agent reads.

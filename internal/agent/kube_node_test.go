@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/sluice-dataplane/sluice/internal/healthcheck"
+	"github.com/sluice-dataplane/sluice/internal/kubeclient/kubeclienttest"
 	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 )
 
@@ -85,7 +86,7 @@ func TestNodeStatusReportNoSync(t *testing.T) {
 	svcs, slices := scaleObjects(t, 1, 2)
 	objs := []runtime.Object{svcs[0], slices[0], fullNode("node1", "198.18.0.11"), fullNode("node2", "198.18.0.12")}
 	client := fake.NewClientset(objs...)
-	src := NewKubeSource(client, "fake", "node1", discardLog())
+	src := NewKubeSource(kubeclienttest.FromClientset(client), "fake", "node1", discardLog())
 	a, _ := newKubeAgent(t, src)
 	runAgent(t, a, 10*time.Second)
 	ctx := context.Background()

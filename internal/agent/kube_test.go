@@ -14,6 +14,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
+
+	"github.com/sluice-dataplane/sluice/internal/kubeclient/kubeclienttest"
 )
 
 func TestKubeSource(t *testing.T) {
@@ -26,7 +28,7 @@ func TestKubeSource(t *testing.T) {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node1"}}
 	client := fake.NewClientset(svc, other, node)
 
-	s := NewKubeSource(client, "fake", "node1", discardLog())
+	s := NewKubeSource(kubeclienttest.FromClientset(client), "fake", "node1", discardLog())
 	r := newRecorder()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -121,7 +123,7 @@ func TestKubeSourceSyncedAfterHandlers(t *testing.T) {
 	for i := range 20 {
 		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node%d", i)}})
 	}
-	s := NewKubeSource(fake.NewClientset(objs...), "fake", "node1", discardLog())
+	s := NewKubeSource(kubeclienttest.FromClientset(fake.NewClientset(objs...)), "fake", "node1", discardLog())
 	r := newRecorder()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -15,9 +15,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/kubeclient"
 )
 
 // The Maglev seed decides every Maglev table and must be the same on
@@ -186,8 +186,8 @@ func namespaceUIDGetter(src Source) func(context.Context) (string, error) {
 
 // KubeSystemUID gets the kube-system Namespace's UID, the one request for
 // the seed (the ClusterRole grants get on that Namespace alone).
-func KubeSystemUID(ctx context.Context, c kubernetes.Interface) (string, error) {
-	ns, err := c.CoreV1().Namespaces().Get(ctx, metav1.NamespaceSystem, metav1.GetOptions{})
+func KubeSystemUID(ctx context.Context, c kubeclient.Interface) (string, error) {
+	ns, err := c.Namespace(ctx, metav1.NamespaceSystem)
 	if err != nil {
 		return "", err
 	}

@@ -17,6 +17,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/kubeclient/kubeclienttest"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 )
 
@@ -84,7 +85,7 @@ func TestChooseMaglevSeed(t *testing.T) {
 		if react != nil {
 			c.PrependReactor("get", "namespaces", react)
 		}
-		return namespaceUIDGetter(NewKubeSource(c, "fake", "node1", discardLog()))
+		return namespaceUIDGetter(NewKubeSource(kubeclienttest.FromClientset(c), "fake", "node1", discardLog()))
 	}
 	manifests := func(files ...string) string {
 		dir := t.TempDir()

@@ -27,10 +27,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/util/validation"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-dataplane/sluice/internal/api"
+	"github.com/sluice-dataplane/sluice/internal/kubeclient"
 	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 	"github.com/sluice-dataplane/sluice/internal/quantity"
 )
@@ -51,7 +51,7 @@ var kindOrder = map[string]int{kindNode: 0, kindService: 1, kindEndpointSlice: 2
 
 // strictDecoder decodes YAML or JSON with the Kubernetes scheme, rejecting
 // unknown and duplicate fields as the API server's strict validation does.
-var strictDecoder = serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer()
+var strictDecoder = serializer.NewCodecFactory(kubeclient.Scheme, serializer.EnableStrict).UniversalDeserializer()
 
 // objKey identifies an object across files.
 type objKey struct {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluice-dataplane/sluice/internal/agent/scaleset"
 	"github.com/sluice-dataplane/sluice/internal/controlplane/cptest"
+	"github.com/sluice-dataplane/sluice/internal/kubeclient"
 	"github.com/sluice-dataplane/sluice/internal/probe/probetest"
 )
 
@@ -53,7 +54,11 @@ func TestPrivilegedAgentScaleAPI(t *testing.T) {
 	}
 	t.Logf("created %d Services and slices through the API in %v", n, time.Since(start).Round(time.Millisecond))
 
-	a, dp := newKubeAgent(t, NewKubeSource(client, cp.URL(), "node1", discardLog()))
+	slim, err := kubeclient.New(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, dp := newKubeAgent(t, NewKubeSource(slim, cp.URL(), "node1", discardLog()))
 	runAgent(t, a, 5*time.Minute)
 	// The apiserver's own Service (default/kubernetes) comes on top.
 	all, err := client.CoreV1().Services("").List(ctx, metav1.ListOptions{})

@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/agent/scaleset"
 	"github.com/sluice-dataplane/sluice/internal/api"
 	"github.com/sluice-dataplane/sluice/internal/healthcheck"
+	"github.com/sluice-dataplane/sluice/internal/kubeclient/kubeclienttest"
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 	"github.com/sluice-dataplane/sluice/internal/loadbalancer"
 )
@@ -273,7 +274,7 @@ func TestAgentNetworkProgrammingFromTriggerTime(t *testing.T) {
 	svcs, slices := scaleObjects(t, 3, 2)
 	scaleset.SetTriggerTime(slices[0], time.Now().Add(-time.Hour)) // before the agent: history
 	client := fake.NewClientset(svcs[0], svcs[1], svcs[2], slices[0], slices[1], slices[2])
-	a, dp := newKubeAgent(t, NewKubeSource(client, "fake", "node1", discardLog()))
+	a, dp := newKubeAgent(t, NewKubeSource(kubeclienttest.FromClientset(client), "fake", "node1", discardLog()))
 	runAgent(t, a, 10*time.Second)
 
 	if n, _ := histogramCount(t, a.metrics.programming); n != 0 {

@@ -59,7 +59,7 @@ func uninstallMarkCommand() *cobra.Command {
 
 // runMark marks the DaemonSet ns/name and says what it did.
 func runMark(ctx context.Context, out io.Writer, client kubernetes.Interface, ns, name string, ignoreNotFound bool) error {
-	ds, err := uninstall.Mark(ctx, client, ns, name, ignoreNotFound)
+	ds, err := uninstall.Mark(ctx, client.AppsV1().DaemonSets(ns), ns, name, ignoreNotFound)
 	if err != nil {
 		return err
 	}

@@ -15,7 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 )
 
 // Annotation, set to "true" on the agent's DaemonSet before it is deleted,
@@ -28,16 +27,24 @@ const Annotation = "sluice.io/uninstall"
 // Marked reports whether o carries the uninstall mark.
 func Marked(o metav1.Object) bool { return o.GetAnnotations()[Annotation] == "true" }
 
-// Mark sets the uninstall mark on the DaemonSet ns/name and returns it as
-// patched. With ignoreNotFound a missing DaemonSet is no error (nil, nil):
-// the chart's hook must not block an uninstall of a release whose
-// DaemonSet is gone already.
-func Mark(ctx context.Context, client kubernetes.Interface, ns, name string, ignoreNotFound bool) (*appsv1.DaemonSet, error) {
+// DaemonSets patches the DaemonSets of one namespace: client-go's
+// clientset.AppsV1().DaemonSets(ns). (Named here, so that the agent,
+// which links this package for Watch, does not link client-go's
+// clientset: package kubeclient says why.)
+type DaemonSets interface {
+	Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (*appsv1.DaemonSet, error)
+}
+
+// Mark sets the uninstall mark on the DaemonSet ns/name (client: ns's
+// DaemonSets) and returns it as patched. With ignoreNotFound a missing
+// DaemonSet is no error (nil, nil): the chart's hook must not block an
+// uninstall of a release whose DaemonSet is gone already.
+func Mark(ctx context.Context, client DaemonSets, ns, name string, ignoreNotFound bool) (*appsv1.DaemonSet, error) {
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{Annotation: "true"}}})
 	if err != nil {
 		return nil, err
 	}
-	ds, err := client.AppsV1().DaemonSets(ns).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
+	ds, err := client.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
 	switch {
 	case err == nil:
 		return ds, nil

@@ -22,6 +22,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/sluice-dataplane/sluice/internal/kubeclient/kubeclienttest"
 )
 
 // The agent's pod kube-system/sluice-abcde belongs to DaemonSet
@@ -155,7 +157,7 @@ func TestVerdict(t *testing.T) {
 					return true, nil, tc.getErr
 				})
 			}
-			w := newWatch(client, testNS, testPod, quiet())
+			w := newWatch(kubeclienttest.FromClientset(client), testNS, testPod, quiet())
 			w.owner = owner{name: testDS, uid: "uid-1"} // what run finds first
 			var last *appsv1.DaemonSet
 			for _, e := range tc.events {
@@ -195,7 +197,7 @@ func TestVerdictNil(t *testing.T) {
 	if v := w.Verdict(); v.Unload || v.Deleted {
 		t.Errorf("nil watch: %+v, want keep", v)
 	}
-	if Start(context.Background(), fake.NewClientset(), "", testPod, quiet()) != nil {
+	if Start(context.Background(), kubeclienttest.FromClientset(fake.NewClientset()), "", testPod, quiet()) != nil {
 		t.Error("Start without a namespace: want no watch")
 	}
 }
@@ -232,7 +234,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestWatch(t *testing.T) {
 	mark := func(ctx context.Context, t *testing.T, c *fake.Clientset) {
 		t.Helper()
-		if _, err := Mark(ctx, c, testNS, testDS, false); err != nil {
+		if _, err := Mark(ctx, c.AppsV1().DaemonSets(testNS), testNS, testDS, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -262,7 +264,7 @@ func TestWatch(t *testing.T) {
 			client, watching := watchedClient(pod("uid-1"), ds("uid-1", false, false))
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
-			w := Start(ctx, client, testNS, testPod, quiet())
+			w := Start(ctx, kubeclienttest.FromClientset(client), testNS, testPod, quiet())
 			select {
 			case <-w.synced:
 			case <-time.After(10 * time.Second):
@@ -324,7 +326,7 @@ func TestMark(t *testing.T) {
 	d := ds("uid-1", false, false)
 	d.Annotations = map[string]string{"deprecated.daemonset.template.generation": "3"}
 	client := fake.NewClientset(d)
-	got, err := Mark(ctx, client, testNS, testDS, false)
+	got, err := Mark(ctx, client.AppsV1().DaemonSets(testNS), testNS, testDS, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -332,10 +334,10 @@ func TestMark(t *testing.T) {
 		t.Errorf("annotations after Mark: %v, want %s=true beside the others", got.Annotations, Annotation)
 	}
 
-	if _, err := Mark(ctx, fake.NewClientset(), testNS, testDS, false); err == nil || !strings.Contains(err.Error(), "not found") {
+	if _, err := Mark(ctx, fake.NewClientset().AppsV1().DaemonSets(testNS), testNS, testDS, false); err == nil || !strings.Contains(err.Error(), "not found") {
 		t.Errorf("Mark of a missing DaemonSet: %v, want not found", err)
 	}
-	if got, err := Mark(ctx, fake.NewClientset(), testNS, testDS, true); err != nil || got != nil {
+	if got, err := Mark(ctx, fake.NewClientset().AppsV1().DaemonSets(testNS), testNS, testDS, true); err != nil || got != nil {
 		t.Errorf("Mark of a missing DaemonSet, ignored: %v, %v; want nothing", got, err)
 	}
 
@@ -343,7 +345,7 @@ func TestMark(t *testing.T) {
 	denied.PrependReactor("patch", "daemonsets", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "apps", Resource: "daemonsets"}, testDS, errors.New("RBAC"))
 	})
-	if _, err := Mark(ctx, denied, testNS, testDS, false); err == nil || !strings.Contains(err.Error(), "needs patch on daemonsets") {
+	if _, err := Mark(ctx, denied.AppsV1().DaemonSets(testNS), testNS, testDS, false); err == nil || !strings.Contains(err.Error(), "needs patch on daemonsets") {
 		t.Errorf("Mark refused: %v, want the RBAC it needs", err)
 	}
 }

@@ -12,9 +12,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/sluice-dataplane/sluice/internal/kubeclient"
 )
 
 // checkTimeout bounds each question to the apiserver about the agent's own
@@ -29,7 +29,7 @@ const checkTimeout = 5 * time.Second
 // the apiserver unreachable, a deletion never seen) keeps the datapath: a
 // wrong "unload" drops every flow of the node.
 type Watch struct {
-	client  kubernetes.Interface
+	client  kubeclient.Interface
 	log     *slog.Logger
 	ns, pod string
 
@@ -57,7 +57,7 @@ func (o owner) gone() bool { return o.deleting || o.deleted }
 
 // Start watches the DaemonSet of pod ns/name until ctx ends; nil when the
 // agent is not a pod (empty names) or has no client.
-func Start(ctx context.Context, client kubernetes.Interface, ns, pod string, log *slog.Logger) *Watch {
+func Start(ctx context.Context, client kubeclient.Interface, ns, pod string, log *slog.Logger) *Watch {
 	if ns == "" || pod == "" || client == nil {
 		return nil
 	}
@@ -66,7 +66,7 @@ func Start(ctx context.Context, client kubernetes.Interface, ns, pod string, log
 	return w
 }
 
-func newWatch(client kubernetes.Interface, ns, pod string, log *slog.Logger) *Watch {
+func newWatch(client kubeclient.Interface, ns, pod string, log *slog.Logger) *Watch {
 	return &Watch{client: client, log: log, ns: ns, pod: pod, synced: make(chan struct{})}
 }
 
@@ -74,7 +74,7 @@ func (w *Watch) run(ctx context.Context) {
 	var ref *metav1.OwnerReference
 	for delay := time.Second; ; delay = min(2*delay, time.Minute) {
 		qctx, cancel := context.WithTimeout(ctx, checkTimeout)
-		p, err := w.client.CoreV1().Pods(w.ns).Get(qctx, w.pod, metav1.GetOptions{})
+		p, err := w.client.Pod(qctx, w.ns, w.pod)
 		cancel()
 		if err == nil {
 			if ref = daemonSetRef(p.OwnerReferences); ref == nil {
@@ -93,22 +93,24 @@ func (w *Watch) run(ctx context.Context) {
 	w.mu.Lock()
 	w.owner = owner{name: ref.Name, uid: ref.UID}
 	w.mu.Unlock()
-	f := informers.NewSharedInformerFactoryWithOptions(w.client, 0, informers.WithNamespace(w.ns),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ref.Name).String()
-		}))
-	inf := f.Apps().V1().DaemonSets().Informer()
+	inf := cache.NewSharedIndexInformer(w.client.ListWatch("daemonsets", w.ns, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ref.Name).String()
+	}), &appsv1.DaemonSet{}, 0, cache.Indexers{})
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { w.observe(obj, false) },
 		UpdateFunc: w.update,
 		DeleteFunc: func(obj any) { w.observe(obj, true) },
 	})
-	f.Start(ctx.Done())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		inf.RunWithContext(ctx)
+	}()
 	if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		close(w.synced)
 	}
 	<-ctx.Done()
-	f.Shutdown()
+	<-done
 }
 
 func daemonSetRef(refs []metav1.OwnerReference) *metav1.OwnerReference {
@@ -188,7 +190,7 @@ func (w *Watch) observe(obj any, deleted bool) {
 func (w *Watch) ownedBy(uid types.UID) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
 	defer cancel()
-	p, err := w.client.CoreV1().Pods(w.ns).Get(ctx, w.pod, metav1.GetOptions{})
+	p, err := w.client.Pod(ctx, w.ns, w.pod)
 	if err != nil {
 		w.log.Debug("cannot read the agent's own pod", "err", err)
 		return false
@@ -242,7 +244,7 @@ type lookup struct {
 }
 
 func (w *Watch) lookup(ctx context.Context) (*lookup, error) {
-	p, err := w.client.CoreV1().Pods(w.ns).Get(ctx, w.pod, metav1.GetOptions{})
+	p, err := w.client.Pod(ctx, w.ns, w.pod)
 	if err != nil {
 		return nil, fmt.Errorf("read pod %s/%s: %w", w.ns, w.pod, err)
 	}
@@ -250,7 +252,7 @@ func (w *Watch) lookup(ctx context.Context) (*lookup, error) {
 	if l.ref == nil {
 		return l, nil
 	}
-	ds, err := w.client.AppsV1().DaemonSets(w.ns).Get(ctx, l.ref.Name, metav1.GetOptions{})
+	ds, err := w.client.DaemonSet(ctx, w.ns, l.ref.Name)
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
