@@ -87,7 +87,7 @@ func newMetrics(src Source, dp func() dataplane) *metrics {
 			Namespace: metricsNamespace, Name: "frontends", Help: "Service frontends (address, port, protocol).",
 		}),
 		backends: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: metricsNamespace, Name: "backends", Help: "Distinct backends.",
+			Namespace: metricsNamespace, Name: "backends", Help: "Backends of the desired state, each counted once per Service using it (the backend map's entries).",
 		}),
 		objectErrors: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Name: "object_errors", Help: "Kubernetes objects refused by the model.",

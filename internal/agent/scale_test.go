@@ -61,13 +61,13 @@ func naiveSummary(st *loadbalancer.State, nodeName string) (services, frontends,
 		addr  netip.AddrPort
 		proto loadbalancer.Proto
 	}
-	bes := map[key]bool{}
 	loc := map[netip.Addr]bool{}
 	for _, lbs := range st.Services {
 		if len(lbs) > 0 {
 			services++
 		}
 		frontends += len(lbs)
+		bes := map[key]bool{} // a backend counts once per Service
 		for _, l := range lbs {
 			for _, b := range l.Backends {
 				bes[key{b.AddrPort(), b.Proto}] = true
@@ -76,11 +76,12 @@ func naiveSummary(st *loadbalancer.State, nodeName string) (services, frontends,
 				}
 			}
 		}
+		backends += len(bes)
 	}
 	for a := range loc {
 		local = append(local, a)
 	}
-	return services, frontends, len(bes), local, healthcheck.LocalServices(st, nodeName)
+	return services, frontends, backends, local, healthcheck.LocalServices(st, nodeName)
 }
 
 // TestSummaryIndexFollowsChanges applies random changes (new endpoints,
@@ -384,7 +385,8 @@ func TestPreparedPipelineSyncsEverything(t *testing.T) {
 
 // TestSummaryBackendKeys: the compact key keeps apart what the address,
 // port and protocol keep apart, an IPv4 backend from its IPv4-mapped IPv6
-// spelling included, and counts a backend shared by two Services once.
+// spelling included, and counts a backend shared by two Services once per
+// Service, as the backend map holds it.
 func TestSummaryBackendKeys(t *testing.T) {
 	be := func(a string, port uint16, p loadbalancer.Proto) loadbalancer.Backend {
 		return loadbalancer.Backend{Addr: netip.MustParseAddr(a), Port: port, Proto: p}
@@ -396,7 +398,7 @@ func TestSummaryBackendKeys(t *testing.T) {
 	}}
 	x := newSummaryIndex("node1")
 	x.update(st, nil)
-	if got := x.summary(st).Backends; got != 4 {
-		t.Errorf("distinct backends %d, want 4", got)
+	if got := x.summary(st).Backends; got != 5 {
+		t.Errorf("backends %d, want 5 (4 of d/a, 1 of d/b)", got)
 	}
 }

@@ -52,7 +52,7 @@ type Status struct {
 
 	Services  int `json:"services"`  // Service objects with at least one frontend
 	Frontends int `json:"frontends"` // frontends (address, port, protocol)
-	Backends  int `json:"backends"`  // distinct backend address:port/protocol
+	Backends  int `json:"backends"`  // backend address:port/protocol, once per Service using it (the backend map's entries)
 
 	Maps []MapFill `json:"maps"`
 	Sync SyncState `json:"sync"`

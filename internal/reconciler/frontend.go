@@ -69,7 +69,7 @@ func (r *Reconciler) need(fe *frontend, lbs *loadbalancer.LBService, name string
 	case lbmap.BackendsMapName:
 		n, o := 0, ownerOf(fe.owner)
 		for _, b := range lbs.Backends {
-			if be := r.backendOf[backendKey(o, b)]; be == nil || !be.installed {
+			if be := r.owned.find(backendKey(o, b)); be == nil || !be.installed {
 				n++
 			}
 		}
@@ -267,30 +267,39 @@ func masterValue(fe *frontend, lbs *loadbalancer.LBService, count int, twoScopes
 func (r *Reconciler) ensureBackends(fe *frontend, bs []loadbalancer.Backend) ([]uint32, error) {
 	ids := make([]uint32, 0, len(bs))
 	var orphans map[beKey]*backend
+	// fresh: the backends this call gives o, added to the index at the end
+	// (in one batch); also found by key before that, should bs name one
+	// twice.
+	var fresh []*backend
+	var freshOf map[beKey]*backend
 	o := ownerOf(fe.owner)
+	defer func() { r.owned.add(o, fresh) }()
 	for _, b := range bs {
 		k := backendKey(o, b)
-		be := r.backendOf[k]
+		be := r.owned.find(k)
+		if be == nil {
+			be = freshOf[k]
+		}
 		if be == nil {
 			if orphans == nil {
 				orphans = r.orphansOf(fe)
 			}
 			if be = orphans[backendKey(owner{}, b)]; be != nil {
-				if r.backendOf[be.key()] == be {
-					delete(r.backendOf, be.key())
-				}
+				delete(orphans, backendKey(owner{}, b))
 				be.owner = o
-				r.backendOf[k] = be
+			} else {
+				id, err := r.allocBackendID()
+				if err != nil {
+					return nil, err
+				}
+				be = &backend{id: id, owner: o, val: lbmap.BackendValue{Addr: k.addr, Port: k.port, Proto: k.proto}}
+				r.backends[id] = be
 			}
-		}
-		if be == nil {
-			id, err := r.allocBackendID()
-			if err != nil {
-				return nil, err
+			fresh = append(fresh, be)
+			if freshOf == nil {
+				freshOf = map[beKey]*backend{}
 			}
-			be = &backend{id: id, owner: o, val: lbmap.BackendValue{Addr: k.addr, Port: k.port, Proto: k.proto}}
-			r.backends[id] = be
-			r.backendOf[k] = be
+			freshOf[k] = be
 		}
 		r.unused[be.id] = true // deleted again if no slot ends up naming it
 		want := lbmap.BackendValue{Addr: k.addr, Port: k.port, Proto: k.proto}

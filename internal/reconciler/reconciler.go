@@ -120,10 +120,11 @@ type backend struct {
 	id        uint32
 	refs      int32
 	installed bool
+	dropped   bool // deleted: ownedIndex.drop takes it out
 	owner     owner
 }
 
-// key is be's key in backendOf.
+// key is be's key in the owned index.
 func (be *backend) key() beKey {
 	return beKey{owner: be.owner, addr: be.val.Addr, port: be.val.Port, proto: be.val.Proto}
 }
@@ -139,7 +140,7 @@ type Reconciler struct {
 	byOwner   map[types.NamespacedName][]*frontend // a few a Service: a list, not a map
 
 	backends      map[uint32]*backend
-	backendOf     map[beKey]*backend
+	owned         ownedIndex // each Service's backends by key
 	nextBackendID uint32
 	// unused collects backends whose refs may have dropped to zero during
 	// one frontend's update; they are deleted after its slots.
@@ -196,7 +197,7 @@ func New(m lbmap.Maps, nodeName string, opts ...Option) (*Reconciler, error) {
 		frontends:     map[feKey]*frontend{},
 		byOwner:       map[types.NamespacedName][]*frontend{},
 		backends:      map[uint32]*backend{},
-		backendOf:     map[beKey]*backend{},
+		owned:         ownedIndex{},
 		nextBackendID: 1,
 		unused:        map[uint32]bool{},
 		revNats:       map[uint16]lbmap.RevNatValue{},
@@ -242,12 +243,9 @@ func (r *Reconciler) restore() error {
 	})
 	for _, id := range ids {
 		v := bes[id]
-		be := &backend{id: id, val: v, installed: true}
-		r.backends[id] = be
-		// A duplicate (never written by us) keeps its ID until unreferenced.
-		if r.backendOf[be.key()] == nil {
-			r.backendOf[be.key()] = be
-		}
+		// No owner until a Service adopts it (ensureBackends); a
+		// duplicate (never written by us) keeps its ID until unreferenced.
+		r.backends[id] = &backend{id: id, val: v, installed: true}
 		r.nextBackendID = max(r.nextBackendID, id+1)
 	}
 

@@ -171,6 +171,7 @@ func (r *Reconciler) deleteMaster(fe *frontend, sc uint8) error {
 // deleteUnused deletes the backends that no slot names any more.
 func (r *Reconciler) deleteUnused() error {
 	var errs []error
+	var owners map[owner]bool
 	ids := make([]uint32, 0, len(r.unused))
 	for id := range r.unused {
 		ids = append(ids, id)
@@ -189,10 +190,15 @@ func (r *Reconciler) deleteUnused() error {
 			r.freed++
 		}
 		delete(r.backends, id)
-		if k := be.key(); r.backendOf[k] == be {
-			delete(r.backendOf, k)
+		be.dropped = true
+		if be.owner != (owner{}) {
+			if owners == nil {
+				owners = map[owner]bool{}
+			}
+			owners[be.owner] = true
 		}
 	}
+	r.owned.drop(owners)
 	clear(r.unused)
 	return errors.Join(errs...)
 }
