@@ -71,7 +71,7 @@ func naiveSummary(st *loadbalancer.State, nodeName string) (services, frontends,
 		for _, l := range lbs {
 			for _, b := range l.Backends {
 				bes[key{b.AddrPort(), b.Proto}] = true
-				if b.NodeName == nodeName {
+				if b.Node() == nodeName {
 					loc[b.Addr] = true
 				}
 			}

@@ -143,7 +143,7 @@ func (x *summaryIndex) distinct(lbs []loadbalancer.LBService) {
 			if k := backendKeyOf(b); !contains(seen, x.keys, k) {
 				x.keys = append(x.keys, k)
 			}
-			if x.nodeName != "" && b.NodeName == x.nodeName && !contains(seenLocal, x.local, b.Addr) {
+			if x.nodeName != "" && b.Node() == x.nodeName && !contains(seenLocal, x.local, b.Addr) {
 				x.local = append(x.local, b.Addr)
 			}
 		}

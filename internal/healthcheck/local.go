@@ -35,10 +35,10 @@ func LocalServices(st *loadbalancer.State, nodeName string) map[types.Namespaced
 			// The Local list too: topology hints may keep a local endpoint
 			// out of the Cluster list.
 			for _, b := range slices.Concat(lbs[i].Backends, lbs[i].LocalBackends) {
-				if nodeName == "" || b.NodeName != nodeName || b.Terminating {
+				if nodeName == "" || b.Node() != nodeName || b.Terminating {
 					continue
 				}
-				key := b.PodName
+				key := b.Pod()
 				if key == "" {
 					key = b.Addr.String()
 				}

@@ -13,7 +13,7 @@ import (
 func TestLocalServices(t *testing.T) {
 	web := types.NamespacedName{Namespace: "default", Name: "web"}
 	be := func(addr, node, pod string, terminating bool) lb.Backend {
-		return lb.Backend{Addr: netip.MustParseAddr(addr), Port: 8080, Proto: lb.TCP, NodeName: node, PodName: pod, Terminating: terminating}
+		return lb.Backend{Addr: netip.MustParseAddr(addr), Port: 8080, Proto: lb.TCP, Names: &lb.Names{NodeName: node, PodName: pod}, Terminating: terminating}
 	}
 	fe := func(typ lb.FrontendType, etpLocal bool, hc uint16, bes ...lb.Backend) lb.LBService {
 		return lb.LBService{Name: lb.ServiceName{NamespacedName: web}, Type: typ, ExternalTrafficLocal: etpLocal,

@@ -130,7 +130,7 @@ func TranslateHostPorts(p *corev1.Pod, nodeName string, nodeAddrs []netip.Addr) 
 			}
 			seen[fe] = true
 			be := Backend{Addr: familyAddr(podIPs, a.Is4()), Port: uint16(cp.ContainerPort), Proto: proto,
-				NodeName: nodeName, PodName: p.Name}
+				Names: &Names{NodeName: nodeName, PodName: p.Name}}
 			out = append(out, LBService{
 				Name: ServiceName{NamespacedName: owner, Port: cmp.Or(cp.Name, value)},
 				Type: HostPort, Frontend: fe,

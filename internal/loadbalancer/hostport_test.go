@@ -120,7 +120,7 @@ func TestTranslateHostPorts(t *testing.T) {
 			}
 			for _, l := range lbs {
 				if l.Type != HostPort || !l.ExternalTrafficLocal || !l.NorthSouth() || len(l.LocalBackends) != 1 ||
-					l.Backends[0].NodeName != "n1" || l.Backends[0].PodName != "a" {
+					l.Backends[0].Node() != "n1" || l.Backends[0].Pod() != "a" {
 					t.Errorf("%s: %+v, want a HostPort, north-south, Local, its Pod the one backend on n1", l.Frontend, l)
 				}
 				if pod, ok := HostPortPod(l.Name.NamespacedName); !ok || pod != (types.NamespacedName{Namespace: "default", Name: "a"}) {

@@ -45,9 +45,11 @@ type Endpoint struct {
 	// Addr is addresses[0] (consumers use only the first, by the API's
 	// contract), parsed as every address here is (a v4-mapped IPv6 address
 	// is IPv4); invalid when it does not parse or is missing.
-	Addr     netip.Addr
-	NodeName string // interned: thousands of endpoints name a few nodes
-	PodName  string // targetRef's name when it is a Pod
+	Addr netip.Addr
+	// Names: the node name interned (thousands of endpoints name a few
+	// nodes), the Pod's the targetRef's name when it is a Pod. Backends
+	// translated from the endpoint point at them.
+	Names
 	// The conditions as kube-proxy reads them: a nil ready or serving is
 	// true, a nil terminating false.
 	Ready, Serving, Terminating bool

@@ -518,7 +518,7 @@ func endpoints(own []*Slice, v6 bool, portName string, proto Proto) []candidate 
 				continue
 			}
 			c := candidate{b: Backend{Addr: ep.Addr, Port: port, Proto: proto, Terminating: !ready,
-				NodeName: ep.NodeName, PodName: ep.PodName}, ready: ready} // Addr validated
+				Names: &ep.Names}, ready: ready} // Addr validated
 			if zones := ep.Zones(); len(zones) > 0 {
 				c.hasHint, c.zones = true, zones
 			}
@@ -598,7 +598,7 @@ func localBackends(eps []candidate, nodeName string) []Backend {
 	var ready, terminating []Backend
 	for _, c := range eps {
 		switch {
-		case nodeName == "" || c.b.NodeName != nodeName:
+		case nodeName == "" || c.b.Node() != nodeName:
 		case c.ready:
 			ready = append(ready, c.b)
 		default:

@@ -151,8 +151,8 @@ func TestTranslateGolden(t *testing.T) {
 		Type:     ClusterIP,
 		Frontend: Frontend{Addr: netip.MustParseAddr("198.19.0.10"), Port: 80, Proto: TCP},
 		Backends: []Backend{
-			{Addr: netip.MustParseAddr("198.18.1.5"), Port: 8080, Proto: TCP, NodeName: "node-1", PodName: "web-a"},
-			{Addr: netip.MustParseAddr("198.18.2.5"), Port: 8080, Proto: TCP, NodeName: "node-2", PodName: "web-b"},
+			{Addr: netip.MustParseAddr("198.18.1.5"), Port: 8080, Proto: TCP, Names: &Names{NodeName: "node-1", PodName: "web-a"}},
+			{Addr: netip.MustParseAddr("198.18.2.5"), Port: 8080, Proto: TCP, Names: &Names{NodeName: "node-2", PodName: "web-b"}},
 		},
 		Algorithm: AlgorithmRandom,
 	}}

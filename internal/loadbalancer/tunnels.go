@@ -166,10 +166,10 @@ func (x *tunnelIndex) setService(name types.NamespacedName, lbs []LBService) {
 			continue
 		}
 		for _, b := range l.Backends {
-			if x.self != "" && b.NodeName == x.self {
+			if x.self != "" && b.Node() == x.self {
 				continue
 			}
-			cur = append(cur, tunnelBackend{b.Addr, b.NodeName})
+			cur = append(cur, tunnelBackend{b.Addr, b.Node()})
 		}
 	}
 	slices.SortFunc(cur, tunnelBackend.compare)

@@ -337,8 +337,8 @@ func naiveTunnels(st *State, nodes map[string]*corev1.Node, self string) (map[ne
 				continue
 			}
 			for _, b := range l.Backends {
-				if b.NodeName != self && !slices.Contains(names[b.Addr], b.NodeName) {
-					names[b.Addr] = append(names[b.Addr], b.NodeName)
+				if b.Node() != self && !slices.Contains(names[b.Addr], b.Node()) {
+					names[b.Addr] = append(names[b.Addr], b.Node())
 				}
 			}
 		}

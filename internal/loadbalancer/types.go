@@ -70,9 +70,33 @@ type Backend struct {
 	Addr        netip.Addr
 	Port        uint16
 	Proto       Proto
-	Terminating bool   // serving but terminating: used only when no ready backend exists
-	NodeName    string // EndpointSlice endpoint nodeName, may be empty
-	PodName     string // targetRef name when it is a Pod
+	Terminating bool // serving but terminating: used only when no ready backend exists
+	// Names are the endpoint's node and Pod, shared with the Slice the
+	// backend comes from: a pointer makes a Backend 40 bytes, not 64, and
+	// the tracker keeps 100,000 of them at 10,000 Services × 10. nil: none.
+	Names *Names
+}
+
+// Names are an endpoint's node and Pod.
+type Names struct {
+	NodeName string // EndpointSlice endpoint nodeName, may be empty
+	PodName  string // targetRef name when it is a Pod
+}
+
+// Node is b's node name, "" when unknown.
+func (b Backend) Node() string {
+	if b.Names == nil {
+		return ""
+	}
+	return b.Names.NodeName
+}
+
+// Pod is b's Pod name, "" when it is not a Pod's.
+func (b Backend) Pod() string {
+	if b.Names == nil {
+		return ""
+	}
+	return b.Names.PodName
 }
 
 func (b Backend) AddrPort() netip.AddrPort { return netip.AddrPortFrom(b.Addr, b.Port) }

@@ -225,7 +225,7 @@ func (r *Reconciler) scopeBackends(lbs *loadbalancer.LBService) (ext, in []loadb
 }
 
 func (r *Reconciler) isLocal(b loadbalancer.Backend) bool {
-	return r.nodeName != "" && b.NodeName == r.nodeName
+	return r.nodeName != "" && b.Node() == r.nodeName
 }
 
 func masterValue(fe *frontend, lbs *loadbalancer.LBService, count int, twoScopes bool) lbmap.ServiceValue {

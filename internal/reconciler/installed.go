@@ -79,7 +79,7 @@ func (r *Reconciler) installedBackends(fe *frontend, s scope) []InstalledBackend
 	byAddr := make(map[netip.AddrPort]names, len(fe.desired().Backends))
 	for _, mb := range fe.desired().Backends {
 		if k := netip.AddrPortFrom(mb.Addr, mb.Port); byAddr[k] == (names{}) {
-			byAddr[k] = names{mb.NodeName, mb.PodName}
+			byAddr[k] = names{mb.Node(), mb.Pod()}
 		}
 	}
 	for _, v := range s.slots[:min(int(s.master.Count), len(s.slots))] {

@@ -32,7 +32,7 @@ var (
 
 func be(addrPort, node string) lb.Backend {
 	ap := netip.MustParseAddrPort(addrPort)
-	return lb.Backend{Addr: ap.Addr(), Port: ap.Port(), Proto: lb.TCP, NodeName: node, PodName: "pod-" + ap.Addr().String()}
+	return lb.Backend{Addr: ap.Addr(), Port: ap.Port(), Proto: lb.TCP, Names: &lb.Names{NodeName: node, PodName: "pod-" + ap.Addr().String()}}
 }
 
 // svc returns an LBService of Service name for a TCP frontend.
@@ -55,7 +55,7 @@ func state(svcs ...lb.LBService) *lb.State {
 		if (s.InternalTrafficLocal || (s.ExternalTrafficLocal && s.Type != lb.ClusterIP)) && s.LocalBackends == nil {
 			s.LocalBackends = []lb.Backend{}
 			for _, b := range s.Backends {
-				if b.NodeName == thisNode {
+				if b.Node() == thisNode {
 					s.LocalBackends = append(s.LocalBackends, b)
 				}
 			}
