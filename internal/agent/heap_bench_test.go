@@ -136,10 +136,9 @@ func liveHeap() uint64 {
 	return ms.HeapAlloc
 }
 
-// newInformerStore is a shared informer's store: namespace-indexed.
+// newInformerStore is a shared informer's store as the agent makes it: no index.
 func newInformerStore() cache.Indexer {
-	return cache.NewIndexer(cache.DeletionHandlingMetaNamespaceKeyFunc,
-		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	return cache.NewIndexer(cache.DeletionHandlingMetaNamespaceKeyFunc, cache.Indexers{})
 }
 
 // protoObject is an API type with its generated protobuf codec.
