@@ -248,10 +248,15 @@ func (nopPipeline) OnSliceUpdate(_, _ *loadbalancer.Slice) {}
 func (nopPipeline) OnNodeUpdate(_, _ *corev1.Node)         {}
 func (nopPipeline) Sync(bool) (summary, error)             { return summary{}, nil }
 func (nopPipeline) Installed() []api.Service               { return nil }
-func (nopPipeline) InstalledIDs() (map[uint16]reconciler.FrontendName, map[uint32]bool) {
-	return nil, nil
+func (nopPipeline) IDs() reconciler.IDLookup               { return nopIDs{} }
+
+type nopIDs struct{}
+
+func (nopIDs) FrontendOf(uint16) (reconciler.FrontendName, bool) {
+	return reconciler.FrontendName{}, false
 }
-func (nopPipeline) RetryFailed() {}
+func (nopIDs) BackendInstalled(uint32) bool { return false }
+func (nopPipeline) RetryFailed()            {}
 
 // TestPipelineLBAlgorithm checks that --lb-algorithm is the default that a
 // Service's annotation overrides, as the Maglev tables the reconciler

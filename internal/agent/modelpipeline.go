@@ -249,9 +249,7 @@ func (p *modelPipeline) RemoteNodes() []netip.Addr { return p.remoteNodes }
 // state, which the last successful sync installed.
 func (p *modelPipeline) LocalBackends() []netip.Addr { return p.sum.localBackends() }
 
-func (p *modelPipeline) InstalledIDs() (map[uint16]reconciler.FrontendName, map[uint32]bool) {
-	return p.rec.InstalledIDs()
-}
+func (p *modelPipeline) IDs() reconciler.IDLookup { return p.rec }
 
 func (p *modelPipeline) Installed() []api.Service {
 	var out []api.Service

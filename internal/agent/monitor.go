@@ -37,7 +37,7 @@ type visibility struct {
 	services   func() []api.Service
 	// ids: the installed frontends (named) and backend IDs, for the
 	// counters' series and their GC, without building every Service.
-	ids func() (map[uint16]reconciler.FrontendName, map[uint32]bool)
+	ids reconciler.IDLookup
 
 	mu    sync.Mutex
 	idx   *serviceIndex
@@ -63,7 +63,7 @@ const indexMaxAge = time.Second
 // newVisibility opens the visibility maps pinned under the agent's BPF root
 // and writes the no-reader configuration.
 func newVisibility(cfg *Config, log *slog.Logger, services func() []api.Service,
-	ids func() (map[uint16]reconciler.FrontendName, map[uint32]bool)) (*visibility, error) {
+	ids reconciler.IDLookup) (*visibility, error) {
 	m, err := datapath.OpenVisibility(cfg.BPFRoot)
 	if err != nil {
 		return nil, err
@@ -258,11 +258,13 @@ func (v *visibility) publishGC(ct, nat int) {
 // forgetCounters deletes the counters of frontends and backends no longer
 // installed, so that their IDs, reused, start from zero.
 func (v *visibility) forgetCounters() {
-	fes, bes := v.ids()
 	for _, fe := range []bool{true, false} {
-		keep := func(id uint32) bool { return bes[id] }
+		keep := v.ids.BackendInstalled
 		if fe {
-			keep = func(id uint32) bool { _, ok := fes[uint16(id)]; return ok && id <= 0xffff }
+			keep = func(id uint32) bool {
+				_, ok := v.ids.FrontendOf(uint16(id))
+				return ok && id <= 0xffff
+			}
 		}
 		if _, err := v.maps.ForgetCounters(fe, keep); err != nil {
 			v.log.Warn("monitor: cannot delete stale counters", "err", err)
@@ -277,7 +279,7 @@ const counterGCInterval = 30 * time.Second
 // startVisibility opens the visibility maps and starts reading the ring;
 // without them the agent runs on, with a warning in its log and status.
 func (a *Agent) startVisibility(ctx context.Context, wg *sync.WaitGroup) {
-	v, err := newVisibility(a.cfg, a.log, a.services, a.pl.InstalledIDs)
+	v, err := newVisibility(a.cfg, a.log, a.services, a.pl.IDs())
 	if err != nil {
 		a.warn("monitor", api.Warning{Subsystem: "monitor",
 			Message: "datapath events and counters are off: " + err.Error(),

@@ -86,10 +86,12 @@ func (c *visCollector) Collect(ch chan<- prometheus.Metric) {
 	if err != nil {
 		return
 	}
-	names, _ := v.ids()
 	for id, x := range fe {
-		n, ok := names[uint16(id)]
-		if !ok || id == 0 || id > 0xffff || x.Packets == 0 && x.Conns == 0 {
+		if id == 0 || id > 0xffff || x.Packets == 0 && x.Conns == 0 {
+			continue
+		}
+		n, ok := v.ids.FrontendOf(uint16(id))
+		if !ok {
 			continue
 		}
 		name := n.Name.String()

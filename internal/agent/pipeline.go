@@ -30,9 +30,9 @@ type pipeline interface {
 	// writes failed for a reason that may pass (a full map).
 	RetryFailed()
 	Installed() []api.Service
-	// InstalledIDs is reconciler.InstalledIDs: the counters' frontends
-	// and backends, cheaply.
-	InstalledIDs() (map[uint16]reconciler.FrontendName, map[uint32]bool)
+	// IDs looks up the counters' frontends and backends one at a time
+	// (reconciler.IDLookup).
+	IDs() reconciler.IDLookup
 }
 
 // Reasons an object, or one value of it, is left out of the maps.

@@ -924,3 +924,45 @@ func TestRestoreSharedBackendID(t *testing.T) {
 			apiID, webID, m.Bes)
 	}
 }
+
+// TestIDLookup: FrontendOf names the frontend installed under a rev NAT
+// ID, BackendInstalled says whether a slot names a backend ID; both follow
+// removals, know nothing of IDs never given, and answer after a restore
+// (restored frontends have no name until a sync claims them).
+func TestIDLookup(t *testing.T) {
+	m := lbmap.NewMemory()
+	r := mustNew(t, m)
+	a := svc(web, lb.ClusterIP, "198.19.0.10:80", be("198.18.1.5:8080", "node-1"), be("198.18.2.5:8080", "node-2"))
+	mustApply(t, r, state(a), nil)
+	master := m.Svcs[svcKey("198.19.0.10:80", 0, 0)]
+	id1, id2 := m.Svcs[svcKey("198.19.0.10:80", 0, 1)].BackendID, m.Svcs[svcKey("198.19.0.10:80", 0, 2)].BackendID
+	if n, ok := r.FrontendOf(master.RevNatID); !ok || n.Name.NamespacedName != web || n.Frontend.String() != "198.19.0.10:80/TCP" {
+		t.Errorf("FrontendOf(%d) = %+v, %v; want web's 198.19.0.10:80/TCP", master.RevNatID, n, ok)
+	}
+	if _, ok := r.FrontendOf(master.RevNatID + 1); ok {
+		t.Errorf("FrontendOf(%d), an ID never given: found", master.RevNatID+1)
+	}
+	if !r.BackendInstalled(id1) || !r.BackendInstalled(id2) || r.BackendInstalled(id2+1) {
+		t.Errorf("BackendInstalled(%d, %d, %d) = %v %v %v; want true true false", id1, id2, id2+1,
+			r.BackendInstalled(id1), r.BackendInstalled(id2), r.BackendInstalled(id2+1))
+	}
+
+	r2 := mustNew(t, m) // a restart
+	if n, ok := r2.FrontendOf(master.RevNatID); !ok || n.Name.Name != "" || n.Frontend.String() != "198.19.0.10:80/TCP" {
+		t.Errorf("restored: FrontendOf(%d) = %+v, %v; want the frontend, no name yet", master.RevNatID, n, ok)
+	}
+	if !r2.BackendInstalled(id1) {
+		t.Errorf("restored: BackendInstalled(%d) false", id1)
+	}
+
+	a.Backends = a.Backends[:1]
+	mustApply(t, r2, state(a), nil)
+	if !r2.BackendInstalled(id1) || r2.BackendInstalled(id2) {
+		t.Errorf("after removing %d: BackendInstalled(%d, %d) = %v %v; want true false", id2, id1, id2,
+			r2.BackendInstalled(id1), r2.BackendInstalled(id2))
+	}
+	mustApply(t, r2, state(), map[types.NamespacedName]bool{web: true})
+	if _, ok := r2.FrontendOf(master.RevNatID); ok || r2.BackendInstalled(id1) {
+		t.Errorf("after deleting web: its frontend or backend still found")
+	}
+}
