@@ -54,7 +54,7 @@ type Tracker struct {
 
 	mu            sync.Mutex
 	pendingSvcs   map[types.NamespacedName]*corev1.Service // nil: deleted
-	pendingSlices map[types.NamespacedName]*Slice
+	pendingSlices map[types.NamespacedName]pendingSlice
 	pendingNodes  map[string]*corev1.Node
 	pendingPods   map[types.NamespacedName]*corev1.Pod
 	// localAddrs are this node's own interface addresses (SetLocalAddresses),
@@ -67,9 +67,12 @@ type Tracker struct {
 	// replies are translated, NodePorts only where localAddrs allow.
 	snatSources []netip.Addr
 	services    map[types.NamespacedName]*corev1.Service
-	slices      map[types.NamespacedName]*Slice   // last good, by slice name
-	slicesOf    map[types.NamespacedName][]*Slice // a few a Service: a list, not a map
-	nodes       map[string]nodeInfo
+	// slicesOf are the last good version of each slice, by Service: a few
+	// a Service, a list, not a map. A slice is found by its Service's name
+	// (storedSlice), not in a map of every slice by its own (0.8 MB at
+	// 10,000 Services).
+	slicesOf map[types.NamespacedName][]*Slice
+	nodes    map[string]nodeInfo
 	// pods are this node's Pods that ask for a hostPort; hostPorts says
 	// whether their HostPort frontends are served (SetHostPorts), and
 	// hostPortsDirty that it changed since the last Sync.
@@ -89,11 +92,10 @@ func NewTracker(opts Options) *Tracker {
 	return &Tracker{
 		opts:          opts,
 		pendingSvcs:   map[types.NamespacedName]*corev1.Service{},
-		pendingSlices: map[types.NamespacedName]*Slice{},
+		pendingSlices: map[types.NamespacedName]pendingSlice{},
 		pendingNodes:  map[string]*corev1.Node{},
 		pendingPods:   map[types.NamespacedName]*corev1.Pod{},
 		services:      map[types.NamespacedName]*corev1.Service{},
-		slices:        map[types.NamespacedName]*Slice{},
 		slicesOf:      map[types.NamespacedName][]*Slice{},
 		nodes:         map[string]nodeInfo{},
 		pods:          map[types.NamespacedName]*corev1.Pod{},
@@ -143,9 +145,59 @@ func (t *Tracker) OnSliceUpdate(prev, cur *Slice) {
 	if obj == nil {
 		return
 	}
+	name := types.NamespacedName{Namespace: obj.Namespace, Name: obj.Name}
 	t.mu.Lock()
-	t.pendingSlices[types.NamespacedName{Namespace: obj.Namespace, Name: obj.Name}] = cur
+	p, ok := t.pendingSlices[name]
+	if !ok && prev != nil {
+		// The version before the first change since the last Sync: the
+		// one the tracker holds, unless it refused that version.
+		p.was = prev.Service
+	}
+	p.cur = cur
+	t.pendingSlices[name] = p
 	t.mu.Unlock()
+}
+
+// pendingSlice is a slice's change since the last Sync: its version now
+// (nil: deleted) and the Service of the version before (where storedSlice
+// looks first).
+type pendingSlice struct {
+	cur *Slice
+	was string
+}
+
+// storedSlice finds the version of slice name the tracker holds: under the
+// Service it was of (was), or that its new version cur names, or, when it
+// moved between Services through a version the tracker refused, any. Its
+// index in its Service's list; nil when it holds none.
+func (t *Tracker) storedSlice(name types.NamespacedName, was string, cur *Slice) (*Slice, int) {
+	find := func(owner types.NamespacedName) (*Slice, int) {
+		list := t.slicesOf[owner]
+		for i, s := range list {
+			if s.Name == name.Name && s.Namespace == name.Namespace {
+				return s, i
+			}
+		}
+		return nil, -1
+	}
+	wasOwner := serviceOf(name.Namespace, was)
+	if s, i := find(wasOwner); s != nil {
+		return s, i
+	}
+	if cur != nil && sliceService(cur) != wasOwner {
+		if s, i := find(sliceService(cur)); s != nil {
+			return s, i
+		}
+	}
+	for owner := range t.slicesOf {
+		if owner == wasOwner || (cur != nil && owner == sliceService(cur)) {
+			continue
+		}
+		if s, i := find(owner); s != nil {
+			return s, i
+		}
+	}
+	return nil, -1
 }
 
 // OnNodeUpdate records a Node change, as OnServiceUpdate.
@@ -243,7 +295,8 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 	}
 	t.pendingSvcs = drained(t.pendingSvcs)
 
-	for name, cur := range t.pendingSlices {
+	for name, p := range t.pendingSlices {
+		cur := p.cur
 		key := EndpointSliceObject(name.Namespace, name.Name)
 		if cur != nil {
 			if err := validateEndpointSlice(cur); err != nil {
@@ -252,19 +305,17 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 			}
 		}
 		delete(t.state.Errors, key)
-		if old := t.slices[name]; old != nil {
+		if old, i := t.storedSlice(name, p.was, cur); old != nil {
 			owner := sliceService(old)
-			t.slicesOf[owner] = slices.DeleteFunc(t.slicesOf[owner], func(s *Slice) bool { return s.Name == name.Name })
+			t.slicesOf[owner] = slices.Delete(t.slicesOf[owner], i, i+1)
 			if len(t.slicesOf[owner]) == 0 {
 				delete(t.slicesOf, owner)
 			}
 			dirty[owner] = true
 		}
 		if cur == nil {
-			delete(t.slices, name)
 			continue
 		}
-		t.slices[name] = cur
 		owner := sliceService(cur)
 		t.slicesOf[owner] = append(t.slicesOf[owner], cur)
 		dirty[owner] = true
@@ -471,8 +522,14 @@ func drained[K comparable, V any](m map[K]V) map[K]V {
 // sliceService names the Service a slice belongs to; slices without the
 // label belong to no Service and land under an empty name, never translated.
 func sliceService(s *Slice) types.NamespacedName {
-	if s.Service == "" {
+	return serviceOf(s.Namespace, s.Service)
+}
+
+// serviceOf is sliceService of a slice in namespace ns labelled for
+// Service svc.
+func serviceOf(ns, svc string) types.NamespacedName {
+	if svc == "" {
 		return types.NamespacedName{}
 	}
-	return types.NamespacedName{Namespace: s.Namespace, Name: s.Service}
+	return types.NamespacedName{Namespace: ns, Name: svc}
 }

@@ -617,3 +617,56 @@ func TestTrackerUnchangedKeepsSlice(t *testing.T) {
 		t.Errorf("the replaced slice was modified: %+v, was %+v", first[0].Backends, kept)
 	}
 }
+
+// TestTrackerSliceMovedThroughRefusedVersion: a slice relabelled to
+// another Service in a version the tracker refuses (an unknown address
+// type) keeps its last good version under its first Service; the next
+// good version, under the second, replaces it there (the tracker finds it
+// though neither the informer's previous version nor the new one names
+// that Service), and its deletion leaves nothing behind.
+func TestTrackerSliceMovedThroughRefusedVersion(t *testing.T) {
+	a, c := named("a", ip(1)), named("c", ip(3))
+	good := sliceFor("a", "s-1", ready("198.18.1.5", "node-1"))
+	refused := sliceFor("c", "s-1", ready("198.18.1.6", "node-1"))
+	refused.AddressType = "IPv5"
+	moved := sliceFor("c", "s-1", ready("198.18.1.7", "node-1"))
+	runSteps(t, []step{
+		{
+			name: "two Services, the slice of a",
+			events: func(tr *Tracker) {
+				tr.OnServiceUpdate(nil, a)
+				tr.OnServiceUpdate(nil, c)
+				tr.OnEndpointSliceUpdate(nil, good)
+			},
+			wantChanged: []string{"default/a", "default/c"},
+			wantState: []string{
+				"ClusterIP 198.19.0.1:80/TCP default/a:http -> 198.18.1.5:8080",
+				"ClusterIP 198.19.0.3:80/TCP default/c:http -> ",
+			},
+		},
+		{
+			name:       "relabelled to c in a refused version: the good one stays with a",
+			events:     func(tr *Tracker) { tr.OnEndpointSliceUpdate(good, refused) },
+			wantState:  []string{"ClusterIP 198.19.0.1:80/TCP default/a:http -> 198.18.1.5:8080", "ClusterIP 198.19.0.3:80/TCP default/c:http -> "},
+			wantErrors: []string{"EndpointSlice default/s-1"},
+		},
+		{
+			name:        "a good version under c: moved",
+			events:      func(tr *Tracker) { tr.OnEndpointSliceUpdate(refused, moved) },
+			wantChanged: []string{"default/a", "default/c"},
+			wantState: []string{
+				"ClusterIP 198.19.0.1:80/TCP default/a:http -> ",
+				"ClusterIP 198.19.0.3:80/TCP default/c:http -> 198.18.1.7:8080",
+			},
+		},
+		{
+			name:        "deleted",
+			events:      func(tr *Tracker) { tr.OnEndpointSliceUpdate(moved, nil) },
+			wantChanged: []string{"default/c"},
+			wantState: []string{
+				"ClusterIP 198.19.0.1:80/TCP default/a:http -> ",
+				"ClusterIP 198.19.0.3:80/TCP default/c:http -> ",
+			},
+		},
+	})
+}
