@@ -67,9 +67,9 @@ func (r *Reconciler) need(fe *frontend, lbs *loadbalancer.LBService, name string
 		}
 		return max(1, want-have)
 	case lbmap.BackendsMapName:
-		n, o := 0, ownerOf(fe.owner)
+		n, o := 0, r.byOwner[fe.owner]
 		for _, b := range lbs.Backends {
-			if be := r.owned.find(backendKey(o, b)); be == nil || !be.installed {
+			if be := o.find(backendKey(b)); be == nil || !be.installed {
 				n++
 			}
 		}
@@ -101,17 +101,18 @@ func (r *Reconciler) setOwner(fe *frontend, name types.NamespacedName) {
 	}
 	r.disown(fe)
 	fe.owner = name
-	r.byOwner[name] = append(r.byOwner[name], fe)
+	o := r.ownerNamed(name)
+	o.frontends = append(o.frontends, fe)
 }
 
 // disown takes fe out of its owner's list.
 func (r *Reconciler) disown(fe *frontend) {
-	owned := slices.DeleteFunc(r.byOwner[fe.owner], func(o *frontend) bool { return o == fe })
-	if len(owned) == 0 {
-		delete(r.byOwner, fe.owner)
-	} else {
-		r.byOwner[fe.owner] = owned
+	o := r.byOwner[fe.owner]
+	if o == nil {
+		return
 	}
+	o.frontends = slices.DeleteFunc(o.frontends, func(x *frontend) bool { return x == fe })
+	r.release(o)
 }
 
 // syncFrontend brings one frontend's entries to the desired state. Order:
@@ -272,11 +273,11 @@ func (r *Reconciler) ensureBackends(fe *frontend, bs []loadbalancer.Backend) ([]
 	// twice.
 	var fresh []*backend
 	var freshOf map[beKey]*backend
-	o := ownerOf(fe.owner)
-	defer func() { r.owned.add(o, fresh) }()
+	o := r.ownerNamed(fe.owner)
+	defer func() { o.add(fresh) }()
 	for _, b := range bs {
-		k := backendKey(o, b)
-		be := r.owned.find(k)
+		k := backendKey(b)
+		be := o.find(k)
 		if be == nil {
 			be = freshOf[k]
 		}
@@ -284,8 +285,8 @@ func (r *Reconciler) ensureBackends(fe *frontend, bs []loadbalancer.Backend) ([]
 			if orphans == nil {
 				orphans = r.orphansOf(fe)
 			}
-			if be = orphans[backendKey(owner{}, b)]; be != nil {
-				delete(orphans, backendKey(owner{}, b))
+			if be = orphans[k]; be != nil {
+				delete(orphans, k)
 				be.owner = o
 			} else {
 				id, err := r.allocBackendID()
@@ -326,7 +327,7 @@ func (r *Reconciler) orphansOf(fe *frontend) map[beKey]*backend {
 	out := map[beKey]*backend{}
 	for _, sc := range fe.scopes {
 		for _, v := range sc.slots {
-			if be := r.backends[v.BackendID]; be != nil && be.owner == (owner{}) {
+			if be := r.backends[v.BackendID]; be != nil && be.owner == nil {
 				out[be.key()] = be
 			}
 		}

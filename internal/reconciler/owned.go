@@ -1,22 +1,32 @@
 package reconciler
 
-// owned.go: each Service's backends, found by address, port and protocol.
-// A map keyed by owner and backend held every backend a second time, 60
-// bytes each (6 MB at 10,000 Services × 10); a sorted list per owner holds
-// a pointer, and a lookup is a binary search in one Service's backends.
+// owned.go: each Service's part of the view, its frontends and its
+// backends, found by address, port and protocol. A map keyed by owner and
+// backend held every backend a second time, 60 bytes each (6 MB at 10,000
+// Services × 10), and the owner interned (unique.Handle) cost ~250 bytes
+// a Service in the runtime's table; a record per Service holds its
+// backends sorted, and a lookup is a binary search in one Service's.
 
 import (
 	"bytes"
 	"cmp"
 	"slices"
+
+	"k8s.io/apimachinery/pkg/types"
 )
 
-// ownedIndex lists each owner's backends sorted by beKey (owner apart).
-// Backends restored from the maps have no owner and are not in it until
-// a Service adopts them (ensureBackends): nothing looks them up by key.
-type ownedIndex map[owner][]*backend
+// owner is one Service's record: the frontends it owns and the backend
+// IDs it was given, sorted by beKey. A backend restored from the maps has
+// none (nil) until a Service whose frontend names it adopts it
+// (ensureBackends): nothing looks it up by key meanwhile. The record lives
+// while it holds either (Reconciler.release).
+type owner struct {
+	name      types.NamespacedName
+	frontends []*frontend // a few a Service: a list, not a map
+	backends  []*backend
+}
 
-// compareKey orders be against k's address, port and protocol.
+// compareKey orders be against k.
 func compareKey(be *backend, k beKey) int {
 	if c := bytes.Compare(be.val.Addr[:], k.addr[:]); c != 0 {
 		return c
@@ -27,39 +37,54 @@ func compareKey(be *backend, k beKey) int {
 	return cmp.Compare(be.val.Proto, k.proto)
 }
 
-// find is the backend of k.owner under k, nil when there is none.
-func (x ownedIndex) find(k beKey) *backend {
-	if k.owner == (owner{}) {
+// find is o's backend of key k, nil when it has none (or o is nil).
+func (o *owner) find(k beKey) *backend {
+	if o == nil {
 		return nil
 	}
-	list := x[k.owner]
-	if i, ok := slices.BinarySearchFunc(list, k, compareKey); ok {
-		return list[i]
+	if i, ok := slices.BinarySearchFunc(o.backends, k, compareKey); ok {
+		return o.backends[i]
 	}
 	return nil
 }
 
-// add puts bes, backends of o not in the index yet, into it: one sort of
-// the owner's list for the batch, not a shift per backend (a new Service
-// of 5,000 endpoints would move 12.5 million pointers one by one).
-func (x ownedIndex) add(o owner, bes []*backend) {
-	if o == (owner{}) || len(bes) == 0 {
+// add puts bes, o's backends not in its list yet, into it: one sort of the
+// list for the batch, not a shift per backend (a new Service of 5,000
+// endpoints would move 12.5 million pointers one by one).
+func (o *owner) add(bes []*backend) {
+	if len(bes) == 0 {
 		return
 	}
-	list := append(x[o], bes...)
-	slices.SortFunc(list, func(a, b *backend) int { return compareKey(a, b.key()) })
-	x[o] = list
+	o.backends = append(o.backends, bes...)
+	slices.SortFunc(o.backends, func(a, b *backend) int { return compareKey(a, b.key()) })
 }
 
-// drop removes from the index the backends of the owners in owners whose
-// dropped flag is set, one pass over each owner's list.
-func (x ownedIndex) drop(owners map[owner]bool) {
-	for o := range owners {
-		list := slices.DeleteFunc(x[o], func(be *backend) bool { return be.dropped })
-		if len(list) == 0 {
-			delete(x, o)
-			continue
-		}
-		x[o] = slices.Clip(list)
+// drop takes o's deleted backends (dropped) out of its list.
+func (o *owner) drop() {
+	o.backends = slices.Clip(slices.DeleteFunc(o.backends, func(be *backend) bool { return be.dropped }))
+}
+
+// frontendsOf lists the frontends name owns.
+func (r *Reconciler) frontendsOf(name types.NamespacedName) []*frontend {
+	if o := r.byOwner[name]; o != nil {
+		return o.frontends
+	}
+	return nil
+}
+
+// ownerNamed is name's record, made when it has none.
+func (r *Reconciler) ownerNamed(name types.NamespacedName) *owner {
+	o := r.byOwner[name]
+	if o == nil {
+		o = &owner{name: name}
+		r.byOwner[name] = o
+	}
+	return o
+}
+
+// release forgets o once it holds neither a frontend nor a backend.
+func (r *Reconciler) release(o *owner) {
+	if len(o.frontends) == 0 && len(o.backends) == 0 && r.byOwner[o.name] == o {
+		delete(r.byOwner, o.name)
 	}
 }

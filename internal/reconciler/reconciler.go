@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
-	"unique"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -81,36 +80,20 @@ func (fe *frontend) desired() *loadbalancer.LBService {
 	return fe.svc
 }
 
-// beKey names a backend ID: a backend (address, port, protocol) of one
-// Service. A backend of two Services has an ID in each, so that leaving
-// one Service removes the ID its flows and affinity entries name, never
-// another Service's (kube-proxy's chains are per Service and endpoint).
-// A backend restored from the maps has no owner until a Service whose
-// frontend names it adopts it (ensureBackends). The owner is interned:
-// 8 bytes, not a name's 32, in each of 100,000 keys at 10,000 Services ×
-// 10 backends.
+// beKey is a backend's address, port and protocol, by which its owner
+// finds it (owner.find). A backend of two Services has an ID in each, so
+// that leaving one Service removes the ID its flows and affinity entries
+// name, never another Service's (kube-proxy's chains are per Service and
+// endpoint).
 type beKey struct {
-	owner owner
 	addr  lbmap.Addr
 	port  lbmap.Port
 	proto uint8
 }
 
-// owner is a Service's name interned; the zero owner is none (a backend
-// restored from the maps).
-type owner = unique.Handle[types.NamespacedName]
-
-// ownerOf interns name.
-func ownerOf(name types.NamespacedName) owner {
-	if name == (types.NamespacedName{}) {
-		return owner{}
-	}
-	return unique.Make(name)
-}
-
-// backendKey is b's key as a backend of owner.
-func backendKey(o owner, b loadbalancer.Backend) beKey {
-	return beKey{owner: o, addr: lbmap.AddrFrom(b.Addr), port: lbmap.PortFrom(b.Port), proto: uint8(b.Proto)}
+// backendKey is b's key.
+func backendKey(b loadbalancer.Backend) beKey {
+	return beKey{addr: lbmap.AddrFrom(b.Addr), port: lbmap.PortFrom(b.Port), proto: uint8(b.Proto)}
 }
 
 // backend is one allocated backend ID; refs counts the slots naming it.
@@ -120,13 +103,13 @@ type backend struct {
 	id        uint32
 	refs      int32
 	installed bool
-	dropped   bool // deleted: ownedIndex.drop takes it out
-	owner     owner
+	dropped   bool   // deleted: owner.drop takes it out of its list
+	owner     *owner // nil: restored, no Service has adopted it yet
 }
 
-// key is be's key in the owned index.
+// key is be's key in its owner's list.
 func (be *backend) key() beKey {
-	return beKey{owner: be.owner, addr: be.val.Addr, port: be.val.Port, proto: be.val.Proto}
+	return beKey{addr: be.val.Addr, port: be.val.Port, proto: be.val.Proto}
 }
 
 // Reconciler keeps a view of what the maps hold and applies the difference
@@ -137,10 +120,9 @@ type Reconciler struct {
 	nodeName string
 
 	frontends map[feKey]*frontend
-	byOwner   map[types.NamespacedName][]*frontend // a few a Service: a list, not a map
+	byOwner   map[types.NamespacedName]*owner // each Service's frontends and backends
 
 	backends      map[uint32]*backend
-	owned         ownedIndex // each Service's backends by key
 	nextBackendID uint32
 	// unused collects backends whose refs may have dropped to zero during
 	// one frontend's update; they are deleted after its slots.
@@ -195,9 +177,8 @@ func New(m lbmap.Maps, nodeName string, opts ...Option) (*Reconciler, error) {
 		maps:          m,
 		nodeName:      nodeName,
 		frontends:     map[feKey]*frontend{},
-		byOwner:       map[types.NamespacedName][]*frontend{},
+		byOwner:       map[types.NamespacedName]*owner{},
 		backends:      map[uint32]*backend{},
-		owned:         ownedIndex{},
 		nextBackendID: 1,
 		unused:        map[uint32]bool{},
 		revNats:       map[uint16]lbmap.RevNatValue{},
@@ -513,7 +494,7 @@ func (r *Reconciler) deleteUnwanted(st *loadbalancer.State, names []types.Namesp
 		}
 	} else {
 		for _, name := range names {
-			for _, fe := range r.byOwner[name] {
+			for _, fe := range r.frontendsOf(name) {
 				consider(fe)
 			}
 		}

@@ -171,7 +171,7 @@ func (r *Reconciler) deleteMaster(fe *frontend, sc uint8) error {
 // deleteUnused deletes the backends that no slot names any more.
 func (r *Reconciler) deleteUnused() error {
 	var errs []error
-	var owners map[owner]bool
+	var owners map[*owner]bool
 	ids := make([]uint32, 0, len(r.unused))
 	for id := range r.unused {
 		ids = append(ids, id)
@@ -191,14 +191,17 @@ func (r *Reconciler) deleteUnused() error {
 		}
 		delete(r.backends, id)
 		be.dropped = true
-		if be.owner != (owner{}) {
+		if be.owner != nil {
 			if owners == nil {
-				owners = map[owner]bool{}
+				owners = map[*owner]bool{}
 			}
 			owners[be.owner] = true
 		}
 	}
-	r.owned.drop(owners)
+	for o := range owners {
+		o.drop()
+		r.release(o)
+	}
 	clear(r.unused)
 	return errors.Join(errs...)
 }
