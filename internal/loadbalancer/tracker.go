@@ -136,7 +136,9 @@ func (t *Tracker) OnEndpointSliceUpdate(prev, cur *discoveryv1.EndpointSlice) {
 }
 
 // OnSliceUpdate records an EndpointSlice change, as OnServiceUpdate: the
-// agent's informer keeps its EndpointSlices as Slices.
+// agent's informer keeps its EndpointSlices as Slices. prev is the version
+// last given as cur (nil for a slice new to the caller), as an informer's
+// handlers and the manifest source give it.
 func (t *Tracker) OnSliceUpdate(prev, cur *Slice) {
 	obj := cur
 	if obj == nil {
@@ -151,7 +153,7 @@ func (t *Tracker) OnSliceUpdate(prev, cur *Slice) {
 	if !ok && prev != nil {
 		// The version before the first change since the last Sync: the
 		// one the tracker holds, unless it refused that version.
-		p.was = prev.Service
+		p.was, p.known = prev.Service, true
 	}
 	p.cur = cur
 	t.pendingSlices[name] = p
@@ -159,18 +161,24 @@ func (t *Tracker) OnSliceUpdate(prev, cur *Slice) {
 }
 
 // pendingSlice is a slice's change since the last Sync: its version now
-// (nil: deleted) and the Service of the version before (where storedSlice
-// looks first).
+// (nil: deleted) and, known when the first change had a previous version,
+// that version's Service (where storedSlice looks first).
 type pendingSlice struct {
-	cur *Slice
-	was string
+	cur   *Slice
+	was   string
+	known bool
 }
 
 // storedSlice finds the version of slice name the tracker holds: under the
-// Service it was of (was), or that its new version cur names, or, when it
-// moved between Services through a version the tracker refused, any. Its
-// index in its Service's list; nil when it holds none.
-func (t *Tracker) storedSlice(name types.NamespacedName, was string, cur *Slice) (*Slice, int) {
+// Service it was of (p.was), or that its new version cur names, or, when
+// it moved between Services through a version the tracker refused, any.
+// Its index in its Service's list; nil when it holds none. A slice new to
+// the caller (no previous version: an add, and every slice of the first
+// list) is looked for under cur's Service alone: a walk of every Service
+// for each of 10,000 new slices made a restart quadratic (4.7 s to
+// programmed, 1.4 before).
+func (t *Tracker) storedSlice(name types.NamespacedName, p pendingSlice, cur *Slice) (*Slice, int) {
+	was := p.was
 	find := func(owner types.NamespacedName) (*Slice, int) {
 		list := t.slicesOf[owner]
 		for i, s := range list {
@@ -181,13 +189,18 @@ func (t *Tracker) storedSlice(name types.NamespacedName, was string, cur *Slice)
 		return nil, -1
 	}
 	wasOwner := serviceOf(name.Namespace, was)
-	if s, i := find(wasOwner); s != nil {
-		return s, i
+	if p.known {
+		if s, i := find(wasOwner); s != nil {
+			return s, i
+		}
 	}
-	if cur != nil && sliceService(cur) != wasOwner {
+	if cur != nil && (!p.known || sliceService(cur) != wasOwner) {
 		if s, i := find(sliceService(cur)); s != nil {
 			return s, i
 		}
+	}
+	if !p.known {
+		return nil, -1
 	}
 	for owner := range t.slicesOf {
 		if owner == wasOwner || (cur != nil && owner == sliceService(cur)) {
@@ -305,7 +318,7 @@ func (t *Tracker) Sync() (st *State, changed map[types.NamespacedName]bool, node
 			}
 		}
 		delete(t.state.Errors, key)
-		if old, i := t.storedSlice(name, p.was, cur); old != nil {
+		if old, i := t.storedSlice(name, p, cur); old != nil {
 			owner := sliceService(old)
 			t.slicesOf[owner] = slices.Delete(t.slicesOf[owner], i, i+1)
 			if len(t.slicesOf[owner]) == 0 {
