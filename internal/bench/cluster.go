@@ -422,6 +422,13 @@ func (c *clusterRun) bigChange(ctx context.Context, name string, e, port int) (f
 // churn runs the heartbeats and ChurnRate changes a second for Churn,
 // with the client pod's requests to a live Service throughout, sampling
 // the client node's dataplane.
+// The churn's /metrics scrape period, and a sample (RSS, CPU) kept every
+// churnSampleEvery scrapes.
+const (
+	churnScrapeEvery = time.Second
+	churnSampleEvery = 5
+)
+
 func (c *clusterRun) churn(ctx context.Context, res *ClusterContender) error {
 	cfg, d := c.cfg, c.d
 	pid, err := c.dataplanePID()
@@ -465,12 +472,16 @@ func (c *clusterRun) churn(ctx context.Context, res *ClusterContender) error {
 	}
 	read0, _ := readBytes(pid)
 	start, last, cpuLast := time.Now(), time.Now(), s0.value(c.metrics.cpu)
-	for cctx.Err() == nil {
-		if sleep(cctx, 5*time.Second) != nil {
+	// /metrics is scraped every second, as a busy Prometheus setup might,
+	// so that the latency measured includes whatever a scrape holds back
+	// (issue 44: a scrape must never delay programming); a sample is kept
+	// every fifth.
+	for n := 1; cctx.Err() == nil; n++ {
+		if sleep(cctx, churnScrapeEvery) != nil {
 			break
 		}
 		s, err := c.scrape(ctx)
-		if err != nil {
+		if err != nil || n%churnSampleEvery != 0 {
 			continue
 		}
 		now, cpu := time.Now(), s.value(c.metrics.cpu)

@@ -25,7 +25,8 @@ simulated Node objects with their Leases (each reports its status every
 its defaults), --services Services × 10 endpoints, one Service per
 --big-services size with that many endpoints on the simulated Nodes, then
 --churn-rate EndpointSlice changes a second for --churn, while the client
-pod sends a request every 100 ms through a live Service.
+pod sends a request every 100 ms through a live Service and the client
+node's /metrics is scraped every second.
 
 Reported per dataplane: seconds to program the set, the client node's
 agent (or kube-proxy) RSS; one change of each big Service (trigger time →
