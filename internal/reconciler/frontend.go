@@ -268,7 +268,7 @@ func masterValue(fe *frontend, lbs *loadbalancer.LBService, count int, twoScopes
 func (r *Reconciler) ensureBackends(fe *frontend, bs []loadbalancer.Backend) ([]uint32, error) {
 	ids := make([]uint32, 0, len(bs))
 	var orphans map[beKey]*backend
-	// fresh: the backends this call gives o, added to the index at the end
+	// fresh: the backends this call gives o, added to its sorted list at the end
 	// (in one batch); also found by key before that, should bs name one
 	// twice.
 	var fresh []*backend
