@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -415,10 +416,14 @@ func (p *pps) setup() error {
 
 // useMode puts the node's datapath in mode (LBMode*): the configuration's
 // mode, the backend on this node (local) or on node 2, and the DSR tunnel
-// to node 2 (dsr). The flows of an earlier mode stay in conntrack: with
-// --new-flows every packet is a flow of its own, without it the flows of
-// each mode are made anew by its warm-up.
+// to node 2 (dsr). The flows of an earlier mode are forgotten first: with
+// the same backend an earlier mode's conntrack entry would still send the
+// generator's flows its way (a masqueraded flow stays masqueraded after
+// the mode changes, as on a node), and the row would measure that mode.
 func (p *pps) useMode(mode string) error {
+	if err := p.forgetFlows(); err != nil {
+		return err
+	}
 	m := lbmap.ModeSNAT
 	if mode == LBModeDSR {
 		m = lbmap.ModeDSR
@@ -435,6 +440,24 @@ func (p *pps) useMode(mode string) error {
 		return err
 	}
 	return installService(p.ns.Maps(), mode == LBModeLocal)
+}
+
+// forgetFlows deletes every conntrack entry and SNAT mapping and waits for
+// the next CT second, in which no flow cache entry of the flows deleted is
+// trusted any more (flowcache.h). With --new-flows no flow lives on.
+func (p *pps) forgetFlows() error {
+	if p.cfg.NewFlows {
+		return nil
+	}
+	const never = math.MaxUint32 // later than every entry's lifetime
+	if _, err := p.ns.CT().GC(never); err != nil {
+		return fmt.Errorf("forget the flows: %w", err)
+	}
+	if _, err := p.ns.NAT().GC(p.ns.CT(), never); err != nil {
+		return fmt.Errorf("forget the flows' SNAT mappings: %w", err)
+	}
+	time.Sleep(time.Second + 100*time.Millisecond)
+	return nil
 }
 
 // installService writes the one Service through the reconciler, as the
