@@ -293,9 +293,13 @@ __noinline int ct_clash_sport(const struct ns_pkt *p, __u32 now)
 		     s->entry.nat_port, p->proto, CT_DIR_INGRESS);
 	in = ct_est_lookup(t);
 	s->in_est = !!in;
-	if (!ct_ingress_clash(in, p, now) &&
-	    !ct_ingress_clash(bpf_map_lookup_elem(&ct_new, t), p, now))
-		return 0;
+	s->in_seen = !!in;
+	if (!ct_ingress_clash(in, p, now)) {
+		in = bpf_map_lookup_elem(&ct_new, t);
+		s->in_seen |= !!in;
+		if (!ct_ingress_clash(in, p, now))
+			return 0;
+	}
 	for (i = 0; i < CT_SPORT_TRIES; i++) {
 		t->sport = bpf_htons(1024 + bpf_get_prandom_u32() % (65536 - 1024));
 		if (ct_est_lookup(t) || bpf_map_lookup_elem(&ct_new, t))
@@ -493,6 +497,7 @@ static __always_inline int ct_create_flow(const struct ns_config *cfg,
 	 * another client port, as netfilter's implicit source NAT gives. */
 	s->sport = 0;
 	s->in_est = 1; /* unknown: ct_put_flow looks */
+	s->in_seen = 1; /* unknown: snat_egress looks */
 	if ((kind & (CT_F_LOCAL | CT_F_HAIRPIN)) == CT_F_LOCAL || kind == CT_F_SNAT)
 		ct_clash_sport(p, now);
 	return ct_put_flow(p, kind, half);

@@ -384,7 +384,12 @@ static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 	in = &s->tuple2;
 	ct_tuple_set(out, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     NAT_DIR_EGRESS);
-	n = snat_lookup(out);
+	/* A SYN's half-open flow whose tuple no conntrack entry has
+	 * (ct_clash_sport) has no mapping to reuse: an egress mapping is
+	 * made when a flow completes, and one left by a flow whose entries
+	 * are gone names a port the takeover rules free (snat_port_free).
+	 * Two lookups of absent keys fewer on a new flow's path. */
+	n = half && !s->in_seen ? NULL : snat_lookup(out);
 	if (n) {
 		/* The scratch's nat is the flow's mapping for ct_note_snat. */
 		__builtin_memcpy(&s->nat, n, sizeof(s->nat));

@@ -426,6 +426,9 @@ struct ct_scratch {
 	__u32 in_est;              /* ct_clash_sport: the new flow's ingress tuple
 				    * is in the established table (ct_put_flow
 				    * need not look again) */
+	__u32 in_seen;             /* ct_clash_sport: it is in either table (0:
+				    * no flow of that tuple, snat_egress need
+				    * not look for its egress mapping) */
 	__u32 claim_fresh;         /* snat_claim's arguments: the flow's table */
 	__u32 claim_now;           /* (fresh: snat_new) and the CT second */
 	__u64 claim_word;          /* snat_claim, snat_hold: the word of the
