@@ -231,6 +231,13 @@ func (r *PPSReport) writePlot(path string) (drawn bool, err error) {
 	}
 	p.Add(bars, errs, lbl)
 	p.NominalX(names...)
+	// Contender names are long ("xdp-forwarder-local"): past a few bars
+	// they would overlap, so they lean.
+	if len(names) > 6 {
+		p.X.Tick.Label.Rotation = math.Pi / 6
+		p.X.Tick.Label.XAlign = draw.XRight
+		p.X.Tick.Label.YAlign = draw.YCenter
+	}
 	if err := p.Save(8*vg.Inch, 5*vg.Inch, path); err != nil {
 		return false, fmt.Errorf("save plot %s: %w", path, err)
 	}
