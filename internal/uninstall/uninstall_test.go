@@ -80,6 +80,9 @@ func adopted(uid string) event { return event{adopt: uid} }
 // holds (used only when the watch saw no deletion). Only a deletion of the
 // pod's own DaemonSet carrying the mark unloads.
 func TestVerdict(t *testing.T) {
+	// Cases marked and never deleted wait this long for the watch.
+	defer func(d time.Duration) { markedWait = d }(markedWait)
+	markedWait = 10 * time.Millisecond
 	for _, tc := range []struct {
 		name    string
 		events  []event
@@ -191,6 +194,38 @@ func TestVerdict(t *testing.T) {
 	}
 }
 
+// TestVerdictWaitsForAMarkedDeletion: SIGTERM before the watch's event of
+// the marked DaemonSet's deletion (a loaded apiserver delivers it late,
+// and the service account is gone with the DaemonSet, so the apiserver
+// cannot answer any more): the verdict waits for the watch, and unloads.
+// Unmarked, it does not wait.
+func TestVerdictWaitsForAMarkedDeletion(t *testing.T) {
+	unauthorized := apierrors.NewUnauthorized("the service account is gone")
+	for _, marked := range []bool{true, false} {
+		client := fake.NewClientset()
+		client.PrependReactor("get", "*", func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, unauthorized
+		})
+		w := newWatch(kubeclienttest.FromClientset(client), testNS, testPod, quiet())
+		w.owner = owner{name: testDS, uid: "uid-1"}
+		w.observe(ds("uid-1", marked, false), false)
+		const late = 300 * time.Millisecond
+		go func() {
+			time.Sleep(late)
+			w.observe(ds("uid-1", marked, false), true)
+		}()
+		start := time.Now()
+		v := w.Verdict()
+		took := time.Since(start)
+		switch {
+		case marked && (!v.Unload || !v.Deleted || took < late):
+			t.Errorf("marked: verdict %+v after %v; want unload once the deletion arrives (%v)", v, took, late)
+		case !marked && (v.Err == nil || took >= late):
+			t.Errorf("unmarked: verdict %+v after %v; want the apiserver asked at once (and failing)", v, took)
+		}
+	}
+}
+
 // TestVerdictNil: no watch (not a pod, no client) keeps the datapath.
 func TestVerdictNil(t *testing.T) {
 	var w *Watch
@@ -232,6 +267,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // `sluice uninstall mark` then a delete unloads; a plain delete, or a
 // delete and a re-create, keeps the datapath.
 func TestWatch(t *testing.T) {
+	// A restart with the mark waits this long for a deletion.
+	defer func(d time.Duration) { markedWait = d }(markedWait)
+	markedWait = 50 * time.Millisecond
 	mark := func(ctx context.Context, t *testing.T, c *fake.Clientset) {
 		t.Helper()
 		if _, err := Mark(ctx, c.AppsV1().DaemonSets(testNS), testNS, testDS, false); err != nil {

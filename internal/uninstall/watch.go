@@ -214,16 +214,29 @@ type Verdict struct {
 	Namespace, Name string
 }
 
+// markedWait bounds how long an agent whose DaemonSet carries the mark
+// waits at exit for the watch to see the deletion (Verdict).
+var markedWait = 5 * time.Second
+
 // Verdict decides at exit: from what the watch saw of the DaemonSet's
 // deletion, else (the watch never saw one: not started yet, or the end
 // missed) from one more question to the apiserver. Nil: keep.
+//
+// A DaemonSet seen marked is about to be deleted: the kubelet's SIGTERM
+// can then come before the watch's event of that deletion (the
+// controller-manager's watch and the kubelet's saw it first; on a loaded
+// apiserver by seconds), and by the time the watch's event is late the
+// agent's service account is gone with it, so the apiserver cannot be
+// asked. So it waits for the watch a while (markedWait) before asking.
 func (w *Watch) Verdict() Verdict {
 	if w == nil {
 		return Verdict{}
 	}
-	w.mu.Lock()
-	o := w.owner
-	w.mu.Unlock()
+	o := w.seenOwner()
+	for deadline := time.Now().Add(markedWait); o.marked && !o.gone() && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		o = w.seenOwner()
+	}
 	if o.gone() {
 		return decide(o, w.ns, nil)
 	}
@@ -234,6 +247,12 @@ func (w *Watch) Verdict() Verdict {
 		return Verdict{Err: err, Namespace: w.ns, Name: o.name}
 	}
 	return decide(o, w.ns, l)
+}
+
+func (w *Watch) seenOwner() owner {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.owner
 }
 
 // lookup is the apiserver's answer at exit: the pod's DaemonSet reference
