@@ -140,14 +140,19 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		defer signal.Stop(a.hang)
 	}
 	// The chart sets $POD_NAME and $POD_NAMESPACE from the downward API.
+	// The watch outlives ctx, which SIGTERM ends: the verdict at exit may
+	// wait for its event of the DaemonSet's deletion (uninstall.Verdict).
 	var uw *uninstall.Watch
+	wctx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWatch()
 	if cfg.UnloadOnUninstall && !cfg.UnloadOnExit && cfg.Manifests == "" {
 		if c, _, err := KubeClient(cfg.Kubeconfig); err == nil {
-			uw = uninstall.Start(ctx, c, os.Getenv("POD_NAMESPACE"), os.Getenv("POD_NAME"), log)
+			uw = uninstall.Start(wctx, c, os.Getenv("POD_NAMESPACE"), os.Getenv("POD_NAME"), log)
 		}
 	}
 	err = a.run(ctx)
 	v := uw.Verdict()
+	stopWatch()
 	v.Log(log, cfg.BPFRoot)
 	// dp.Close, deferred above, reads cfg.UnloadOnExit.
 	cfg.UnloadOnExit = cfg.UnloadOnExit || v.Unload

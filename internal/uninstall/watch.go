@@ -56,7 +56,8 @@ type owner struct {
 func (o owner) gone() bool { return o.deleting || o.deleted }
 
 // Start watches the DaemonSet of pod ns/name until ctx ends; nil when the
-// agent is not a pod (empty names) or has no client.
+// agent is not a pod (empty names) or has no client. ctx must outlive the
+// agent's own (SIGTERM): Verdict may wait for the watch.
 func Start(ctx context.Context, client kubeclient.Interface, ns, pod string, log *slog.Logger) *Watch {
 	if ns == "" || pod == "" || client == nil {
 		return nil
