@@ -419,9 +419,6 @@ func (c *clusterRun) bigChange(ctx context.Context, name string, e, port int) (f
 	}
 }
 
-// churn runs the heartbeats and ChurnRate changes a second for Churn,
-// with the client pod's requests to a live Service throughout, sampling
-// the client node's dataplane.
 // The churn's /metrics scrape period, and a sample (RSS, CPU) kept every
 // churnSampleEvery scrapes.
 const (
@@ -429,6 +426,9 @@ const (
 	churnSampleEvery = 5
 )
 
+// churn runs the heartbeats and ChurnRate changes a second for Churn,
+// with the client pod's requests to a live Service throughout, sampling
+// the client node's dataplane.
 func (c *clusterRun) churn(ctx context.Context, res *ClusterContender) error {
 	cfg, d := c.cfg, c.d
 	pid, err := c.dataplanePID()

@@ -181,6 +181,8 @@ type pps struct {
 	bpfRoot                  string
 	frame                    []byte
 	report                   *PPSReport
+	// flowed: traffic ran since the flows were last forgotten (forgetFlows).
+	flowed bool
 }
 
 func (p *pps) progress(format string, args ...any) {
@@ -444,11 +446,14 @@ func (p *pps) useMode(mode string) error {
 
 // forgetFlows deletes every conntrack entry and SNAT mapping and waits for
 // the next CT second, in which no flow cache entry of the flows deleted is
-// trusted any more (flowcache.h). With --new-flows no flow lives on.
+// trusted any more (flowcache.h); nothing to do when no traffic ran since
+// the last time (a mode's undo, then the next mode's start). With
+// --new-flows no flow lives on.
 func (p *pps) forgetFlows() error {
-	if p.cfg.NewFlows {
+	if p.cfg.NewFlows || !p.flowed {
 		return nil
 	}
+	p.flowed = false
 	const never = math.MaxUint32 // later than every entry's lifetime
 	if _, err := p.ns.CT().GC(never); err != nil {
 		return fmt.Errorf("forget the flows: %w", err)
@@ -720,6 +725,7 @@ func (p *pps) measureOnce(ctx context.Context, c contender, round int) (rate, of
 	}()
 	// The first round creates the conntrack and SNAT entries of every
 	// flow; later ones only warm the caches.
+	p.flowed = true
 	if _, _, err := p.generate(ctx, warmup); err != nil {
 		return 0, 0, err
 	}
