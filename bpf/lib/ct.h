@@ -288,21 +288,29 @@ __noinline int ct_clash_sport(const struct ns_pkt *p, __u32 now)
 	if (!s || !p)
 		return 0;
 	t = &s->tuple;
+	s->half_idx = -1;
 
 	ct_tuple_set(t, &p->saddr, (const union lb_addr *)s->entry.nat_addr, p->sport,
 		     s->entry.nat_port, p->proto, CT_DIR_INGRESS);
 	in = ct_est_lookup(t);
 	s->in_est = !!in;
 	s->in_seen = !!in;
+	s->in_new = 0;
 	if (!ct_ingress_clash(in, p, now)) {
-		in = bpf_map_lookup_elem(&ct_new, t);
+		i = half_slot(t, 0);
+		s->half_idx = half_unheld(i);
+		in = ct_half_at(i, t);
+		if (!in) {
+			in = bpf_map_lookup_elem(&ct_new, t);
+			s->in_new = !!in;
+		}
 		s->in_seen |= !!in;
 		if (!ct_ingress_clash(in, p, now))
 			return 0;
 	}
 	for (i = 0; i < CT_SPORT_TRIES; i++) {
 		t->sport = bpf_htons(1024 + bpf_get_prandom_u32() % (65536 - 1024));
-		if (ct_est_lookup(t) || bpf_map_lookup_elem(&ct_new, t))
+		if (ct_est_lookup(t) || ct_new_lookup(t))
 			continue;
 		s->entry.flags |= CT_F_SPORT;
 		s->entry.snat_port = t->sport;
@@ -313,10 +321,20 @@ __noinline int ct_clash_sport(const struct ns_pkt *p, __u32 now)
 	return 0;
 }
 
-/* ct_put writes e under key t into its table: ct_new for a new flow's. */
+/* ct_put writes e under key t into its table: ct_new for a new flow's,
+ * its slot of ct_half for a half-open flow's ingress entry (half), over
+ * whatever is there (uflags BPF_ANY; half_idx its slot, from
+ * ct_clash_sport, < 0: unknown); an entry of t in ct_new then goes
+ * (in_new, from ct_clash_sport), which the slot's being overwritten would
+ * bring back to lookups. */
 static __always_inline int ct_put(const struct ct_tuple *t, const struct ct_entry *e,
-				  __u64 uflags)
+				  __u64 uflags, bool half, bool in_new, int half_idx)
 {
+	if (half && !ct_half_put(t, e, half_idx)) {
+		if (in_new)
+			bpf_map_delete_elem(&ct_new, t);
+		return 0;
+	}
 	if (e->flags & CT_F_NEW)
 		return bpf_map_update_elem(&ct_new, t, e, uflags);
 	return ct_est_update(t, e, uflags);
@@ -394,7 +412,7 @@ static __always_inline bool ct_ready(const struct ct_entry *e, __u8 proto, __u32
  * s->entry (which it turns into the ingress entry, in the service entry's
  * table), with the update flags uflags. The ingress entry counts replies
  * only (rx_*), but a half-open flow's (half) keeps its SYN's in packets and
- * bytes, for its service entry (ct_complete). */
+ * bytes, for its service entry (ct_complete), and goes to its slot (ct_put). */
 static __always_inline int ct_write_ingress(struct ct_scratch *s, const struct ns_pkt *p,
 					    __u64 uflags, bool half)
 {
@@ -414,7 +432,7 @@ static __always_inline int ct_write_ingress(struct ct_scratch *s, const struct n
 	e->nat_port = p->dport;
 	if (e->flags & CT_F_SPORT)
 		e->snat_port = p->sport;
-	return ct_put(&s->tuple, e, uflags);
+	return ct_put(&s->tuple, e, uflags, half, s->in_new, s->half_idx);
 }
 
 /* ct_put_flow writes the entries of the new flow p whose service entry
@@ -498,6 +516,8 @@ static __always_inline int ct_create_flow(const struct ns_config *cfg,
 	s->sport = 0;
 	s->in_est = 1; /* unknown: ct_put_flow looks */
 	s->in_seen = 1; /* unknown: snat_egress looks */
+	s->in_new = 1; /* unknown: ct_put deletes */
+	s->half_idx = -1; /* unknown: ct_put hashes */
 	if ((kind & (CT_F_LOCAL | CT_F_HAIRPIN)) == CT_F_LOCAL || kind == CT_F_SNAT)
 		ct_clash_sport(p, now);
 	return ct_put_flow(p, kind, half);
@@ -597,7 +617,7 @@ __noinline int ct_restore_ingress(const struct ns_config *cfg, const struct ns_p
 	if (!cfg || !p || !svc || !s || !ct_has_ingress(svc))
 		return 0;
 	ct_ingress_tuple(&s->tuple, p, svc);
-	in = ct_lookup(&s->tuple);
+	in = ct_lookup_in(&s->tuple);
 	if (!in) {
 		__builtin_memcpy(&s->entry, svc, sizeof(s->entry));
 		ct_write_ingress(s, p, BPF_NOEXIST, false);
@@ -780,7 +800,7 @@ static __always_inline struct ct_entry *ct_lookup_reply_to(const struct ns_pkt *
 							   __be16 port, struct ct_tuple *t)
 {
 	ct_tuple_set(t, client, &p->saddr, port, p->sport, p->proto, CT_DIR_INGRESS);
-	return ct_lookup(t);
+	return ct_lookup_in(t);
 }
 
 /* ct_lookup_reply finds the ingress entry of a reply from a backend (p is

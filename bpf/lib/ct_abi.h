@@ -169,6 +169,21 @@ _Static_assert(__builtin_offsetof(struct nat_entry, to_port) % 8 == 0 &&
 		       __builtin_offsetof(struct nat_entry, created) == 20,
 	       "nat_entry: to_port, flags and created, an aligned word for a 64-bit compare and swap");
 
+/* A slot of the half-open flows' tables (ns_maps.h: ct_half, snat_half):
+ * a key and its value under a version word, odd while a CPU writes the
+ * slot. A slot whose key's proto is 0 is empty. */
+struct ct_half_slot {
+	__u64 ver;
+	struct ct_tuple key;
+	struct ct_entry e;
+};
+
+struct nat_half_slot {
+	__u64 ver;
+	struct ct_tuple key;
+	struct nat_entry n;
+};
+
 /* The flow cache (flowcache.h): per CPU, sets of NS_FLOW_WAYS entries
  * (NS_FLOW_SETS unless the agent sizes it), each what an established
  * masqueraded flow's packets (or its replies) become and where they go,

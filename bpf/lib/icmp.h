@@ -142,7 +142,7 @@ static __always_inline int icmp_rev_dnat(struct __ctx_buff *ctx, struct ns_pkt *
 		return -1;
 	ct_tuple_set(&s->tuple, &q->saddr, &q->daddr, q->sport, q->dport, q->proto,
 		     CT_DIR_INGRESS);
-	ce = ct_lookup(&s->tuple);
+	ce = ct_lookup_in(&s->tuple);
 	if (!ce)
 		return 0;
 	__builtin_memcpy(fe.b, ce->nat_addr, sizeof(fe.b));
@@ -175,7 +175,7 @@ static __always_inline int icmp_rev_snat(struct __ctx_buff *ctx, struct ns_pkt *
 		return -1;
 	ct_tuple_set(&s->tuple, &q->daddr, &q->saddr, q->dport, q->sport, q->proto,
 		     NAT_DIR_INGRESS);
-	n = snat_lookup(&s->tuple);
+	n = snat_lookup_in(&s->tuple);
 	if (!n)
 		return 0;
 	__builtin_memcpy(client.b, n->to_addr, sizeof(client.b));

@@ -155,7 +155,7 @@ static __always_inline bool snat_port_free(struct ct_scratch *s, const struct na
 		     s->tuple2.proto, CT_DIR_INGRESS);
 	/* From the scratch again after the lookup: few values live across
 	 * it, and snat_claim's frame stays one 32-byte step of 6.1's. */
-	in = ct_lookup(&s->tuple3);
+	in = ct_lookup_in_i(&s->tuple3);
 	if (!in)
 		return nat_word_created(s->claim_word) + 2 < s->claim_now;
 	if (in->lifetime < s->claim_now)
@@ -194,28 +194,45 @@ static __always_inline bool snat_hold(struct ct_scratch *s, struct nat_entry *n,
 	return nat_word_created(READ_ONCE(*nat_word(n))) != SNAT_TAKING;
 }
 
+/* The table a claim writes (snat_claim_args): an established flow's, a
+ * new flow's (snat_new), a half-open TCP flow's (its slot of snat_half). */
+#define SNAT_CLAIM_EST  0
+#define SNAT_CLAIM_NEW  1
+#define SNAT_CLAIM_HALF 2
+
 /* snat_try_claim takes the scratch's ingress tuple (tuple2) for the
- * mapping in its nat, in the table of its flow (fresh: snat_new), unless
- * either table has it: 0 when taken. It claims first and then checks the
- * other table, undoing its claim on a hit: two claims of one tuple racing
- * on two CPUs into the two tables (or a claim racing snat_move of the same
- * tuple) can then both fail, for the next port, but never both succeed and
- * map one port to two clients. */
-static __always_inline int snat_try_claim(struct ct_scratch *s, __u32 fresh)
+ * mapping in its nat, in the table of its flow (SNAT_CLAIM_*), unless any
+ * table has it: 0 when taken. It claims first and then checks the other
+ * tables, undoing its claim on a hit: two claims of one tuple racing on two
+ * CPUs into two tables (or a claim racing snat_move of the same tuple) can
+ * then both fail, for the next port, but never both succeed and map one
+ * port to two clients. Claims into one table are one insert that fails if
+ * the key is there (for a slot, snat_half_claim's compare and swap). */
+static __always_inline int snat_try_claim(struct ct_scratch *s, __u32 table)
 {
-	if (fresh) {
-		if (bpf_map_update_elem(&snat_new, &s->tuple2, &s->nat, BPF_NOEXIST))
+	const struct ct_tuple *t = &s->tuple2;
+
+	if (table == SNAT_CLAIM_HALF) {
+		if (half_put(t, &s->nat, 1, true))
 			return -1;
-		if (!snat_est_lookup(&s->tuple2))
+		if (!snat_est_lookup(t) && !bpf_map_lookup_elem(&snat_new, t))
 			return 0;
-		bpf_map_delete_elem(&snat_new, &s->tuple2);
+		half_clear(t, 1);
 		return -1;
 	}
-	if (snat_est_update(&s->tuple2, &s->nat, BPF_NOEXIST))
+	if (table == SNAT_CLAIM_NEW) {
+		if (bpf_map_update_elem(&snat_new, t, &s->nat, BPF_NOEXIST))
+			return -1;
+		if (!snat_est_lookup(t) && !snat_half_lookup_i(t))
+			return 0;
+		bpf_map_delete_elem(&snat_new, t);
 		return -1;
-	if (!bpf_map_lookup_elem(&snat_new, &s->tuple2))
+	}
+	if (snat_est_update(t, &s->nat, BPF_NOEXIST))
+		return -1;
+	if (!snat_half_lookup_i(t) && !bpf_map_lookup_elem(&snat_new, t))
 		return 0;
-	snat_est_delete(&s->tuple2);
+	snat_est_delete(t);
 	return -1;
 }
 
@@ -239,7 +256,7 @@ __noinline int snat_claim(void)
 		return -1;
 	if (!snat_try_claim(s, s->claim_fresh))
 		return 0;
-	n = snat_lookup(&s->tuple2);
+	n = snat_lookup_in_i(&s->tuple2);
 	if (!n)
 		return snat_try_claim(s, s->claim_fresh);
 	if (n->to_port == s->nat.to_port &&
@@ -270,14 +287,15 @@ __noinline int snat_claim(void)
 		bpf_map_delete_elem(&snat_new, &s->tuple3);
 	}
 	snat_est_delete(&s->tuple2);
-	bpf_map_delete_elem(&snat_new, &s->tuple2);
+	snat_new_delete_i(&s->tuple2);
 	return snat_try_claim(s, s->claim_fresh);
 }
 
-/* snat_claim_args sets snat_claim's arguments in the scratch s. */
+/* snat_claim_args sets snat_claim's arguments in the scratch s: the
+ * table of a new flow (fresh) or an established one's, and the CT second. */
 static __always_inline void snat_claim_args(struct ct_scratch *s, bool fresh, __u32 now)
 {
-	s->claim_fresh = fresh;
+	s->claim_fresh = fresh ? SNAT_CLAIM_NEW : SNAT_CLAIM_EST;
 	s->claim_now = now;
 }
 
@@ -338,7 +356,7 @@ static __noinline int snat_reuse(const struct ns_pkt *p, struct ct_scratch *s, b
 		return -1;
 	ct_tuple_set(&s->tuple2, &p->daddr, (const union lb_addr *)s->nat.to_addr, p->dport,
 		     s->nat.to_port, p->proto, NAT_DIR_INGRESS);
-	n = snat_lookup(&s->tuple2);
+	n = snat_lookup_in(&s->tuple2);
 	if (n) {
 		if (n->to_port == p->sport && addr_equal(&p->saddr, n->to_addr) &&
 		    snat_hold(s, n, now))
@@ -409,6 +427,9 @@ static __always_inline int snat_egress(struct __ctx_buff *ctx, struct ns_pkt *p,
 	s->nat.created = now;
 	ct_tuple_set(in, &p->daddr, &node, p->dport, 0, p->proto, NAT_DIR_INGRESS);
 	snat_claim_args(s, fresh, now);
+	/* A SYN's: its slot (ns_maps.h), as ct_put_flow's ingress entry. */
+	if (half && fresh)
+		s->claim_fresh = SNAT_CLAIM_HALF;
 	for (i = 0; i < SNAT_RETRIES; i++) {
 		in->dport = bpf_htons(snat_port_at(&r, hash % r.size));
 		if (!snat_claim() /* in is the scratch's tuple2 */)
@@ -482,7 +503,10 @@ __noinline int ct_note_snat(const union lb_addr *frontend, __u32 v6, __u32 half)
 
 	if (!s || !cfg || !frontend)
 		return 0;
-	e = bpf_map_lookup_elem(&ct_new, half ? &s->half_key : &s->svc_key);
+	/* A half-open flow's slot, from ct_clash_sport: no hash again. */
+	e = half ? ct_half_at(s->half_idx, &s->half_key) : NULL;
+	if (!e)
+		e = ct_new_lookup(half ? &s->half_key : &s->svc_key);
 	if (e)
 		snat_cache(cfg, e, v6, frontend, &s->nat);
 	return 0;
@@ -527,7 +551,7 @@ static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry
 			return;
 		}
 		/* The ingress mapping may have been evicted alone. */
-		n = snat_lookup(&s->tuple2);
+		n = snat_lookup_in(&s->tuple2);
 		snat_claim_args(s, fresh, now);
 		if (n ? n->to_port != p->sport || !addr_equal(&p->saddr, n->to_addr) :
 			snat_claim())
@@ -536,7 +560,7 @@ static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry
 	}
 	snat_claim_args(s, fresh, now);
 	if (snat_claim()) {
-		n = snat_lookup(&s->tuple2);
+		n = snat_lookup_in(&s->tuple2);
 		if (!n || n->to_port != p->sport || !addr_equal(&p->saddr, n->to_addr)) {
 			WRITE_ONCE(e->snat_port, 0); /* the port went to another flow */
 			return;
@@ -548,35 +572,48 @@ static __noinline void snat_refresh(const struct ns_config *cfg, struct ct_entry
 		WRITE_ONCE(e->snat_port, 0);
 }
 
-/* ct_move moves the entry under key t from ct_new to ct, with CT_F_NEW
- * cleared, staged in s->entry. Written first, deleted after: a packet in
- * between finds it in ct, or in both. */
+/* ct_move moves the entry under key t from the new flows' tables (its
+ * slot of ct_half, or ct_new) to ct, with CT_F_NEW cleared, staged in
+ * s->entry. Written first, deleted after: a packet in between finds it in
+ * ct, or in both. */
 static __always_inline int ct_move(const struct ct_tuple *t, struct ct_scratch *s)
 {
-	struct ct_entry *e = bpf_map_lookup_elem(&ct_new, t);
+	struct ct_entry *e = ct_half_lookup(t);
+	bool half = e;
 
+	if (!e)
+		e = bpf_map_lookup_elem(&ct_new, t);
 	if (!e)
 		return -1;
 	__builtin_memcpy(&s->entry, e, sizeof(s->entry));
 	s->entry.flags &= ~CT_F_NEW;
 	if (ct_est_update(t, &s->entry, BPF_ANY))
 		return -1;
-	bpf_map_delete_elem(&ct_new, t);
+	if (half)
+		ct_half_delete(t);
+	else
+		bpf_map_delete_elem(&ct_new, t);
 	return 0;
 }
 
-/* snat_move moves the mapping under key t from snat_new to snat, and
- * returns a copy in s->nat. */
+/* snat_move moves the mapping under key t from the new flows' tables (its
+ * slot of snat_half, or snat_new) to snat, and returns a copy in s->nat. */
 static __always_inline int snat_move(const struct ct_tuple *t, struct ct_scratch *s)
 {
-	struct nat_entry *n = bpf_map_lookup_elem(&snat_new, t);
+	struct nat_entry *n = snat_half_lookup(t);
+	bool half = n;
 
+	if (!n)
+		n = bpf_map_lookup_elem(&snat_new, t);
 	if (!n)
 		return -1;
 	__builtin_memcpy(&s->nat, n, sizeof(s->nat));
 	if (snat_est_update(t, &s->nat, BPF_ANY))
 		return -1;
-	bpf_map_delete_elem(&snat_new, t);
+	if (half)
+		snat_half_delete(t);
+	else
+		bpf_map_delete_elem(&snat_new, t);
 	return 0;
 }
 
@@ -606,7 +643,7 @@ __noinline int ct_promote(const struct ns_pkt *p)
 		return -1;
 	if (ct_has_ingress(e)) {
 		ct_ingress_tuple(&s->tuple2, p, e);
-		e = ct_lookup(&s->tuple2);
+		e = ct_lookup_in(&s->tuple2);
 		if (!e || (e->flags & (CT_F_SEEN_REPLY | CT_F_CLOSING)) != CT_F_SEEN_REPLY)
 			return -1;
 		/* TCP: the client acknowledged the backend's SYN-ACK, exactly
@@ -642,7 +679,7 @@ __noinline int ct_promote(const struct ns_pkt *p)
 ingress:
 	if (ct_has_ingress(&s->entry)) {
 		ct_ingress_tuple(&s->tuple2, p, &s->entry);
-		in = bpf_map_lookup_elem(&ct_new, &s->tuple2);
+		in = ct_new_lookup(&s->tuple2);
 		if (in && p->proto == IPPROTO_TCP)
 			in->flags |= CT_F_ESTABLISHED; /* as its service entry */
 		ct_move(&s->tuple2, s);
@@ -747,7 +784,7 @@ __noinline int ct_complete(const struct ns_pkt *p)
 		return 0;
 	s->claim_now = ct_now(cfg);
 	__builtin_memcpy(&s->half_key, &s->tuple2, sizeof(s->half_key));
-	in = bpf_map_lookup_elem(&ct_new, &s->tuple2);
+	in = ct_new_lookup(&s->tuple2);
 	if (!in)
 		return ct_completed_meanwhile(p, s);
 	if ((in->flags & CT_F_SPORT) || !ct_ingress_of(in, p))
@@ -793,9 +830,9 @@ __noinline int ct_complete(const struct ns_pkt *p)
 		s->nat.to_port = p->sport;
 		s->nat.flags = 0;
 		s->nat.created = s->claim_now;
-		s->claim_fresh = false;
+		s->claim_fresh = SNAT_CLAIM_EST;
 		if (snat_claim()) {
-			in = bpf_map_lookup_elem(&ct_new, &s->half_key);
+			in = ct_new_lookup(&s->half_key);
 			if (in)
 				WRITE_ONCE(in->completing, 0);
 			return 0;
@@ -825,7 +862,7 @@ __noinline int ct_complete_svc(const struct ns_pkt *p, __u32 len)
 
 	if (!s || !cfg || !p)
 		return 0;
-	in = bpf_map_lookup_elem(&ct_new, &s->half_key);
+	in = ct_new_lookup(&s->half_key);
 	if (!in)
 		return 0;
 	/* The SYN and this packet, established (its replies are the ingress
@@ -866,7 +903,7 @@ static __always_inline const struct nat_entry *snat_lookup_reply(const struct ns
 {
 	ct_tuple_set(t, &p->saddr, &p->daddr, p->sport, p->dport, p->proto,
 		     NAT_DIR_INGRESS);
-	return snat_lookup(t);
+	return snat_lookup_in(t);
 }
 
 /* ns_rev_dnat restores the frontend as the source of a reply from a

@@ -117,6 +117,336 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } snat_new SEC(".maps");
 
+/* Agent configuration of the tc/XDP programs, one entry at index 0. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ns_config);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ns_config SEC(".maps");
+
+/* The half-open TCP flows (ct.h: a SYN's ingress entry and, masqueraded,
+ * its reply mapping), direct-mapped: a keyed hash of the key picks one
+ * slot of each table, and a new flow's SYN overwrites whatever flow was
+ * there, as an LRU evicts its oldest. A SYN costs two plain stores instead
+ * of two LRU inserts into full tables (a free-list pop, a bucket walk and
+ * its lock, each): masqueraded SYNs 1.6x as fast, measured
+ * (docs/benchmarks.md). A flood churns these tables alone, as it churned
+ * ct_new and snat_new: a legitimate flow's handshake must complete before
+ * the flood's SYNs hit its slot, about slots / rate seconds on average
+ * (16,384 slots at 20,000 SYNs a second: 0.8 s, against a round trip).
+ * Lookups of CT_DIR_INGRESS and NAT_DIR_INGRESS keys read them after the
+ * established tables, before ct_new and snat_new. A completed handshake
+ * moves the flow to the established tables and empties the slots (nat.h:
+ * ct_complete).
+ *
+ * Concurrency: a writer takes the slot by turning its version odd (a
+ * compare and swap, which fails while another CPU writes it), writes key
+ * and value, and makes it even again; a reader checks the key between two
+ * reads of an even version. A packet that found the slot may still use its
+ * value after another CPU's SYN took it over, as an LRU map's element is
+ * reused at once after an eviction while a program holds it: the same
+ * guarantee as the tables they replace for the half-open flows. A nat
+ * claim (nat.h: snat_try_claim) never overwrites a slot of its own key:
+ * that port is taken.
+ *
+ * Sized at load (ns_half_bits: log2 of the slots, 0 turns them off and
+ * every flow goes to ct_new and snat_new as before): ct_half as ct_new,
+ * snat_half to at most half the nat ports (NewNATEntries), so that a flood
+ * holds at most about half the ports to one backend. */
+volatile const __u32 ns_half_ct_bits = 14;
+volatile const __u32 ns_half_nat_bits = 14;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_half_slot);
+	__uint(max_entries, 1 << 14);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ct_half SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct nat_half_slot);
+	__uint(max_entries, 1 << 14);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} snat_half SEC(".maps");
+
+/* half_hash is the keyed hash of t (its ten words, each mixed in with
+ * murmur3's finalizer), keyed with ns_config's hash_key: a client cannot
+ * pick tuples that land in another's slot. lbmap.HalfHash is the same. */
+static __always_inline __u32 half_hash(const struct ct_tuple *t)
+{
+	const __u32 *w = (const __u32 *)t;
+	__u32 zero = 0, h = 0;
+	const struct ns_config *cfg = bpf_map_lookup_elem(&ns_config, &zero);
+	int i;
+
+	if (cfg)
+		h = cfg->hash_key;
+#pragma unroll
+	for (i = 0; i < (int)(sizeof(*t) / 4); i++)
+		h = hash_fmix32(h ^ w[i]);
+	return h;
+}
+
+_Static_assert(sizeof(struct ct_tuple) == 40, "ct_tuple: ten words");
+
+/* half_key_eq: keys a and b are the same tuple. */
+static __always_inline bool half_key_eq(const struct ct_tuple *a, const struct ct_tuple *b)
+{
+	const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;
+
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4] &&
+	       x[5] == y[5] && x[6] == y[6] && x[7] == y[7] && x[8] == y[8] && x[9] == y[9];
+}
+
+/* half_lock takes the slot of version word ver for a write, seen at v
+ * (even): false when another CPU writes it or took it since. */
+static __always_inline bool half_lock(__u64 *ver, __u64 v)
+{
+	return !(v & 1) && __sync_val_compare_and_swap(ver, v, v + 1) == v;
+}
+
+/* half_unlock ends a write of the slot of version word ver. */
+static __always_inline void half_unlock(__u64 *ver)
+{
+	__sync_fetch_and_add(ver, 1);
+}
+
+_Static_assert(__builtin_offsetof(struct ct_half_slot, key) ==
+		       __builtin_offsetof(struct nat_half_slot, key),
+	       "half slots: version and key first");
+
+/* half_idx is the index of the slot of key t in ct_half (nat: snat_half),
+ * -1 when t has none: slots off, or a key of another direction than the
+ * table's (CT_DIR_INGRESS, NAT_DIR_INGRESS). */
+static __always_inline int half_idx(const struct ct_tuple *t, __u32 nat)
+{
+	__u32 bits = nat ? ns_half_nat_bits : ns_half_ct_bits;
+
+	if (!bits || t->dir != (nat ? NAT_DIR_INGRESS : CT_DIR_INGRESS))
+		return -1;
+	return half_hash(t) >> ((32 - bits) & 31);
+}
+
+/* half_at is the slot at index i (< 0: none) of ct_half (nat: snat_half),
+ * as a ct_half_slot: both kinds begin with the version and the key. */
+static __always_inline struct ct_half_slot *half_at(int i, __u32 nat)
+{
+	__u32 idx = i;
+
+	if (i < 0)
+		return NULL;
+	return nat ? bpf_map_lookup_elem(&snat_half, &idx) : bpf_map_lookup_elem(&ct_half, &idx);
+}
+
+/* half_held: the slot at index i holds key t, stably (its version even,
+ * the same before and after the key was compared). */
+static __always_inline bool half_held(const struct ct_tuple *t, __u32 nat, int i)
+{
+	struct ct_half_slot *sl = half_at(i, nat);
+	__u64 v;
+
+	if (!sl)
+		return false;
+	v = READ_ONCE(sl->ver);
+	return !(v & 1) && half_key_eq(&sl->key, t) && READ_ONCE(sl->ver) == v;
+}
+
+/* half_find is the index of the slot of key t while it holds t, else -1. */
+static __always_inline int half_find(const struct ct_tuple *t, __u32 nat)
+{
+	int i = half_idx(t, nat);
+
+	return half_held(t, nat, i) ? i : -1;
+}
+
+/* half_put writes val under key t into its slot, over any other flow's
+ * (claim: unless it holds t already: that nat port is taken, the caller
+ * decides): 0 when written, -1 when slots are off or another CPU writes the
+ * slot. */
+static __always_inline int half_put(const struct ct_tuple *t, const void *val, __u32 nat,
+				    bool claim)
+{
+	struct ct_half_slot *sl = half_at(half_idx(t, nat), nat);
+	__u64 v;
+
+	if (!sl)
+		return -1;
+	v = READ_ONCE(sl->ver);
+	if ((claim && half_key_eq(&sl->key, t)) || !half_lock(&sl->ver, v))
+		return -1;
+	__builtin_memcpy(&sl->key, t, sizeof(sl->key));
+	if (nat)
+		__builtin_memcpy(&((struct nat_half_slot *)sl)->n, val, sizeof(struct nat_entry));
+	else
+		__builtin_memcpy(&sl->e, val, sizeof(sl->e));
+	half_unlock(&sl->ver);
+	return 0;
+}
+
+/* half_clear empties the slot of key t while it holds t: a write, so a
+ * CPU that takes the slot meanwhile keeps its flow. */
+static __always_inline void half_clear(const struct ct_tuple *t, __u32 nat)
+{
+	struct ct_half_slot *sl = half_at(half_idx(t, nat), nat);
+
+	if (sl && half_key_eq(&sl->key, t) && half_lock(&sl->ver, READ_ONCE(sl->ver))) {
+		__builtin_memset(&sl->key, 0, sizeof(sl->key));
+		half_unlock(&sl->ver);
+	}
+}
+
+/* The slot functions the service path calls: global, each verified once
+ * (the hash and the compare are ~150 instructions, and the lookups that
+ * read a slot are many). snat_claim, at the end of the deepest call chain
+ * (6.1's 512 bytes, 32 a call), inlines its own (the _i lookups). */
+
+/* half_slot is half_find, but for a key that has a slot it does not
+ * hold, -2 - the slot's index (half_unheld gives it back): -1 when t has
+ * no slot. */
+__noinline int half_slot(const struct ct_tuple *t, __u32 nat)
+{
+	int i;
+
+	if (!t || (i = half_idx(t, nat)) < 0)
+		return -1;
+	return half_held(t, nat, i) ? i : -2 - i;
+}
+
+/* half_unheld is the slot's index of what half_slot returned, -1: none. */
+static __always_inline int half_unheld(int r)
+{
+	return r >= -1 ? r : -2 - r;
+}
+
+/* ct_half_put writes the half-open flow's ingress entry e under key t
+ * into its slot (of index i, from half_slot; < 0: unknown), over any other
+ * flow's: 0 when written, -1 when not (the caller writes ct_new then). */
+__noinline int ct_half_put(const struct ct_tuple *t, const struct ct_entry *e, int i)
+{
+	struct ct_half_slot *sl;
+
+	if (!t || !e)
+		return -1;
+	if (i < 0)
+		i = half_idx(t, 0);
+	sl = half_at(i, 0);
+	if (!sl || !half_lock(&sl->ver, READ_ONCE(sl->ver)))
+		return -1;
+	__builtin_memcpy(&sl->key, t, sizeof(sl->key));
+	__builtin_memcpy(&sl->e, e, sizeof(sl->e));
+	half_unlock(&sl->ver);
+	return 0;
+}
+
+/* ct_half_at is the entry of the slot of index i while it holds key t. */
+static __always_inline struct ct_entry *ct_half_at(int i, const struct ct_tuple *t)
+{
+	struct ct_half_slot *sl;
+
+	if (!half_held(t, 0, i) || !(sl = half_at(i, 0)))
+		return NULL;
+	barrier_var(sl);
+	return &sl->e;
+}
+
+/* half_delete: half_clear. */
+__noinline int half_delete(const struct ct_tuple *t, __u32 nat)
+{
+	if (t)
+		half_clear(t, nat);
+	return 0;
+}
+
+/* ct_half_lookup finds the half-open flow's ingress entry under key t. */
+static __always_inline struct ct_entry *ct_half_lookup(const struct ct_tuple *t)
+{
+	struct ct_half_slot *sl;
+
+	if (t->dir != CT_DIR_INGRESS)
+		return NULL;
+	sl = half_at(half_slot(t, 0), 0);
+	if (!sl)
+		return NULL;
+	barrier_var(sl); /* the offset added after the check, not before */
+	return &sl->e;
+}
+
+/* snat_half_lookup finds the half-open flow's reply mapping under key t;
+ * _i, inlined. */
+static __always_inline struct nat_entry *snat_half_lookup(const struct ct_tuple *t)
+{
+	struct nat_half_slot *sl;
+
+	if (t->dir != NAT_DIR_INGRESS)
+		return NULL;
+	sl = (struct nat_half_slot *)half_at(half_slot(t, 1), 1);
+	if (!sl)
+		return NULL;
+	barrier_var(sl);
+	return &sl->n;
+}
+
+static __always_inline struct nat_entry *snat_half_lookup_i(const struct ct_tuple *t)
+{
+	struct nat_half_slot *sl = (struct nat_half_slot *)half_at(half_find(t, 1), 1);
+
+	if (!sl)
+		return NULL;
+	barrier_var(sl);
+	return &sl->n;
+}
+
+static __always_inline struct ct_entry *ct_half_lookup_i(const struct ct_tuple *t)
+{
+	struct ct_half_slot *sl = half_at(half_find(t, 0), 0);
+
+	if (!sl)
+		return NULL;
+	barrier_var(sl);
+	return &sl->e;
+}
+
+static __always_inline void ct_half_delete(const struct ct_tuple *t)
+{
+	half_delete(t, 0);
+}
+
+static __always_inline void snat_half_delete(const struct ct_tuple *t)
+{
+	half_delete(t, 1);
+}
+
+/* ct_new_lookup finds a new flow's entry under key t: a half-open flow's
+ * ingress entry in its slot, else in ct_new. */
+static __always_inline struct ct_entry *ct_new_lookup(const struct ct_tuple *t)
+{
+	struct ct_entry *e = ct_half_lookup(t);
+
+	return e ? e : bpf_map_lookup_elem(&ct_new, t);
+}
+
+/* snat_new_lookup finds a new flow's mapping under key t: a half-open
+ * flow's reply mapping in its slot, else in snat_new. */
+static __always_inline struct nat_entry *snat_new_lookup(const struct ct_tuple *t)
+{
+	struct nat_entry *n = snat_half_lookup(t);
+
+	return n ? n : bpf_map_lookup_elem(&snat_new, t);
+}
+
+/* snat_new_delete_i deletes a new flow's mapping under key t, wherever
+ * (inlined: snat_claim's). */
+static __always_inline void snat_new_delete_i(const struct ct_tuple *t)
+{
+	half_clear(t, 1);
+	bpf_map_delete_elem(&snat_new, t);
+}
+
 /* ct_est_of is the established flows' conntrack table of proto. */
 static __always_inline void *ct_est_of(__u8 proto)
 {
@@ -180,7 +510,7 @@ static __always_inline long snat_est_delete(const struct ct_tuple *t)
 
 /* ct_lookup finds the entry under key t: an established flow's in its
  * protocol's table (one lookup for the common case), else a new flow's in
- * ct_new (CT_F_NEW). ct_move writes the established table before it
+ * ct_new (CT_F_NEW; not a half-open one's: ct_lookup_in). ct_move writes the established table before it
  * deletes from ct_new, so a miss in both can only be a move on another CPU
  * between the two lookups: the established table has the entry then, and
  * a second look there finds it (a cost only on misses). */
@@ -191,6 +521,31 @@ static __always_inline struct ct_entry *ct_lookup(const struct ct_tuple *t)
 	if (e)
 		return e;
 	e = bpf_map_lookup_elem(&ct_new, t);
+	return e ? e : ct_est_lookup(t);
+}
+
+/* ct_lookup_in is ct_lookup for a key that may be a half-open flow's
+ * (CT_DIR_INGRESS): its slot of ct_half after the established table;
+ * _i, inlined (snat_claim's). */
+static __always_inline struct ct_entry *ct_lookup_in(const struct ct_tuple *t)
+{
+	struct ct_entry *e = ct_est_lookup(t);
+
+	if (e)
+		return e;
+	e = ct_new_lookup(t);
+	return e ? e : ct_est_lookup(t);
+}
+
+static __always_inline struct ct_entry *ct_lookup_in_i(const struct ct_tuple *t)
+{
+	struct ct_entry *e = ct_est_lookup(t);
+
+	if (e)
+		return e;
+	e = ct_half_lookup_i(t);
+	if (!e)
+		e = bpf_map_lookup_elem(&ct_new, t);
 	return e ? e : ct_est_lookup(t);
 }
 
@@ -208,11 +563,31 @@ static __always_inline struct ct_entry *ct_lookup_syn(const struct ct_tuple *t)
 }
 
 /* snat_lookup finds the mapping under key t: an established flow's in its
- * protocol's table, else a new flow's in snat_new. */
+ * protocol's table, else a new flow's in snat_new (not a half-open one's:
+ * snat_lookup_in). */
 static __always_inline struct nat_entry *snat_lookup(const struct ct_tuple *t)
 {
 	struct nat_entry *n = snat_est_lookup(t);
 
+	return n ? n : bpf_map_lookup_elem(&snat_new, t);
+}
+
+/* snat_lookup_in is snat_lookup for a key that may be a half-open flow's
+ * (NAT_DIR_INGRESS): its slot of snat_half after the established table;
+ * _i, inlined (snat_claim's). */
+static __always_inline struct nat_entry *snat_lookup_in(const struct ct_tuple *t)
+{
+	struct nat_entry *n = snat_est_lookup(t);
+
+	return n ? n : snat_new_lookup(t);
+}
+
+static __always_inline struct nat_entry *snat_lookup_in_i(const struct ct_tuple *t)
+{
+	struct nat_entry *n = snat_est_lookup(t);
+
+	if (!n)
+		n = snat_half_lookup_i(t);
 	return n ? n : bpf_map_lookup_elem(&snat_new, t);
 }
 
@@ -271,15 +646,6 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ns_snat_route SEC(".maps");
-
-/* Agent configuration of the tc/XDP programs, one entry at index 0. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__type(key, __u32);
-	__type(value, struct ns_config);
-	__uint(max_entries, 1);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ns_config SEC(".maps");
 
 /* Per-CPU scratch: what the service path builds for a map call or a
  * helper (keys, values, the FIB question, the ICMP error it translates)
@@ -429,8 +795,13 @@ struct ct_scratch {
 	__u32 in_seen;             /* ct_clash_sport: it is in either table (0:
 				    * no flow of that tuple, snat_egress need
 				    * not look for its egress mapping) */
+	__s32 half_idx;            /* ct_clash_sport: its slot of ct_half (-1:
+				    * unknown), for ct_put_flow and ct_note_snat */
+	__u32 in_new;              /* ct_clash_sport: it is in ct_new itself
+				    * (1: unknown), whose entry a half-open
+				    * flow written to its slot deletes */
 	__u32 claim_fresh;         /* snat_claim's arguments: the flow's table */
-	__u32 claim_now;           /* (fresh: snat_new) and the CT second */
+	__u32 claim_now;           /* (SNAT_CLAIM_*) and the CT second */
 	__u64 claim_word;          /* snat_claim, snat_hold: the word of the
 				    * mapping found (nat_word) */
 	__u64 hold_word;           /* snat_hold: the word it wants */

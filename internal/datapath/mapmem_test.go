@@ -85,6 +85,7 @@ func sizesAt(mem uint64, fixed map[string]*ebpf.MapSpec) map[string]uint32 {
 	}
 	out[lbmap.CTMapName], out[lbmap.NATMapName], out[tclbMapNsFrag] = c.CT, c.NAT, c.Frag
 	out[lbmap.CTNewMapName], out[lbmap.NATNewMapName] = NewFlowEntries(c.CT), NewFlowEntries(c.NAT)
+	out[lbmap.CTHalfMapName], out[lbmap.NATHalfMapName] = 1<<halfCTBits(out), 1<<halfNATBits(out)
 	out[lbmap.CTAnyMapName], out[lbmap.NATAnyMapName] = c.CT, c.NAT // as mapSizes: one inner map template
 	return out
 }
@@ -207,6 +208,9 @@ func fillMap(t *testing.T, m *ebpf.Map, ms *ebpf.MapSpec, n int) uint64 {
 func checkMemlockGrowth(t *testing.T, name string, prealloc bool, empty, filled uint64, n int, ms *ebpf.MapSpec) {
 	t.Helper()
 	kv := uint64(ms.KeySize + ms.ValueSize)
+	if ms.Type == ebpf.Array { // its keys are indexes, not stored
+		kv = uint64(ms.ValueSize)
+	}
 	switch {
 	case prealloc: // a map in map's inner maps are charged to themselves
 		if filled != empty || empty < uint64(ms.MaxEntries)*kv {

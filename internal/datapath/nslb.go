@@ -63,6 +63,8 @@ type NorthSouth struct {
 	lb  *lbmap.Kernel
 	ct  *lbmap.CT
 	nat *lbmap.NAT
+	// half reads the half-open flows' slots (ct_half, snat_half).
+	half *lbmap.Half
 
 	maglevSize    uint32
 	flowCacheSets uint32 // per CPU and program; 0: no flow cache
@@ -170,6 +172,20 @@ func NewNATEntries(n uint32, ports int) uint32 {
 	return min(NewFlowEntries(n), uint32(max(1024, ports)))
 }
 
+// halfCTBits is log2 of ct_half's slots: as many as ct_new has entries
+// (rounded down to a power of two).
+func halfCTBits(sizes map[string]uint32) uint32 {
+	return lbmap.HalfBits(sizes[lbmap.CTNewMapName])
+}
+
+// halfNATBits is log2 of snat_half's slots: half of snat_new's entries,
+// which NewNATEntries holds to the nat ports, so that a flood's half-open
+// flows hold at most about half the ports to one backend (each takes one
+// slot; two claims of one slot leave one).
+func halfNATBits(sizes map[string]uint32) uint32 {
+	return lbmap.HalfBits(sizes[lbmap.NATNewMapName] / 2)
+}
+
 // LoadNorthSouthSpecs returns the compiled tc and XDP objects, for tests
 // and tools that inspect their BTF.
 func LoadNorthSouthSpecs() (tc, xdp *ebpf.CollectionSpec, err error) {
@@ -273,6 +289,9 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 		if err := configureKernel(spec); err != nil {
 			return nil, fmt.Errorf("load north-south LB: %w", err)
 		}
+		if err := lbmap.ConfigureHalf(spec, halfCTBits(sizes), halfNATBits(sizes)); err != nil {
+			return nil, fmt.Errorf("load north-south LB: %w", err)
+		}
 	}
 	if err := prepareMaglevPin(opts.BPFRoot, maglevSize); err != nil {
 		return nil, err
@@ -353,6 +372,14 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 	}
 	n.ct = lbmap.NewCT(m.Ct, m.CtAny, m.CtNew, flowCaches...)
 	n.nat = lbmap.NewNAT(m.Snat, m.SnatAny, m.SnatNew)
+	n.half = lbmap.NewHalf(m.CtHalf, m.SnatHalf, n.CTNow)
+	n.ct.SetHalf(n.half)
+	n.nat.SetHalf(n.half)
+	// The half-open slots are found with the hash key of the pinned
+	// configuration, until SetConfig writes one.
+	if c, err := n.Config(); err == nil {
+		n.half.SetHashKey(c.HashKey)
+	}
 	// Established UDP flows an earlier build kept in ct and snat move to
 	// ct_any and snat_any, where the programs look for them now.
 	if err := n.moveOtherProtocols(); err != nil {
@@ -519,6 +546,7 @@ func (n *NorthSouth) SetConfig(c lbmap.NSConfig) error {
 	if err := n.tc.NsConfig.Update(uint32(0), &c, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("update %s: %w", lbmap.NSConfigMapName, err)
 	}
+	n.half.SetHashKey(c.HashKey)
 	return nil
 }
 

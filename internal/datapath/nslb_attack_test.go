@@ -197,12 +197,11 @@ func TestPrivilegedNorthSouthNATPortTakenBack(t *testing.T) {
 		if p := natPort(t, n, old.c, old.be, bpftest.TCP); p != port {
 			t.Fatalf("the client's new flow on the same tuple: nat port %d, want its mapping's, %d", p, port)
 		}
-		var mine lbmap.CTEntry
-		m := tableWith(t, in, &mine, cts...)
-		if m == nil {
-			t.Fatalf("the new flow's ingress entry %s: in no table", in)
+		// Its ingress entry, half-open, in its slot of ct_half.
+		if _, ok, err := n.half.LookupCT(in); err != nil || !ok {
+			t.Fatalf("the new flow's ingress entry %s: not in ct_half (%v)", in, err)
 		}
-		must(t, m.Put(&in, &closed)) // as another CPU read it a moment before
+		putHalfCT(t, n, in, closed) // as another CPU read it a moment before
 		other := bpftest.Packet{Src: client(47000), Dst: apLBTCP, Proto: bpftest.TCP, Flags: bpftest.SYN}
 		wantVerdict(t, kind, prog, "another client while the port is taken back", other, vDrop)
 		var got lbmap.NATEntry
@@ -221,12 +220,14 @@ func TestPrivilegedNorthSouthNATPortTakenBack(t *testing.T) {
 		// taking the port over marks it.
 		reset.Flags = bpftest.RST
 		wantVerdict(t, kind, prog, "the backend resets the other flow", reset, vPass)
-		m = tableWith(t, ing, &got, nats...)
-		if m == nil {
-			t.Fatalf("the other flow's ingress mapping %s: in no table", ing)
+		// Its ingress mapping, half-open (no ACK came), in snat_half.
+		var slot lbmap.NATHalfSlot
+		must(t, n.tc.SnatHalf.Lookup(n.half.NATIndex(ing), &slot))
+		if slot.Key != ing {
+			t.Fatalf("the other flow's ingress mapping %s: not in snat_half", ing)
 		}
-		got.Created = 0xffffffff // SNAT_TAKING
-		must(t, m.Put(&ing, &got))
+		slot.Entry.Created = 0xffffffff // SNAT_TAKING
+		must(t, n.tc.SnatHalf.Update(n.half.NATIndex(ing), &slot, ebpf.UpdateExist))
 		setNATRange(t, n, snatMin, snatMin, ctNow+12)
 		other.Src = client(47002)
 		wantVerdict(t, kind, prog, "a third client while another CPU takes the port over", other, vDrop)

@@ -127,13 +127,17 @@ func TestPrivilegedNorthSouthCompletionTakenElsewhere(t *testing.T) {
 		run(bpftest.Packet{Src: f.be, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP,
 			Flags: bpftest.SYN | bpftest.ACK})
 		svc, in, _, _ := f.keys(port)
-		var e lbmap.CTEntry
-		must(t, n.tc.CtNew.Lookup(&in, &e))
-		if e.Completing != 0 {
+		var slot lbmap.CTHalfSlot
+		must(t, n.tc.CtHalf.Lookup(n.half.CTIndex(in), &slot))
+		if slot.Key != in {
+			t.Fatalf("the half-open flow's ingress entry is not in its slot of ct_half: %+v", slot.Key)
+		}
+		if slot.Entry.Completing != 0 {
 			t.Fatalf("the half-open flow's ingress entry is marked completing before its ACK")
 		}
-		e.Completing = 1 // another CPU's, mid-way
-		must(t, n.tc.CtNew.Update(&in, &e, ebpf.UpdateExist))
+		slot.Entry.Completing = 1 // another CPU's, mid-way
+		must(t, n.tc.CtHalf.Update(n.half.CTIndex(in), &slot, ebpf.UpdateExist))
+		var e lbmap.CTEntry
 		for _, p := range []bpftest.Packet{
 			{Src: f.c, Dst: f.fe, Proto: bpftest.TCP, Flags: bpftest.ACK},
 			{Src: f.c, Dst: f.fe, Proto: bpftest.TCP, Flags: bpftest.ACK | bpftest.PSH, Payload: []byte("GET")},
@@ -147,15 +151,15 @@ func TestPrivilegedNorthSouthCompletionTakenElsewhere(t *testing.T) {
 			}
 		}
 		// Neither completed the flow: no service entry, the ingress
-		// entry still half-open in ct_new.
+		// entry still half-open in its slot.
 		if err := n.tc.CtNew.Lookup(&svc, &e); err == nil {
 			t.Errorf("a service entry was made in ct_new: %+v", e)
 		}
 		if err := n.tc.Ct.Lookup(&svc, &e); err == nil {
 			t.Errorf("the flow was completed by a packet while another CPU completes it: %+v", e)
 		}
-		if err := n.tc.CtNew.Lookup(&in, &e); err != nil || e.Completing == 0 {
-			t.Errorf("the half-open ingress entry: %v, completing %d; want it in ct_new, still marked", err, e.Completing)
+		if e, ok, err := n.half.LookupCT(in); err != nil || !ok || e.Completing == 0 {
+			t.Errorf("the half-open ingress entry: %v, found %v, completing %d; want it in ct_half, still marked", err, ok, e.Completing)
 		}
 	})
 }

@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"errors"
 	"net"
 	"net/netip"
 	"os"
@@ -78,16 +77,15 @@ func cacheEntry(t *testing.T, m *ebpf.Map, src, dst netip.AddrPort, proto, dir u
 	return lbmap.FlowCacheEntry{}, false
 }
 
-// rawCT returns the conntrack entry under key as ct (an established flow's)
-// or ct_new (a new flow's) holds it, without what the flow caches hold for
+// rawCT returns the conntrack entry under key as the tables hold it (an
+// established flow's, or a new one's: CT.Lookup), without what the flow caches hold for
 // it (CT.Dump adds that).
 func rawCT(t *testing.T, n *NorthSouth, src, dst netip.AddrPort, proto, dir uint8) lbmap.CTEntry {
 	t.Helper()
 	key := tuple(src, dst, proto, dir)
-	var e lbmap.CTEntry
-	err := n.tc.Ct.Lookup(&key, &e)
-	if errors.Is(err, ebpf.ErrKeyNotExist) {
-		err = n.tc.CtNew.Lookup(&key, &e)
+	e, ok, err := n.CT().Lookup(key)
+	if err == nil && !ok {
+		err = ebpf.ErrKeyNotExist
 	}
 	if err != nil {
 		t.Fatalf("ct entry %s: %v", key, err)

@@ -12,8 +12,9 @@ import (
 	"github.com/sluice-dataplane/sluice/internal/lbmap"
 )
 
-// tableOf says where a conntrack entry (nat: an SNAT mapping) is: "ct" or
-// "ct_new" ("snat" or "snat_new"), "" when in neither.
+// tableOf says where a conntrack entry (nat: an SNAT mapping) is: "ct",
+// "ct_any", "ct_half" or "ct_new" ("snat", "snat_any", "snat_half" or
+// "snat_new"), "" when in none.
 func tableOf(t *testing.T, n *NorthSouth, key lbmap.CTTuple, nat bool) string {
 	t.Helper()
 	type table struct {
@@ -31,6 +32,19 @@ func tableOf(t *testing.T, n *NorthSouth, key lbmap.CTTuple, nat bool) string {
 		if err := tb.m.Lookup(&key, value); err == nil {
 			found = append(found, tb.name)
 		}
+	}
+	half, name := n.half.LookupCT, "ct_half"
+	if nat {
+		half = func(k lbmap.CTTuple) (lbmap.CTEntry, bool, error) {
+			_, ok, err := n.half.LookupNAT(k)
+			return lbmap.CTEntry{}, ok, err
+		}
+		name = "snat_half"
+	}
+	if _, ok, err := half(key); err != nil {
+		t.Fatal(err)
+	} else if ok {
+		found = append(found, name)
 	}
 	return strings.Join(found, "+")
 }
@@ -53,8 +67,8 @@ func (f masqueradedFlow) keys(natPort uint16) (svc, in, egress, ingress lbmap.CT
 // A new flow lives in ct_new and snat_new until it is established, then
 // moves to the established tables of its protocol (ct and snat for TCP,
 // ct_any and snat_any for UDP) with everything it had. A TCP SYN makes
-// only the half its SYN-ACK needs (the ingress entry, the reply mapping);
-// the client's ACK of the SYN-ACK makes the service entry and the egress
+// only the half its SYN-ACK needs (the ingress entry, the reply mapping),
+// each in its slot of ct_half and snat_half; the client's ACK of the SYN-ACK makes the service entry and the egress
 // mapping, straight into ct and snat. UDP moves when the client sends in a
 // later CT second after a reply; never before the backend answered, so a
 // blind sender's SYN and ACKs make nothing beyond the SYN's half (the ACKs
@@ -91,13 +105,13 @@ func TestPrivilegedNorthSouthNewFlows(t *testing.T) {
 		}
 		run(pkt(tcp, bpftest.SYN))
 		port := natPort(t, n, tcp.c, tcp.be, tcp.proto)
-		where("TCP SYN", tcp, port, "", "ct_new", "", "snat_new")
+		where("TCP SYN", tcp, port, "", "ct_half", "", "snat_half")
 		if in, _ := ctEntry(t, n, tcp.c, tcp.be, tcp.proto, lbmap.CTDirIngress); in.SNATPort.Host() != port {
 			t.Errorf("TCP SYN: the ingress entry keeps nat port %d, want %d", in.SNATPort.Host(), port)
 		}
 		synAck := bpftest.Packet{Src: tcp.be, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP, Flags: bpftest.SYN | bpftest.ACK}
 		runPacket(t, kind, prog, "SYN-ACK", synAck, vPass, synAck.With(func(p *bpftest.Packet) { p.Src, p.Dst = tcp.fe, tcp.c }))
-		where("TCP SYN-ACK", tcp, port, "", "ct_new", "", "snat_new")
+		where("TCP SYN-ACK", tcp, port, "", "ct_half", "", "snat_half")
 		run(pkt(tcp, bpftest.ACK))
 		where("TCP ACK", tcp, port, "ct", "ct", "snat", "snat")
 		runPacket(t, kind, prog, "data after the move", pkt(tcp, bpftest.ACK|bpftest.PSH), vPass,
@@ -130,7 +144,7 @@ func TestPrivilegedNorthSouthNewFlows(t *testing.T) {
 		run(pkt(blind, bpftest.SYN))
 		wantVerdict(t, kind, prog, "a blind ACK", pkt(blind, bpftest.ACK), vDrop)
 		wantVerdict(t, kind, prog, "another blind ACK", pkt(blind, bpftest.ACK), vDrop)
-		where("a blind SYN and ACKs", blind, natPort(t, n, blind.c, blind.be, blind.proto), "", "ct_new", "", "snat_new")
+		where("a blind SYN and ACKs", blind, natPort(t, n, blind.c, blind.be, blind.proto), "", "ct_half", "", "snat_half")
 
 		lone := masqueradedFlow{client(45102), apLBTCP, apRemote, bpftest.TCP}
 		run(pkt(lone, bpftest.ACK))
@@ -211,16 +225,16 @@ func TestPrivilegedNorthSouthSYNFlood(t *testing.T) {
 						fresh++
 					}
 				}
-				if fresh > 512 {
-					t.Errorf("%d entries flagged new, more than ct_new holds (512)", fresh)
+				if most := 512 + int(n.tc.CtHalf.MaxEntries()); fresh > most {
+					t.Errorf("%d entries flagged new, more than ct_new and ct_half hold (%d)", fresh, most)
 				}
 			})
 		})
 	}
 }
 
-// A half-open flow's reply mapping evicted from snat_new between its
-// SYN-ACK and the client's ACK (a flood churns that table) does not change
+// A half-open flow's reply mapping evicted from snat_half between its
+// SYN-ACK and the client's ACK (a flood's SYN takes its slot) does not change
 // its nat port: the ingress entry keeps it from the start (ct_note_snat),
 // the ACK completes the flow with it, claims the mapping again and makes
 // both in snat.
@@ -238,7 +252,7 @@ func TestPrivilegedNorthSouthNewFlowMappingEvicted(t *testing.T) {
 		_, _, eg, ing := f.keys(port)
 		synAck := bpftest.Packet{Src: f.be, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP, Flags: bpftest.SYN | bpftest.ACK}
 		runPacket(t, kind, prog, "SYN-ACK", synAck, vPass, synAck.With(func(p *bpftest.Packet) { p.Src, p.Dst = f.fe, f.c }))
-		must(t, n.tc.SnatNew.Delete(&ing))
+		evictHalfNAT(t, n, ing)
 		ack := syn.With(func(p *bpftest.Packet) { p.Flags = bpftest.ACK })
 		runPacket(t, kind, prog, "ACK after the mapping went", ack, vPass,
 			ack.With(func(p *bpftest.Packet) { p.Src, p.Dst = netip.AddrPortFrom(ipNode, port), f.be }))
@@ -344,4 +358,29 @@ func TestPrivilegedNorthSouthIngressMappingRestored(t *testing.T) {
 		reply := bpftest.Packet{Src: f.be, Dst: netip.AddrPortFrom(ipNode, port), Proto: bpftest.TCP, Flags: bpftest.ACK, Payload: []byte("r")}
 		runPacket(t, kind, prog, "reply", reply, vPass, reply.With(func(p *bpftest.Packet) { p.Src, p.Dst = f.fe, f.c }))
 	})
+}
+
+// evictHalfNAT empties the slot of snat_half that holds key, as a flood's
+// SYN taking it over would.
+func evictHalfNAT(t *testing.T, n *NorthSouth, key lbmap.CTTuple) {
+	t.Helper()
+	var slot lbmap.NATHalfSlot
+	must(t, n.tc.SnatHalf.Lookup(n.half.NATIndex(key), &slot))
+	if slot.Key != key {
+		t.Fatalf("mapping %s: not in its slot of snat_half (%s there)", key, slot.Key)
+	}
+	slot.Key, slot.Ver = lbmap.CTTuple{}, slot.Ver+2
+	must(t, n.tc.SnatHalf.Update(n.half.NATIndex(key), &slot, ebpf.UpdateExist))
+}
+
+// putHalfCT writes e as the entry of the slot of ct_half that holds key.
+func putHalfCT(t *testing.T, n *NorthSouth, key lbmap.CTTuple, e lbmap.CTEntry) {
+	t.Helper()
+	var slot lbmap.CTHalfSlot
+	must(t, n.tc.CtHalf.Lookup(n.half.CTIndex(key), &slot))
+	if slot.Key != key {
+		t.Fatalf("entry %s: not in its slot of ct_half (%s there)", key, slot.Key)
+	}
+	slot.Entry, slot.Ver = e, slot.Ver+2
+	must(t, n.tc.CtHalf.Update(n.half.CTIndex(key), &slot, ebpf.UpdateExist))
 }

@@ -19,6 +19,7 @@ const (
 	tclbMapCt                = "ct"
 	tclbMapCtAny             = "ct_any"
 	tclbMapCtEst             = "ct_est"
+	tclbMapCtHalf            = "ct_half"
 	tclbMapCtNew             = "ct_new"
 	tclbMapLbAffinity        = "lb_affinity"
 	tclbMapLbBackends        = "lb_backends"
@@ -47,6 +48,7 @@ const (
 	tclbMapSnat              = "snat"
 	tclbMapSnatAny           = "snat_any"
 	tclbMapSnatEst           = "snat_est"
+	tclbMapSnatHalf          = "snat_half"
 	tclbMapSnatNew           = "snat_new"
 	tclbMapTcLbStages        = "tc_lb_stages"
 	tclbProgTcCtClock        = "tc_ct_clock"
@@ -59,6 +61,8 @@ const (
 	tclbVarLbMaglevHashSeed  = "lb_maglev_hash_seed"
 	tclbVarLbMaglevTableSize = "lb_maglev_table_size"
 	tclbVarNfCtKfuncs        = "nf_ct_kfuncs"
+	tclbVarNsHalfCtBits      = "ns_half_ct_bits"
+	tclbVarNsHalfNatBits     = "ns_half_nat_bits"
 )
 
 // loadTclb returns the embedded CollectionSpec for tclb.
@@ -117,6 +121,7 @@ type tclbMapSpecs struct {
 	Ct            *ebpf.MapSpec `ebpf:"ct"`
 	CtAny         *ebpf.MapSpec `ebpf:"ct_any"`
 	CtEst         *ebpf.MapSpec `ebpf:"ct_est"`
+	CtHalf        *ebpf.MapSpec `ebpf:"ct_half"`
 	CtNew         *ebpf.MapSpec `ebpf:"ct_new"`
 	LbAffinity    *ebpf.MapSpec `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.MapSpec `ebpf:"lb_backends"`
@@ -145,6 +150,7 @@ type tclbMapSpecs struct {
 	Snat          *ebpf.MapSpec `ebpf:"snat"`
 	SnatAny       *ebpf.MapSpec `ebpf:"snat_any"`
 	SnatEst       *ebpf.MapSpec `ebpf:"snat_est"`
+	SnatHalf      *ebpf.MapSpec `ebpf:"snat_half"`
 	SnatNew       *ebpf.MapSpec `ebpf:"snat_new"`
 	TcLbStages    *ebpf.MapSpec `ebpf:"tc_lb_stages"`
 }
@@ -158,6 +164,8 @@ type tclbVariableSpecs struct {
 	LbMaglevHashSeed  *ebpf.VariableSpec `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.VariableSpec `ebpf:"lb_maglev_table_size"`
 	NfCtKfuncs        *ebpf.VariableSpec `ebpf:"nf_ct_kfuncs"`
+	NsHalfCtBits      *ebpf.VariableSpec `ebpf:"ns_half_ct_bits"`
+	NsHalfNatBits     *ebpf.VariableSpec `ebpf:"ns_half_nat_bits"`
 }
 
 // tclbObjects contains all objects after they have been loaded into the kernel.
@@ -183,6 +191,7 @@ type tclbMaps struct {
 	Ct            *ebpf.Map `ebpf:"ct"`
 	CtAny         *ebpf.Map `ebpf:"ct_any"`
 	CtEst         *ebpf.Map `ebpf:"ct_est"`
+	CtHalf        *ebpf.Map `ebpf:"ct_half"`
 	CtNew         *ebpf.Map `ebpf:"ct_new"`
 	LbAffinity    *ebpf.Map `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.Map `ebpf:"lb_backends"`
@@ -211,6 +220,7 @@ type tclbMaps struct {
 	Snat          *ebpf.Map `ebpf:"snat"`
 	SnatAny       *ebpf.Map `ebpf:"snat_any"`
 	SnatEst       *ebpf.Map `ebpf:"snat_est"`
+	SnatHalf      *ebpf.Map `ebpf:"snat_half"`
 	SnatNew       *ebpf.Map `ebpf:"snat_new"`
 	TcLbStages    *ebpf.Map `ebpf:"tc_lb_stages"`
 }
@@ -220,6 +230,7 @@ func (m *tclbMaps) Close() error {
 		m.Ct,
 		m.CtAny,
 		m.CtEst,
+		m.CtHalf,
 		m.CtNew,
 		m.LbAffinity,
 		m.LbBackends,
@@ -248,6 +259,7 @@ func (m *tclbMaps) Close() error {
 		m.Snat,
 		m.SnatAny,
 		m.SnatEst,
+		m.SnatHalf,
 		m.SnatNew,
 		m.TcLbStages,
 	)
@@ -262,6 +274,8 @@ type tclbVariables struct {
 	LbMaglevHashSeed  *ebpf.Variable `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.Variable `ebpf:"lb_maglev_table_size"`
 	NfCtKfuncs        *ebpf.Variable `ebpf:"nf_ct_kfuncs"`
+	NsHalfCtBits      *ebpf.Variable `ebpf:"ns_half_ct_bits"`
+	NsHalfNatBits     *ebpf.Variable `ebpf:"ns_half_nat_bits"`
 }
 
 // tclbPrograms contains all programs after they have been loaded into the kernel.

@@ -28,8 +28,10 @@ const (
 )
 
 // transientMaps hold nothing worth a migration: a pin of another shape is
-// replaced (its readers keep the old map until they reopen).
-var transientMaps = []string{EventsMapName}
+// replaced (its readers keep the old map until they reopen). The events
+// ring; the half-open flows' slots, sized by ct_new (a flow whose slot goes
+// has its client send its SYN again).
+var transientMaps = []string{EventsMapName, tclbMapCtHalf, tclbMapSnatHalf}
 
 // replaceTransientPins removes each transient pin under root that spec's
 // map does not match (the ring of another --monitor-buffer-size), so that

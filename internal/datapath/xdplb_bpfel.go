@@ -19,6 +19,7 @@ const (
 	xdplbMapCt                = "ct"
 	xdplbMapCtAny             = "ct_any"
 	xdplbMapCtEst             = "ct_est"
+	xdplbMapCtHalf            = "ct_half"
 	xdplbMapCtNew             = "ct_new"
 	xdplbMapLbAffinity        = "lb_affinity"
 	xdplbMapLbBackends        = "lb_backends"
@@ -48,6 +49,7 @@ const (
 	xdplbMapSnat              = "snat"
 	xdplbMapSnatAny           = "snat_any"
 	xdplbMapSnatEst           = "snat_est"
+	xdplbMapSnatHalf          = "snat_half"
 	xdplbMapSnatNew           = "snat_new"
 	xdplbMapXdpLbEntry        = "xdp_lb_entry"
 	xdplbMapXdpLbStages       = "xdp_lb_stages"
@@ -59,6 +61,8 @@ const (
 	xdplbVarLbMaglevHashSeed  = "lb_maglev_hash_seed"
 	xdplbVarLbMaglevTableSize = "lb_maglev_table_size"
 	xdplbVarNfCtKfuncs        = "nf_ct_kfuncs"
+	xdplbVarNsHalfCtBits      = "ns_half_ct_bits"
+	xdplbVarNsHalfNatBits     = "ns_half_nat_bits"
 )
 
 // loadXdplb returns the embedded CollectionSpec for xdplb.
@@ -115,6 +119,7 @@ type xdplbMapSpecs struct {
 	Ct            *ebpf.MapSpec `ebpf:"ct"`
 	CtAny         *ebpf.MapSpec `ebpf:"ct_any"`
 	CtEst         *ebpf.MapSpec `ebpf:"ct_est"`
+	CtHalf        *ebpf.MapSpec `ebpf:"ct_half"`
 	CtNew         *ebpf.MapSpec `ebpf:"ct_new"`
 	LbAffinity    *ebpf.MapSpec `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.MapSpec `ebpf:"lb_backends"`
@@ -144,6 +149,7 @@ type xdplbMapSpecs struct {
 	Snat          *ebpf.MapSpec `ebpf:"snat"`
 	SnatAny       *ebpf.MapSpec `ebpf:"snat_any"`
 	SnatEst       *ebpf.MapSpec `ebpf:"snat_est"`
+	SnatHalf      *ebpf.MapSpec `ebpf:"snat_half"`
 	SnatNew       *ebpf.MapSpec `ebpf:"snat_new"`
 	XdpLbEntry    *ebpf.MapSpec `ebpf:"xdp_lb_entry"`
 	XdpLbStages   *ebpf.MapSpec `ebpf:"xdp_lb_stages"`
@@ -158,6 +164,8 @@ type xdplbVariableSpecs struct {
 	LbMaglevHashSeed  *ebpf.VariableSpec `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.VariableSpec `ebpf:"lb_maglev_table_size"`
 	NfCtKfuncs        *ebpf.VariableSpec `ebpf:"nf_ct_kfuncs"`
+	NsHalfCtBits      *ebpf.VariableSpec `ebpf:"ns_half_ct_bits"`
+	NsHalfNatBits     *ebpf.VariableSpec `ebpf:"ns_half_nat_bits"`
 }
 
 // xdplbObjects contains all objects after they have been loaded into the kernel.
@@ -183,6 +191,7 @@ type xdplbMaps struct {
 	Ct            *ebpf.Map `ebpf:"ct"`
 	CtAny         *ebpf.Map `ebpf:"ct_any"`
 	CtEst         *ebpf.Map `ebpf:"ct_est"`
+	CtHalf        *ebpf.Map `ebpf:"ct_half"`
 	CtNew         *ebpf.Map `ebpf:"ct_new"`
 	LbAffinity    *ebpf.Map `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.Map `ebpf:"lb_backends"`
@@ -212,6 +221,7 @@ type xdplbMaps struct {
 	Snat          *ebpf.Map `ebpf:"snat"`
 	SnatAny       *ebpf.Map `ebpf:"snat_any"`
 	SnatEst       *ebpf.Map `ebpf:"snat_est"`
+	SnatHalf      *ebpf.Map `ebpf:"snat_half"`
 	SnatNew       *ebpf.Map `ebpf:"snat_new"`
 	XdpLbEntry    *ebpf.Map `ebpf:"xdp_lb_entry"`
 	XdpLbStages   *ebpf.Map `ebpf:"xdp_lb_stages"`
@@ -222,6 +232,7 @@ func (m *xdplbMaps) Close() error {
 		m.Ct,
 		m.CtAny,
 		m.CtEst,
+		m.CtHalf,
 		m.CtNew,
 		m.LbAffinity,
 		m.LbBackends,
@@ -251,6 +262,7 @@ func (m *xdplbMaps) Close() error {
 		m.Snat,
 		m.SnatAny,
 		m.SnatEst,
+		m.SnatHalf,
 		m.SnatNew,
 		m.XdpLbEntry,
 		m.XdpLbStages,
@@ -266,6 +278,8 @@ type xdplbVariables struct {
 	LbMaglevHashSeed  *ebpf.Variable `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.Variable `ebpf:"lb_maglev_table_size"`
 	NfCtKfuncs        *ebpf.Variable `ebpf:"nf_ct_kfuncs"`
+	NsHalfCtBits      *ebpf.Variable `ebpf:"ns_half_ct_bits"`
+	NsHalfNatBits     *ebpf.Variable `ebpf:"ns_half_nat_bits"`
 }
 
 // xdplbPrograms contains all programs after they have been loaded into the kernel.

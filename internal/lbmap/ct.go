@@ -263,6 +263,7 @@ func CTFlagsString(f uint16) string {
 // (their entries flagged CTFlagNew).
 type CT struct {
 	m, anyProto, fresh *ebpf.Map
+	half               *Half // nil: none (a datapath before ct_half)
 	// flowCaches hold counters of established flows that their CT
 	// entries have not counted yet (FlowCacheMapName).
 	flowCaches []*ebpf.Map
@@ -274,6 +275,10 @@ type CT struct {
 func NewCT(m, anyProto, fresh *ebpf.Map, flowCaches ...*ebpf.Map) *CT {
 	return &CT{m: m, anyProto: anyProto, fresh: fresh, flowCaches: flowCaches}
 }
+
+// SetHalf gives c the half-open flows' slots (ct_half): their entries are
+// new flows' (CTFlagNew), read after the established tables.
+func (c *CT) SetHalf(h *Half) { c.half = h }
 
 // established is the established table of proto and its name.
 func (c *CT) established(proto uint8) (*ebpf.Map, string) {
@@ -345,15 +350,25 @@ func IngressOf(in CTEntry, key CTTuple) bool {
 }
 
 // Lookup returns the entry under key as the datapath finds it (ct_lookup):
-// an established flow's in ct, else a new flow's in ct_new. Its counters
-// are the entry's own (no flow cache read).
+// an established flow's in ct, else a new flow's in its slot of ct_half or
+// in ct_new. Its counters are the entry's own (no flow cache read).
 func (c *CT) Lookup(key CTTuple) (CTEntry, bool, error) {
 	var e CTEntry
 	est, name := c.established(key.Proto)
+	err := est.Lookup(&key, &e)
+	if err == nil {
+		return e, true, nil
+	}
+	if !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return e, false, fmt.Errorf("look up %s in %s: %w", key, name, err)
+	}
+	if e, ok, err := c.half.LookupCT(key); ok || err != nil {
+		return e, ok, err
+	}
 	for _, m := range []struct {
 		m    *ebpf.Map
 		name string
-	}{{est, name}, {c.fresh, CTNewMapName}} {
+	}{{c.fresh, CTNewMapName}} {
 		if m.m == nil {
 			continue
 		}
@@ -374,19 +389,23 @@ func (c *CT) Len() (int, error) {
 	return len(recs), err
 }
 
-// dump reads ct_new before the established tables: entries only move from
-// ct_new to them, and the datapath writes there before it deletes from
-// ct_new, so an entry moving meanwhile is in one of the dumps at least
-// (NAT.GC relies on it).
+// dump reads ct_half and ct_new before the established tables: entries
+// only move from them to those, and the datapath writes there before it
+// deletes from the new flows' tables, so an entry moving meanwhile is in
+// one of the dumps at least (NAT.GC relies on it). Of ct_half, the flows
+// that live (Half.ctRecords).
 func (c *CT) dump() ([]CTRecord, error) {
 	rec := func(k CTTuple, v CTEntry) CTRecord { return CTRecord{k, v} }
-	var recs []CTRecord
+	recs, err := c.half.ctRecords()
+	if err != nil {
+		return nil, err
+	}
 	if c.fresh != nil {
 		fresh, err := records(c.fresh, CTNewMapName, rec)
 		if err != nil {
 			return nil, err
 		}
-		recs = fresh
+		recs = append(recs, fresh...)
 	}
 	if c.anyProto != nil {
 		other, err := records(c.anyProto, CTAnyMapName, rec)

@@ -29,6 +29,7 @@ const NATFlagReused = 1
 // other flows' mappings, and snat_new, the new flows'.
 type NAT struct {
 	m, anyProto, fresh *ebpf.Map
+	half               *Half // nil: none (a datapath before snat_half)
 }
 
 // NewNAT wraps the loaded snat, snat_any and snat_new maps; the caller
@@ -36,6 +37,10 @@ type NAT struct {
 func NewNAT(m, anyProto, fresh *ebpf.Map) *NAT {
 	return &NAT{m: m, anyProto: anyProto, fresh: fresh}
 }
+
+// SetHalf gives n the half-open flows' slots (snat_half), whose mappings
+// are new flows' (New).
+func (n *NAT) SetHalf(h *Half) { n.half = h }
 
 // table is the table a mapping of key is in (fresh: snat_new's), and its
 // name.
@@ -56,7 +61,8 @@ type NATRecord struct {
 	New   bool
 }
 
-// Dump returns every mapping of both tables, a snapshot of LRU maps.
+// Dump returns every mapping of the tables, a snapshot of LRU maps; of
+// snat_half, those of flows that live (Half.natRecords).
 func (n *NAT) Dump() ([]NATRecord, error) {
 	recs, err := records(n.m, NATMapName, func(k CTTuple, v NATEntry) NATRecord { return NATRecord{k, v, false} })
 	if err != nil {
@@ -69,6 +75,11 @@ func (n *NAT) Dump() ([]NATRecord, error) {
 		}
 		recs = append(recs, other...)
 	}
+	half, err := n.half.natRecords()
+	if err != nil {
+		return nil, err
+	}
+	recs = append(recs, half...)
 	if n.fresh == nil {
 		return recs, nil
 	}
@@ -133,12 +144,7 @@ func (n *NAT) GC(ct *CT, now uint32) (int, error) {
 	}
 	deleted := 0
 	for _, r := range recs {
-		flow := r.Key // NATDirEgress: client -> backend, as in conntrack
-		if r.Key.Dir == NATDirIngress {
-			// backend -> node:port, translated back to the client
-			flow = CTTuple{SAddr: r.Entry.ToAddr, SPort: r.Entry.ToPort, DAddr: r.Key.SAddr, DPort: r.Key.SPort, Proto: r.Key.Proto}
-		}
-		flow.Dir = CTDirIngress
+		flow := natFlow(r.Key, r.Entry)
 		if live[flow] || r.Entry.Created+1 >= now {
 			continue
 		}

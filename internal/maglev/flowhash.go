@@ -27,7 +27,7 @@ func FlowHash(seed uint32, src, dst netip.AddrPort, proto uint8) uint32 {
 	for i := 0; i < len(buf); i += 4 {
 		h = murmur3Round32(h, binary.NativeEndian.Uint32(buf[i:]))
 	}
-	return fmix32(h ^ uint32(len(buf)))
+	return Fmix32(h ^ uint32(len(buf)))
 }
 
 // Index is the table entry a flow hash selects, as the BPF side computes it.
@@ -42,7 +42,8 @@ func murmur3Round32(h, k uint32) uint32 {
 	return h*5 + 0xe6546b64
 }
 
-func fmix32(h uint32) uint32 {
+// Fmix32 is murmur3's 32-bit finalizer (bpf/lib/common.h hash_fmix32).
+func Fmix32(h uint32) uint32 {
 	h ^= h >> 16
 	h *= 0x85ebca6b
 	h ^= h >> 13

@@ -71,7 +71,7 @@ func TestMurmur3x86(t *testing.T) {
 		for i := 0; i+4 <= len(data); i += 4 {
 			h = murmur3Round32(h, uint32(data[i])|uint32(data[i+1])<<8|uint32(data[i+2])<<16|uint32(data[i+3])<<24)
 		}
-		return fmix32(h ^ uint32(len(data)))
+		return Fmix32(h ^ uint32(len(data)))
 	}
 	for _, tc := range []struct {
 		in   string
