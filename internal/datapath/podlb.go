@@ -46,7 +46,13 @@ func LoadPodLB(opts NorthSouthOptions) (*PodLB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load pod LB: %w", err)
 	}
-	sizeMaps(spec, opts.mapSizes())
+	sizes := opts.mapSizes()
+	sizeMaps(spec, sizes)
+	// The half-open slots as LoadNorthSouth sizes them: the pins are
+	// shared (a pod's flows are keyed with their own scope).
+	if err := lbmap.ConfigureHalf(spec, halfCTBits(sizes), halfNATBits(sizes)); err != nil {
+		return nil, fmt.Errorf("load pod LB: %w", err)
+	}
 	maglevSize := orDefault(opts.MaglevTableSize, maglev.DefaultTableSize)
 	if err := lbmap.ConfigureMaglev(spec, maglevSize, opts.MaglevSeed); err != nil {
 		return nil, fmt.Errorf("load pod LB: %w", err)

@@ -19,6 +19,7 @@ const (
 	tcpodMapCt                = "ct"
 	tcpodMapCtAny             = "ct_any"
 	tcpodMapCtEst             = "ct_est"
+	tcpodMapCtHalf            = "ct_half"
 	tcpodMapCtNew             = "ct_new"
 	tcpodMapLbAffinity        = "lb_affinity"
 	tcpodMapLbBackends        = "lb_backends"
@@ -46,6 +47,7 @@ const (
 	tcpodMapSnat              = "snat"
 	tcpodMapSnatAny           = "snat_any"
 	tcpodMapSnatEst           = "snat_est"
+	tcpodMapSnatHalf          = "snat_half"
 	tcpodMapSnatNew           = "snat_new"
 	tcpodProgTcPodFromPod     = "tc_pod_from_pod"
 	tcpodProgTcPodToPod       = "tc_pod_to_pod"
@@ -53,6 +55,8 @@ const (
 	tcpodVarLbMaglevHashSeed  = "lb_maglev_hash_seed"
 	tcpodVarLbMaglevTableSize = "lb_maglev_table_size"
 	tcpodVarNfCtKfuncs        = "nf_ct_kfuncs"
+	tcpodVarNsHalfCtBits      = "ns_half_ct_bits"
+	tcpodVarNsHalfNatBits     = "ns_half_nat_bits"
 )
 
 // loadTcpod returns the embedded CollectionSpec for tcpod.
@@ -108,6 +112,7 @@ type tcpodMapSpecs struct {
 	Ct            *ebpf.MapSpec `ebpf:"ct"`
 	CtAny         *ebpf.MapSpec `ebpf:"ct_any"`
 	CtEst         *ebpf.MapSpec `ebpf:"ct_est"`
+	CtHalf        *ebpf.MapSpec `ebpf:"ct_half"`
 	CtNew         *ebpf.MapSpec `ebpf:"ct_new"`
 	LbAffinity    *ebpf.MapSpec `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.MapSpec `ebpf:"lb_backends"`
@@ -135,6 +140,7 @@ type tcpodMapSpecs struct {
 	Snat          *ebpf.MapSpec `ebpf:"snat"`
 	SnatAny       *ebpf.MapSpec `ebpf:"snat_any"`
 	SnatEst       *ebpf.MapSpec `ebpf:"snat_est"`
+	SnatHalf      *ebpf.MapSpec `ebpf:"snat_half"`
 	SnatNew       *ebpf.MapSpec `ebpf:"snat_new"`
 }
 
@@ -146,6 +152,8 @@ type tcpodVariableSpecs struct {
 	LbMaglevHashSeed  *ebpf.VariableSpec `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.VariableSpec `ebpf:"lb_maglev_table_size"`
 	NfCtKfuncs        *ebpf.VariableSpec `ebpf:"nf_ct_kfuncs"`
+	NsHalfCtBits      *ebpf.VariableSpec `ebpf:"ns_half_ct_bits"`
+	NsHalfNatBits     *ebpf.VariableSpec `ebpf:"ns_half_nat_bits"`
 }
 
 // tcpodObjects contains all objects after they have been loaded into the kernel.
@@ -171,6 +179,7 @@ type tcpodMaps struct {
 	Ct            *ebpf.Map `ebpf:"ct"`
 	CtAny         *ebpf.Map `ebpf:"ct_any"`
 	CtEst         *ebpf.Map `ebpf:"ct_est"`
+	CtHalf        *ebpf.Map `ebpf:"ct_half"`
 	CtNew         *ebpf.Map `ebpf:"ct_new"`
 	LbAffinity    *ebpf.Map `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.Map `ebpf:"lb_backends"`
@@ -198,6 +207,7 @@ type tcpodMaps struct {
 	Snat          *ebpf.Map `ebpf:"snat"`
 	SnatAny       *ebpf.Map `ebpf:"snat_any"`
 	SnatEst       *ebpf.Map `ebpf:"snat_est"`
+	SnatHalf      *ebpf.Map `ebpf:"snat_half"`
 	SnatNew       *ebpf.Map `ebpf:"snat_new"`
 }
 
@@ -206,6 +216,7 @@ func (m *tcpodMaps) Close() error {
 		m.Ct,
 		m.CtAny,
 		m.CtEst,
+		m.CtHalf,
 		m.CtNew,
 		m.LbAffinity,
 		m.LbBackends,
@@ -233,6 +244,7 @@ func (m *tcpodMaps) Close() error {
 		m.Snat,
 		m.SnatAny,
 		m.SnatEst,
+		m.SnatHalf,
 		m.SnatNew,
 	)
 }
@@ -245,6 +257,8 @@ type tcpodVariables struct {
 	LbMaglevHashSeed  *ebpf.Variable `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.Variable `ebpf:"lb_maglev_table_size"`
 	NfCtKfuncs        *ebpf.Variable `ebpf:"nf_ct_kfuncs"`
+	NsHalfCtBits      *ebpf.Variable `ebpf:"ns_half_ct_bits"`
+	NsHalfNatBits     *ebpf.Variable `ebpf:"ns_half_nat_bits"`
 }
 
 // tcpodPrograms contains all programs after they have been loaded into the kernel.
