@@ -106,8 +106,9 @@ func NewHalf(ct, nat *ebpf.Map, now func() (uint32, error)) *Half {
 // SetHashKey sets the hash key the datapath's ns_config has.
 func (h *Half) SetHashKey(k uint32) { h.key.Store(k) }
 
-// HalfHash is half_hash: each of the key's ten words, as the datapath
-// holds them, mixed into the hash key with murmur3's finalizer.
+// HalfHash is half_hash: the key's five 64-bit words, as the datapath
+// holds them, each mixed into the hash key with a multiplication and a
+// fold, then murmur3's finalizer.
 func HalfHash(k CTTuple, key uint32) uint32 {
 	var b [40]byte
 	copy(b[0:16], k.SAddr[:])
@@ -115,11 +116,13 @@ func HalfHash(k CTTuple, key uint32) uint32 {
 	binary.NativeEndian.PutUint16(b[32:], uint16(k.SPort))
 	binary.NativeEndian.PutUint16(b[34:], uint16(k.DPort))
 	b[36], b[37], b[38], b[39] = k.Proto, k.Dir, k.Scope, k.Pad
-	h := key
-	for i := 0; i < len(b); i += 4 {
-		h = maglev.Fmix32(h ^ binary.NativeEndian.Uint32(b[i:]))
+	h := uint64(key)
+	for i := 0; i < len(b); i += 8 {
+		h ^= binary.NativeEndian.Uint64(b[i:])
+		h *= 0x9e3779b97f4a7c15
+		h ^= h >> 32
 	}
-	return h
+	return maglev.Fmix32(uint32(h))
 }
 
 // HalfSlot is the slot of key k in a table of 2^bits slots.
