@@ -207,7 +207,7 @@ static __always_inline bool snat_hold(struct ct_scratch *s, struct nat_entry *n,
  * CPUs into two tables (or a claim racing snat_move of the same tuple) can
  * then both fail, for the next port, but never both succeed and map one
  * port to two clients. Claims into one table are one insert that fails if
- * the key is there (for a slot, snat_half_claim's compare and swap). */
+ * the key is there (for a slot, half_put's compare and swap). */
 static __always_inline int snat_try_claim(struct ct_scratch *s, __u32 table)
 {
 	const struct ct_tuple *t = &s->tuple2;

@@ -430,7 +430,7 @@ func removeStaleDevicePins(dir string, devices []Device) error {
 // shared LB maps are the socket LB's to report).
 func (n *NorthSouth) MapFill() []MapFill {
 	m := &n.tc.tclbMaps
-	out := make([]MapFill, 0, 10)
+	out := make([]MapFill, 0, 12)
 	for _, x := range []struct {
 		name string
 		m    *ebpf.Map
@@ -438,6 +438,12 @@ func (n *NorthSouth) MapFill() []MapFill {
 		{tclbMapCtNew, m.CtNew}, {tclbMapSnatNew, m.SnatNew}, {tclbMapLbMaglev, m.LbMaglev},
 		{tclbMapNsTunnel, m.NsTunnel}, {tclbMapNsSnatRoute, m.NsSnatRoute}, {tclbMapLbSrcRanges, m.LbSrcRanges}} {
 		out = append(out, MapFill{Name: x.name, Entries: countEntries(x.m), Max: int(x.m.MaxEntries())})
+	}
+	// The half-open slots: those whose flows live (an array has every
+	// slot, a dead flow's as if collected).
+	if ct, nat, err := n.half.Live(); err == nil {
+		out = append(out, MapFill{Name: tclbMapCtHalf, Entries: ct, Max: int(m.CtHalf.MaxEntries())},
+			MapFill{Name: tclbMapSnatHalf, Entries: nat, Max: int(m.SnatHalf.MaxEntries())})
 	}
 	return out
 }

@@ -225,3 +225,14 @@ func natFlow(key CTTuple, e NATEntry) CTTuple {
 	flow.Dir = CTDirIngress
 	return flow
 }
+
+// Live counts the slots whose half-open flows live: ct_half's, and
+// snat_half's of those flows.
+func (h *Half) Live() (ct, nat int, err error) {
+	c, err := h.ctRecords()
+	if err != nil {
+		return 0, 0, err
+	}
+	n, err := h.natRecords()
+	return len(c), len(n), err
+}
