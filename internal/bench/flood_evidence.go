@@ -113,7 +113,7 @@ type FloodEvidence struct {
 }
 
 // floodMapNames are the flow tables whose fills a row reports.
-var floodMapNames = []string{"ct_new", "snat_new", "ct", "ct_any", "snat", "snat_any"}
+var floodMapNames = []string{"ct_half", "snat_half", "ct_new", "snat_new", "ct", "ct_any", "snat", "snat_any"}
 
 // evidence is what moved from before to after.
 func evidence(before, after floodCounters) FloodEvidence {
