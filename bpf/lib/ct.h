@@ -289,6 +289,7 @@ __noinline int ct_clash_sport(const struct ns_pkt *p, __u32 now)
 		return 0;
 	t = &s->tuple;
 	s->half_idx = -1;
+	s->in_half = 0;
 
 	ct_tuple_set(t, &p->saddr, (const union lb_addr *)s->entry.nat_addr, p->sport,
 		     s->entry.nat_port, p->proto, CT_DIR_INGRESS);
@@ -299,6 +300,7 @@ __noinline int ct_clash_sport(const struct ns_pkt *p, __u32 now)
 	if (!ct_ingress_clash(in, p, now)) {
 		i = half_slot(t, 0);
 		s->half_idx = half_unheld(i);
+		s->in_half = i >= 0;
 		in = ct_half_at(i, t);
 		if (!in) {
 			in = bpf_map_lookup_elem(&ct_new, t);
@@ -326,15 +328,20 @@ __noinline int ct_clash_sport(const struct ns_pkt *p, __u32 now)
  * whatever is there (uflags BPF_ANY; half_idx its slot, from
  * ct_clash_sport, < 0: unknown); an entry of t in ct_new then goes
  * (in_new, from ct_clash_sport), which the slot's being overwritten would
- * bring back to lookups. */
+ * bring back to lookups. Written elsewhere, an ingress entry of t in its
+ * slot goes (in_half: the slot holds t, from ct_clash_sport; 1 unknown):
+ * lookups read the slot first, and an earlier flow's entry there (a dead
+ * half-open one of the same client port) would hide this one's. */
 static __always_inline int ct_put(const struct ct_tuple *t, const struct ct_entry *e,
-				  __u64 uflags, bool half, bool in_new, int half_idx)
+				  __u64 uflags, bool half, bool in_new, int half_idx, bool in_half)
 {
 	if (half && !ct_half_put(t, e, half_idx)) {
 		if (in_new)
 			bpf_map_delete_elem(&ct_new, t);
 		return 0;
 	}
+	if (in_half && t->proto == IPPROTO_TCP)
+		ct_half_delete(t);
 	if (e->flags & CT_F_NEW)
 		return bpf_map_update_elem(&ct_new, t, e, uflags);
 	return ct_est_update(t, e, uflags);
@@ -432,7 +439,7 @@ static __always_inline int ct_write_ingress(struct ct_scratch *s, const struct n
 	e->nat_port = p->dport;
 	if (e->flags & CT_F_SPORT)
 		e->snat_port = p->sport;
-	return ct_put(&s->tuple, e, uflags, half, s->in_new, s->half_idx);
+	return ct_put(&s->tuple, e, uflags, half, s->in_new, s->half_idx, s->in_half);
 }
 
 /* ct_put_flow writes the entries of the new flow p whose service entry
@@ -518,6 +525,7 @@ static __always_inline int ct_create_flow(const struct ns_config *cfg,
 	s->in_seen = 1; /* unknown: snat_egress looks */
 	s->in_new = 1; /* unknown: ct_put deletes */
 	s->half_idx = -1; /* unknown: ct_put hashes */
+	s->in_half = 1; /* unknown: ct_put empties the slot */
 	if ((kind & (CT_F_LOCAL | CT_F_HAIRPIN)) == CT_F_LOCAL || kind == CT_F_SNAT)
 		ct_clash_sport(p, now);
 	return ct_put_flow(p, kind, half);
@@ -620,6 +628,7 @@ __noinline int ct_restore_ingress(const struct ns_config *cfg, const struct ns_p
 	in = ct_lookup_in(&s->tuple);
 	if (!in) {
 		__builtin_memcpy(&s->entry, svc, sizeof(s->entry));
+		s->in_half = 0; /* ct_lookup_in looked */
 		ct_write_ingress(s, p, BPF_NOEXIST, false);
 		return 0;
 	}

@@ -787,6 +787,10 @@ __noinline int ct_complete(const struct ns_pkt *p)
 	in = ct_new_lookup(&s->tuple2);
 	if (!in)
 		return ct_completed_meanwhile(p, s);
+	/* Past its lifetime, the half-open flow is gone (its slot is not
+	 * collected: a SYN or this flow, picked up mid-stream, takes it). */
+	if (in->lifetime < s->claim_now)
+		return 0;
 	if ((in->flags & CT_F_SPORT) || !ct_ingress_of(in, p))
 		return 0;
 	if ((in->flags & (CT_F_SEEN_REPLY | CT_F_CLOSING)) != CT_F_SEEN_REPLY ||

@@ -802,6 +802,9 @@ struct ct_scratch {
 				    * not look for its egress mapping) */
 	__s32 half_idx;            /* ct_clash_sport: its slot of ct_half (-1:
 				    * unknown), for ct_put_flow and ct_note_snat */
+	__u32 in_half;             /* ct_clash_sport: that slot holds it (1:
+				    * unknown), which ct_put empties when it
+				    * writes the entry elsewhere */
 	__u32 in_new;              /* ct_clash_sport: it is in ct_new itself
 				    * (1: unknown), whose entry a half-open
 				    * flow written to its slot deletes */

@@ -103,6 +103,39 @@ func TestPrivilegedNorthSouthHalfOpenSlots(t *testing.T) {
 	})
 }
 
+// A half-open flow's slot that outlived its flow does not hide a later
+// flow of the same client port: a packet picked up mid-stream (no SYN) is
+// no ACK of the dead flow's handshake (it was dropped as a blind one), it
+// writes its ingress entry in ct_new, and the dead slot, which lookups
+// read first, is emptied: its reply comes back translated (the packet
+// fuzzer found it dropped as of no flow, the dead entry in the way).
+func TestPrivilegedNorthSouthHalfOpenSlotOutlived(t *testing.T) {
+	forEachIngress(t, func(t *testing.T, kind attachKind, n *NorthSouth, prog *ebpf.Program) {
+		run := runner(t, prog)
+		f := masqueradedFlow{client(47300), apLBTCP, apRemote, bpftest.TCP}
+		run(bpftest.Packet{Src: f.c, Dst: f.fe, Proto: bpftest.TCP, Flags: bpftest.SYN})
+		port := natPort(t, n, f.c, f.be, f.proto)
+		_, in, _, _ := f.keys(port)
+		if got := tableOf(t, n, in, false); got != "ct_half" {
+			t.Fatalf("the SYN's ingress entry in %q, want ct_half", got)
+		}
+		setClock(t, n, ctNow+300) // the half-open flow long dead
+		data := bpftest.Packet{Src: f.c, Dst: f.fe, Proto: bpftest.TCP, Flags: bpftest.ACK | bpftest.PSH, Payload: []byte("GET")}
+		res := run(data)
+		if kind.verdicts[res.Verdict] == vDrop {
+			t.Fatalf("the mid-stream packet was dropped")
+		}
+		p2 := natPort(t, n, f.c, f.be, f.proto)
+		_, in2, _, _ := f.keys(p2)
+		if got := tableOf(t, n, in2, false); got != "ct_new" {
+			t.Errorf("the mid-stream flow's ingress entry in %q, want ct_new alone", got)
+		}
+		reply := bpftest.Packet{Src: f.be, Dst: netip.AddrPortFrom(ipNode, p2), Proto: bpftest.TCP, Flags: bpftest.ACK, Payload: []byte("200")}
+		runPacket(t, kind, prog, "the mid-stream flow's reply", reply, vPass,
+			reply.With(func(p *bpftest.Packet) { p.Src, p.Dst = f.fe, f.c }))
+	})
+}
+
 // log2 of a power of two.
 func log2(n uint32) int {
 	b := 0
