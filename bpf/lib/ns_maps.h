@@ -129,17 +129,22 @@ struct {
 /* The half-open TCP flows (ct.h: a SYN's ingress entry and, masqueraded,
  * its reply mapping), direct-mapped: a keyed hash of the key picks one
  * slot of each table, and a new flow's SYN overwrites whatever flow was
- * there, as an LRU evicts its oldest. A SYN costs two plain stores instead
- * of two LRU inserts into full tables (a free-list pop, a bucket walk and
- * its lock, each): masqueraded SYNs 1.6x as fast, measured
- * (docs/benchmarks.md). A flood churns these tables alone, as it churned
+ * there, as an LRU evicts its oldest. A SYN costs two slot writes (a
+ * compare and swap, the stores, an atomic add) instead of two LRU inserts
+ * into full tables (a free-list pop, a bucket walk and its lock, each):
+ * masqueraded SYNs 1.5x as fast, measured (docs/benchmarks.md,
+ * 2026-12-02). A flood churns these tables alone, as it churned
  * ct_new and snat_new: a legitimate flow's handshake must complete before
  * the flood's SYNs hit its slot, about slots / rate seconds on average
  * (16,384 slots at 20,000 SYNs a second: 0.8 s, against a round trip).
  * Lookups of CT_DIR_INGRESS and NAT_DIR_INGRESS keys read them after the
- * established tables, before ct_new and snat_new. A completed handshake
- * moves the flow to the established tables and empties the slots (nat.h:
- * ct_complete).
+ * established tables, before ct_new and snat_new (ct_lookup_in,
+ * snat_lookup_in). A completed handshake moves the flow to the established
+ * tables and empties the slots (nat.h: ct_complete). Nothing collects a
+ * slot: a dead half-open flow stays until a SYN takes its slot, and what
+ * reads one checks the lifetime as for any entry the GC has not reached
+ * (the reply path, ct_complete, snat_port_free); an entry of its key
+ * written elsewhere empties it (ct_put).
  *
  * Concurrency: a writer takes the slot by turning its version odd (a
  * compare and swap, which fails while another CPU writes it), writes key
@@ -151,8 +156,8 @@ struct {
  * claim (nat.h: snat_try_claim) never overwrites a slot of its own key:
  * that port is taken.
  *
- * Sized at load (ns_half_bits: log2 of the slots, 0 turns them off and
- * every flow goes to ct_new and snat_new as before): ct_half as ct_new,
+ * Sized at load (ns_half_ct_bits, ns_half_nat_bits: log2 of the slots; 0
+ * would turn them off, every flow to ct_new and snat_new): ct_half as ct_new,
  * snat_half to at most half the nat ports (NewNATEntries), so that a flood
  * holds at most about half the ports to one backend. */
 volatile const __u32 ns_half_ct_bits = 14;
