@@ -21,8 +21,9 @@
  *
  * A TCP SYN makes the least state it can (nodeport.h): none on a DSR LB
  * node (the backend follows from the flow's hash), and elsewhere only the
- * half of the flow its backend's SYN-ACK needs: the ingress entry, in
- * ct_new (with a masqueraded flow's nat port in it, and its reply mapping).
+ * half of the flow its backend's SYN-ACK needs: the ingress entry (with a
+ * masqueraded flow's nat port in it) and its reply mapping, each in its
+ * slot of ct_half and snat_half (ns_maps.h), not in ct_new and snat_new.
  * The client's ACK that acknowledges the SYN-ACK exactly makes the service
  * entry, straight into the established table (ct_complete): a spoofed SYN
  * costs one entry a flood churns, a blind ACK none.

@@ -19,8 +19,9 @@
  * flow on the same tuple (snat_hold), which marks it too (SNAT_F_REUSED).
  * A new flow's mappings are in snat_new and move to snat (snat_any for UDP)
  * with its conntrack entries (ct_promote, ct_complete); a port is taken
- * when either table holds its ingress tuple. A TCP SYN writes only the
- * ingress mapping, its SYN-ACK's (ct.h).
+ * when any table holds its ingress tuple. A TCP SYN writes only the
+ * ingress mapping, its SYN-ACK's, in its slot of snat_half (ct.h,
+ * ns_maps.h).
  */
 #ifndef __SLUICE_NAT_H
 #define __SLUICE_NAT_H
