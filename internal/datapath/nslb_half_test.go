@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"math/bits"
 	"net/netip"
 	"testing"
 
@@ -38,7 +39,7 @@ func TestPrivilegedNorthSouthHalfOpenSlots(t *testing.T) {
 			t.Fatalf("the SYN's reply mapping in %q, want snat_half", got)
 		}
 		var slot lbmap.CTHalfSlot
-		must(t, n.tc.CtHalf.Lookup(lbmap.HalfSlot(in, key, uint32(log2(n.tc.CtHalf.MaxEntries()))), &slot))
+		must(t, n.tc.CtHalf.Lookup(lbmap.HalfSlot(in, key, uint32(bits.Len32(n.tc.CtHalf.MaxEntries())-1)), &slot))
 		if slot.Key != in || slot.Ver%2 != 0 || slot.Entry.Flags&lbmap.CTFlagNew == 0 || slot.Entry.SNATPort.Host() != port {
 			t.Fatalf("slot of %s under key %#x: %+v, want the flow's new entry with nat port %d", in, key, slot, port)
 		}
@@ -134,14 +135,4 @@ func TestPrivilegedNorthSouthHalfOpenSlotOutlived(t *testing.T) {
 		runPacket(t, kind, prog, "the mid-stream flow's reply", reply, vPass,
 			reply.With(func(p *bpftest.Packet) { p.Src, p.Dst = f.fe, f.c }))
 	})
-}
-
-// log2 of a power of two.
-func log2(n uint32) int {
-	b := 0
-	for n > 1 {
-		n >>= 1
-		b++
-	}
-	return b
 }

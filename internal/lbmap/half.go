@@ -3,6 +3,7 @@ package lbmap
 import (
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"sync/atomic"
 
 	"github.com/cilium/ebpf"
@@ -43,11 +44,7 @@ type NATHalfSlot struct {
 // table of n entries: the largest power of two that is no more (at least
 // 2^10, at most 2^MaxHalfBits).
 func HalfBits(n uint32) uint32 {
-	b := uint32(10)
-	for b < MaxHalfBits && uint32(1)<<(b+1) <= n {
-		b++
-	}
-	return b
+	return uint32(min(max(bits.Len32(n)-1, 10), MaxHalfBits))
 }
 
 // ConfigureHalf sizes the half-open tables of spec to 2^ctBits and
@@ -93,14 +90,8 @@ type Half struct {
 // NewHalf wraps the loaded ct_half and snat_half, their sizes read from
 // the maps, and the CT clock.
 func NewHalf(ct, nat *ebpf.Map, now func() (uint32, error)) *Half {
-	bits := func(m *ebpf.Map) uint32 {
-		b := uint32(0)
-		for uint32(1)<<(b+1) <= m.MaxEntries() {
-			b++
-		}
-		return b
-	}
-	return &Half{ct: ct, nat: nat, ctBits: bits(ct), natBits: bits(nat), now: now}
+	log2 := func(m *ebpf.Map) uint32 { return uint32(bits.Len32(m.MaxEntries()) - 1) }
+	return &Half{ct: ct, nat: nat, ctBits: log2(ct), natBits: log2(nat), now: now}
 }
 
 // SetHashKey sets the hash key the datapath's ns_config has.
