@@ -302,7 +302,7 @@ __noinline int ct_clash_sport(const struct ns_pkt *p, __u32 now)
 		i = half_slot(t, 0);
 		s->half_idx = half_unheld(i);
 		s->in_half = i >= 0;
-		in = ct_half_at(i, t);
+		in = i >= 0 ? ct_half_entry(i) : NULL; /* half_slot checked the key */
 		if (!in) {
 			in = bpf_map_lookup_elem(&ct_new, t);
 			s->in_new = !!in;

@@ -214,7 +214,7 @@ static __always_inline int snat_try_claim(struct ct_scratch *s, __u32 table)
 	const struct ct_tuple *t = &s->tuple2;
 
 	if (table == SNAT_CLAIM_HALF) {
-		if (half_put(t, &s->nat, 1, true))
+		if (half_put(t, &s->nat, 1, true, half_idx(t, 1)))
 			return -1;
 		if (!snat_est_lookup(t) && !bpf_map_lookup_elem(&snat_new, t))
 			return 0;

@@ -274,14 +274,14 @@ static __always_inline int half_find(const struct ct_tuple *t, __u32 nat)
 	return half_held(t, nat, i) ? i : -1;
 }
 
-/* half_put writes val under key t into its slot, over any other flow's
- * (claim: unless it holds t already: that nat port is taken, the caller
- * decides): 0 when written, -1 when slots are off or another CPU writes the
- * slot. */
+/* half_put writes val under key t into its slot (of index i, < 0: none),
+ * over any other flow's (claim: unless it holds t already: that nat port
+ * is taken, the caller decides): 0 when written, -1 when slots are off or
+ * another CPU writes the slot. */
 static __always_inline int half_put(const struct ct_tuple *t, const void *val, __u32 nat,
-				    bool claim)
+				    bool claim, int i)
 {
-	struct ct_half_slot *sl = half_at(half_idx(t, nat), nat);
+	struct ct_half_slot *sl = half_at(i, nat);
 	__u64 v;
 
 	if (!sl)
@@ -338,30 +338,26 @@ static __always_inline int half_unheld(int r)
  * flow's: 0 when written, -1 when not (the caller writes ct_new then). */
 __noinline int ct_half_put(const struct ct_tuple *t, const struct ct_entry *e, int i)
 {
-	struct ct_half_slot *sl;
-
 	if (!t || !e)
 		return -1;
-	if (i < 0)
-		i = half_idx(t, 0);
-	sl = half_at(i, 0);
-	if (!sl || !half_lock(&sl->ver, READ_ONCE(sl->ver)))
-		return -1;
-	__builtin_memcpy(&sl->key, t, sizeof(sl->key));
-	__builtin_memcpy(&sl->e, e, sizeof(sl->e));
-	half_unlock(&sl->ver);
-	return 0;
+	return half_put(t, e, 0, false, i < 0 ? half_idx(t, 0) : i);
+}
+
+/* ct_half_entry is the entry of the slot of index i (< 0: none). */
+static __always_inline struct ct_entry *ct_half_entry(int i)
+{
+	struct ct_half_slot *sl = half_at(i, 0);
+
+	if (!sl)
+		return NULL;
+	barrier_var(sl); /* the offset added after the check, not before */
+	return &sl->e;
 }
 
 /* ct_half_at is the entry of the slot of index i while it holds key t. */
 static __always_inline struct ct_entry *ct_half_at(int i, const struct ct_tuple *t)
 {
-	struct ct_half_slot *sl;
-
-	if (!half_held(t, 0, i) || !(sl = half_at(i, 0)))
-		return NULL;
-	barrier_var(sl);
-	return &sl->e;
+	return half_held(t, 0, i) ? ct_half_entry(i) : NULL;
 }
 
 /* half_delete: half_clear. */
@@ -375,15 +371,7 @@ __noinline int half_delete(const struct ct_tuple *t, __u32 nat)
 /* ct_half_lookup finds the half-open flow's ingress entry under key t. */
 static __always_inline struct ct_entry *ct_half_lookup(const struct ct_tuple *t)
 {
-	struct ct_half_slot *sl;
-
-	if (t->dir != CT_DIR_INGRESS)
-		return NULL;
-	sl = half_at(half_slot(t, 0), 0);
-	if (!sl)
-		return NULL;
-	barrier_var(sl); /* the offset added after the check, not before */
-	return &sl->e;
+	return t->dir == CT_DIR_INGRESS ? ct_half_entry(half_slot(t, 0)) : NULL;
 }
 
 /* snat_half_lookup finds the half-open flow's reply mapping under key t;
@@ -413,12 +401,7 @@ static __always_inline struct nat_entry *snat_half_lookup_i(const struct ct_tupl
 
 static __always_inline struct ct_entry *ct_half_lookup_i(const struct ct_tuple *t)
 {
-	struct ct_half_slot *sl = half_at(half_find(t, 0), 0);
-
-	if (!sl)
-		return NULL;
-	barrier_var(sl);
-	return &sl->e;
+	return ct_half_entry(half_find(t, 0));
 }
 
 static __always_inline void ct_half_delete(const struct ct_tuple *t)
