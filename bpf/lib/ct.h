@@ -284,6 +284,7 @@ __noinline int ct_clash_sport(const struct ns_pkt *p, __u32 now)
 	struct ct_scratch *s = ns_scratch();
 	struct ct_entry *in;
 	struct ct_tuple *t;
+	__u32 h;
 	int i;
 
 	if (!s || !p)
@@ -294,17 +295,18 @@ __noinline int ct_clash_sport(const struct ns_pkt *p, __u32 now)
 
 	ct_tuple_set(t, &p->saddr, (const union lb_addr *)s->entry.nat_addr, p->sport,
 		     s->entry.nat_port, p->proto, CT_DIR_INGRESS);
-	in = ct_est_lookup(t);
+	h = half_hash(t);
+	in = ct_est_lookup_h(t, h);
 	s->in_est = !!in;
 	s->in_seen = !!in;
 	s->in_new = 0;
 	if (!ct_ingress_clash(in, p, now)) {
-		i = half_slot(t, 0);
+		i = half_slot_h(t, 0, h);
 		s->half_idx = half_unheld(i);
 		s->in_half = i >= 0;
 		in = i >= 0 ? ct_half_entry(i) : NULL; /* half_slot checked the key */
 		if (!in) {
-			in = bpf_map_lookup_elem(&ct_new, t);
+			in = ct_new_lookup_h(t, h);
 			s->in_new = !!in;
 		}
 		s->in_seen |= !!in;
@@ -344,7 +346,7 @@ static __always_inline int ct_put(const struct ct_tuple *t, const struct ct_entr
 	if (in_half && t->proto == IPPROTO_TCP)
 		ct_half_delete(t);
 	if (e->flags & CT_F_NEW)
-		return bpf_map_update_elem(&ct_new, t, e, uflags);
+		return ct_new_update(t, e, uflags);
 	return ct_est_update(t, e, uflags);
 }
 
@@ -468,7 +470,7 @@ __noinline int ct_put_flow(const struct ns_pkt *p, __u32 kind, __u32 half)
 	__builtin_memcpy(&s->svc_key, t, sizeof(s->svc_key));
 	s->half = half && !(e->flags & CT_F_SPORT);
 	if (!s->half) {
-		err = bpf_map_update_elem(&ct_new, t, e, BPF_ANY);
+		err = ct_new_update(t, e, BPF_ANY);
 		/* DSR on the LB node: replies bypass it. */
 		if (err || (kind & (CT_F_DSR | CT_F_LOCAL)) == CT_F_DSR)
 			return err;
@@ -555,7 +557,7 @@ static __always_inline int ct_retire_one(const struct ct_tuple *t, struct ct_scr
 		return -1;
 	__builtin_memcpy(&s->entry, e, sizeof(s->entry));
 	s->entry.flags |= CT_F_NEW;
-	if (bpf_map_update_elem(&ct_new, t, &s->entry, BPF_ANY))
+	if (ct_new_update(t, &s->entry, BPF_ANY))
 		return -1;
 	ct_est_delete(t);
 	return 0;
@@ -570,7 +572,7 @@ static __always_inline int snat_retire_one(const struct ct_tuple *t, struct ct_s
 	if (!n)
 		return -1;
 	__builtin_memcpy(&s->nat, n, sizeof(s->nat));
-	if (bpf_map_update_elem(&snat_new, t, &s->nat, BPF_ANY))
+	if (snat_new_update(t, &s->nat, BPF_ANY))
 		return -1;
 	snat_est_delete(t);
 	return 0;

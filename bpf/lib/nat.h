@@ -118,7 +118,7 @@ static __always_inline int snat_put(const struct ct_tuple *t, const struct nat_e
 				    bool fresh, __u64 uflags)
 {
 	if (fresh)
-		return bpf_map_update_elem(&snat_new, t, n, uflags);
+		return snat_new_update(t, n, uflags);
 	return snat_est_update(t, n, uflags);
 }
 
@@ -156,7 +156,8 @@ static __always_inline bool snat_port_free(struct ct_scratch *s, const struct na
 		     s->tuple2.proto, CT_DIR_INGRESS);
 	/* From the scratch again after the lookup: few values live across
 	 * it, and snat_claim's frame stays one 32-byte step of 6.1's. */
-	in = ct_lookup_in_i(&s->tuple3);
+	s->taken_hash = half_hash(&s->tuple3);
+	in = ct_lookup_in_h(&s->tuple3, &s->taken_hash);
 	if (!in)
 		return nat_word_created(s->claim_word) + 2 < s->claim_now;
 	if (in->lifetime < s->claim_now)
@@ -213,25 +214,27 @@ static __always_inline int snat_try_claim(struct ct_scratch *s, __u32 table)
 {
 	const struct ct_tuple *t = &s->tuple2;
 
+	/* One hash for the slot, the flow filter's bits and the writes'. */
+	s->claim_hash = half_hash(t);
 	if (table == SNAT_CLAIM_HALF) {
-		if (half_put(t, &s->nat, 1, true, half_idx(t, 1)))
+		if (half_put(t, &s->nat, 1, true, half_idx_h(t, 1, s->claim_hash)))
 			return -1;
-		if (!snat_est_lookup(t) && !bpf_map_lookup_elem(&snat_new, t))
+		if (!snat_est_lookup_h(t, s->claim_hash) && !snat_new_lookup_h(t, s->claim_hash))
 			return 0;
 		half_clear(t, 1);
 		return -1;
 	}
 	if (table == SNAT_CLAIM_NEW) {
-		if (bpf_map_update_elem(&snat_new, t, &s->nat, BPF_NOEXIST))
+		if (snat_new_update_h(t, &s->nat, BPF_NOEXIST, s->claim_hash))
 			return -1;
-		if (!snat_est_lookup(t) && !snat_half_lookup_i(t))
+		if (!snat_est_lookup_h(t, s->claim_hash) && !snat_half_lookup_h(t, s->claim_hash))
 			return 0;
 		bpf_map_delete_elem(&snat_new, t);
 		return -1;
 	}
-	if (snat_est_update(t, &s->nat, BPF_NOEXIST))
+	if (snat_est_update_h(t, &s->nat, BPF_NOEXIST, s->claim_hash))
 		return -1;
-	if (!snat_half_lookup_i(t) && !bpf_map_lookup_elem(&snat_new, t))
+	if (!snat_half_lookup_h(t, s->claim_hash) && !snat_new_lookup_h(t, s->claim_hash))
 		return 0;
 	snat_est_delete(t);
 	return -1;
@@ -257,7 +260,7 @@ __noinline int snat_claim(void)
 		return -1;
 	if (!snat_try_claim(s, s->claim_fresh))
 		return 0;
-	n = snat_lookup_in_i(&s->tuple2);
+	n = snat_lookup_in_h(&s->tuple2, &s->claim_hash); /* snat_try_claim hashed it */
 	if (!n)
 		return snat_try_claim(s, s->claim_fresh);
 	if (n->to_port == s->nat.to_port &&

@@ -184,13 +184,10 @@ struct {
  * by 2^64 / phi and a fold of the high half, then murmur3's finalizer. A
  * client cannot pick tuples that land in another's slot without the key.
  * Five multiplications (ten rounds of the finalizer cost twice the
- * instructions). lbmap.HalfHash is the same. */
-static __always_inline __u32 half_hash(const struct ct_tuple *t)
+ * instructions). lbmap.HalfHash is the same; half_hash_k takes the key. */
+static __always_inline __u32 half_hash_k(const struct ct_tuple *t, __u64 h)
 {
 	const __u32 *w = (const __u32 *)t;
-	__u32 zero = 0;
-	const struct ns_config *cfg = bpf_map_lookup_elem(&ns_config, &zero);
-	__u64 h = cfg ? cfg->hash_key : 0;
 	int i;
 
 #pragma unroll
@@ -202,7 +199,143 @@ static __always_inline __u32 half_hash(const struct ct_tuple *t)
 	return hash_fmix32((__u32)h);
 }
 
+/* half_hash: half_hash_k with ns_config's key. */
+static __always_inline __u32 half_hash(const struct ct_tuple *t)
+{
+	__u32 zero = 0;
+	const struct ns_config *cfg = bpf_map_lookup_elem(&ns_config, &zero);
+
+	return half_hash_k(t, cfg ? cfg->hash_key : 0);
+}
+
 _Static_assert(sizeof(struct ct_tuple) == 40, "ct_tuple: ten words");
+
+/* The flow filter: for each table a new flow's path looks keys up in that
+ * it mostly does not hold (the TCP tables ct and snat, ct_new, snat_new),
+ * an array of bits, one per value of the top bits of a key's half_hash,
+ * set before the key is written. A clear bit says no entry has the key:
+ * the lookup, a bucket of a table of up to millions read from memory, is
+ * skipped (a masqueraded SYN makes six such lookups, all of absent keys).
+ * The datapath never clears a bit (an entry evicted or deleted leaves its
+ * own, a false "maybe" that costs the lookup); the agent rebuilds each
+ * table's (lbmap.Filter, at each GC): of two generations, both set by the
+ * datapath, it zeroes the one not read, sets the bits of every key the
+ * table then holds (a dump: a key written before the zero ended is in it;
+ * one written after has its bit set after), and makes it the one read.
+ *
+ * One element a table (NS_FF_*): its control word, the generation read (1
+ * or 2; anything else turns the table's filter off, every lookup made:
+ * until the first rebuild, and from the moment the hash key changes), a
+ * copy of the hash key (the agent writes it with the filter off, before
+ * the rebuild that turns it on: while on, it is ns_config's), then the two
+ * generations of 2^ns_ff_bits bits each (set at load,
+ * lbmap.ConfigureFilter: about eight bits an entry of the largest table,
+ * at most 2^NS_FF_MAX_BITS, 256 KiB; 0, no filter), in an element of room
+ * for the most (2 MiB in all, whatever the tables' sizes). The element's key is read from ns_ff_keys, a map value:
+ * no stack slot for it on the deepest call chains (6.1's 512 bytes). */
+#define NS_FF_CT       0
+#define NS_FF_CT_NEW   1
+#define NS_FF_SNAT     2
+#define NS_FF_SNAT_NEW 3
+#define NS_FF_TABLES   4
+
+volatile const __u32 ns_ff_bits = 19; /* tables of 65536 */
+volatile const __u32 ns_ff_keys[NS_FF_TABLES] = {NS_FF_CT, NS_FF_CT_NEW, NS_FF_SNAT, NS_FF_SNAT_NEW};
+
+#define NS_FF_MAX_BITS 21
+#define NS_FF_WORDS    (2 * (1 << (NS_FF_MAX_BITS - 6)))
+
+struct ns_ff_table {
+	__u64 ctl;
+	__u64 key;            /* ns_config's hash_key, whenever ctl is on */
+	__u64 w[NS_FF_WORDS]; /* two generations of up to 2^NS_FF_MAX_BITS */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ns_ff_table);
+	__uint(max_entries, NS_FF_TABLES);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} flow_filter SEC(".maps");
+
+/* ff_table is table tab's filter, NULL when there is none. */
+static __always_inline struct ns_ff_table *ff_table(__u32 tab)
+{
+	if (!ns_ff_bits || tab >= NS_FF_TABLES)
+		return NULL;
+	return bpf_map_lookup_elem(&flow_filter, (const void *)&ns_ff_keys[tab]);
+}
+
+/* ff_word is the word of generation g (0 or 1) of filter f that holds the
+ * bit of hash h; ff_bit is that bit. */
+static __always_inline __u64 *ff_word(struct ns_ff_table *f, __u32 g, __u32 h)
+{
+	__u32 bits = ns_ff_bits;
+	__u32 i = (g << ((bits - 6) & 31)) + ((h >> ((32 - bits) & 31)) >> 6);
+
+	if (i >= NS_FF_WORDS)
+		return NULL;
+	return &f->w[i];
+}
+
+static __always_inline __u64 ff_bit(__u32 h)
+{
+	return 1ULL << ((h >> ((32 - ns_ff_bits) & 31)) & 63);
+}
+
+/* ff_absent: no entry of table tab has a key of hash h (its filter is on
+ * and the key's bit clear). */
+static __always_inline bool ff_absent(__u32 tab, __u32 h)
+{
+	struct ns_ff_table *f = ff_table(tab);
+	__u64 g, *w;
+
+	if (!f)
+		return false;
+	g = READ_ONCE(f->ctl);
+	if (g != 1 && g != 2)
+		return false;
+	w = ff_word(f, g - 1, h);
+	return w && !(READ_ONCE(*w) & ff_bit(h));
+}
+
+/* ff_add sets the bit of hash h in both generations of table tab's
+ * filter (ff_set: of filter f), before its key is written (a reader that finds the entry then
+ * finds the bit: a nat claim's check of the other tables, nat.h, relies
+ * on it). An atomic or, only where the bit is clear. */
+static __always_inline void ff_set(struct ns_ff_table *f, __u32 h)
+{
+	__u64 *w;
+
+	w = ff_word(f, 0, h);
+	if (w && !(READ_ONCE(*w) & ff_bit(h)))
+		__sync_fetch_and_or(w, ff_bit(h));
+	w = ff_word(f, 1, h);
+	if (w && !(READ_ONCE(*w) & ff_bit(h)))
+		__sync_fetch_and_or(w, ff_bit(h));
+}
+
+static __always_inline void ff_add(__u32 tab, __u32 h)
+{
+	struct ns_ff_table *f = ff_table(tab);
+
+	if (f)
+		ff_set(f, h);
+}
+
+/* ff_add_key is ff_add of key t's hash, made with the filter's copy of
+ * the hash key: no lookup of ns_config between the filter's and the hash,
+ * which would spill the filter's pointer or the key's words (frames of up
+ * to 64 bytes more on the deepest call chains, 6.1's 512 bytes). */
+static __always_inline void ff_add_key(__u32 tab, const struct ct_tuple *t)
+{
+	struct ns_ff_table *f = ff_table(tab);
+
+	if (f)
+		ff_set(f, half_hash_k(t, READ_ONCE(f->key)));
+}
 
 /* half_key_eq: keys a and b are the same tuple. */
 static __always_inline bool half_key_eq(const struct ct_tuple *a, const struct ct_tuple *b)
@@ -230,16 +363,29 @@ _Static_assert(__builtin_offsetof(struct ct_half_slot, key) ==
 		       __builtin_offsetof(struct nat_half_slot, key),
 	       "half slots: version and key first");
 
+/* half_has_slot: key t may have a slot of ct_half (nat: snat_half): slots
+ * are on, and t is of the table's direction (CT_DIR_INGRESS,
+ * NAT_DIR_INGRESS). */
+static __always_inline bool half_has_slot(const struct ct_tuple *t, __u32 nat)
+{
+	return (nat ? ns_half_nat_bits : ns_half_ct_bits) &&
+	       t->dir == (nat ? NAT_DIR_INGRESS : CT_DIR_INGRESS);
+}
+
 /* half_idx is the index of the slot of key t in ct_half (nat: snat_half),
- * -1 when t has none: slots off, or a key of another direction than the
- * table's (CT_DIR_INGRESS, NAT_DIR_INGRESS). */
+ * -1 when t has none (half_has_slot); half_idx_h, given t's hash h. */
+static __always_inline int half_idx_h(const struct ct_tuple *t, __u32 nat, __u32 h)
+{
+	__u32 bits = nat ? ns_half_nat_bits : ns_half_ct_bits;
+
+	return half_has_slot(t, nat) ? (int)(h >> ((32 - bits) & 31)) : -1;
+}
+
 static __always_inline int half_idx(const struct ct_tuple *t, __u32 nat)
 {
 	__u32 bits = nat ? ns_half_nat_bits : ns_half_ct_bits;
 
-	if (!bits || t->dir != (nat ? NAT_DIR_INGRESS : CT_DIR_INGRESS))
-		return -1;
-	return half_hash(t) >> ((32 - bits) & 31);
+	return half_has_slot(t, nat) ? (int)(half_hash(t) >> ((32 - bits) & 31)) : -1;
 }
 
 /* half_at is the slot at index i (< 0: none) of ct_half (nat: snat_half),
@@ -266,10 +412,18 @@ static __always_inline bool half_held(const struct ct_tuple *t, __u32 nat, int i
 	return !(v & 1) && half_key_eq(&sl->key, t) && READ_ONCE(sl->ver) == v;
 }
 
-/* half_find is the index of the slot of key t while it holds t, else -1. */
+/* half_find is the index of the slot of key t while it holds t, else -1;
+ * half_find_h, given t's hash h. */
 static __always_inline int half_find(const struct ct_tuple *t, __u32 nat)
 {
 	int i = half_idx(t, nat);
+
+	return half_held(t, nat, i) ? i : -1;
+}
+
+static __always_inline int half_find_h(const struct ct_tuple *t, __u32 nat, __u32 h)
+{
+	int i = half_idx_h(t, nat, h);
 
 	return half_held(t, nat, i) ? i : -1;
 }
@@ -313,7 +467,8 @@ static __always_inline void half_clear(const struct ct_tuple *t, __u32 nat)
 /* The slot functions the service path calls: global, each verified once
  * (the hash and the compare are ~150 instructions, and the lookups that
  * read a slot are many). snat_claim, at the end of the deepest call chain
- * (6.1's 512 bytes, 32 a call), inlines its own (the _i lookups). */
+ * (6.1's 512 bytes, 32 a call), inlines its own (the _h lookups, given
+ * the key's hash). */
 
 /* half_slot is half_find, but for a key that has a slot it does not
  * hold, -2 - the slot's index (half_unheld gives it back): -1 when t has
@@ -323,6 +478,17 @@ __noinline int half_slot(const struct ct_tuple *t, __u32 nat)
 	int i;
 
 	if (!t || (i = half_idx(t, nat)) < 0)
+		return -1;
+	return half_held(t, nat, i) ? i : -2 - i;
+}
+
+/* half_slot_h is half_slot given t's hash h (the caller hashed it for
+ * the flow filter). */
+__noinline int half_slot_h(const struct ct_tuple *t, __u32 nat, __u32 h)
+{
+	int i;
+
+	if (!t || (i = half_idx_h(t, nat, h)) < 0)
 		return -1;
 	return half_held(t, nat, i) ? i : -2 - i;
 }
@@ -375,7 +541,7 @@ static __always_inline struct ct_entry *ct_half_lookup(const struct ct_tuple *t)
 }
 
 /* snat_half_lookup finds the half-open flow's reply mapping under key t;
- * _i, inlined. */
+ * _h, inlined, given t's hash h. */
 static __always_inline struct nat_entry *snat_half_lookup(const struct ct_tuple *t)
 {
 	struct nat_half_slot *sl;
@@ -389,19 +555,14 @@ static __always_inline struct nat_entry *snat_half_lookup(const struct ct_tuple 
 	return &sl->n;
 }
 
-static __always_inline struct nat_entry *snat_half_lookup_i(const struct ct_tuple *t)
+static __always_inline struct nat_entry *snat_half_lookup_h(const struct ct_tuple *t, __u32 h)
 {
-	struct nat_half_slot *sl = (struct nat_half_slot *)half_at(half_find(t, 1), 1);
+	struct nat_half_slot *sl = (struct nat_half_slot *)half_at(half_find_h(t, 1, h), 1);
 
 	if (!sl)
 		return NULL;
 	barrier_var(sl);
 	return &sl->n;
-}
-
-static __always_inline struct ct_entry *ct_half_lookup_i(const struct ct_tuple *t)
-{
-	return ct_half_entry(half_find(t, 0));
 }
 
 static __always_inline void ct_half_delete(const struct ct_tuple *t)
@@ -464,11 +625,24 @@ static __always_inline struct ct_entry *ct_est_lookup(const struct ct_tuple *t)
 	return m ? bpf_map_lookup_elem(m, t) : NULL;
 }
 
+/* ct_est_lookup_h is ct_est_lookup for a key of hash h: none without a
+ * lookup when the flow filter says so (TCP's table has one). */
+static __always_inline struct ct_entry *ct_est_lookup_h(const struct ct_tuple *t, __u32 h)
+{
+	if (t->proto == IPPROTO_TCP && ff_absent(NS_FF_CT, h))
+		return NULL;
+	return ct_est_lookup(t);
+}
+
+/* ct_est_update writes an established flow's entry, its bit in the flow
+ * filter first (TCP's). */
 static __always_inline long ct_est_update(const struct ct_tuple *t, const struct ct_entry *e,
 					  __u64 uflags)
 {
 	void *m = ct_est_of(t->proto);
 
+	if (t->proto == IPPROTO_TCP)
+		ff_add_key(NS_FF_CT, t);
 	return m ? bpf_map_update_elem(m, t, e, uflags) : -1;
 }
 
@@ -486,12 +660,68 @@ static __always_inline struct nat_entry *snat_est_lookup(const struct ct_tuple *
 	return m ? bpf_map_lookup_elem(m, t) : NULL;
 }
 
+/* snat_est_lookup_h: ct_est_lookup_h. */
+static __always_inline struct nat_entry *snat_est_lookup_h(const struct ct_tuple *t, __u32 h)
+{
+	if (t->proto == IPPROTO_TCP && ff_absent(NS_FF_SNAT, h))
+		return NULL;
+	return snat_est_lookup(t);
+}
+
+/* snat_est_update_h writes an established flow's mapping under key t (of
+ * hash h), its bit in the flow filter first (TCP's); _update hashes. */
+static __always_inline long snat_est_update_h(const struct ct_tuple *t, const struct nat_entry *n,
+					      __u64 uflags, __u32 h)
+{
+	void *m = snat_est_of(t->proto);
+
+	if (t->proto == IPPROTO_TCP)
+		ff_add(NS_FF_SNAT, h);
+	return m ? bpf_map_update_elem(m, t, n, uflags) : -1;
+}
+
 static __always_inline long snat_est_update(const struct ct_tuple *t, const struct nat_entry *n,
 					    __u64 uflags)
 {
 	void *m = snat_est_of(t->proto);
 
+	if (t->proto == IPPROTO_TCP)
+		ff_add_key(NS_FF_SNAT, t);
 	return m ? bpf_map_update_elem(m, t, n, uflags) : -1;
+}
+
+/* ct_new_update writes a new flow's entry into ct_new, its bit in the
+ * flow filter first; ct_new_lookup_h looks ct_new up for a key of hash h
+ * unless the filter says none has it. snat_new's likewise. */
+static __always_inline long ct_new_update(const struct ct_tuple *t, const struct ct_entry *e,
+					  __u64 uflags)
+{
+	ff_add_key(NS_FF_CT_NEW, t);
+	return bpf_map_update_elem(&ct_new, t, e, uflags);
+}
+
+static __always_inline struct ct_entry *ct_new_lookup_h(const struct ct_tuple *t, __u32 h)
+{
+	return ff_absent(NS_FF_CT_NEW, h) ? NULL : bpf_map_lookup_elem(&ct_new, t);
+}
+
+static __always_inline long snat_new_update_h(const struct ct_tuple *t, const struct nat_entry *n,
+					      __u64 uflags, __u32 h)
+{
+	ff_add(NS_FF_SNAT_NEW, h);
+	return bpf_map_update_elem(&snat_new, t, n, uflags);
+}
+
+static __always_inline long snat_new_update(const struct ct_tuple *t, const struct nat_entry *n,
+					    __u64 uflags)
+{
+	ff_add_key(NS_FF_SNAT_NEW, t);
+	return bpf_map_update_elem(&snat_new, t, n, uflags);
+}
+
+static __always_inline struct nat_entry *snat_new_lookup_h(const struct ct_tuple *t, __u32 h)
+{
+	return ff_absent(NS_FF_SNAT_NEW, h) ? NULL : bpf_map_lookup_elem(&snat_new, t);
 }
 
 static __always_inline long snat_est_delete(const struct ct_tuple *t)
@@ -518,8 +748,7 @@ static __always_inline struct ct_entry *ct_lookup(const struct ct_tuple *t)
 }
 
 /* ct_lookup_in is ct_lookup for a key that may be a half-open flow's
- * (CT_DIR_INGRESS): its slot of ct_half after the established table;
- * _i, inlined (snat_claim's). */
+ * (CT_DIR_INGRESS): its slot of ct_half after the established table. */
 static __always_inline struct ct_entry *ct_lookup_in(const struct ct_tuple *t)
 {
 	struct ct_entry *e = ct_est_lookup(t);
@@ -530,16 +759,20 @@ static __always_inline struct ct_entry *ct_lookup_in(const struct ct_tuple *t)
 	return e ? e : ct_est_lookup(t);
 }
 
-static __always_inline struct ct_entry *ct_lookup_in_i(const struct ct_tuple *t)
+/* ct_lookup_in_h is ct_lookup_in given the key's hash (at h, in the
+ * scratch: read after each lookup, not held across it on the stack of
+ * snat_claim, the deepest frame), each table asked of the flow filter
+ * first; inlined (snat_claim's). */
+static __always_inline struct ct_entry *ct_lookup_in_h(const struct ct_tuple *t, const __u32 *h)
 {
-	struct ct_entry *e = ct_est_lookup(t);
+	struct ct_entry *e = ct_est_lookup_h(t, *h);
 
 	if (e)
 		return e;
-	e = ct_half_lookup_i(t);
+	e = ct_half_entry(half_find_h(t, 0, *h));
 	if (!e)
-		e = bpf_map_lookup_elem(&ct_new, t);
-	return e ? e : ct_est_lookup(t);
+		e = ct_new_lookup_h(t, *h);
+	return e ? e : ct_est_lookup_h(t, *h);
 }
 
 /* ct_lookup_syn is ct_lookup for a TCP SYN without ACK: the first packet
@@ -547,12 +780,14 @@ static __always_inline struct ct_entry *ct_lookup_in_i(const struct ct_tuple *t)
  * service entry, ct.h) or is one a client reuses the tuple of. It skips
  * the second look at the established table: an entry moving there from
  * ct_new in between is one whose handshake just completed, and a SYN on
- * it starts over either way. One lookup less on every new flow's path. */
+ * it starts over either way. One lookup less on every new flow's path,
+ * and the two left asked of the flow filter first. */
 static __always_inline struct ct_entry *ct_lookup_syn(const struct ct_tuple *t)
 {
-	struct ct_entry *e = ct_est_lookup(t);
+	__u32 h = half_hash(t);
+	struct ct_entry *e = ct_est_lookup_h(t, h);
 
-	return e ? e : bpf_map_lookup_elem(&ct_new, t);
+	return e ? e : ct_new_lookup_h(t, h);
 }
 
 /* snat_lookup finds the mapping under key t: an established flow's in its
@@ -566,8 +801,7 @@ static __always_inline struct nat_entry *snat_lookup(const struct ct_tuple *t)
 }
 
 /* snat_lookup_in is snat_lookup for a key that may be a half-open flow's
- * (NAT_DIR_INGRESS): its slot of snat_half after the established table;
- * _i, inlined (snat_claim's). */
+ * (NAT_DIR_INGRESS): its slot of snat_half after the established table. */
 static __always_inline struct nat_entry *snat_lookup_in(const struct ct_tuple *t)
 {
 	struct nat_entry *n = snat_est_lookup(t);
@@ -575,13 +809,14 @@ static __always_inline struct nat_entry *snat_lookup_in(const struct ct_tuple *t
 	return n ? n : snat_new_lookup(t);
 }
 
-static __always_inline struct nat_entry *snat_lookup_in_i(const struct ct_tuple *t)
+/* snat_lookup_in_h: ct_lookup_in_h. */
+static __always_inline struct nat_entry *snat_lookup_in_h(const struct ct_tuple *t, const __u32 *h)
 {
-	struct nat_entry *n = snat_est_lookup(t);
+	struct nat_entry *n = snat_est_lookup_h(t, *h);
 
 	if (!n)
-		n = snat_half_lookup_i(t);
-	return n ? n : bpf_map_lookup_elem(&snat_new, t);
+		n = snat_half_lookup_h(t, *h);
+	return n ? n : snat_new_lookup_h(t, *h);
 }
 
 /* Host-side ifindex of each local pod's veth -> 1: a local backend behind
@@ -801,6 +1036,8 @@ struct ct_scratch {
 	__u64 claim_word;          /* snat_claim, snat_hold: the word of the
 				    * mapping found (nat_word) */
 	__u64 hold_word;           /* snat_hold: the word it wants */
+	__u32 claim_hash;          /* snat_try_claim: tuple2's half_hash */
+	__u32 taken_hash;          /* snat_port_free: tuple3's */
 	struct dsr_scratch dsr;
 };
 

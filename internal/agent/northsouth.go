@@ -239,8 +239,11 @@ func (a *Agent) afterSync(full bool) error {
 	return errors.Join(errs...)
 }
 
-// gcLoop collects dead conntrack and NAT entries every --bpf-ct-gc-interval.
+// gcLoop collects dead conntrack and NAT entries every --bpf-ct-gc-interval,
+// and once at the start: a collection also rebuilds the flow filter, off
+// from the load until then (lbmap.Filter).
 func (a *Agent) gcLoop(ctx context.Context, ns northSouthDataplane) {
+	a.collectGarbage(ns)
 	every(ctx, a.cfg.CTGCInterval, func() { a.collectGarbage(ns) })
 }
 

@@ -404,6 +404,10 @@ func (p *pps) setup() error {
 	if err := p.ns.SetConfig(lbmap.NSConfig{SNATAddr4: lbmap.AddrFrom(ipNode), Mode: lbmap.ModeSNAT}); err != nil {
 		return err
 	}
+	// The flow filter on, as the agent's first GC turns it.
+	if err := p.ns.RebuildFilter(); err != nil {
+		return err
+	}
 	// Two NICs: XDP redirects to eth1, as the agent lets it to every
 	// device it attaches XDP to (its peer, the sink, runs XDP: it takes
 	// redirected frames). Without it XDP leaves the packets to tc.

@@ -65,6 +65,8 @@ type NorthSouth struct {
 	nat *lbmap.NAT
 	// half reads the half-open flows' slots (ct_half, snat_half).
 	half *lbmap.Half
+	// filter is the flow filter's agent side: rebuilt at each GC.
+	filter *lbmap.Filter
 
 	maglevSize    uint32
 	flowCacheSets uint32 // per CPU and program; 0: no flow cache
@@ -186,6 +188,22 @@ func halfNATBits(sizes map[string]uint32) uint32 {
 	return lbmap.HalfBits(sizes[lbmap.NATNewMapName] / 2)
 }
 
+// filterBits is log2 of a flow filter generation's bits for the tables of
+// sizes: for the largest it covers.
+func filterBits(sizes map[string]uint32) uint32 {
+	return lbmap.FilterBits(max(sizes[lbmap.CTMapName], sizes[lbmap.CTNewMapName],
+		sizes[lbmap.NATMapName], sizes[lbmap.NATNewMapName]))
+}
+
+// configureFlowTables sets spec's half-open slots and flow filter for the
+// tables of sizes: every object that writes the tables must have both.
+func configureFlowTables(spec *ebpf.CollectionSpec, sizes map[string]uint32) error {
+	if err := lbmap.ConfigureHalf(spec, halfCTBits(sizes), halfNATBits(sizes)); err != nil {
+		return err
+	}
+	return lbmap.ConfigureFilter(spec, filterBits(sizes))
+}
+
 // LoadNorthSouthSpecs returns the compiled tc and XDP objects, for tests
 // and tools that inspect their BTF.
 func LoadNorthSouthSpecs() (tc, xdp *ebpf.CollectionSpec, err error) {
@@ -289,7 +307,7 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 		if err := configureKernel(spec); err != nil {
 			return nil, fmt.Errorf("load north-south LB: %w", err)
 		}
-		if err := lbmap.ConfigureHalf(spec, halfCTBits(sizes), halfNATBits(sizes)); err != nil {
+		if err := configureFlowTables(spec, sizes); err != nil {
 			return nil, fmt.Errorf("load north-south LB: %w", err)
 		}
 	}
@@ -376,10 +394,19 @@ func LoadNorthSouth(opts NorthSouthOptions) (*NorthSouth, error) {
 	n.ct.SetHalf(n.half)
 	n.nat.SetHalf(n.half)
 	// The half-open slots are found with the hash key of the pinned
-	// configuration, until SetConfig writes one.
+	// configuration, until SetConfig writes one; the flow filter is off
+	// until the first GC rebuilds it.
+	var key uint32
 	if c, err := n.Config(); err == nil {
-		n.half.SetHashKey(c.HashKey)
+		key = c.HashKey
 	}
+	n.half.SetHashKey(key)
+	if n.filter, err = lbmap.NewFilter(m.FlowFilter, filterBits(sizes), key); err != nil {
+		n.Close()
+		return nil, fmt.Errorf("load north-south LB: %w", err)
+	}
+	n.ct.SetFilter(n.filter)
+	n.nat.SetFilter(n.filter)
 	// Established UDP flows an earlier build kept in ct and snat move to
 	// ct_any and snat_any, where the programs look for them now.
 	if err := n.moveOtherProtocols(); err != nil {
@@ -543,12 +570,29 @@ func (n *NorthSouth) SetConfig(c lbmap.NSConfig) error {
 	if c.SNATPortMin != 0 && c.SNATPortMax != 0 && c.SNATPortMax < c.SNATPortMin {
 		return fmt.Errorf("set north-south config: SNAT port range %d-%d is empty", c.SNATPortMin, c.SNATPortMax)
 	}
-	if err := n.tc.NsConfig.Update(uint32(0), &c, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("update %s: %w", lbmap.NSConfigMapName, err)
+	// A new hash key turns the flow filter off until its next rebuild.
+	err := n.filter.ChangeKey(c.HashKey, func() error {
+		if err := n.tc.NsConfig.Update(uint32(0), &c, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("update %s: %w", lbmap.NSConfigMapName, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	n.half.SetHashKey(c.HashKey)
 	return nil
 }
+
+// RebuildFilter rebuilds the flow filter of every table it covers from
+// the keys they hold (CT.GC and NAT.GC do it too): the filter is off from
+// the load, and after a new hash key, until then.
+func (n *NorthSouth) RebuildFilter() error {
+	return errors.Join(n.ct.RebuildFilter(), n.nat.RebuildFilter())
+}
+
+// Filter is the flow filter's agent side.
+func (n *NorthSouth) Filter() *lbmap.Filter { return n.filter }
 
 // SetPodIface marks the host side of a local pod's veth, so local backends
 // behind it are reached with bpf_redirect_peer.
@@ -708,7 +752,7 @@ func (n *NorthSouth) CTNow() (uint32, error) {
 func (n *NorthSouth) Close() error {
 	closeMigrations(n.migrations)
 	n.migrations = nil
-	return errors.Join(n.releaseDevices(false), n.tc.Close(), n.xdp.Close())
+	return errors.Join(n.releaseDevices(false), n.filter.Close(), n.tc.Close(), n.xdp.Close())
 }
 
 // FinishMigration copies into the maps taken over on load what the old
@@ -716,6 +760,10 @@ func (n *NorthSouth) Close() error {
 // old maps go. AttachDevices calls it once the new programs run; Close
 // lets the old maps go without copying.
 func (n *NorthSouth) FinishMigration() error {
+	if len(n.migrations) > 0 {
+		// The copies were written without their bits.
+		defer n.filter.Off()
+	}
 	err := finishMigrations(n.migrations, n.logf)
 	n.migrations = nil
 	// What the old programs wrote meanwhile: their UDP flows in ct.

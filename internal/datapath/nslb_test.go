@@ -144,6 +144,11 @@ func newNorthSouthWith(t testing.TB, opt func(*NorthSouthOptions)) *NorthSouth {
 	})
 	setClock(t, n, ctNow)
 	installPlan(t, n.Maps())
+	// The flow filter on, as the agent's first GC turns it: every test
+	// runs the datapath as it runs there.
+	if err := n.RebuildFilter(); err != nil {
+		t.Fatal(err)
+	}
 	return n
 }
 

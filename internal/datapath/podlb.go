@@ -48,9 +48,10 @@ func LoadPodLB(opts NorthSouthOptions) (*PodLB, error) {
 	}
 	sizes := opts.mapSizes()
 	sizeMaps(spec, sizes)
-	// The half-open slots as LoadNorthSouth sizes them: the pins are
-	// shared (a pod's flows are keyed with their own scope).
-	if err := lbmap.ConfigureHalf(spec, halfCTBits(sizes), halfNATBits(sizes)); err != nil {
+	// The half-open slots and the flow filter as LoadNorthSouth sizes
+	// them: the pins are shared (a pod's flows are keyed with their own
+	// scope).
+	if err := configureFlowTables(spec, sizes); err != nil {
 		return nil, fmt.Errorf("load pod LB: %w", err)
 	}
 	maglevSize := orDefault(opts.MaglevTableSize, maglev.DefaultTableSize)

@@ -21,6 +21,7 @@ const (
 	tclbMapCtEst             = "ct_est"
 	tclbMapCtHalf            = "ct_half"
 	tclbMapCtNew             = "ct_new"
+	tclbMapFlowFilter        = "flow_filter"
 	tclbMapLbAffinity        = "lb_affinity"
 	tclbMapLbBackends        = "lb_backends"
 	tclbMapLbConfig          = "lb_config"
@@ -61,6 +62,8 @@ const (
 	tclbVarLbMaglevHashSeed  = "lb_maglev_hash_seed"
 	tclbVarLbMaglevTableSize = "lb_maglev_table_size"
 	tclbVarNfCtKfuncs        = "nf_ct_kfuncs"
+	tclbVarNsFfBits          = "ns_ff_bits"
+	tclbVarNsFfKeys          = "ns_ff_keys"
 	tclbVarNsHalfCtBits      = "ns_half_ct_bits"
 	tclbVarNsHalfNatBits     = "ns_half_nat_bits"
 )
@@ -123,6 +126,7 @@ type tclbMapSpecs struct {
 	CtEst         *ebpf.MapSpec `ebpf:"ct_est"`
 	CtHalf        *ebpf.MapSpec `ebpf:"ct_half"`
 	CtNew         *ebpf.MapSpec `ebpf:"ct_new"`
+	FlowFilter    *ebpf.MapSpec `ebpf:"flow_filter"`
 	LbAffinity    *ebpf.MapSpec `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.MapSpec `ebpf:"lb_backends"`
 	LbConfig      *ebpf.MapSpec `ebpf:"lb_config"`
@@ -164,6 +168,8 @@ type tclbVariableSpecs struct {
 	LbMaglevHashSeed  *ebpf.VariableSpec `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.VariableSpec `ebpf:"lb_maglev_table_size"`
 	NfCtKfuncs        *ebpf.VariableSpec `ebpf:"nf_ct_kfuncs"`
+	NsFfBits          *ebpf.VariableSpec `ebpf:"ns_ff_bits"`
+	NsFfKeys          *ebpf.VariableSpec `ebpf:"ns_ff_keys"`
 	NsHalfCtBits      *ebpf.VariableSpec `ebpf:"ns_half_ct_bits"`
 	NsHalfNatBits     *ebpf.VariableSpec `ebpf:"ns_half_nat_bits"`
 }
@@ -193,6 +199,7 @@ type tclbMaps struct {
 	CtEst         *ebpf.Map `ebpf:"ct_est"`
 	CtHalf        *ebpf.Map `ebpf:"ct_half"`
 	CtNew         *ebpf.Map `ebpf:"ct_new"`
+	FlowFilter    *ebpf.Map `ebpf:"flow_filter"`
 	LbAffinity    *ebpf.Map `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.Map `ebpf:"lb_backends"`
 	LbConfig      *ebpf.Map `ebpf:"lb_config"`
@@ -232,6 +239,7 @@ func (m *tclbMaps) Close() error {
 		m.CtEst,
 		m.CtHalf,
 		m.CtNew,
+		m.FlowFilter,
 		m.LbAffinity,
 		m.LbBackends,
 		m.LbConfig,
@@ -274,6 +282,8 @@ type tclbVariables struct {
 	LbMaglevHashSeed  *ebpf.Variable `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.Variable `ebpf:"lb_maglev_table_size"`
 	NfCtKfuncs        *ebpf.Variable `ebpf:"nf_ct_kfuncs"`
+	NsFfBits          *ebpf.Variable `ebpf:"ns_ff_bits"`
+	NsFfKeys          *ebpf.Variable `ebpf:"ns_ff_keys"`
 	NsHalfCtBits      *ebpf.Variable `ebpf:"ns_half_ct_bits"`
 	NsHalfNatBits     *ebpf.Variable `ebpf:"ns_half_nat_bits"`
 }

@@ -21,6 +21,7 @@ const (
 	tcpodMapCtEst             = "ct_est"
 	tcpodMapCtHalf            = "ct_half"
 	tcpodMapCtNew             = "ct_new"
+	tcpodMapFlowFilter        = "flow_filter"
 	tcpodMapLbAffinity        = "lb_affinity"
 	tcpodMapLbBackends        = "lb_backends"
 	tcpodMapLbConfig          = "lb_config"
@@ -55,6 +56,8 @@ const (
 	tcpodVarLbMaglevHashSeed  = "lb_maglev_hash_seed"
 	tcpodVarLbMaglevTableSize = "lb_maglev_table_size"
 	tcpodVarNfCtKfuncs        = "nf_ct_kfuncs"
+	tcpodVarNsFfBits          = "ns_ff_bits"
+	tcpodVarNsFfKeys          = "ns_ff_keys"
 	tcpodVarNsHalfCtBits      = "ns_half_ct_bits"
 	tcpodVarNsHalfNatBits     = "ns_half_nat_bits"
 )
@@ -114,6 +117,7 @@ type tcpodMapSpecs struct {
 	CtEst         *ebpf.MapSpec `ebpf:"ct_est"`
 	CtHalf        *ebpf.MapSpec `ebpf:"ct_half"`
 	CtNew         *ebpf.MapSpec `ebpf:"ct_new"`
+	FlowFilter    *ebpf.MapSpec `ebpf:"flow_filter"`
 	LbAffinity    *ebpf.MapSpec `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.MapSpec `ebpf:"lb_backends"`
 	LbConfig      *ebpf.MapSpec `ebpf:"lb_config"`
@@ -152,6 +156,8 @@ type tcpodVariableSpecs struct {
 	LbMaglevHashSeed  *ebpf.VariableSpec `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.VariableSpec `ebpf:"lb_maglev_table_size"`
 	NfCtKfuncs        *ebpf.VariableSpec `ebpf:"nf_ct_kfuncs"`
+	NsFfBits          *ebpf.VariableSpec `ebpf:"ns_ff_bits"`
+	NsFfKeys          *ebpf.VariableSpec `ebpf:"ns_ff_keys"`
 	NsHalfCtBits      *ebpf.VariableSpec `ebpf:"ns_half_ct_bits"`
 	NsHalfNatBits     *ebpf.VariableSpec `ebpf:"ns_half_nat_bits"`
 }
@@ -181,6 +187,7 @@ type tcpodMaps struct {
 	CtEst         *ebpf.Map `ebpf:"ct_est"`
 	CtHalf        *ebpf.Map `ebpf:"ct_half"`
 	CtNew         *ebpf.Map `ebpf:"ct_new"`
+	FlowFilter    *ebpf.Map `ebpf:"flow_filter"`
 	LbAffinity    *ebpf.Map `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.Map `ebpf:"lb_backends"`
 	LbConfig      *ebpf.Map `ebpf:"lb_config"`
@@ -218,6 +225,7 @@ func (m *tcpodMaps) Close() error {
 		m.CtEst,
 		m.CtHalf,
 		m.CtNew,
+		m.FlowFilter,
 		m.LbAffinity,
 		m.LbBackends,
 		m.LbConfig,
@@ -257,6 +265,8 @@ type tcpodVariables struct {
 	LbMaglevHashSeed  *ebpf.Variable `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.Variable `ebpf:"lb_maglev_table_size"`
 	NfCtKfuncs        *ebpf.Variable `ebpf:"nf_ct_kfuncs"`
+	NsFfBits          *ebpf.Variable `ebpf:"ns_ff_bits"`
+	NsFfKeys          *ebpf.Variable `ebpf:"ns_ff_keys"`
 	NsHalfCtBits      *ebpf.Variable `ebpf:"ns_half_ct_bits"`
 	NsHalfNatBits     *ebpf.Variable `ebpf:"ns_half_nat_bits"`
 }

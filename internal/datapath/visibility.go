@@ -30,8 +30,9 @@ const (
 // transientMaps hold nothing worth a migration: a pin of another shape is
 // replaced (its readers keep the old map until they reopen). The events
 // ring; the half-open flows' slots, sized by ct_new (a flow whose slot goes
-// has its client send its SYN again).
-var transientMaps = []string{EventsMapName, tclbMapCtHalf, tclbMapSnatHalf}
+// has its client send its SYN again); the flow filter, of bits by the
+// tables' sizes (off until the agent rebuilds it).
+var transientMaps = []string{EventsMapName, tclbMapCtHalf, tclbMapSnatHalf, tclbMapFlowFilter}
 
 // replaceTransientPins removes each transient pin under root that spec's
 // map does not match (the ring of another --monitor-buffer-size), so that

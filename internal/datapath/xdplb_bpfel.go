@@ -21,6 +21,7 @@ const (
 	xdplbMapCtEst             = "ct_est"
 	xdplbMapCtHalf            = "ct_half"
 	xdplbMapCtNew             = "ct_new"
+	xdplbMapFlowFilter        = "flow_filter"
 	xdplbMapLbAffinity        = "lb_affinity"
 	xdplbMapLbBackends        = "lb_backends"
 	xdplbMapLbConfig          = "lb_config"
@@ -61,6 +62,8 @@ const (
 	xdplbVarLbMaglevHashSeed  = "lb_maglev_hash_seed"
 	xdplbVarLbMaglevTableSize = "lb_maglev_table_size"
 	xdplbVarNfCtKfuncs        = "nf_ct_kfuncs"
+	xdplbVarNsFfBits          = "ns_ff_bits"
+	xdplbVarNsFfKeys          = "ns_ff_keys"
 	xdplbVarNsHalfCtBits      = "ns_half_ct_bits"
 	xdplbVarNsHalfNatBits     = "ns_half_nat_bits"
 )
@@ -121,6 +124,7 @@ type xdplbMapSpecs struct {
 	CtEst         *ebpf.MapSpec `ebpf:"ct_est"`
 	CtHalf        *ebpf.MapSpec `ebpf:"ct_half"`
 	CtNew         *ebpf.MapSpec `ebpf:"ct_new"`
+	FlowFilter    *ebpf.MapSpec `ebpf:"flow_filter"`
 	LbAffinity    *ebpf.MapSpec `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.MapSpec `ebpf:"lb_backends"`
 	LbConfig      *ebpf.MapSpec `ebpf:"lb_config"`
@@ -164,6 +168,8 @@ type xdplbVariableSpecs struct {
 	LbMaglevHashSeed  *ebpf.VariableSpec `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.VariableSpec `ebpf:"lb_maglev_table_size"`
 	NfCtKfuncs        *ebpf.VariableSpec `ebpf:"nf_ct_kfuncs"`
+	NsFfBits          *ebpf.VariableSpec `ebpf:"ns_ff_bits"`
+	NsFfKeys          *ebpf.VariableSpec `ebpf:"ns_ff_keys"`
 	NsHalfCtBits      *ebpf.VariableSpec `ebpf:"ns_half_ct_bits"`
 	NsHalfNatBits     *ebpf.VariableSpec `ebpf:"ns_half_nat_bits"`
 }
@@ -193,6 +199,7 @@ type xdplbMaps struct {
 	CtEst         *ebpf.Map `ebpf:"ct_est"`
 	CtHalf        *ebpf.Map `ebpf:"ct_half"`
 	CtNew         *ebpf.Map `ebpf:"ct_new"`
+	FlowFilter    *ebpf.Map `ebpf:"flow_filter"`
 	LbAffinity    *ebpf.Map `ebpf:"lb_affinity"`
 	LbBackends    *ebpf.Map `ebpf:"lb_backends"`
 	LbConfig      *ebpf.Map `ebpf:"lb_config"`
@@ -234,6 +241,7 @@ func (m *xdplbMaps) Close() error {
 		m.CtEst,
 		m.CtHalf,
 		m.CtNew,
+		m.FlowFilter,
 		m.LbAffinity,
 		m.LbBackends,
 		m.LbConfig,
@@ -278,6 +286,8 @@ type xdplbVariables struct {
 	LbMaglevHashSeed  *ebpf.Variable `ebpf:"lb_maglev_hash_seed"`
 	LbMaglevTableSize *ebpf.Variable `ebpf:"lb_maglev_table_size"`
 	NfCtKfuncs        *ebpf.Variable `ebpf:"nf_ct_kfuncs"`
+	NsFfBits          *ebpf.Variable `ebpf:"ns_ff_bits"`
+	NsFfKeys          *ebpf.Variable `ebpf:"ns_ff_keys"`
 	NsHalfCtBits      *ebpf.Variable `ebpf:"ns_half_ct_bits"`
 	NsHalfNatBits     *ebpf.Variable `ebpf:"ns_half_nat_bits"`
 }

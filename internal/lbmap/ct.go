@@ -263,7 +263,8 @@ func CTFlagsString(f uint16) string {
 // (their entries flagged CTFlagNew).
 type CT struct {
 	m, anyProto, fresh *ebpf.Map
-	half               *Half // nil: none (a datapath before ct_half)
+	half               *Half   // nil: none (a datapath before ct_half)
+	filter             *Filter // nil: none, or not the agent's to rebuild
 	// flowCaches hold counters of established flows that their CT
 	// entries have not counted yet (FlowCacheMapName).
 	flowCaches []*ebpf.Map
@@ -279,6 +280,10 @@ func NewCT(m, anyProto, fresh *ebpf.Map, flowCaches ...*ebpf.Map) *CT {
 // SetHalf gives c the half-open flows' slots (ct_half): their entries are
 // new flows' (CTFlagNew), read after the established tables.
 func (c *CT) SetHalf(h *Half) { c.half = h }
+
+// SetFilter gives c the flow filter, whose tables of ct and ct_new GC
+// rebuilds.
+func (c *CT) SetFilter(f *Filter) { c.filter = f }
 
 // established is the established table of proto and its name.
 func (c *CT) established(proto uint8) (*ebpf.Map, string) {
@@ -432,7 +437,8 @@ func records[K comparable, V, R any](m *ebpf.Map, name string, rec func(K, V) R)
 }
 
 // GC deletes the entries dead at CT clock now (for longer than CTGCGrace)
-// from both tables and returns how many went. A dead entry is looked up again just before it is
+// from both tables and returns how many went; it then rebuilds the flow
+// filter's bits of ct and ct_new (SetFilter). A dead entry is looked up again just before it is
 // deleted: the dump of a full table takes a while, and a new flow may have
 // taken the key meanwhile (a client reusing its port at once, as
 // tcp_tw_reuse lets it; a flow made again over its dead entry). Deleting
@@ -465,7 +471,16 @@ func (c *CT) GC(now uint32) (int, error) {
 		}
 		n++
 	}
-	return n, nil
+	return n, c.RebuildFilter()
+}
+
+// RebuildFilter rebuilds the flow filter's bits of ct and ct_new from the
+// keys they hold (nothing without SetFilter).
+func (c *CT) RebuildFilter() error {
+	if err := rebuildFilter[CTEntry](c.filter, FilterCT, c.m, CTMapName); err != nil {
+		return err
+	}
+	return rebuildFilter[CTEntry](c.filter, FilterCTNew, c.fresh, CTNewMapName)
 }
 
 // gcAfterDump, set by tests only, runs in CT.GC and NAT.GC between the dump

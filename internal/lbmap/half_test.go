@@ -56,3 +56,16 @@ func TestHalfSlotKeyed(t *testing.T) {
 		t.Errorf("slot %d of 2^14", HalfSlot(k, 7, 14))
 	}
 }
+
+// A flow filter's generation has about eight bits an entry of its largest
+// table, a power of two within MinFilterBits and MaxFilterBits.
+func TestFilterBits(t *testing.T) {
+	for _, c := range []struct{ n, want uint32 }{
+		{0, MinFilterBits}, {1, MinFilterBits}, {128, MinFilterBits}, {129, 11},
+		{16384, 17}, {65536, 19}, {65537, 20}, {1 << 18, MaxFilterBits}, {1 << 30, MaxFilterBits},
+	} {
+		if got := FilterBits(c.n); got != c.want {
+			t.Errorf("FilterBits(%d) = %d, want %d", c.n, got, c.want)
+		}
+	}
+}

@@ -29,7 +29,8 @@ const NATFlagReused = 1
 // other flows' mappings, and snat_new, the new flows'.
 type NAT struct {
 	m, anyProto, fresh *ebpf.Map
-	half               *Half // nil: none (a datapath before snat_half)
+	half               *Half   // nil: none (a datapath before snat_half)
+	filter             *Filter // nil: none, or not the agent's to rebuild
 }
 
 // NewNAT wraps the loaded snat, snat_any and snat_new maps; the caller
@@ -41,6 +42,10 @@ func NewNAT(m, anyProto, fresh *ebpf.Map) *NAT {
 // SetHalf gives n the half-open flows' slots (snat_half), whose mappings
 // are new flows' (New).
 func (n *NAT) SetHalf(h *Half) { n.half = h }
+
+// SetFilter gives n the flow filter, whose tables of snat and snat_new GC
+// rebuilds.
+func (n *NAT) SetFilter(f *Filter) { n.filter = f }
 
 // table is the table a mapping of key is in (fresh: snat_new's), and its
 // name.
@@ -123,7 +128,8 @@ func (k TunnelKey) Prefix() netip.Prefix {
 // tuple, in either table. Run it after CT.GC, with the CT clock now: a
 // mapping made in the last two CT seconds is kept, as its flow's entries
 // may have been written after the dump of conntrack. It returns how many
-// entries went.
+// entries went, and rebuilds the flow filter's bits of snat and snat_new
+// (SetFilter).
 func (n *NAT) GC(ct *CT, now uint32) (int, error) {
 	flows, err := ct.dump()
 	if err != nil {
@@ -168,5 +174,14 @@ func (n *NAT) GC(ct *CT, now uint32) (int, error) {
 		}
 		deleted++
 	}
-	return deleted, nil
+	return deleted, n.RebuildFilter()
+}
+
+// RebuildFilter rebuilds the flow filter's bits of snat and snat_new from
+// the keys they hold (nothing without SetFilter).
+func (n *NAT) RebuildFilter() error {
+	if err := rebuildFilter[NATEntry](n.filter, FilterNAT, n.m, NATMapName); err != nil {
+		return err
+	}
+	return rebuildFilter[NATEntry](n.filter, FilterNATNew, n.fresh, NATNewMapName)
 }
