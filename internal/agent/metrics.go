@@ -52,6 +52,7 @@ type metrics struct {
 	// Conntrack garbage collection (tc/XDP datapath).
 	ctEntries  prometheus.Gauge
 	gcDeleted  *prometheus.CounterVec
+	filterFill *prometheus.GaugeVec
 	gcRuns     prometheus.Counter
 	gcFailures prometheus.Counter
 
@@ -126,6 +127,10 @@ func newMetrics(src Source, dp func() dataplane) *metrics {
 	m.gcDeleted = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metricsNamespace, Name: "ct_gc_deleted_total", Help: "Entries deleted by conntrack garbage collection.",
 	}, []string{"map"})
+	m.filterFill = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: metricsNamespace, Name: "flow_filter_fill",
+		Help: "Share of a table's flow filter bits set after the latest rebuild: a new flow's lookup of a key the table does not hold is made that often (absent: the filter is off).",
+	}, []string{"map"})
 	m.gcRuns = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: metricsNamespace, Name: "ct_gc_runs_total", Help: "Conntrack garbage collections run.",
 	})
@@ -160,7 +165,7 @@ func newMetrics(src Source, dp func() dataplane) *metrics {
 	m.register(nfHandoff)
 	m.dsrFallback = newDSRFallbackGauge()
 	m.bandwidthPods = newBandwidthPodsGauge()
-	m.register(m.ctEntries, m.gcDeleted, m.gcRuns, m.gcFailures, m.skipped, m.dsrFallback, m.bandwidthPods)
+	m.register(m.ctEntries, m.gcDeleted, m.filterFill, m.gcRuns, m.gcFailures, m.skipped, m.dsrFallback, m.bandwidthPods)
 	m.register(m.syncDuration, m.syncs, m.syncFailures, m.services, m.frontends, m.backends,
 		m.objectErrors, m.programming, m.changeToMap, m.lastSync, m.lastQueued, m.initialList, m.initialSync, &scrapeCollector{src: src, dp: dp},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -202,6 +207,10 @@ func (m *metrics) observeGC(r gcResult, err error) {
 	}
 	m.gcDeleted.WithLabelValues(lbmap.CTMapName).Add(float64(r.ctDeleted))
 	m.gcDeleted.WithLabelValues(lbmap.NATMapName).Add(float64(r.natDeleted))
+	m.filterFill.Reset()
+	for name, fill := range r.filterFill {
+		m.filterFill.WithLabelValues(name).Set(fill)
+	}
 	if err == nil {
 		m.ctEntries.Set(float64(r.ctEntries))
 	}

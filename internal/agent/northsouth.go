@@ -63,6 +63,9 @@ type gcResult struct {
 	ctDeleted, natDeleted, ctEntries int
 	// snatInUse is the nat ports each backend holds after it.
 	snatInUse map[snatBackend]int
+	// filterFill is each table's flow filter fill after its rebuild (off:
+	// left out).
+	filterFill map[string]float64
 }
 
 // errNoNorthSouth answers ct/nat queries of an agent without --devices.
@@ -285,6 +288,7 @@ func (a *Agent) collectGarbage(ns northSouthDataplane) {
 	gc.Runs++
 	gc.CTDeleted += uint64(r.ctDeleted)
 	gc.NATDeleted += uint64(r.natDeleted)
+	gc.FlowFilter = r.filterFill
 	gc.Error = ""
 	if err != nil {
 		gc.Error = err.Error()

@@ -292,7 +292,21 @@ func (d *nodeDataplane) CollectGarbage() (gcResult, error) {
 		return r, fmt.Errorf("count nat ports in use: %w", err)
 	}
 	r.snatInUse = countSNATPorts(nat)
+	r.filterFill = filterFill(d.ns.Filter())
 	return r, nil
+}
+
+// filterFill is the fill of each table's flow filter that is on, by the
+// table's name.
+func filterFill(f *lbmap.Filter) map[string]float64 {
+	out := map[string]float64{}
+	for t, name := range map[int]string{lbmap.FilterCT: lbmap.CTMapName, lbmap.FilterCTNew: lbmap.CTNewMapName,
+		lbmap.FilterNAT: lbmap.NATMapName, lbmap.FilterNATNew: lbmap.NATNewMapName} {
+		if f.Generation(t) != 0 {
+			out[name] = f.Fill(t)
+		}
+	}
+	return out
 }
 
 func (d *nodeDataplane) DumpCT() (*api.BPFCT, error) {

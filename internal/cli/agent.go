@@ -312,9 +312,29 @@ func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns 
 	default:
 		line("  CT garbage collection", "every %s, %d runs, %d ct and %d nat entries deleted", gc.Interval, gc.Runs, gc.CTDeleted, gc.NATDeleted)
 	}
+	if gc.Runs > 0 {
+		line("  Flow filter", "%s", flowFilterLine(gc.FlowFilter))
+	}
 	for _, n := range ns.Notes {
 		line("  Note", "%s", n)
 	}
+}
+
+// flowFilterLine is the fill of each table's flow filter, e.g. "ct 0.8%,
+// ct_new 0.1%, snat 0.8%, snat_new 0.1% of bits set", or why it is off.
+func flowFilterLine(fill map[string]float64) string {
+	if len(fill) == 0 {
+		return "off (the last collection could not rebuild it: every new flow's lookup is made)"
+	}
+	var parts []string
+	for _, name := range []string{"ct", "ct_new", "snat", "snat_new"} {
+		if f, ok := fill[name]; ok {
+			parts = append(parts, fmt.Sprintf("%s %.1f%%", name, 100*f))
+		} else {
+			parts = append(parts, name+" off")
+		}
+	}
+	return strings.Join(parts, ", ") + " of bits set (a new flow looks up a key its table lacks that often)"
 }
 
 // snatPortsLine is the nat ports each backend has and the busiest

@@ -138,9 +138,20 @@ func TestPrivilegedShortConnections(t *testing.T) {
 	default:
 		t.Logf("%s: %d opened in %.1f s, every one answered at the end; connect p99 %.0f µs", what, h.Opened, h.OpenMS/1e3, h.ConnectLatency.P99)
 	}
-	if ns := agentStatus(t, l, node1).NorthSouth; ns != nil && len(ns.SNATPortsInUse) > 0 {
+	ns := agentStatus(t, l, node1).NorthSouth
+	if ns == nil {
+		t.Fatal("node1's status has no north-south section")
+	}
+	if len(ns.SNATPortsInUse) > 0 {
 		b := ns.SNATPortsInUse[0]
 		t.Logf("node1's nat ports after the last garbage collection (%s): %d of %d toward %s/%s", ns.CTGC.Last.Format(time.TimeOnly),
 			b.Ports, ns.SNATPortsPerBackend, b.Backend, b.Proto)
+	}
+	// The connections above went through the flow filter: the agent's
+	// first collection, at its start, turns it on for every table.
+	if len(ns.CTGC.FlowFilter) != 4 {
+		t.Errorf("node1's flow filter after %d collections: %v; want ct, ct_new, snat and snat_new on", ns.CTGC.Runs, ns.CTGC.FlowFilter)
+	} else {
+		t.Logf("node1's flow filter: %v of bits set", ns.CTGC.FlowFilter)
 	}
 }
