@@ -227,8 +227,9 @@ _Static_assert(sizeof(struct ct_tuple) == 40, "ct_tuple: ten words");
  * or 2; anything else turns the table's filter off, every lookup made:
  * until the first rebuild, and from the moment the hash key changes), a
  * copy of the hash key (the agent writes it with the filter off, before
- * the rebuild that turns it on: while on, it is ns_config's), then the two
- * generations of 2^ns_ff_bits bits each (set at load,
+ * the rebuild that turns it on: while on, it is ns_config's) and of the
+ * bits below (a program loaded with others is refused: its bits would be
+ * another's, lbmap.CheckFilterBits), then the two generations of 2^ns_ff_bits bits each (set at load,
  * lbmap.ConfigureFilter: about eight bits an entry of the largest table,
  * at most 2^NS_FF_MAX_BITS, 256 KiB; 0, no filter), in an element of room
  * for the most (2 MiB in all, whatever the tables' sizes). The element's key is read from ns_ff_keys, a map value:
@@ -247,7 +248,8 @@ volatile const __u32 ns_ff_keys[NS_FF_TABLES] = {NS_FF_CT, NS_FF_CT_NEW, NS_FF_S
 
 struct ns_ff_table {
 	__u64 ctl;
-	__u64 key;            /* ns_config's hash_key, whenever ctl is on */
+	__u32 key;            /* ns_config's hash_key, whenever ctl is on */
+	__u32 bits;           /* the agent's ns_ff_bits: a loader checks its own */
 	__u64 w[NS_FF_WORDS]; /* two generations of up to 2^NS_FF_MAX_BITS */
 };
 

@@ -123,6 +123,10 @@ func openDataplane(cfg *Config) (dataplane, error) {
 		if d.pod, err = datapath.LoadPodLB(opts); err != nil {
 			return nil, errors.Join(fmt.Errorf("load per-packet pod LB (--socket-lb=false or --socket-lb-hostns-only): %w", err), d.close())
 		}
+		// The pods' programs of the last agent run until syncPodLB
+		// attaches these: no flow filter until then (their bits may be
+		// of another layout).
+		d.ns.Filter().Hold()
 	}
 	return d, nil
 }

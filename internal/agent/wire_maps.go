@@ -186,6 +186,10 @@ func (d *nodeDataplane) syncPodLB(backendIfaces map[uint32]bool) error {
 	}
 	// Pins of pods that left while no agent ran.
 	errs = append(errs, d.pod.RemoveStalePods())
+	// Every pod has this load's programs now (one that failed keeps none
+	// of the last agent's that could write: its attach replaces it or
+	// fails before), and the next GC may turn the flow filter on.
+	d.ns.Filter().Release()
 	return errors.Join(errs...)
 }
 

@@ -324,7 +324,7 @@ func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns 
 // ct_new 0.1%, snat 0.8%, snat_new 0.1% of bits set", or why it is off.
 func flowFilterLine(fill map[string]float64) string {
 	if len(fill) == 0 {
-		return "off (the last collection could not rebuild it: every new flow's lookup is made)"
+		return "off: every new flow's lookup is made (until a collection rebuilds it: the first once every program of this agent runs, or after a new hash key)"
 	}
 	var parts []string
 	for _, name := range []string{"ct", "ct_new", "snat", "snat_new"} {

@@ -592,7 +592,12 @@ func (n *NorthSouth) RebuildFilter() error {
 }
 
 // Filter is the flow filter's agent side.
-func (n *NorthSouth) Filter() *lbmap.Filter { return n.filter }
+func (n *NorthSouth) Filter() *lbmap.Filter {
+	if n == nil {
+		return nil
+	}
+	return n.filter
+}
 
 // SetPodIface marks the host side of a local pod's veth, so local backends
 // behind it are reached with bpf_redirect_peer.

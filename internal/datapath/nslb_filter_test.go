@@ -27,11 +27,28 @@ func TestPrivilegedNorthSouthFlowFilter(t *testing.T) {
 				t.Fatalf("table %d: generation %d read after a new hash key, want the filter off", tab, g)
 			}
 		}
+		// Held (programs of an earlier load still run): no rebuild.
+		f.Hold()
+		must(t, n.RebuildFilter())
+		for tab := range lbmap.FilterTables {
+			if g := f.Generation(tab); g != 0 {
+				t.Fatalf("table %d: generation %d after a rebuild while held, want the filter off", tab, g)
+			}
+		}
+		f.Release()
 		must(t, n.RebuildFilter())
 		for tab := range lbmap.FilterTables {
 			if g := f.Generation(tab); g != 1 && g != 2 {
 				t.Fatalf("table %d: generation %d after a rebuild, want 1 or 2", tab, g)
 			}
+		}
+		// A program laid out for other bits is refused beside it.
+		bits := f.Bits()
+		if err := lbmap.CheckFilterBits(n.tc.FlowFilter, bits); err != nil {
+			t.Errorf("the node's own bits (%d): %v", bits, err)
+		}
+		if err := lbmap.CheckFilterBits(n.tc.FlowFilter, bits+1); err == nil {
+			t.Errorf("bits %d beside a filter of %d: no error", bits+1, bits)
 		}
 		// has fails the test unless key's bit is set in its table's filter.
 		has := func(step string, tab int, k lbmap.CTTuple) {

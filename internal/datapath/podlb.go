@@ -93,6 +93,11 @@ func LoadPodLB(opts NorthSouthOptions) (*PodLB, error) {
 		p.objs.Close()
 		return nil, fmt.Errorf("load pod LB: %w", err)
 	}
+	// The flow filter's layout as the node's programs have it.
+	if err := lbmap.CheckFilterBits(m.FlowFilter, filterBits(sizes)); err != nil {
+		p.objs.Close()
+		return nil, fmt.Errorf("load pod LB: %w", err)
+	}
 	return p, nil
 }
 

@@ -1,6 +1,7 @@
 package lbmap
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/bits"
 	"os"
@@ -31,8 +32,9 @@ const (
 // MinFilterBits and MaxFilterBits (NS_FF_MAX_BITS) bound a table's
 // filter, a generation: 128 bytes to 256 KiB. An element has room for two
 // generations of the most after two words: the control word (the
-// generation read: 1 or 2; anything else, off) and the hash key the
-// datapath sets bits with.
+// generation read: 1 or 2; anything else, off) and the word of the hash
+// key the datapath sets bits with (its low half) and of the bits the
+// filter was laid out with (its high half: CheckFilterBits).
 const (
 	MinFilterBits   = 10
 	MaxFilterBits   = 21
@@ -76,13 +78,36 @@ type Filter struct {
 	mem  []byte
 	bits uint32 // log2 of a generation's bits (ns_ff_bits)
 	key  uint32 // the hash key the bits are set with
+	// held keeps the filters off (no rebuild) while programs of an
+	// earlier load may still write the tables (Hold).
+	held atomic.Bool
+}
+
+// Hold keeps every filter off, rebuilds skipped, until Release: for the
+// while programs of an earlier load, whose bits may be of another layout,
+// still run (the pods' until the agent attaches its own to each pod).
+func (f *Filter) Hold() {
+	if f != nil {
+		f.held.Store(true)
+	}
+}
+
+// Release lets the next rebuild turn the filters on: no program of an
+// earlier load writes the tables any more.
+func (f *Filter) Release() {
+	if f != nil {
+		f.held.Store(false)
+	}
 }
 
 // NewFilter maps m, the loaded flow_filter whose generations have 2^b
-// bits, and turns every table's filter off until its first rebuild:
-// entries may have been written without bits (copied into a map taken
-// over) or under another hash key.
+// bits (the programs' ns_ff_bits), and turns every table's filter off
+// until its first rebuild: entries may have been written without bits
+// (copied into a map taken over) or under another hash key or size.
 func NewFilter(m *ebpf.Map, b, key uint32) (*Filter, error) {
+	if b < MinFilterBits || b > MaxFilterBits {
+		return nil, fmt.Errorf("map %s: %d bits: want %d to %d", FlowFilterMapName, b, MinFilterBits, MaxFilterBits)
+	}
 	if m.MaxEntries() != FilterTables || m.ValueSize() != filterElemWords*8 {
 		return nil, fmt.Errorf("map %s: %d entries of %d bytes, want %d of %d", FlowFilterMapName,
 			m.MaxEntries(), m.ValueSize(), FilterTables, filterElemWords*8)
@@ -118,12 +143,32 @@ func (f *Filter) word(t int, i uint32) *uint64 {
 // words is a generation's words.
 func (f *Filter) words() uint32 { return 1 << (f.bits - 6) }
 
-// writeKey gives the datapath the hash key, in every table's element:
-// with the filters off, or the same key as before.
+// writeKey gives the datapath the hash key, and the loaders the bits, in
+// every table's element: with the filters off, or the same as before.
 func (f *Filter) writeKey() {
 	for t := range FilterTables {
-		atomic.StoreUint64(f.word(t, 1), uint64(f.key))
+		atomic.StoreUint64(f.word(t, 1), uint64(f.key)|uint64(f.bits)<<32)
 	}
+}
+
+// CheckFilterBits fails when m, a flow_filter pinned by the node's
+// programs, was laid out with other bits than b, a program's ns_ff_bits
+// about to share it: the program's bits would be other keys' (a lookup it
+// skipped could be of an entry another program wrote). Nothing to check in
+// a map no agent has written yet.
+func CheckFilterBits(m *ebpf.Map, b uint32) error {
+	var elem []byte
+	if err := m.Lookup(uint32(FilterCT), &elem); err != nil {
+		return fmt.Errorf("read %s: %w", FlowFilterMapName, err)
+	}
+	if len(elem) < 16 {
+		return fmt.Errorf("read %s: %d bytes an element", FlowFilterMapName, len(elem))
+	}
+	if have := binary.LittleEndian.Uint32(elem[12:16]); have != 0 && have != b {
+		return fmt.Errorf("%s is laid out with %d bits a generation, this program with %d: load it with the options the node's programs were loaded with",
+			FlowFilterMapName, have, b)
+	}
+	return nil
 }
 
 // off turns every table's filter off: every lookup is made.
@@ -163,6 +208,9 @@ func (f *Filter) ChangeKey(key uint32, write func() error) error {
 	f.writeKey()
 	return nil
 }
+
+// Bits is log2 of a generation's bits.
+func (f *Filter) Bits() uint32 { return f.bits }
 
 // Generation is the generation table t's filter is read from (1 or 2), 0
 // when it is off.
@@ -214,7 +262,7 @@ func (f *Filter) Fill(t int) float64 {
 // datapath sets the bits of the keys it writes meanwhile), and makes it the
 // one read. A failed dump leaves the generation read as it was.
 func rebuildFilter[V any](f *Filter, t int, m *ebpf.Map, name string) error {
-	if f == nil || m == nil {
+	if f == nil || m == nil || f.held.Load() {
 		return nil
 	}
 	f.mu.Lock()
