@@ -329,11 +329,19 @@ func (a *Agent) northSouthStatus() *api.NorthSouth {
 		}
 	}
 	a.snatStatus(&st)
+	if f, ok := a.dp.(flowFilterer); ok && st.Enabled {
+		st.CTGC.FlowFilter = f.FlowFilterFill() // now, not at the last GC
+	}
 	if c, ok := a.dp.(nfHandoffCounter); ok && st.Enabled {
 		// A read error leaves the count out; status shows the rest.
 		st.NetfilterHandoffPackets, _ = c.NetfilterHandoffs()
 	}
 	return &st
+}
+
+// flowFilterer is a dataplane with the flow filter (lbmap.Filter).
+type flowFilterer interface {
+	FlowFilterFill() map[string]float64
 }
 
 // nfHandoffCounter is a dataplane that counts the packets tc and XDP left

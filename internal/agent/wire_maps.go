@@ -188,8 +188,12 @@ func (d *nodeDataplane) syncPodLB(backendIfaces map[uint32]bool) error {
 	errs = append(errs, d.pod.RemoveStalePods())
 	// Every pod has this load's programs now (one that failed keeps none
 	// of the last agent's that could write: its attach replaces it or
-	// fails before), and the next GC may turn the flow filter on.
-	d.ns.Filter().Release()
+	// fails before): the flow filter on from here, not the next GC.
+	if d.ns.Filter().Release() {
+		if err := d.ns.RebuildFilter(); err != nil {
+			errs = append(errs, fmt.Errorf("flow filter: %w", err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -300,10 +304,17 @@ func (d *nodeDataplane) CollectGarbage() (gcResult, error) {
 	return r, nil
 }
 
+// FlowFilterFill is the fill of each table's flow filter that is on, by
+// the table's name (sluice status).
+func (d *nodeDataplane) FlowFilterFill() map[string]float64 { return filterFill(d.ns.Filter()) }
+
 // filterFill is the fill of each table's flow filter that is on, by the
 // table's name.
 func filterFill(f *lbmap.Filter) map[string]float64 {
 	out := map[string]float64{}
+	if f == nil {
+		return out
+	}
 	for t, name := range map[int]string{lbmap.FilterCT: lbmap.CTMapName, lbmap.FilterCTNew: lbmap.CTNewMapName,
 		lbmap.FilterNAT: lbmap.NATMapName, lbmap.FilterNATNew: lbmap.NATNewMapName} {
 		if f.Generation(t) != 0 {

@@ -406,9 +406,8 @@ type CTGC struct {
 	NATDeleted uint64        `json:"natDeleted"`
 	Error      string        `json:"error,omitempty"`
 	// FlowFilter is the share of bits set in each table's flow filter
-	// after the latest collection rebuilt it (a key the table does not
-	// hold is looked up that often); a table whose filter is off is left
-	// out.
+	// (a key the table does not hold is looked up that often), rebuilt at
+	// each collection; a table whose filter is off is left out.
 	FlowFilter map[string]float64 `json:"flowFilter,omitempty"`
 }
 

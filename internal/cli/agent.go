@@ -312,9 +312,7 @@ func writeNorthSouth(tw io.Writer, line func(k, format string, args ...any), ns 
 	default:
 		line("  CT garbage collection", "every %s, %d runs, %d ct and %d nat entries deleted", gc.Interval, gc.Runs, gc.CTDeleted, gc.NATDeleted)
 	}
-	if gc.Runs > 0 {
-		line("  Flow filter", "%s", flowFilterLine(gc.FlowFilter))
-	}
+	line("  Flow filter", "%s", flowFilterLine(gc.FlowFilter))
 	for _, n := range ns.Notes {
 		line("  Note", "%s", n)
 	}

@@ -93,11 +93,9 @@ func (f *Filter) Hold() {
 }
 
 // Release lets the next rebuild turn the filters on: no program of an
-// earlier load writes the tables any more.
-func (f *Filter) Release() {
-	if f != nil {
-		f.held.Store(false)
-	}
+// earlier load writes the tables any more. It says whether they were held.
+func (f *Filter) Release() bool {
+	return f != nil && f.held.Swap(false)
 }
 
 // NewFilter maps m, the loaded flow_filter whose generations have 2^b

@@ -80,6 +80,16 @@ func TestPrivilegedPerPacketClusterIP(t *testing.T) {
 			})
 		}
 	}
+	// The flow filter was held off until the agent's programs ran on every
+	// pod (the last agent's may be laid out for other bits), then rebuilt
+	// at once: on for every table by now, with the pods' flows above.
+	if ns := agentStatus(t, l, node1).NorthSouth; ns == nil || len(ns.CTGC.FlowFilter) != 4 {
+		var fill map[string]float64
+		if ns != nil {
+			fill = ns.CTGC.FlowFilter
+		}
+		t.Errorf("flow filter of %s with the per-packet pod LB: %v; want ct, ct_new, snat and snat_new on", node1.Name, fill)
+	}
 }
 
 // allOf checks that every answer came from one of want and each of want
