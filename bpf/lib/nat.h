@@ -202,14 +202,30 @@ static __always_inline bool snat_hold(struct ct_scratch *s, struct nat_entry *n,
 #define SNAT_CLAIM_NEW  1
 #define SNAT_CLAIM_HALF 2
 
+/* snat_claim_fence orders a claim's write before its checks of the other
+ * tables (a full barrier: an atomic add that fetches, a locked instruction
+ * on x86, acquire and release on arm64): a table's write otherwise ends
+ * in a store (its bucket's unlock) that a later load may pass, and two
+ * CPUs each claiming the tuple into another table could each read the
+ * other's table before the other's write shows, and both win. A slot's
+ * write ends in one already (half_unlock). The CPU's scratch word: no line
+ * shared. */
+static __always_inline void snat_claim_fence(struct ct_scratch *s)
+{
+	__u64 v = __sync_fetch_and_add(&s->claim_fence, 1);
+
+	barrier_var(v); /* used: an add that fetches (BPF_FETCH) */
+}
+
 /* snat_try_claim takes the scratch's ingress tuple (tuple2) for the
  * mapping in its nat, in the table of its flow (SNAT_CLAIM_*), unless any
  * table has it: 0 when taken. It claims first and then checks the other
  * tables, undoing its claim on a hit: two claims of one tuple racing on two
  * CPUs into two tables (or a claim racing snat_move of the same tuple) can
  * then both fail, for the next port, but never both succeed and map one
- * port to two clients. Claims into one table are one insert that fails if
- * the key is there (for a slot, half_put's compare and swap). */
+ * port to two clients (snat_claim_fence between the claim and the checks).
+ * Claims into one table are one insert that fails if the key is there (for
+ * a slot, half_put's compare and swap). */
 static __always_inline int snat_try_claim(struct ct_scratch *s, __u32 table)
 {
 	const struct ct_tuple *t = &s->tuple2;
@@ -227,6 +243,7 @@ static __always_inline int snat_try_claim(struct ct_scratch *s, __u32 table)
 	if (table == SNAT_CLAIM_NEW) {
 		if (snat_new_update_h(t, &s->nat, BPF_NOEXIST, s->claim_hash))
 			return -1;
+		snat_claim_fence(s);
 		if (!snat_est_lookup_h(t, s->claim_hash) && !snat_half_lookup_h(t, s->claim_hash))
 			return 0;
 		bpf_map_delete_elem(&snat_new, t);
@@ -234,6 +251,7 @@ static __always_inline int snat_try_claim(struct ct_scratch *s, __u32 table)
 	}
 	if (snat_est_update_h(t, &s->nat, BPF_NOEXIST, s->claim_hash))
 		return -1;
+	snat_claim_fence(s);
 	if (!snat_half_lookup_h(t, s->claim_hash) && !snat_new_lookup_h(t, s->claim_hash))
 		return 0;
 	snat_est_delete(t);

@@ -358,7 +358,14 @@ static __always_inline bool half_lock(__u64 *ver, __u64 v)
 /* half_unlock ends a write of the slot of version word ver. */
 static __always_inline void half_unlock(__u64 *ver)
 {
-	__sync_fetch_and_add(ver, 1);
+	/* An add that fetches (its value used): a full barrier on every JIT
+	 * (x86's lock xadd; arm64's, acquire and release), so the key and
+	 * value show before the even version, and a claim's write before its
+	 * checks of the other tables (nat.h). One that does not fetch is
+	 * arm64's stadd, which orders nothing. */
+	__u64 v = __sync_fetch_and_add(ver, 1);
+
+	barrier_var(v);
 }
 
 _Static_assert(__builtin_offsetof(struct ct_half_slot, key) ==
@@ -1040,6 +1047,7 @@ struct ct_scratch {
 	__u64 hold_word;           /* snat_hold: the word it wants */
 	__u32 claim_hash;          /* snat_try_claim: tuple2's half_hash */
 	__u32 taken_hash;          /* snat_port_free: tuple3's */
+	__u64 claim_fence;         /* snat_claim_fence's word */
 	struct dsr_scratch dsr;
 };
 
